@@ -1,0 +1,80 @@
+"""Options and helpers shared by every command."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from infer_ctl.core.report import Report
+from infer_ctl.output.console import make_consoles, progress_enabled
+from infer_ctl.output.json_doc import write_report
+from infer_ctl.profile import Profile, load_profile
+
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        "-p",
+        help="Profile YAML (default: $INFERCTL_PROFILE, then ./inferctl.yaml; builtin:local for the shipped one).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout; no progress.")]
+NodesOpt = Annotated[
+    str | None, typer.Option("--nodes", "-n", help="Comma-separated node names or globs, e.g. pf-01,dc-*.")
+]
+RoleOpt = Annotated[
+    str | None, typer.Option("--role", "-r", help="Only nodes with this role: prefill or decode.")
+]
+
+
+@dataclass
+class Session:
+    """Everything a command needs, passed explicitly: no module-level state."""
+
+    json_mode: bool
+    out: Console
+    err: Console
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def progress(self) -> bool:
+        return progress_enabled(self.err, self.json_mode)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def session(json_mode: bool = False) -> Session:
+    out, err = make_consoles(json_mode=json_mode)
+    return Session(json_mode=json_mode, out=out, err=err)
+
+
+def get_profile(path: str | None) -> Profile:
+    return load_profile(path)
+
+
+def finish(sess: Session, report: Report, render: Callable[[Console], None]) -> NoReturn:
+    """Print the report (JSON or human) and exit with its exit code."""
+    report.duration_s = sess.elapsed()
+    if sess.json_mode:
+        write_report(report)
+    else:
+        render(sess.out)
+    raise typer.Exit(int(report.exit_code))
+
+
+@contextmanager
+def status_line(sess: Session, message: str):
+    """A spinner on stderr while something slow runs; silent in --json mode or off a terminal."""
+    if sess.progress:
+        with sess.err.status(message):
+            yield
+    else:
+        yield

@@ -1,0 +1,317 @@
+"""`inferctl plan kv|spec|transfer|roofline`: sizing math (pure functions in core.sizing)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infer_ctl.cli.common import JsonOpt, finish, session
+from infer_ctl.core.report import Report
+from infer_ctl.core.sizing import presets
+from infer_ctl.core.sizing.kv import plan_kv
+from infer_ctl.core.sizing.roofline import plan_roofline
+from infer_ctl.core.sizing.spec import plan_spec, speedup_table
+from infer_ctl.core.sizing.transfer import plan_transfer
+from infer_ctl.errors import UsageError
+
+app = typer.Typer(
+    help="Sizing math: KV footprint, speculative speedup, KV transfer time, roofline.", no_args_is_help=True
+)
+
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model preset (see --list-presets).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="KV cache dtype: fp16, bf16, fp8, fp32.")]
+LayersOpt = Annotated[int | None, typer.Option("--layers", help="Transformer layers.")]
+KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="KV heads (GQA groups).")]
+HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimension.")]
+
+
+def _guard(fn, *args: Any, **kwargs: Any) -> Any:
+    """Core raises ValueError for impossible inputs; that is a usage error (exit 64)."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc), remedy="see `inferctl plan --help`") from None
+
+
+def _arch(model: str | None, layers: int | None, kv_heads: int | None, head_dim: int | None):
+    preset = _guard(presets.model_preset, model) if model else None
+    resolved = {
+        "layers": layers or (preset.layers if preset else None),
+        "kv_heads": kv_heads or (preset.kv_heads if preset else None),
+        "head_dim": head_dim or (preset.head_dim if preset else None),
+    }
+    missing = [f"--{k.replace('_', '-')}" for k, v in resolved.items() if v is None]
+    if missing:
+        raise UsageError(
+            f"missing {', '.join(missing)}",
+            remedy="give --model PRESET or all of --layers --kv-heads --head-dim",
+        )
+    return preset, resolved
+
+
+def _kv_table(rows: dict[str, Any], title: str) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("quantity", style="bold")
+    table.add_column("value", justify="right")
+    for key, value in rows.items():
+        table.add_row(
+            key,
+            value if isinstance(value, str) else f"{value:,}" if isinstance(value, int) else f"{value:.6g}",
+        )
+    return table
+
+
+def _human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{n:,} B ({value:.2f} {unit})" if unit != "B" else f"{n:,} B"
+        value /= 1024
+    return f"{n:,} B"
+
+
+@app.command("kv")
+def kv(
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    dtype: DtypeOpt = "bf16",
+    context: Annotated[int, typer.Option("--context", "-c", help="Tokens per request.")] = 8192,
+    hbm_gb: Annotated[
+        float | None, typer.Option("--hbm-gb", help="HBM per replica in GB (10^9 bytes).")
+    ] = None,
+    weights_gb: Annotated[
+        float | None, typer.Option("--weights-gb", help="Weights in GB (default: preset params x 2 bytes).")
+    ] = None,
+    mem_fraction: Annotated[
+        float, typer.Option("--mem-fraction", help="Share of HBM the server may use.")
+    ] = 1.0,
+    list_presets: Annotated[
+        bool, typer.Option("--list-presets", help="List model presets and exit.")
+    ] = False,
+    json: JsonOpt = False,
+) -> None:
+    """KV-cache bytes per token and per request, and how many requests fit in HBM."""
+    sess = session(json)
+    if list_presets:
+        _list_presets(sess.out, json)
+    preset, arch = _arch(model, layers, kv_heads, head_dim)
+    dbytes = _guard(presets.dtype_bytes, dtype)
+    weights = (
+        int(weights_gb * 1e9)
+        if weights_gb is not None
+        else (preset.params * 2 if preset and hbm_gb else None)
+    )
+    hbm = int(hbm_gb * 1e9) if hbm_gb is not None else None
+    plan = _guard(
+        plan_kv,
+        dtype_bytes=dbytes,
+        context=context,
+        hbm_bytes=hbm,
+        weights_bytes=weights,
+        mem_fraction=mem_fraction,
+        **arch,
+    )
+    report = Report(
+        "plan kv",
+        None,
+        data={"model": preset.name if preset else None, "dtype": dtype, **arch, **asdict(plan)},
+    )
+    rows = {
+        "KV bytes per token": _human_bytes(plan.kv_bytes_per_token),
+        f"KV bytes per request ({context:,} tokens)": _human_bytes(plan.kv_bytes),
+        "weights": _human_bytes(plan.weights_bytes),
+        "KV budget": _human_bytes(plan.kv_budget_bytes),
+        "max tokens in KV pool": "-" if plan.max_tokens is None else f"{plan.max_tokens:,}",
+        "max concurrent full-context requests": "-"
+        if plan.max_concurrent is None
+        else f"{plan.max_concurrent:,}",
+    }
+    finish(
+        sess,
+        report,
+        lambda c: c.print(_kv_table(rows, f"KV footprint — {preset.name if preset else 'custom'}, {dtype}")),
+    )
+
+
+def _list_presets(out: Console, json: bool) -> None:
+    models = {k: asdict(v) for k, v in presets.MODELS.items()}
+    accels = {k: asdict(v) for k, v in presets.ACCELERATORS.items()}
+    if json:
+        typer.echo(__import__("json").dumps({"models": models, "accelerators": accels}, indent=2))
+    else:
+        table = Table("model", "layers", "kv_heads", "head_dim", "params", title="model presets")
+        for m in presets.MODELS.values():
+            table.add_row(m.name, str(m.layers), str(m.kv_heads), str(m.head_dim), f"{m.params:,}")
+        out.print(table)
+        atable = Table("accelerator", "FP16 dense TFLOPS", "HBM TB/s", "HBM GB", title="accelerator presets")
+        for a in presets.ACCELERATORS.values():
+            atable.add_row(a.name, f"{a.fp16_tflops:g}", f"{a.hbm_tb_s:g}", f"{a.hbm_gb:g}")
+        out.print(atable)
+    raise typer.Exit(0)
+
+
+@app.command("spec")
+def spec(
+    alpha: Annotated[float, typer.Option("--alpha", "-a", help="Per-token acceptance rate in [0, 1].")] = 0.8,
+    gamma: Annotated[int, typer.Option("--gamma", "-g", help="Draft tokens per verification step.")] = 4,
+    cost_ratio: Annotated[
+        float, typer.Option("--cost-ratio", "-c", help="Draft step cost / target step cost.")
+    ] = 0.05,
+    table: Annotated[
+        bool, typer.Option("--table", help="Print speedup over a grid of alpha and gamma.")
+    ] = False,
+    json: JsonOpt = False,
+) -> None:
+    """Expected tokens per step E[N] = (1-a^(g+1))/(1-a) and speedup S = E[N]/(g*c+1)."""
+    sess = session(json)
+    plan = _guard(plan_spec, alpha, gamma, cost_ratio)
+    report = Report("plan spec", None, data=asdict(plan))
+    if table:
+        alphas, gammas = [round(0.5 + 0.05 * i, 2) for i in range(10)], list(range(1, 9))
+        grid = _guard(speedup_table, alphas, gammas, cost_ratio)
+        report.data["table"] = {"alphas": alphas, "gammas": gammas, "speedup": grid}
+    rows = {
+        "alpha": alpha,
+        "gamma": gamma,
+        "cost ratio c": cost_ratio,
+        "expected tokens E[N]": plan.expected_tokens,
+        "speedup S": plan.speedup,
+        "break-even alpha": "none (c >= 1)"
+        if plan.break_even_alpha is None
+        else f"{plan.break_even_alpha:.6f}",
+    }
+
+    def render(console: Console) -> None:
+        console.print(_kv_table(rows, "speculative decoding"))
+        if table:
+            grid_table = Table(
+                "alpha \\ gamma",
+                *[str(g) for g in report.data["table"]["gammas"]],
+                title=f"speedup S (c = {cost_ratio})",
+            )
+            for a, row in zip(report.data["table"]["alphas"], report.data["table"]["speedup"], strict=True):
+                grid_table.add_row(f"{a:.2f}", *[f"{s:.2f}" for s in row])
+            console.print(grid_table)
+
+    finish(sess, report, render)
+
+
+@app.command("transfer")
+def transfer(
+    nbytes: Annotated[int | None, typer.Option("--bytes", help="KV bytes to move.")] = None,
+    model: ModelOpt = None,
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    dtype: DtypeOpt = "bf16",
+    prompt_tokens: Annotated[
+        int | None, typer.Option("--prompt-tokens", "-t", help="Prompt length (with a model).")
+    ] = None,
+    bandwidth_gbps: Annotated[
+        float, typer.Option("--bandwidth-gbps", "-b", help="Link rate in Gb/s.")
+    ] = 400.0,
+    links: Annotated[int, typer.Option("--links", help="NICs used in parallel.")] = 1,
+    latency_us: Annotated[float, typer.Option("--latency-us", help="Fabric latency in microseconds.")] = 5.0,
+    json: JsonOpt = False,
+) -> None:
+    """KV handoff time prefill -> decode = bytes / bandwidth + latency."""
+    sess = session(json)
+    if nbytes is None:
+        if prompt_tokens is None:
+            raise UsageError(
+                "give --bytes, or a model (--model or --layers/--kv-heads/--head-dim) and --prompt-tokens"
+            )
+        _, arch = _arch(model, layers, kv_heads, head_dim)
+        nbytes = _guard(
+            plan_kv, dtype_bytes=_guard(presets.dtype_bytes, dtype), context=prompt_tokens, **arch
+        ).kv_bytes
+    plan = _guard(plan_transfer, nbytes, bandwidth_gbps, latency_us, links)
+    report = Report("plan transfer", None, data={**asdict(plan), "prompt_tokens": prompt_tokens})
+    rows = {
+        "bytes": _human_bytes(plan.bytes),
+        "bandwidth": f"{bandwidth_gbps:g} Gb/s x {links}",
+        "latency": f"{latency_us:g} us",
+        "wire time": f"{plan.wire_seconds * 1e3:.4f} ms",
+        "handoff time": f"{plan.seconds * 1e3:.4f} ms",
+    }
+    finish(sess, report, lambda c: c.print(_kv_table(rows, "KV transfer")))
+
+
+@app.command("roofline")
+def roofline(
+    model: ModelOpt = None,
+    params_b: Annotated[
+        float | None, typer.Option("--params-b", help="Parameters in billions (instead of --model).")
+    ] = None,
+    accelerator: Annotated[
+        str | None, typer.Option("--accelerator", "-x", help="h100-sxm, h200, b200, mi300x.")
+    ] = "h100-sxm",
+    tflops: Annotated[
+        float | None, typer.Option("--tflops", help="Peak dense FP16 TFLOPS (overrides preset).")
+    ] = None,
+    tb_s: Annotated[float | None, typer.Option("--tb-s", help="HBM TB/s (overrides preset).")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs of one replica (tensor parallel).")] = 1,
+    weight_dtype: Annotated[str, typer.Option("--weight-dtype", help="Weight dtype.")] = "bf16",
+    batch: Annotated[int, typer.Option("--batch", help="Concurrent sequences per decode step.")] = 1,
+    context: Annotated[int, typer.Option("--context", help="Tokens of KV read per sequence per step.")] = 0,
+    json: JsonOpt = False,
+) -> None:
+    """Machine balance and bandwidth-bound decode tokens/s."""
+    sess = session(json)
+    preset = _guard(presets.model_preset, model) if model else None
+    if params_b is not None:
+        params = int(params_b * 1e9)
+    elif preset is not None:
+        params = preset.params
+    else:
+        raise UsageError("give --model PRESET or --params-b N")
+    acc = _guard(presets.accelerator_preset, accelerator) if accelerator else None
+    peak, bw = tflops or (acc.fp16_tflops if acc else None), tb_s or (acc.hbm_tb_s if acc else None)
+    if peak is None or bw is None:
+        raise UsageError("give --accelerator or both --tflops and --tb-s")
+    kvpt = 0
+    if preset and context:
+        kvpt = preset.layers * preset.kv_heads * preset.head_dim * 2 * 2
+    plan = _guard(
+        plan_roofline,
+        params=params,
+        weight_dtype_bytes=_guard(presets.dtype_bytes, weight_dtype),
+        peak_tflops=peak,
+        hbm_tb_s=bw,
+        gpus=gpus,
+        batch=batch,
+        kv_bytes_per_token=kvpt,
+        context=context,
+    )
+    report = Report(
+        "plan roofline",
+        None,
+        data={
+            "model": preset.name if preset else None,
+            "accelerator": acc.name if acc else None,
+            "params": params,
+            **asdict(plan),
+        },
+    )
+    rows = {
+        "machine balance (FLOP/byte)": plan.machine_balance,
+        "bytes per decode step": _human_bytes(plan.bytes_per_step),
+        "arithmetic intensity (FLOP/byte)": plan.arithmetic_intensity,
+        "bound": plan.bound,
+        "step time (ms)": plan.step_seconds * 1e3,
+        "tokens/s (batch)": plan.tokens_per_s,
+        "tokens/s per stream": plan.tokens_per_s_per_stream,
+    }
+    finish(
+        sess,
+        report,
+        lambda c: c.print(_kv_table(rows, f"roofline — {acc.name if acc else 'custom'} x{gpus}")),
+    )

@@ -1,0 +1,73 @@
+"""`inferctl profile validate|show`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, session
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.report import Report
+from infer_ctl.errors import ProfileError
+from infer_ctl.output.json_doc import dumps
+from infer_ctl.profile import load_profile, resolve_profile_path
+
+app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
+
+
+@app.command("validate")
+def validate(profile: ProfileOpt = None, json: JsonOpt = False) -> None:
+    """Check a profile: every problem is listed with its field path; exit 0 if valid, 64 if not."""
+    sess = session(json)
+    path = resolve_profile_path(profile)
+    report = Report(command="profile validate", profile=None)
+    try:
+        prof = load_profile(path)
+    except ProfileError as exc:
+        report.findings = [Finding.fail("profile.schema", "-", str(path), line) for line in exc.errors]
+        report.exit_code_override = exc.exit_code
+        if not json:
+            for line in exc.errors:
+                typer.echo(
+                    f"inferctl: error: {line if line.startswith(str(path)) else f'{path}: {line}'}", err=True
+                )
+        finish(sess, report, lambda c: None)
+    report.profile = prof.name
+    roles = {r: len(prof.nodes_with_role(r)) for r in ("prefill", "decode")}
+    report.findings = [Finding.ok("profile.schema", "-", str(path), "profile is valid")]
+    report.data = {"path": str(path), "nodes": len(prof.nodes), "roles": roles, "collocated": prof.collocated}
+
+    def render(console: Console) -> None:
+        mode = "collocated" if prof.collocated else f"{roles['prefill']} prefill + {roles['decode']} decode"
+        console.print(
+            f"[green]valid[/green]: {path} — profile {prof.name!r}, {len(prof.nodes)} nodes ({mode})"
+        )
+
+    finish(sess, report, render)
+
+
+@app.command("show")
+def show(
+    profile: ProfileOpt = None,
+    json: JsonOpt = False,
+    yaml_out: Annotated[
+        bool, typer.Option("--yaml", help="Print YAML instead of a highlighted view.")
+    ] = False,
+) -> None:
+    """Print the resolved profile with every default filled in."""
+    prof = load_profile(profile)
+    data = prof.model_dump(mode="json")
+    if json:
+        typer.echo(dumps(data))
+        raise typer.Exit(0)
+    import yaml
+
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    if yaml_out:
+        typer.echo(text, nl=False)
+    else:
+        Console().print(Syntax(text, "yaml", background_color="default"))
+    raise typer.Exit(0)

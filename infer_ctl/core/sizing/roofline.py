@@ -1,0 +1,67 @@
+"""Roofline for decoding: machine balance and the bandwidth bound on tokens/s.
+
+A decode step of a dense model reads every weight once (plus the batch's KV cache) and does about
+2 x params FLOPs per token. Machine balance = peak FLOP/s / HBM bytes/s; a step whose arithmetic
+intensity (FLOPs / bytes moved) is below it is bandwidth-bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RooflinePlan:
+    peak_flops: float
+    bandwidth_bytes_s: float
+    machine_balance: float  # FLOP per byte
+    weights_bytes: int
+    kv_bytes_per_step: int
+    bytes_per_step: int
+    flops_per_step: float
+    arithmetic_intensity: float
+    bound: str  # "bandwidth" or "compute"
+    step_seconds: float
+    tokens_per_s: float  # whole batch
+    tokens_per_s_per_stream: float
+
+
+def plan_roofline(
+    *,
+    params: int,
+    weight_dtype_bytes: int,
+    peak_tflops: float,
+    hbm_tb_s: float,
+    gpus: int = 1,
+    batch: int = 1,
+    kv_bytes_per_token: int = 0,
+    context: int = 0,
+) -> RooflinePlan:
+    if params <= 0 or weight_dtype_bytes <= 0 or peak_tflops <= 0 or hbm_tb_s <= 0:
+        raise ValueError("params, dtype bytes, TFLOPS and TB/s must all be positive")
+    if gpus < 1 or batch < 1 or context < 0 or kv_bytes_per_token < 0:
+        raise ValueError("gpus and batch must be >= 1; context and KV bytes >= 0")
+    peak = peak_tflops * 1e12 * gpus
+    bw = hbm_tb_s * 1e12 * gpus
+    weights = params * weight_dtype_bytes
+    kv = batch * context * kv_bytes_per_token
+    moved = weights + kv
+    flops = 2.0 * params * batch
+    intensity = flops / moved
+    balance = peak / bw
+    step = max(moved / bw, flops / peak)
+    bound = "bandwidth" if moved / bw >= flops / peak else "compute"
+    return RooflinePlan(
+        peak_flops=peak,
+        bandwidth_bytes_s=bw,
+        machine_balance=balance,
+        weights_bytes=weights,
+        kv_bytes_per_step=kv,
+        bytes_per_step=moved,
+        flops_per_step=flops,
+        arithmetic_intensity=intensity,
+        bound=bound,
+        step_seconds=step,
+        tokens_per_s=batch / step,
+        tokens_per_s_per_stream=1.0 / step,
+    )

@@ -1,0 +1,18 @@
+"""Consoles: results to stdout, progress and logs to stderr (so --json stdout stays one document)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+
+def make_consoles(*, json_mode: bool = False, no_color: bool = False) -> tuple[Console, Console]:
+    out = Console(file=sys.stdout, no_color=no_color, soft_wrap=False, highlight=False)
+    err = Console(file=sys.stderr, no_color=no_color, highlight=False, quiet=False)
+    return out, err
+
+
+def progress_enabled(err: Console, json_mode: bool) -> bool:
+    """Live progress only on an interactive terminal and never in --json mode."""
+    return err.is_terminal and not json_mode

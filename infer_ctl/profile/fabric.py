@@ -1,0 +1,42 @@
+"""RDMA fabric expectations: RoCE QoS (PFC/ECN/trust), MTU, ping-pong thresholds."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from infer_ctl.profile.base import Port, StrictModel
+
+
+class PingPongSettings(StrictModel):
+    #: prefill-decode: every prefill node against every decode node (the KV paths); mesh: all pairs
+    pairs: Literal["prefill-decode", "mesh", "explicit"] = "prefill-decode"
+    explicit_pairs: list[tuple[str, str]] = Field(default_factory=list)
+    max_rtt_us: Annotated[float, Field(gt=0)] = 6.0
+    size: Annotated[int, Field(ge=1)] = 4096
+    iters: Annotated[int, Field(ge=1)] = 1000
+    #: minimum ib_write_bw result as a fraction of the link rate
+    min_bw_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    base_port: Port = 18515
+    timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    perftest: bool = True
+    bandwidth: bool = False
+
+
+class FabricPolicy(StrictModel):
+    pfc_priority: Annotated[int, Field(ge=0, le=7)] = 3
+    trust: Literal["dscp", "pcp"] = "dscp"
+    ecn: bool = True
+    #: RoCE active MTU expected on the HCA ports (256..4096)
+    mtu: Literal[256, 512, 1024, 2048, 4096] = 4096
+    #: MTU expected on the netdev behind each HCA (None: at least active MTU + headers)
+    netdev_mtu: Annotated[int, Field(ge=576, le=9216)] | None = None
+    #: expected port rate in Gb/s (e.g. 400); None accepts any rate but reports it
+    rate_gbps: Annotated[float, Field(gt=0)] | None = None
+    link_layer: Literal["Ethernet", "InfiniBand"] = "Ethernet"
+    #: let `provision` configure trust/PFC/ECN with mlnx_qos or dcb
+    apply_qos: bool = False
+    #: seconds between the two samples of error counters
+    counter_interval_s: Annotated[float, Field(ge=0)] = 2.0
+    pingpong: PingPongSettings = Field(default_factory=PingPongSettings)

@@ -1,0 +1,177 @@
+"""The root of a cluster profile and its cross-field rules."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Self
+
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+
+from infer_ctl.profile.base import StrictModel
+from infer_ctl.profile.fabric import FabricPolicy
+from infer_ctl.profile.gpu import GpuPolicy
+from infer_ctl.profile.models import Models
+from infer_ctl.profile.nodes import Node, NodeName, Role
+from infer_ctl.profile.router import RouterSettings
+from infer_ctl.profile.sglang import SglangSettings
+from infer_ctl.profile.ssh import SshSettings
+
+
+class CrossFieldError(ValueError):
+    """A rule spanning fields; `loc` is the path of the field to blame."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+class CrossFieldErrors(ValueError):
+    """All cross-field problems of a profile at once; the loader unpacks them into field-named lines."""
+
+    def __init__(self, problems: list[CrossFieldError]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, p.loc))}: {p.message}" for p in problems))
+        self.problems = problems
+
+
+class Profile(StrictModel):
+    name: NodeName
+    description: str | None = None
+    #: true: every node runs one plain (non-disaggregated) SGLang server
+    collocated: bool = False
+    ssh: SshSettings = Field(default_factory=SshSettings)
+    nodes: Annotated[list[Node], Field(min_length=1)]
+    gpu: GpuPolicy = Field(default_factory=GpuPolicy)
+    fabric: FabricPolicy = Field(default_factory=FabricPolicy)
+    models: Models | None = None
+    sglang: SglangSettings = Field(default_factory=SglangSettings)
+    router: RouterSettings = Field(default_factory=RouterSettings)
+
+    #: directory of the profile file, for resolving relative paths (prefix files, probes)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    def with_base_dir(self, base_dir: Path) -> Self:
+        self._base_dir = base_dir
+        return self
+
+    # ---- cross-field rules -------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _cross_field(self) -> Self:
+        problems = self.cross_field_problems()
+        if problems:
+            raise CrossFieldErrors(problems)
+        return self
+
+    def cross_field_problems(self) -> list[CrossFieldError]:
+        problems: list[CrossFieldError] = []
+        names = Counter(n.name for n in self.nodes)
+        seen_ssh: dict[tuple[str, int], str] = {}
+        seen_server: dict[tuple[str, int], str] = {}
+        for i, node in enumerate(self.nodes):
+            if names[node.name] > 1:
+                problems.append(CrossFieldError(("nodes", i, "name"), f"duplicate node name {node.name!r}"))
+            if node.connection == "ssh":
+                key = (node.host, self.ssh_port(node))
+                if key in seen_ssh:
+                    problems.append(
+                        CrossFieldError(
+                            ("nodes", i, "host"),
+                            f"{node.host}:{key[1]} is also node {seen_ssh[key]!r}; each node needs its own host:port",
+                        )
+                    )
+                seen_ssh.setdefault(key, node.name)
+            for role, port in self.server_ports(node).items():
+                key = (node.host, port)
+                if key in seen_server:
+                    problems.append(
+                        CrossFieldError(
+                            ("nodes", i, "overrides", f"{role}_port"),
+                            f"server port {node.host}:{port} ({role}) collides with {seen_server[key]}",
+                        )
+                    )
+                seen_server.setdefault(key, f"{node.name}/{role}")
+            problems.extend(self._override_problems(i, node))
+        if not self.collocated:
+            for role in Role:
+                if not any(n.has_role(role) for n in self.nodes):
+                    problems.append(
+                        CrossFieldError(
+                            ("nodes",),
+                            f"no node has role {role.value!r}; PD disaggregation needs at least one prefill "
+                            f"and one decode node (set `collocated: true` for plain servers)",
+                        )
+                    )
+        names_set = set(names)
+        for j, (a, b) in enumerate(self.fabric.pingpong.explicit_pairs):
+            for end in (a, b):
+                if end not in names_set:
+                    problems.append(
+                        CrossFieldError(
+                            ("fabric", "pingpong", "explicit_pairs", j), f"unknown node {end!r} in pair"
+                        )
+                    )
+        prefix_names = Counter(p.name for p in self.router.prefixes)
+        for k, prefix in enumerate(self.router.prefixes):
+            if prefix_names[prefix.name] > 1:
+                problems.append(
+                    CrossFieldError(
+                        ("router", "prefixes", k, "name"), f"duplicate prefix name {prefix.name!r}"
+                    )
+                )
+        return problems
+
+    def _override_problems(self, i: int, node: Node) -> list[CrossFieldError]:
+        problems = []
+        for section, model in (("gpu", GpuPolicy), ("fabric", FabricPolicy)):
+            overrides = getattr(node.overrides, section)
+            if not overrides:
+                continue
+            base = getattr(self, section).model_dump()
+            try:
+                model.model_validate({**base, **overrides})
+            except ValidationError as exc:
+                for err in exc.errors():
+                    loc = ("nodes", i, "overrides", section, *err["loc"])
+                    problems.append(CrossFieldError(loc, err["msg"]))
+        return problems
+
+    # ---- lookups -------------------------------------------------------------------------------
+    def ssh_port(self, node: Node) -> int:
+        return node.port or self.ssh.port
+
+    def server_ports(self, node: Node) -> dict[str, int]:
+        """The HTTP (and bootstrap) ports the node's SGLang servers listen on."""
+        ov = node.overrides
+        if self.collocated:
+            return {"collocated": ov.prefill_port or self.sglang.collocated.port}
+        ports: dict[str, int] = {}
+        if node.has_role(Role.PREFILL):
+            ports["prefill"] = ov.prefill_port or self.sglang.prefill.port
+            ports["bootstrap"] = ov.bootstrap_port or self.sglang.prefill.bootstrap_port
+        if node.has_role(Role.DECODE):
+            ports["decode"] = ov.decode_port or self.sglang.decode.port
+        return ports
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def nodes_with_role(self, role: Role | str) -> list[Node]:
+        return [n for n in self.nodes if n.has_role(role)]
+
+    def gpu_policy_for(self, node: Node) -> GpuPolicy:
+        if not node.overrides.gpu:
+            return self.gpu
+        return GpuPolicy.model_validate({**self.gpu.model_dump(), **node.overrides.gpu})
+
+    def fabric_policy_for(self, node: Node) -> FabricPolicy:
+        if not node.overrides.fabric:
+            return self.fabric
+        return FabricPolicy.model_validate({**self.fabric.model_dump(), **node.overrides.fabric})

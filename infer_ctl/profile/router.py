@@ -1,0 +1,50 @@
+"""The embedded router daemon and its named shared prefixes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, model_validator
+
+from infer_ctl.profile.base import StrictModel
+
+PrefixName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+
+
+class NamedPrefix(StrictModel):
+    name: PrefixName
+    #: the prefix itself, or a file holding it (relative paths resolve against the profile's directory)
+    text: str | None = None
+    file: str | None = None
+    ttl_s: Annotated[float, Field(gt=0)] | None = None
+    replicas: Annotated[int, Field(ge=1, le=64)] = 1
+    pin: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.text is None) == (self.file is None):
+            raise ValueError("give exactly one of text or file")
+        return self
+
+
+class RouterSettings(StrictModel):
+    listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")] = "127.0.0.1:8000"
+    policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = "cache_aware"
+    #: idle TTL of routing-index entries
+    prefix_ttl_s: Annotated[float, Field(gt=0)] = 1800.0
+    index_max_tokens: Annotated[int, Field(ge=1024)] = 2_000_000
+    admin_token_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "INFERCTL_ROUTER_TOKEN"
+    health_interval_s: Annotated[float, Field(gt=0)] = 5.0
+    request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    max_concurrent: Annotated[int, Field(ge=1)] = 1024
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+    prefixes: list[NamedPrefix] = Field(default_factory=list)
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
