@@ -18,7 +18,7 @@ import click
 import typer
 
 from infer_ctl import __version__
-from infer_ctl.cli import plan_cmd, profile_cmd
+from infer_ctl.cli import check_cmd, plan_cmd, profile_cmd
 from infer_ctl.core.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError, ProfileError
 
@@ -51,8 +51,11 @@ def _root(
     """inferctl: one CLI, one YAML profile, one embedded controller."""
 
 
+# Command modules, one per verb. Modules that add `check <family>` subcommands register themselves on
+# check_cmd.app when imported, so they are imported here before the app runs.
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(plan_cmd.app, name="plan")
+app.add_typer(check_cmd.app, name="check")
 
 
 def _debug_log_path() -> Path:
