@@ -1,0 +1,5 @@
+"""Checks: gather facts through a connector and judge them with core rules -> findings.
+
+This is the only layer that holds a connector. Each check family module exposes `FAMILY`
+(a `registry.CheckFamily`) and is listed in `registry.FAMILY_MODULES` so `inferctl audit` runs it.
+"""

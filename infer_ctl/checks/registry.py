@@ -1,0 +1,76 @@
+"""The audit's registry of check families: an explicit list, one line per family.
+
+To plug a family into `inferctl audit`, write a module that exposes `FAMILY: CheckFamily` and append its
+dotted name to `FAMILY_MODULES`. The audit opens ONE fleet (one SSH connection per node) and hands it to
+every family through `AuditContext`, so a family must not open its own connections: use
+`ctx.fleet.map(ctx.nodes, fn)`.
+
+A family reports problems as findings, never by raising: an unreachable node or a missing tool is an
+UNKNOWN finding that names the node and says what to do. An exception escaping `run` is caught by the
+audit and turned into one UNKNOWN finding `<family>.internal` so the other families still run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer_ctl.core.findings import Finding
+from infer_ctl.errors import UsageError
+from infer_ctl.profile import Node, Profile
+
+# Order is the order families run and are reported in. Other issues append their module here.
+FAMILY_MODULES: list[str] = [
+    "infer_ctl.checks.gpu",
+]
+
+
+@dataclass
+class AuditContext:
+    """What a family gets: the profile, the shared fleet (None when the family needs no nodes), the
+    selected nodes, and free-form options (e.g. {"since_s": ...}); families ignore unknown keys."""
+
+    profile: Profile
+    #: infer_ctl.remote.fleet.Fleet, opened once by the audit (typed loosely to keep this module light)
+    fleet: Any
+    nodes: list[Node]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckFamily:
+    #: short name used by `--only` and as the check-id prefix ("gpu" -> "gpu.ecc")
+    name: str
+    description: str
+    run: Callable[[AuditContext], list[Finding]]
+    #: False for families that judge only local/profile data (e.g. tokenizer files on the controller)
+    needs_nodes: bool = True
+
+
+def load_family(module: str) -> CheckFamily:
+    mod = importlib.import_module(module)
+    family = getattr(mod, "FAMILY", None)
+    if not isinstance(family, CheckFamily):
+        raise TypeError(f"{module} is listed in FAMILY_MODULES but has no FAMILY: CheckFamily")
+    return family
+
+
+def all_families(modules: Iterable[str] | None = None) -> list[CheckFamily]:
+    return [load_family(m) for m in (FAMILY_MODULES if modules is None else modules)]
+
+
+def families(only: set[str] | None = None, *, modules: Iterable[str] | None = None) -> list[CheckFamily]:
+    """The families to run, in registry order; `only` names a subset (unknown names are a usage error)."""
+    found = all_families(modules)
+    if not only:
+        return found
+    known = {f.name for f in found}
+    unknown = sorted(only - known)
+    if unknown:
+        raise UsageError(
+            f"--only: unknown check famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}",
+            remedy=f"choose from: {', '.join(sorted(known))}",
+        )
+    return [f for f in found if f.name in only]
