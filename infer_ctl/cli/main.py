@@ -20,7 +20,19 @@ import typer
 from infer_ctl import __version__
 from infer_ctl.cli import check_cmd, plan_cmd, profile_cmd
 from infer_ctl.core.exitcodes import ExitCode
-from infer_ctl.errors import InferctlError, ProfileError
+from infer_ctl.errors import InferctlError
+
+
+def _classes(*candidates: object) -> tuple[type[BaseException], ...]:
+    return tuple({c for c in candidates if isinstance(c, type) and issubclass(c, BaseException)})
+
+
+# Recent typers vendor their own copy of click (typer._click) and raise its exceptions; older ones raise
+# click's. Catch both so usage errors always exit 64 instead of surfacing as internal errors.
+_vendored = getattr(getattr(typer, "_click", None), "exceptions", None)
+_EXIT = _classes(typer.Exit, click.exceptions.Exit, getattr(_vendored, "Exit", None))
+_ABORT = _classes(getattr(typer, "Abort", None), click.exceptions.Abort, getattr(_vendored, "Abort", None))
+_USAGE = _classes(click.exceptions.ClickException, getattr(_vendored, "ClickException", None))
 
 app = typer.Typer(
     name="inferctl",
@@ -77,7 +89,7 @@ def _log_traceback() -> Path | None:
 
 def _print_error(exc: InferctlError) -> None:
     typer.echo(f"inferctl: error: {exc.message}", err=True)
-    if exc.remedy and not isinstance(exc, ProfileError):
+    if exc.remedy:
         typer.echo(f"  hint: {exc.remedy}", err=True)
 
 
@@ -87,13 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = app(args=args, prog_name="inferctl", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.exceptions.Abort:
+    except _EXIT as exc:
+        return int(getattr(exc, "exit_code", 0))
+    except _ABORT:
         typer.echo("inferctl: interrupted", err=True)
         return ExitCode.INTERRUPTED
-    except click.exceptions.ClickException as exc:  # usage errors: bad option, missing argument
-        exc.show()
+    except _USAGE as exc:
+        # usage errors: unknown command, bad option value, missing argument
+        exc.show()  # type: ignore[attr-defined]
         return ExitCode.USAGE
     except InferctlError as exc:
         if debug:

@@ -90,6 +90,8 @@ def parse_profile_text(text: str, origin: str = "<profile>") -> Profile:
         ) from None
     except yaml.YAMLError as exc:
         raise ProfileError(f"{origin}: not valid YAML: {exc}", remedy="fix the YAML syntax") from None
+    if data is None:  # only comments / blank lines
+        raise ProfileError(f"{origin}: the profile is empty", remedy="start from profiles/local.yaml")
     if not isinstance(data, dict):
         kind = "empty" if data is None else type(data).__name__
         raise ProfileError(
@@ -105,11 +107,9 @@ def validate_profile_data(data: dict[str, Any], origin: str = "<profile>") -> Pr
         lines = format_validation_error(Profile, exc)
         first = lines[0]
         more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-        raise ProfileError(
-            f"{origin}: {first}{more}",
-            errors=lines,
-            remedy="fix the named field; `inferctl profile validate` lists every problem",
-        ) from None
+        # No generic remedy line: the message names the field and, where it can, the fix.
+        hint = None if len(lines) == 1 else "`inferctl profile validate` lists every problem"
+        raise ProfileError(f"{origin}: {first}{more}", errors=lines, remedy=hint) from None
 
 
 def load_profile(

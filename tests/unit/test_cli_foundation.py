@@ -1,0 +1,124 @@
+"""The CLI contract: version, help of every command, exit codes, JSON on stdout only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infer_ctl import __version__
+from infer_ctl.cli.main import app, main
+
+
+def _commands(group=None, prefix=()):  # type: ignore[no-untyped-def]
+    import typer.main
+
+    cmd = typer.main.get_command(app) if group is None else group
+    yield prefix
+    for name, sub in getattr(cmd, "commands", {}).items():
+        yield from _commands(sub, (*prefix, name))
+
+
+ALL_COMMANDS = sorted(set(_commands()))
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"inferctl {__version__}"
+
+
+def test_python_dash_m_works() -> None:
+    out = subprocess.run([sys.executable, "-m", "infer_ctl", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"inferctl {__version__}"
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS, ids=lambda c: " ".join(c) or "(root)")
+def test_every_help_is_clean(command: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*command, "--help"]) == 0
+    captured = capsys.readouterr()
+    assert "Usage:" in captured.out and "Traceback" not in captured.out + captured.err
+
+
+def test_unknown_command_and_bad_option_exit_64(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["no-such-command"]) == 64
+    assert main(["plan", "kv", "--context", "abc"]) == 64
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_invalid_profile_one_line_exit_64(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nnodes:\n  - {name: a, host: h, roles: [prefil]}\n")
+    assert main(["profile", "validate", "-p", str(bad)]) == 64
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"inferctl: error: {bad}: nodes[0].roles[0]: 'prefil' is not one of prefill, decode "
+                   "(did you mean 'prefill'?)"]
+
+
+def test_validate_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "validate", "-p", "builtin:local", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["command"] == "profile validate" and doc["status"] == "ok" and doc["roles"] == {"prefill": 2, "decode": 2}
+
+
+def test_validate_json_on_invalid_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nnodes:\n  - {name: a, host: h, roles: [prefill], gpus: -1}\n")
+    assert main(["profile", "validate", "-p", str(bad), "--json"]) == 64
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 64 and doc["status"] == "fail"
+    messages = [f["message"] for f in doc["findings"]]
+    assert any(m.startswith("nodes[0].gpus:") for m in messages)
+
+
+def test_profile_show_json_fills_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "show", "-p", "builtin:local", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sglang"]["prefill"]["bootstrap_port"] == 8998
+    assert doc["ssh"]["host_key_policy"] == "reject"
+
+
+@pytest.mark.parametrize(
+    ("argv", "key", "value"),
+    [
+        (["plan", "kv", "-m", "llama-3.1-70b", "--context", "8192"], "kv_bytes", 2_684_354_560),
+        (["plan", "kv", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--dtype", "fp8"],
+         "kv_bytes_per_token", 163_840),
+        (["plan", "spec", "--alpha", "0.8", "--gamma", "4", "--cost-ratio", "0.05"], "expected_tokens", 3.3616),
+        (["plan", "transfer", "--bytes", "2684354560", "--bandwidth-gbps", "400", "--latency-us", "5"],
+         "seconds", 0.0536920912),
+        (["plan", "transfer", "-m", "llama-3.1-70b", "--prompt-tokens", "8192", "--latency-us", "5"],
+         "bytes", 2_684_354_560),
+        (["plan", "roofline", "-m", "llama-3.1-8b", "-x", "h200"], "bound", "bandwidth"),
+    ],
+)
+def test_plan_json(argv: list[str], key: str, value: object, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc[key] == (pytest.approx(value) if isinstance(value, float) else value)
+
+
+def test_plan_spec_table_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "spec", "--table", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["table"]["speedup"]) == len(doc["table"]["alphas"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "spec", "--alpha", "1.5"],
+        ["plan", "kv"],
+        ["plan", "kv", "-m", "gpt-17"],
+        ["plan", "kv", "-m", "llama-3.1-8b", "--dtype", "fp4x"],
+        ["plan", "transfer"],
+        ["plan", "transfer", "--bytes", "10", "--bandwidth-gbps", "0"],
+        ["plan", "roofline", "-x", "tpu-v9", "-m", "llama-3.1-8b"],
+    ],
+)
+def test_plan_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 64
+    err = capsys.readouterr().err
+    assert err.startswith("inferctl: error: ") and "Traceback" not in err
