@@ -8,22 +8,30 @@ from pydantic import Field
 
 from infer_ctl.profile.base import Port, StrictModel
 
+#: host None means "the node's own address" (`nodes[].host`): routable from the other nodes (the
+#: prefill's bootstrap server listens on --host) and distinct per node, so several nodes on one
+#: machine (the loopback test harness, the local demo) do not collide on 0.0.0.0.
+BindHost = str | None
 
-class PrefillServer(StrictModel):
+
+class _ServerBase(StrictModel):
+    host: BindHost = None
+    #: tensor/data parallel size of this role's instances (default: models.target.tp / dp)
+    tp: Annotated[int, Field(ge=1, le=64)] | None = None
+    dp: Annotated[int, Field(ge=1, le=64)] | None = None
+
+
+class PrefillServer(_ServerBase):
     port: Port = 30000
     bootstrap_port: Port = 8998
-    #: address the server (and its bootstrap server) listens on; must be routable from decode nodes
-    host: str = "0.0.0.0"
 
 
-class DecodeServer(StrictModel):
+class DecodeServer(_ServerBase):
     port: Port = 30001
-    host: str = "0.0.0.0"
 
 
-class CollocatedServer(StrictModel):
+class CollocatedServer(_ServerBase):
     port: Port = 30000
-    host: str = "0.0.0.0"
 
 
 class ExtraArgs(StrictModel):
@@ -32,9 +40,36 @@ class ExtraArgs(StrictModel):
     collocated: list[str] = Field(default_factory=list)
 
 
+class DisaggregationTimeouts(StrictModel):
+    """SGLANG_DISAGGREGATION_* environment of the servers (SGLang 0.5.23 defaults)."""
+
+    #: prefill waits this long for the decode's KV indices
+    bootstrap_timeout_s: Annotated[int, Field(ge=1)] = 300
+    #: decode waits this long for the KV to land
+    waiting_timeout_s: Annotated[int, Field(ge=1)] = 300
+    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 5.0
+    heartbeat_max_failure: Annotated[int, Field(ge=1)] = 2
+
+
+class Lifecycle(StrictModel):
+    """How `inferctl launch/stop` run the servers."""
+
+    #: auto: systemd units where systemd runs (PID 1 is systemd), else a managed background process
+    supervisor: Literal["auto", "systemd", "process"] = "auto"
+    #: where env files (and, for the process supervisor, pid files) live on the nodes
+    config_dir: str = "/etc/inferctl"
+    #: model loading and CUDA-graph capture can take many minutes
+    start_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+    #: graceful stop (SIGTERM) before SIGKILL; RDMA registrations leak on kill -9
+    stop_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    limit_nofile: Annotated[int, Field(ge=1024)] = 1048576
+    #: run the servers as this user (systemd User=); None: the unit's default (root)
+    user: str | None = None
+
+
 class SglangSettings(StrictModel):
     version: Annotated[str, Field(pattern=r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")] = "0.5.23"
-    #: directory holding versioned venvs and the `current` symlink
+    #: directory holding versioned venvs (`<venv>/<version>/bin/python`) and the `current` symlink
     venv: str = "/opt/inferctl/venvs"
     #: a local wheelhouse directory for air-gapped installs
     wheelhouse: str | None = None
@@ -50,3 +85,11 @@ class SglangSettings(StrictModel):
     #: passed to --kv-events-config as JSON when set
     kv_events: dict[str, str | int | float | bool] | None = None
     log_dir: str = "/var/log/inferctl"
+    #: --enable-metrics (/metrics; `check servers` reads queue gauges from it)
+    enable_metrics: bool = True
+    #: --enable-cache-report (cached_tokens in OpenAI usage; the router and bench read it)
+    enable_cache_report: bool = True
+    #: first port of --dist-init-addr for instances spanning nodes (prefill +0, decode +1)
+    dist_init_port: Port = 25000
+    disaggregation: DisaggregationTimeouts = Field(default_factory=DisaggregationTimeouts)
+    lifecycle: Lifecycle = Field(default_factory=Lifecycle)

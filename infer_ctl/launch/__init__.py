@@ -1,0 +1,2 @@
+"""Launching SGLang servers: rendering (render.py), the node-side lifecycle (lifecycle.py) and
+readiness/status polling (probe.py)."""
