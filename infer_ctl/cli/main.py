@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
 from infer_ctl import __version__
@@ -22,17 +21,20 @@ from infer_ctl.cli import check_cmd, plan_cmd, profile_cmd
 from infer_ctl.core.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError
 
+try:  # typer >= 0.16 vendors its own copy of click and raises that copy's exceptions
+    from typer._click import exceptions as _click_exc  # type: ignore[attr-defined,unused-ignore]
+except ImportError:  # pragma: no cover - older typer depends on click proper
+    import click.exceptions as _click_exc  # type: ignore[no-redef,unused-ignore]
+
 
 def _classes(*candidates: object) -> tuple[type[BaseException], ...]:
     return tuple({c for c in candidates if isinstance(c, type) and issubclass(c, BaseException)})
 
 
-# Recent typers vendor their own copy of click (typer._click) and raise its exceptions; older ones raise
-# click's. Catch both so usage errors always exit 64 instead of surfacing as internal errors.
-_vendored = getattr(getattr(typer, "_click", None), "exceptions", None)
-_EXIT = _classes(typer.Exit, click.exceptions.Exit, getattr(_vendored, "Exit", None))
-_ABORT = _classes(getattr(typer, "Abort", None), click.exceptions.Abort, getattr(_vendored, "Abort", None))
-_USAGE = _classes(click.exceptions.ClickException, getattr(_vendored, "ClickException", None))
+# Catch every flavour so usage errors always exit 64 instead of surfacing as internal errors.
+_EXIT = _classes(typer.Exit, getattr(_click_exc, "Exit", None))
+_ABORT = _classes(getattr(typer, "Abort", None), getattr(_click_exc, "Abort", None))
+_USAGE = _classes(_click_exc.ClickException)
 
 app = typer.Typer(
     name="inferctl",
