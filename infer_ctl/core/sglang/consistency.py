@@ -1,0 +1,219 @@
+"""Problems to report before launch, judged on the EFFECTIVE command lines (after extra args).
+
+SGLang silently rewrites some inconsistent settings (topk 1 with num_draft_tokens != num_steps + 1),
+asserts on others at start-up (minutes into a model load), and some mistakes only show as failed
+transfers (prefill and decode disagreeing on the model or the speculative setup). All are judged here
+from the rendered argv, so they hold whatever the extra args did.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args
+from infer_ctl.core.sglang.flags import flag_table
+from infer_ctl.core.sglang.instance import Instance, instances
+from infer_ctl.profile import Profile
+
+#: settings prefill and decode must agree on (SGLang: "launch P and D with the same spec flags")
+PD_AGREEMENT = (
+    "--model-path",
+    "--disaggregation-transfer-backend",
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+)
+_SPEC_NUMBERS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
+
+
+def effective_args(argv: list[str]) -> dict[str, str | None]:
+    """Canonical flag -> value (None for switches); the last occurrence wins, as in argparse."""
+    table = flag_table()
+    result: dict[str, str | None] = {}
+    for opt in parse_extra_args(server_args(argv)):
+        spec = table.lookup(opt.flag)
+        result[spec.canonical if spec else opt.flag] = opt.value
+    return result
+
+
+def _flag_findings(inst: Instance, argv: list[str]) -> list[Finding]:
+    table = flag_table()
+    out: list[Finding] = []
+    for opt in parse_extra_args(server_args(argv)):
+        if not opt.flag.startswith("-"):
+            continue
+        spec = table.lookup(opt.flag)
+        if spec is None:
+            near = table.candidates(opt.flag)
+            hint = f"it is ambiguous between {', '.join(near)}" if near else "SGLang 0.5.23 has no such flag"
+            out.append(
+                Finding.fail(
+                    "launch.args",
+                    inst.node,
+                    inst.name,
+                    f"{opt.flag}: {hint}",
+                    details={"flag": opt.flag, "candidates": near},
+                    remedy="fix the flag in sglang.extra_args / nodes[].overrides.extra_args "
+                    "(see `python -m sglang.launch_server --help`)",
+                )
+            )
+        elif spec.choices and opt.value is not None and opt.value not in spec.choices:
+            out.append(
+                Finding.fail(
+                    "launch.args",
+                    inst.node,
+                    inst.name,
+                    f"{opt.flag} {opt.value}: not one of {', '.join(spec.choices)}",
+                    remedy=f"choose one of {', '.join(spec.choices)}",
+                )
+            )
+    return out
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]:
+    algo = (args.get("--speculative-algorithm") or "").upper()
+    if not algo or algo == "NGRAM":
+        return []
+    steps, topk, ndt = (_int(args.get(f)) for f in _SPEC_NUMBERS)
+    given = [f for f in _SPEC_NUMBERS if args.get(f) is not None]
+    if given and len(given) != 3:
+        missing = [f for f in _SPEC_NUMBERS if f not in given]
+        return [
+            Finding.fail(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                f"speculative numbers partly set (missing {', '.join(missing)}); SGLang asserts at start-up",
+                remedy="set all three of num_steps, eagle_topk, num_draft_tokens, or none of them",
+            )
+        ]
+    if steps is None or topk is None or ndt is None:
+        return []
+    if topk == 1 and ndt != steps + 1:
+        return [
+            Finding.warn(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                f"eagle_topk 1 with num_draft_tokens {ndt}: SGLang silently rewrites it to "
+                f"num_steps + 1 = {steps + 1}",
+                details={"num_steps": steps, "eagle_topk": topk, "num_draft_tokens": ndt},
+                remedy=f"set num_draft_tokens to {steps + 1} so the profile says what runs",
+            )
+        ]
+    if ndt > topk * steps + 1:
+        return [
+            Finding.fail(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                f"num_draft_tokens {ndt} exceeds the draft tree size eagle_topk*num_steps+1 = {topk * steps + 1}",
+                remedy="lower num_draft_tokens or raise eagle_topk/num_steps",
+            )
+        ]
+    if "--enable-pd-role-switch" in args:
+        return [
+            Finding.fail(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                "--enable-pd-role-switch cannot be combined with speculative decoding",
+                remedy="drop --enable-pd-role-switch from the extra args",
+            )
+        ]
+    return []
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_findings(inst: Instance, args: dict[str, str | None], decode_hosts: set[str]) -> list[Finding]:
+    if inst.role != "prefill":
+        return []
+    bind = args.get("--host") or "127.0.0.1"
+    remote = {h for h in decode_hosts if h != inst.host}
+    if _is_loopback(bind) and remote and not all(_is_loopback(h) for h in remote):
+        return [
+            Finding.fail(
+                "launch.host",
+                inst.node,
+                inst.name,
+                f"the prefill binds {bind}, so decodes on {', '.join(sorted(remote))} cannot reach its "
+                "bootstrap server",
+                remedy="set sglang.prefill.host to a routable address (or leave it unset for the node's address)",
+            )
+        ]
+    return []
+
+
+def launch_problems(profile: Profile, selected: list[Instance] | None = None) -> list[Finding]:
+    """Every problem of the launch plan as findings (warn/fail); empty when it is sound."""
+    every = instances(profile)
+    chosen = every if selected is None else selected
+    rendered = {i.name: build_argv(profile, i) for i in every}
+    args = {name: effective_args(r.argv) for name, r in rendered.items()}
+    decode_hosts = {i.host for i in every if i.role == "decode"}
+    out: list[Finding] = []
+    for inst in chosen:
+        for ov in rendered[inst.name].overrides:
+            out.append(
+                Finding.warn(
+                    "launch.override",
+                    inst.node,
+                    inst.name,
+                    ov.message,
+                    details={"flag": ov.flag, "profile": ov.profile_value, "extra": ov.extra_value},
+                    remedy=f"change the profile setting instead of {ov.source}, or drop the extra arg",
+                )
+            )
+        out.extend(_flag_findings(inst, rendered[inst.name].argv))
+        out.extend(_spec_findings(inst, args[inst.name]))
+        out.extend(_host_findings(inst, args[inst.name], decode_hosts))
+    out.extend(_pd_agreement(every, chosen, args))
+    return out
+
+
+def _pd_agreement(
+    every: list[Instance], chosen: list[Instance], args: dict[str, dict[str, str | None]]
+) -> list[Finding]:
+    prefills = [i for i in every if i.role == "prefill" and i.is_leader]
+    if not prefills:
+        return []
+    ref = prefills[0]
+    out: list[Finding] = []
+    for inst in chosen:
+        if inst.role not in ("prefill", "decode") or inst is ref:
+            continue
+        diffs = {
+            f: (args[ref.name].get(f), args[inst.name].get(f))
+            for f in PD_AGREEMENT
+            if args[ref.name].get(f) != args[inst.name].get(f)
+        }
+        for flag, (want, got) in diffs.items():
+            out.append(
+                Finding.fail(
+                    "launch.pd_agreement",
+                    inst.node,
+                    inst.name,
+                    f"{flag} is {got} here but {want} on {ref.name}; prefill and decode must agree",
+                    details={"flag": flag, "reference": ref.name, "expected": want, "actual": got},
+                    remedy="make the extra args of both roles agree on this setting",
+                )
+            )
+    return out
