@@ -13,6 +13,9 @@ class SshSettings(StrictModel):
     user: str | None = None
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
+    #: inferctl's own known_hosts, where --accept-new-host-keys records keys (never ~/.ssh/known_hosts);
+    #: null means $XDG_STATE_HOME/inferctl/known_hosts (default ~/.local/state/inferctl/known_hosts)
+    accepted_known_hosts: str | None = None
     #: reject: unknown host keys are refused. accept-new: unknown keys are recorded (changed keys never are)
     host_key_policy: Literal["reject", "accept-new"] = "reject"
     port: Port = 22

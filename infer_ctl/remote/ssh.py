@@ -1,0 +1,513 @@
+"""The paramiko SSH connector: one transport per node, one channel per command.
+
+Connecting (host key check, auth, jump hosts) lives in `connect_ssh`; `SshConnector` only runs
+commands and moves files over an established transport. All paramiko/socket exceptions are
+translated here into remote.errors classes with a plain reason and a next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import shlex
+import socket
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+
+import paramiko
+
+from infer_ctl.remote.base import Command, CommandResult, as_command
+from infer_ctl.remote.commandline import (
+    KILL_AFTER_S,
+    SudoMode,
+    build_argv,
+    is_remote_timeout,
+    raise_for_sudo,
+)
+from infer_ctl.remote.errors import (
+    AuthError,
+    ConnectionLostError,
+    ConnectionRefusedRemoteError,
+    ConnectTimeoutError,
+    DnsError,
+    TransferError,
+    UnreachableError,
+)
+from infer_ctl.remote.hostkeys import HostKeyStore
+from infer_ctl.remote.putfile import SUDO_PUT_SCRIPT, put_file_error
+from infer_ctl.remote.target import SshTarget, default_key_files
+
+_CHUNK = 1 << 20
+
+
+class KeyRing:
+    """Private keys loaded once per run (parsing a key costs more than using it) plus ssh-agent keys."""
+
+    def __init__(self, *, use_agent: bool) -> None:
+        self.use_agent = use_agent
+        self._lock = threading.Lock()
+        self._files: dict[str, paramiko.PKey | str] = {}  # path -> key, or why it could not be loaded
+        self._agent: list[paramiko.AgentKey] | None = None
+
+    def _load(self, path: str) -> paramiko.PKey | str:
+        with self._lock:
+            if path not in self._files:
+                full = Path(path).expanduser()
+                try:
+                    self._files[path] = paramiko.PKey.from_path(full)
+                except FileNotFoundError:
+                    self._files[path] = "file not found"
+                except paramiko.PasswordRequiredException:
+                    self._files[path] = "encrypted (load it into ssh-agent)"
+                except (paramiko.SSHException, OSError, ValueError) as exc:
+                    self._files[path] = f"unreadable ({exc})"
+            return self._files[path]
+
+    def _agent_keys(self) -> list[paramiko.AgentKey]:
+        with self._lock:
+            if self._agent is None:
+                self._agent = []
+                if self.use_agent:
+                    try:
+                        self._agent = list(paramiko.Agent().get_keys())
+                    except (paramiko.SSHException, OSError):
+                        self._agent = []
+            return self._agent
+
+    def candidates(self, target: SshTarget) -> tuple[list[tuple[str, paramiko.PKey]], list[str]]:
+        """Keys to offer in order (configured files, agent, default files) and notes on skipped ones."""
+        keys: list[tuple[str, paramiko.PKey]] = []
+        notes: list[str] = []
+        for path in target.identity_files:
+            loaded = self._load(path)
+            if isinstance(loaded, str):
+                notes.append(f"{path}: {loaded}")
+            else:
+                keys.append((path, loaded))
+        for agent_key in self._agent_keys():
+            keys.append((f"agent key {agent_key.fingerprint}", agent_key))
+        for path in default_key_files():
+            if path not in target.identity_files:
+                loaded = self._load(path)
+                if not isinstance(loaded, str):
+                    keys.append((path, loaded))
+        return keys, notes
+
+
+def _open_socket(target: SshTarget, timeout: float) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise DnsError(
+            f"{target.label}: cannot resolve host name {target.host!r} ({exc.strerror})",
+            remedy="check the node's host in the profile (or HostName in ~/.ssh/config) and DNS",
+        ) from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(addr)
+    except ConnectionRefusedError:
+        sock.close()
+        raise ConnectionRefusedRemoteError(
+            f"{target.label}: connection refused by {target.host}:{target.port}",
+            remedy="is sshd running on the node and listening on that port?",
+        ) from None
+    except TimeoutError:
+        sock.close()
+        raise ConnectTimeoutError(
+            f"{target.label}: no answer from {target.host}:{target.port} within {timeout:g}s",
+            remedy="check that the node is up and that a firewall lets SSH through (ssh.connect_timeout_s)",
+        ) from None
+    except OSError as exc:
+        sock.close()
+        raise UnreachableError(
+            f"{target.label}: cannot connect to {target.host}:{target.port}: {exc.strerror or exc}",
+            remedy="check the network path to the node",
+        ) from None
+    return sock
+
+
+def _channel_through(
+    gateway: paramiko.Transport, via: SshTarget, target: SshTarget, timeout: float
+) -> paramiko.Channel:
+    try:
+        return gateway.open_channel(
+            "direct-tcpip", (target.host, target.port), ("127.0.0.1", 0), timeout=timeout
+        )
+    except paramiko.ChannelException as exc:
+        raise UnreachableError(
+            f"{target.label}: jump host {via.label} could not open a connection to {target.host}:{target.port} "
+            f"({exc.text or exc.code})",
+            remedy=f"check that {via.label} allows TCP forwarding (AllowTcpForwarding) and can reach the node",
+        ) from None
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise UnreachableError(
+            f"{target.label}: jump host {via.label} failed while connecting onward: {exc}",
+            remedy=f"check the jump host {via.label}",
+        ) from None
+
+
+def open_transport(
+    target: SshTarget,
+    hostkeys: HostKeyStore,
+    keyring: KeyRing,
+    *,
+    timeout: float,
+    keepalive: int,
+    sock: socket.socket | paramiko.Channel | None = None,
+) -> paramiko.Transport:
+    """A verified, authenticated transport to `target` (over `sock` when tunnelled)."""
+    if sock is None:
+        sock = _open_socket(target, timeout)
+    transport = paramiko.Transport(sock)
+    try:
+        transport.banner_timeout = timeout
+        transport.handshake_timeout = timeout
+        # Ask the server for a key type we already know, so a host with several keys is not reported
+        # as "unknown" just because it offered another type first (as OpenSSH does).
+        known_types = hostkeys.known_key_types(target.host, target.port)
+        opts = transport.get_security_options()
+        if known_types:
+            preferred = [t for t in known_types if t in opts.key_types]
+            opts.key_types = tuple(preferred + [t for t in opts.key_types if t not in preferred])
+        try:
+            transport.start_client(timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise UnreachableError(
+                f"{target.label}: SSH handshake with {target.host}:{target.port} failed: {exc}",
+                remedy="check that an SSH server listens on that port",
+            ) from None
+        key = transport.get_remote_server_key()
+        hostkeys.verify(target.host, target.port, key.get_name(), key.asbytes())
+        _authenticate(transport, target, keyring)
+        if keepalive:
+            transport.set_keepalive(keepalive)
+        return transport
+    except BaseException:
+        transport.close()
+        raise
+
+
+def _authenticate(transport: paramiko.Transport, target: SshTarget, keyring: KeyRing) -> None:
+    keys, notes = keyring.candidates(target)
+    tried: list[str] = []
+    for label, key in keys:
+        try:
+            transport.auth_publickey(target.user, key)
+        except paramiko.AuthenticationException:
+            tried.append(label)
+            continue
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectionLostError(
+                f"{target.label}: connection dropped during authentication: {exc}",
+                remedy="check the sshd log on the node (MaxAuthTries, AllowUsers)",
+            ) from None
+        if transport.is_authenticated():
+            return
+        tried.append(f"{label} (partial: more factors required, not supported)")
+    detail = "; ".join(tried + notes) if (tried or notes) else "no key available"
+    raise AuthError(
+        f"{target.label}: authentication as {target.user}@{target.host}:{target.port} failed (tried: {detail})",
+        remedy=f"put the public key into ~{target.user}/.ssh/authorized_keys on the node, or set ssh.identity_file"
+        " / ssh.user (or the node's user) in the profile",
+    )
+
+
+def connect_ssh(
+    target: SshTarget,
+    hostkeys: HostKeyStore,
+    keyring: KeyRing,
+    *,
+    timeout: float,
+    keepalive: int,
+    sudo_mode: SudoMode,
+    command_timeout: float,
+    gateway_cache: GatewayCache | None = None,
+) -> SshConnector:
+    sock: paramiko.Channel | None = None
+    if target.jumps:
+        cache = gateway_cache or GatewayCache()
+        gateway: paramiko.Transport | None = None
+        previous: SshTarget | None = None
+        for depth, hop in enumerate(target.jumps):
+
+            def make(
+                hop: SshTarget = hop,
+                via: paramiko.Transport | None = gateway,
+                via_target: SshTarget | None = previous,
+            ) -> paramiko.Transport:
+                hop_sock = _channel_through(via, via_target, hop, timeout) if via and via_target else None
+                return open_transport(
+                    hop, hostkeys, keyring, timeout=timeout, keepalive=keepalive, sock=hop_sock
+                )
+
+            gateway = cache.get(target.jumps[: depth + 1], make)
+            previous = hop
+        assert gateway is not None and previous is not None
+        sock = _channel_through(gateway, previous, target, timeout)
+    transport = open_transport(target, hostkeys, keyring, timeout=timeout, keepalive=keepalive, sock=sock)
+    return SshConnector(
+        target, transport, sudo_mode=sudo_mode, connect_timeout=timeout, command_timeout=command_timeout
+    )
+
+
+class GatewayCache:
+    """Jump host transports shared by all nodes behind them (one connection to the bastion per run)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._transports: dict[tuple[str, ...], paramiko.Transport] = {}
+        self._pending: dict[tuple[str, ...], threading.Lock] = {}
+
+    def get(self, chain: Sequence[SshTarget], make: Callable[[], paramiko.Transport]) -> paramiko.Transport:
+        key = tuple(h.address for h in chain)
+        with self._lock:
+            lock = self._pending.setdefault(key, threading.Lock())
+        with lock:
+            existing = self._transports.get(key)
+            if existing is not None and existing.is_active():
+                return existing
+            transport: paramiko.Transport = make()
+            self._transports[key] = transport
+            return transport
+
+    def close(self) -> None:
+        with self._lock:
+            for transport in reversed(list(self._transports.values())):
+                transport.close()
+            self._transports.clear()
+
+
+def _send_signal(chan: paramiko.Channel, name: str) -> None:
+    """RFC 4254 "signal" request (paramiko has no public API for it); OpenSSH's sshd delivers it."""
+    msg = paramiko.Message()
+    msg.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+    msg.add_int(chan.remote_chanid)
+    msg.add_string("signal")
+    msg.add_boolean(False)
+    msg.add_string(name)
+    chan.transport._send_user_message(msg)  # type: ignore[union-attr]
+
+
+class SshConnector:
+    def __init__(
+        self,
+        target: SshTarget,
+        transport: paramiko.Transport,
+        *,
+        sudo_mode: SudoMode,
+        connect_timeout: float,
+        command_timeout: float,
+    ) -> None:
+        self.node_name = target.label
+        self.target = target
+        self._transport = transport
+        self.sudo_mode = sudo_mode
+        self._connect_timeout = connect_timeout
+        self._command_timeout = command_timeout
+        self._lock = threading.Lock()
+        self._channels: set[paramiko.Channel] = set()
+        self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_lock = threading.Lock()
+
+    # ---- commands ------------------------------------------------------------------------------
+    def run(
+        self,
+        command: Command | Sequence[str],
+        *,
+        timeout: float | None = None,
+        sudo: bool = False,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        cmd = as_command(command)
+        limit = self._command_timeout if timeout is None else timeout
+        argv, prefix = build_argv(cmd, sudo=sudo, sudo_mode=self.sudo_mode, env=env, timeout=limit)
+        line = shlex.join(argv)
+        started = time.monotonic()
+        chan = self._open_channel()
+        try:
+            chan.exec_command(line)
+            feeder = self._feed_stdin(chan, prefix + (stdin or b""))
+            out, err, timed_out = self._collect(chan, started + limit + KILL_AFTER_S + 2)
+            exit_code: int | None = None
+            if not timed_out and chan.status_event.wait(
+                max(0.1, started + limit + KILL_AFTER_S + 2 - time.monotonic())
+            ):
+                exit_code = chan.recv_exit_status()
+                exit_code = None if exit_code == -1 else exit_code
+            elif not timed_out:
+                timed_out = True
+            if timed_out:
+                with contextlib.suppress(Exception):
+                    _send_signal(chan, "TERM")
+            if feeder is not None:
+                feeder.join(timeout=1)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise self._lost(exc) from None
+        finally:
+            with self._lock:
+                self._channels.discard(chan)
+            chan.close()
+        duration = time.monotonic() - started
+        timed_out = timed_out or is_remote_timeout(exit_code, duration, limit)
+        result = CommandResult(exit_code, bytes(out), bytes(err), duration, timed_out, command=cmd.shell())
+        if sudo:
+            raise_for_sudo(self.node_name, result, self.sudo_mode)
+        return result
+
+    def _open_channel(self) -> paramiko.Channel:
+        if not self._transport.is_active():
+            raise self._lost(None)
+        try:
+            chan = self._transport.open_session(timeout=self._connect_timeout)
+        except paramiko.ChannelException as exc:
+            raise ConnectionLostError(
+                f"{self.node_name}: the server refused a new session channel ({exc.text})",
+                remedy="too many concurrent commands on one node? raise MaxSessions in the node's sshd_config",
+            ) from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise self._lost(exc) from None
+        with self._lock:
+            self._channels.add(chan)
+        return chan
+
+    def _lost(self, exc: BaseException | None) -> ConnectionLostError:
+        reason = f": {exc}" if exc else ""
+        return ConnectionLostError(
+            f"{self.node_name}: connection to {self.target.host}:{self.target.port} lost{reason}",
+            remedy="check that the node is up; rerun the command",
+        )
+
+    @staticmethod
+    def _feed_stdin(chan: paramiko.Channel, data: bytes) -> threading.Thread | None:
+        if not data:
+            chan.shutdown_write()
+            return None
+
+        # a thread, so a command that writes a lot before reading its stdin cannot deadlock us
+        def feed() -> None:
+            with contextlib.suppress(Exception):
+                chan.sendall(data)
+                chan.shutdown_write()
+
+        thread = threading.Thread(target=feed, name=f"stdin-{chan.get_id()}", daemon=True)
+        thread.start()
+        return thread
+
+    @staticmethod
+    def _collect(chan: paramiko.Channel, deadline: float) -> tuple[bytearray, bytearray, bool]:
+        out, err = bytearray(), bytearray()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return out, err, True
+            select.select([chan], [], [], min(remaining, 1.0))
+            while chan.recv_ready():
+                out += chan.recv(_CHUNK)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(_CHUNK)
+            if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
+                return out, err, False
+
+    # ---- files -------------------------------------------------------------------------------
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            try:
+                client = paramiko.SFTPClient.from_transport(self._transport)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise TransferError(
+                    f"{self.node_name}: cannot start SFTP: {exc}",
+                    remedy="enable the sftp subsystem in the node's sshd_config",
+                ) from None
+            if client is None:
+                raise self._lost(None)
+            self._sftp = client
+        return self._sftp
+
+    def put_file(
+        self,
+        remote_path: str,
+        data: bytes,
+        *,
+        mode: int = 0o644,
+        owner: str | None = None,
+        sudo: bool = False,
+    ) -> None:
+        if sudo and self.sudo_mode.enabled:
+            # Through sudo, SFTP cannot write root-owned paths; the data goes over stdin to a shell
+            # that writes a temp file next to the target and renames it (atomic on one filesystem).
+            result = self.run(
+                Command("sh", "-c", SUDO_PUT_SCRIPT, "inferctl-put", remote_path, f"{mode:o}", owner or ""),
+                sudo=True,
+                stdin=data,
+            )
+            if not result.ok:
+                raise put_file_error(self.node_name, remote_path, result.err)
+            return
+        path = PurePosixPath(remote_path)
+        tmp = str(path.with_name(f".{path.name}.inferctl-{uuid.uuid4().hex[:12]}.tmp"))
+        with self._sftp_lock:
+            sftp = self._sftp_client()
+            try:
+                with sftp.open(tmp, "wb") as fh:
+                    fh.set_pipelined(True)
+                    fh.write(data)
+                sftp.chmod(tmp, mode)
+                if owner:
+                    result = self.run(Command("chown", owner, tmp), timeout=30)
+                    if not result.ok:
+                        raise put_file_error(self.node_name, remote_path, result.err)
+                sftp.posix_rename(tmp, remote_path)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    sftp.remove(tmp)
+                raise put_file_error(self.node_name, remote_path, str(exc)) from None
+            except Exception:
+                with contextlib.suppress(Exception):
+                    sftp.remove(tmp)
+                raise
+
+    def get_file(self, remote_path: str) -> bytes:
+        with self._sftp_lock:
+            sftp = self._sftp_client()
+            try:
+                if stat.S_ISDIR(sftp.stat(remote_path).st_mode or 0):
+                    raise TransferError(
+                        f"{self.node_name}: {remote_path} is a directory", remedy="name a file"
+                    )
+                with sftp.open(remote_path, "rb") as fh:
+                    fh.prefetch()
+                    return fh.read()
+            except FileNotFoundError:
+                raise TransferError(
+                    f"{self.node_name}: {remote_path} does not exist", remedy="check the path on the node"
+                ) from None
+            except OSError as exc:
+                raise TransferError(
+                    f"{self.node_name}: cannot read {remote_path}: {exc}",
+                    remedy="check permissions on the node",
+                ) from None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Ctrl-C: ask running commands to stop (TERM via the remote `timeout`), then drop the link."""
+        with self._lock:
+            channels = list(self._channels)
+        for chan in channels:
+            with contextlib.suppress(Exception):
+                _send_signal(chan, "TERM")
+        time.sleep(0.05 if channels else 0)
+        self.close()
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            with contextlib.suppress(Exception):
+                self._sftp.close()
+            self._sftp = None
+        self._transport.close()

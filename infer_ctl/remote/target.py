@@ -1,0 +1,118 @@
+"""Where and as whom to connect: the profile merged with ~/.ssh/config (Host aliases, HostName, User,
+Port, IdentityFile, ProxyJump).
+
+Precedence, like OpenSSH's command line over its config: the node's own fields, then the profile's ssh
+section (when set explicitly), then ~/.ssh/config, then OpenSSH defaults.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from infer_ctl.errors import ProfileError
+from infer_ctl.profile import Node, Profile
+
+DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    label: str  # node name, or the jump host spec
+    host: str  # what we connect to (after HostName)
+    port: int
+    user: str
+    identity_files: tuple[str, ...] = ()
+    jumps: tuple[SshTarget, ...] = field(default=())
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
+    if not path:
+        return paramiko.SSHConfig()
+    full = Path(path).expanduser()
+    if not full.is_file():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(full))
+    except Exception as exc:  # paramiko raises plain exceptions for bad config lines
+        raise ProfileError(
+            f"cannot parse SSH config {full}: {exc}", remedy="fix the file, or set ssh.config_file: null"
+        ) from None
+
+
+def parse_hop(spec: str) -> tuple[str | None, str, int | None]:
+    """`user@host:port` (any part but host optional) -> (user, host, port)."""
+    spec = spec.strip()
+    user = None
+    if "@" in spec:
+        user, spec = spec.rsplit("@", 1)
+    port = None
+    if spec.startswith("["):  # [v6addr]:port
+        host, _, rest = spec[1:].partition("]")
+        if rest.startswith(":"):
+            port = int(rest[1:])
+    elif spec.count(":") == 1:
+        host, port_text = spec.split(":")
+        if not port_text.isdigit():
+            raise ProfileError(
+                f"jump host {spec!r}: port {port_text!r} is not a number", remedy="use user@host:port"
+            )
+        port = int(port_text)
+    else:
+        host = spec
+    if not host:
+        raise ProfileError(f"jump host {spec!r} has no host name", remedy="use user@host:port")
+    return user, host, port
+
+
+class TargetResolver:
+    def __init__(self, profile: Profile, ssh_config: paramiko.SSHConfig | None = None) -> None:
+        self.profile = profile
+        self.settings = profile.ssh
+        self.config = ssh_config if ssh_config is not None else load_ssh_config(self.settings.config_file)
+
+    def _explicit(self, name: str) -> bool:
+        return name in self.settings.model_fields_set
+
+    def for_node(self, node: Node) -> SshTarget:
+        port = node.port or (self.settings.port if self._explicit("port") else None)
+        jump_spec = self.settings.jump_host
+        return self._resolve(node.name, node.host, node.user or self.settings.user, port, jump_spec, depth=0)
+
+    def _resolve(
+        self, label: str, alias: str, user: str | None, port: int | None, jump_spec: str | None, depth: int
+    ) -> SshTarget:
+        if depth > 8:
+            raise ProfileError(
+                f"jump host chain for {label} is longer than 8 hops (a loop?)",
+                remedy="check ProxyJump in ~/.ssh/config and ssh.jump_host",
+            )
+        cfg = self.config.lookup(alias)
+        host = cfg.get("hostname", alias)
+        user = user or cfg.get("user") or self.settings.user or getpass.getuser()
+        port = port or int(cfg.get("port", self.settings.port))
+        files: list[str] = []
+        if self.settings.identity_file:
+            files.append(self.settings.identity_file)
+        files.extend(cfg.get("identityfile", []))
+        if jump_spec is None:
+            jump_spec = cfg.get("proxyjump")
+        jumps: list[SshTarget] = []
+        if jump_spec and jump_spec.lower() != "none":
+            for hop in jump_spec.split(","):
+                hop_user, hop_host, hop_port = parse_hop(hop)
+                # a hop's own ProxyJump is not followed here: the chain is given left to right
+                jumps.append(self._resolve(hop.strip(), hop_host, hop_user, hop_port, "none", depth + 1))
+        return SshTarget(label, host, port, user, tuple(dict.fromkeys(files)), tuple(jumps))
+
+
+def default_key_files() -> list[str]:
+    return [k for k in DEFAULT_KEYS if os.path.isfile(os.path.expanduser(k))]
