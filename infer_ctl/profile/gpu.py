@@ -37,3 +37,15 @@ class GpuPolicy(StrictModel):
     #: GPUs are expected idle (no serving processes) during the check
     expect_idle: bool = False
     nvlink_required: bool = True
+    #: per-XID severity overrides, e.g. {94: warn, 13: ignore} (gpud PR #1244 style); beats the sets above
+    xid_overrides: dict[int, Literal["fatal", "warn", "ignore"]] = Field(default_factory=dict)
+    #: PCIe width the platform wires the GPUs with; None = each GPU's own maximum
+    expected_pcie_width: Annotated[int, Field(ge=1, le=32)] | None = None
+    #: GPU utilisation (%) above which the PCIe generation is judged (it drops legitimately at idle)
+    pcie_gen_load_pct: Annotated[int, Field(ge=0, le=100)] = 50
+    #: how GPU facts are read on the node: NVML first with nvidia-smi fallback, or only one of them
+    facts_source: Literal["auto", "nvml", "nvidia-smi"] = "auto"
+    #: interpreter that runs the gatherer on the node (the provisioned venv's python also works)
+    python: str = "python3"
+    #: seconds the whole gathering (NVML or nvidia-smi + kernel log) may take on one node
+    timeout_s: Annotated[float, Field(gt=0)] = 60.0

@@ -1,0 +1,160 @@
+"""GPU facts of one node in ONE remote command: the node-side gatherer (nvml_node_script.py) is sent on
+stdin to `python3 -`; it reads NVML (falling back to `nvidia-smi -q -x` + `nvlink -s/-e` when the NVML
+bindings or library are absent) and the kernel log's NVRM lines, and prints one JSON document.
+
+`parse_gatherer_output` turns that document into `NodeGpuFacts` (pure; tested on JSON from the real
+script run against a fake `pynvml`, and on real nvidia-smi fixtures).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from infer_ctl.core.rules.gpu_facts import (
+    RECOVERY_ACTIONS,
+    GpuFacts,
+    GpuProcess,
+    NodeGpuFacts,
+    NvLink,
+    XidEvent,
+    reasons_from_mask,
+)
+from infer_ctl.facts.kernel_log import parse_xids
+from infer_ctl.facts.nvidia_smi import (
+    EXIT_CODES,
+    NvidiaSmiParseError,
+    merge_nvlink,
+    parse_nvidia_smi_xml,
+    parse_nvlink_errors,
+    parse_nvlink_status,
+)
+from infer_ctl.remote.base import Command
+
+SOURCES = ("auto", "nvml", "nvidia-smi")
+# NVML init errors that mean "no usable driver here" vs "driver present but broken".
+_NVML_NO_DRIVER = {9, 12}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
+_NVML_MISMATCH = 18  # LIB_RM_VERSION_MISMATCH
+_NVML_NO_PERMISSION = 4
+
+
+class GathererOutputError(ValueError):
+    """The gatherer printed something that is not its JSON document (python3 missing, crashed, ...)."""
+
+
+def gatherer_script() -> bytes:
+    return resources.files("infer_ctl.facts").joinpath("nvml_node_script.py").read_bytes()
+
+
+def gather_command(python: str = "python3", *, source: str = "auto", window_h: float = 24.0) -> Command:
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}")
+    return Command(python, "-", "--source", source, "--window-min", str(max(1, int(window_h * 60))))
+
+
+def _gpu_from_nvml(dev: dict[str, Any]) -> GpuFacts:
+    known = set(GpuFacts.__dataclass_fields__)
+    plain = {k: v for k, v in dev.items() if k in known and k not in {"processes", "nvlinks", "errors"}}
+    mask = dev.get("clock_reasons_mask")
+    code = dev.get("recovery_action_code")
+    procs = dev.get("processes")
+    links = dev.get("nvlinks")
+    return GpuFacts(
+        **plain,
+        clock_reasons=None if mask is None else reasons_from_mask(int(mask)),
+        recovery_action=None if code is None else RECOVERY_ACTIONS.get(int(code), f"code_{code}"),
+        processes=None
+        if procs is None
+        else tuple(GpuProcess(int(p["pid"]), p.get("name"), p.get("used_mib")) for p in procs),
+        nvlinks=None if links is None else tuple(NvLink(**link) for link in links),
+        nvlink_note="no NVLink" if links == [] else None,
+        errors=tuple(dev.get("errors") or ()),
+    )
+
+
+def _smi_failure(qx: dict[str, Any]) -> tuple[str, str]:
+    rc = qx.get("rc")
+    err = (qx.get("err") or qx.get("out") or "").strip()
+    last = err.splitlines()[-1] if err else ""
+    if rc is None and ("No such file" in err or "not found" in err):
+        return "no_driver", "nvidia-smi is not installed (no NVIDIA driver on this node)"
+    if "version mismatch" in err.lower():
+        return "driver_mismatch", f"NVIDIA driver/library version mismatch: {last}"
+    if isinstance(rc, int) and rc in EXIT_CODES:
+        kind, meaning = EXIT_CODES[rc]
+        return kind, f"nvidia-smi exit {rc}: {meaning}" + (f" ({last})" if last else "")
+    return "tool_failed", f"nvidia-smi failed (exit {rc})" + (f": {last}" if last else "")
+
+
+def _nvml_failure(err: dict[str, Any] | None) -> tuple[str, str] | None:
+    """An NVML init error that nvidia-smi cannot work around either."""
+    if not err:
+        return None
+    code = err.get("code")
+    if code == _NVML_MISMATCH:
+        return "driver_mismatch", f"NVML: {err.get('message')} (driver/library version mismatch)"
+    if code == _NVML_NO_PERMISSION:
+        return "no_permission", f"NVML: {err.get('message')}"
+    return None
+
+
+def _klog(doc: dict[str, Any]) -> tuple[tuple[XidEvent, ...] | None, str | None, str | None]:
+    klog = doc.get("klog") or {}
+    if klog.get("source") is None:
+        return None, klog.get("error") or "the kernel log was not read", None
+    return tuple(parse_xids(klog.get("out") or "")), None, klog["source"]
+
+
+def parse_gatherer_output(text: str) -> NodeGpuFacts:
+    try:
+        doc = json.loads(text.strip().splitlines()[-1]) if text.strip() else None
+    except (json.JSONDecodeError, IndexError) as exc:
+        raise GathererOutputError(f"the GPU gatherer printed no JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        raise GathererOutputError("the GPU gatherer printed an unexpected document")
+    xids, xid_error, xid_source = _klog(doc)
+    common: dict[str, Any] = {"xids": xids, "xid_error": xid_error, "xid_source": xid_source}
+    nvml = doc.get("nvml")
+    if nvml is not None:
+        return NodeGpuFacts(
+            source="nvml",
+            driver_version=nvml.get("driver_version"),
+            cuda_version=nvml.get("cuda_version"),
+            gpu_count=nvml.get("gpu_count"),
+            gpus=tuple(_gpu_from_nvml(d) for d in nvml.get("devices", [])),
+            **common,
+        )
+    nvml_err = doc.get("nvml_error")
+    fatal = _nvml_failure(nvml_err)
+    smi = doc.get("smi")
+    if smi is None or (fatal is not None and (smi or {}).get("qx", {}).get("rc") != 0):
+        kind, msg = fatal or ("no_driver", f"NVML unavailable: {(nvml_err or {}).get('message')}")
+        return NodeGpuFacts(source="none", error=msg, error_kind=kind, **common)
+    qx = smi.get("qx") or {}
+    if qx.get("rc") != 0:
+        kind, msg = _smi_failure(qx)
+        return NodeGpuFacts(source="none", error=msg, error_kind=kind, **common)
+    try:
+        parsed = parse_nvidia_smi_xml(qx.get("out") or "")
+    except NvidiaSmiParseError as exc:
+        return NodeGpuFacts(source="none", error=str(exc), error_kind="tool_failed", **common)
+    status = errors = None
+    nvs = smi.get("nvlink_s")
+    if nvs and (nvs.get("rc") == 0 or (nvs.get("out") or "").strip()):
+        status = parse_nvlink_status(nvs.get("out") or "")
+        nve = smi.get("nvlink_e")
+        if nve and (nve.get("rc") == 0 or (nve.get("out") or "").strip()):
+            errors = parse_nvlink_errors(nve.get("out") or "")
+    notes: tuple[str, ...] = ()
+    if nvml_err:
+        notes = (f"NVML unavailable ({nvml_err.get('message')}); facts read with nvidia-smi",)
+    return NodeGpuFacts(
+        source="nvidia-smi",
+        driver_version=parsed.driver_version,
+        cuda_version=parsed.cuda_version,
+        gpu_count=parsed.attached_gpus if parsed.attached_gpus is not None else len(parsed.gpus),
+        gpus=merge_nvlink(parsed.gpus, status, errors),
+        notes=notes,
+        **common,
+    )

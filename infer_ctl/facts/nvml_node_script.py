@@ -1,0 +1,243 @@
+# mypy: ignore-errors
+# inferctl node-side GPU fact gatherer. Sent over SSH on stdin to `python3 - [--source S] [--window-min N]`
+# and run ON THE NODE; prints ONE JSON document on stdout. Standard library + pynvml (nvidia-ml-py) only,
+# and Python 3.6-compatible: nodes run whatever python3 their distribution ships. It never judges; the
+# controller parses (infer_ctl/facts/nvml_gatherer.py) and judges (infer_ctl/core/rules/gpu.py).
+# ruff: noqa: UP004, UP024, UP031, SIM108, SIM401  (kept Python-3.6-compatible on purpose)
+import json
+import subprocess
+import sys
+
+NOT_SUPPORTED = (3, 13, 26)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, DEPRECATED: "this GPU/driver lacks it"
+GPU_FATAL = {15: "GPU is lost", 16: "GPU requires reset"}
+MAX_OUT = 4 * 1024 * 1024
+
+
+def arg(name, default):
+    if name in sys.argv:
+        i = sys.argv.index(name)
+        if i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+    return default
+
+
+def run(argv, timeout=60):
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        return {"rc": None, "out": "", "err": "%s: %s" % (argv[0], exc.strerror or exc)}
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return {"rc": None, "out": "", "err": "%s timed out after %ss" % (argv[0], timeout)}
+    return {
+        "rc": proc.returncode,
+        "out": out[:MAX_OUT].decode("utf-8", "replace"),
+        "err": err[-4096:].decode("utf-8", "replace"),
+    }
+
+
+class Reader(object):
+    """Calls NVML, records per-GPU errors, and treats 'not supported' as 'not reported'."""
+
+    def __init__(self, nv):
+        self.nv = nv
+        self.errors = []
+
+    def call(self, names, *args):
+        # names: the current call first, then deprecated/older ones to fall back to
+        for name in names:
+            fn = getattr(self.nv, name, None)
+            if fn is None:
+                continue
+            try:
+                return fn(*args)
+            except self.nv.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code in NOT_SUPPORTED:
+                    continue
+                if code in GPU_FATAL:
+                    msg = GPU_FATAL[code]
+                else:
+                    msg = "%s: %s" % (name, exc)
+                if msg not in self.errors:
+                    self.errors.append(msg)
+                return None
+        return None
+
+
+def text(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def gpu_facts(nv, index):
+    r = Reader(nv)
+    facts = {"index": index}
+    h = r.call(["nvmlDeviceGetHandleByIndex"], index)
+    if h is None:
+        facts["errors"] = r.errors or ["cannot open the GPU"]
+        return facts
+    facts["name"] = text(r.call(["nvmlDeviceGetName"], h))
+    facts["uuid"] = text(r.call(["nvmlDeviceGetUUID"], h))
+    pci = r.call(["nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo"], h)
+    if pci is not None:
+        facts["pci_bus_id"] = text(getattr(pci, "busId", None))
+    pm = r.call(["nvmlDeviceGetPersistenceMode"], h)
+    facts["persistence_mode"] = None if pm is None else bool(pm)
+    ecc = r.call(["nvmlDeviceGetEccMode"], h)
+    if ecc is not None:
+        facts["ecc_current"], facts["ecc_pending"] = bool(ecc[0]), bool(ecc[1])
+        if ecc[0]:
+            for key, etype, counter in (
+                ("ecc_volatile_uncorrected", 1, 0),
+                ("ecc_aggregate_uncorrected", 1, 1),
+                ("ecc_volatile_corrected", 0, 0),
+                ("ecc_aggregate_corrected", 0, 1),
+            ):
+                facts[key] = r.call(["nvmlDeviceGetTotalEccErrors"], h, etype, counter)
+    rows = r.call(["nvmlDeviceGetRemappedRows"], h)
+    if rows is not None:
+        facts["remap_correctable"], facts["remap_uncorrectable"] = rows[0], rows[1]
+        facts["remap_pending"], facts["remap_failure"] = bool(rows[2]), bool(rows[3])
+    else:
+        # pre-Ampere: dynamic page retirement instead of row remapping
+        sbe = r.call(["nvmlDeviceGetRetiredPages"], h, 0)
+        dbe = r.call(["nvmlDeviceGetRetiredPages"], h, 1)
+        facts["retired_sbe"] = None if sbe is None else len(sbe)
+        facts["retired_dbe"] = None if dbe is None else len(dbe)
+        pend = r.call(["nvmlDeviceGetRetiredPagesPendingStatus"], h)
+        facts["retired_pending"] = None if pend is None else bool(pend)
+    fields = r.call(["nvmlDeviceGetFieldValues"], h, [230])
+    if fields is not None and len(fields) and getattr(fields[0], "nvmlReturn", 1) == 0:
+        facts["recovery_action_code"] = int(fields[0].value.uiVal)
+    facts["temp_c"] = r.call(["nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"], h, 0)
+    for key, which in (("shutdown_temp_c", 0), ("slowdown_temp_c", 1), ("gpu_max_temp_c", 3)):
+        facts[key] = r.call(["nvmlDeviceGetTemperatureThreshold"], h, which)
+    mask = r.call(["nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"], h)
+    facts["clock_reasons_mask"] = mask
+    facts["pcie_gen_current"] = r.call(["nvmlDeviceGetCurrPcieLinkGeneration"], h)
+    facts["pcie_gen_max"] = r.call(["nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration"], h)
+    facts["pcie_width_current"] = r.call(["nvmlDeviceGetCurrPcieLinkWidth"], h)
+    facts["pcie_width_max"] = r.call(["nvmlDeviceGetMaxPcieLinkWidth"], h)
+    facts["pcie_replays"] = r.call(["nvmlDeviceGetPcieReplayCounter"], h)
+    util = r.call(["nvmlDeviceGetUtilizationRates"], h)
+    facts["utilization_pct"] = None if util is None else util.gpu
+    mig = r.call(["nvmlDeviceGetMigMode"], h)
+    if mig is not None:
+        facts["mig_current"], facts["mig_pending"] = bool(mig[0]), bool(mig[1])
+    mem = r.call(["nvmlDeviceGetMemoryInfo"], h)
+    if mem is not None:
+        facts["memory_used_mib"] = int(mem.used // (1024 * 1024))
+        facts["memory_total_mib"] = int(mem.total // (1024 * 1024))
+    procs = r.call(["nvmlDeviceGetComputeRunningProcesses"], h)
+    if procs is not None:
+        facts["processes"] = [
+            {"pid": p.pid, "name": proc_name(p.pid), "used_mib": mib(getattr(p, "usedGpuMemory", None))}
+            for p in procs
+        ]
+    facts["nvlinks"] = nvlinks(nv, r, h)
+    facts["errors"] = r.errors
+    return facts
+
+
+def mib(value):
+    # NVML reports NVML_VALUE_NOT_AVAILABLE (ULL max) when it cannot attribute memory
+    if value is None or value >= (1 << 63):
+        return None
+    return int(value // (1024 * 1024))
+
+
+def proc_name(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as fh:
+            return fh.read().strip()
+    except (IOError, OSError):
+        return None
+
+
+def nvlinks(nv, r, h):
+    links = []
+    max_links = getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)
+    for link in range(max_links):
+        try:
+            state = nv.nvmlDeviceGetNvLinkState(h, link)
+        except nv.NVMLError:
+            # NOT_SUPPORTED / INVALID_ARGUMENT past the last link: this GPU has no more links
+            break
+        entry = {"link": link, "active": bool(state)}
+        for key, counter in (("replay_errors", 0), ("recovery_errors", 1), ("crc_errors", 2)):
+            entry[key] = r.call(["nvmlDeviceGetNvLinkErrorCounter"], h, link, counter)
+        links.append(entry)
+    return links
+
+
+def gather_nvml(nv):
+    doc = {"devices": []}
+    doc["driver_version"] = text(nv.nvmlSystemGetDriverVersion())
+    try:
+        cuda = nv.nvmlSystemGetCudaDriverVersion()
+        doc["cuda_version"] = "%d.%d" % (cuda // 1000, (cuda % 1000) // 10)
+    except nv.NVMLError:
+        doc["cuda_version"] = None
+    count = nv.nvmlDeviceGetCount()
+    doc["gpu_count"] = count
+    for i in range(count):
+        doc["devices"].append(gpu_facts(nv, i))
+    return doc
+
+
+def kernel_log(window_min):
+    j = run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso", "--since=-%dmin" % window_min])
+    if j["rc"] == 0:
+        src, body = "journalctl", j["out"]
+    else:
+        d = run(["dmesg"])
+        if d["rc"] != 0:
+            why = (j["err"] or "").strip().splitlines()[-1:] + (d["err"] or "").strip().splitlines()[-1:]
+            return {"source": None, "out": "", "error": "; ".join(why) or "cannot read the kernel log"}
+        src, body = "dmesg", d["out"]
+    lines = [ln for ln in body.splitlines() if "NVRM" in ln]
+    return {"source": src, "out": "\n".join(lines[-5000:]), "error": None}
+
+
+def main():
+    source = arg("--source", "auto")
+    window_min = int(arg("--window-min", "1440"))
+    doc = {"version": 1, "nvml": None, "nvml_error": None, "smi": None, "klog": None}
+    if source in ("auto", "nvml"):
+        try:
+            import pynvml as nv
+        except ImportError:
+            doc["nvml_error"] = {"code": None, "message": "NVML Python bindings (nvidia-ml-py) not installed"}
+        else:
+            try:
+                nv.nvmlInit()
+            except nv.NVMLError as exc:
+                doc["nvml_error"] = {"code": getattr(exc, "value", None), "message": str(exc)}
+            else:
+                try:
+                    doc["nvml"] = gather_nvml(nv)
+                except nv.NVMLError as exc:
+                    doc["nvml_error"] = {"code": getattr(exc, "value", None), "message": str(exc)}
+                finally:
+                    try:
+                        nv.nvmlShutdown()
+                    except nv.NVMLError:
+                        pass
+    if doc["nvml"] is None and source in ("auto", "nvidia-smi"):
+        qx = run(["nvidia-smi", "-q", "-x"])
+        doc["smi"] = {"qx": qx}
+        if qx["rc"] == 0:
+            doc["smi"]["nvlink_s"] = run(["nvidia-smi", "nvlink", "-s"])
+            doc["smi"]["nvlink_e"] = run(["nvidia-smi", "nvlink", "-e"])
+    doc["klog"] = kernel_log(window_min)
+    sys.stdout.write(json.dumps(doc))
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

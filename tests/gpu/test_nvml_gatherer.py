@@ -1,0 +1,161 @@
+"""The node-side gatherer (infer_ctl/facts/nvml_node_script.py), run for real in a subprocess exactly as
+the node runs it (`python3 -` with the script on stdin), against a FAKE `pynvml` (tests/gpu/fake_nvml):
+only the NVML library boundary is faked. Stand-in `journalctl`/`nvidia-smi` executables on PATH play the
+node's tools. The JSON it prints is then parsed by the controller-side parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infer_ctl.facts.nvml_gatherer import (
+    GathererOutputError,
+    gather_command,
+    gatherer_script,
+    parse_gatherer_output,
+)
+
+FAKE_NVML = Path(__file__).parent / "fake_nvml"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+def _standin(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def run_gatherer(tmp_path: Path, scenario: dict | None, *, klog: str = "", source: str = "auto",
+                 fake_nvml: bool = True, smi_xml: Path | None = None) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (tmp_path / "klog.txt").write_text(klog)
+    _standin(bin_dir, "journalctl", f"cat {tmp_path / 'klog.txt'}")
+    if smi_xml is not None:
+        _standin(bin_dir, "nvidia-smi", f'[ "$1" = "-q" ] && cat {smi_xml} && exit 0\nexit 0')
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FAKE_NVML_SCENARIO": json.dumps(scenario or {}),
+        "PYTHONPATH": str(FAKE_NVML) if fake_nvml else "",
+    }
+    if not fake_nvml:
+        # a directory whose `pynvml` import fails: "bindings absent" on the node
+        (tmp_path / "nobind").mkdir(exist_ok=True)
+        (tmp_path / "nobind" / "pynvml.py").write_text("raise ImportError('no nvidia-ml-py here')\n")
+        env["PYTHONPATH"] = str(tmp_path / "nobind")
+    argv = list(gather_command(sys.executable, source=source, window_h=1).argv)
+    proc = subprocess.run(argv, input=gatherer_script(), capture_output=True, env=env, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stdout.decode()
+
+
+def _gpus(n: int, **per_index: dict) -> list[dict]:
+    return [per_index.get(f"gpu{i}", {}) for i in range(n)]
+
+
+def test_healthy_node_via_nvml(tmp_path: Path) -> None:
+    facts = parse_gatherer_output(run_gatherer(tmp_path, {"devices": _gpus(2)}))
+    assert facts.source == "nvml" and facts.error is None
+    assert (facts.driver_version, facts.cuda_version, facts.gpu_count) == ("550.54.15", "12.4", 2)
+    g0 = facts.gpus[0]
+    assert g0.persistence_mode is True and g0.ecc_current is True
+    assert (g0.remap_pending, g0.remap_failure, g0.recovery_action) == (False, False, "none")
+    assert g0.clock_reasons == frozenset({"gpu_idle"})
+    assert (g0.pcie_width_current, g0.pcie_width_max, g0.slowdown_temp_c, g0.temp_c) == (16, 16, 89, 35)
+    assert g0.nvlinks is not None and len(g0.nvlinks) == 18 and all(link.active for link in g0.nvlinks)
+    assert g0.pci_bus_id == "00000000:18:00.0"
+    assert facts.xids == () and facts.xid_source == "journalctl"
+
+
+def test_deprecated_calls_fall_back_to_the_older_ones(tmp_path: Path) -> None:
+    # an old driver lacks nvmlDeviceGetCurrentClocksEventReasons / TemperatureV (FUNCTION_NOT_FOUND):
+    # the gatherer must use ...ThrottleReasons / GetTemperature instead of reporting nothing
+    dev = {
+        "errors": {"nvmlDeviceGetCurrentClocksEventReasons": 13, "nvmlDeviceGetTemperatureV": 13},
+        "values": {"nvmlDeviceGetCurrentClocksThrottleReasons": 0x40, "nvmlDeviceGetTemperature": 77},
+    }
+    g = parse_gatherer_output(run_gatherer(tmp_path, {"devices": [dev]})).gpus[0]
+    assert g.clock_reasons == frozenset({"hw_thermal_slowdown"})
+    assert g.temp_c == 77
+    assert g.errors == ()
+
+
+def test_gpu_lost_and_reset_required_become_per_gpu_errors(tmp_path: Path) -> None:
+    devs = _gpus(
+        3,
+        gpu1={"errors": {"nvmlDeviceGetHandleByIndex": 15}},
+        gpu2={"errors": {"nvmlDeviceGetTemperatureV": 16, "nvmlDeviceGetTemperature": 16}},
+    )
+    facts = parse_gatherer_output(run_gatherer(tmp_path, {"devices": devs}))
+    assert [g.errors for g in facts.gpus] == [(), ("GPU is lost",), ("GPU requires reset",)]
+    assert facts.gpus[1].persistence_mode is None  # nothing else is invented for a lost GPU
+
+
+def test_row_remap_pending_ecc_and_nvlink_down(tmp_path: Path) -> None:
+    dev = {
+        "values": {
+            "nvmlDeviceGetRemappedRows": [0, 2, 1, 0],
+            "ecc": {"uncorrected_volatile": 3},
+            "inactive_links": [4, 5],
+            "nvlink_errors": {"0:0": 7},
+            "recovery_action": 1,
+        }
+    }
+    g = parse_gatherer_output(run_gatherer(tmp_path, {"devices": [dev]})).gpus[0]
+    assert (g.remap_uncorrectable, g.remap_pending, g.remap_failure) == (2, True, False)
+    assert g.ecc_volatile_uncorrected == 3
+    assert [link.link for link in g.nvlinks or () if not link.active] == [4, 5]
+    assert g.nvlinks is not None and g.nvlinks[0].replay_errors == 7
+    assert g.recovery_action == "gpu_reset"
+
+
+def test_pre_ampere_gpu_reports_retired_pages_instead_of_row_remap(tmp_path: Path) -> None:
+    dev = {"errors": {"nvmlDeviceGetRemappedRows": 3}, "values": {"retired_pages": {"0": 2, "1": 1}, "retired_pending": 1}}
+    g = parse_gatherer_output(run_gatherer(tmp_path, {"devices": [dev]})).gpus[0]
+    assert (g.remap_pending, g.retired_sbe, g.retired_dbe, g.retired_pending) == (None, 2, 1, True)
+
+
+def test_stray_processes_are_named_from_proc(tmp_path: Path) -> None:
+    pid = os.getpid()  # a real process, so /proc/<pid>/comm is real
+    dev = {"values": {"memory_used_mib": 5000, "processes": [{"pid": pid, "used_mib": 4900}]}}
+    g = parse_gatherer_output(run_gatherer(tmp_path, {"devices": [dev]})).gpus[0]
+    assert g.memory_used_mib == 5000
+    assert g.processes is not None and g.processes[0].pid == pid and g.processes[0].used_mib == 4900
+    assert g.processes[0].name == Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def test_kernel_log_xids_travel_with_the_facts(tmp_path: Path) -> None:
+    klog = (FIXTURES / "kernel-xid" / "gpud-xid48-63-94-dbe-rowremap-contained.txt").read_text()
+    facts = parse_gatherer_output(run_gatherer(tmp_path, {"devices": _gpus(1)}, klog=klog))
+    assert facts.xids is not None
+    assert [e.xid for e in facts.xids][:3] == [48, 63, 94]
+
+
+def test_driver_library_mismatch_is_a_node_error(tmp_path: Path) -> None:
+    facts = parse_gatherer_output(run_gatherer(tmp_path, {"init_error": 18}))
+    assert facts.error_kind == "driver_mismatch" and "mismatch" in (facts.error or "")
+
+
+def test_no_library_falls_back_to_nvidia_smi(tmp_path: Path) -> None:
+    xml = FIXTURES / "nvidia-smi-qx" / "k8stestinfra-a100-sxm4-40gb-lambda-570.148.08.xml"
+    facts = parse_gatherer_output(run_gatherer(tmp_path, {"init_error": 12}, smi_xml=xml))
+    assert facts.source == "nvidia-smi" and facts.driver_version == "570.148.08"
+    assert facts.notes and "NVML unavailable" in facts.notes[0]
+
+
+def test_no_bindings_and_no_nvidia_smi_means_no_driver(tmp_path: Path) -> None:
+    facts = parse_gatherer_output(run_gatherer(tmp_path, None, fake_nvml=False))
+    assert facts.source == "none" and facts.error_kind == "no_driver"
+    assert "nvidia-smi is not installed" in (facts.error or "")
+
+
+@pytest.mark.parametrize("text", ["", "python3: command not found\n", '{"version": 99}\n'])
+def test_garbage_from_the_node_is_a_clear_error(text: str) -> None:
+    with pytest.raises(GathererOutputError):
+        parse_gatherer_output(text)
