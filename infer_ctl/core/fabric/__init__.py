@@ -1,0 +1,1 @@
+"""Pure fabric logic: GID choice (perftest scoring), pair scheduling, pair-result judging."""

@@ -1,0 +1,374 @@
+"""Fabric rules: one function per check id, each judging gathered facts against the profile.
+
+Check ids: fabric.devices, fabric.port_state, fabric.rate, fabric.link_layer, fabric.mtu, fabric.gid,
+fabric.netdev_mtu, fabric.pfc, fabric.trust, fabric.ecn, fabric.pause, fabric.counters,
+fabric.sglang_ib_device (per node) and fabric.gid_family (across nodes). The QoS rules apply to
+RoCE (Ethernet link layer) only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from infer_ctl.core.fabric.gid import GidChoice, choose_gid, describe
+from infer_ctl.core.fabric.model import NetdevFacts, NodeFabricFacts
+from infer_ctl.core.findings import Finding
+from infer_ctl.facts.rdma_sysfs import GidEntry
+from infer_ctl.profile.fabric import FabricPolicy
+
+# iboe_get_mtu(): the RoCE MTU is what fits in the netdev MTU after GRH+UDP+BTH+XRC+AtomicETH+ICRC.
+ROCE_HEADER_BYTES = 96
+INSTALL_RDMA_CORE = "install rdma-core and ibverbs-utils (Debian/Ubuntu: apt-get install rdma-core ibverbs-utils; RHEL: dnf install rdma-core libibverbs-utils)"
+INSTALL_QOS_TOOL = "install mlnx_qos (MLNX_OFED / mlnx-tools) or iproute2 >= 5.11 for `dcb` (apt-get install iproute2)"
+#: counters whose growth means trouble; link_downed is a failure, the rest warnings
+ERROR_COUNTERS = (
+    "link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors", "out_of_sequence", "packet_seq_err", "rnr_nak_retry_err",
+    "local_ack_timeout_err", "implied_nak_seq_err",
+)
+CONGESTION_COUNTERS = ("np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets", "rp_cnp_ignored")
+
+
+@dataclass(frozen=True)
+class FabricExpectations:
+    policy: FabricPolicy
+    #: nodes[].rdma.devices; empty means "every device found"
+    devices: tuple[str, ...] = ()
+    netdev: str | None = None
+    #: nodes[].rdma.gid_index; None means "choose like perftest"
+    gid_index: int | None = None
+    #: names SGLang gets via --disaggregation-ib-device beyond `devices` (device_map, extra_args)
+    sglang_ib_devices: tuple[str, ...] = ()
+    #: False for nodes that need no RDMA (collocated, TCP transfer); missing devices are then skipped
+    needs_rdma: bool = True
+
+
+@dataclass
+class PortView:
+    """One HCA port, merged from sysfs (preferred) and ibv_devinfo (fills gaps, gives active MTU)."""
+
+    device: str
+    port: int
+    state: str | None = None
+    phys_state: str | None = None
+    rate_gbps: float | None = None
+    rate_text: str | None = None
+    link_layer: str | None = None
+    active_mtu: int | None = None
+    gids: list[GidEntry] = field(default_factory=list)
+
+    @property
+    def subject(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE" and self.phys_state in ("LinkUp", None)
+
+    @property
+    def roce(self) -> bool:
+        return self.link_layer == "Ethernet"
+
+
+_DEVINFO_STATE = {"PORT_ACTIVE": "ACTIVE", "PORT_DOWN": "DOWN", "PORT_INIT": "INIT", "PORT_ARMED": "ARMED"}
+_DEVINFO_PHYS = {"LINK_UP": "LinkUp", "DISABLED": "Disabled", "POLLING": "Polling", "SLEEP": "Sleep"}
+
+
+def _devinfo_rate(width: str | None, speed: str | None) -> float | None:
+    w = re.match(r"(\d+)X", width or "")
+    s = re.match(r"([\d.]+)\s*Gbps", speed or "")
+    return int(w.group(1)) * float(s.group(1)) if w and s else None
+
+
+def port_views(facts: NodeFabricFacts, device: str) -> list[PortView]:
+    views: dict[int, PortView] = {}
+    for p in facts.sysfs_ports(device):
+        views[p.port] = PortView(device, p.port, p.state, p.phys_state, p.rate_gbps, p.rate_text, p.link_layer,
+                                 gids=list(p.gids))
+    for d in facts.devinfo or []:
+        if d.name != device:
+            continue
+        for n, dp in d.ports.items():
+            v = views.setdefault(n, PortView(device, n))
+            v.active_mtu = dp.active_mtu
+            v.state = v.state or _DEVINFO_STATE.get(dp.state or "", dp.state)
+            v.phys_state = v.phys_state or _DEVINFO_PHYS.get(dp.phys_state or "", dp.phys_state)
+            v.link_layer = v.link_layer or dp.link_layer
+            v.rate_gbps = v.rate_gbps or _devinfo_rate(dp.active_width, dp.active_speed)
+            if not v.gids:
+                v.gids = list(dp.gids)
+    return [views[k] for k in sorted(views)]
+
+
+def checked_devices(facts: NodeFabricFacts, exp: FabricExpectations) -> list[str]:
+    return list(exp.devices) if exp.devices else facts.device_names()
+
+
+# ---- per-node rules ------------------------------------------------------------------------------
+def judge_presence(facts: NodeFabricFacts, exp: FabricExpectations) -> list[Finding]:
+    node, found = facts.node, facts.device_names()
+    if not found:
+        why = facts.devinfo_error.message if facts.devinfo_error else (facts.sysfs_error or "no /sys/class/infiniband")
+        if not exp.needs_rdma and not exp.devices:
+            return [Finding.skip("fabric.devices", node, "rdma", f"no RDMA device and none needed ({why})")]
+        not_installed = facts.devinfo_error is not None and facts.devinfo_error.kind == "not-installed"
+        return [Finding.fail(
+            "fabric.devices", node, "rdma", f"no RDMA device found: {why}",
+            details={"expected": list(exp.devices), "devinfo_error": why},
+            remedy=(INSTALL_RDMA_CORE + "; then check that the HCA driver (mlx5_core/mlx5_ib) is loaded")
+            if not_installed else
+            "load the HCA driver (modprobe mlx5_ib) and check the NIC with `lspci | grep -i mellanox`; "
+            "`ibv_devinfo` must list the devices",
+        )]
+    out = []
+    for dev in exp.devices:
+        if dev in found:
+            out.append(Finding.ok("fabric.devices", node, dev, f"{dev} present"))
+        else:
+            out.append(Finding.fail(
+                "fabric.devices", node, dev, f"{dev} not found (present: {', '.join(found)})",
+                details={"present": found},
+                remedy="fix nodes[].rdma.devices to match `ibv_devinfo -l`, or check the HCA and its driver"))
+    return out
+
+
+def judge_port(node: str, v: PortView, policy: FabricPolicy) -> list[Finding]:
+    out = []
+    state = f"{v.state or '?'} / {v.phys_state or '?'}"
+    if v.active:
+        out.append(Finding.ok("fabric.port_state", node, v.subject, f"port {state}"))
+    else:
+        hint = ("the subnet manager has not configured the port (start opensm / check the SM)"
+                if v.state == "INIT" else
+                "check the cable and the switch port, and `ip link set <netdev> up` for RoCE")
+        out.append(Finding.fail("fabric.port_state", node, v.subject, f"port is {state}, expected ACTIVE / LinkUp",
+                                details={"state": v.state, "phys_state": v.phys_state}, remedy=hint))
+    if v.link_layer and v.link_layer != policy.link_layer:
+        out.append(Finding.fail("fabric.link_layer", node, v.subject,
+                                f"link layer {v.link_layer}, profile expects {policy.link_layer}",
+                                remedy="set the port type with mlxconfig LINK_TYPE_P1, or fix fabric.link_layer"))
+    if v.rate_gbps is None:
+        out.append(Finding.unknown("fabric.rate", node, v.subject, "link rate unknown",
+                                   remedy="read /sys/class/infiniband/<dev>/ports/<n>/rate by hand"))
+    elif policy.rate_gbps and v.rate_gbps < policy.rate_gbps:
+        out.append(Finding.fail("fabric.rate", node, v.subject,
+                                f"link runs at {v.rate_gbps:g} Gb/s, expected {policy.rate_gbps:g}",
+                                details={"rate_gbps": v.rate_gbps, "rate": v.rate_text},
+                                remedy="a degraded link: reseat or replace the cable/transceiver, check the switch port speed"))
+    else:
+        out.append(Finding.ok("fabric.rate", node, v.subject, f"{v.rate_gbps:g} Gb/s",
+                              details={"rate_gbps": v.rate_gbps}))
+    if v.active_mtu is None:
+        out.append(Finding.unknown("fabric.mtu", node, v.subject, "active MTU unknown (ibv_devinfo gave no port data)",
+                                   remedy=INSTALL_RDMA_CORE))
+    elif v.active_mtu < policy.mtu:
+        out.append(Finding.fail("fabric.mtu", node, v.subject, f"active MTU {v.active_mtu}, expected {policy.mtu}",
+                                details={"active_mtu": v.active_mtu},
+                                remedy=f"raise the netdev MTU to at least {policy.mtu + ROCE_HEADER_BYTES} (9000 is usual) "
+                                       "on the node and the switch ports; RoCE's active MTU follows it"))
+    else:
+        out.append(Finding.ok("fabric.mtu", node, v.subject, f"active MTU {v.active_mtu}",
+                              details={"active_mtu": v.active_mtu}))
+    return out
+
+
+def gid_choice(v: PortView, gid_index: int | None) -> GidChoice | None:
+    if gid_index is None:
+        return choose_gid(v.gids)
+    entry = next((g for g in v.gids if g.index == gid_index), None)
+    return describe(entry) if entry else None
+
+
+def judge_gid(node: str, v: PortView, gid_index: int | None) -> Finding:
+    best = choose_gid(v.gids)
+    details: dict[str, object] = {"gids": len(v.gids), "perftest_choice": best.index if best else None}
+    if gid_index is not None:
+        pinned = gid_choice(v, gid_index)
+        if pinned is None:
+            return Finding.fail("fabric.gid", node, v.subject, f"configured GID index {gid_index} is empty",
+                                details=details,
+                                remedy="remove nodes[].rdma.gid_index to let inferctl choose, or pick one from `show_gids`")
+        if pinned.roce_version != 2:
+            return Finding.fail("fabric.gid", node, v.subject, f"configured GID index {gid_index} is RoCE v1",
+                                details=details, remedy="use a RoCE v2 index (routable, what Mooncake/NCCL expect)")
+        return Finding.ok("fabric.gid", node, v.subject, f"GID index {gid_index} ({pinned.gid}, RoCE v2, {pinned.family})",
+                          details={**details, "index": gid_index, "gid": pinned.gid, "family": pinned.family})
+    if best is None:
+        return Finding.fail("fabric.gid", node, v.subject, "GID table is empty",
+                            remedy="assign an IP address to the netdev behind this HCA; RoCE GIDs follow its addresses")
+    details.update(index=best.index, gid=best.gid, family=best.family)
+    if best.roce_version != 2:
+        return Finding.fail("fabric.gid", node, v.subject, "no RoCE v2 GID (only v1)", details=details,
+                            remedy="enable RoCE v2 (cma_roce_mode / mlxconfig) and assign an IP address to the netdev")
+    if best.link_local:
+        return Finding.warn("fabric.gid", node, v.subject,
+                            f"only a link-local RoCE v2 GID (index {best.index}): not routable beyond one L2 segment",
+                            details=details, remedy="assign an IPv4 (or global IPv6) address to the netdev behind this HCA")
+    return Finding.ok("fabric.gid", node, v.subject, f"GID index {best.index} ({best.gid}, RoCE v2, {best.family})",
+                      details=details)
+
+
+def judge_netdev(node: str, nd: NetdevFacts, policy: FabricPolicy, active_mtu: int | None) -> list[Finding]:
+    out: list[Finding] = []
+    name, prio = nd.name, policy.pfc_priority
+    mtu = nd.sysfs.mtu if nd.sysfs else None
+    need = policy.mtu + ROCE_HEADER_BYTES
+    if mtu is None:
+        out.append(Finding.unknown("fabric.netdev_mtu", node, name, "netdev MTU unknown (no /sys/class/net entry)",
+                                   remedy="check nodes[].rdma.netdev names an existing interface"))
+    elif policy.netdev_mtu is not None and mtu != policy.netdev_mtu:
+        out.append(Finding.fail("fabric.netdev_mtu", node, name, f"MTU {mtu}, expected {policy.netdev_mtu}",
+                                details={"mtu": mtu}, remedy=f"ip link set {name} mtu {policy.netdev_mtu} (persist it in netplan/NM)"))
+    elif policy.netdev_mtu is None and mtu < need:
+        out.append(Finding.fail("fabric.netdev_mtu", node, name, f"MTU {mtu} cannot carry RoCE MTU {policy.mtu} (needs >= {need})",
+                                details={"mtu": mtu}, remedy=f"ip link set {name} mtu 9000 (and the switch ports)"))
+    else:
+        out.append(Finding.ok("fabric.netdev_mtu", node, name, f"MTU {mtu}", details={"mtu": mtu, "active_mtu": active_mtu}))
+    out.append(_judge_pfc(node, nd, prio))
+    out.append(_judge_trust(node, nd, policy.trust))
+    out.append(_judge_ecn(node, nd, policy))
+    out.append(_judge_pause(node, nd))
+    return out
+
+
+def _judge_pfc(node: str, nd: NetdevFacts, prio: int) -> Finding:
+    if nd.qos is None or nd.qos.pfc is None:
+        return Finding.unknown("fabric.pfc", node, nd.name, f"PFC state unknown: {nd.qos_error or 'no PFC table'}",
+                               remedy=INSTALL_QOS_TOOL)
+    on = nd.qos.pfc_priorities
+    fix = f"mlnx_qos -i {nd.name} --pfc {','.join('1' if i == prio else '0' for i in range(8))} (or: dcb pfc set dev {nd.name} prio-pfc {' '.join(f'{i}:' + ('on' if i == prio else 'off') for i in range(8))})"
+    details = {"enabled": on, "expected": prio, "source": nd.qos.source}
+    if prio not in on:
+        return Finding.fail("fabric.pfc", node, nd.name,
+                            f"PFC is off on priority {prio} (on: {', '.join(map(str, on)) or 'none'})",
+                            details=details, remedy=fix)
+    if on != [prio]:
+        return Finding.warn("fabric.pfc", node, nd.name, f"PFC is on for priorities {', '.join(map(str, on))}, expected only {prio}",
+                            details=details, remedy=fix)
+    return Finding.ok("fabric.pfc", node, nd.name, f"PFC on priority {prio} only", details=details)
+
+
+def _judge_trust(node: str, nd: NetdevFacts, expected: str) -> Finding:
+    trust = nd.trust
+    if trust is None:
+        return Finding.unknown("fabric.trust", node, nd.name, f"trust mode unknown: {nd.qos_error or 'not shown'}",
+                               remedy=INSTALL_QOS_TOOL)
+    if trust != expected:
+        return Finding.fail("fabric.trust", node, nd.name, f"trust mode {trust}, expected {expected}",
+                            details={"trust": trust},
+                            remedy=f"mlnx_qos -i {nd.name} --trust {expected} (or: dcb apptrust set dev {nd.name} order {expected})")
+    return Finding.ok("fabric.trust", node, nd.name, f"trust {trust}", details={"trust": trust})
+
+
+def _judge_ecn(node: str, nd: NetdevFacts, policy: FabricPolicy) -> Finding:
+    prio = policy.pfc_priority
+    if not policy.ecn:
+        return Finding.skip("fabric.ecn", node, nd.name, "ECN not required by the profile")
+    s = nd.sysfs
+    if s is None or (not s.ecn_np and not s.ecn_rp):
+        return Finding.skip("fabric.ecn", node, nd.name,
+                            f"ECN state not exposed (no /sys/class/net/{nd.name}/ecn: upstream driver)",
+                            remedy="verify ECN/DCQCN with `mlxconfig -d <dev> q | grep -i ROCE_CC` or the mlx5 debugfs cc_params")
+    np_on, rp_on = s.ecn_np.get(prio, False), s.ecn_rp.get(prio, False)
+    details = {"np": np_on, "rp": rp_on, "cnp_dscp": s.cnp_dscp, "cnp_802p_prio": s.cnp_802p_prio}
+    if np_on and rp_on:
+        return Finding.ok("fabric.ecn", node, nd.name,
+                          f"ECN on for priority {prio} (CNP dscp {s.cnp_dscp}, prio {s.cnp_802p_prio})", details=details)
+    off = [n for n, on in (("roce_np", np_on), ("roce_rp", rp_on)) if not on]
+    return Finding.fail("fabric.ecn", node, nd.name, f"ECN off on priority {prio} ({', '.join(off)})", details=details,
+                        remedy="; ".join(f"echo 1 > /sys/class/net/{nd.name}/ecn/{n}/enable/{prio}" for n in off))
+
+
+def _judge_pause(node: str, nd: NetdevFacts) -> Finding:
+    if nd.pause is None:
+        return Finding.unknown("fabric.pause", node, nd.name, f"global pause unknown: {nd.pause_error or 'not read'}",
+                               remedy="install ethtool (apt-get install ethtool)")
+    if nd.pause.rx or nd.pause.tx:
+        return Finding.fail("fabric.pause", node, nd.name,
+                            f"global pause is on (rx {'on' if nd.pause.rx else 'off'}, tx {'on' if nd.pause.tx else 'off'})",
+                            details={"rx": nd.pause.rx, "tx": nd.pause.tx},
+                            remedy=f"ethtool -A {nd.name} rx off tx off; link-level pause stalls all traffic and excludes PFC")
+    return Finding.ok("fabric.pause", node, nd.name, "global pause off")
+
+
+def judge_counters(node: str, port: str, grown: Mapping[str, int], interval_s: float) -> Finding:
+    errors = {k: v for k, v in grown.items() if k in ERROR_COUNTERS}
+    congestion = {k: v for k, v in grown.items() if k in CONGESTION_COUNTERS}
+    details = {"interval_s": interval_s, "errors": errors, "congestion": congestion}
+    if "link_downed" in errors:
+        return Finding.fail("fabric.counters", node, port, f"link went down {errors['link_downed']}x in {interval_s:g}s",
+                            details=details, remedy="a flapping link: check cable/transceiver and the switch port log")
+    if errors:
+        listing = ", ".join(f"{k} +{v}" for k, v in sorted(errors.items()))
+        return Finding.warn("fabric.counters", node, port, f"error counters grew in {interval_s:g}s: {listing}",
+                            details=details,
+                            remedy="symbol/rcv errors point at the cable; out_of_sequence/packet_seq_err/ack timeouts "
+                                   "at drops, i.e. PFC not protecting the RoCE priority end to end")
+    return Finding.ok("fabric.counters", node, port, f"no error counter grew in {interval_s:g}s", details=details)
+
+
+def judge_sglang_devices(node: str, facts: NodeFabricFacts, names: Sequence[str]) -> list[Finding]:
+    found = facts.device_names()
+    out = []
+    for name in names:
+        if name in found:
+            out.append(Finding.ok("fabric.sglang_ib_device", node, name, f"--disaggregation-ib-device {name} exists"))
+        else:
+            out.append(Finding.fail("fabric.sglang_ib_device", node, name,
+                                    f"SGLang is given --disaggregation-ib-device {name}, which does not exist "
+                                    f"(present: {', '.join(found) or 'none'})",
+                                    remedy="fix nodes[].rdma.device_map or sglang.extra_args to name devices from `ibv_devinfo -l`"))
+    return out
+
+
+def judge_node(facts: NodeFabricFacts, exp: FabricExpectations) -> list[Finding]:
+    """Every per-node rule, in report order."""
+    out = judge_presence(facts, exp)
+    if not facts.device_names():
+        return out
+    node, policy = facts.node, exp.policy
+    present = set(facts.device_names())
+    roce_mtus: dict[str, int | None] = {}
+    for dev in checked_devices(facts, exp):
+        if dev not in present:
+            continue
+        for v in port_views(facts, dev):
+            out += judge_port(node, v, policy)
+            if v.roce:
+                out.append(judge_gid(node, v, exp.gid_index))
+                for nd in facts.netdevs_of(dev) or ([exp.netdev] if exp.netdev else []):
+                    roce_mtus.setdefault(nd, v.active_mtu)
+            if facts.counter_deltas is not None and v.subject in facts.counter_deltas:
+                out.append(judge_counters(node, v.subject, facts.counter_deltas[v.subject], facts.counter_interval_s))
+    for name, active_mtu in roce_mtus.items():
+        netdev = facts.netdevs.get(name) or NetdevFacts(name, qos_error=f"netdev {name} not found")
+        out += judge_netdev(node, netdev, policy, active_mtu)
+    out += judge_sglang_devices(node, facts, [d for d in exp.sglang_ib_devices if d not in exp.devices])
+    return out
+
+
+# ---- across nodes --------------------------------------------------------------------------------
+def judge_gid_families(families: Mapping[str, set[str]]) -> list[Finding]:
+    """RoCE cannot build an address handle between an IPv4-mapped and an IPv6 GID (rpingmesh#41), so
+    every node's chosen GIDs must share one family. Nodes with several families are judged alone."""
+    counts = Counter(f for fams in families.values() for f in fams)
+    if not counts:
+        return []
+    majority = counts.most_common(1)[0][0]
+    out = []
+    for node, fams in families.items():
+        if len(fams) > 1:
+            out.append(Finding.fail("fabric.gid_family", node, "gid", f"devices mix GID families {sorted(fams)}",
+                                    remedy="give every RoCE netdev an address of the same family (IPv4 usually)"))
+        elif fams and next(iter(fams)) != majority:
+            fam = next(iter(fams))
+            out.append(Finding.fail("fabric.gid_family", node, "gid",
+                                    f"chosen GID family {fam} differs from the fleet's {majority}; peers cannot connect",
+                                    details={"family": fam, "fleet": majority},
+                                    remedy=f"assign an {majority} address to the RoCE netdev (or pin nodes[].rdma.gid_index)"))
+        elif fams:
+            out.append(Finding.ok("fabric.gid_family", node, "gid", f"GID family {majority}, same as all peers"))
+    return out

@@ -1,0 +1,186 @@
+"""Outputs of the pair tests: `ibv_rc_pingpong` (rdma-core) and perftest's `ib_write_lat`/`ib_write_bw`.
+
+Formats are the printf strings quoted in ../shared/reference/health-checks.md §3. rc_pingpong's
+usec/iter is one full round trip (ping + pong); perftest's write latency is half the round trip.
+perftest rows contain tabs, so rows are split on whitespace and columns are found from the header
+text (older perftest printed fewer latency columns). `--out_json` files are used only when they are
+valid JSON (perftest before ~2023 wrote unquoted keys).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_ADDR = re.compile(
+    r"^\s*(local|remote) address:\s*LID (0x[0-9a-fA-F]+|\d+),\s*QPN (0x[0-9a-fA-F]+),\s*PSN (0x[0-9a-fA-F]+)"
+    r"(?:,\s*GID (\S+))?"
+)
+_BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec")
+_ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter")
+# Lines rdma-core examples print on failure ("Failed status ...", "Couldn't ...", "Failed to ...").
+_ERROR = re.compile(r"^(Failed .*|Couldn't .*|Unable to .*|.*: No such .*|client read: .*|server read: .*|"
+                    r"No IB devices found.*|Failed to get IB devices list.*|IB device \S+ not found.*)$")
+
+
+@dataclass
+class RcPingPongOutput:
+    local_gid: str | None = None
+    remote_gid: str | None = None
+    bytes: int | None = None
+    mbit_per_s: float | None = None
+    iters: int | None = None
+    usec_per_iter: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.usec_per_iter is not None and not self.errors
+
+
+def parse_rc_pingpong(text: str) -> RcPingPongOutput:
+    out = RcPingPongOutput()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if m := _ADDR.match(line):
+            if m.group(1) == "local":
+                out.local_gid = m.group(5)
+            else:
+                out.remote_gid = m.group(5)
+        elif m := _BYTES.match(line):
+            out.bytes, out.mbit_per_s = int(m.group(1)), float(m.group(3))
+        elif m := _ITERS.match(line):
+            out.iters, out.usec_per_iter = int(m.group(1)), float(m.group(3))
+        elif _ERROR.match(line):
+            out.errors.append(line)
+    return out
+
+
+@dataclass(frozen=True)
+class PerftestLatRow:
+    bytes: int
+    iterations: int
+    t_min: float
+    t_max: float
+    t_typical: float
+    t_avg: float | None = None
+    t_stdev: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+
+
+@dataclass(frozen=True)
+class PerftestBwRow:
+    bytes: int
+    iterations: int
+    bw_peak: float
+    bw_average: float
+    msg_rate_mpps: float
+    #: "Gb/sec" (--report_gbits), "MiB/sec" or "MB/sec" as printed in the header
+    unit: str
+
+    @property
+    def bw_average_gbps(self) -> float:
+        if self.unit.startswith("Gb"):
+            return self.bw_average
+        return self.bw_average * 2**20 * 8 / 1e9
+
+
+@dataclass
+class PerftestOutput:
+    test: str | None = None  # "RDMA_Write Latency Test"
+    device: str | None = None
+    link_type: str | None = None
+    gid_index: int | None = None
+    mtu: int | None = None
+    lat: list[PerftestLatRow] = field(default_factory=list)
+    bw: list[PerftestBwRow] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+_LAT_KEYS = ("t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p999")
+_PERFTEST_ERR = re.compile(
+    r"^(Couldn't .*|Unable to .*|Failed .*|Error: .*|.*Did not detect devices.*|"
+    r".*check if driver is up.*|Unable to find the Infiniband/RoCE device.*|.*[Cc]ompletion with error.*)$"
+)
+
+
+def parse_perftest(text: str) -> PerftestOutput:
+    out = PerftestOutput()
+    mode: str | None = None
+    unit = "MB/sec"
+    lines = text.splitlines()
+    for i, raw in enumerate(lines):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.endswith("Test") and i > 0 and lines[i - 1].strip().startswith("---") and out.test is None:
+            out.test = line
+        elif "Device" in line and ":" in line and out.device is None and (m := re.search(r"Device\s*:\s*(\S+)", line)):
+            out.device = m.group(1)
+        elif m := re.match(r"Link type\s*:\s*(\S+)", line):
+            out.link_type = m.group(1)
+        elif m := re.match(r"GID index\s*:\s*(\d+)", line):
+            out.gid_index = int(m.group(1))
+        elif m := re.match(r"Mtu\s*:\s*(\d+)", line):
+            out.mtu = int(m.group(1))
+        elif line.startswith("#bytes"):
+            if "t_min" in line or "t_typical" in line:
+                mode = "lat"
+            elif "BW" in line:
+                mode = "bw"
+                u = re.search(r"BW average\[([^\]]+)\]", line)
+                unit = u.group(1) if u else unit
+        elif line.startswith("---"):
+            mode = None if mode and (out.lat or out.bw) else mode
+        elif mode and re.match(r"^\d+\s+\d+", line):
+            nums = line.split()
+            try:
+                values = [float(v) for v in nums]
+            except ValueError:
+                continue
+            if mode == "lat" and len(values) >= 5:
+                extra = dict(zip(_LAT_KEYS[3:], values[5:9], strict=False))
+                out.lat.append(PerftestLatRow(int(values[0]), int(values[1]), values[2], values[3], values[4], **extra))
+            elif mode == "bw" and len(values) >= 5:
+                out.bw.append(PerftestBwRow(int(values[0]), int(values[1]), values[2], values[3], values[4], unit))
+        elif _PERFTEST_ERR.match(line):
+            out.errors.append(line)
+    return out
+
+
+def parse_perftest_json(text: str) -> PerftestOutput | None:
+    """`--out_json` content, or None when it is not valid JSON (perftest#216)."""
+    try:
+        doc: Any = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    info, res = doc.get("test_info") or {}, doc.get("results") or {}
+    out = PerftestOutput(
+        test=info.get("test"),
+        device=info.get("Device"),
+        link_type=info.get("Link_type"),
+        gid_index=info.get("GID_index"),
+        mtu=info.get("Mtu"),
+    )
+    if "t_typical" in res:
+        out.lat.append(
+            PerftestLatRow(
+                int(res.get("MsgSize", 0)), int(res.get("n_iterations", 0)),
+                float(res["t_min"]), float(res["t_max"]), float(res["t_typical"]),
+                res.get("t_avg"), res.get("t_stdev"), res.get("percentile_99"), res.get("percentile_99.9"),
+            )
+        )
+    if "BW_average" in res:
+        out.bw.append(
+            PerftestBwRow(
+                int(res.get("MsgSize", 0)), int(res.get("n_iterations", 0)),
+                float(res.get("BW_peak", 0.0)), float(res["BW_average"]), float(res.get("MsgRate", 0.0)),
+                "Gb/sec",
+            )
+        )
+    return out
