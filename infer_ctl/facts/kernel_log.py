@@ -20,22 +20,6 @@ _SYSLOG_TS = re.compile(r"^([A-Z][a-z]{2} +\d+ \d{2}:\d{2}:\d{2})")
 _DMESG_TS = re.compile(r"^\[\s*([^\]]+)\]")
 
 
-def journalctl_script(window_h: float) -> str:
-    """Shell snippet printing the NVRM lines of the kernel log from the last `window_h` hours:
-    journalctl first (has a real time window), then dmesg (ring buffer only, no window). Exit 0 when
-    either could be read; 3 when neither (permission: the user needs the adm/systemd-journal group)."""
-    minutes = max(1, int(window_h * 60))
-    return (
-        f"if command -v journalctl >/dev/null 2>&1 && "
-        f"journalctl -k -q --no-pager -o short-iso --since=-{minutes}min > /tmp/.inferctl-klog.$$ 2>/dev/null; "
-        f"then echo '#source journalctl'; grep -a 'NVRM' /tmp/.inferctl-klog.$$; rm -f /tmp/.inferctl-klog.$$; exit 0; fi; "
-        f"rm -f /tmp/.inferctl-klog.$$; "
-        f"if dmesg > /tmp/.inferctl-klog.$$ 2>/dev/null; then echo '#source dmesg'; "
-        f"grep -a 'NVRM' /tmp/.inferctl-klog.$$; rm -f /tmp/.inferctl-klog.$$; exit 0; fi; "
-        f"rm -f /tmp/.inferctl-klog.$$; exit 3"
-    )
-
-
 def _timestamp(line: str, upto: int) -> str | None:
     head = line[:upto]
     for pattern in (_ISO_TS, _SYSLOG_TS, _DMESG_TS):
@@ -83,7 +67,7 @@ def parse_xids(text: str) -> list[XidEvent]:
 
 
 def split_source(text: str) -> tuple[str | None, str]:
-    """The `#source <name>` header written by journalctl_script / the gatherer, and the log body."""
+    """The `#source <name>` header a producer may write, and the log body."""
     first, _, rest = text.partition("\n")
     if first.startswith("#source "):
         return first.removeprefix("#source ").strip(), rest

@@ -1,0 +1,235 @@
+"""`inferctl audit`: every registered check family over one fleet (one SSH connection per node),
+aggregated to one status, plus the cron outputs: a node_exporter textfile, a JSON-lines history, and
+the changes since the previous run.
+
+History line (one per run, appended):
+    {"ts": "2025-01-01T00:00:00Z", "profile": "prod-a", "status": "fail", "exit_code": 2,
+     "duration_s": 3.2, "families": ["gpu"], "nodes": ["pf-01", ...],
+     "findings": [["gpu.xid", "pf-01", "GPU3", "fail", "XID 79 ..."], ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from infer_ctl.checks.registry import AuditContext, CheckFamily
+from infer_ctl.core.findings import Finding, Status, overall_status, worst
+from infer_ctl.core.promtext import STATUS_CODES, MetricFamily, findings_families, render
+from infer_ctl.core.report import Report
+from infer_ctl.errors import InferctlError
+from infer_ctl.output.textfile import write_textfile
+from infer_ctl.profile import Node, Profile
+
+Key = tuple[str, str, str]  # (check, node, subject)
+_RANK = {Status.OK: 0, Status.SKIP: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.FAIL: 3}
+
+
+@dataclass
+class AuditResult:
+    findings: list[Finding]
+    families: list[str]
+    nodes: list[str]
+    family_durations: dict[str, float] = field(default_factory=dict)
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    duration_s: float = 0.0
+
+    @property
+    def status(self) -> Status:
+        return overall_status(self.findings)
+
+
+def run_families(
+    profile: Profile, fleet: Any, nodes: list[Node], families: Sequence[CheckFamily], options: dict[str, Any]
+) -> AuditResult:
+    started = time.monotonic()
+    result = AuditResult(findings=[], families=[f.name for f in families], nodes=[n.name for n in nodes])
+    ctx = AuditContext(profile=profile, fleet=fleet, nodes=nodes, options=options)
+    for family in families:
+        t0 = time.monotonic()
+        try:
+            result.findings.extend(family.run(ctx))
+        except KeyboardInterrupt:
+            raise
+        except InferctlError as exc:
+            result.findings.append(
+                Finding.unknown(f"{family.name}.internal", "controller", family.name,
+                                f"{family.name} checks did not run: {exc.message}", remedy=exc.remedy)
+            )
+        except Exception as exc:  # one broken family must not hide the others' findings
+            result.findings.append(
+                Finding.unknown(
+                    f"{family.name}.internal", "controller", family.name,
+                    f"{family.name} checks crashed: {type(exc).__name__}: {exc}",
+                    remedy=f"rerun `inferctl check {family.name} --debug` and report the traceback",
+                )
+            )
+        result.family_durations[family.name] = time.monotonic() - t0
+    result.duration_s = time.monotonic() - started
+    return result
+
+
+# ---- textfile --------------------------------------------------------------------------------------
+def textfile_text(result: AuditResult, *, run_timestamp: float) -> str:
+    families = findings_families(result.findings, run_timestamp=run_timestamp, duration_s=result.duration_s)
+    overall = MetricFamily("inferctl_audit_status", "Overall audit status: 0 ok, 1 warn, 2 fail, 3 unknown")
+    overall.add(STATUS_CODES[result.status])
+    per_family = MetricFamily("inferctl_audit_family_duration_seconds", "Duration of each check family")
+    for name, seconds in result.family_durations.items():
+        per_family.add(seconds, family=name)
+    per_node = MetricFamily("inferctl_node_status", "Worst status per node: 0 ok, 1 warn, 2 fail, 3 unknown")
+    by_node: dict[str, list[Status]] = {}
+    for f in result.findings:
+        by_node.setdefault(f.node, []).append(f.status)
+    for node, statuses in sorted(by_node.items()):
+        per_node.add(STATUS_CODES[worst(statuses)], node=node)
+    return render([*families, overall, per_family, per_node])
+
+
+def write_audit_textfile(path: str | os.PathLike[str], result: AuditResult, *, run_timestamp: float) -> Path:
+    return write_textfile(path, textfile_text(result, run_timestamp=run_timestamp))
+
+
+# ---- history ---------------------------------------------------------------------------------------
+def history_record(result: AuditResult, profile_name: str) -> dict[str, Any]:
+    return {
+        "ts": result.started_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "profile": profile_name,
+        "status": result.status.value,
+        "exit_code": int(result.status.exit_code),
+        "duration_s": round(result.duration_s, 3),
+        "families": result.families,
+        "nodes": result.nodes,
+        "findings": [[f.check, f.node, f.subject, f.status.value, f.message] for f in result.findings],
+    }
+
+
+def append_history(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """One line per run. A single write() of a line under PIPE_BUF-ish sizes is effectively atomic
+    with O_APPEND; a torn last line (crash mid-write) is skipped by read_last_run."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, separators=(",", ":")) + "\n"
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def read_last_run(path: str | os.PathLike[str], profile_name: str | None = None) -> dict[str, Any] | None:
+    """The newest complete record (of this profile, when given); None when there is none yet."""
+    target = Path(path)
+    if not target.exists():
+        return None
+    for line in reversed(target.read_text(encoding="utf-8", errors="replace").splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and (profile_name is None or record.get("profile") == profile_name):
+            return record
+    return None
+
+
+# ---- changes since the last run ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Change:
+    kind: str  # new | worse | better | recovered
+    check: str
+    node: str
+    subject: str
+    before: str | None
+    after: str | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"change": self.kind, "check": self.check, "node": self.node, "subject": self.subject,
+                "from": self.before, "to": self.after, "message": self.message}
+
+
+def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[list[Change], list[Finding]]:
+    """Changes against the previous run, and the findings to report for them (the current finding for
+    new/worse/better problems, an OK 'recovered' finding for problems that went away). Only keys of
+    nodes and families checked in both runs are compared, so `--nodes` subsets do not fake recoveries."""
+    before: dict[Key, tuple[Status, str]] = {}
+    if previous:
+        for check, node, subject, status, message in previous.get("findings", []):
+            before[(check, node, subject)] = (Status(status), message)
+    prev_nodes = set((previous or {}).get("nodes", [])) | {"controller", "fleet"}
+    prev_families = set((previous or {}).get("families", []))
+    now = {(f.check, f.node, f.subject): f for f in result.findings}
+    changes: list[Change] = []
+    report: list[Finding] = []
+    for key, finding in now.items():
+        old = before.get(key)
+        rank = _RANK[finding.status]
+        if old is None:
+            if rank > 0:
+                changes.append(Change("new", *key, None, finding.status.value, finding.message))
+                report.append(finding)
+            continue
+        old_rank = _RANK[old[0]]
+        if rank != old_rank:
+            kind = "worse" if rank > old_rank else ("recovered" if rank == 0 else "better")
+            changes.append(Change(kind, *key, old[0].value, finding.status.value, finding.message))
+            report.append(finding)
+    checked_nodes = set(result.nodes) | {"controller", "fleet"}
+    families = set(result.families)
+    for key, (status, message) in before.items():
+        check, node, subject = key
+        family = check.split(".", 1)[0]
+        if key in now or _RANK[status] == 0:
+            continue
+        if node not in checked_nodes or node not in prev_nodes or family not in families or family not in prev_families:
+            continue
+        changes.append(Change("recovered", *key, status.value, None, f"no longer reported (was: {message})"))
+        report.append(Finding.ok(check, node, subject, f"recovered: no longer reported (was {status.value}: {message})"))
+    return changes, report
+
+
+# ---- one audit run, as the CLI does it -----------------------------------------------------------------
+@dataclass
+class AuditOptions:
+    only: set[str] | None = None
+    textfile: Path | None = None
+    history: Path | None = None
+    since_last: bool = False
+    accept_new_host_keys: bool = False
+    parallel: int | None = None
+
+
+def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], opts: AuditOptions) -> Report:
+    """Run the audit and write its outputs; returns the --json document. The exit code always reflects
+    the whole run (also with --since-last, where `findings` holds only the changes)."""
+    from infer_ctl.remote.fleet import Fleet  # imported here: registry/audit tests need no SSH stack
+
+    if opts.since_last and opts.history is None:
+        raise InferctlError("--since-last needs --history PATH (the previous runs are read from it)",
+                            remedy="e.g. inferctl audit --history /var/lib/inferctl/audit.jsonl --since-last",
+                            exit_code=64)
+    previous = read_last_run(opts.history, profile.name) if opts.history else None
+    with Fleet(profile, accept_new_host_keys=opts.accept_new_host_keys, parallel=opts.parallel) as fleet:
+        result = run_families(profile, fleet, nodes, families, {})
+    finished = time.time()
+    if opts.textfile:
+        write_audit_textfile(opts.textfile, result, run_timestamp=finished)
+    record = history_record(result, profile.name)
+    if opts.history:
+        append_history(opts.history, record)
+    report = Report("audit", profile.name, started_at=result.started_at, findings=result.findings,
+                    exit_code_override=result.status.exit_code,
+                    data={"families": result.families, "nodes": result.nodes,
+                          "family_durations_s": {k: round(v, 3) for k, v in result.family_durations.items()}})
+    if opts.since_last:
+        changes, changed = diff_runs(previous, result)
+        report.findings = changed
+        report.data["since"] = previous.get("ts") if previous else None
+        report.data["changes"] = [c.to_dict() for c in changes]
+    return report
