@@ -1,0 +1,140 @@
+"""Many simulated workers in one process: the asyncio API and a thread-hosted one for sync callers.
+
+cluster = await start_cluster([WorkerSpec("prefill"), WorkerSpec("decode")])
+cluster.urls; cluster.workers[0].bootstrap_port; await cluster.stop_worker(1); await cluster.start_worker(1)
+
+threaded = start_cluster_in_thread(specs)   # own event loop in a daemon thread
+threaded.urls; threaded.stop_worker(1); threaded.start_worker(1); threaded.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from infer_ctl.sim.config import WorkerSpec
+from infer_ctl.sim.server import SimWorker
+
+__all__ = [
+    "SimCluster",
+    "SimWorker",
+    "ThreadedSimCluster",
+    "WorkerSpec",
+    "start_cluster",
+    "start_cluster_in_thread",
+]
+
+T = TypeVar("T")
+
+
+class SimCluster:
+    def __init__(self, workers: list[SimWorker]) -> None:
+        self.workers = workers
+
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    def by_role(self, role: str) -> list[SimWorker]:
+        return [w for w in self.workers if w.spec.role == role]
+
+    async def stop_worker(self, i: int) -> None:
+        """Stop worker i (its HTTP and bootstrap ports close; in-flight requests are aborted)."""
+        await self.workers[i].stop()
+
+    async def start_worker(self, i: int) -> None:
+        """Restart worker i on the same port(s) with a fresh cache and a new /server_info start time."""
+        old = self.workers[i]
+        spec = dataclasses.replace(old.spec, port=old.port)
+        if spec.role == "prefill":
+            spec.bootstrap_port = old.bootstrap_port
+        if old.ready:
+            await old.stop()
+        worker = SimWorker(spec)
+        await worker.start()
+        self.workers[i] = worker
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+
+
+async def start_cluster(specs: list[WorkerSpec]) -> SimCluster:
+    workers = [SimWorker(s) for s in specs]
+    started: list[SimWorker] = []
+    try:
+        for w in workers:
+            await w.start()
+            started.append(w)
+    except BaseException:
+        await asyncio.gather(*(w.stop() for w in started), return_exceptions=True)
+        raise
+    return SimCluster(workers)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when available (it is the faster loop), else the standard one."""
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a default dependency off Windows
+        return asyncio.new_event_loop()
+
+
+class ThreadedSimCluster:
+    """A SimCluster whose event loop runs in a daemon thread; every method is synchronous."""
+
+    def __init__(self, specs: list[WorkerSpec], timeout: float = 30.0) -> None:
+        self.loop = new_event_loop()
+        self._timeout = timeout
+        self._thread = threading.Thread(target=self.loop.run_forever, name="inferctl-sim", daemon=True)
+        self._thread.start()
+        try:
+            self.cluster = self._call(start_cluster(specs))
+        except BaseException:
+            self._shutdown_loop()
+            raise
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self._timeout)
+
+    @property
+    def workers(self) -> list[SimWorker]:
+        return self.cluster.workers
+
+    @property
+    def urls(self) -> list[str]:
+        return self.cluster.urls
+
+    def stop_worker(self, i: int) -> None:
+        self._call(self.cluster.stop_worker(i))
+
+    def start_worker(self, i: int) -> None:
+        self._call(self.cluster.start_worker(i))
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            self._call(self.cluster.stop())
+        finally:
+            self._shutdown_loop()
+
+    def _shutdown_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    def __enter__(self) -> ThreadedSimCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_cluster_in_thread(specs: list[WorkerSpec]) -> ThreadedSimCluster:
+    return ThreadedSimCluster(specs)

@@ -1,0 +1,70 @@
+"""What one simulated worker is: its role, address, model, seed and timing knobs (all defaulted)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, resolve_timing
+
+Role = Literal["prefill", "decode", "mixed"]
+ROLES = ("prefill", "decode", "mixed")
+SGLANG_VERSION = "0.5.23"
+
+
+@dataclass
+class WorkerSpec:
+    role: Role
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port
+    #: prefill: its bootstrap server's port (None or 0 = pick a free one); decode: the port used when a
+    #: request carries bootstrap_port null (SGLang's --disaggregation-bootstrap-port, default 8998)
+    bootstrap_port: int | None = None
+    model: str = "sim-llama-3.1-70b"
+    seed: int = 0
+    preset: str = DEFAULT_PRESET
+    #: wall seconds per model second: 0.1 runs ten times faster than the modelled hardware
+    time_scale: float = 1.0
+    #: radix cache / KV pool capacity in tokens; None = what fits in HBM next to the weights
+    cache_capacity_tokens: int | None = None
+    eviction_policy: Literal["lru", "priority"] = "lru"
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    context_length: int = 131_072
+    #: None = the preset's (EAGLE3 on the default preset); False = off
+    speculative: bool | None = None
+    spec_alpha: float | None = None
+    spec_gamma: int | None = None
+    spec_cost_ratio: float | None = None
+    prefill_mfu: float | None = None
+    bandwidth_efficiency: float | None = None
+    step_overhead_s: float | None = None
+    tokenizer_path: str | None = None
+    #: SGLang's defaults are 300 s (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT / _WAITING_TIMEOUT); the
+    #: simulator's are shorter so a mispaired request fails within a test's patience. Wall seconds.
+    bootstrap_timeout_s: float = 30.0
+    waiting_timeout_s: float = 30.0
+    #: fill usage.prompt_tokens_details.cached_tokens (SGLang: --enable-cache-report, default off)
+    enable_cache_report: bool = True
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {self.time_scale}")
+
+    def timing(self) -> TimingModel:
+        return resolve_timing(
+            self.preset,
+            self.role,
+            cache_capacity_tokens=self.cache_capacity_tokens,
+            speculative=self.speculative,
+            max_running_requests=self.max_running_requests,
+            chunked_prefill_size=self.chunked_prefill_size,
+            spec_alpha=self.spec_alpha,
+            spec_gamma=self.spec_gamma,
+            spec_cost_ratio=self.spec_cost_ratio,
+            prefill_mfu=self.prefill_mfu,
+            bandwidth_efficiency=self.bandwidth_efficiency,
+            step_overhead_s=self.step_overhead_s,
+        )

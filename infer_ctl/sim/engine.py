@@ -1,0 +1,287 @@
+"""The scheduler of one simulated worker: prefill queue (chunked), continuous-batching decode, cache.
+
+One asyncio task per worker plays the GPU: each iteration runs at most one prefill forward (up to
+`chunked_prefill_size` uncached tokens, possibly several requests) and one decode step over the
+running batch, sleeping for the modelled duration x time_scale. Sleeps target absolute deadlines so
+event-loop overhead does not accumulate into the model. No aiohttp here: the HTTP layer drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from infer_ctl.sim.metrics import WorkerMetrics
+from infer_ctl.sim.radix import Node, RadixCache
+from infer_ctl.sim.timing import TimingModel, draw_accepted
+from infer_ctl.sim.tokenizer import WORDS
+
+
+def request_seed(seed: int, input_ids: list[int], max_new_tokens: int, sampling_seed: int | None) -> int:
+    """Same worker seed + same request = same output tokens and acceptance draws, in any process."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{seed}:{max_new_tokens}:{sampling_seed}:".encode())
+    h.update(",".join(map(str, input_ids)).encode())
+    return int.from_bytes(h.digest(), "big")
+
+
+@dataclass(eq=False)
+class SimRequest:
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    priority: int = 0
+    sampling_seed: int | None = None
+    #: filled by the engine
+    cached_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    verify_ct: int = 0
+    accepted_drafts: int = 0
+    arrived: float = 0.0  # loop.time() at submission (uvloop's clock differs from time.monotonic)
+    started: float | None = None  # left the waiting queue
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    remaining_prefill: int = 0
+    lock_node: Node | None = None
+    rng: random.Random = field(default_factory=random.Random)
+    #: wakes the HTTP handler: new tokens (list[int]) or None when finished
+    updates: asyncio.Queue[list[int] | None] = field(default_factory=asyncio.Queue)
+    prefill_done: asyncio.Future[None] | None = None
+    text: str = ""  # detokenized output so far (the HTTP layer's cache)
+    text_upto: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+
+class Engine:
+    def __init__(
+        self, role: str, timing: TimingModel, cache: RadixCache, *, time_scale: float, seed: int
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {time_scale}")
+        self.role = role
+        self.timing = timing
+        self.cache = cache
+        self.time_scale = time_scale
+        self.seed = seed
+        self.metrics = WorkerMetrics()
+        self.prefill_queue: deque[SimRequest] = deque()
+        self.decode_waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._next_free = 0.0  # wall time the simulated GPU is busy until
+        self.last_gen_throughput = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for req in [*self.prefill_queue, *self.decode_waiting, *self.running]:
+            self._release(req)
+            req.updates.put_nowait(None)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.prefill_queue or self.decode_waiting or self.running)
+
+    def model_seconds(self, wall: float) -> float:
+        return wall / self.time_scale
+
+    # -- submission ---------------------------------------------------------------------------------
+    def new_request(self, rid: str, input_ids: list[int], max_new_tokens: int, **kw: object) -> SimRequest:
+        req = SimRequest(rid=rid, input_ids=input_ids, max_new_tokens=max_new_tokens, **kw)  # type: ignore[arg-type]
+        req.rng = random.Random(request_seed(self.seed, input_ids, max_new_tokens, req.sampling_seed))
+        req.arrived = asyncio.get_running_loop().time()
+        return req
+
+    def submit_prefill(self, req: SimRequest) -> None:
+        """Queue a prompt for prefill; on a prefill worker `req.prefill_done` resolves afterwards."""
+        match = self.cache.match_prefix(req.input_ids, req.priority)
+        req.cached_tokens = min(match.length, max(0, req.prompt_tokens - 1))  # >= 1 token is computed
+        req.remaining_prefill = req.prompt_tokens - req.cached_tokens
+        self.cache.lock(match.node)
+        req.lock_node = match.node
+        req.prefill_done = asyncio.get_running_loop().create_future()
+        self._count_prompt(req)
+        self.prefill_queue.append(req)
+        self._wake.set()
+
+    def submit_decode(self, req: SimRequest, cached_tokens: int) -> None:
+        """A request whose KV arrived from a prefill worker: it joins the decode queue."""
+        req.cached_tokens = cached_tokens
+        self._count_prompt(req)
+        self.decode_waiting.append(req)
+        self._wake.set()
+
+    def _count_prompt(self, req: SimRequest) -> None:
+        self.metrics.num_requests += 1
+        self.metrics.prompt_tokens += req.prompt_tokens
+        self.metrics.cached_tokens += req.cached_tokens
+
+    def abort(self, req: SimRequest) -> None:
+        """The client went away: drop the request wherever it is."""
+        for q in (self.prefill_queue, self.decode_waiting):
+            if req in q:
+                q.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        if not req.finished:
+            self.metrics.num_aborted += 1
+        self._release(req)
+
+    def _release(self, req: SimRequest) -> None:
+        if req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+            req.lock_node = None
+        if req.prefill_done is not None and not req.prefill_done.done():
+            req.prefill_done.cancel()
+
+    # -- the GPU loop -------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.idle:
+                self._wake.clear()
+                await self._wake.wait()
+                self._next_free = max(self._next_free, loop.time())
+            if self.prefill_queue:
+                await self._prefill_step(loop)
+            self._admit()
+            if self.running:
+                await self._decode_step(loop)
+
+    async def _busy(self, loop: asyncio.AbstractEventLoop, model_s: float) -> float:
+        """Occupy the simulated GPU for `model_s`; returns the wall time the work ends."""
+        start = max(self._next_free, loop.time())
+        if loop.time() - start > 0.05:  # far behind (CPU starved): do not try to catch up in a burst
+            start = loop.time()
+        self._next_free = start + model_s * self.time_scale
+        delay = self._next_free - loop.time()
+        await asyncio.sleep(delay if delay > 0 else 0)
+        return self._next_free
+
+    async def _prefill_step(self, loop: asyncio.AbstractEventLoop) -> None:
+        budget = self.timing.chunked_prefill_size
+        batch: list[tuple[SimRequest, int]] = []
+        for req in self.prefill_queue:
+            if budget <= 0:
+                break
+            take = min(budget, req.remaining_prefill)
+            batch.append((req, take))
+            budget -= take
+        now = loop.time()
+        for req, _ in batch:
+            if req.started is None:
+                req.started = now
+                self.metrics.queue_time.observe(self.model_seconds(now - req.arrived))
+        tokens = sum(t for _, t in batch)
+        end = await self._busy(loop, self.timing.prefill_seconds(tokens))
+        for req, take in batch:
+            req.remaining_prefill -= take
+            if req.remaining_prefill > 0:
+                continue
+            self.prefill_queue.remove(req)
+            self.cache.insert(req.input_ids, req.priority)
+            self._release_lock_only(req)
+            if self.role == "prefill":
+                assert req.prefill_done is not None
+                if not req.prefill_done.done():
+                    req.prefill_done.set_result(None)
+            else:
+                self._first_token(req, end)
+                if not req.finished:
+                    self.decode_waiting.append(req)
+
+    def _release_lock_only(self, req: SimRequest) -> None:
+        if req.lock_node is not None:
+            self.cache.unlock(req.lock_node)
+            req.lock_node = None
+
+    def _first_token(self, req: SimRequest, at: float) -> None:
+        """The prefill forward samples the first output token (on PD, it travels with the KV)."""
+        if req.started is None:
+            req.started = at
+            self.metrics.queue_time.observe(self.model_seconds(at - req.arrived))
+        req.first_token_at = at
+        self.metrics.ttft.observe(self.model_seconds(at - req.arrived))
+        if req.max_new_tokens > 0:
+            self._emit(req, [req.rng.randrange(len(WORDS))], at)
+        else:
+            self._finish(req, at)
+
+    def _admit(self) -> None:
+        t = self.timing
+        used = sum(r.prompt_tokens + r.max_new_tokens for r in self.running)
+        while self.decode_waiting and len(self.running) < t.max_running_requests:
+            req = self.decode_waiting[0]
+            need = req.prompt_tokens + req.max_new_tokens
+            if self.running and used + need > t.kv_capacity_tokens:
+                break  # KV pool full: wait for running requests to finish (SGLang's waiting queue)
+            self.decode_waiting.popleft()
+            if req.first_token_at is None:  # decode worker: the first token came with the KV
+                self._first_token(req, asyncio.get_running_loop().time())
+            if not req.finished:
+                self.running.append(req)
+                used += need
+
+    async def _decode_step(self, loop: asyncio.AbstractEventLoop) -> None:
+        t = self.timing
+        batch = list(self.running)
+        context = sum(r.prompt_tokens + len(r.output_ids) for r in batch)
+        model_s = t.decode_step_seconds(len(batch), context)
+        end = await self._busy(loop, model_s)
+        produced = 0
+        for req in batch:
+            if req.finished or req not in self.running:
+                continue
+            left = req.max_new_tokens - len(req.output_ids)
+            n = 1
+            if t.spec_alpha is not None:
+                accepted = min(draw_accepted(req.rng, t.spec_alpha, t.spec_gamma), left - 1)
+                n = accepted + 1
+                req.verify_ct += 1
+                req.accepted_drafts += accepted
+                m = self.metrics
+                m.spec_verify_calls += 1
+                m.spec_accepted_tokens += n
+                m.spec_correct += accepted
+                m.spec_proposed += t.spec_gamma
+            produced += n
+            self._emit(req, [req.rng.randrange(len(WORDS)) for _ in range(n)], end)
+        self.last_gen_throughput = produced / model_s if model_s else 0.0
+        self.running = [r for r in self.running if not r.finished]
+
+    def _emit(self, req: SimRequest, tokens: list[int], at: float) -> None:
+        if req.last_token_at is not None:
+            itl = self.model_seconds(at - req.last_token_at) / len(tokens)
+            for _ in tokens:
+                self.metrics.itl.observe(itl)
+        req.last_token_at = at
+        req.output_ids.extend(tokens)
+        self.metrics.generation_tokens += len(tokens)
+        req.updates.put_nowait(tokens)
+        if len(req.output_ids) >= req.max_new_tokens:
+            self._finish(req, at)
+
+    def _finish(self, req: SimRequest, at: float) -> None:
+        req.finished_at = at
+        self.metrics.e2e.observe(self.model_seconds(at - req.arrived))
+        req.updates.put_nowait(None)

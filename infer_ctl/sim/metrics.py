@@ -1,0 +1,131 @@
+"""Per-worker metrics with SGLang's Prometheus names (`observability/metrics_collector.py`). Pure.
+
+Only what the simulator can honestly produce is exported; all latencies are in model seconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from infer_ctl.core.promtext import escape_label_value, format_value
+
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+
+@dataclass
+class WorkerMetrics:
+    ttft: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    queue_time: Histogram = field(default_factory=Histogram)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_tokens: int = 0
+    num_requests: int = 0
+    num_aborted: int = 0
+    bootstrap_failed: int = 0
+    transfer_failed: int = 0
+    spec_verify_calls: int = 0
+    spec_accepted_tokens: int = 0  # accepted drafts + bonus tokens, summed over verifications
+    spec_proposed: int = 0
+    spec_correct: int = 0
+    kv_transfer_latency_ms: float = 0.0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def spec_accept_length(self) -> float:
+        return self.spec_accepted_tokens / self.spec_verify_calls if self.spec_verify_calls else 0.0
+
+    @property
+    def spec_accept_rate(self) -> float:
+        return self.spec_correct / self.spec_proposed if self.spec_proposed else 0.0
+
+
+def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -> str:
+    """Prometheus text for one worker. `gauges` maps metric suffix -> value (load, cache, PD queues)."""
+    lab = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels.items())
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_: str) -> None:
+        out.append(f"# HELP sglang:{name} {help_}")
+        out.append(f"# TYPE sglang:{name} {kind}")
+
+    def hist(name: str, h: Histogram, help_: str) -> None:
+        family(name, "histogram", help_)
+        cumulative = 0
+        for bound, count in zip(h.buckets, h.counts, strict=True):
+            cumulative += count
+            out.append(f'sglang:{name}_bucket{{{lab},le="{format_value(bound)}"}} {cumulative}')
+        out.append(f'sglang:{name}_bucket{{{lab},le="+Inf"}} {h.n}')
+        out.append(f"sglang:{name}_sum{{{lab}}} {format_value(h.total)}")
+        out.append(f"sglang:{name}_count{{{lab}}} {h.n}")
+
+    hist("time_to_first_token_seconds", m.ttft, "Histogram of time to first token in seconds.")
+    hist("inter_token_latency_seconds", m.itl, "Histogram of inter-token latency in seconds.")
+    hist("e2e_request_latency_seconds", m.e2e, "Histogram of End-to-end request latency in seconds")
+    hist("queue_time_seconds", m.queue_time, "Histogram of queueing time in seconds.")
+    counters = {
+        "prompt_tokens_total": (m.prompt_tokens, "Number of prefill tokens processed."),
+        "generation_tokens_total": (m.generation_tokens, "Number of generation tokens processed."),
+        "cached_tokens_total": (m.cached_tokens, "Number of cached prompt tokens."),
+        "num_requests_total": (m.num_requests, "Number of requests processed."),
+        "num_aborted_requests_total": (m.num_aborted, "Number of requests aborted."),
+        "num_bootstrap_failed_reqs_total": (m.bootstrap_failed, "Number of bootstrap failed requests."),
+        "num_transfer_failed_reqs_total": (m.transfer_failed, "Number of transfer failed requests."),
+        "spec_verify_calls_total": (m.spec_verify_calls, "Number of speculative verification calls."),
+    }
+    for name, (count, help_) in counters.items():
+        family(name, "counter", help_)
+        out.append(f"sglang:{name}{{{lab}}} {format_value(count)}")
+    all_gauges: dict[str, float] = {
+        "cache_hit_rate": m.cache_hit_rate,
+        "spec_accept_length": m.spec_accept_length,
+        "spec_accept_rate": m.spec_accept_rate,
+        "kv_transfer_latency_ms": m.kv_transfer_latency_ms,
+        **gauges,
+    }
+    for name, value in all_gauges.items():
+        family(name, "gauge", f"The {name.replace('_', ' ')}.")
+        out.append(f"sglang:{name}{{{lab}}} {format_value(value)}")
+    return "\n".join(out) + "\n"
