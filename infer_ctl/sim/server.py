@@ -436,7 +436,12 @@ class SimWorker:
 
         tasks = [asyncio.create_task(one(i, it)) for i, it in enumerate(req.items)]
         done = asyncio.gather(*tasks)
-        done.add_done_callback(lambda f: (f.cancelled() or f.exception(), queue.put_nowait(None)))
+        def _finished(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled():
+                f.exception()  # retrieved: each item's errors were already turned into abort chunks
+            queue.put_nowait(None)
+
+        done.add_done_callback(_finished)
         try:
             while (chunk := await queue.get()) is not None:
                 await resp.write(_sse(chunk))
