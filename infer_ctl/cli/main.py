@@ -70,6 +70,9 @@ def _root(
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(check_cmd.app, name="check")
+from infer_ctl.cli import router_cmd  # noqa: E402
+
+app.add_typer(router_cmd.app, name="router")
 
 
 def _debug_log_path() -> Path:

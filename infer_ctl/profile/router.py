@@ -19,6 +19,9 @@ class NamedPrefix(StrictModel):
     ttl_s: Annotated[float, Field(gt=0)] | None = None
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
     pin: bool = False
+    #: text: warmed with /generate and matched against the prompt text; chat: warmed as a system
+    #: message with /v1/chat/completions (the worker caches the chat-templated form)
+    format: Literal["text", "chat"] = "text"
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -39,6 +42,21 @@ class RouterSettings(StrictModel):
     max_concurrent: Annotated[int, Field(ge=1)] = 1024
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+    #: requests waiting for a slot beyond max_concurrent; more are answered 429
+    max_queue: Annotated[int, Field(ge=0)] = 1024
+    #: share of the prompt a worker must hold cached to win on cache affinity
+    cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3
+    #: load guard: a worker is overloaded when it has more than balance_abs requests above the least
+    #: loaded worker and more than balance_rel times its load
+    balance_abs: Annotated[int, Field(ge=0)] = 8
+    balance_rel: Annotated[float, Field(ge=1)] = 1.5
+    #: re-warm a named prefix on a replica that saw no traffic for this long
+    rewarm_idle_s: Annotated[float, Field(gt=0)] = 300.0
+    #: on shutdown, wait this long for in-flight requests
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    #: circuit breaker: consecutive failures that open it, and how long it stays open
+    cb_failures: Annotated[int, Field(ge=1)] = 5
+    cb_open_s: Annotated[float, Field(gt=0)] = 10.0
     prefixes: list[NamedPrefix] = Field(default_factory=list)
 
     @property

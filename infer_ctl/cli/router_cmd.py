@@ -1,0 +1,173 @@
+"""`inferctl router serve|status|workers|prefixes`: the embedded router daemon and its admin API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
+from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.core.report import Report
+from infer_ctl.errors import UsageError
+
+app = typer.Typer(help="The PD-aware, prefix-cache-aware router and its named prefixes.", no_args_is_help=True)
+
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Router URL (default: the profile's router.listen).")]
+
+
+def _client(url: str | None, profile: str | None) -> Any:
+    from infer_ctl.router.client import AdminClient
+
+    if url:
+        return AdminClient(url)
+    prof = get_profile(profile)
+    return AdminClient(f"http://{prof.router.listen}", prof.router.admin_token_env)
+
+
+def _done(json: bool, command: str, data: dict[str, Any], render: Any, code: ExitCode = ExitCode.OK) -> None:
+    sess = session(json)
+    report = Report(command=command, profile=None, data=data, exit_code_override=code)
+    finish(sess, report, render)
+
+
+@app.command("serve")
+def serve(
+    profile: ProfileOpt = None,
+    listen: Annotated[str | None, typer.Option("--listen", help="HOST:PORT (default: router.listen).")] = None,
+    prefill: Annotated[list[str] | None, typer.Option("--prefill", help="Prefill URL[@BOOTSTRAP_PORT]; repeatable.")] = None,
+    decode: Annotated[list[str] | None, typer.Option("--decode", help="Decode URL; repeatable.")] = None,
+    worker: Annotated[list[str] | None, typer.Option("--worker", help="Collocated (plain) worker URL; repeatable.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="cache_aware, round_robin, power_of_two, random.")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning.")] = "info",
+    log_requests: Annotated[bool, typer.Option("--log-requests", help="One structured log line per request.")] = False,
+) -> None:
+    """Run the router in the foreground until SIGINT/SIGTERM (then drain in-flight requests)."""
+    from infer_ctl.router.run import serve_forever
+
+    cfg = _serve_config(profile, listen, prefill or [], decode or [], worker or [])
+    if policy:
+        cfg.policy = policy
+    cfg.log_requests = log_requests
+    raise typer.Exit(serve_forever(cfg, log_level))
+
+
+def _serve_config(profile: str | None, listen: str | None, prefill: list[str], decode: list[str], workers: list[str]) -> Any:
+    from infer_ctl.router.config import RouterConfig, from_profile, parse_listen, parse_prefill, worker
+
+    specs = [parse_prefill(p) for p in prefill] + [worker(d, "decode") for d in decode]
+    specs += [worker(w, "mixed") for w in workers]
+    if profile is None and specs:
+        host, port = parse_listen(listen or "127.0.0.1:8000")
+        import os
+
+        cfg = RouterConfig(host=host, port=port, workers=specs, admin_token=os.environ.get("INFERCTL_ROUTER_TOKEN"))
+    else:
+        cfg = from_profile(get_profile(profile), listen=listen, workers=specs or None)
+    if not cfg.workers:
+        raise UsageError("no workers to route to", remedy="give --prefill/--decode (or --worker), or a profile with nodes")
+    cfg.validate()
+    return cfg
+
+
+@app.command("status")
+def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) -> None:
+    """Mode, policy, worker availability, index and prefix counts. Exit 1 if some worker is unavailable,
+    2 if none is, 3 if the router is unreachable."""
+    doc = _client(url, profile).call("GET", "/admin/status")
+    w = doc["workers"]
+    code = ExitCode.OK if w["available"] == w["total"] else ExitCode.WARN if w["available"] else ExitCode.FAIL
+
+    def render(c: Console) -> None:
+        c.print(f"router {doc['listen']}: mode {doc['mode']}, policy {doc['policy']}, "
+                f"workers {w['available']}/{w['total']} available, {doc['active_requests']} in flight, "
+                f"index {doc['index']['blocks']} blocks, prefixes {doc['prefixes']['active']} active")
+
+    _done(json, "router status", {"router": doc}, render, code)
+
+
+@app.command("workers")
+def workers(
+    action: Annotated[str, typer.Argument(help="list, add or remove.")] = "list",
+    worker_url: Annotated[str | None, typer.Argument(metavar="URL", help="Worker URL (add/remove).")] = None,
+    role: Annotated[str | None, typer.Option("--role", help="prefill, decode or mixed (add).")] = None,
+    bootstrap_port: Annotated[int | None, typer.Option("--bootstrap-port", help="Prefill bootstrap port (add).")] = None,
+    url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False,
+) -> None:
+    """List the router's workers, or add/remove one at runtime."""
+    client = _client(url, profile)
+    if action == "list":
+        doc = client.call("GET", "/admin/workers")
+        _done(json, "router workers", doc, lambda c: c.print(_workers_table(doc["workers"])))
+    elif action in ("add", "remove") and worker_url:
+        if action == "add" and role not in ("prefill", "decode", "mixed"):
+            raise UsageError("workers add needs --role prefill|decode|mixed", remedy="e.g. --role decode")
+        body = {"url": worker_url, "role": role, "bootstrap_port": bootstrap_port}
+        doc = client.call("POST", "/admin/workers" if action == "add" else "/admin/workers/remove", body)
+        _done(json, f"router workers {action}", doc, lambda c: c.print(f"{action}: {worker_url}"))
+    else:
+        raise UsageError(f"bad workers action {action!r}", remedy="use: workers [list | add URL --role R | remove URL]")
+
+
+def _workers_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table("worker", "role", "healthy", "breaker", "in flight", "queued", "requests", "errors", "restarts")
+    for w in rows:
+        t.add_row(w["url"], w["role"], "yes" if w["healthy"] else "[red]no[/red]", w["circuit_breaker"],
+                  str(w["inflight"]), str(w["queued"]), str(w["requests"]), str(w["errors"]), str(w["restarts"]))
+    return t
+
+
+@app.command("prefixes")
+def prefixes(
+    action: Annotated[str, typer.Argument(help="list, add, expire or warm.")] = "list",
+    name: Annotated[str | None, typer.Argument(help="Prefix name (add/expire/warm).")] = None,
+    text: Annotated[str | None, typer.Option("--text", help="Prefix text (add).")] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Read the prefix text from a file (add).")] = None,
+    ttl: Annotated[float | None, typer.Option("--ttl", help="Lifetime in seconds (add).")] = None,
+    replicas: Annotated[int, typer.Option("--replicas", help="Warm on this many prefill workers (add).")] = 1,
+    pin: Annotated[bool, typer.Option("--pin", help="Warm with high priority (add).")] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="The prefix is a chat system prompt (add).")] = False,
+    url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False,
+) -> None:
+    """Named shared prefixes: list them with their replicas and statistics, add (or supersede), expire, warm."""
+    client = _client(url, profile)
+    if action == "list":
+        doc = client.call("GET", "/admin/prefixes")
+        _done(json, "router prefixes", doc, lambda c: c.print(_prefix_table(doc["prefixes"])))
+        return
+    if action not in ("add", "expire", "warm") or not name:
+        raise UsageError(f"bad prefixes action {action!r} or missing NAME", remedy="use: prefixes [list | add NAME --text T | expire NAME | warm NAME]")
+    if action == "add":
+        if (text is None) == (file is None):
+            raise UsageError("prefixes add needs exactly one of --text or --file", remedy="e.g. --file prompts/policy.txt")
+        body = {"name": name, "text": text if text is not None else _read(file), "ttl_s": ttl, "replicas": replicas,
+                "pin": pin, "format": "chat" if chat else "text"}
+        doc = client.call("POST", "/admin/prefixes", body)
+    else:
+        doc = client.call("POST", f"/admin/prefixes/{name}/{action}")
+    p = doc["prefix"]
+    _done(json, f"router prefixes {action}", doc, lambda c: c.print(f"{action}: {p['name']} v{p['version']} ({p['state']})"))
+
+
+def _read(file: Path | None) -> str:
+    assert file is not None
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {file}: {exc.strerror}", remedy="check the --file path") from None
+
+
+def _prefix_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table("prefix", "ver", "state", "chars", "replicas warm", "pin", "expires in", "requests", "hit rate",
+              "pred/actual cached tok")
+    for p in rows:
+        warm = sum(r["warm"] for r in p["replicas"])
+        st = p["stats"]
+        t.add_row(p["name"], str(p["version"]), p["state"], str(p["chars"]), f"{warm}/{p['replicas_wanted']}",
+                  "yes" if p["pin"] else "no", "-" if p["expires_in_s"] is None else f"{p['expires_in_s']:.0f}s",
+                  str(st["requests"]), f"{st['hit_rate']:.0%}",
+                  f"{st['predicted_cached_tokens']}/{st['actual_cached_tokens']}")
+    return t

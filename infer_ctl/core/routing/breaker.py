@@ -1,0 +1,95 @@
+"""Per-worker circuit breaker (closed -> open -> half-open -> closed), time passed in.
+
+`failure_threshold` consecutive failures open it; after `open_s` it lets `half_open_probes` requests
+through at a time; `success_threshold` consecutive successes close it, any failure re-opens it.
+Client errors (4xx) are not failures of the worker and must be recorded as successes by the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+    @property
+    def gauge(self) -> int:
+        return {"closed": 0, "open": 1, "half_open": 2}[self.value]
+
+
+@dataclass
+class CircuitBreaker:
+    failure_threshold: int = 5
+    success_threshold: int = 2
+    open_s: float = 10.0
+    half_open_probes: int = 1
+    state: BreakerState = BreakerState.CLOSED
+    failures: int = 0
+    successes: int = 0
+    opened_at: float = 0.0
+    probes: int = 0
+    transitions: int = 0
+
+    def allows(self, now: float) -> bool:
+        """Would a request be let through now? (No side effect; `acquire` takes a probe slot.)"""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN:
+            return now - self.opened_at >= self.open_s
+        return self.probes < self.half_open_probes
+
+    def acquire(self, now: float) -> bool:
+        if self.state is BreakerState.OPEN and now - self.opened_at >= self.open_s:
+            self._to(BreakerState.HALF_OPEN)
+            self.probes = 0
+            self.successes = 0
+        if self.state is BreakerState.HALF_OPEN:
+            if self.probes >= self.half_open_probes:
+                return False
+            self.probes += 1
+            return True
+        return self.state is BreakerState.CLOSED
+
+    def record(self, ok: bool, now: float) -> None:
+        if self.state is BreakerState.HALF_OPEN:
+            self.probes = max(0, self.probes - 1)
+            if not ok:
+                self._open(now)
+                return
+            self.successes += 1
+            if self.successes >= self.success_threshold:
+                self._to(BreakerState.CLOSED)
+                self.failures = 0
+            return
+        if ok:
+            self.failures = 0
+            return
+        self.failures += 1
+        if self.state is BreakerState.CLOSED and self.failures >= self.failure_threshold:
+            self._open(now)
+
+    def reset(self) -> None:
+        if self.state is not BreakerState.CLOSED:
+            self._to(BreakerState.CLOSED)
+        self.failures = self.successes = self.probes = 0
+
+    def _open(self, now: float) -> None:
+        self._to(BreakerState.OPEN)
+        self.opened_at = now
+        self.successes = 0
+
+    def _to(self, state: BreakerState) -> None:
+        if state is not self.state:
+            self.state = state
+            self.transitions += 1
+
+
+def backoff_s(attempt: int, rand: float, *, base_s: float = 0.02, mult: float = 2.0, cap_s: float = 1.0,
+              jitter: float = 0.5) -> float:
+    """Delay before retry `attempt` (1-based): exponential, capped, with +-jitter; `rand` in [0, 1)."""
+    raw = min(cap_s, base_s * mult ** max(0, attempt - 1))
+    return max(0.0, raw * (1.0 + jitter * (2.0 * rand - 1.0)))

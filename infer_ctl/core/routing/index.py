@@ -1,0 +1,163 @@
+"""Approximate prefix-cache index: a radix tree over fixed-size character blocks of the rendered prompt.
+
+Why blocks: a node of this tree is identified by the chained hash of every block from the root, so the
+tree is a dict from chain hash to the workers that (we predict) hold that prefix. Walking a 24k-char
+prompt costs one hash per 64 characters instead of one Python step per character, and lookups are
+O(log blocks) per worker by binary search (see `match`). The last, partial block is never indexed:
+matching granularity is `block_chars`, much finer than any prefix worth routing on.
+
+Why per-worker LRU order: each worker's entries live in an OrderedDict ordered by last use. `insert`
+touches a path leaf-first, so a parent is always at least as recent as its children and eviction (TTL,
+per-worker capacity, global cap) always removes leaves before their parents: a worker's entries stay
+prefix-closed, which is what makes the binary search in `match` valid.
+
+Time is passed in (`now`, seconds on any monotonic clock); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+ROOT = 0x5EED_B10C
+
+
+def block_hashes(text: str, block_chars: int) -> list[int]:
+    """Chain hashes of the full blocks of `text`: hashes[i] identifies text[: (i+1) * block_chars]."""
+    out: list[int] = []
+    prev = ROOT
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        prev = hash((prev, text[start : start + block_chars]))
+        out.append(prev)
+    return out
+
+
+class PrefixIndex:
+    """Which worker holds which prompt prefix, predicted from routing decisions and corrected by
+    feedback (actual cached tokens, restarts, flushes, health)."""
+
+    def __init__(self, *, block_chars: int = 64, ttl_s: float = 1800.0, max_blocks: int = 1_000_000) -> None:
+        if block_chars < 1:
+            raise ValueError("block_chars must be >= 1")
+        self.block_chars = block_chars
+        self.ttl_s = ttl_s
+        self.max_blocks = max_blocks
+        self._by_worker: dict[str, OrderedDict[int, float]] = {}
+        #: optional per-worker cap in blocks, mirroring the worker's own KV capacity
+        self._capacity: dict[str, int] = {}
+        self._total = 0
+        self.evicted = 0
+        self.expired = 0
+
+    # ---- queries ------------------------------------------------------------------------------
+    def hashes(self, text: str) -> list[int]:
+        return block_hashes(text, self.block_chars)
+
+    def match(self, hashes: Sequence[int], workers: Iterable[str], now: float) -> dict[str, int]:
+        """Matched prefix length in characters, per worker (0 when nothing matches)."""
+        out: dict[str, int] = {}
+        cutoff = now - self.ttl_s
+        for worker in workers:
+            entries = self._by_worker.get(worker)
+            if not entries or not hashes:
+                out[worker] = 0
+                continue
+            lo, hi = 0, len(hashes)  # invariant: hashes[:lo] present (prefix-closed), hashes[hi:] not
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                seen = entries.get(hashes[mid - 1])
+                if seen is not None and seen >= cutoff:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[worker] = lo * self.block_chars
+        return out
+
+    def footprint(self, worker: str) -> int:
+        """Predicted cached characters on `worker`."""
+        entries = self._by_worker.get(worker)
+        return len(entries) * self.block_chars if entries else 0
+
+    def workers(self) -> list[str]:
+        return list(self._by_worker)
+
+    def __len__(self) -> int:
+        return self._total
+
+    # ---- updates ------------------------------------------------------------------------------
+    def insert(self, hashes: Sequence[int], worker: str, now: float) -> None:
+        entries = self._by_worker.get(worker)
+        if entries is None:
+            entries = self._by_worker[worker] = OrderedDict()
+        before = len(entries)
+        for h in reversed(hashes):  # leaf first: parents end up more recent than children
+            entries[h] = now
+            entries.move_to_end(h)
+        self._total += len(entries) - before
+        cap = self._capacity.get(worker)
+        if cap is not None:
+            while len(entries) > cap:
+                entries.popitem(last=False)
+                self._total -= 1
+                self.evicted += 1
+        while self._total > self.max_blocks:
+            self._evict_globally_oldest()
+
+    def forget_beyond(self, hashes: Sequence[int], worker: str, keep_chars: int) -> int:
+        """Feedback: the worker reported fewer cached characters than predicted. Drop the deeper part of
+        this path for this worker. Returns blocks dropped."""
+        entries = self._by_worker.get(worker)
+        if not entries:
+            return 0
+        keep = max(0, keep_chars // self.block_chars)
+        dropped = 0
+        for h in hashes[keep:]:
+            if entries.pop(h, None) is not None:
+                dropped += 1
+        self._total -= dropped
+        return dropped
+
+    def drop_worker(self, worker: str) -> int:
+        """The worker restarted, was flushed, went unhealthy or was removed: its cache is gone."""
+        entries = self._by_worker.pop(worker, None)
+        n = len(entries) if entries else 0
+        self._total -= n
+        return n
+
+    def set_capacity(self, worker: str, blocks: int | None) -> None:
+        if blocks is None:
+            self._capacity.pop(worker, None)
+        else:
+            self._capacity[worker] = max(1, blocks)
+
+    def expire(self, now: float) -> int:
+        """Remove entries idle longer than the TTL (oldest first; stops at the first fresh one)."""
+        cutoff = now - self.ttl_s
+        removed = 0
+        for worker, entries in list(self._by_worker.items()):
+            while entries:
+                h, seen = next(iter(entries.items()))
+                if seen >= cutoff:
+                    break
+                del entries[h]
+                removed += 1
+            if not entries:
+                del self._by_worker[worker]
+        self._total -= removed
+        self.expired += removed
+        return removed
+
+    def _evict_globally_oldest(self) -> None:
+        oldest_worker = None
+        oldest = float("inf")
+        for worker, entries in self._by_worker.items():
+            if entries:
+                seen = next(iter(entries.values()))
+                if seen < oldest:
+                    oldest, oldest_worker = seen, worker
+        if oldest_worker is None:
+            self._total = 0
+            return
+        self._by_worker[oldest_worker].popitem(last=False)
+        self._total -= 1
+        self.evicted += 1

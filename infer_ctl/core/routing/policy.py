@@ -1,0 +1,138 @@
+"""Worker selection as a pure function of snapshots (DESIGN.md: routing is tested without sockets).
+
+Prefill: prefix-cache-aware. The prompt's blocks are matched against the index; the worker holding the
+longest match wins when the match covers `cache_threshold` of the prompt and the worker is not
+overloaded (load guard: more than `balance_abs` above the least-loaded worker *and* more than
+`balance_rel` times it, as sglang-router does). Otherwise the request falls back to power-of-two
+choices over (load, predicted cache footprint), so new prefixes land on the less-loaded, emptier
+worker: that keeps each worker's working set small under cache pressure.
+
+Decode: least loaded, ties broken at random.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from infer_ctl.core.routing.index import PrefixIndex
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What the policy may know about a worker at decision time."""
+
+    url: str
+    #: requests this router has in flight on the worker
+    inflight: int = 0
+    #: waiting requests the worker itself reported (/v1/loads num_waiting_reqs), possibly from elsewhere
+    queued: int = 0
+    #: healthy and its circuit breaker lets requests through
+    available: bool = True
+
+    @property
+    def load(self) -> int:
+        return self.inflight + self.queued
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    policy: str = "cache_aware"
+    cache_threshold: float = 0.3
+    balance_abs: int = 8
+    balance_rel: float = 1.5
+
+
+@dataclass(frozen=True)
+class Choice:
+    url: str
+    #: why: cache_hit, named_prefix, balance, fallback, round_robin, random, power_of_two, load
+    reason: str
+    matched_chars: int = 0
+
+
+class NoWorkerAvailable(Exception):
+    """Every candidate is unhealthy or has an open circuit breaker."""
+
+
+def _available(workers: Sequence[WorkerView]) -> list[WorkerView]:
+    out = [w for w in workers if w.available]
+    if not out:
+        raise NoWorkerAvailable("no available worker")
+    return out
+
+
+def overloaded(w: WorkerView, min_load: int, cfg: PolicyConfig) -> bool:
+    return w.load - min_load > cfg.balance_abs and w.load > min_load * cfg.balance_rel
+
+
+def power_of_two(
+    cands: Sequence[WorkerView], rng: random.Random, footprint: dict[str, int] | None = None
+) -> WorkerView:
+    if len(cands) == 1:
+        return cands[0]
+    a, b = rng.sample(list(cands), 2)
+    fa = footprint.get(a.url, 0) if footprint else 0
+    fb = footprint.get(b.url, 0) if footprint else 0
+    return a if (a.load, fa) <= (b.load, fb) else b
+
+
+def choose_prefill(
+    *,
+    hashes: Sequence[int],
+    text_chars: int,
+    workers: Sequence[WorkerView],
+    index: PrefixIndex,
+    now: float,
+    cfg: PolicyConfig,
+    rng: random.Random,
+    seq: int = 0,
+    replicas: Sequence[str] | None = None,
+) -> Choice:
+    """Pick the prefill (or collocated) worker. `replicas`: the warm replicas of a named prefix the
+    request starts with; traffic is spread over them instead of hot-spotting the best match."""
+    cands = _available(workers)
+    if cfg.policy == "round_robin":
+        return Choice(cands[seq % len(cands)].url, "round_robin")
+    if cfg.policy == "random":
+        return Choice(rng.choice(cands).url, "random")
+    if cfg.policy == "power_of_two":
+        return Choice(power_of_two(cands, rng).url, "power_of_two")
+
+    min_load = min(w.load for w in cands)
+    matches = index.match(hashes, [w.url for w in cands], now)
+    if replicas:
+        reps = [w for w in cands if w.url in replicas and not overloaded(w, min_load, cfg)]
+        if reps:
+            # Deeper match (a multi-turn conversation under the shared prompt) first, then least load.
+            best = min(reps, key=lambda w: (w.load, rng.random()))
+            deepest = max(reps, key=lambda w: matches[w.url])
+            if matches[deepest.url] > matches[best.url] and deepest.load <= best.load + 1:
+                best = deepest
+            return Choice(best.url, "named_prefix", matches[best.url])
+
+    ranked = sorted(cands, key=lambda w: (-matches[w.url], w.load))
+    for w in ranked:
+        m = matches[w.url]
+        if m == 0 or m < cfg.cache_threshold * max(text_chars, 1):
+            break
+        if not overloaded(w, min_load, cfg):
+            return Choice(w.url, "cache_hit", m)
+    loads = [w.load for w in cands]
+    if max(loads) - min_load > cfg.balance_abs and max(loads) > min_load * cfg.balance_rel:
+        least = [w for w in cands if w.load == min_load]
+        pick = min(least, key=lambda w: (index.footprint(w.url), rng.random()))
+        return Choice(pick.url, "balance", matches[pick.url])
+    footprint = {w.url: index.footprint(w.url) for w in cands}
+    pick = power_of_two(cands, rng, footprint)
+    return Choice(pick.url, "fallback", matches[pick.url])
+
+
+def choose_decode(workers: Sequence[WorkerView], rng: random.Random, *, policy: str = "load", seq: int = 0) -> Choice:
+    cands = _available(workers)
+    if policy == "round_robin":
+        return Choice(cands[seq % len(cands)].url, "round_robin")
+    least = min(w.load for w in cands)
+    pick = rng.choice([w for w in cands if w.load == least])
+    return Choice(pick.url, "load")

@@ -1,0 +1,294 @@
+"""Named shared prefixes (system prompts) as fleet-level objects: register, warm on K replicas, spread,
+re-warm, pin, expire, supersede, and per-prefix statistics. Pure: the daemon executes the returned
+`WarmAction`s and reports results back; time is passed in.
+
+Lifecycle of a prefix version: ACTIVE (warmed, traffic spread over its replicas) until its TTL lapses
+(EXPIRED) or a new text is registered under the same name (SUPERSEDED). The TTL runs from registration
+and is renewed only by the operator (`add` again or `warm`), never by traffic: a pin that reads renew
+forever is a pin that never ends (Mooncake#3028). Non-active versions are not warmed and give no
+affinity; they stay listed (with their statistics) until `forget_after_s`.
+
+Re-warming: a replica is warmed again when a request matched there reported fewer cached tokens than
+the prefix holds (observed eviction), or when it went `rewarm_idle_s` without traffic (an idle entry is
+the first an LRU evicts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from infer_ctl.core.routing.policy import WorkerView
+
+
+class PrefixState(StrEnum):
+    ACTIVE = "active"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+
+
+@dataclass
+class Placement:
+    worker: str
+    warmed_at: float | None = None
+    last_hit: float | None = None
+    warming: bool = False
+    needs_rewarm: bool = True
+    warm_failures: int = 0
+
+
+@dataclass
+class PrefixStats:
+    requests: int = 0
+    predicted_tokens: int = 0
+    actual_cached_tokens: int = 0
+    prompt_tokens: int = 0
+    hits: int = 0
+    warmups: int = 0
+    warm_failures: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.requests if self.requests else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "requests": self.requests,
+            "predicted_cached_tokens": self.predicted_tokens,
+            "actual_cached_tokens": self.actual_cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "hits": self.hits,
+            "hit_rate": round(self.hit_rate, 4),
+            "warmups": self.warmups,
+            "warm_failures": self.warm_failures,
+        }
+
+
+@dataclass
+class PrefixRecord:
+    name: str
+    text: str
+    version: int
+    registered_at: float
+    ttl_s: float | None
+    replicas: int
+    pin: bool
+    fmt: str = "text"
+    state: PrefixState = PrefixState.ACTIVE
+    ended_at: float | None = None
+    placements: dict[str, Placement] = field(default_factory=dict)
+    #: workers where warming kept failing: placed elsewhere while others are available
+    avoid: set[str] = field(default_factory=set)
+    stats: PrefixStats = field(default_factory=PrefixStats)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:12]
+
+    @property
+    def expires_at(self) -> float | None:
+        return None if self.ttl_s is None else self.registered_at + self.ttl_s
+
+    def warm_replicas(self) -> list[str]:
+        return [w for w, p in self.placements.items() if p.warmed_at is not None]
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        exp = self.expires_at
+        return {
+            "name": self.name,
+            "version": self.version,
+            "digest": self.digest,
+            "state": self.state.value,
+            "chars": len(self.text),
+            "format": self.fmt,
+            "replicas_wanted": self.replicas,
+            "pin": self.pin,
+            "ttl_s": self.ttl_s,
+            "expires_in_s": None if exp is None else round(max(0.0, exp - now), 1),
+            "replicas": [
+                {
+                    "worker": p.worker,
+                    "warm": p.warmed_at is not None,
+                    "warmed_s_ago": None if p.warmed_at is None else round(now - p.warmed_at, 1),
+                    "last_hit_s_ago": None if p.last_hit is None else round(now - p.last_hit, 1),
+                    "warming": p.warming,
+                }
+                for p in self.placements.values()
+            ],
+            "stats": self.stats.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class WarmAction:
+    name: str
+    version: int
+    worker: str
+    text: str
+    fmt: str
+    pin: bool
+
+
+class PrefixRegistry:
+    def __init__(self, *, rewarm_idle_s: float = 300.0, forget_after_s: float = 3600.0,
+                 max_warm_failures: int = 3) -> None:
+        self.rewarm_idle_s = rewarm_idle_s
+        self.forget_after_s = forget_after_s
+        self.max_warm_failures = max_warm_failures
+        self._records: dict[str, list[PrefixRecord]] = {}
+
+    # ---- operator verbs -------------------------------------------------------------------------
+    def register(self, name: str, text: str, *, now: float, ttl_s: float | None = None, replicas: int = 1,
+                 pin: bool = False, fmt: str = "text") -> PrefixRecord:
+        """Add a prefix, or a new version of it. Same text again renews the TTL and settings."""
+        if not text:
+            raise ValueError(f"prefix {name!r} is empty")
+        versions = self._records.setdefault(name, [])
+        current = self.active(name)
+        if current is not None and current.text == text:
+            current.registered_at = now
+            current.ttl_s, current.replicas, current.pin, current.fmt = ttl_s, replicas, pin, fmt
+            return current
+        if current is not None:
+            current.state = PrefixState.SUPERSEDED
+            current.ended_at = now
+        rec = PrefixRecord(name=name, text=text, version=(versions[-1].version + 1 if versions else 1),
+                           registered_at=now, ttl_s=ttl_s, replicas=replicas, pin=pin, fmt=fmt)
+        versions.append(rec)
+        return rec
+
+    def expire(self, name: str, now: float) -> PrefixRecord:
+        rec = self.active(name)
+        if rec is None:
+            raise KeyError(name)
+        rec.state = PrefixState.EXPIRED
+        rec.ended_at = now
+        return rec
+
+    def request_warm(self, name: str, now: float) -> PrefixRecord:
+        """Operator asks for a warm-up now; also renews the TTL."""
+        rec = self.active(name)
+        if rec is None:
+            raise KeyError(name)
+        rec.registered_at = now
+        for p in rec.placements.values():
+            p.needs_rewarm = True
+        return rec
+
+    # ---- lookups --------------------------------------------------------------------------------
+    def active(self, name: str) -> PrefixRecord | None:
+        for rec in reversed(self._records.get(name, [])):
+            if rec.state is PrefixState.ACTIVE:
+                return rec
+        return None
+
+    def records(self) -> list[PrefixRecord]:
+        return [r for versions in self._records.values() for r in versions]
+
+    def match(self, text: str) -> PrefixRecord | None:
+        """The longest active prefix the routing text starts with."""
+        best: PrefixRecord | None = None
+        for versions in self._records.values():
+            for rec in versions:
+                if rec.state is PrefixState.ACTIVE and text.startswith(rec.text) and (
+                    best is None or len(rec.text) > len(best.text)
+                ):
+                    best = rec
+        return best
+
+    # ---- the control loop -----------------------------------------------------------------------
+    def tick(self, now: float) -> list[PrefixRecord]:
+        """Expire prefixes whose TTL lapsed; forget long-ended versions. Returns newly expired."""
+        expired = []
+        for name, versions in list(self._records.items()):
+            for rec in versions:
+                exp = rec.expires_at
+                if rec.state is PrefixState.ACTIVE and exp is not None and now >= exp:
+                    rec.state = PrefixState.EXPIRED
+                    rec.ended_at = now
+                    expired.append(rec)
+            keep = [r for r in versions
+                    if r.state is PrefixState.ACTIVE or r.ended_at is None
+                    or now - r.ended_at < self.forget_after_s]
+            if keep:
+                self._records[name] = keep
+            else:
+                del self._records[name]
+        return expired
+
+    def plan_warmups(self, workers: Sequence[WorkerView], now: float) -> list[WarmAction]:
+        """Place every active prefix on K available workers and say which replicas to (re-)warm.
+        New replicas go to the workers holding the fewest prefixes, then the least loaded."""
+        avail = {w.url: w for w in workers if w.available}
+        held: dict[str, int] = dict.fromkeys(avail, 0)
+        actives = [r for r in self.records() if r.state is PrefixState.ACTIVE]
+        for rec in actives:
+            for url in list(rec.placements):
+                p = rec.placements[url]
+                if url not in avail or p.warm_failures >= self.max_warm_failures:
+                    if p.warm_failures >= self.max_warm_failures:
+                        rec.avoid.add(url)
+                    del rec.placements[url]
+                else:
+                    held[url] += 1
+        actions: list[WarmAction] = []
+        for rec in actives:
+            want = min(rec.replicas, len(avail))
+            free = sorted((u for u in avail if u not in rec.placements),
+                          key=lambda u: (u in rec.avoid, held[u], avail[u].load, u))
+            for url in free[: max(0, want - len(rec.placements))]:
+                rec.placements[url] = Placement(worker=url)
+                held[url] += 1
+            for p in rec.placements.values():
+                if p.warming:
+                    continue
+                last = max(t for t in (p.warmed_at, p.last_hit, -1e18) if t is not None)
+                if p.needs_rewarm or p.warmed_at is None or now - last >= self.rewarm_idle_s:
+                    p.warming = True
+                    actions.append(WarmAction(rec.name, rec.version, p.worker, rec.text, rec.fmt, rec.pin))
+        return actions
+
+    def warm_done(self, action: WarmAction, ok: bool, now: float) -> None:
+        for rec in self._records.get(action.name, []):
+            if rec.version != action.version:
+                continue
+            rec.stats.warmups += 1
+            p = rec.placements.get(action.worker)
+            if p is None:
+                return
+            p.warming = False
+            if ok:
+                p.warmed_at = now
+                p.needs_rewarm = False
+                p.warm_failures = 0
+            else:
+                p.warm_failures += 1
+                rec.stats.warm_failures += 1
+
+    def record_response(self, rec: PrefixRecord, worker: str, *, predicted_tokens: int, prompt_tokens: int,
+                        cached_tokens: int | None, prefix_tokens: int, now: float) -> None:
+        """Feedback from one response routed as this prefix's traffic."""
+        st = rec.stats
+        st.requests += 1
+        st.predicted_tokens += predicted_tokens
+        st.prompt_tokens += prompt_tokens
+        p = rec.placements.get(worker)
+        if p is not None:
+            p.last_hit = now
+        if cached_tokens is None:
+            return
+        st.actual_cached_tokens += cached_tokens
+        # a hit: the worker had (almost) the whole shared prefix cached
+        if cached_tokens >= 0.9 * prefix_tokens:
+            st.hits += 1
+        elif p is not None and p.warmed_at is not None:
+            p.needs_rewarm = True  # evicted behind our back: warm it again
+
+    def drop_worker(self, worker: str) -> None:
+        for rec in self.records():
+            rec.placements.pop(worker, None)
+
+    def workers_of(self, rec: PrefixRecord) -> Iterable[str]:
+        return rec.placements.keys()

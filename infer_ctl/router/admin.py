@@ -1,0 +1,162 @@
+"""The operator API under /admin (bearer token from an environment variable; see config.validate for the
+rule that refuses a non-loopback listener without one)."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from aiohttp import web
+
+from infer_ctl.errors import UsageError
+from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
+from infer_ctl.router.jsonio import DecodeError, dumps, error_body, loads
+from infer_ctl.router.proxy import Router
+from infer_ctl.router.warmer import PrefixWarmer
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=dumps(obj), content_type="application/json")
+
+
+def _err(status: int, message: str, kind: str = "invalid_request") -> web.Response:
+    return web.Response(status=status, body=error_body(status, message, kind), content_type="application/json")
+
+
+class Admin:
+    def __init__(self, router: Router, warmer: PrefixWarmer, health: Any) -> None:
+        self.router = router
+        self.warmer = warmer
+        self.health = health
+
+    def routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/admin/status", self.status)
+        r.add_get("/admin/workers", self.workers)
+        r.add_post("/admin/workers", self.add_worker)
+        r.add_post("/admin/workers/remove", self.remove_worker)
+        r.add_get("/admin/prefixes", self.prefixes)
+        r.add_post("/admin/prefixes", self.add_prefix)
+        r.add_post("/admin/prefixes/{name}/expire", self.expire_prefix)
+        r.add_post("/admin/prefixes/{name}/warm", self.warm_prefix)
+
+    @web.middleware
+    async def auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/admin"):
+            token = self.router.cfg.admin_token
+            if token:
+                got = request.headers.get("Authorization", "")
+                if not (got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())):
+                    return web.Response(
+                        status=401, content_type="application/json",
+                        body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
+                                        f"${self.router.cfg.admin_token_env}", "unauthorized"),
+                        headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = loads(await request.read())
+        except (DecodeError, ValueError):
+            raise web.HTTPBadRequest(body=error_body(400, "malformed JSON body", "invalid_request"),
+                                     content_type="application/json") from None
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(body=error_body(400, "the body must be a JSON object", "invalid_request"),
+                                     content_type="application/json")
+        return body
+
+    def status_doc(self) -> dict[str, Any]:
+        router = self.router
+        now = router.clock()
+        workers = router.workers.all()
+        return {
+            "mode": router.mode,
+            "policy": router.policy.policy,
+            "listen": router.cfg.url,
+            "draining": router.draining,
+            "active_requests": router.active,
+            "queued_requests": router.waiting,
+            "workers": {"total": len(workers), "available": sum(w.available(now) for w in workers)},
+            "index": {"blocks": len(router.index), "block_chars": router.index.block_chars,
+                      "ttl_s": router.index.ttl_s, "evicted": router.index.evicted, "expired": router.index.expired},
+            "chars_per_token": round(router.chars_per_token, 3),
+            "prefixes": {"active": sum(r.state.value == "active" for r in router.prefixes.records()),
+                         "total": len(router.prefixes.records())},
+        }
+
+    async def status(self, request: web.Request) -> web.Response:
+        return _json(self.status_doc())
+
+    async def workers(self, request: web.Request) -> web.Response:
+        now = self.router.clock()
+        return _json({"workers": [w.as_dict(now) for w in self.router.workers.all()]})
+
+    async def add_worker(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        url, role = body.get("url"), body.get("role")
+        if not isinstance(url, str) or role not in ("prefill", "decode", "mixed"):
+            return _err(400, "give url and role (prefill, decode or mixed)")
+        try:
+            spec: WorkerSpec = (parse_prefill(url) if role == "prefill" and body.get("bootstrap_port") is None
+                                else worker(url, role, body.get("bootstrap_port")))
+            probe = self.router.workers.by_url
+            if spec.url in probe:
+                return _err(409, f"worker {spec.url} is already registered", "conflict")
+            modes = {w.role for w in self.router.workers.all()}
+            if modes and (("mixed" in modes) != (spec.role == "mixed")):
+                return _err(400, "cannot mix collocated and prefill/decode workers in one router")
+            state = self.router.workers.add(spec)
+        except UsageError as exc:
+            return _err(400, exc.message)
+        await self.health.check(state)
+        self.warmer.poke()
+        return _json({"added": state.as_dict(self.router.clock())}, 201)
+
+    async def remove_worker(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        url = str(body.get("url", "")).rstrip("/")
+        if url and "://" not in url:
+            url = "http://" + url
+        if url not in self.router.workers.by_url:
+            return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
+        self.router.workers.remove(url)
+        self.router.index.drop_worker(url)
+        self.router.prefixes.drop_worker(url)
+        self.router.upstreams.drop(url)
+        self.warmer.poke()
+        return _json({"removed": url})
+
+    async def prefixes(self, request: web.Request) -> web.Response:
+        now = self.router.clock()
+        return _json({"prefixes": [r.as_dict(now) for r in self.router.prefixes.records()]})
+
+    async def add_prefix(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        name, text = body.get("name"), body.get("text")
+        if not isinstance(name, str) or not name or not isinstance(text, str) or not text:
+            return _err(400, "give name and text (non-empty strings)")
+        ttl = body.get("ttl_s")
+        replicas = body.get("replicas", 1)
+        fmt = body.get("format", "text")
+        if (ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0)) or not isinstance(replicas, int) \
+                or replicas < 1 or fmt not in ("text", "chat"):
+            return _err(400, "ttl_s must be > 0, replicas >= 1, format text or chat")
+        rec = self.router.prefixes.register(name, text, now=self.router.clock(), ttl_s=ttl, replicas=replicas,
+                                            pin=bool(body.get("pin", False)), fmt=fmt)
+        self.warmer.poke()
+        return _json({"prefix": rec.as_dict(self.router.clock())}, 201)
+
+    async def expire_prefix(self, request: web.Request) -> web.Response:
+        try:
+            rec = self.router.prefixes.expire(request.match_info["name"], self.router.clock())
+        except KeyError:
+            return _err(404, f"no active prefix {request.match_info['name']!r}; see `inferctl router prefixes`", "not_found")
+        return _json({"prefix": rec.as_dict(self.router.clock())})
+
+    async def warm_prefix(self, request: web.Request) -> web.Response:
+        try:
+            rec = self.router.prefixes.request_warm(request.match_info["name"], self.router.clock())
+        except KeyError:
+            return _err(404, f"no active prefix {request.match_info['name']!r}; see `inferctl router prefixes`", "not_found")
+        self.warmer.poke()
+        return _json({"prefix": rec.as_dict(self.router.clock())})

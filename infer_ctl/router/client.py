@@ -1,0 +1,45 @@
+"""The CLI's client for a running router's admin API (bearer token from the profile's env variable)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.errors import InferctlError
+
+
+class RouterUnreachable(InferctlError):
+    exit_code = ExitCode.UNKNOWN
+
+
+class AdminClient:
+    def __init__(self, url: str, token_env: str = "INFERCTL_ROUTER_TOKEN", timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.token_env = token_env
+        token = os.environ.get(token_env)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            resp = httpx.request(method, self.url + path, json=body, headers=self.headers, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise RouterUnreachable(
+                f"router at {self.url} is not reachable: {exc}",
+                remedy="start it with `inferctl router serve`, or point --url at it",
+            ) from None
+        try:
+            doc = resp.json()
+        except ValueError:
+            doc = {"error": {"message": resp.text[:200]}}
+        if resp.status_code == 401:
+            raise InferctlError(f"router at {self.url} refused the admin request (401 unauthorized)",
+                                remedy=f"export {self.token_env} with the router's admin token", exit_code=ExitCode.FAIL)
+        if resp.status_code >= 400:
+            msg = doc.get("error", {}).get("message") if isinstance(doc.get("error"), dict) else str(doc)
+            raise InferctlError(f"router answered {resp.status_code}: {msg}",
+                                remedy="see `inferctl router status`", exit_code=ExitCode.FAIL)
+        return dict(doc)

@@ -1,0 +1,183 @@
+"""Everything the daemon needs to run, resolved from a profile plus command-line/programmatic overrides."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from infer_ctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from infer_ctl.profile import Profile
+
+Role = Literal["prefill", "decode", "mixed"]
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    url: str
+    role: Role
+    #: prefill only: the bootstrap server port (None: the decode uses its own default)
+    bootstrap_port: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"url": self.url, "role": self.role, "bootstrap_port": self.bootstrap_port}
+
+
+@dataclass(frozen=True)
+class PrefixSpec:
+    name: str
+    text: str
+    ttl_s: float | None = None
+    replicas: int = 1
+    pin: bool = False
+    fmt: str = "text"
+
+
+@dataclass
+class RouterConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: list[WorkerSpec] = field(default_factory=list)
+    policy: str = "cache_aware"
+    cache_threshold: float = 0.3
+    balance_abs: int = 8
+    balance_rel: float = 1.5
+    prefix_ttl_s: float = 1800.0
+    index_max_tokens: int = 2_000_000
+    block_chars: int = 64
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
+    health_failures: int = 2
+    health_successes: int = 1
+    cb_failures: int = 5
+    cb_open_s: float = 10.0
+    cb_successes: int = 2
+    request_timeout_s: float = 600.0
+    max_concurrent: int = 1024
+    max_queue: int = 1024
+    queue_timeout_s: float = 30.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_retries: int = 2
+    retry_base_s: float = 0.02
+    drain_timeout_s: float = 30.0
+    admin_token: str | None = None
+    admin_token_env: str = "INFERCTL_ROUTER_TOKEN"
+    prefixes: list[PrefixSpec] = field(default_factory=list)
+    rewarm_idle_s: float = 300.0
+    #: priority sent with pinned warm-ups (workers running --radix-eviction-policy priority keep them)
+    pin_priority: int = 1_000_000
+    model_name: str | None = None
+    log_requests: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "pd" if any(w.role in ("prefill", "decode") for w in self.workers) else "collocated"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def validate(self) -> None:
+        """Refuse configurations that would be unsafe or cannot route."""
+        if self.host not in LOOPBACK_HOSTS and not self.host.startswith("127.") and not self.admin_token:
+            raise UsageError(
+                f"refusing to serve the admin API on non-loopback address {self.host} without a token",
+                remedy=f"export {self.admin_token_env}=<secret> (bearer token for /admin), or listen on 127.0.0.1",
+            )
+        roles = {w.role for w in self.workers}
+        if "mixed" in roles and roles & {"prefill", "decode"}:
+            raise UsageError("cannot mix collocated workers with prefill/decode workers in one router",
+                             remedy="run one router per mode")
+        if self.workers and self.mode == "pd" and not ({"prefill", "decode"} <= roles):
+            raise UsageError("PD mode needs at least one prefill and one decode worker",
+                             remedy="give --prefill URL[@BOOTSTRAP_PORT] and --decode URL")
+        if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
+            raise UsageError(f"unknown policy {self.policy!r}",
+                             remedy="use cache_aware, round_robin, power_of_two or random")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise UsageError(f"--listen {listen!r} is not HOST:PORT", remedy="e.g. --listen 127.0.0.1:8000")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def parse_prefill(arg: str) -> WorkerSpec:
+    """`http://host:port` or `http://host:port@BOOTSTRAP_PORT` (or `URL BOOTSTRAP` with a space)."""
+    url, bp = arg, None
+    for sep in ("@", " "):
+        if sep in arg:
+            url, _, tail = arg.rpartition(sep)
+            if not tail.isdigit():
+                raise UsageError(f"bad bootstrap port in {arg!r}", remedy="use URL@PORT, e.g. http://10.0.0.11:30000@8998")
+            bp = int(tail)
+            break
+    return WorkerSpec(_norm_url(url), "prefill", bp)
+
+
+def _norm_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    if not url.startswith("http://"):
+        raise UsageError(f"worker URL {url!r} must be http://host:port", remedy="TLS to workers is not supported; use a private network")
+    return url
+
+
+def worker(url: str, role: Role, bootstrap_port: int | None = None) -> WorkerSpec:
+    return WorkerSpec(_norm_url(url), role, bootstrap_port)
+
+
+def _read_prefix_text(base: Path, text: str | None, file: str | None) -> str:
+    if text is not None:
+        return text
+    assert file is not None
+    path = Path(os.path.expanduser(file))
+    if not path.is_absolute():
+        path = base / path
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read prefix file {path}: {exc.strerror}", remedy="fix router.prefixes[].file") from None
+
+
+def from_profile(profile: Profile, *, listen: str | None = None, workers: list[WorkerSpec] | None = None,
+                 env: dict[str, str] | None = None) -> RouterConfig:
+    """The router of a profile: its listen address, settings, named prefixes and (unless `workers` is
+    given) its prefill/decode or collocated servers."""
+    rs = profile.router
+    env = dict(os.environ) if env is None else env
+    host, port = parse_listen(listen or rs.listen)
+    if workers is None:
+        workers = []
+        for node in profile.nodes:
+            ports = profile.server_ports(node)
+            if "collocated" in ports:
+                workers.append(worker(f"http://{node.host}:{ports['collocated']}", "mixed"))
+            if "prefill" in ports:
+                workers.append(worker(f"http://{node.host}:{ports['prefill']}", "prefill", ports["bootstrap"]))
+            if "decode" in ports:
+                workers.append(worker(f"http://{node.host}:{ports['decode']}", "decode"))
+    prefixes = [
+        PrefixSpec(p.name, _read_prefix_text(profile.base_dir, p.text, p.file), p.ttl_s, p.replicas, p.pin,
+                   p.format)
+        for p in rs.prefixes
+    ]
+    cfg = RouterConfig(
+        host=host, port=port, workers=workers, policy=rs.policy, prefix_ttl_s=rs.prefix_ttl_s,
+        index_max_tokens=rs.index_max_tokens, health_interval_s=rs.health_interval_s,
+        request_timeout_s=rs.request_timeout_s, max_concurrent=rs.max_concurrent,
+        max_body_bytes=rs.max_body_bytes, max_retries=rs.max_retries, admin_token_env=rs.admin_token_env,
+        admin_token=env.get(rs.admin_token_env) or None, prefixes=prefixes,
+        model_name=profile.models.target.path if profile.models else None,
+        max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
+        balance_rel=rs.balance_rel, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
+        cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s,
+    )
+    return cfg

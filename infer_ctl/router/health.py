@@ -1,0 +1,131 @@
+"""Active health checks: /health, plus /server_info (restart detection, eviction policy) and /v1/loads
+(queue length, KV capacity). `health_failures` consecutive failures mark a worker unhealthy,
+`health_successes` consecutive successes mark it healthy again. A worker that goes unhealthy or
+restarts (its /server_info start time changed) loses its prefix-index entries and named-prefix
+placements: its cache is gone, and routing on it would predict hits that no longer exist
+(llm-d-router#2853). A request that hits a transport error triggers an immediate check."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from infer_ctl.router.jsonio import loads
+from infer_ctl.router.proxy import Router
+from infer_ctl.router.upstream import UpstreamError
+from infer_ctl.router.workers import WorkerState
+
+log = logging.getLogger("infer_ctl.router.health")
+
+
+def _instance(info: Any) -> tuple[str | None, bool]:
+    if not isinstance(info, dict):
+        return None, False
+    start = info.get("startup_time") or info.get("start_time") or (info.get("sim") or {}).get("start_time")
+    return (None if start is None else str(start)), info.get("radix_eviction_policy") == "priority"
+
+
+def _loads(doc: Any) -> tuple[int, int, int | None]:
+    ranks = doc.get("loads") if isinstance(doc, dict) else doc
+    if isinstance(ranks, dict):
+        ranks = [ranks]
+    if not isinstance(ranks, list):
+        return 0, 0, None
+    queued = sum(int(r.get("num_waiting_reqs", 0) or 0) for r in ranks if isinstance(r, dict))
+    running = sum(int(r.get("num_running_reqs", 0) or 0) for r in ranks if isinstance(r, dict))
+    caps = [r.get("max_total_num_tokens") for r in ranks if isinstance(r, dict)]
+    cap = sum(int(c) for c in caps if isinstance(c, int | float)) or None
+    return queued, running, cap
+
+
+class HealthChecker:
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._checking: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        router.suspect = self.suspect
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(w) for w in self.router.workers.all()), return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.router.cfg.health_interval_s)
+
+    def suspect(self, w: WorkerState) -> None:
+        if w.url not in self._checking and not w.removed:
+            self.router.spawn(self.check(w))
+
+    async def check(self, w: WorkerState) -> None:
+        if w.url in self._checking:
+            return
+        self._checking.add(w.url)
+        up = self.router.upstreams
+        try:
+            ok, instance, prio, load = False, None, False, None
+            try:
+                async with asyncio.timeout(self.router.cfg.health_timeout_s):
+                    status, _ = await up.fetch(w.url, "GET", "/health")
+                    ok = status == 200
+                    if ok:
+                        s2, info = await up.fetch(w.url, "GET", "/server_info")
+                        if s2 == 200:
+                            instance, prio = _instance(loads(info))
+                        s3, ld = await up.fetch(w.url, "GET", "/v1/loads")
+                        if s3 == 200:
+                            load = _loads(loads(ld))
+            except (UpstreamError, TimeoutError, ValueError) as exc:
+                w.last_error = f"health check: {exc or type(exc).__name__}"
+                ok = ok and isinstance(exc, ValueError)
+            self.apply(w, ok, instance, prio, load)
+        finally:
+            self._checking.discard(w.url)
+
+    def apply(self, w: WorkerState, ok: bool, instance: str | None, prio: bool,
+              load: tuple[int, int, int | None] | None) -> None:
+        router = self.router
+        if w.removed:
+            return
+        if ok:
+            w.health_failures = 0
+            w.health_successes += 1
+            if instance is not None:
+                if w.instance is not None and instance != w.instance:
+                    w.restarts += 1
+                    self._forget(w, "restarted")
+                w.instance = instance
+            w.radix_priority = prio
+            if load is not None:
+                w.queued, w.running, cap = load
+                if cap and w.role in ("prefill", "mixed"):
+                    w.max_total_tokens = cap
+                    blocks = int(cap * router.chars_per_token / router.index.block_chars)
+                    router.index.set_capacity(w.url, blocks)
+            if not w.healthy and w.health_successes >= router.cfg.health_successes:
+                w.healthy = True
+                w.breaker.reset()
+                log.warning("worker healthy again", extra={"worker": w.url})
+        else:
+            w.health_successes = 0
+            w.health_failures += 1
+            if w.healthy and w.health_failures >= router.cfg.health_failures:
+                w.healthy = False
+                self._forget(w, "unhealthy")
+
+    def _forget(self, w: WorkerState, why: str) -> None:
+        dropped = self.router.index.drop_worker(w.url)
+        self.router.prefixes.drop_worker(w.url)
+        log.warning(f"worker {why}: dropped its prefix-index entries", extra={"worker": w.url, "entries": dropped})

@@ -1,0 +1,106 @@
+"""Prometheus metrics of one router instance (its own registry: no process-global state).
+
+Hot-path counters and histograms are prometheus_client objects; gauges that mirror router state
+(per-worker in-flight/health/breaker, named prefixes, index size) are read at scrape time by a custom
+collector, so the request path never updates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from infer_ctl.router.proxy import Router
+
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_FAST = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
+
+
+class RouterMetrics:
+    def __init__(self, router: Router) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("inferctl_router_requests_total", "Requests answered, by endpoint and HTTP status",
+                                ["endpoint", "status"], registry=r)
+        self.duration = Histogram("inferctl_router_request_duration_seconds", "Request latency at the router",
+                                  ["endpoint"], buckets=_LAT, registry=r)
+        self.ttft = Histogram("inferctl_router_ttft_seconds", "Router-measured time to first streamed chunk",
+                              buckets=_LAT, registry=r)
+        self.itl = Histogram("inferctl_router_itl_seconds", "Router-measured gap between streamed chunks",
+                             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r)
+        self.decision = Histogram("inferctl_router_routing_decision_seconds", "Time to choose the worker(s)",
+                                  buckets=_FAST, registry=r)
+        self.decisions = Counter("inferctl_router_routing_decisions_total", "Routing decisions by reason",
+                                 ["reason"], registry=r)
+        self.retries = Counter("inferctl_router_retries_total", "Retries on a new worker pair, by cause",
+                               ["cause"], registry=r)
+        self.upstream_errors = Counter("inferctl_router_upstream_errors_total", "Failed upstream calls",
+                                       ["worker", "kind"], registry=r)
+        self.rejected = Counter("inferctl_router_rejected_total", "Requests refused by the router itself",
+                                ["reason"], registry=r)
+        self.predicted_tokens = Counter("inferctl_router_cache_predicted_tokens_total",
+                                        "Prompt tokens the router predicted to be cached where it routed", registry=r)
+        self.actual_tokens = Counter("inferctl_router_cache_actual_tokens_total",
+                                     "Cached prompt tokens the workers reported (cached_tokens)", registry=r)
+        self.prompt_tokens = Counter("inferctl_router_prompt_tokens_total", "Prompt tokens the workers reported",
+                                     registry=r)
+        self.stream_errors = Counter("inferctl_router_stream_errors_total",
+                                     "Streams ended with an error event after the first byte", registry=r)
+        r.register(_StateCollector(router))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic label sets: nothing to pre-register
+
+    def collect(self) -> Iterator[Metric]:
+        router = self.router
+        now = router.clock()
+        inflight = GaugeMetricFamily("inferctl_router_worker_inflight", "Requests in flight per worker",
+                                     labels=["worker", "role"])
+        healthy = GaugeMetricFamily("inferctl_router_worker_healthy", "1 if the worker passes health checks",
+                                    labels=["worker", "role"])
+        cb = GaugeMetricFamily("inferctl_router_worker_cb_state",
+                               "Circuit breaker: 0 closed, 1 open, 2 half-open", labels=["worker"])
+        for w in router.workers.all():
+            inflight.add_metric([w.url, w.role], w.inflight)
+            healthy.add_metric([w.url, w.role], 1 if w.healthy else 0)
+            cb.add_metric([w.url], w.breaker.state.gauge)
+        yield inflight
+        yield healthy
+        yield cb
+        yield GaugeMetricFamily("inferctl_router_active_requests", "Requests being handled", value=router.active)
+        yield GaugeMetricFamily("inferctl_router_index_blocks", "Entries in the prefix index", value=len(router.index))
+        state = GaugeMetricFamily("inferctl_router_prefix_active", "1 if the named prefix version is active",
+                                  labels=["prefix", "version"])
+        warm = GaugeMetricFamily("inferctl_router_prefix_warm_replicas", "Warm replicas of the named prefix",
+                                 labels=["prefix"])
+        reqs = GaugeMetricFamily("inferctl_router_prefix_requests", "Requests matched to the named prefix",
+                                 labels=["prefix"])
+        pred = GaugeMetricFamily("inferctl_router_prefix_predicted_cached_tokens",
+                                 "Predicted cached tokens of the named prefix's traffic", labels=["prefix"])
+        act = GaugeMetricFamily("inferctl_router_prefix_actual_cached_tokens",
+                                "Reported cached tokens of the named prefix's traffic", labels=["prefix"])
+        hit = GaugeMetricFamily("inferctl_router_prefix_hit_rate",
+                                "Share of the named prefix's requests served with the prefix cached", labels=["prefix"])
+        for rec in router.prefixes.records():
+            state.add_metric([rec.name, str(rec.version)], 1 if rec.state.value == "active" else 0)
+            if rec.state.value == "active":
+                warm.add_metric([rec.name], len(rec.warm_replicas()))
+                reqs.add_metric([rec.name], rec.stats.requests)
+                pred.add_metric([rec.name], rec.stats.predicted_tokens)
+                act.add_metric([rec.name], rec.stats.actual_cached_tokens)
+                hit.add_metric([rec.name], rec.stats.hit_rate)
+        yield from (state, warm, reqs, pred, act, hit)
+        _ = now

@@ -1,0 +1,32 @@
+"""Foreground serving for `inferctl router serve`: uvloop, signals, drain on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.embed import new_event_loop
+from infer_ctl.router.logs import setup_logging
+from infer_ctl.router.server import RouterServer
+
+
+async def _main(cfg: RouterConfig) -> int:
+    server = RouterServer(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    await server.stop(drain=True)
+    return 0
+
+
+def serve_forever(cfg: RouterConfig, log_level: str = "info") -> int:
+    setup_logging(log_level)
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(_main(cfg))
+    finally:
+        loop.close()

@@ -1,0 +1,135 @@
+"""Executes the named-prefix plan of `PrefixRegistry`: warm-up requests, TTL ticks, index upkeep.
+
+A warm-up is a prefill-only request. In PD mode it carries SGLang's fake bootstrap host, so the prefill
+computes (and caches) the prompt without a decode; a prefill that does not honour it (older workers,
+some simulators) is warmed through a real prefill+decode pair with max_new_tokens 1 instead, and the
+router remembers that. Pinned prefixes are sent with a high `priority` to workers that run
+`--radix-eviction-policy priority`, which never evict them before lower-priority entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from infer_ctl.core.routing.pd import FAKE_BOOTSTRAP_HOST, bootstrap_host, new_room
+from infer_ctl.core.routing.policy import NoWorkerAvailable, choose_decode
+from infer_ctl.core.routing.prefixes import WarmAction
+from infer_ctl.core.routing.prompt import render_chat
+from infer_ctl.router.jsonio import dumps
+from infer_ctl.router.proxy import Router
+from infer_ctl.router.upstream import UpstreamError
+
+log = logging.getLogger("infer_ctl.router.prefixes")
+
+
+class PrefixWarmer:
+    def __init__(self, router: Router, *, tick_s: float = 0.5, fake_timeout_s: float = 5.0) -> None:
+        self.router = router
+        self.tick_s = tick_s
+        self.fake_timeout_s = fake_timeout_s
+        self.use_fake_bootstrap = True
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        while True:
+            self.tick()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.tick_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    def tick(self) -> None:
+        router = self.router
+        now = router.clock()
+        for rec in router.prefixes.tick(now):
+            log.warning("named prefix expired", extra={"prefix": rec.name, "version": rec.version})
+        router.index.expire(now)
+        views = [w.view(now) for w in router.workers.prefill_like()]
+        for action in router.prefixes.plan_warmups(views, now):
+            router.spawn(self.warm(action))
+
+    def _body(self, action: WarmAction, pin: bool) -> tuple[str, dict[str, Any]]:
+        if action.fmt == "chat":
+            path = "/v1/chat/completions"
+            body: dict[str, Any] = {"messages": [{"role": "system", "content": action.text}], "max_tokens": 1,
+                                    "temperature": 0}
+        else:
+            path = "/generate"
+            body = {"text": action.text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        if pin:
+            body["priority"] = self.router.cfg.pin_priority
+        return path, body
+
+    async def warm(self, action: WarmAction) -> bool:
+        router = self.router
+        w = router.workers.by_url.get(action.worker)
+        ok = False
+        try:
+            if w is None:
+                return False
+            path, body = self._body(action, action.pin and w.radix_priority)
+            body["rid"] = f"warm-{action.name}-v{action.version}-{router.new_rid()}"
+            async with asyncio.timeout(router.cfg.request_timeout_s):
+                if router.mode == "collocated":
+                    status, _ = await router.upstreams.fetch(w.url, "POST", path, dumps(body))
+                    ok = status == 200
+                else:
+                    ok = await self._warm_pd(w.url, w.spec.bootstrap_port, path, body)
+            if ok:
+                text = render_chat([{"role": "system", "content": action.text}]) if action.fmt == "chat" else action.text
+                router.index.insert(router.index.hashes(text), w.url, router.clock())
+            log.info("named prefix warmed" if ok else "named prefix warm-up failed",
+                     extra={"prefix": action.name, "version": action.version, "worker": action.worker,
+                            "pinned": bool(body.get("priority"))})
+            return ok
+        except (UpstreamError, TimeoutError) as exc:
+            log.warning("named prefix warm-up failed", extra={"prefix": action.name, "worker": action.worker,
+                                                               "error": str(exc) or type(exc).__name__})
+            return False
+        finally:
+            router.prefixes.warm_done(action, ok, router.clock())
+
+    async def _warm_pd(self, url: str, bport: int | None, path: str, body: dict[str, Any]) -> bool:
+        router = self.router
+        if self.use_fake_bootstrap:
+            fake = {**body, "bootstrap_host": FAKE_BOOTSTRAP_HOST, "bootstrap_port": bport,
+                    "bootstrap_room": new_room(router.rng)}
+            try:
+                async with asyncio.timeout(self.fake_timeout_s):
+                    status, _ = await router.upstreams.fetch(url, "POST", path, dumps(fake))
+                if status == 200:
+                    return True
+            except (UpstreamError, TimeoutError):
+                pass
+            log.warning("prefill did not honour the fake bootstrap host; warming through prefill+decode pairs",
+                        extra={"worker": url})
+            self.use_fake_bootstrap = False
+        now = router.clock()
+        try:
+            dec = choose_decode([d.view(now) for d in router.workers.role("decode")], router.rng)
+        except NoWorkerAvailable:
+            return False
+        paired = {**body, "bootstrap_host": bootstrap_host(url), "bootstrap_port": bport,
+                  "bootstrap_room": new_room(router.rng)}
+        payload = dumps(paired)
+        (s1, _), (s2, _) = await asyncio.gather(router.upstreams.fetch(url, "POST", path, payload),
+                                                router.upstreams.fetch(dec.url, "POST", path, payload))
+        return s1 == 200 and s2 == 200

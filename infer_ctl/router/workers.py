@@ -1,0 +1,96 @@
+"""Runtime state of each worker: in-flight count, health, circuit breaker, reported load, identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer_ctl.core.routing.breaker import CircuitBreaker
+from infer_ctl.core.routing.policy import WorkerView
+from infer_ctl.router.config import RouterConfig, WorkerSpec
+
+
+@dataclass
+class WorkerState:
+    spec: WorkerSpec
+    breaker: CircuitBreaker
+    inflight: int = 0
+    healthy: bool = True
+    health_failures: int = 0
+    health_successes: int = 0
+    #: worker-reported load (/v1/loads): waiting and running requests, KV capacity in tokens
+    queued: int = 0
+    running: int = 0
+    max_total_tokens: int | None = None
+    #: identity of the worker process (/server_info start time); a change means a restart
+    instance: str | None = None
+    #: the worker evicts by priority (--radix-eviction-policy priority): pinned warm-ups get priority
+    radix_priority: bool = False
+    last_error: str | None = None
+    requests: int = 0
+    errors: int = 0
+    restarts: int = 0
+    removed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    def available(self, now: float) -> bool:
+        return self.healthy and not self.removed and self.breaker.allows(now)
+
+    def view(self, now: float) -> WorkerView:
+        return WorkerView(self.spec.url, self.inflight, self.queued, self.available(now))
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        return {
+            **self.spec.as_dict(),
+            "healthy": self.healthy,
+            "available": self.available(now),
+            "circuit_breaker": self.breaker.state.value,
+            "inflight": self.inflight,
+            "queued": self.queued,
+            "running": self.running,
+            "max_total_tokens": self.max_total_tokens,
+            "radix_eviction_priority": self.radix_priority,
+            "requests": self.requests,
+            "errors": self.errors,
+            "restarts": self.restarts,
+            "last_error": self.last_error,
+        }
+
+
+class WorkerRegistry:
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self.by_url: dict[str, WorkerState] = {}
+        for spec in cfg.workers:
+            self.add(spec)
+
+    def add(self, spec: WorkerSpec) -> WorkerState:
+        if spec.url in self.by_url:
+            raise ValueError(f"worker {spec.url} is already registered")
+        breaker = CircuitBreaker(failure_threshold=self.cfg.cb_failures, success_threshold=self.cfg.cb_successes,
+                                 open_s=self.cfg.cb_open_s)
+        state = self.by_url[spec.url] = WorkerState(spec=spec, breaker=breaker)
+        return state
+
+    def remove(self, url: str) -> WorkerState:
+        state = self.by_url.pop(url)
+        state.removed = True
+        return state
+
+    def role(self, *roles: str) -> list[WorkerState]:
+        return [w for w in self.by_url.values() if w.spec.role in roles]
+
+    def prefill_like(self) -> list[WorkerState]:
+        """Workers that compute prompts: prefill in PD mode, every worker in collocated mode."""
+        return self.role("prefill", "mixed")
+
+    def all(self) -> list[WorkerState]:
+        return list(self.by_url.values())
