@@ -1,0 +1,106 @@
+"""The glue the `provision` commands call: options parsing, the plan/apply flow, rollback, reports.
+Kept out of cli/ so the typer functions stay thin."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.core.provision.model import NodePlan, fleet_exit_code
+from infer_ctl.core.report import Report
+from infer_ctl.errors import InferctlError, UsageError
+from infer_ctl.profile import Profile
+from infer_ctl.provision.context import ProvisionOptions
+from infer_ctl.provision.runner import FleetPlan, apply_fleet, plan_fleet, shared_inputs
+from infer_ctl.provision.steps.registry import step_names
+from infer_ctl.provision.venv import rollback
+from infer_ctl.remote.fleet import Fleet, select_nodes
+
+
+def parse_steps(value: str | None, flag: str) -> frozenset[str] | None:
+    if not value:
+        return None
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
+    unknown = sorted(names - set(step_names()))
+    if unknown:
+        raise UsageError(f"{flag}: unknown step(s) {', '.join(unknown)}", remedy=f"steps: {', '.join(step_names())}")
+    return names
+
+
+def make_options(
+    skip: str | None, only: str | None, wheelhouse: Path | None, hugepages: int | None, restart: bool
+) -> ProvisionOptions:
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        raise UsageError(f"--wheelhouse {wheelhouse}: not a directory", remedy="give the directory `wheelhouse build` wrote")
+    return ProvisionOptions(
+        skip=parse_steps(skip, "--skip") or frozenset(),
+        only=parse_steps(only, "--only"),
+        wheelhouse=wheelhouse,
+        hugepages=hugepages,
+        restart=restart,
+    )
+
+
+def provision_report(command: str, profile: Profile, plans: list[NodePlan], *, apply: bool) -> Report:
+    code = fleet_exit_code(plans)
+    return Report(
+        command,
+        profile.name,
+        results=[p.to_dict() for p in plans],
+        data={"mode": "apply" if apply else "plan"},
+        exit_code_override=code,
+    )
+
+
+def run_provision(
+    profile: Profile,
+    *,
+    nodes: str | None,
+    role: str | None,
+    options: ProvisionOptions,
+    apply: bool,
+    yes: bool,
+    rolling: int | None,
+    fail_fast: bool,
+    parallel: int | None,
+    confirm: Callable[[FleetPlan], bool],
+) -> list[NodePlan]:
+    """Plan; for apply, confirm (unless --yes) and execute the very plan that was confirmed."""
+    if rolling is not None and rolling < 1:
+        raise UsageError("--rolling must be at least 1", remedy="e.g. --rolling 1 for one node at a time")
+    selected = select_nodes(profile, nodes, role)
+    shared = shared_inputs(profile, options)
+    with Fleet(profile, parallel=parallel) as fleet:
+        plan = plan_fleet(fleet, selected, profile, options, shared, fail_fast=fail_fast)
+        if not apply or plan.changes == 0:
+            return plan.plans
+        if not yes and not confirm(plan):
+            raise InferctlError("apply cancelled; nothing was changed", exit_code=ExitCode.WARN)
+        return apply_fleet(fleet, selected, profile, options, shared, plan, rolling=rolling, fail_fast=fail_fast)
+
+
+def require_interactive(json_mode: bool) -> None:
+    if json_mode or not sys.stdin.isatty():
+        raise UsageError(
+            "--apply asks for confirmation, but this session is not interactive",
+            remedy="review `inferctl provision --plan`, then rerun with --apply --yes",
+        )
+
+
+def run_rollback(profile: Profile, nodes: str | None, role: str | None, parallel: int | None) -> list[dict[str, object]]:
+    selected = select_nodes(profile, nodes, role)
+    venvs = profile.sglang.venv
+    with Fleet(profile, parallel=parallel) as fleet:
+        outcomes = fleet.map(selected, lambda conn, node: rollback(conn, venvs))
+    results: list[dict[str, object]] = []
+    for o in outcomes:
+        if o.value is not None:
+            results.append({"node": o.node.name, "state": "applied", "from": o.value[0], "to": o.value[1], "error": None})
+        else:
+            err = o.error
+            results.append({"node": o.node.name, "state": "error", "error": err.message if err else "?",
+                            "remedy": err.remedy if err else None,
+                            "exit_code": int(err.exit_code) if err else 2})
+    return results

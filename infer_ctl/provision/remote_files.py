@@ -1,0 +1,74 @@
+"""Reading and writing files on a node through a Connector.
+
+Writes are atomic (the connector's put_file writes a temp file in the target directory and renames it)
+and keep a timestamped backup of the previous content beside the file, under a name no loader picks up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from infer_ctl.core.provision.desired import ManagedFile, backup_path
+from infer_ctl.provision.errors import ProvisionError
+from infer_ctl.remote.base import Command, CommandResult, Connector
+
+_READ = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
+_STAT = '[ -e "$1" ] || exit 3; exec stat -c "%a %U %G" -- "$1"'
+MISSING = 3
+
+
+def run_checked(conn: Connector, command: Command, *, sudo: bool, what: str, timeout: float = 120) -> CommandResult:
+    result = conn.run(command, sudo=sudo, timeout=timeout)
+    if not result.ok:
+        detail = (result.err or result.out).strip().splitlines()[-1:] or ["no output"]
+        reason = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        raise ProvisionError(
+            f"{what} failed on {conn.node_name} ({reason}): {detail[0]}",
+            remedy=f"run `{command.shell()}` on the node to see why, fix it, then rerun provision",
+        )
+    return result
+
+
+def read_file(conn: Connector, path: str, *, sudo: bool) -> bytes | None:
+    """The file's bytes, or None when it does not exist."""
+    result = conn.run(Command("sh", "-c", _READ, "sh", path), sudo=sudo, timeout=60)
+    if result.exit_code == MISSING:
+        return None
+    if not result.ok:
+        raise ProvisionError(
+            f"cannot read {path} on {conn.node_name}: {result.err.strip() or result.exit_code}",
+            remedy="check that the provisioning user can read it (ssh.sudo: true for root-owned files)",
+        )
+    return result.stdout
+
+
+def stat_file(conn: Connector, path: str, *, sudo: bool) -> str | None:
+    """`<octal mode> <user> <group>` of the file, or None when missing."""
+    result = conn.run(Command("sh", "-c", _STAT, "sh", path), sudo=sudo, timeout=60)
+    if result.exit_code == MISSING:
+        return None
+    if not result.ok:
+        raise ProvisionError(f"cannot stat {path} on {conn.node_name}: {result.err.strip()}")
+    return result.out.strip()
+
+
+def expected_stat(file: ManagedFile) -> str:
+    return f"{file.mode:o} {file.owner} {file.group}"
+
+
+def write_file(conn: Connector, file: ManagedFile, *, now: Callable[[], datetime]) -> str | None:
+    """Back up the current file (if any), then replace it atomically. Returns the backup path."""
+    parent = file.path.rsplit("/", 1)[0] or "/"
+    run_checked(conn, Command("mkdir", "-p", "--", parent), sudo=True, what=f"mkdir {parent}")
+    backup = backup_path(file.path, now())
+    script = '[ -e "$1" ] || exit 3; exec cp -p -- "$1" "$2"'
+    result = conn.run(Command("sh", "-c", script, "sh", file.path, backup), sudo=True, timeout=60)
+    if result.exit_code == MISSING:
+        backup_made = None
+    elif result.ok:
+        backup_made = backup
+    else:
+        raise ProvisionError(f"cannot back up {file.path} on {conn.node_name}: {result.err.strip()}")
+    conn.put_file(file.path, file.content, mode=file.mode, owner=f"{file.owner}:{file.group}", sudo=True)
+    return backup_made

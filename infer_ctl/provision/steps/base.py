@@ -1,0 +1,71 @@
+"""The step protocol and the managed-file helper most steps are built on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from infer_ctl.core.provision.desired import ManagedFile
+from infer_ctl.core.provision.diff import file_diff
+from infer_ctl.core.provision.model import EntryKind
+from infer_ctl.provision.context import Planned, StepContext
+from infer_ctl.provision.remote_files import expected_stat, read_file, run_checked, stat_file, write_file
+from infer_ctl.remote.base import Command
+
+
+class Step(Protocol):
+    name: str
+    #: one line for `inferctl provision steps` and the runbook
+    title: str
+    #: root is needed to apply (and to read what it manages)
+    needs_sudo: bool
+
+    def plan(self, ctx: StepContext) -> list[Planned]: ...
+
+
+def plan_file(
+    ctx: StepContext,
+    step: str,
+    file: ManagedFile,
+    *,
+    after_write: Sequence[Command] = (),
+    then: Callable[[], None] | None = None,
+) -> Planned:
+    """OK when content, mode and owner match; else CHANGE with a unified diff. The action writes the file
+    atomically with a backup, then runs `after_write` (daemon-reload, sysctl -p, ...)."""
+    current = read_file(ctx.conn, file.path, sudo=True)
+    have_stat = stat_file(ctx.conn, file.path, sudo=True) if current is not None else None
+    want_stat = expected_stat(file)
+    commands = (f"write {file.path} (mode {file.mode:o}, {file.owner}:{file.group}; backup kept)", *tuple(c.shell() for c in after_write))
+    if current == file.content and have_stat == want_stat:
+        return Planned(ctx.entry(step, file.path, EntryKind.OK, "up to date"))
+
+    def action() -> None:
+        write_file(ctx.conn, file, now=ctx.options.now)
+        for command in after_write:
+            run_checked(ctx.conn, command, sudo=True, what=command.shell())
+        if then is not None:
+            then()
+
+    if current is None:
+        summary = "create"
+    elif current != file.content:
+        summary = "update (content differs)"
+    else:
+        summary = f"fix mode/owner {have_stat} -> {want_stat}"
+    entry = ctx.entry(
+        step,
+        file.path,
+        EntryKind.CHANGE,
+        summary,
+        diff=file_diff(file.path, current, file.content) if current != file.content else "",
+        before=have_stat,
+        after=want_stat,
+        commands=commands,
+        needs_sudo=True,
+    )
+    return Planned(entry, action)
+
+
+def systemctl(*args: str) -> Command:
+    return Command("systemctl", *args)

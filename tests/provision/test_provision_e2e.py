@@ -1,0 +1,155 @@
+"""End to end over real sshd nodes with private /etc, /opt, /var (see conftest.py): plan, apply,
+idempotency, drift, venv switch and rollback, wheelhouse verification, sudo and reachability errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infer_ctl.cli.main import main
+from infer_ctl.core.provision.lock import MARKER_NAME
+
+pytestmark = pytest.mark.ssh
+
+MANAGED = {"persistence", "memlock", "sysctl", "qos", "wheelhouse", "venv", "units"}
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = main([*args, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def entries(doc: dict[str, Any], node: str | None = None) -> list[dict[str, Any]]:
+    return [e for r in doc["results"] if node in (None, r["node"]) for e in r["entries"]]
+
+
+def kinds(doc: dict[str, Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for e in entries(doc):
+        out.setdefault(e["step"], set()).add(e["kind"])
+    return out
+
+
+def wheelhouse(tmp: Path, index: Path, version: str) -> Path:
+    out = tmp / f"wh-{version}"
+    code = main(["provision", "wheelhouse", "build", "--out", str(out), "-r", f"sglang=={version}",
+                 "--pip-arg=--no-index", f"--pip-arg=--find-links={index}", "--json"])
+    assert code == 0
+    return out
+
+
+def test_fresh_plan_apply_replan_drift_and_rollback(prov_cluster, wheel_index, tmp_path, capsys) -> None:
+    pc = prov_cluster(1)
+    node = pc.cluster.names[0]
+    wh = wheelhouse(tmp_path, wheel_index("0.5.23"), "0.5.23")
+    profile = pc.profile(sglang={"wheelhouse": str(wh)})
+    before = pc.checksum(node)
+
+    # a fresh node: every managed step wants a CHANGE; the plan itself changes nothing
+    code, doc = run_cli(capsys, "provision", "--plan", "-p", str(profile))
+    assert code == 1, doc
+    assert doc["status"] == "warn" and doc["results"][0]["state"] == "pending"
+    by_step = kinds(doc)
+    for step in MANAGED:
+        assert "change" in by_step[step], (step, by_step[step])
+    assert by_step["driver"] == {"ok"} and by_step["timesync"] == {"ok"}
+    unit_entry = next(e for e in entries(doc) if e["subject"].endswith("inferctl-sglang-decode.service"))
+    assert unit_entry["diff"].startswith("--- /dev/null") and "+LimitMEMLOCK=infinity" in unit_entry["diff"]
+    assert pc.checksum(node) == before, "--plan must not change anything on the node"
+
+    # apply, then the node is in the desired state and a second plan is all OK
+    code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile))
+    assert code == 0, json.dumps(doc["results"], indent=1)[:3000]
+    assert doc["results"][0]["state"] == "applied"
+    code, doc = run_cli(capsys, "provision", "-p", str(profile))
+    assert code == 0
+    assert {e["kind"] for e in entries(doc)} <= {"ok", "skip"}
+    settled = pc.checksum(node)
+    code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile))
+    assert code == 0 and doc["results"][0]["applied"] == []
+    assert pc.checksum(node) == settled, "a second apply must change nothing"
+
+    # what apply really did on the node
+    venvs = pc.node_path(node, "/opt/inferctl/venvs")
+    current = (venvs / "current").readlink()
+    assert current.name.startswith("sglang-0.5.23-") and (venvs / "0.5.23").readlink() == current
+    assert (pc.node_path(node, str(current)) / MARKER_NAME).is_file()
+    assert "vm.max_map_count = 16777216" in pc.node_path(node, "/etc/sysctl.d/90-inferctl.conf").read_text()
+    env = pc.node_path(node, "/etc/inferctl/sglang-prefill.env")
+    assert oct(env.stat().st_mode & 0o777) == "0o640"
+    assert any(c.startswith("sysctl -p /etc/sysctl.d/90-inferctl.conf") for c in pc.calls(node))
+    assert any(c.startswith("mlnx_qos -i eth-standin0 --trust dscp --pfc 0,0,0,1,0,0,0,0") for c in pc.calls(node))
+
+    # drift: someone edits a unit on the node; the plan shows the diff, apply restores it with a backup
+    unit = pc.node_path(node, "/etc/systemd/system/inferctl-sglang-decode.service")
+    unit.write_text(unit.read_text().replace("LimitMEMLOCK=infinity", "LimitMEMLOCK=64M"))
+    code, doc = run_cli(capsys, "provision", "-p", str(profile))
+    assert code == 1
+    drift = [e for e in entries(doc) if e["kind"] == "change"]
+    assert [e["subject"] for e in drift] == ["/etc/systemd/system/inferctl-sglang-decode.service"]
+    assert "-LimitMEMLOCK=64M" in drift[0]["diff"] and "+LimitMEMLOCK=infinity" in drift[0]["diff"]
+    code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile))
+    assert code == 0
+    backups = list(unit.parent.glob("inferctl-sglang-decode.service.inferctl-backup-*"))
+    assert len(backups) == 1 and "LimitMEMLOCK=64M" in backups[0].read_text()
+
+    # upgrade to a new SGLang: a new versioned venv, `current` switched, the old one kept for rollback
+    wh2 = wheelhouse(tmp_path, wheel_index("0.5.24"), "0.5.24")
+    profile2 = pc.profile(tmp_path / "p2.yaml", sglang={"version": "0.5.24", "wheelhouse": str(wh2)})
+    code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile2), "--only", "wheelhouse,venv")
+    assert code == 0, doc
+    assert (venvs / "current").readlink().name.startswith("sglang-0.5.24-")
+    assert (venvs / "previous").readlink() == current
+    code, doc = run_cli(capsys, "provision", "rollback", "-p", str(profile2))
+    assert code == 0 and doc["results"][0]["to"] == str(current)
+    assert (venvs / "current").readlink() == current
+    assert (venvs / "previous").readlink().name.startswith("sglang-0.5.24-")
+
+
+def test_corrupted_wheel_is_refused_and_nothing_uploaded(prov_cluster, wheel_index, tmp_path, capsys) -> None:
+    pc = prov_cluster(1)
+    node = pc.cluster.names[0]
+    wh = wheelhouse(tmp_path, wheel_index("0.5.23"), "0.5.23")
+    wheel = next(wh.glob("tinydep-*.whl"))
+    wheel.write_bytes(wheel.read_bytes()[:-10] + b"corrupted!")
+    profile = pc.profile()
+    code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile), "--wheelhouse", str(wh))
+    assert code == 2
+    errors = [e for e in entries(doc) if e["kind"] == "error"]
+    assert errors and "tinydep-1.0-py3-none-any.whl" in errors[0]["summary"]
+    assert "nothing was uploaded" in errors[0]["summary"]
+    assert doc["results"][0]["error"].startswith("not applied")
+    assert not pc.node_path(node, "/opt/inferctl").exists()
+
+
+def test_node_without_sudo_is_a_clear_error(prov_cluster, capsys) -> None:
+    pc = prov_cluster(1)
+    node = pc.cluster.names[0]
+    from tests.provision.standins import SUDO_NEEDS_PASSWORD
+
+    pc.cluster.add_executable(node, "sudo", SUDO_NEEDS_PASSWORD)
+    profile = pc.profile(ssh={"sudo": True}, sglang={"version": "0.5.23"})
+    code, doc = run_cli(capsys, "provision", "-p", str(profile), "--skip", "venv")
+    assert code == 2
+    by_step = {e["step"]: e for e in entries(doc)}
+    assert by_step["sysctl"]["kind"] == "error" and "sudo needs a password" in by_step["sysctl"]["summary"]
+    assert "passwordless sudo" in by_step["sysctl"]["remedy"]
+    # steps that need no root still report
+    assert by_step["driver"]["kind"] == "ok" and by_step["timesync"]["kind"] == "ok"
+
+
+def test_unreachable_node_exit_3_and_others_still_planned(prov_cluster, capsys) -> None:
+    pc = prov_cluster(2)
+    down, up = pc.cluster.names
+    pc.cluster.stop(down)
+    profile = pc.profile()
+    code, doc = run_cli(capsys, "provision", "-p", str(profile), "--only", "sysctl,memlock")
+    assert code == 3
+    states = {r["node"]: r for r in doc["results"]}
+    assert states[down]["state"] == "unreachable" and states[down]["error"]
+    assert states[up]["state"] == "pending"
