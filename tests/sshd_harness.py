@@ -21,7 +21,8 @@ Design choices, measured on the 2-core build machine:
 - Works as root (login as root, `PermitRootLogin prohibit-password`, creates /run/sshd if missing)
   and as an ordinary user (sshd without privilege separation serves only that user).
 - `sshd_prefix` runs sshd under a wrapper (e.g. `["unshare", "--mount", "--", "/path/wrapper"]`) so
-  provisioning tests can give a node private bind mounts; `extra_sshd_config` appends config lines.
+  provisioning tests can give a node private bind mounts. `extra_sshd_config` lines override the
+  defaults (they are placed first, since sshd keeps the first value); a `Match` block goes last.
 
 The profile from `profile_data()` sets `ssh.sudo` to false when the tests run as root (root needs no
 sudo, and the build image has no sudo binary); tests of sudo behaviour set it explicitly.
@@ -315,8 +316,13 @@ class SshCluster:
             # its own PATH entries (pyenv, cargo) and costs ~0.1 s per command.
             f"SetEnv PATH={node_dir / 'bin'}:{STANDARD_PATH} SHLVL=1 INFERCTL_TEST_NODE={name}",
         ]
-        if self.extra_sshd_config:
-            lines.append(self.extra_sshd_config)
+        # sshd keeps the FIRST value of a keyword, so extra lines go before our defaults to override
+        # them; a Match block must come last, so everything from the first `Match` goes at the end.
+        extra = self.extra_sshd_config.splitlines()
+        cut = next(
+            (i for i, line in enumerate(extra) if line.strip().lower().startswith("match ")), len(extra)
+        )
+        lines = extra[:cut] + lines + extra[cut:]
         (node_dir / "sshd_config").write_text("\n".join(lines) + "\n")
 
     def _start_node(self, name: str, host: str, port: int | None = None) -> HarnessNode:

@@ -116,6 +116,7 @@ class Fleet:
         self._node_locks: dict[str, threading.Lock] = {}
         self._connectors: dict[str, Connector] = {}
         self._failures: dict[str, InferctlError] = {}
+        self._connect_s: dict[str, float] = {}
         self._cancelled = threading.Event()
 
     def __enter__(self) -> Fleet:
@@ -140,6 +141,7 @@ class Fleet:
                 raise self._failures[node.name]
             if self._cancelled.is_set():
                 raise NodeSkippedError(f"{node.name}: cancelled", remedy="rerun the command")
+            started = time.monotonic()
             try:
                 conn = self._connect(node)
             except InferctlError as exc:
@@ -147,7 +149,13 @@ class Fleet:
                 raise
             with self._lock:
                 self._connectors[node.name] = conn
+                self._connect_s[node.name] = time.monotonic() - started
             return conn
+
+    def connect_seconds(self, node: Node) -> float | None:
+        """How long connecting (TCP, handshake, host key, auth) to the node took, once connected."""
+        with self._lock:
+            return self._connect_s.get(node.name)
 
     def _connect(self, node: Node) -> Connector:
         ssh = self.profile.ssh
@@ -189,23 +197,10 @@ class Fleet:
         outcomes: dict[int, NodeOutcome[T]] = {}
         stop = threading.Event()
         first_failure: list[str] = []
+        stop_lock = threading.Lock()
 
-        def one(index: int, node: Node) -> NodeOutcome[T]:
+        def attempt(node: Node) -> NodeOutcome[T]:
             started = time.monotonic()
-            if stop.is_set() or self._cancelled.is_set():
-                why = (
-                    f"not run: --fail-fast stopped after {first_failure[0]}"
-                    if first_failure
-                    else "not run: cancelled"
-                )
-                return NodeOutcome(
-                    node,
-                    None,
-                    NodeSkippedError(
-                        f"{node.name}: {why}", remedy="rerun without --fail-fast or fix the failing node"
-                    ),
-                    0.0,
-                )
             try:
                 value = fn(self.connector(node), node)
                 return NodeOutcome(node, value, None, time.monotonic() - started)
@@ -219,11 +214,28 @@ class Fleet:
                 error.__cause__ = exc
                 return NodeOutcome(node, None, error, time.monotonic() - started)
 
+        def one(node: Node) -> NodeOutcome[T]:
+            if stop.is_set() or self._cancelled.is_set():
+                why = f"--fail-fast stopped after {first_failure[0]} failed" if first_failure else "cancelled"
+                skipped = NodeSkippedError(
+                    f"{node.name}: not run: {why}",
+                    remedy="fix the failing node, or rerun without --fail-fast",
+                )
+                return NodeOutcome(node, None, skipped, 0.0)
+            outcome = attempt(node)
+            # decided in the worker, so a free worker cannot pick up the next node before the stop
+            if fail_fast and is_failure(outcome):
+                with stop_lock:
+                    if not stop.is_set():
+                        first_failure.append(node.name)
+                        stop.set()
+            return outcome
+
         if not nodes:
             return []
         workers = max(1, min(self.parallel, len(nodes)))
         pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleet")
-        futures = {pool.submit(one, i, node): i for i, node in enumerate(nodes)}
+        futures = {pool.submit(one, node): i for i, node in enumerate(nodes)}
         try:
             pending = set(futures)
             while pending:
@@ -231,9 +243,6 @@ class Fleet:
                 for future in done:
                     outcome = future.result()
                     outcomes[futures[future]] = outcome
-                    if fail_fast and not stop.is_set() and is_failure(outcome):
-                        first_failure.append(outcome.node.name)
-                        stop.set()
                     if progress is not None:
                         progress(outcome)
         except BaseException:

@@ -177,12 +177,12 @@ def open_transport(
             opts.key_types = tuple(preferred + [t for t in opts.key_types if t not in preferred])
         try:
             transport.start_client(timeout=timeout)
+            key = transport.get_remote_server_key()
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise UnreachableError(
                 f"{target.label}: SSH handshake with {target.host}:{target.port} failed: {exc}",
                 remedy="check that an SSH server listens on that port",
             ) from None
-        key = transport.get_remote_server_key()
         hostkeys.verify(target.host, target.port, key.get_name(), key.asbytes())
         _authenticate(transport, target, keyring)
         if keepalive:

@@ -1,0 +1,108 @@
+"""`inferctl nodes`: can I reach every node? (connect, auth, sudo, OS, kernel, python3, uptime)"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, get_profile, session
+from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.core.report import Report
+from infer_ctl.output.progress import fanout_progress
+from infer_ctl.profile import Node
+from infer_ctl.remote.base import Connector
+from infer_ctl.remote.fleet import Fleet, NodeOutcome, select_nodes
+from infer_ctl.remote.outcomes import combine_exit_codes
+from infer_ctl.remote.probe import NodeInfo, probe_node
+
+ParallelOpt = Annotated[
+    int | None, typer.Option("--parallel", help="At most N nodes at once (default ssh.parallelism).")
+]
+AcceptOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-keys",
+        help="Record unknown host keys in inferctl's known_hosts (changed keys are always refused).",
+    ),
+]
+
+
+def nodes(
+    profile: ProfileOpt = None,
+    json_out: JsonOpt = False,
+    select: NodesOpt = None,
+    role: RoleOpt = None,
+    parallel: ParallelOpt = None,
+    accept_new_host_keys: AcceptOpt = False,
+) -> None:
+    """Reachability of every node: connect, auth, sudo, OS, kernel, python3, uptime. Exit 3 if any is unreachable."""
+    sess = session(json_out)
+    prof = get_profile(profile)
+    chosen = select_nodes(prof, select, role)
+    with Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet:
+
+        def probe(conn: Connector, node: Node) -> NodeInfo:
+            return probe_node(
+                conn, node, sudo_enabled=prof.ssh.sudo, connect_s=fleet.connect_seconds(node) or 0.0
+            )
+
+        with fanout_progress(sess.err, len(chosen), "probing nodes", enabled=sess.progress) as on_done:
+            outcomes = fleet.map(chosen, probe, progress=on_done)
+    infos = [_info(o) for o in outcomes]
+    codes = [ExitCode.OK if o.error is None else int(o.error.exit_code) for o in outcomes]
+    report = Report(
+        "nodes", prof.name, results=[i.to_dict() for i in infos], exit_code_override=combine_exit_codes(codes)
+    )
+    finish(sess, report, lambda console: render_nodes(console, infos))
+
+
+def _info(outcome: NodeOutcome[NodeInfo]) -> NodeInfo:
+    if outcome.value is not None:
+        return outcome.value
+    err = outcome.error
+    return NodeInfo(
+        outcome.node.name,
+        outcome.node.host,
+        False,
+        error=err.message if err else "unknown error",
+        remedy=err.remedy if err else None,
+    )
+
+
+def render_nodes(console: Console, infos: list[NodeInfo]) -> None:
+    table = Table(header_style="bold")
+    for col in ("node", "host", "reach", "connect", "user", "sudo", "os", "kernel", "python3", "uptime"):
+        table.add_column(col, overflow="fold")
+    for i in infos:
+        if not i.reachable:
+            table.add_row(
+                i.node, i.host, "[red]no[/red]", "", "", "", "[red]unreachable (below)[/red]", "", "", ""
+            )
+            continue
+        uptime = f"{i.uptime_s / 86400:.1f}d" if i.uptime_s is not None else "?"
+        table.add_row(
+            i.node,
+            i.host,
+            "[green]yes[/green]",
+            f"{i.connect_s:.2f}s",
+            i.user or "?",
+            i.sudo or "?",
+            i.os or "?",
+            i.kernel or "?",
+            i.python3 or "[yellow]missing[/yellow]",
+            uptime,
+        )
+    console.print(table)
+    for i in infos:
+        if not i.reachable:
+            console.print(
+                f"[red]{escape(i.error or '')}[/red]" + (f"\n  → {escape(i.remedy)}" if i.remedy else "")
+            )
+    down = sum(not i.reachable for i in infos)
+    console.print(
+        f"{len(infos) - down}/{len(infos)} reachable" + (f", [red]{down} unreachable[/red]" if down else "")
+    )

@@ -1,0 +1,154 @@
+"""Fan-out (fail-fast, errors, cancellation) and the `nodes` / `exec` commands over real sshd."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from infer_ctl.errors import UsageError
+from infer_ctl.remote.base import Command
+from infer_ctl.remote.errors import NodeSkippedError, UnexpectedNodeError
+from infer_ctl.remote.fleet import Fleet, select_nodes
+from infer_ctl.remote.outcomes import command_failed
+from tests.remote.helpers import profile_of, run_cli, run_json
+
+pytestmark = pytest.mark.ssh
+
+EXEC_KEYS = {"node", "host", "ok", "exit_code", "stdout", "stderr", "duration_s", "error"}
+
+
+def test_exec_on_many_nodes_json_shape_and_exit_0(ssh_cluster, capsys, tmp_path):
+    cluster = ssh_cluster(8)
+    path = cluster.write_profile(tmp_path / "p.yaml")
+    code, doc = run_json(
+        capsys, "exec", "-p", str(path), "--json", "--parallel", "4", "--", "echo $INFERCTL_TEST_NODE"
+    )
+    assert code == 0 and doc["exit_code"] == 0 and doc["command"] == "exec"
+    assert [r["stdout"] for r in doc["results"]] == [f"{n.name}\n" for n in cluster.nodes]
+    assert all(set(r) == EXEC_KEYS and r["ok"] and r["error"] is None for r in doc["results"])
+
+
+def test_exec_exit_codes_unreachable_3_failed_2(ssh_cluster, capsys, tmp_path):
+    cluster = ssh_cluster(3)
+    path = cluster.write_profile(tmp_path / "p.yaml")
+    cluster.stop("node-02")
+    code, doc = run_json(capsys, "exec", "-p", str(path), "--json", "--", "true")
+    assert code == 3 and [r["ok"] for r in doc["results"]] == [True, False, True]
+    assert "refused" in doc["results"][1]["error"] and doc["results"][1]["exit_code"] is None
+    code, doc = run_json(
+        capsys, "exec", "-p", str(path), "--json", "--", "test $INFERCTL_TEST_NODE != node-03"
+    )
+    assert code == 2 and doc["results"][2]["exit_code"] == 1
+
+
+def test_exec_table_output_timeout_and_non_utf8(ssh_cluster, capsys, tmp_path):
+    cluster = ssh_cluster(2)
+    path = cluster.write_profile(tmp_path / "p.yaml")
+    code, out, _ = run_cli(capsys, "exec", "-p", str(path), "--", "printf", "\\377line1\\nline2\\n")
+    assert code == 0 and "line1" in out and "node-02" in out and "2/2 ok" in out
+    code, doc = run_json(
+        capsys, "exec", "-p", str(path), "--json", "--timeout", "0.5", "--nodes", "node-01", "--", "sleep 20"
+    )
+    assert code == 2 and "timed out after 0.5s" in doc["results"][0]["error"]
+
+
+def test_exec_sudo_refused_is_a_failure(ssh_cluster, capsys, tmp_path):
+    cluster = ssh_cluster(1)
+    cluster.add_executable("node-01", "sudo", 'echo "sudo: a password is required" >&2\nexit 1\n')
+    path = cluster.write_profile(tmp_path / "p.yaml", ssh={"sudo": True})
+    code, doc = run_json(capsys, "exec", "-p", str(path), "--json", "--sudo", "--", "id -u")
+    assert code == 2 and "sudo needs a password" in doc["results"][0]["error"]
+
+
+def test_exec_usage_errors_exit_64(ssh_cluster, capsys, tmp_path):
+    cluster = ssh_cluster(1)
+    path = cluster.write_profile(tmp_path / "p.yaml")
+    code, _, err = run_cli(capsys, "exec", "-p", str(path), "--nodes", "dc-*", "--", "true")
+    assert code == 64 and "matches no node" in err and "node-01" in err
+    code, _, err = run_cli(capsys, "exec", "-p", str(path), "--role", "prefil", "--", "true")
+    assert code == 64 and "prefill" in err
+
+
+def test_nodes_command_reports_facts_and_unreachable(ssh_cluster, capsys, tmp_path):
+    cluster = ssh_cluster(2)
+    path = cluster.write_profile(tmp_path / "p.yaml")
+    code, doc = run_json(capsys, "nodes", "-p", str(path), "--json")
+    assert code == 0
+    first = doc["results"][0]
+    assert first["reachable"] and first["kernel"] and first["user"] == cluster.user and first["uptime_s"] > 0
+    assert first["sudo"] in ("root", "not used (ssh.sudo: false)")
+    cluster.stop("node-01")
+    code, doc = run_json(capsys, "nodes", "-p", str(path), "--json")
+    assert code == 3 and not doc["results"][0]["reachable"] and "refused" in doc["results"][0]["error"]
+    code, out, _ = run_cli(capsys, "nodes", "-p", str(path))
+    assert code == 3 and "1/2 reachable" in out and "sshd running" in out
+
+
+def test_fail_fast_skips_nodes_not_yet_started(ssh_cluster):
+    cluster = ssh_cluster(4)
+    profile = profile_of(cluster, ssh={"parallelism": 1})
+    with Fleet(profile) as fleet:
+        outcomes = fleet.map(
+            profile.nodes,
+            lambda conn, node: conn.run(Command("false")),
+            fail_fast=True,
+            failed=command_failed,
+        )
+    assert outcomes[0].value is not None and outcomes[0].value.exit_code == 1
+    assert all(isinstance(o.error, NodeSkippedError) for o in outcomes[1:])
+    assert "node-01" in outcomes[1].error.message
+
+
+def test_unexpected_exceptions_become_node_errors(ssh_cluster):
+    cluster = ssh_cluster(2)
+    profile = profile_of(cluster)
+
+    def boom(conn, node):
+        if node.name == "node-02":
+            raise KeyError("gpu7")
+        return 1
+
+    with Fleet(profile) as fleet:
+        outcomes = fleet.map(profile.nodes, boom)
+    assert outcomes[0].ok and outcomes[0].value == 1
+    assert isinstance(outcomes[1].error, UnexpectedNodeError) and "KeyError" in outcomes[1].error.message
+
+
+def test_abort_returns_promptly_and_leftover_remote_work_is_bounded_by_its_timeout(ssh_cluster):
+    # Ctrl-C path. The SSH "signal" request is refused by OpenSSH for root logins (no privilege
+    # separation after auth), so as root the remote `timeout` wrapper is what ends the command.
+    cluster = ssh_cluster(2)
+    profile = profile_of(cluster)
+    fleet = Fleet(profile)
+    result: list = []
+    worker = threading.Thread(
+        target=lambda: result.extend(
+            fleet.map(profile.nodes, lambda c, n: c.run(Command.sh("sleep 27.18 & wait"), timeout=1.5))
+        )
+    )
+    worker.start()
+    time.sleep(0.7)
+    started = time.monotonic()
+    fleet.abort()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and time.monotonic() - started < 2
+    assert len(result) == 2 and all(not o.ok or not o.value.ok for o in result)
+    fleet.close()
+    time.sleep(1.5)
+    with Fleet(profile) as check:
+        left = check.connector(profile.nodes[0]).run(Command.sh("pgrep -f 'sleep 27[.]18' || true"))
+    assert left.out.strip() == ""
+
+
+def test_select_nodes_globs_and_roles(ssh_cluster):
+    cluster = ssh_cluster(names=["pf-01", "pf-02", "dc-01", "dc-02"])
+    profile = profile_of(cluster)
+    assert [n.name for n in select_nodes(profile, "pf-01,dc-*")] == ["pf-01", "dc-01", "dc-02"]
+    assert [n.name for n in select_nodes(profile, role="decode")] == ["dc-01", "dc-02"]
+    assert [n.name for n in select_nodes(profile, "*-01", role="prefill")] == ["pf-01"]
+    with pytest.raises(UsageError, match="matches no node"):
+        select_nodes(profile, "xx-*")
+    with pytest.raises(UsageError, match="selection matches no node"):
+        select_nodes(profile, "pf-01", role="decode")
