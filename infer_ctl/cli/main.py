@@ -16,8 +16,10 @@ from typing import Annotated
 
 import typer
 
+import infer_ctl.cli.check_gpu  # noqa: F401  (registers `check gpu` on check_cmd.app)
+import infer_ctl.cli.check_tokenizer  # noqa: F401  (registers `check tokenizer` on check_cmd.app)
 from infer_ctl import __version__
-from infer_ctl.cli import check_cmd, plan_cmd, profile_cmd
+from infer_ctl.cli import audit_cmd, check_cmd, exec_cmd, nodes_cmd, plan_cmd, profile_cmd, provision_cmd
 from infer_ctl.core.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError
 
@@ -70,9 +72,18 @@ def _root(
 app.add_typer(profile_cmd.app, name="profile")
 app.add_typer(plan_cmd.app, name="plan")
 app.add_typer(check_cmd.app, name="check")
+from infer_ctl.cli import check_servers, launch_cmd  # noqa: E402, F401  (launch/status/stop/logs, check servers)
+
+launch_cmd.register(app)
+app.command("nodes")(nodes_cmd.nodes)
+app.command("exec")(exec_cmd.exec_)
+app.add_typer(provision_cmd.app, name="provision")
 from infer_ctl.cli import router_cmd  # noqa: E402
 
 app.add_typer(router_cmd.app, name="router")
+from infer_ctl.cli import check_fabric  # noqa: E402, F401  (registers `check fabric` on check_cmd.app)
+
+app.command("audit")(audit_cmd.audit_cmd)
 
 
 def _debug_log_path() -> Path:

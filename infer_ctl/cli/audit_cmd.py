@@ -1,0 +1,37 @@
+"""`inferctl audit`: every check family, cron-friendly (JSON, textfile, history, exit codes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infer_ctl.checks.audit import AuditOptions, audit
+from infer_ctl.checks.registry import families
+from infer_ctl.cli.check_gpu import AcceptOpt, ParallelOpt
+from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, get_profile, session
+from infer_ctl.output.table import render_findings_report
+from infer_ctl.remote.fleet import select_nodes
+
+
+def audit_cmd(
+    profile: ProfileOpt = None,
+    json_out: JsonOpt = False,
+    textfile: Annotated[Path | None, typer.Option("--textfile", help="Write a node_exporter *.prom file atomically.")] = None,
+    history: Annotated[Path | None, typer.Option("--history", help="Append one JSON line per run to this file.")] = None,
+    since_last: Annotated[bool, typer.Option("--since-last", help="Report only changes since the last run in --history.")] = False,
+    only: Annotated[str | None, typer.Option("--only", help="Comma-separated families, e.g. gpu,fabric.")] = None,
+    select: NodesOpt = None,
+    role: RoleOpt = None,
+    parallel: ParallelOpt = None,
+    accept_new_host_keys: AcceptOpt = False,
+) -> None:
+    """Run all check families. Exit 0 ok, 1 warn, 2 fail, 3 unknown (the whole run, also with --since-last)."""
+    sess, prof = session(json_out), get_profile(profile)
+    wanted = {name.strip() for name in only.split(",") if name.strip()} if only else None
+    chosen_families = families(wanted)
+    opts = AuditOptions(only=wanted, textfile=textfile, history=history, since_last=since_last,
+                        accept_new_host_keys=accept_new_host_keys, parallel=parallel)
+    report = audit(prof, select_nodes(prof, select, role), chosen_families, opts)
+    finish(sess, report, lambda console: render_findings_report(console, report, show_ok=False))

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Benchmark: `inferctl audit --only gpu` vs `inferctl exec true` over N real sshd loopback nodes.
+
+Both run as real CLI subprocesses against the same nodes in the same run, so the ratio measures what
+the audit adds on top of reaching every node once (its gatherer command, parsing and judging). Each
+node gets STAND-IN `nvidia-smi`/`journalctl` executables printing a real 8x H100 capture (no GPUs
+here); the node's python3 really runs the gatherer and really fails NVML init, then falls back to
+nvidia-smi, exactly as on a node without NVML bindings.
+
+    python scripts/bench_audit.py --nodes 32 --repeats 5      # target: audit <= 2x exec
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.sshd_harness import SshCluster, sshd_available  # noqa: E402
+
+FIX = ROOT / "tests" / "fixtures"
+XML = FIX / "nvidia-smi-qx" / "k8stestinfra-h100x8-580.105.08.xml"
+NVLINK = (FIX / "nvidia-smi-nvlink" / "s-nvgpuexp-h100-80gb-hbm3-590.48.01-18links.txt").read_text()
+
+
+def prepare(cluster: SshCluster, name: str) -> None:
+    bin_dir = cluster.bin_dir(name)
+    (bin_dir / "nvlink.txt").write_text("".join(NVLINK.replace("GPU 0:", f"GPU {i}:") for i in range(8)))
+    cluster.add_executable(name, "journalctl", ":\n")
+    cluster.add_executable(
+        name, "nvidia-smi",
+        f'case "$1 $2" in\n "-q -x") cat {XML} ;;\n "nvlink -s") cat {bin_dir / "nvlink.txt"} ;;\n *) : ;;\nesac\n',
+    )
+
+
+def timed(argv: list[str]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, check=False)
+    return time.perf_counter() - t0, proc.returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    if not sshd_available():
+        print("needs /usr/sbin/sshd (Debian openssh-server)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench-audit-") as tmp:
+        (Path(tmp) / "cluster").mkdir()
+        cluster = SshCluster(Path(tmp) / "cluster", args.nodes)
+        try:
+            for name in cluster.names:
+                prepare(cluster, name)
+            profile = cluster.write_profile(Path(tmp) / "profile.yaml", gpu={"expected_count": 8},
+                                            ssh={"parallelism": args.nodes})
+            inferctl = [sys.executable, "-m", "infer_ctl"]
+            exec_cmd = [*inferctl, "exec", "-p", str(profile), "--json", "true"]
+            audit_cmd = [*inferctl, "audit", "-p", str(profile), "--json", "--only", "gpu"]
+            timed(exec_cmd)  # warm caches (imports, page cache) for both alike
+            exec_t, audit_t = [], []
+            for _ in range(args.repeats):  # interleaved so drift hits both equally
+                t, rc = timed(exec_cmd)
+                assert rc == 0, f"exec true failed with {rc}"
+                exec_t.append(t)
+                t, rc = timed(audit_cmd)
+                assert rc == 0, f"audit failed with {rc} (expected a healthy fleet)"
+                audit_t.append(t)
+        finally:
+            cluster.close()
+    e, a = statistics.median(exec_t), statistics.median(audit_t)
+    print(f"nodes={args.nodes} repeats={args.repeats}")
+    print(f"inferctl exec true       median {e:.2f} s  (min {min(exec_t):.2f})")
+    print(f"inferctl audit --only gpu median {a:.2f} s  (min {min(audit_t):.2f})")
+    print(f"ratio audit/exec = {a / e:.2f}  (target <= 2.0)")
+    return 0 if a / e <= 2.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

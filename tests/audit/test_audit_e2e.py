@@ -1,0 +1,142 @@
+"""`inferctl audit` and `inferctl check gpu` end to end over REAL sshd nodes (tests/sshd_harness.py).
+
+What is real: OpenSSH servers on loopback, inferctl's SSH connector and fleet, the node-side gatherer
+running under the node's python3 (its NVML init really fails: no GPU driver here), the CLI, the
+textfile and history files. What is a stand-in: `nvidia-smi` and `journalctl` on each node's PATH
+(GPUs do not exist here); they print real captures from tests/fixtures/ (one hand-edited, named so).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infer_ctl.cli.main import main
+
+pytestmark = pytest.mark.ssh
+
+FIX = Path(__file__).parents[1] / "fixtures"
+H100 = FIX / "nvidia-smi-qx" / "k8stestinfra-h100x8-580.105.08.xml"
+H100_REMAP = FIX / "nvidia-smi-qx" / "HAND-EDITED-h100x8-580.105.08-gpu3-remap-pending.xml"
+# the real H100 capture's per-GPU format (`nvidia-smi nvlink -s`, 18 links), repeated for 8 GPUs
+NVLINK_ONE = (FIX / "nvidia-smi-nvlink" / "s-nvgpuexp-h100-80gb-hbm3-590.48.01-18links.txt").read_text()
+NVLINK_8 = "".join(NVLINK_ONE.replace("GPU 0:", f"GPU {i}:") for i in range(8))
+# a real XID 79 line format (gpud regex; health-checks.md §1.2) for GPU2 of the H100 capture (PCI 75:00)
+XID79 = (
+    "2025-03-01T10:00:00+0000 node kernel: NVRM: Xid (PCI:0000:75:00): 79, pid=1234, name=python3, "
+    "GPU has fallen off the bus.\n"
+)
+NAMES = ["pf-01", "pf-02", "dc-01", "dc-02", "dc-03"]
+
+
+def standin_gpu_node(cluster, name: str, xml: Path | None, klog: str = "") -> None:  # type: ignore[no-untyped-def]
+    """STAND-IN nvidia-smi (prints a real capture) and journalctl (prints `klog`) on the node's PATH."""
+    bin_dir = cluster.bin_dir(name)
+    (bin_dir / "klog.txt").write_text(klog)
+    cluster.add_executable(name, "journalctl", f"cat {bin_dir / 'klog.txt'}\n")
+    if xml is None:
+        (bin_dir / "nvidia-smi").unlink(missing_ok=True)
+        return
+    (bin_dir / "nvlink-s.txt").write_text(NVLINK_8)
+    cluster.add_executable(
+        name,
+        "nvidia-smi",
+        f'case "$1 $2" in\n'
+        f'  "-q -x") cat {xml} ;;\n'
+        f'  "nvlink -s") cat {bin_dir / "nvlink-s.txt"} ;;\n'
+        f'  "nvlink -e") : ;;\n'
+        f'  *) echo "stand-in nvidia-smi: unsupported $*" >&2; exit 2 ;;\n'
+        f"esac\n",
+    )
+
+
+@pytest.fixture
+def fleet(ssh_cluster, tmp_path: Path):  # type: ignore[no-untyped-def]
+    cluster = ssh_cluster(5, names=NAMES, roles=[["prefill"], ["prefill"], ["decode"], ["decode"], ["decode"]])
+    standin_gpu_node(cluster, "pf-01", H100)
+    standin_gpu_node(cluster, "pf-02", H100_REMAP)
+    standin_gpu_node(cluster, "dc-01", H100, klog=XID79)
+    standin_gpu_node(cluster, "dc-02", None)  # no NVIDIA driver at all
+    standin_gpu_node(cluster, "dc-03", H100)
+    cluster.stop("dc-03")  # unreachable
+    profile = cluster.write_profile(tmp_path / "profile.yaml", gpu={"expected_count": 8})
+    return cluster, profile
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    rc = main(list(args))
+    out = capsys.readouterr().out
+    return rc, json.loads(out)
+
+
+def by_key(doc: dict) -> dict[tuple[str, str, str], dict]:
+    return {(f["check"], f["node"], f["subject"]): f for f in doc["findings"]}
+
+
+def test_audit_mixed_fleet(fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    cluster, profile = fleet
+    prom, hist = tmp_path / "tf" / "inferctl.prom", tmp_path / "audit.jsonl"
+    rc, doc = run_cli(capsys, "audit", "-p", str(profile), "--json", "--textfile", str(prom), "--history", str(hist))
+    assert rc == 2 and doc["status"] == "fail" and doc["exit_code"] == 2
+    f = by_key(doc)
+    # healthy node: every GPU finding ok, NVLink read from the stand-in's real-format output
+    pf01 = [x for x in doc["findings"] if x["node"] == "pf-01"]
+    assert pf01 and all(x["status"] == "ok" for x in pf01), [x for x in pf01 if x["status"] != "ok"]
+    assert f[("gpu.nvlink", "pf-01", "GPU0")]["message"] == "18 NVLink links active"
+    assert f[("gpu.count", "pf-01", "node")]["details"] == {"found": 8, "expected": 8}
+    # pending row remap: names the GPU, the fact and the remedy
+    remap = f[("gpu.row_remap", "pf-02", "GPU3")]
+    assert remap["status"] == "fail" and remap["message"] == "row remap pending"
+    assert "nvidia-smi -r -i 3" in remap["remedy"]
+    # XID 79 from the kernel log, mapped to the GPU by PCI address
+    xid = f[("gpu.xid", "dc-01", "GPU2")]
+    assert xid["status"] == "fail" and "XID 79" in xid["message"] and "fell off the bus" in xid["remedy"]
+    # no driver: UNKNOWN with what to do
+    nodrv = f[("gpu.driver", "dc-02", "node")]
+    assert nodrv["status"] == "unknown" and "no NVIDIA driver" in nodrv["message"]
+    assert "install the NVIDIA driver" in nodrv["remedy"]
+    # unreachable: UNKNOWN, and the rest of the fleet was still checked
+    gone = f[("gpu.facts", "dc-03", "node")]
+    assert gone["status"] == "unknown" and "not gathered" in gone["message"]
+    # textfile: atomic, node_exporter format
+    text = prom.read_text()
+    assert 'inferctl_check_status{check="gpu.row_remap",node="pf-02",subject="GPU3"} 2' in text
+    assert 'inferctl_check_status{check="gpu.facts",node="dc-03",subject="node"} 3' in text
+    assert "inferctl_audit_status 2" in text and "inferctl_last_run_timestamp_seconds " in text
+    assert 'inferctl_node_status{node="pf-01"} 0' in text
+    assert not [p for p in prom.parent.iterdir() if p.name.endswith(".tmp")]
+    # history: one JSON line
+    (line,) = hist.read_text().splitlines()
+    record = json.loads(line)
+    assert record["status"] == "fail" and ["gpu.row_remap", "pf-02", "GPU3", "fail", "row remap pending"] in record["findings"]
+    # one SSH connection per reachable node for the whole run
+    for name in ("pf-01", "pf-02", "dc-01", "dc-02"):
+        assert cluster.sshd_log(name).read_text().count("Accepted publickey") == 1
+
+    # the operator resets pf-02's GPU3: the next run reports only the change, exit code still whole-fleet
+    standin_gpu_node(cluster, "pf-02", H100)
+    rc2, doc2 = run_cli(capsys, "audit", "-p", str(profile), "--json", "--history", str(hist), "--since-last")
+    assert rc2 == 2
+    changes = {(c["check"], c["node"], c["subject"]): c for c in doc2["changes"]}
+    assert changes == {("gpu.row_remap", "pf-02", "GPU3"): changes[("gpu.row_remap", "pf-02", "GPU3")]}
+    assert changes[("gpu.row_remap", "pf-02", "GPU3")]["change"] == "recovered"
+    assert [x["check"] for x in doc2["findings"]] == ["gpu.row_remap"]
+    assert len(hist.read_text().splitlines()) == 2
+
+
+def test_check_gpu_healthy_subset_and_only(fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    _cluster, profile = fleet
+    rc, doc = run_cli(capsys, "check", "gpu", "-p", str(profile), "--json", "--nodes", "pf-01")
+    assert rc == 0 and doc["command"] == "check gpu" and {x["node"] for x in doc["findings"]} == {"pf-01"}
+    rc, doc = run_cli(capsys, "audit", "-p", str(profile), "--json", "--only", "gpu", "--nodes", "dc-02,dc-03")
+    assert rc == 3 and doc["status"] == "unknown"
+
+
+def test_audit_usage_errors(fleet, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    _cluster, profile = fleet
+    assert main(["audit", "-p", str(profile), "--only", "gpu,nosuch"]) == 64
+    assert "unknown check family nosuch" in capsys.readouterr().err
+    assert main(["audit", "-p", str(profile), "--since-last"]) == 64
+    assert "--since-last needs --history" in capsys.readouterr().err

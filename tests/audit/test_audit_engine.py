@@ -1,0 +1,123 @@
+"""The audit engine without hosts: family registry, crash isolation, history, since-last diff, textfile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from infer_ctl.checks import audit as A
+from infer_ctl.checks.registry import FAMILY_MODULES, AuditContext, CheckFamily, families
+from infer_ctl.core.findings import Finding, Status
+from infer_ctl.errors import UsageError
+from infer_ctl.profile import load_profile
+
+
+def test_every_registered_module_exposes_a_family() -> None:
+    names = [f.name for f in families()]
+    assert "gpu" in names and len(names) == len(FAMILY_MODULES) == len(set(names))
+
+
+def test_only_unknown_family_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="nosuch") as exc:
+        families({"gpu", "nosuch"})
+    assert "gpu" in (exc.value.remedy or "")
+    assert [f.name for f in families({"gpu"})] == ["gpu"]
+
+
+def test_a_crashing_family_becomes_one_unknown_and_the_others_still_run() -> None:
+    prof = load_profile("builtin:local")
+
+    def boom(ctx: AuditContext) -> list[Finding]:
+        raise RuntimeError("kaput")
+
+    good = CheckFamily("good", "ok", lambda ctx: [Finding.ok("good.x", ctx.nodes[0].name, "node", "fine")])
+    result = A.run_families(prof, None, list(prof.nodes), [CheckFamily("bad", "x", boom), good], {})
+    assert [(f.check, f.status) for f in result.findings] == [("bad.internal", Status.UNKNOWN), ("good.x", Status.OK)]
+    assert "kaput" in result.findings[0].message and result.status is Status.UNKNOWN
+    assert set(result.family_durations) == {"bad", "good"}
+
+
+def _result(findings: list[Finding], nodes=("a", "b"), fams=("gpu",)) -> A.AuditResult:  # type: ignore[no-untyped-def]
+    return A.AuditResult(findings=findings, families=list(fams), nodes=list(nodes))
+
+
+def test_history_roundtrip_skips_torn_lines_and_other_profiles(tmp_path: Path) -> None:
+    hist = tmp_path / "h" / "audit.jsonl"
+    r1 = A.history_record(_result([Finding.fail("gpu.xid", "a", "GPU0", "XID 79")]), "prod")
+    A.append_history(hist, r1)
+    A.append_history(hist, A.history_record(_result([]), "other"))
+    with hist.open("a") as fh:
+        fh.write('{"ts": "torn')
+    assert A.read_last_run(hist, "prod") == json.loads(json.dumps(r1))
+    assert A.read_last_run(hist, "other")["findings"] == []  # type: ignore[index]
+    assert A.read_last_run(tmp_path / "missing.jsonl") is None
+
+
+def test_diff_new_worse_better_recovered_and_unchanged() -> None:
+    prev = A.history_record(
+        _result([
+            Finding.warn("gpu.temperature", "a", "GPU0", "hot"),
+            Finding.fail("gpu.row_remap", "a", "GPU1", "pending"),
+            Finding.fail("gpu.xid", "b", "GPU2", "XID 79"),
+            Finding.ok("gpu.count", "a", "node", "8 GPUs"),
+            Finding.warn("gpu.pcie", "a", "GPU5", "x8"),
+        ]), "p")
+    now = _result([
+        Finding.fail("gpu.temperature", "a", "GPU0", "at slowdown"),  # worse
+        Finding.ok("gpu.row_remap", "a", "GPU1", "no pending"),  # recovered
+        Finding.warn("gpu.xid", "b", "GPU2", "XID 13"),  # better
+        Finding.fail("gpu.count", "a", "node", "7 GPUs"),  # new problem on a known key
+        Finding.warn("gpu.pcie", "a", "GPU5", "x8"),  # unchanged: not reported
+        Finding.unknown("gpu.facts", "b", "node", "unreachable"),  # new
+    ])
+    changes, report = A.diff_runs(prev, now)
+    kinds = {(c.check, c.node): c.kind for c in changes}
+    assert kinds == {
+        ("gpu.temperature", "a"): "worse",
+        ("gpu.row_remap", "a"): "recovered",
+        ("gpu.xid", "b"): "better",
+        ("gpu.count", "a"): "worse",
+        ("gpu.facts", "b"): "new",
+    }
+    assert len(report) == 5 and all(f.check != "gpu.pcie" for f in report)
+
+
+def test_problem_that_disappears_is_recovered_only_if_its_node_and_family_were_checked() -> None:
+    prev = A.history_record(_result([Finding.fail("gpu.xid", "b", "GPU2", "XID 79"),
+                                     Finding.fail("fabric.pfc", "a", "mlx5_0", "off")], fams=("gpu", "fabric")), "p")
+    changes, report = A.diff_runs(prev, _result([], nodes=("a", "b"), fams=("gpu",)))
+    assert [(c.check, c.kind) for c in changes] == [("gpu.xid", "recovered")]
+    assert report[0].status is Status.OK and "was fail: XID 79" in report[0].message
+    changes, _ = A.diff_runs(prev, _result([], nodes=("a",), fams=("gpu", "fabric")))
+    assert [(c.check, c.kind) for c in changes] == [("fabric.pfc", "recovered")]
+
+
+def test_first_run_reports_every_problem_as_new() -> None:
+    changes, report = A.diff_runs(None, _result([Finding.ok("gpu.count", "a", "node", "8"),
+                                                 Finding.warn("gpu.pcie", "a", "GPU0", "x8")]))
+    assert [c.kind for c in changes] == ["new"] and [f.check for f in report] == ["gpu.pcie"]
+
+
+def test_textfile_content_and_atomic_write(tmp_path: Path) -> None:
+    res = _result([Finding.fail("gpu.xid", "a", "GPU0", "XID 79"), Finding.ok("gpu.count", "b", "node", "8")])
+    res.family_durations = {"gpu": 1.5}
+    path = A.write_audit_textfile(tmp_path / "inferctl.prom", res, run_timestamp=1700000000.0)
+    text = path.read_text()
+    for line in (
+        'inferctl_check_status{check="gpu.xid",node="a",subject="GPU0"} 2',
+        'inferctl_check_ok{check="gpu.count",node="b",subject="node"} 1',
+        'inferctl_findings{status="fail"} 1',
+        "inferctl_last_run_timestamp_seconds 1700000000",
+        "inferctl_audit_status 2",
+        'inferctl_audit_family_duration_seconds{family="gpu"} 1.5',
+        'inferctl_node_status{node="a"} 2',
+        'inferctl_node_status{node="b"} 0',
+    ):
+        assert line in text.splitlines(), line
+    assert [p.name for p in tmp_path.iterdir()] == ["inferctl.prom"]
+    # node_exporter's format, checked by the Prometheus client's own parser
+    parsed = {fam.name: fam for fam in text_string_to_metric_families(text)}
+    assert parsed["inferctl_check_status"].samples[0].value == 2
