@@ -611,7 +611,10 @@ class SimWorker:
                 f"prefill bootstrap server {base} ({type(exc).__name__}: {exc})",
             ) from None
         if r.status != 200:
-            raise RequestError(500, body.get("error") or f"KV transfer failed for bootstrap_room={pd.room}")
+            why = str(body.get("error") or f"bootstrap server answered {r.status}")
+            if not why.startswith("KV transfer failed"):
+                why = f"KV transfer failed for bootstrap_room={pd.room}: {why}"
+            raise RequestError(500, why)
         return int(body["cached_tokens"])
 
     # -- OpenAI endpoints -----------------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""PD disaggregation over real HTTP: the bootstrap server, room matching and each failure mode."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from infer_ctl.sim.cluster import ThreadedSimCluster
+
+
+def _pd_body(cluster: ThreadedSimCluster, text: str, room: int | None, prefill: int = 1, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": 8}, **extra}
+    body["bootstrap_host"] = "127.0.0.1"
+    body["bootstrap_port"] = cluster.workers[prefill].bootstrap_port
+    if room is not None:
+        body["bootstrap_room"] = room
+    return body
+
+
+def _send_pair(cluster: ThreadedSimCluster, p_body: dict[str, Any], d_body: dict[str, Any], prefill: int = 1
+               ) -> tuple[httpx.Response, httpx.Response]:
+    """What a PD router does: POST to the prefill and the decode concurrently."""
+    with cf.ThreadPoolExecutor(2) as ex:
+        fp = ex.submit(httpx.post, cluster.urls[prefill] + "/generate", json=p_body, timeout=20)
+        fd = ex.submit(httpx.post, cluster.urls[2] + "/generate", json=d_body, timeout=20)
+        return fp.result(), fd.result()
+
+
+def _room() -> int:
+    return random.randint(1, 2**62)
+
+
+def test_paired_request_succeeds_and_decode_reports_prefill_cached_tokens(cluster: ThreadedSimCluster) -> None:
+    system = "You are the support bot of Example Corp. " * 20
+    for i in range(2):
+        body = _pd_body(cluster, system + f"question {i}", _room())
+        p, d = _send_pair(cluster, body, body)
+        assert p.status_code == 200 and d.status_code == 200, (p.text, d.text)
+        assert p.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+        assert d.json()["meta_info"]["completion_tokens"] == 8
+        assert d.json()["meta_info"]["cached_tokens"] == p.json()["meta_info"]["cached_tokens"]
+    # the second request reused the shared system prompt on the prefill, and the decode says so
+    assert d.json()["meta_info"]["cached_tokens"] > 100
+
+
+def test_pd_streaming_through_the_decode(cluster: ThreadedSimCluster) -> None:
+    body = _pd_body(cluster, "stream me", _room(), stream=True)
+    with cf.ThreadPoolExecutor(1) as ex:
+        fp = ex.submit(httpx.post, cluster.urls[1] + "/generate", json=body, timeout=20)
+        with httpx.stream("POST", cluster.urls[2] + "/generate", json=body, timeout=20) as r:
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+        assert fp.result().status_code == 200
+    assert lines[-1] == "data: [DONE]" and len(lines) >= 3
+
+
+def test_batch_with_scalar_room_expands_to_room_plus_i(cluster: ThreadedSimCluster) -> None:
+    room = _room()
+    body = _pd_body(cluster, "", room)
+    body["text"] = ["first prompt", "second prompt"]
+    p, d = _send_pair(cluster, body, body)
+    assert p.status_code == 200 and d.status_code == 200, d.text
+    assert len(d.json()) == 2
+
+
+def test_missing_room_is_400_on_both_roles(cluster: ThreadedSimCluster) -> None:
+    for i in (1, 2):
+        r = httpx.post(cluster.urls[i] + "/generate", json={"text": "x"})
+        assert r.status_code == 400 and "bootstrap_room is required" in r.json()["error"]["message"]
+
+
+def test_mispaired_rooms_fail_on_both_sides_within_the_timeout(cluster: ThreadedSimCluster) -> None:
+    # a broken router: the decode gets a different room than the prefill
+    t0 = time.monotonic()
+    p, d = _send_pair(cluster, _pd_body(cluster, "hello", _room()), _pd_body(cluster, "hello", _room()))
+    assert p.status_code == 500 and "KVPoll.Bootstrapping" in p.json()["detail"]
+    assert d.status_code == 500 and "KV" in d.json()["detail"]
+    assert time.monotonic() - t0 < 5
+
+
+def test_same_room_different_prompts_is_a_transfer_failure(cluster: ThreadedSimCluster) -> None:
+    room = _room()
+    p, d = _send_pair(cluster, _pd_body(cluster, "prompt A", room), _pd_body(cluster, "prompt B", room))
+    assert p.status_code == 500 and d.status_code == 500
+    assert "does not match" in d.json()["detail"] and "does not match" in p.json()["detail"]
+
+
+def test_decode_pointed_at_the_wrong_prefill_fails(cluster: ThreadedSimCluster) -> None:
+    room = _room()
+    good = _pd_body(cluster, "which prefill?", room, prefill=1)
+    wrong = _pd_body(cluster, "which prefill?", room, prefill=3)  # bootstrap of another prefill
+    p, d = _send_pair(cluster, good, wrong)
+    assert p.status_code == 500 and d.status_code == 500
+
+
+def test_room_zero_is_never_valid(cluster: ThreadedSimCluster) -> None:
+    p, d = _send_pair(cluster, _pd_body(cluster, "zero", 0), _pd_body(cluster, "zero", 0))
+    assert p.status_code == 500 and d.status_code == 500
+    assert "room 0" in d.json()["detail"]
+
+
+def test_unreachable_bootstrap_server_fails_fast(cluster: ThreadedSimCluster) -> None:
+    body = _pd_body(cluster, "nobody home", _room())
+    body["bootstrap_port"] = 1  # nothing listens there
+    r = httpx.post(cluster.urls[2] + "/generate", json=body, timeout=20)
+    assert r.status_code == 500 and "cannot reach the prefill bootstrap server" in r.json()["detail"]
+
+
+def test_bootstrap_server_routes(cluster: ThreadedSimCluster) -> None:
+    base = f"http://127.0.0.1:{cluster.workers[1].bootstrap_port}"
+    assert httpx.get(base + "/health").text == "OK"
+    assert "prefill_dp_size" in httpx.get(base + "/route", params={"engine_rank": -1}).json()
+
+
+def test_stream_failure_is_an_abort_chunk_on_a_200_stream(cluster: ThreadedSimCluster) -> None:
+    body = _pd_body(cluster, "lonely", _room(), stream=True)  # no prefill request ever comes
+    with httpx.stream("POST", cluster.urls[2] + "/generate", json=body, timeout=20) as r:
+        assert r.status_code == 200
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data:")]
+    assert '"type":"abort"' in lines[0] and lines[-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions"])
+def test_openai_pd(cluster: ThreadedSimCluster, path: str) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+            "bootstrap_host": "127.0.0.1", "bootstrap_port": cluster.workers[1].bootstrap_port,
+            "bootstrap_room": _room()}
+    with cf.ThreadPoolExecutor(2) as ex:
+        fp = ex.submit(httpx.post, cluster.urls[1] + path, json=body, timeout=20)
+        fd = ex.submit(httpx.post, cluster.urls[2] + path, json=body, timeout=20)
+        assert fp.result().status_code == 200
+        assert fd.result().json()["usage"]["completion_tokens"] == 5
