@@ -1,0 +1,321 @@
+"""`check tokenizer`: load the target and draft directories, judge them with core.tokenizer, and (fleet
+mode) prove every serving node holds the same bytes.
+
+Local mode reads two directories on this machine. Fleet mode asks each selected node only for sha256
+sums of the tokenizer files (a few hundred bytes per node), then runs the full comparison once: on the
+local copy when this machine has the same bytes, otherwise on the files fetched from one node.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infer_ctl.checks.registry import AuditContext, CheckFamily
+from infer_ctl.core.findings import Finding, Status
+from infer_ctl.core.tokenizer import compare_tokenizers
+from infer_ctl.core.tokenizer.model import Encoder
+from infer_ctl.errors import InferctlError, MissingExtraError, UsageError
+from infer_ctl.facts.tokenizer_files import (
+    TOKENIZER_FILES,
+    LoadedSide,
+    build_encoder,
+    load_tokenizer_dir,
+    local_hashes,
+    parse_sha256sum,
+    require_tokenizers,
+    tokenizer_hash_command,
+)
+from infer_ctl.profile import Node, Profile
+from infer_ctl.remote.base import Connector
+
+FLEET_CHECK = "tokenizer.fleet"
+PROFILE_CHECK = "tokenizer.profile"
+# Algorithms whose draft is not a separate model with its own files.
+_NO_DRAFT_FILES = {"NEXTN", "NGRAM"}
+
+
+def load_probe_file(path: str | Path) -> list[str]:
+    """--probes FILE: a JSON list of strings, or plain text with one probe per line (blank lines skipped)."""
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--probes {path}: cannot read it: {exc}",
+                         remedy="pass a UTF-8 text file (one probe per line) or a JSON list of strings") from exc
+    if file.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"--probes {path}: not valid JSON: {exc}",
+                             remedy="write a JSON list of strings, e.g. [\"a <|eot_id|>\", \"x\"]") from exc
+        if not isinstance(doc, list) or not all(isinstance(x, str) for x in doc):
+            raise UsageError(f"--probes {path}: expected a JSON list of strings",
+                             remedy="write a JSON list of strings, e.g. [\"a <|eot_id|>\", \"x\"]")
+        return doc
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _require_dir(path: str | Path, what: str) -> Path:
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise UsageError(f"{what} {path}: no such directory",
+                         remedy=f"pass the local directory that holds the {what.lstrip('-')} model's tokenizer files")
+    return directory
+
+
+def compare_dirs(target_dir: str | Path, draft_dir: str | Path, *, probes: Sequence[str] = (),
+                 probes_name: str = "user probes", node: str = "local") -> list[Finding]:
+    """The full local comparison of two directories (both must exist)."""
+    target = load_tokenizer_dir(target_dir, "target")
+    draft = load_tokenizer_dir(draft_dir, "draft")
+    enc_t, enc_d = _encoders(target, draft)
+    return compare_tokenizers(target.facts, draft.facts, target_encoder=enc_t, draft_encoder=enc_d,
+                              user_probes=probes, user_probes_name=probes_name, node=node)
+
+
+def _encoders(target: LoadedSide, draft: LoadedSide) -> tuple[Encoder | None, Encoder | None]:
+    if target.tokenizer_json is None and draft.tokenizer_json is None:
+        return None, None
+    require_tokenizers()
+    enc_t = build_encoder(target)
+    # Byte-identical tokenizer.json behaves identically under one library: load it once (half the time).
+    if draft.tokenizer_json is not None and draft.tokenizer_json == target.tokenizer_json:
+        return enc_t, enc_t
+    return enc_t, build_encoder(draft)
+
+
+# ---------------------------------------------------------------- the pair named by the profile
+
+
+@dataclass(frozen=True)
+class ProfilePair:
+    target: str
+    draft: str | None
+    #: why there is nothing to compare (no models section, NGRAM/NEXTN draft), or None
+    reason: str | None = None
+
+
+def profile_pair(profile: Profile) -> ProfilePair:
+    models = profile.models
+    if models is None:
+        return ProfilePair("", None, "the profile has no models section")
+    base = profile.base_dir
+
+    def resolve(path: str) -> str:
+        p = Path(path).expanduser()
+        return str(p if p.is_absolute() else base / p)
+
+    target = resolve(models.target.tokenizer_path or models.target.path)
+    draft = models.draft
+    if draft is None:
+        return ProfilePair(target, None, "the profile has no draft model (no speculative decoding)")
+    if draft.path is None or draft.algorithm.value in _NO_DRAFT_FILES:
+        return ProfilePair(target, None, f"the {draft.algorithm.value} draft has no files of its own; "
+                           "it uses the target's tokenizer by construction")
+    return ProfilePair(target, resolve(draft.path))
+
+
+def check_profile_local(profile: Profile, *, probes: Sequence[str] = (), probes_name: str = "user probes",
+                        missing: Status = Status.UNKNOWN) -> list[Finding]:
+    """Compare the profile's pair on this machine; `missing` is the status when the paths are not here."""
+    pair = profile_pair(profile)
+    if pair.draft is None:
+        return [Finding.skip(PROFILE_CHECK, "local", "models", f"nothing to compare: {pair.reason}")]
+    absent = [p for p in (pair.target, pair.draft) if not Path(p).is_dir()]
+    if absent:
+        return [Finding.make(
+            missing, PROFILE_CHECK, "local", "models",
+            f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not a directory on this machine",
+            details={"target": pair.target, "draft": pair.draft},
+            remedy="run `inferctl check tokenizer --fleet` to check the copies on the serving nodes, or pass "
+            "--target DIR --draft DIR with local copies")]
+    return compare_dirs(pair.target, pair.draft, probes=probes, probes_name=probes_name)
+
+
+# ---------------------------------------------------------------- fleet mode
+
+
+@dataclass(frozen=True)
+class NodeHashes:
+    hashes: dict[str, dict[str, str] | None]  # side -> {file: sha256} (None: no such directory)
+
+
+def gather_hashes(conn: Connector, node: Node, dirs: dict[str, str], timeout: float) -> NodeHashes:
+    out: dict[str, dict[str, str] | None] = {}
+    for side, directory in dirs.items():
+        result = conn.run(tokenizer_hash_command(directory), timeout=timeout)
+        if not result.ok:
+            raise InferctlError(
+                f"hashing {directory} failed: {result.err.strip() or f'exit {result.exit_code}'}",
+                remedy="check that sha256sum (coreutils) is installed and the files are readable by the SSH user",
+                exit_code=3)
+        out[side] = parse_sha256sum(result.out)
+    return NodeHashes(out)
+
+
+def judge_fleet_hashes(dirs: dict[str, str], per_node: dict[str, NodeHashes | InferctlError],
+                       reference: dict[str, dict[str, str] | None]) -> list[Finding]:
+    """Each node's hashes against the reference copy of each side."""
+    findings: list[Finding] = []
+    for node, got in per_node.items():
+        if isinstance(got, InferctlError):
+            findings.append(Finding.unknown(FLEET_CHECK, node, "tokenizer files", f"could not hash: {got.message}",
+                                            remedy=got.remedy or "check the node is reachable (`inferctl nodes`)"))
+            continue
+        for side, directory in dirs.items():
+            ref, have = reference.get(side), got.hashes.get(side)
+            if have is None:
+                findings.append(Finding.fail(FLEET_CHECK, node, side, f"{directory} does not exist on this node",
+                                             remedy=f"copy the {side} model to {directory} on {node}"))
+                continue
+            if ref is None:
+                continue
+            differ = sorted(n for n in set(ref) | set(have) if ref.get(n) != have.get(n))
+            if differ:
+                first = differ[0]
+                state = ("missing here" if first not in have else
+                         "only here" if first not in ref else "different bytes")
+                findings.append(Finding.fail(
+                    FLEET_CHECK, node, side,
+                    f"{len(differ)} tokenizer file(s) differ from the reference copy; first: {first} ({state})",
+                    details={"files": {n: {"node": have.get(n), "reference": ref.get(n)} for n in differ}},
+                    remedy=f"re-sync {directory} on {node} from the reference copy (rsync -c), then rerun"))
+            else:
+                findings.append(Finding.ok(FLEET_CHECK, node, side, f"{len(have)} tokenizer files match the reference",
+                                           details={"sha256": have}))
+    return findings
+
+
+def majority_reference(per_node: dict[str, NodeHashes | InferctlError], side: str) -> tuple[str | None, dict[str, str] | None]:
+    """The copy most nodes hold (ties: the first node in profile order), and one node that holds it."""
+    copies = [(node, got.hashes.get(side)) for node, got in per_node.items()
+              if isinstance(got, NodeHashes) and got.hashes.get(side) is not None]
+    if not copies:
+        return None, None
+    counts = Counter(json.dumps(h, sort_keys=True) for _, h in copies)
+    best = max(counts.values())
+    for node, hashes in copies:
+        if counts[json.dumps(hashes, sort_keys=True)] == best:
+            return node, hashes
+    return None, None  # unreachable
+
+
+def check_fleet(profile: Profile, fleet: Any, nodes: Sequence[Node], *, probes: Sequence[str] = (),
+                probes_name: str = "user probes") -> list[Finding]:
+    pair = profile_pair(profile)
+    if pair.draft is None:
+        return [Finding.skip(PROFILE_CHECK, "local", "models", f"nothing to compare: {pair.reason}")]
+    dirs = {"target": pair.target, "draft": pair.draft}
+    timeout = profile.ssh.command_timeout_s
+    outcomes = fleet.map(nodes, lambda conn, node: gather_hashes(conn, node, dirs, timeout))
+    per_node: dict[str, NodeHashes | InferctlError] = {
+        o.node.name: (o.value if o.error is None else o.error) for o in outcomes
+    }
+    # The reference is this machine's copy when it has one (that is what gets compared), else the majority.
+    reference: dict[str, dict[str, str] | None] = {}
+    source: dict[str, str] = {}
+    for side, directory in dirs.items():
+        local = local_hashes(directory)
+        if local is not None:
+            reference[side], source[side] = local, "local"
+        else:
+            node, hashes = majority_reference(per_node, side)
+            reference[side] = hashes
+            if node is not None:
+                source[side] = node
+    findings = judge_fleet_hashes(dirs, per_node, reference)
+    if set(source) != set(dirs):
+        findings.append(Finding.unknown(
+            PROFILE_CHECK, "local", "models",
+            "no reachable node (and not this machine) holds both model directories; nothing to compare",
+            remedy="fix the failures above, then rerun"))
+        return findings
+    by_name = {n.name: n for n in nodes}
+    with tempfile.TemporaryDirectory(prefix="inferctl-tokenizer-") as tmp:
+        local_dirs: dict[str, str] = {}
+        for side, directory in dirs.items():
+            if source[side] == "local":
+                local_dirs[side] = directory
+                continue
+            # Only the hashed tokenizer files are fetched (a few MB), never weights: the d2t/t2d and
+            # lm_head checks therefore need a local copy of the draft checkpoint.
+            target_dir = Path(tmp) / side
+            target_dir.mkdir()
+            conn = fleet.connector(by_name[source[side]])
+            for name in reference[side] or {}:
+                (target_dir / name).write_bytes(conn.get_file(f"{directory.rstrip('/')}/{name}"))
+            local_dirs[side] = str(target_dir)
+        where = source["target"] if source["target"] == source["draft"] else \
+            f"{source['target']}+{source['draft']}"
+        findings += compare_dirs(local_dirs["target"], local_dirs["draft"], probes=probes,
+                                 probes_name=probes_name, node=where)
+    return findings
+
+
+# ---------------------------------------------------------------- what the command runs
+
+
+def run_check_tokenizer(*, target: str | None, draft: str | None, probes_file: str | None, fleet: bool,
+                        profile_path: str | None, nodes: str | None = None,
+                        role: str | None = None) -> tuple[list[Finding], str | None]:
+    """Findings and the profile name (None when --target/--draft made a profile unnecessary)."""
+    if (target is None) != (draft is None):
+        raise UsageError("--target and --draft go together",
+                         remedy="pass both directories, or neither to use the profile's models section")
+    if fleet and target is not None:
+        raise UsageError("--fleet checks the profile's model paths on the nodes; it takes no --target/--draft",
+                         remedy="drop --target/--draft, or drop --fleet to compare two local directories")
+    probes = load_probe_file(probes_file) if probes_file else []
+    probes_name = f"probes from {Path(probes_file).name}" if probes_file else "user probes"
+    if target is not None and draft is not None:
+        require_tokenizers()
+        findings = compare_dirs(_require_dir(target, "--target"), _require_dir(draft, "--draft"),
+                                probes=probes, probes_name=probes_name)
+        return findings, None
+    from infer_ctl.profile import load_profile
+
+    profile = load_profile(profile_path)
+    require_tokenizers()
+    if not fleet:
+        return check_profile_local(profile, probes=probes, probes_name=probes_name), profile.name
+    from infer_ctl.remote.fleet import Fleet, select_nodes
+
+    selected = select_nodes(profile, nodes, role)
+    with Fleet(profile) as opened:
+        return check_fleet(profile, opened, selected, probes=probes, probes_name=probes_name), profile.name
+
+
+# ---------------------------------------------------------------- audit family
+
+
+def _audit(ctx: AuditContext) -> list[Finding]:
+    try:
+        require_tokenizers()
+    except MissingExtraError as exc:
+        return [Finding.unknown(PROFILE_CHECK, "local", "models", exc.message, remedy=exc.remedy)]
+    return check_profile_local(ctx.profile, missing=Status.SKIP)
+
+
+FAMILY = CheckFamily(
+    name="tokenizer",
+    description="draft/target tokenizer parity (runs when the profile's model paths are local directories)",
+    run=_audit,
+    needs_nodes=False,
+)
+
+
+__all__ = [
+    "FAMILY",
+    "TOKENIZER_FILES",
+    "check_fleet",
+    "check_profile_local",
+    "compare_dirs",
+    "load_probe_file",
+    "run_check_tokenizer",
+]

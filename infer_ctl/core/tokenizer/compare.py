@@ -1,0 +1,93 @@
+"""The whole comparison: which rules run for which pair of directories, in a stable order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.tokenizer.chat import judge_chat_template
+from infer_ctl.core.tokenizer.model import Encoder, TokenizerFacts
+from infer_ctl.core.tokenizer.probes import judge_probes
+from infer_ctl.core.tokenizer.sizes import judge_sizes
+from infer_ctl.core.tokenizer.specials import judge_generation_eos, judge_special_ids
+from infer_ctl.core.tokenizer.structure import (
+    Pair,
+    judge_added_tokens,
+    judge_merges,
+    judge_model,
+    judge_padding,
+    judge_pipeline,
+    judge_vocab,
+)
+from infer_ctl.core.tokenizer.vocab_map import judge_vocab_map
+
+FILES_CHECK = "tokenizer.files"
+
+
+def describe(side: TokenizerFacts) -> str:
+    if not side.has_tokenizer:
+        return "no tokenizer files"
+    return f"{side.source}, {side.model_type}, {side.length} tokens"
+
+
+def judge_files(p: Pair) -> list[Finding]:
+    findings = [
+        Finding.fail(FILES_CHECK, p.node, f"{side.label} {name}", f"{side.path}/{name}: {reason}",
+                     remedy=f"restore {name} from the model's original release; the server cannot load it either")
+        for side in (p.target, p.draft)
+        for name, reason in side.problems.items()
+    ]
+    if not p.target.has_tokenizer:
+        findings.append(Finding.fail(
+            FILES_CHECK, p.node, "target",
+            f"the target directory {p.target.path} has no tokenizer (tokenizer.json, tokenizer.model or *.tiktoken)",
+            remedy="point models.target.tokenizer_path (or --target) at the directory with the tokenizer files"))
+        return findings
+    files = {"target": dict(p.target.files), "draft": dict(p.draft.files)}
+    if not p.draft.has_tokenizer:
+        findings.append(Finding.ok(
+            FILES_CHECK, p.node, p.subject,
+            f"the draft ships no tokenizer, so it uses the target's ({describe(p.target)}); "
+            "its vocabulary sizes are still checked",
+            details=files))
+    else:
+        same = p.target.files.get("tokenizer.json") is not None and \
+            p.target.files.get("tokenizer.json") == p.draft.files.get("tokenizer.json")
+        findings.append(Finding.ok(
+            FILES_CHECK, p.node, p.subject,
+            f"target: {describe(p.target)}; draft: {describe(p.draft)}"
+            + ("; tokenizer.json files are byte-identical" if same else ""),
+            details=files))
+    return findings
+
+
+def compare_tokenizers(
+    target: TokenizerFacts,
+    draft: TokenizerFacts,
+    *,
+    target_encoder: Encoder | None = None,
+    draft_encoder: Encoder | None = None,
+    user_probes: Sequence[str] = (),
+    user_probes_name: str = "user probes",
+    node: str = "local",
+) -> list[Finding]:
+    """Every finding for one target/draft pair. Encoders are optional: without them probes are skipped."""
+    p = Pair(target, draft, node)
+    findings = judge_files(p)
+    if not target.has_tokenizer:
+        return findings
+    if draft.has_tokenizer:
+        findings += judge_model(p)
+        findings += judge_vocab(p)
+        findings += judge_merges(p)
+        findings += judge_added_tokens(p)
+        findings += judge_pipeline(p)
+        findings += judge_padding(p)
+        findings += judge_special_ids(p)
+        findings += judge_generation_eos(p)
+        findings += judge_chat_template(p)
+    findings += judge_sizes(p)
+    findings += judge_vocab_map(p)
+    if draft.has_tokenizer:
+        findings += judge_probes(p, target_encoder, draft_encoder, user_probes, user_probes_name)
+    return findings

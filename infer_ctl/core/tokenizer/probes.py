@@ -1,0 +1,151 @@
+"""Encode/decode probes: the behavioural proof that two tokenizers turn the same text into the same ids.
+
+Structure rules can miss interactions (a flipped lstrip leaves the vocabulary identical, yet
+"a <eos>" encodes to [67, 223, 1] vs [67, 1]), so every added token is also probed with whitespace on each
+side. Probes are encoded in one batch per side; a 129k-token pair with ~6k probes takes well under a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.tokenizer.chat import TemplateRenderError, render_chat
+from infer_ctl.core.tokenizer.model import Encoder, TokenizerFacts
+from infer_ctl.core.tokenizer.structure import RETRAIN, Pair, show
+
+CHECK = "tokenizer.probes"
+
+BUILTIN_PROBES: tuple[str, ...] = (
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    " leading space",
+    "trailing space ",
+    "double  space and   triple",
+    "  \t tabs\tand\u00a0nbsp  ",
+    "line\nbreak\r\nCRLF\n\n\nblank lines",
+    "café",  # NFC
+    "cafe\u0301",  # NFD: the same word, decomposed
+    "Ａｌｐｈａ full-width ＡＢＣ１２３",
+    "中文分词测试：今天天气很好。",
+    "日本語のテキストとカタカナ",
+    "한국어 문장입니다",
+    "emoji 👋🏽 family 👨‍👩‍👧 flag 🇩🇪",
+    "1234567890 3.14159 -42 1e-9 0x1F 100000000000000000",
+    "def f(x):\n    return {'a': x ** 2}  # comment\n",
+    '{"key": "value", "list": [1, 2, {"n": null}], "esc": "\\u00e9\\n"}',
+    "<html><body class=\"x\">&amp;</body></html>",
+    "https://example.com/path?query=1&b=%20",
+    "ÄÖÜ äöü ß Ωμέγα Привет мир",
+    "\u200bzero\u200dwidth\ufeff",
+    "a" * 64,
+    "   ",
+    "",
+)
+
+# a space before shows lstrip, after shows rstrip, glued letters show single_word; normalized shows in all
+_AROUND = ("a {}", "{} b", "a{}b")
+
+
+def added_token_probes(sides: Iterable[TokenizerFacts]) -> list[str]:
+    """Every added token of either side, with whitespace around it (lstrip/rstrip/single_word show here)."""
+    seen: dict[str, None] = {}
+    for side in sides:
+        for tok in side.added_tokens:
+            seen.setdefault(tok.content, None)
+    return [pattern.format(content) for content in seen for pattern in _AROUND]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    text: str
+    target_ids: list[int]
+    draft_ids: list[int]
+    position: int
+
+
+def _divergences(texts: Sequence[str], a: list[list[int]], b: list[list[int]]) -> list[Divergence]:
+    out: list[Divergence] = []
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            pos = next((k for k, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), min(len(x), len(y)))
+            out.append(Divergence(texts[i], x, y, pos))
+    return out
+
+
+def _token(facts: TokenizerFacts, ids: list[int], pos: int) -> str:
+    if pos >= len(ids):
+        return "(end)"
+    i = ids[pos]
+    tok = facts.vocab[i] if 0 <= i < len(facts.vocab) else None
+    return f"{i} {show(tok)}"
+
+
+def _probe_set(p: Pair, name: str, texts: Sequence[str], enc_t: Encoder, enc_d: Encoder,
+               texts_d: Sequence[str] | None = None) -> list[Finding]:
+    if not texts:
+        return []
+    ids_t = enc_t.encode_batch(texts)
+    ids_d = enc_d.encode_batch(texts_d if texts_d is not None else texts)
+    diverged = _divergences(texts, ids_t, ids_d)
+    if diverged:
+        d = diverged[0]
+        window = slice(max(0, d.position - 3), d.position + 4)
+        return [Finding.fail(
+            CHECK, p.node, name,
+            f"{len(diverged)} of {len(texts)} probe(s) encode differently; first: {show(d.text[:80])} "
+            f"diverges at token {d.position}: target {_token(p.target, d.target_ids, d.position)}, "
+            f"draft {_token(p.draft, d.draft_ids, d.position)}",
+            details={"probes": len(texts), "diverged": len(diverged),
+                     "examples": [{"text": x.text, "position": x.position, "target_ids": x.target_ids[window],
+                                   "draft_ids": x.draft_ids[window]} for x in diverged[:5]]},
+            remedy=RETRAIN)]
+    # Same ids everywhere: check the text each side prints for them (the decoder and `special` flags).
+    dec_t = enc_t.decode_batch(ids_t)
+    dec_d = enc_d.decode_batch(ids_d)
+    text_diffs = [(texts[i], x, y) for i, (x, y) in enumerate(zip(dec_t, dec_d, strict=True)) if x != y]
+    if text_diffs:
+        text, x, y = text_diffs[0]
+        return [Finding.warn(
+            "tokenizer.decode", p.node, name,
+            f"{len(text_diffs)} probe(s) encode the same but decode differently; first: {show(text[:60])} -> "
+            f"target {show(x[:60])}, draft {show(y[:60])}",
+            details={"diverged": len(text_diffs)},
+            remedy="only detokenised text differs (decoder settings); SGLang prints the target's")]
+    # decode(encode(x)) != x on both sides alike (NFC normalizers, stripped spaces) is not a parity issue
+    lossy = sum(1 for x, src in zip(dec_t, texts, strict=True) if x != src)
+    return [Finding.ok(CHECK, p.node, name, f"{len(texts)} probe(s) encode and decode identically",
+                       details={"probes": len(texts), "lossy_round_trips_on_both_sides": lossy})]
+
+
+def judge_probes(p: Pair, enc_t: Encoder | None, enc_d: Encoder | None,
+                 user_probes: Sequence[str] = (), user_probes_name: str = "user probes") -> list[Finding]:
+    if enc_t is None or enc_d is None:
+        missing = p.target if enc_t is None else p.draft
+        why = ("it ships no tokenizer" if not missing.has_tokenizer
+               else f"its vocabulary comes from {missing.source}, and probes need tokenizer.json")
+        return [Finding.skip(CHECK, p.node, p.subject,
+                             f"encode/decode probes skipped for the {missing.label}: {why}")]
+    findings = _probe_set(p, "built-in corpus", BUILTIN_PROBES, enc_t, enc_d)
+    findings += _probe_set(p, "added tokens", added_token_probes((p.target, p.draft)), enc_t, enc_d)
+    if user_probes:
+        findings += _probe_set(p, user_probes_name, list(user_probes), enc_t, enc_d)
+    findings += _chat_probe(p, enc_t, enc_d)
+    return findings
+
+
+def _chat_probe(p: Pair, enc_t: Encoder, enc_d: Encoder) -> list[Finding]:
+    """The sample conversation rendered by each side's template (the target's when the draft has none)."""
+    template_t = p.target.chat_template or p.draft.chat_template
+    template_d = p.draft.chat_template or template_t
+    if template_t is None or template_d is None:
+        return []
+    try:
+        text_t = render_chat(template_t, p.target)
+        # a draft without a template is served through the target's: same text, rendered once
+        text_d = render_chat(template_d, p.draft) if p.draft.chat_template else text_t
+    except TemplateRenderError as exc:
+        return [Finding.unknown(CHECK, p.node, "chat conversation", f"chat template does not render: {exc}",
+                                remedy="fix the chat template; SGLang would fail to render the same conversation")]
+    return _probe_set(p, "chat conversation", [text_t], enc_t, enc_d, texts_d=[text_d])

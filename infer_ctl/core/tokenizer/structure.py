@@ -1,0 +1,256 @@
+"""Rules on the tokenizer definition itself: model, vocabulary, merges, added tokens, pipeline.
+
+Severity follows one question: can this difference make the two sides turn the same text into different
+ids (or the same id into different text)? Then it is a failure. If it only changes what a decoder prints
+or what a library does with padding, it is a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.tokenizer.model import AddedTokenFacts, TokenizerFacts
+
+RETRAIN = "use the draft that was trained with the target's tokenizer (same tokenizer files), or retrain it"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The two sides and where the finding belongs."""
+
+    target: TokenizerFacts
+    draft: TokenizerFacts
+    node: str = "local"
+
+    @property
+    def subject(self) -> str:
+        return "target vs draft"
+
+
+def show(token: str | None) -> str:
+    """A token as the user should read it: quoted, whitespace and control characters visible."""
+    return "(none)" if token is None else repr(token)
+
+
+def judge_model(p: Pair) -> list[Finding]:
+    t, d = p.target, p.draft
+    check = "tokenizer.model"
+    if t.model_type != d.model_type:
+        return [
+            Finding.fail(
+                check, p.node, p.subject,
+                f"tokenizer models differ: target {t.model_type} ({t.source}), draft {d.model_type} ({d.source})",
+                details={"target": t.model_type, "draft": d.model_type},
+                remedy=RETRAIN,
+            )
+        ]
+    keys = sorted(set(t.model_settings) | set(d.model_settings))
+    diff = {k: [t.model_settings.get(k), d.model_settings.get(k)] for k in keys
+            if t.model_settings.get(k) != d.model_settings.get(k)}
+    if diff:
+        first = next(iter(diff))
+        return [
+            Finding.fail(
+                check, p.node, p.subject,
+                f"{t.model_type} settings differ: {first} is {diff[first][0]!r} in the target, "
+                f"{diff[first][1]!r} in the draft" + (f" (+{len(diff) - 1} more)" if len(diff) > 1 else ""),
+                details={"differences": diff},
+                remedy=RETRAIN,
+            )
+        ]
+    return [Finding.ok(check, p.node, p.subject, f"same model: {t.model_type}",
+                       details={"model_type": t.model_type, "settings": dict(t.model_settings)})]
+
+
+def judge_vocab(p: Pair) -> list[Finding]:
+    """Same id -> same token on both sides; ids present on only one side."""
+    a, b = p.target.vocab, p.draft.vocab
+    check = "tokenizer.vocab"
+    common = min(len(a), len(b))
+    findings: list[Finding] = []
+    # Fast path: list slices compare in C; only walk ids when something differs.
+    mismatched: list[int] = []
+    only_target: list[int] = []
+    only_draft: list[int] = []
+    if a[:common] != b[:common]:
+        for i in range(common):
+            x, y = a[i], b[i]
+            if x != y:
+                if x is None:
+                    only_draft.append(i)
+                elif y is None:
+                    only_target.append(i)
+                else:
+                    mismatched.append(i)
+    only_target.extend(i for i in range(common, len(a)) if a[i] is not None)
+    only_draft.extend(i for i in range(common, len(b)) if b[i] is not None)
+    details = {
+        "target_tokens": p.target.length,
+        "draft_tokens": p.draft.length,
+        "same_id_different_token": len(mismatched),
+        "only_in_target": len(only_target),
+        "only_in_draft": len(only_draft),
+    }
+    if mismatched:
+        i = mismatched[0]
+        examples = [{"id": j, "target": a[j], "draft": b[j]} for j in mismatched[:10]]
+        # "moved" is the common near-miss (a newer release re-numbering reasoning tokens): say where to
+        token = a[i]
+        moved = p.draft.vocab_index.get(token) if token is not None else None
+        findings.append(
+            Finding.fail(
+                check, p.node, f"id {i}",
+                f"{len(mismatched)} id(s) map to different tokens; first: id {i} is {show(a[i])} in the "
+                f"target, {show(b[i])} in the draft"
+                + (f" (the draft has {show(a[i])} at id {moved})" if moved is not None else ""),
+                details={**details, "examples": examples},
+                remedy=RETRAIN,
+            )
+        )
+    for side, ids, vocab, other in (
+        ("target", only_target, a, "draft"),
+        ("draft", only_draft, b, "target"),
+    ):
+        if not ids:
+            continue
+        # A tail beyond the other side's last id is an extension (a newer version adding tokens);
+        # a hole inside the other side's range means the two were built differently.
+        other_len = len(b) if side == "target" else len(a)
+        tail = all(i >= other_len for i in ids)
+        message = (
+            f"{len(ids)} id(s) exist only in the {side}; first: id {ids[0]} = {show(vocab[ids[0]])}"
+            + (f" (the {side} extends the {other}'s vocabulary)" if tail else "")
+        )
+        extra = {**details, "side": side, "first_ids": ids[:10],
+                 "first_tokens": [vocab[i] for i in ids[:10]]}
+        if tail:
+            findings.append(Finding.warn(
+                check, p.node, f"ids only in {side}", message, details=extra,
+                remedy=f"tokens the {other} has never seen get poor draft acceptance; pair tokenizers of the same "
+                "version if these tokens occur in your traffic"))
+        else:
+            findings.append(Finding.fail(check, p.node, f"ids only in {side}", message, details=extra,
+                                         remedy=RETRAIN))
+    if not findings:
+        findings.append(Finding.ok(check, p.node, p.subject,
+                                   f"same {p.target.length} tokens at the same ids", details=details))
+    return findings
+
+
+def judge_merges(p: Pair) -> list[Finding]:
+    t, d = p.target, p.draft
+    check = "tokenizer.merges"
+    if t.merges_sha256 is None and d.merges_sha256 is None:
+        return []
+    if t.merges_sha256 == d.merges_sha256:
+        return [Finding.ok(check, p.node, p.subject, f"same {len(t.merges)} merges",
+                           details={"sha256": t.merges_sha256, "count": len(t.merges)})]
+    first = next((i for i, (x, y) in enumerate(zip(t.merges, d.merges, strict=False)) if x != y),
+                 min(len(t.merges), len(d.merges)))
+    at_t = t.merges[first] if first < len(t.merges) else None
+    at_d = d.merges[first] if first < len(d.merges) else None
+    return [
+        Finding.fail(
+            check, p.node, f"merge {first}",
+            f"merges differ ({len(t.merges)} vs {len(d.merges)}); first difference at rank {first}: "
+            f"target {show(at_t)}, draft {show(at_d)}",
+            details={"target_sha256": t.merges_sha256, "draft_sha256": d.merges_sha256,
+                     "target_count": len(t.merges), "draft_count": len(d.merges), "first_rank": first,
+                     "target": at_t, "draft": at_d},
+            remedy=RETRAIN,
+        )
+    ]
+
+
+def judge_added_tokens(p: Pair) -> list[Finding]:
+    """Flags of added tokens present on both sides at the same id (content differences are the vocabulary's)."""
+    check = "tokenizer.added_tokens"
+    by_id_d = {tok.id: tok for tok in p.draft.added_tokens}
+    split_diffs: list[tuple[AddedTokenFacts, dict[str, list[bool]]]] = []
+    special_diffs: list[tuple[AddedTokenFacts, dict[str, list[bool]]]] = []
+    for tok in p.target.added_tokens:
+        other = by_id_d.get(tok.id)
+        if other is None or other.content != tok.content:
+            continue
+        ft, fd = tok.flags(), other.flags()
+        changed = {k: [ft[k], fd[k]] for k in ft if ft[k] != fd[k]}
+        if changed:
+            (split_diffs if set(changed) - {"special"} else special_diffs).append((tok, changed))
+
+    def examples(diffs: list[tuple[AddedTokenFacts, dict[str, list[bool]]]]) -> list[dict[str, object]]:
+        return [{"id": tok.id, "content": tok.content, "flags": changed} for tok, changed in diffs[:10]]
+
+    findings: list[Finding] = []
+    if split_diffs:
+        tok, changed = split_diffs[0]
+        flags = ", ".join(f"{k} {v[0]}->{v[1]}" for k, v in changed.items())
+        findings.append(Finding.fail(
+            check, p.node, f"id {tok.id}",
+            f"{len(split_diffs)} added token(s) split text differently; first: {show(tok.content)} "
+            f"(id {tok.id}): {flags} (target->draft)",
+            details={"count": len(split_diffs), "examples": examples(split_diffs)},
+            remedy="lstrip/rstrip/normalized/single_word change the ids of text next to the token; "
+            + RETRAIN))
+    if special_diffs:
+        tok, changed = special_diffs[0]
+        findings.append(Finding.warn(
+            check, p.node, f"id {tok.id}",
+            f"{len(special_diffs)} added token(s) differ only in the 'special' flag; first: "
+            f"{show(tok.content)} (id {tok.id}) is special={changed['special'][0]} in the target, "
+            f"{changed['special'][1]} in the draft",
+            details={"count": len(special_diffs), "examples": examples(special_diffs)},
+            remedy="only decode(skip_special_tokens=True) output differs; align the flag if text from the draft "
+            "is ever decoded"))
+    if not findings:
+        findings.append(Finding.ok(check, p.node, p.subject,
+                                   f"{len(p.target.added_tokens)} added tokens with the same flags"))
+    return findings
+
+
+# decoder differences change only the text printed from ids, which SGLang takes from the target anyway
+_PIPELINE_SEVERITY = {"normalizer": "fail", "pre_tokenizer": "fail", "post_processor": "fail",
+                      "decoder": "warn"}
+
+
+def judge_pipeline(p: Pair) -> list[Finding]:
+    findings: list[Finding] = []
+    if p.target.source != "tokenizer.json" or p.draft.source != "tokenizer.json":
+        return findings
+    for section, severity in _PIPELINE_SEVERITY.items():
+        check = f"tokenizer.{section}"
+        a, b = p.target.pipeline.get(section), p.draft.pipeline.get(section)
+        if a == b:
+            findings.append(Finding.ok(check, p.node, p.subject, f"same {section}" if a else f"no {section} on either side"))
+            continue
+        message = f"{section} differs: target {_summary(a)}, draft {_summary(b)}"
+        details = {"target": a, "draft": b}
+        if severity == "fail":
+            findings.append(Finding.fail(check, p.node, p.subject, message, details=details,
+                                         remedy=f"the {section} changes the ids of the same text; " + RETRAIN))
+        else:
+            findings.append(Finding.warn(check, p.node, p.subject, message, details=details,
+                                         remedy="only detokenised text differs; SGLang decodes with the target's "
+                                         "tokenizer, so this matters only if draft text is shown"))
+    return findings
+
+
+def _summary(section: str | None) -> str:
+    if section is None:
+        return "(none)"
+    return section if len(section) <= 120 else section[:117] + "..."
+
+
+def judge_padding(p: Pair) -> list[Finding]:
+    """Embedded padding/truncation: inferctl turns them off to compare, but users of raw encode get them."""
+    findings: list[Finding] = []
+    for side in (p.target, p.draft):
+        for name, value in (("padding", side.padding), ("truncation", side.truncation)):
+            if value is not None:
+                findings.append(Finding.warn(
+                    "tokenizer.padding", p.node, side.label,
+                    f"the {side.label}'s tokenizer.json embeds {name} {_summary(value)}; raw encodes are "
+                    f"{'padded' if name == 'padding' else 'truncated'} (compared here with it turned off)",
+                    details={name: value},
+                    remedy=f"remove the {name} section from tokenizer.json, or call no_{name}() before encoding"))
+    return findings

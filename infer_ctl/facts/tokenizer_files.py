@@ -1,0 +1,671 @@
+"""Read one model directory's tokenizer into plain `TokenizerFacts`, offline.
+
+Nothing here can reach the network: files are read from the directory and parsed directly (tokenizer.json
+with the JSON parser, the `tokenizers` library only to build an encoder for probes; never a hub API), so
+HF_HUB_OFFLINE holds by construction. safetensors headers and the EAGLE3 `d2t`/`t2d` tensors are read
+with the standard library (the format is an 8-byte length, a JSON header, raw little-endian data), so
+neither torch nor numpy is needed and only the bytes of the named tensors are read.
+
+Parsers take bytes/dicts and return plain data; `load_tokenizer_dir` is the only function touching files.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import shlex
+import struct
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infer_ctl.core.tokenizer.model import (
+    AddedTokenFacts,
+    ModelConfigFacts,
+    TokenizerFacts,
+    VocabMapFacts,
+)
+from infer_ctl.errors import MissingExtraError
+from infer_ctl.remote.base import Command
+
+#: the files that define tokenization, hashed in fleet mode (plus any *.tiktoken)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "config.json",
+    "tokenizer.model",
+)
+PIPELINE_SECTIONS = ("normalizer", "pre_tokenizer", "post_processor", "decoder")
+#: model settings that change how a BPE/Unigram/WordPiece model splits text
+MODEL_SETTINGS = (
+    "dropout",
+    "unk_token",
+    "continuing_subword_prefix",
+    "end_of_word_suffix",
+    "fuse_unk",
+    "byte_fallback",
+    "ignore_merges",
+    "unk_id",
+    "max_input_chars_per_word",
+)
+SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+def _json_loader() -> Callable[[bytes], Any]:
+    # orjson parses the 8 MB DeepSeek tokenizer.json ~3x faster; it is optional, json is the fallback.
+    try:
+        import orjson
+    except ImportError:
+        return json.loads
+    return orjson.loads
+
+
+_loads = _json_loader()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+_SEQUENCE_KEYS = ("normalizers", "pretokenizers", "processors", "decoders")
+
+
+def canonical_section(value: Any) -> str | None:
+    """A pipeline section as canonical JSON; a Sequence of nothing is no section, a Sequence of one is that
+    one (they behave identically, and writers differ in which form they emit)."""
+    if isinstance(value, dict) and value.get("type") == "Sequence":
+        items = next((value[k] for k in _SEQUENCE_KEYS if k in value), None)
+        if isinstance(items, list) and len(items) <= 1:
+            return canonical_section(items[0]) if items else None
+    return canonical_json(value)
+
+
+# ---------------------------------------------------------------- tokenizer.json
+
+
+@dataclass(frozen=True)
+class TokenizerJson:
+    """The parts of tokenizer.json the comparison needs, canonicalised."""
+
+    model_type: str | None
+    model_settings: dict[str, Any]
+    vocab: list[str | None]
+    merges: list[str]
+    merges_sha256: str | None
+    added_tokens: list[AddedTokenFacts]
+    pipeline: dict[str, str | None]
+    padding: str | None
+    truncation: str | None
+
+
+def parse_tokenizer_json(doc: Mapping[str, Any]) -> TokenizerJson:
+    model = doc.get("model") or {}
+    model_type = model.get("type")
+    raw_vocab = model.get("vocab")
+    added = [
+        AddedTokenFacts(
+            id=int(t["id"]),
+            content=str(t["content"]),
+            special=bool(t.get("special", False)),
+            normalized=bool(t.get("normalized", True)),
+            lstrip=bool(t.get("lstrip", False)),
+            rstrip=bool(t.get("rstrip", False)),
+            single_word=bool(t.get("single_word", False)),
+        )
+        for t in doc.get("added_tokens") or ()
+    ]
+    # Built straight into an id-indexed list: this runs over ~129k entries, so no per-entry conversions.
+    vocab: list[str | None]
+    if isinstance(raw_vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
+        size = max(max(raw_vocab.values(), default=-1), max((t.id for t in added), default=-1)) + 1
+        vocab = [None] * size
+        for tok, i in raw_vocab.items():
+            vocab[i] = tok
+    elif isinstance(raw_vocab, list):  # Unigram: [[token, score], ...] in id order
+        vocab = [entry[0] for entry in raw_vocab]
+    else:
+        vocab = []
+    for t in added:  # an added token overrides a model token with the same id, as in the library
+        if t.id >= len(vocab):
+            vocab.extend([None] * (t.id + 1 - len(vocab)))
+        vocab[t.id] = t.content
+    settings = {k: model[k] for k in MODEL_SETTINGS if k in model}
+    merges: list[str] = []
+    merges_sha: str | None = None
+    if model_type == "BPE":
+        merges = canonical_merges(model.get("merges") or [])
+        merges_sha = sha256_bytes("\n".join(merges).encode())
+    elif model_type == "Unigram" and isinstance(raw_vocab, list):
+        # Unigram splits by score: a changed score changes encodings like a changed merge would.
+        scores = "\n".join(repr(float(entry[1])) for entry in raw_vocab)
+        settings["scores_sha256"] = sha256_bytes(scores.encode())
+    return TokenizerJson(
+        model_type=model_type,
+        model_settings=settings,
+        vocab=vocab,
+        merges=merges,
+        merges_sha256=merges_sha,
+        added_tokens=added,
+        pipeline={name: canonical_section(doc.get(name)) for name in PIPELINE_SECTIONS},
+        padding=canonical_json(doc.get("padding")),
+        truncation=canonical_json(doc.get("truncation")),
+    )
+
+
+def canonical_merges(raw: Sequence[Any]) -> list[str]:
+    """Old files store merges as "a b" strings, tokenizers >= 0.20 writes ["a", "b"] pairs: one form."""
+    if raw and not isinstance(raw[0], str):
+        return [f"{a} {b}" for a, b in raw]
+    return list(raw)
+
+
+# ---------------------------------------------------------------- tiktoken and SentencePiece
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's byte -> printable character table, which ByteLevel BPE vocabularies are written in; using
+    # it for tiktoken ranks makes a .tiktoken file comparable with a converted tokenizer.json.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_CHARS = _bytes_to_unicode()
+
+
+def parse_tiktoken(text: str) -> list[str | None]:
+    """A .tiktoken file ("<base64 token> <rank>" per line) as a byte-level vocabulary by id."""
+    pairs: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        token_b64, rank_text = line.split()
+        token = base64.b64decode(token_b64)
+        pairs.append((int(rank_text), "".join(_BYTE_CHARS[b] for b in token)))
+    vocab: list[str | None] = [None] * (max((r for r, _ in pairs), default=-1) + 1)
+    for rank, text in pairs:
+        vocab[rank] = text
+    return vocab
+
+
+@dataclass(frozen=True)
+class SentencePieceModel:
+    pieces: list[str]
+    #: piece types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+    types: list[int]
+    scores_sha256: str
+    model_type: int
+    byte_fallback: bool
+    unk_id: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    normalizer_sha256: str
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: bytes) -> Iterable[tuple[int, int, Any]]:
+    """Protocol-buffer wire format, enough for sentencepiece_model.proto (no library needed)."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        value: Any
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos : pos + 8], pos + 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            value, pos = buf[pos : pos + length], pos + length
+        elif wire == 5:
+            value, pos = buf[pos : pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, wire, value
+
+
+def _int32(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def parse_sentencepiece(data: bytes) -> SentencePieceModel:
+    pieces: list[str] = []
+    types: list[int] = []
+    scores: list[float] = []
+    trainer: dict[int, int] = {}
+    normalizer = b""
+    for number, wire, value in _fields(data):
+        if number == 1 and wire == 2:
+            piece, score, kind = "", 0.0, 1
+            for n, w, v in _fields(value):
+                if n == 1 and w == 2:
+                    piece = v.decode("utf-8")
+                elif n == 2 and w == 5:
+                    score = struct.unpack("<f", v)[0]
+                elif n == 3 and w == 0:
+                    kind = v
+            pieces.append(piece)
+            scores.append(score)
+            types.append(kind)
+        elif number == 2 and wire == 2:
+            trainer = {n: v for n, w, v in _fields(value) if w == 0}
+        elif number == 3 and wire == 2:
+            normalizer = value
+    return SentencePieceModel(
+        pieces=pieces,
+        types=types,
+        scores_sha256=sha256_bytes("\n".join(repr(s) for s in scores).encode()),
+        model_type=trainer.get(3, 1),
+        byte_fallback=bool(trainer.get(35, 0)),
+        unk_id=_int32(trainer.get(40, 0)),
+        bos_id=_int32(trainer.get(41, 1)),
+        eos_id=_int32(trainer.get(42, 2)),
+        pad_id=_int32(trainer.get(43, -1)),
+        normalizer_sha256=sha256_bytes(normalizer),
+    )
+
+
+# ---------------------------------------------------------------- safetensors (no torch, no numpy)
+
+_DTYPES = {"I64": "q", "I32": "i", "I16": "h", "I8": "b", "U8": "B", "BOOL": "b"}
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            raise ValueError("file shorter than the 8-byte header length")
+        (length,) = struct.unpack("<Q", head)
+        if length > 100_000_000:
+            raise ValueError(f"header length {length} is implausible; not a safetensors file")
+        header = json.loads(fh.read(length))
+    header.pop("__metadata__", None)
+    header["__data_start__"] = 8 + length
+    return header
+
+
+def read_int_tensor(path: Path, header: Mapping[str, Any], name: str) -> tuple[str, list[int]]:
+    """One integer/bool tensor as a flat list, reading only its bytes."""
+    entry = header[name]
+    dtype = entry["dtype"]
+    code = _DTYPES.get(dtype)
+    if code is None:
+        raise ValueError(f"tensor {name} has dtype {dtype}; expected an integer or bool tensor")
+    begin, end = entry["data_offsets"]
+    count = math.prod(entry["shape"])
+    values = array(code)
+    if (end - begin) != count * values.itemsize:
+        raise ValueError(f"tensor {name}: {end - begin} bytes for shape {entry['shape']} of {dtype}")
+    with path.open("rb") as fh:
+        fh.seek(header["__data_start__"] + begin)
+        raw = fh.read(end - begin)
+    if len(raw) != end - begin:
+        raise ValueError(f"tensor {name} is truncated ({len(raw)} of {end - begin} bytes)")
+    values.frombytes(raw)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return dtype, values.tolist()
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    return sorted(directory.glob("*.safetensors"))
+
+
+def _find_tensor(names: Iterable[str], suffixes: Sequence[str]) -> str | None:
+    names = list(names)
+    for suffix in suffixes:
+        exact = [n for n in names if n == suffix]
+        if exact:
+            return exact[0]
+        tail = sorted(n for n in names if n.endswith("." + suffix))
+        if tail:
+            return tail[0]
+    return None
+
+
+_LM_HEAD = ("lm_head.weight", "output.weight")
+_EMBED = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight")
+
+
+@dataclass(frozen=True)
+class WeightFacts:
+    lm_head_rows: int | None = None
+    lm_head_tensor: str | None = None
+    embed_rows: int | None = None
+    embed_tensor: str | None = None
+    vocab_map: VocabMapFacts | None = None
+    problems: tuple[str, ...] = ()
+
+
+def read_weight_facts(directory: Path) -> WeightFacts:
+    """Rows of lm_head/embeddings and the d2t/t2d maps, from safetensors headers and two small tensors."""
+    lm = embed = None
+    lm_name = embed_name = None
+    d2t = t2d = None
+    d2t_dtype = t2d_dtype = map_source = None
+    problems: list[str] = []
+    for path in safetensors_files(directory):
+        try:
+            header = read_safetensors_header(path)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path.name}: {exc}")
+            continue
+        tensors = [n for n in header if not n.startswith("__")]
+        if lm is None and (name := _find_tensor(tensors, _LM_HEAD)):
+            lm, lm_name = int(header[name]["shape"][0]), name
+        if embed is None and (name := _find_tensor(tensors, _EMBED)):
+            embed, embed_name = int(header[name]["shape"][0]), name
+        for key in ("d2t", "t2d"):
+            name = _find_tensor(tensors, (key,))
+            if name is None:
+                continue
+            try:
+                dtype, values = read_int_tensor(path, header, name)
+            except (OSError, ValueError) as exc:
+                problems.append(f"{path.name}: {exc}")
+                continue
+            map_source = path.name
+            if key == "d2t":
+                d2t, d2t_dtype = tuple(values), dtype
+            else:
+                t2d, t2d_dtype = tuple(bool(v) for v in values), dtype
+    vocab_map = None
+    if d2t is not None or t2d is not None or any("d2t" in p or "t2d" in p for p in problems):
+        vocab_map = VocabMapFacts(
+            d2t=d2t,
+            t2d=t2d,
+            d2t_dtype=d2t_dtype,
+            t2d_dtype=t2d_dtype,
+            source=map_source,
+            problems=tuple(p for p in problems if "d2t" in p or "t2d" in p),
+        )
+    return WeightFacts(lm, lm_name, embed, embed_name, vocab_map, tuple(problems))
+
+
+# ---------------------------------------------------------------- configs
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def pick_chat_template(value: Any) -> str | None:
+    """tokenizer_config `chat_template` is a string or a list of {name, template}: take "default"."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return None
+
+
+def parse_model_config(doc: Mapping[str, Any], weights: WeightFacts | None) -> ModelConfigFacts:
+    text = doc.get("text_config") if isinstance(doc.get("text_config"), dict) else {}
+    def get(key: str) -> Any:
+        return doc.get(key, text.get(key) if text else None)
+    weights = weights or WeightFacts()
+    return ModelConfigFacts(
+        model_type=doc.get("model_type"),
+        architectures=tuple(doc.get("architectures") or ()),
+        vocab_size=get("vocab_size"),
+        draft_vocab_size=get("draft_vocab_size"),
+        bos_token_id=_ids(get("bos_token_id")),
+        eos_token_id=_ids(get("eos_token_id")),
+        lm_head_rows=weights.lm_head_rows,
+        embed_rows=weights.embed_rows,
+        lm_head_tensor=weights.lm_head_tensor,
+        embed_tensor=weights.embed_tensor,
+    )
+
+
+# ---------------------------------------------------------------- one directory
+
+
+@dataclass
+class LoadedSide:
+    facts: TokenizerFacts
+    #: tokenizer.json text, kept so the encoder is built without reading the file again
+    tokenizer_json: str | None
+
+
+def load_tokenizer_dir(path: str | Path, label: str) -> LoadedSide:
+    directory = Path(path).expanduser()
+    problems: dict[str, str] = {}
+    raw: dict[str, bytes] = {}
+    names = list(TOKENIZER_FILES) + sorted(p.name for p in directory.glob("*.tiktoken"))
+    for name in names:
+        file = directory / name
+        if file.is_file():
+            try:
+                raw[name] = file.read_bytes()
+            except OSError as exc:
+                problems[name] = str(exc)
+    hashes = {name: sha256_bytes(data) for name, data in raw.items()}
+
+    def load_json(name: str) -> dict[str, Any]:
+        if name not in raw:
+            return {}
+        try:
+            doc = _loads(raw[name])
+        except ValueError as exc:
+            problems[name] = f"not valid JSON: {exc}"
+            return {}
+        if not isinstance(doc, dict):
+            problems[name] = "not a JSON object"
+            return {}
+        return doc
+
+    fields: dict[str, Any] = {}
+    tokenizer_text: str | None = None
+    tj_doc = load_json("tokenizer.json")
+    tiktoken_files = [n for n in names if n.endswith(".tiktoken") and n in raw]
+    if tj_doc:
+        tj = parse_tokenizer_json(tj_doc)
+        tokenizer_text = raw["tokenizer.json"].decode("utf-8")
+        fields.update(
+            source="tokenizer.json",
+            model_type=tj.model_type,
+            model_settings=tj.model_settings,
+            vocab=tj.vocab,
+            merges=tj.merges,
+            merges_sha256=tj.merges_sha256,
+            added_tokens=tj.added_tokens,
+            pipeline=tj.pipeline,
+            padding=tj.padding,
+            truncation=tj.truncation,
+        )
+    elif "tokenizer.model" in raw:
+        try:
+            sp = parse_sentencepiece(raw["tokenizer.model"])
+        except (ValueError, IndexError, UnicodeDecodeError) as exc:
+            problems["tokenizer.model"] = f"not a SentencePiece model: {exc}"
+        else:
+            fields.update(
+                source="sentencepiece",
+                model_type={1: "Unigram", 2: "BPE", 3: "Word", 4: "Char"}.get(sp.model_type, str(sp.model_type)),
+                model_settings={
+                    "byte_fallback": sp.byte_fallback,
+                    "scores_sha256": sp.scores_sha256,
+                    "normalizer_sha256": sp.normalizer_sha256,
+                },
+                vocab=list(sp.pieces),
+                added_tokens=[
+                    AddedTokenFacts(i, p, special=t in (2, 3), normalized=False)
+                    for i, (p, t) in enumerate(zip(sp.pieces, sp.types, strict=True))
+                    if t in (2, 3, 4)
+                ],
+                special_tokens={
+                    name: (sp.pieces[i] if 0 <= i < len(sp.pieces) else None)
+                    for name, i in (
+                        ("bos_token", sp.bos_id),
+                        ("eos_token", sp.eos_id),
+                        ("pad_token", sp.pad_id),
+                        ("unk_token", sp.unk_id),
+                    )
+                },
+            )
+    elif tiktoken_files:
+        name = tiktoken_files[0]
+        try:
+            vocab = parse_tiktoken(raw[name].decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            problems[name] = f"not a tiktoken rank file: {exc}"
+        else:
+            # special tokens of tiktoken models live in Python code, not in the file: only ranks compare
+            fields.update(source="tiktoken", model_type="tiktoken", vocab=vocab)
+
+    config = load_json("tokenizer_config.json")
+    special_map = load_json("special_tokens_map.json")
+    specials = dict(fields.get("special_tokens") or {})
+    for name in SPECIAL_NAMES:
+        if name in config:
+            specials[name] = _token_text(config[name])
+        elif name in special_map:
+            specials[name] = _token_text(special_map[name])
+    fields["special_tokens"] = specials
+    if "add_bos_token" in config:
+        fields["add_bos_token"] = bool(config["add_bos_token"])
+    if "add_eos_token" in config:
+        fields["add_eos_token"] = bool(config["add_eos_token"])
+    fields["tokenizer_class"] = config.get("tokenizer_class")
+    if "chat_template.jinja" in raw:
+        # transformers prefers the separate file over the tokenizer_config.json key
+        fields["chat_template"] = raw["chat_template.jinja"].decode("utf-8")
+        fields["chat_template_source"] = "chat_template.jinja"
+    elif (template := pick_chat_template(config.get("chat_template"))) is not None:
+        fields["chat_template"] = template
+        fields["chat_template_source"] = "tokenizer_config.json"
+
+    generation = load_json("generation_config.json")
+    if generation:
+        fields["generation_eos"] = _ids(generation.get("eos_token_id"))
+        fields["generation_bos"] = generation.get("bos_token_id")
+        fields["generation_pad"] = generation.get("pad_token_id")
+
+    model_config = load_json("config.json")
+    weights = read_weight_facts(directory) if directory.is_dir() else WeightFacts()
+    for problem in weights.problems:
+        file_name, _, reason = problem.partition(": ")
+        problems.setdefault(file_name, reason)
+    if model_config or weights.lm_head_rows is not None or weights.embed_rows is not None:
+        fields["config"] = parse_model_config(model_config, weights)
+    if weights.vocab_map is not None:
+        fields["vocab_map"] = weights.vocab_map
+
+    facts = TokenizerFacts(label=label, path=str(directory), files=hashes, problems=problems, **fields)
+    return LoadedSide(facts=facts, tokenizer_json=tokenizer_text)
+
+
+# ---------------------------------------------------------------- the encoder behind core's protocol
+
+
+class TokenizersEncoder:
+    """`core.tokenizer.Encoder` over the tokenizers library, with embedded padding/truncation turned off
+    (a tokenizer.json with `padding: Fixed 128` would otherwise pad every probe and hide differences)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tok = tokenizer
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return list(self._tok.decode_batch([list(x) for x in ids], skip_special_tokens=False))
+
+
+def require_tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError as exc:
+        raise MissingExtraError("tokenizers", "tokenizers", "inferctl check tokenizer") from exc
+    return tokenizers
+
+
+def build_encoder(side: LoadedSide) -> TokenizersEncoder | None:
+    """An encoder for probes, or None where the directory has no tokenizer.json."""
+    if side.tokenizer_json is None:
+        return None
+    tokenizers = require_tokenizers()
+    return TokenizersEncoder(tokenizers.Tokenizer.from_str(side.tokenizer_json))
+
+
+# ---------------------------------------------------------------- fleet mode: hashes over SSH
+
+NO_DIR_MARKER = "__inferctl_no_such_directory__"
+
+
+def tokenizer_hash_command(directory: str) -> Command:
+    """sha256 of the tokenizer files in `directory` on a node; only hashes travel back, never the files."""
+    names = " ".join(shlex.quote(n) for n in TOKENIZER_FILES)
+    script = (
+        f"cd -- {shlex.quote(directory)} 2>/dev/null || {{ echo {NO_DIR_MARKER}; exit 0; }}; "
+        f"for f in {names} *.tiktoken; do if [ -f \"$f\" ]; then sha256sum -- \"$f\" || exit 1; fi; done"
+    )
+    return Command.sh(script)
+
+
+def parse_sha256sum(text: str) -> dict[str, str] | None:
+    """`sha256sum` lines ("<hex>  <name>") -> {name: hex}; None when the directory does not exist."""
+    if NO_DIR_MARKER in text:
+        return None
+    hashes: dict[str, str] = {}
+    for line in text.splitlines():
+        digest, sep, name = line.partition("  ")
+        if not sep:
+            digest, sep, name = line.partition(" *")  # binary-mode marker
+        if sep and len(digest) == 64:
+            hashes[name.strip()] = digest.lower()
+    return hashes
+
+
+def local_hashes(directory: str | Path) -> dict[str, str] | None:
+    """The same hashes as `tokenizer_hash_command`, computed on this machine."""
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        return None
+    names = list(TOKENIZER_FILES) + sorted(p.name for p in path.glob("*.tiktoken"))
+    return {n: sha256_bytes((path / n).read_bytes()) for n in names if (path / n).is_file()}
