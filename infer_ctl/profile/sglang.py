@@ -56,7 +56,8 @@ class Lifecycle(StrictModel):
 
     #: auto: systemd units where systemd runs (PID 1 is systemd), else a managed background process
     supervisor: Literal["auto", "systemd", "process"] = "auto"
-    #: where env files (and, for the process supervisor, pid files) live on the nodes
+    #: where env files (and, for the process supervisor, pid files) live on the nodes; `{node}` is
+    #: replaced by the node name (for nodes sharing a filesystem)
     config_dir: str = "/etc/inferctl"
     #: model loading and CUDA-graph capture can take many minutes
     start_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
@@ -84,6 +85,7 @@ class SglangSettings(StrictModel):
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
     #: passed to --kv-events-config as JSON when set
     kv_events: dict[str, str | int | float | bool] | None = None
+    #: server log files of the process supervisor (`{node}` is replaced by the node name)
     log_dir: str = "/var/log/inferctl"
     #: --enable-metrics (/metrics; `check servers` reads queue gauges from it)
     enable_metrics: bool = True

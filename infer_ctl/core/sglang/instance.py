@@ -183,8 +183,9 @@ def _instance(
         group=group,
         dist_init_addr=dist,
         engine_info_port=(ENGINE_INFO_PORT + ROLES.index(role)) if shared else None,
-        config_dir=profile.sglang.lifecycle.config_dir,
-        log_dir=profile.sglang.log_dir,
+        # `{node}` in these paths keeps nodes apart where they share a filesystem (NFS homes, the harness)
+        config_dir=profile.sglang.lifecycle.config_dir.replace("{node}", node.name),
+        log_dir=profile.sglang.log_dir.replace("{node}", node.name),
     )
 
 

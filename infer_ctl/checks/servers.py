@@ -1,0 +1,173 @@
+"""`check servers`: every SGLang instance is healthy and runs what the profile says.
+
+Gathers over HTTP (from the controller: /health, /server_info, /v1/loads) and over SSH (a TCP connect
+from each decode node to each prefill's bootstrap port), then judges with core.sglang.judge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer_ctl.checks.registry import AuditContext, CheckFamily
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances
+from infer_ctl.core.sglang.judge import (
+    expected_server_args,
+    judge_bootstrap,
+    judge_drift,
+    judge_loads,
+    judge_pd_agreement,
+)
+from infer_ctl.launch import probe
+from infer_ctl.profile import Node, Profile
+from infer_ctl.remote.base import Command, Connector
+
+# One line per target: "<host> <port> <rc>". bash's /dev/tcp, else python3, else nc; 127 = no tool.
+_CONNECT_SCRIPT = r"""
+probe() {
+  if command -v bash >/dev/null 2>&1; then timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>/dev/null; return $?; fi
+  if command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()' "$1" "$2" 2>/dev/null; return $?
+  fi
+  if command -v nc >/dev/null 2>&1; then nc -z -w 3 "$1" "$2" 2>/dev/null; return $?; fi
+  return 127
+}
+while [ $# -ge 2 ]; do probe "$1" "$2"; echo "$1 $2 $?"; shift 2; done
+"""
+
+
+def _http_findings(profile: Profile, leaders: list[Instance]) -> tuple[list[Finding], dict[Instance, Any]]:
+    findings: list[Finding] = []
+    infos: dict[Instance, Any] = {}
+    with probe.client(timeout=5.0) as http:
+        for inst in leaders:
+            h = probe.health(http, inst)
+            if not h.ok:
+                findings.append(
+                    Finding.fail(
+                        "servers.health",
+                        inst.node,
+                        inst.name,
+                        f"{inst.url}/health: {h.error}",
+                        remedy=f"`inferctl status`, `inferctl logs {inst.name}`; relaunch with `inferctl launch`",
+                    )
+                )
+                continue
+            findings.append(Finding.ok("servers.health", inst.node, inst.name, f"healthy at {inst.url}"))
+            info = probe.server_info(http, inst)
+            if not info.ok:
+                findings.append(
+                    Finding.unknown(
+                        "servers.drift", inst.node, inst.name, f"/server_info: {info.error}",
+                        remedy="check that the server is SGLang >= 0.5 (it serves /server_info)",
+                    )
+                )  # fmt: skip
+            else:
+                infos[inst] = info.data
+                expected = expected_server_args(inst, build_argv(profile, inst).argv)
+                findings.extend(judge_drift(inst, expected, info.data))
+            ld = probe.loads(http, inst)
+            if ld.ok:
+                findings.extend(judge_loads(inst, ld.data))
+    return findings, infos
+
+
+def _bootstrap_findings(
+    profile: Profile, fleet: Any, decodes: list[Instance], prefills: list[Instance]
+) -> list[Finding]:
+    if not decodes or not prefills:
+        return []
+    targets = [x for p in prefills for x in (p.host, str(p.bootstrap_port))]
+    nodes = [profile.node(n) for n in dict.fromkeys(d.node for d in decodes)]
+
+    def gather(conn: Connector, node: Node) -> dict[tuple[str, str], int]:
+        res = conn.run(Command("sh", "-c", _CONNECT_SCRIPT, "inferctl", *targets), timeout=30)
+        rcs = {}
+        for line in res.out.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[2].isdigit():
+                rcs[(parts[0], parts[1])] = int(parts[2])
+        return rcs
+
+    out: list[Finding] = []
+    for o in fleet.map(nodes, gather):
+        node_decodes = [d for d in decodes if d.node == o.node.name]
+        if o.error is not None:
+            out.append(
+                Finding.unknown(
+                    "servers.bootstrap", o.node.name, o.node.name, o.error.message, remedy=o.error.remedy
+                )
+            )
+            continue
+        for d in node_decodes[:1]:  # one connect per node and prefill: decodes on a node share the network
+            for p in prefills:
+                out.append(judge_bootstrap(d, p, (o.value or {}).get((p.host, str(p.bootstrap_port)))))
+    return out
+
+
+def _deployed(profile: Profile, fleet: Any, insts: list[Instance]) -> tuple[set[str], list[Finding]]:
+    """Names of instances `inferctl launch` has deployed (their env file exists on the node). A node
+    where nothing was ever launched is not judged on servers it never had (SKIP), so `audit` stays
+    meaningful on nodes before their first launch; a deployed server that is down is a FAIL."""
+    by_node: dict[str, list[Instance]] = {}
+    for i in insts:
+        by_node.setdefault(i.node, []).append(i)
+
+    def gather(conn: Connector, node: Node) -> set[str]:
+        paths = [env_file_path(i) for i in by_node[node.name]]
+        res = conn.run(
+            Command("sh", "-c", 'for f; do [ -f "$f" ] && echo "$f"; done; true', "inferctl", *paths)
+        )
+        return set(res.out.split())
+
+    deployed: set[str] = set()
+    findings: list[Finding] = []
+    for o in fleet.map([profile.node(n) for n in by_node], gather):
+        for i in by_node[o.node.name]:
+            if o.error is not None:
+                findings.append(
+                    Finding.unknown(
+                        "servers.deployed", i.node, i.name, o.error.message, remedy=o.error.remedy
+                    )
+                )
+            elif env_file_path(i) in (o.value or set()):
+                deployed.add(i.name)
+            else:
+                findings.append(
+                    Finding.skip(
+                        "servers.deployed",
+                        i.node,
+                        i.name,
+                        f"not launched on this node (no {env_file_path(i)})",
+                        remedy="run `inferctl launch` to start it",
+                    )
+                )
+    return deployed, findings
+
+
+def check_servers(profile: Profile, fleet: Any, nodes: list[Node]) -> list[Finding]:
+    names = {n.name for n in nodes}
+    every = instances(profile)
+    deployed, findings = _deployed(profile, fleet, [i for i in every if i.node in names])
+    leaders = [i for i in every if i.is_leader and i.name in deployed]
+    http_findings, infos = _http_findings(profile, leaders)
+    findings.extend(http_findings)
+    findings.extend(judge_pd_agreement(infos))
+    prefills = [i for i in every if i.role == "prefill" and i.is_leader]
+    decodes = [i for i in every if i.role == "decode" and i.name in deployed]
+    findings.extend(_bootstrap_findings(profile, fleet, decodes, prefills))
+    return findings
+
+
+def _run(ctx: AuditContext) -> list[Finding]:
+    # the audit judges what is deployed; instances never launched are left out rather than listed as
+    # skipped on every cron run (`inferctl check servers` still lists them)
+    findings = check_servers(ctx.profile, ctx.fleet, ctx.nodes)
+    return [f for f in findings if not (f.check == "servers.deployed" and f.status.value == "skip")]
+
+
+FAMILY = CheckFamily(
+    name="servers",
+    description="SGLang servers: health, drift from the profile, P/D agreement, bootstrap reachability, queues",
+    run=_run,
+)

@@ -1,0 +1,93 @@
+"""`inferctl launch / status / stop / logs`: SGLang prefill/decode servers (bodies in launch/commands.py)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, finish, get_profile, session
+from infer_ctl.launch import commands
+
+RoleOpt = Annotated[
+    str | None, typer.Option("--role", "-r", help="Only this role: prefill, decode or collocated.")
+]
+
+
+def launch(
+    profile: ProfileOpt = None,
+    role: RoleOpt = None,
+    nodes: NodesOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would run where; touch nothing.")
+    ] = False,
+    check_args: Annotated[
+        bool,
+        typer.Option("--check-args", help="Validate the arguments with SGLang's own parser; launch nothing."),
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="Wait until every (re)started server is healthy.")
+    ] = True,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds to wait (default: the profile's).")
+    ] = None,
+    rolling: Annotated[
+        bool, typer.Option("--rolling", help="Restart decodes one at a time, each healthy before the next.")
+    ] = False,
+    json: JsonOpt = False,
+) -> None:
+    """Start (or restart what changed of) the SGLang servers of the profile and wait until they are healthy."""
+    sess = session(json)
+    prof = get_profile(profile)
+    if dry_run or check_args:
+        report = (commands.check_args if check_args else commands.dry_run)(prof, nodes, role)
+        finish(sess, report, lambda c: commands.render_dry_run(c, report))
+    live = sess.err if sess.progress else None
+    report = commands.launch(prof, nodes, role, wait=wait, timeout_s=timeout, rolling=rolling, console=live)
+    finish(sess, report, lambda c: commands.render_launch(c, report))
+
+
+def status(
+    profile: ProfileOpt = None, role: RoleOpt = None, nodes: NodesOpt = None, json: JsonOpt = False
+) -> None:
+    """Per instance: process state, health, model, PD mode, speculative algorithm, accept length, cache hits."""
+    sess = session(json)
+    report = commands.status(get_profile(profile), nodes, role)
+    finish(sess, report, lambda c: commands.render_status(c, report))
+
+
+def stop(
+    profile: ProfileOpt = None, role: RoleOpt = None, nodes: NodesOpt = None, json: JsonOpt = False
+) -> None:
+    """Stop servers gracefully (SIGTERM, then SIGKILL only after sglang.lifecycle.stop_timeout_s); decodes first."""
+    sess = session(json)
+    report = commands.stop(get_profile(profile), nodes, role)
+    finish(sess, report, lambda c: commands.render_stop(c, report))
+
+
+def logs(
+    instance: Annotated[str, typer.Argument(help="Instance name (e.g. dc-01-decode) or a node running one.")],
+    profile: ProfileOpt = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C stops).")
+    ] = False,
+    since: Annotated[
+        str | None, typer.Option("--since", help="journalctl --since value (systemd nodes).")
+    ] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="How many last lines to show.")] = 100,
+) -> None:
+    """Print an instance's server log (journal or log file)."""
+    commands.logs(get_profile(profile), instance, lines=lines, since=since, follow=follow, write=_write)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("launch")(launch)
+    app.command("status")(status)
+    app.command("stop")(stop)
+    app.command("logs")(logs)

@@ -1,0 +1,380 @@
+"""Bodies of `inferctl launch / status / stop / logs`: build a Report from the profile and the fleet.
+The typer layer (cli/launch_cmd.py) only parses options and renders."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.report import Report
+from infer_ctl.core.sglang import Instance, build_argv, env_file_path, find_instance, unit_path
+from infer_ctl.core.sglang.consistency import launch_problems
+from infer_ctl.errors import InferctlError, UsageError
+from infer_ctl.launch import argcheck, supervisor
+from infer_ctl.launch.orchestrate import (
+    Applied,
+    Readiness,
+    apply_node,
+    select_instances,
+    status_of,
+    stop_node,
+    wait_ready,
+)
+from infer_ctl.launch.render import render_env_file, render_unit
+from infer_ctl.output.table import render_findings_report
+from infer_ctl.profile import Node, Profile
+from infer_ctl.remote.base import Connector
+from infer_ctl.remote.fleet import Fleet, select_nodes
+
+
+def _selection(profile: Profile, nodes: str | None, role: str | None) -> list[Instance]:
+    if role and role not in ("prefill", "decode", "collocated"):
+        raise UsageError(f"--role {role!r} is not a server role", remedy="use prefill, decode or collocated")
+    node_role = role if role in ("prefill", "decode") else None
+    insts = select_instances(profile, select_nodes(profile, nodes, node_role), role)
+    if not insts:
+        raise UsageError(
+            "the selection runs no SGLang instance", remedy="check --nodes/--role against the profile"
+        )
+    return insts
+
+
+# ---- launch --dry-run / --check-args ---------------------------------------------------------------
+def dry_run(profile: Profile, nodes: str | None, role: str | None) -> Report:
+    insts = _selection(profile, nodes, role)
+    report = Report("launch", profile.name, findings=launch_problems(profile, insts))
+    report.results = [
+        {
+            "instance": i.name,
+            "node": i.node,
+            "host": i.host,
+            "role": i.role,
+            "url": i.url,
+            "argv": build_argv(profile, i).argv,
+            "env_file": {"path": env_file_path(i), "content": render_env_file(profile, i)},
+            "unit": {"path": unit_path(i), "content": render_unit(profile, i)},
+        }
+        for i in insts
+    ]
+    report.data["dry_run"] = True
+    return report
+
+
+def render_dry_run(console: Console, report: Report) -> None:
+    for r in report.results or []:
+        console.print(f"[bold]{r['instance']}[/] on {r['node']} ({r['host']}), {r['role']} → {r['url']}")
+        console.print(f"  env  {r['env_file']['path']}")
+        for line in r["env_file"]["content"].splitlines():
+            if not line.startswith("#"):
+                console.print(f"       {line}", markup=False, highlight=False)
+        console.print(f"  unit {r['unit']['path']}")
+        console.print(f"  run  {shlex.join(r['argv'])}", markup=False, highlight=False, soft_wrap=True)
+        console.print()
+    if report.findings:
+        render_findings_report(console, report, show_ok=False)
+
+
+def check_args(profile: Profile, nodes: str | None, role: str | None) -> Report:
+    insts = _selection(profile, nodes, role)
+    report = Report("launch --check-args", profile.name, findings=launch_problems(profile, insts))
+    if not argcheck.sglang_available():
+        report.findings.append(
+            Finding.unknown(
+                "launch.sglang_parser",
+                "-",
+                "sglang",
+                "SGLang is not importable here, so its own parser could not check the arguments "
+                "(the flag table of SGLang 0.5.23 was still checked)",
+                remedy="pip install torch==2.13.0 && pip install --no-deps sglang==0.5.23 && "
+                "pip install 'inferctl[sglang]'",
+            )
+        )
+        return report
+    version = argcheck.sglang_version()
+    for res in argcheck.check_instances([(i, build_argv(profile, i).argv) for i in insts]):
+        if res.ok:
+            report.findings.append(
+                Finding.ok(
+                    "launch.sglang_parser", res.node, res.instance, f"accepted by SGLang {version}'s parser"
+                )
+            )
+        else:
+            report.findings.append(
+                Finding.fail(
+                    "launch.sglang_parser",
+                    res.node,
+                    res.instance,
+                    f"SGLang {version} rejects the arguments: {res.error}",
+                    remedy="fix the flag in the profile's extra_args (see `inferctl launch --dry-run`)",
+                )
+            )
+    return report
+
+
+# ---- launch ------------------------------------------------------------------------------------------
+def launch(
+    profile: Profile,
+    nodes: str | None,
+    role: str | None,
+    *,
+    wait: bool,
+    timeout_s: float | None,
+    rolling: bool,
+    console: Console | None,
+) -> Report:
+    insts = _selection(profile, nodes, role)
+    problems = launch_problems(profile, insts)
+    report = Report("launch", profile.name, findings=list(problems))
+    if any(f.status.value == "fail" for f in problems):
+        report.data["launched"] = False
+        return report  # refuse: a server with these arguments would fail minutes into loading
+    timeout = timeout_s if timeout_s is not None else profile.sglang.lifecycle.start_timeout_s
+    by_node: dict[str, list[Instance]] = {}
+    for i in insts:
+        by_node.setdefault(i.node, []).append(i)
+    applied: list[Applied] = []
+    readiness: list[Readiness] = []
+    with Fleet(profile) as fleet:
+        batches = _rolling_batches(insts) if rolling else [by_node]
+        for batch in batches:
+            nodes_ = [profile.node(n) for n in batch]
+
+            def one(conn: Connector, node: Node, b: dict[str, list[Instance]] = batch) -> list[Applied]:
+                return apply_node(conn, profile, b[node.name], force=rolling)
+
+            outcomes = fleet.map(nodes_, one)
+            step: list[Applied] = []
+            for o in outcomes:
+                if o.error is not None:
+                    report.findings.extend(_node_failure(o.node.name, batch[o.node.name], o.error))
+                else:
+                    step.extend(o.value or [])
+            applied.extend(step)
+            if wait:
+                readiness.extend(
+                    wait_ready(fleet, profile, step, timeout_s=timeout, on_update=_live(console, step))
+                )
+                if rolling and any(r.state == "failed" for r in readiness):
+                    break  # never take down the next decode while one is not back
+    report.results = _launch_results(applied, readiness)
+    report.findings.extend(_readiness_findings(readiness))
+    return report
+
+
+def _rolling_batches(insts: list[Instance]) -> list[dict[str, list[Instance]]]:
+    """Everything but decodes first (unchanged ones are left alone), then one decode at a time."""
+    others: dict[str, list[Instance]] = {}
+    for i in insts:
+        if i.role != "decode":
+            others.setdefault(i.node, []).append(i)
+    batches = [others] if others else []
+    batches += [{i.node: [i]} for i in insts if i.role == "decode"]
+    return batches
+
+
+def _node_failure(node: str, insts: list[Instance], error: InferctlError) -> list[Finding]:
+    return [
+        Finding.unknown("launch.start", node, i.name, error.message, remedy=error.remedy or "check the node")
+        for i in insts
+    ]
+
+
+def _launch_results(applied: list[Applied], readiness: list[Readiness]) -> list[dict[str, Any]]:
+    ready = {r.instance.name: r for r in readiness}
+    rows = []
+    for a in applied:
+        r = ready.get(a.instance.name)
+        rows.append(
+            {
+                "instance": a.instance.name,
+                "node": a.instance.node,
+                "role": a.instance.role,
+                "supervisor": a.supervisor,
+                "action": a.action,
+                "changed_files": a.changed_files,
+                "state": r.state if r else ("started" if a.instance.is_leader else "follower"),
+                "elapsed_s": round(r.elapsed_s, 1) if r else None,
+                "error": r.error if r else None,
+                "log_tail": r.log_tail if r and r.log_tail else None,
+            }
+        )
+    return rows
+
+
+def _readiness_findings(readiness: list[Readiness]) -> list[Finding]:
+    out = []
+    for r in readiness:
+        i = r.instance
+        if r.state == "ready":
+            out.append(Finding.ok("launch.ready", i.node, i.name, f"healthy at {i.url}"))
+        else:
+            out.append(
+                Finding.fail(
+                    "launch.ready",
+                    i.node,
+                    i.name,
+                    r.error or "not ready",
+                    details={"log_tail": r.log_tail},
+                    remedy=f"read the log: `inferctl logs {i.name}`; fix the cause and rerun `inferctl launch`",
+                )
+            )
+    return out
+
+
+def _live(console: Console | None, step: list[Applied]) -> Callable[[list[Readiness]], None] | None:
+    if console is None:
+        return None
+    live = Live(console=console, transient=True, auto_refresh=False)
+    live.start()
+
+    def update(states: list[Readiness]) -> None:
+        table = Table("instance", "state", "elapsed", box=None)
+        for s in states:
+            table.add_row(s.instance.name, s.state, f"{s.elapsed_s:.0f}s")
+        live.update(table, refresh=True)
+        if all(s.state != "starting" for s in states):
+            live.stop()
+
+    return update
+
+
+def render_launch(console: Console, report: Report) -> None:
+    table = Table("instance", "node", "action", "state", "elapsed", box=None)
+    for r in report.results or []:
+        elapsed = f"{r['elapsed_s']:.0f}s" if r["elapsed_s"] is not None else ""
+        table.add_row(r["instance"], r["node"], r["action"], r["state"], elapsed)
+    if report.results:
+        console.print(table)
+    for r in report.results or []:
+        if r.get("log_tail"):
+            console.print(f"[bold red]{r['instance']}[/]: {r['error']}; last log lines:")
+            console.print(r["log_tail"].rstrip(), markup=False, highlight=False)
+    render_findings_report(console, report, show_ok=False)
+
+
+# ---- status / stop / logs ------------------------------------------------------------------------------
+def status(profile: Profile, nodes: str | None, role: str | None) -> Report:
+    insts = _selection(profile, nodes, role)
+    report = Report("status", profile.name)
+    rows: list[dict[str, Any]] = []
+    by_node = {n: [i for i in insts if i.node == n] for n in dict.fromkeys(i.node for i in insts)}
+    with Fleet(profile) as fleet:
+        for o in fleet.map(
+            [profile.node(n) for n in by_node], lambda c, n: status_of(c, profile, by_node[n.name])
+        ):
+            if o.error is not None:
+                report.findings.extend(_node_failure(o.node.name, by_node[o.node.name], o.error))
+                rows.extend(
+                    {"instance": i.name, "node": i.node, "process": "unknown"} for i in by_node[o.node.name]
+                )
+            else:
+                rows.extend(o.value or [])
+    for row in rows:
+        if row.get("process") not in ("running", "unknown") or (row.get("health") not in (None, "ok")):
+            report.findings.append(
+                Finding.fail(
+                    "status.instance",
+                    row["node"],
+                    row["instance"],
+                    f"process {row.get('process')}, health {row.get('health')}",
+                    remedy=f"`inferctl logs {row['instance']}`, then `inferctl launch --nodes {row['node']}`",
+                )
+            )
+    report.results = rows
+    return report
+
+
+def render_status(console: Console, report: Report) -> None:
+    cols = ("instance", "process", "health", "model", "disaggregation_mode", "speculative_algorithm",
+            "accept_length", "cache_hit_rate")  # fmt: skip
+    table = Table(*cols, box=None)
+    for r in report.results or []:
+        table.add_row(*(_fmt(r.get(c)) for c in cols))
+    console.print(table)
+    render_findings_report(console, report, show_ok=False)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def stop(profile: Profile, nodes: str | None, role: str | None) -> Report:
+    insts = _selection(profile, nodes, role)
+    report = Report("stop", profile.name)
+    rows: list[dict[str, Any]] = []
+    with Fleet(profile) as fleet:
+        # decodes first, fleet-wide: a prefill vanishing under a decode turns in-flight transfers into errors
+        for phase in (("decode",), ("prefill", "collocated")):
+            chosen = [i for i in insts if i.role in phase]
+            by_node = {n: [i for i in chosen if i.node == n] for n in dict.fromkeys(i.node for i in chosen)}
+
+            def one(
+                conn: Connector, node: Node, b: dict[str, list[Instance]] = by_node
+            ) -> list[dict[str, Any]]:
+                return stop_node(conn, profile, b[node.name])
+
+            for o in fleet.map([profile.node(n) for n in by_node], one):
+                if o.error is not None:
+                    report.findings.extend(_node_failure(o.node.name, by_node[o.node.name], o.error))
+                else:
+                    rows.extend(o.value or [])
+    for r in rows:
+        if r["result"] == "killed":
+            report.findings.append(
+                Finding.warn(
+                    "stop.forced",
+                    r["node"],
+                    r["instance"],
+                    f"did not exit within {profile.sglang.lifecycle.stop_timeout_s:.0f} s of SIGTERM; killed",
+                    remedy="check for leaked RDMA registrations (reload mlx5 or reboot if transfers fail); "
+                    "raise sglang.lifecycle.stop_timeout_s",
+                )
+            )
+    report.results = rows
+    return report
+
+
+def render_stop(console: Console, report: Report) -> None:
+    for r in report.results or []:
+        console.print(f"{r['instance']}: {r['result']}")
+    render_findings_report(console, report, show_ok=False)
+
+
+def logs(
+    profile: Profile,
+    name: str,
+    *,
+    lines: int,
+    since: str | None,
+    follow: bool,
+    write: Callable[[str], None],
+    poll_s: float = 1.0,
+    max_polls: int | None = None,
+) -> None:
+    inst = find_instance(profile, name)
+    with Fleet(profile) as fleet:
+        conn = fleet.connector(profile.node(inst.node))
+        sup = supervisor.detect_supervisor(conn, profile)
+        if since and sup == "process":
+            raise UsageError(
+                f"--since needs the systemd journal; {inst.node} runs {inst.name} as a plain process with a log file",
+                remedy="use --lines N instead",
+            )
+        chunk = supervisor.read_log(conn, inst, sup, sudo=profile.ssh.sudo, lines=lines, since=since)
+        write(chunk.text)
+        polls = 0
+        while follow and (max_polls is None or polls < max_polls):
+            time.sleep(poll_s)
+            polls += 1
+            chunk = supervisor.read_log(conn, inst, sup, sudo=profile.ssh.sudo, cursor=chunk.cursor)
+            if chunk.text:
+                write(chunk.text)
