@@ -75,9 +75,6 @@ app.add_typer(check_cmd.app, name="check")
 from infer_ctl.cli import check_servers, launch_cmd  # noqa: E402, F401  (launch/status/stop/logs, check servers)
 
 launch_cmd.register(app)
-from infer_ctl.cli import check_servers, launch_cmd  # noqa: E402, F401  (launch/status/stop/logs, check servers)
-
-launch_cmd.register(app)
 app.command("nodes")(nodes_cmd.nodes)
 app.command("exec")(exec_cmd.exec_)
 app.add_typer(provision_cmd.app, name="provision")
