@@ -69,7 +69,7 @@ def test_live_spec_accept_length_matches_expected_tokens() -> None:
     alpha, gamma = 0.7, 4
     spec = WorkerSpec("mixed", time_scale=0.002, spec_alpha=alpha, spec_gamma=gamma)
     with start_cluster_in_thread([spec]) as c:
-        body = {"text": ["stat %d" % i for i in range(8)], "sampling_params": {"max_new_tokens": 2000}}
+        body = {"text": [f"stat {i}" for i in range(8)], "sampling_params": {"max_new_tokens": 2000}}
         results = httpx.post(c.urls[0] + "/generate", json=body, timeout=60).json()
         metrics = httpx.get(c.urls[0] + "/metrics").text
     tokens = sum(r["meta_info"]["completion_tokens"] for r in results)

@@ -21,7 +21,7 @@ def test_long_prefixes_match_exactly() -> None:
     c = RadixCache(100_000)
     base = list(range(2000))
     c.insert(base)
-    probe = base[:1234] + [-1] + base[1235:]
+    probe = [*base[:1234], -1, *base[1235:]]
     assert c.match_prefix(probe).length == 1234
 
 

@@ -37,11 +37,12 @@ def routed() -> Iterator[tuple[str, ThreadedSimCluster]]:
     for w in cluster.workers[2:]:
         cmd += ["--decode", w.url]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(_free_port()), "--log-level", "warn", "--shutdown-grace-period-secs", "1"]
+            "--prometheus-port", str(_free_port()), "--log-level", "warn", "--shutdown-grace-period-secs", "1",
+            "--worker-startup-check-interval", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # the launcher imports slowly on a loaded machine
         while True:
             try:
                 r = httpx.post(base + "/generate", json={"text": "warm up", "sampling_params": {"max_new_tokens": 2}},
@@ -58,7 +59,7 @@ def routed() -> Iterator[tuple[str, ThreadedSimCluster]]:
     finally:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(3)
         except subprocess.TimeoutExpired:
             proc.kill()
         cluster.stop()
