@@ -11,7 +11,9 @@ SYSTEMCTL = STATE + r"""
 cmd=$1; shift || true
 case "$cmd" in
   daemon-reload)
-    if [ -e "$S/hang-daemon-reload" ]; then touch "$S/hanging"; sleep 60; fi ;;
+    # a test holds this call (to interrupt an apply mid-way) until it removes the hang file
+    if [ -e "$S/hang-daemon-reload" ]; then touch "$S/hanging"; n=0
+      while [ -e "$S/hang-daemon-reload" ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; fi ;;
   enable) mkdir -p "$S/enabled"; for u in "$@"; do touch "$S/enabled/$u"; done ;;
   start|restart|try-restart) mkdir -p "$S/active"; for u in "$@"; do touch "$S/active/$u"; done ;;
   is-enabled) if [ -e "$S/enabled/$1" ]; then echo enabled; else echo disabled; exit 1; fi ;;

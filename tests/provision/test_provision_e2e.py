@@ -4,6 +4,11 @@ idempotency, drift, venv switch and rollback, wheelhouse verification, sudo and 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +16,7 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.core.provision.lock import MARKER_NAME
+from tests.provision.wheels import make_wheelhouse
 
 pytestmark = pytest.mark.ssh
 
@@ -99,7 +105,7 @@ def test_fresh_plan_apply_replan_drift_and_rollback(prov_cluster, wheel_index, t
     assert len(backups) == 1 and "LimitMEMLOCK=64M" in backups[0].read_text()
 
     # upgrade to a new SGLang: a new versioned venv, `current` switched, the old one kept for rollback
-    wh2 = wheelhouse(tmp_path, wheel_index("0.5.24"), "0.5.24")
+    wh2 = make_wheelhouse(tmp_path / "wh2", "0.5.24")
     profile2 = pc.profile(tmp_path / "p2.yaml", sglang={"version": "0.5.24", "wheelhouse": str(wh2)})
     code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile2), "--only", "wheelhouse,venv")
     assert code == 0, doc
@@ -111,10 +117,10 @@ def test_fresh_plan_apply_replan_drift_and_rollback(prov_cluster, wheel_index, t
     assert (venvs / "previous").readlink().name.startswith("sglang-0.5.24-")
 
 
-def test_corrupted_wheel_is_refused_and_nothing_uploaded(prov_cluster, wheel_index, tmp_path, capsys) -> None:
+def test_corrupted_wheel_is_refused_and_nothing_uploaded(prov_cluster, tmp_path, capsys) -> None:
     pc = prov_cluster(1)
     node = pc.cluster.names[0]
-    wh = wheelhouse(tmp_path, wheel_index("0.5.23"), "0.5.23")
+    wh = make_wheelhouse(tmp_path / "wh", "0.5.23")
     wheel = next(wh.glob("tinydep-*.whl"))
     wheel.write_bytes(wheel.read_bytes()[:-10] + b"corrupted!")
     profile = pc.profile()
@@ -153,3 +159,42 @@ def test_unreachable_node_exit_3_and_others_still_planned(prov_cluster, capsys) 
     states = {r["node"]: r for r in doc["results"]}
     assert states[down]["state"] == "unreachable" and states[down]["error"]
     assert states[up]["state"] == "pending"
+
+
+def test_interrupted_apply_leaves_files_old_or_new(prov_cluster, tmp_path, capsys) -> None:
+    """Kill inferctl in the middle of an apply (while systemctl daemon-reload runs, after the first
+    env/unit files were written): every managed file is either absent (old) or complete (new); a rerun
+    finishes the job."""
+    pc = prov_cluster(1)
+    node = pc.cluster.names[0]
+    profile = pc.profile()
+    state = pc.node_dir(node) / "state"
+    (state / "hang-daemon-reload").touch()
+    args = ["provision", "--apply", "--yes", "-p", str(profile), "--skip", "wheelhouse,venv,persistence", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "infer_ctl", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        deadline = time.monotonic() + 30
+        while not (state / "hanging").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert (state / "hanging").exists(), "the apply never reached daemon-reload"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        (state / "hang-daemon-reload").unlink()
+        if proc.poll() is None:
+            proc.kill()
+    managed = ["/etc/security/limits.d/90-inferctl.conf", "/etc/sysctl.d/90-inferctl.conf",
+               "/etc/inferctl/sglang-prefill.env", "/etc/systemd/system/inferctl-sglang-prefill.service",
+               "/etc/inferctl/sglang-decode.env", "/etc/systemd/system/inferctl-sglang-decode.service"]
+    midway = {p: pc.node_path(node, p).read_bytes() if pc.node_path(node, p).exists() else None for p in managed}
+    assert midway["/etc/systemd/system/inferctl-sglang-prefill.service"] is not None  # it was interrupted late
+    assert midway["/etc/systemd/system/inferctl-sglang-decode.service"] is None  # ... but not at the end
+
+    code, doc = run_cli(capsys, *args[:-1])
+    assert code == 0, doc
+    for path, content in midway.items():
+        final = pc.node_path(node, path).read_bytes()
+        assert content in (None, final), f"{path} was left partial by the interrupted apply"
+    leftovers = [p for p in pc.upper(node).rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []

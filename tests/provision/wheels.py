@@ -39,3 +39,17 @@ def build_index(out: Path, sglang_version: str) -> Path:
     build_wheel(out, "tinydep", "1.0")
     build_wheel(out, "sglang", sglang_version, ["tinydep>=1.0"])
     return out
+
+
+def make_wheelhouse(out: Path, version: str) -> Path:
+    """The layout `inferctl provision wheelhouse build` writes, without running pip (fast): the real
+    build is exercised once in the end-to-end test."""
+    from infer_ctl.core.provision.lock import LOCK_NAME, MANIFEST_NAME, Manifest, make_lock, sha256_hex
+
+    build_index(out, version)
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("*.whl"))}
+    lock = make_lock(files)
+    (out / LOCK_NAME).write_text(lock)
+    manifest = Manifest(files=files, lock_sha256=sha256_hex(lock.encode()), requirements=(f"sglang=={version}",))
+    (out / MANIFEST_NAME).write_text(manifest.to_json())
+    return out
