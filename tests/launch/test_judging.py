@@ -1,0 +1,119 @@
+"""Pre-launch consistency findings and the pure judging of live servers (no hosts needed)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from infer_ctl.cli.main import main
+from infer_ctl.core.sglang import find_instance, render_argv
+from infer_ctl.core.sglang.consistency import launch_problems
+from infer_ctl.core.sglang.judge import expected_server_args, judge_drift, judge_loads, judge_pd_agreement
+from infer_ctl.profile.load import validate_profile_data
+
+
+def _profile(**sglang: Any) -> Any:
+    return validate_profile_data(
+        {
+            "name": "t",
+            "nodes": [
+                {"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"]},
+                {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"]},
+            ],
+            "models": {
+                "target": {"path": "/m", "tp": 8},
+                "draft": {
+                    "path": "/d",
+                    "algorithm": "EAGLE3",
+                    "num_steps": 3,
+                    "eagle_topk": 1,
+                    "num_draft_tokens": 4,
+                },
+            },
+            "sglang": sglang,
+        }
+    )
+
+
+def _problems(**sglang: Any) -> dict[str, tuple[str, str]]:
+    return {
+        f"{f.check}:{f.subject}": (f.status.value, f.message) for f in launch_problems(_profile(**sglang))
+    }
+
+
+def test_sound_profile_has_no_problems() -> None:
+    assert _problems() == {}
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "status", "fragment"),
+    [
+        ({"decode": ["--cuda-graph-max-bs", "64"]}, "launch.args:dc-01-decode", "fail",
+         "ambiguous between --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"),
+        ({"decode": ["--no-such-flag"]}, "launch.args:dc-01-decode", "fail", "SGLang 0.5.23 has no such flag"),
+        ({"prefill": ["--radix-eviction-policy", "fifo"]}, "launch.args:pf-01-prefill", "fail", "not one of lru"),
+        ({"decode": ["--speculative-num-draft-tokens", "6"]}, "launch.spec:dc-01-decode", "warn",
+         "SGLang silently rewrites it to num_steps + 1 = 4"),
+        ({"decode": ["--speculative-num-steps", "5"]}, "launch.pd_agreement:dc-01-decode", "fail",
+         "--speculative-num-steps is 5 here but 3 on pf-01-prefill"),
+        ({"prefill": ["--host", "127.0.0.1"]}, "launch.host:pf-01-prefill", "fail",
+         "decodes on 10.0.0.21 cannot reach its bootstrap server"),
+    ],
+)  # fmt: skip
+def test_extra_args_problems(extra: dict, key: str, status: str, fragment: str) -> None:
+    found = _problems(extra_args=extra)
+    assert key in found, found
+    assert found[key][0] == status and fragment in found[key][1]
+
+
+def test_drift_names_the_setting_and_normalises_aliases() -> None:
+    p = _profile(transfer_backend="mooncake_tcp")
+    inst = find_instance(p, "dc-01-decode")
+    expected = expected_server_args(inst, render_argv(p, inst))
+    info = {"model_path": "/m", "tp_size": 8, "dp_size": 1, "port": 30001, "disaggregation_mode": "decode",
+            "disaggregation_transfer_backend": "mooncake", "speculative_algorithm": "EAGLE3",
+            "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4,
+            "radix_eviction_policy": "lru", "unrelated": 1}  # fmt: skip
+    assert [f.status.value for f in judge_drift(inst, expected, info)] == ["ok"]
+    drifted = judge_drift(inst, expected, {**info, "tp_size": 4})
+    assert [(f.status.value, f.message) for f in drifted] == [("fail", "tp_size is 4 but the profile says 8")]
+    assert "inferctl launch --nodes dc-01" in (drifted[0].remedy or "")
+
+
+def test_pd_agreement_and_stuck_queues() -> None:
+    p = _profile()
+    pre, dec = find_instance(p, "pf-01-prefill"), find_instance(p, "dc-01-decode")
+    found = judge_pd_agreement({pre: {"model_path": "/m"}, dec: {"model_path": "/other"}})
+    assert (
+        found[0].status.value == "fail" and "model_path is /other here but /m on prefill" in found[0].message
+    )
+    stuck = {"loads": [{"dp_rank": 0, "num_waiting_reqs": 3, "num_running_reqs": 0, "gen_throughput": 0.0}]}
+    assert judge_loads(dec, stuck)[0].status.value == "warn"
+    busy = {"loads": [{"dp_rank": 0, "num_waiting_reqs": 3, "num_running_reqs": 2, "gen_throughput": 90.0}]}
+    assert judge_loads(dec, busy)[0].status.value == "ok"
+
+
+def test_cli_dry_run_json_and_launch_refuses_a_failing_plan(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    assert (
+        main(["launch", "-p", "builtin:reference-h100-h200", "--dry-run", "--json", "--role", "decode"]) == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["instance"] for r in doc["results"]] == [f"dc-0{i}-decode" for i in range(1, 7)]
+    assert doc["results"][0]["argv"][1:3] == ["-m", "sglang.launch_server"]
+    assert "LimitMEMLOCK=infinity" in doc["results"][0]["unit"]["content"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: bad\nnodes:\n  - {name: pf-01, host: 10.9.9.1, roles: [prefill]}\n"
+        "  - {name: dc-01, host: 10.9.9.2, roles: [decode]}\nmodels: {target: {path: /m}}\n"
+        "sglang: {extra_args: {decode: [--bogus-flag]}}\n"
+    )
+    # refused before any SSH connection (the hosts do not exist)
+    assert main(["launch", "-p", str(bad), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["launched"] is False and doc["findings"][0]["check"] == "launch.args"
+    assert main(["launch", "-p", str(bad), "--role", "router"]) == 64
+    assert main(["logs", "nope", "-p", str(bad)]) == 64
