@@ -24,6 +24,7 @@ from infer_ctl.profile import Node, Profile
 # Order is the order families run and are reported in. Other issues append their module here.
 FAMILY_MODULES: list[str] = [
     "infer_ctl.checks.gpu",
+    "infer_ctl.checks.fabric",
     "infer_ctl.checks.servers",
 ]
 

@@ -1,0 +1,234 @@
+"""Fabric checks: gather RDMA facts on every node over its connector, judge them with
+core.rules.fabric, and (with `pingpong`) run the pair tests of checks.pingpong.
+
+Per node the gatherer costs a few round trips: the sysfs script (devices, GIDs, netdevs, counters,
+tool presence), `ibv_devinfo -v`, one QoS tool and `ethtool -a` per RoCE netdev, and the second
+counter sample `counter_interval_s` after the first.
+
+Test seam: `INFERCTL_SYSFS_ROOT` in inferctl's own environment is forwarded to the nodes' gatherer
+as the sysfs root, with `{node}` replaced by the node name (tests point each node at its own tree).
+A node may also set INFERCTL_SYSFS_ROOT in its own environment. Unset means /sys.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer_ctl.checks.registry import AuditContext, CheckFamily
+from infer_ctl.core.fabric.gid import Family
+from infer_ctl.core.fabric.model import NetdevFacts, NodeFabricFacts
+from infer_ctl.core.findings import Finding
+from infer_ctl.core.rules.fabric import (
+    FabricExpectations,
+    checked_devices,
+    gid_choice,
+    judge_gid_families,
+    judge_node,
+    port_views,
+)
+from infer_ctl.errors import InferctlError
+from infer_ctl.facts.ibv_devinfo import IBV_DEVINFO_V, DevinfoError, devinfo_error, parse_ibv_devinfo
+from infer_ctl.facts.qos import (
+    QosFacts,
+    QosParseError,
+    dcb_app_command,
+    dcb_apptrust_command,
+    dcb_pfc_command,
+    ethtool_pause_command,
+    ethtool_pause_text_command,
+    mlnx_qos_command,
+    parse_dcb_app_dscp,
+    parse_dcb_apptrust,
+    parse_dcb_pfc,
+    parse_ethtool_pause,
+    parse_mlnx_qos,
+)
+from infer_ctl.facts.rdma_sysfs import (
+    SYSFS_ROOT_ENV,
+    counter_deltas,
+    counters_command,
+    parse_counters_dump,
+    parse_sysfs_dump,
+    sysfs_command,
+)
+from infer_ctl.profile import Node, Profile, Role
+from infer_ctl.remote.base import Connector
+
+TOOL_TIMEOUT_S = 30.0
+
+
+@dataclass
+class FabricRun:
+    """Everything `inferctl check fabric` reports: findings plus the per-node facts the pair tests use."""
+
+    findings: list[Finding] = field(default_factory=list)
+    facts: dict[str, NodeFabricFacts] = field(default_factory=dict)
+    #: pair-test summary for the matrix (filled by checks.pingpong)
+    pairs: dict[str, Any] = field(default_factory=dict)
+
+
+def sysfs_root_for(node: str) -> str | None:
+    template = os.environ.get(SYSFS_ROOT_ENV)
+    return template.replace("{node}", node) if template else None
+
+
+def expectations(profile: Profile, node: Node) -> FabricExpectations:
+    rdma = node.rdma
+    devices = tuple(rdma.devices) if rdma else ()
+    sglang: list[str] = list(rdma.device_map.values()) if rdma and rdma.device_map else []
+    extra = [*profile.sglang.extra_args.prefill, *profile.sglang.extra_args.decode, *node.overrides.extra_args]
+    for i, arg in enumerate(extra):
+        value = None
+        if arg == "--disaggregation-ib-device" and i + 1 < len(extra):
+            value = extra[i + 1]
+        elif arg.startswith("--disaggregation-ib-device="):
+            value = arg.split("=", 1)[1]
+        if value:
+            sglang += [v for v in re.split(r"[,\s]+", value) if v]
+    needs = not profile.collocated and profile.sglang.transfer_backend != "mooncake_tcp"
+    return FabricExpectations(
+        policy=profile.fabric_policy_for(node),
+        devices=devices,
+        netdev=rdma.netdev if rdma else None,
+        gid_index=rdma.gid_index if rdma else None,
+        sglang_ib_devices=tuple(dict.fromkeys(sglang)),
+        needs_rdma=needs and (node.has_role(Role.PREFILL) or node.has_role(Role.DECODE)),
+    )
+
+
+def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interval_s: float | None = None) -> NodeFabricFacts:
+    facts = NodeFabricFacts(node.name)
+    root = sysfs_root_for(node.name)
+    first = time.monotonic()
+    res = conn.run(sysfs_command([exp.netdev] if exp.netdev else [], root=root), timeout=TOOL_TIMEOUT_S)
+    if res.ok:
+        facts.sysfs = parse_sysfs_dump(res.out)
+    else:
+        facts.sysfs_error = f"sysfs gatherer failed (exit {res.exit_code}): {(res.err or res.out).strip()[:200]}"
+    res = conn.run(IBV_DEVINFO_V, timeout=TOOL_TIMEOUT_S)
+    facts.devinfo_error = devinfo_error(None if res.timed_out else res.exit_code, res.out, res.err)
+    facts.devinfo = parse_ibv_devinfo(res.out) if facts.devinfo_error is None else []
+    if not facts.device_names():
+        return facts
+    tools = facts.sysfs.tools if facts.sysfs else {}
+    for name in facts.sysfs.netdevs if facts.sysfs else []:
+        facts.netdevs[name] = _gather_netdev(conn, name, tools, facts)
+    interval = exp.policy.counter_interval_s if interval_s is None else interval_s
+    if facts.sysfs and facts.sysfs.devices and interval > 0:
+        before = {p.key: dict(p.counters) for d in facts.sysfs.devices.values() for p in d.ports.values()}
+        time.sleep(max(0.0, interval - (time.monotonic() - first)))
+        res = conn.run(counters_command(root), timeout=TOOL_TIMEOUT_S)
+        if res.ok:
+            facts.counter_deltas = counter_deltas(before, parse_counters_dump(res.out))
+            facts.counter_interval_s = round(time.monotonic() - first, 2)
+    return facts
+
+
+def _gather_netdev(conn: Connector, name: str, tools: dict[str, str], facts: NodeFabricFacts) -> NetdevFacts:
+    nd = NetdevFacts(name, sysfs=facts.sysfs.netdevs.get(name) if facts.sysfs else None)
+    has = (lambda t: t in tools) if tools else (lambda t: True)
+    if has("mlnx_qos"):
+        res = conn.run(mlnx_qos_command(name), timeout=TOOL_TIMEOUT_S)
+        if res.ok:
+            try:
+                nd.qos = parse_mlnx_qos(res.out)
+            except QosParseError as exc:
+                nd.qos_error = str(exc)
+        else:
+            nd.qos_error = f"mlnx_qos -i {name} failed: {(res.err or res.out).strip()[:200]}"
+    if nd.qos is None and has("dcb"):
+        nd.qos, nd.dcb_trust, err = _dcb(conn, name)
+        nd.qos_error = err or nd.qos_error
+    if nd.qos is None and nd.qos_error is None:
+        nd.qos_error = "neither mlnx_qos nor dcb is installed"
+    if has("ethtool"):
+        res = conn.run(ethtool_pause_command(name), timeout=TOOL_TIMEOUT_S)
+        if not res.ok:  # ethtool older than 5.10 has no --json
+            res = conn.run(ethtool_pause_text_command(name), timeout=TOOL_TIMEOUT_S)
+        try:
+            nd.pause = parse_ethtool_pause(res.out) if res.ok else None
+            nd.pause_error = None if res.ok else f"ethtool -a {name} failed: {(res.err or res.out).strip()[:200]}"
+        except QosParseError as exc:
+            nd.pause_error = str(exc)
+    else:
+        nd.pause_error = "ethtool is not installed"
+    return nd
+
+
+def _dcb(conn: Connector, name: str) -> tuple[QosFacts | None, str | None, str | None]:
+    res = conn.run(dcb_pfc_command(name), timeout=TOOL_TIMEOUT_S)
+    if not res.ok:
+        return None, None, f"dcb pfc show dev {name} failed: {(res.err or res.out).strip()[:200]}"
+    try:
+        qos = QosFacts("dcb", pfc=parse_dcb_pfc(res.out))
+    except QosParseError as exc:
+        return None, None, str(exc)
+    trust = None
+    res = conn.run(dcb_apptrust_command(name), timeout=TOOL_TIMEOUT_S)
+    if res.ok:
+        trust = parse_dcb_apptrust(res.out)
+    if trust is None:  # iproute2 before apptrust: any DSCP APP entry means the port trusts DSCP
+        res = conn.run(dcb_app_command(name), timeout=TOOL_TIMEOUT_S)
+        if res.ok:
+            qos.dscp2prio = parse_dcb_app_dscp(res.out)
+            trust = "dscp" if qos.dscp2prio else "pcp"
+    return qos, trust, None
+
+
+def gid_families(facts: NodeFabricFacts, exp: FabricExpectations) -> set[Family]:
+    fams: set[Family] = set()
+    present = set(facts.device_names())
+    for dev in checked_devices(facts, exp):
+        if dev not in present:
+            continue
+        for v in port_views(facts, dev):
+            if v.roce and v.active and (choice := gid_choice(v, exp.gid_index)) and choice.roce_version == 2:
+                fams.add(choice.family)
+    return fams
+
+
+def unreachable(node: str, error: InferctlError) -> Finding:
+    return Finding.unknown("fabric.node", node, "ssh", f"fabric facts not gathered: {error.message}",
+                           remedy=error.remedy or "check the node is reachable with `inferctl nodes`")
+
+
+def check_fabric(profile: Profile, fleet: Any, nodes: list[Node], *, pingpong: bool = False,
+                 pair_mode: str | None = None) -> FabricRun:
+    run = FabricRun()
+    exps = {n.name: expectations(profile, n) for n in nodes}
+    outcomes = fleet.map(nodes, lambda conn, node: gather_node(conn, node, exps[node.name]))
+    families: dict[str, set[str]] = {}
+    for o in outcomes:
+        if o.error is not None:
+            run.findings.append(unreachable(o.node.name, o.error))
+            continue
+        facts: NodeFabricFacts = o.value
+        run.facts[o.node.name] = facts
+        run.findings += judge_node(facts, exps[o.node.name])
+        fams = gid_families(facts, exps[o.node.name])
+        if fams:
+            families[o.node.name] = set(fams)
+    if len(families) > 1:
+        run.findings += judge_gid_families(families)
+    if pingpong:
+        from infer_ctl.checks.pingpong import run_pair_tests
+
+        run_pair_tests(profile, fleet, nodes, run, exps, pair_mode=pair_mode)
+    return run
+
+
+def _family_run(ctx: AuditContext) -> list[Finding]:
+    return check_fabric(ctx.profile, ctx.fleet, ctx.nodes, pingpong=bool(ctx.options.get("pingpong"))).findings
+
+
+FAMILY = CheckFamily(
+    name="fabric",
+    description="RDMA/RoCE fabric: devices, link state, GIDs, PFC/trust/ECN, MTU, pause, counters (+ pair tests)",
+    run=_family_run,
+)
+
+__all__ = ["FAMILY", "DevinfoError", "FabricRun", "check_fabric", "expectations", "gather_node"]

@@ -1,0 +1,77 @@
+"""`inferctl check fabric [--pingpong]`: RDMA/RoCE configuration of the selected nodes and, with
+--pingpong, pair tests shown as a prefill x decode matrix (registers itself on the `check` group)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infer_ctl.checks.fabric import check_fabric
+from infer_ctl.cli.check_cmd import app
+from infer_ctl.cli.common import (
+    JsonOpt,
+    NodesOpt,
+    ProfileOpt,
+    RoleOpt,
+    finish,
+    get_profile,
+    session,
+    status_line,
+)
+from infer_ctl.cli.nodes_cmd import AcceptOpt, ParallelOpt
+from infer_ctl.core.findings import Status
+from infer_ctl.core.report import Report
+from infer_ctl.output.table import STATUS_STYLE, render_findings_report
+from infer_ctl.remote.fleet import Fleet, select_nodes
+
+PingpongOpt = Annotated[bool, typer.Option("--pingpong", help="Also run ibv_rc_pingpong (+ perftest) between node pairs.")]
+PairsOpt = Annotated[
+    str | None, typer.Option("--pairs", help="prefill-decode (default), mesh, or explicit (fabric.pingpong.explicit_pairs).")
+]
+
+
+@app.command("fabric")
+def check_fabric_cmd(
+    profile: ProfileOpt = None,
+    json_out: JsonOpt = False,
+    select: NodesOpt = None,
+    role: RoleOpt = None,
+    pingpong: PingpongOpt = False,
+    pairs: PairsOpt = None,
+    parallel: ParallelOpt = None,
+    accept_new_host_keys: AcceptOpt = False,
+) -> None:
+    """Devices, link state/rate, GID choice, MTU, PFC/trust/ECN, global pause, counters. Exit 0/1/2/3."""
+    sess, prof = session(json_out), get_profile(profile)
+    chosen = select_nodes(prof, select, role)
+    with Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet, \
+            status_line(sess, "checking the fabric" + (" and running pair tests" if pingpong else "")):
+        result = check_fabric(prof, fleet, chosen, pingpong=pingpong, pair_mode=pairs)
+    report = Report("check fabric", prof.name, findings=result.findings,
+                    data={"pairs": result.pairs} if pingpong else {})
+    finish(sess, report, lambda console: render_fabric(console, report, result.pairs))
+
+
+def render_fabric(console: Console, report: Report, pairs: dict[str, Any]) -> None:
+    render_findings_report(console, report, show_ok=False)
+    if pairs.get("cells"):
+        console.print(pair_table(pairs))
+
+
+def pair_table(pairs: dict[str, Any]) -> Table:
+    """Rows: servers (prefill nodes by default), columns: clients (decode nodes); worst round trip per cell."""
+    table = Table(title=f"pair tests ({pairs['mode']}: {', '.join(pairs['tools'])})", header_style="bold")
+    table.add_column("server \\ client")
+    for col in pairs["columns"]:
+        table.add_column(col, justify="right")
+    cells = {(c["server"], c["client"]): c for c in pairs["cells"]}
+    for row in pairs["rows"]:
+        rendered = []
+        for col in pairs["columns"]:
+            c = cells.get((row, col))
+            rendered.append("" if c is None else f"[{STATUS_STYLE[Status(c['status'])]}]{c['text']}[/]")
+        table.add_row(row, *rendered)
+    return table

@@ -1,0 +1,109 @@
+"""Fabric "nodes" for the real-sshd harness: a sysfs tree per node (INFERCTL_SYSFS_ROOT seam) and
+stand-in RDMA tools on the node's PATH (tests/fabric/standins, each says what is real)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.fabric.factories import PAUSE_OFF, QOS_PRIO3, devinfo_text
+from tests.fabric.sysfs_tree import Hca, Netdev, build, mlx5_gids
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+
+
+@dataclass
+class FabricNode:
+    ipv4: str | None = "10.0.0.11"
+    ipv6: str | None = None  # a global IPv6 GID instead of IPv4
+    mode: str = "ok"
+    qos: str = QOS_PRIO3
+    pause: str = PAUSE_OFF
+    netdev: Netdev = field(default_factory=Netdev)
+    hca: dict[str, Any] = field(default_factory=dict)
+
+
+def install_standin(bin_dir: Path, tool: str, source: str) -> None:
+    text = (STANDINS / source).read_text()
+    if text.startswith("#!/usr/bin/env python3"):
+        text = f"#!{sys.executable}\n" + text.split("\n", 1)[1]
+    (bin_dir / tool).write_text(text)
+    (bin_dir / tool).chmod(0o755)
+
+
+def setup_node(cluster: Any, sysfs_root: Path, name: str, spec: FabricNode) -> None:
+    gids = mlx5_gids(spec.ipv4) if spec.ipv4 else [
+        (0, "fe80::1:22", "IB/RoCE v1"), (1, "fe80::1:22", "RoCE v2"),
+        (2, spec.ipv6 or "2001:db8::22", "IB/RoCE v1"), (3, spec.ipv6 or "2001:db8::22", "RoCE v2")]
+    hca = Hca(gids=gids, **spec.hca)
+    build(sysfs_root / name, [hca], [spec.netdev])
+    bin_dir = cluster.bin_dir(name)
+    for tool, out in (("ibv_devinfo", devinfo_text([(hca.name, hca.link_layer, 4096)])),
+                      ("mlnx_qos", spec.qos), ("ethtool", spec.pause)):
+        install_standin(bin_dir, tool, "standin-recorded-output")
+        (bin_dir / f"{tool}.out").write_text(out)
+    install_standin(bin_dir, "ibv_rc_pingpong", "standin-ibv_rc_pingpong")
+    table = {str(i): g for i, g, _ in gids}
+    (bin_dir / "standin-rdma.json").write_text(json.dumps({"devices": {hca.name: table}, "mode": spec.mode}))
+
+
+def free_port_range(n: int = 64) -> int:
+    """A base port whose next n ports were free a moment ago (other tests run concurrently)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            base = s.getsockname()[1]
+        if base + n > 65000:
+            continue
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s2 = socket.socket()
+                socks.append(s2)
+                s2.bind(("0.0.0.0", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s2 in socks:
+                s2.close()
+    raise RuntimeError("no free port range")
+
+
+def fabric_profile(cluster: Any, path: Path, base_port: int, **fabric: Any) -> Path:
+    data = cluster.profile_data()
+    for node in data["nodes"]:
+        node["rdma"] = {"devices": ["mlx5_0"], "netdev": "ens1f0np0"}
+    pingpong = {"perftest": False, "timeout_s": 4, "base_port": base_port, "iters": 100,
+                "max_rtt_us": 5000.0, **fabric.pop("pingpong", {})}
+    data["fabric"] = {"rate_gbps": 400, "netdev_mtu": 9000, "counter_interval_s": 0.2, "pingpong": pingpong, **fabric}
+    import yaml
+
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def leftovers(root: Path) -> list[str]:
+    """Processes still running a stand-in from this cluster, and pair-test temp dirs."""
+    procs = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(root) in cmd and "ibv_rc_pingpong" in cmd:
+            procs.append(cmd)
+    return procs
+
+
+def pp_dirs() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("inferctl-pp.*")}
+
+
+__all__ = ["FabricNode", "fabric_profile", "free_port_range", "leftovers", "pp_dirs", "setup_node"]

@@ -1,0 +1,126 @@
+"""`inferctl check fabric` end to end over real sshd nodes (tests/sshd_harness.py).
+
+Real: sshd, the SSH connector and fleet, the gatherer shell scripts run by the node's /bin/sh over
+sysfs-shaped trees, the pair-test orchestration (detached server, readiness on the server's
+/proc/net/tcp, client under timeout, collection and cleanup), TCP between the nodes, and the CLI.
+Stand-ins (tests/fabric/standins): ibv_rc_pingpong (a real TCP server/client speaking rc_pingpong's
+exchange and output formats), and ibv_devinfo / mlnx_qos / ethtool printing recorded real-format text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infer_ctl.checks.registry import load_family
+from infer_ctl.cli.main import main
+from tests.fabric.cluster_setup import (
+    FabricNode,
+    fabric_profile,
+    free_port_range,
+    leftovers,
+    pp_dirs,
+    setup_node,
+)
+from tests.fabric.factories import FIX
+from tests.fabric.sysfs_tree import Netdev
+
+pytestmark = pytest.mark.ssh
+
+PCP_NO_PFC = (FIX / "mlnx_qos" / "magnate3-cx-ens6-trust-pcp-default.txt").read_text()
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["check", "fabric", *args])
+    return code, capsys.readouterr().out
+
+
+def _by(findings: list[dict[str, Any]], check: str, node: str | None = None) -> list[dict[str, Any]]:
+    return [f for f in findings if f["check"] == check and (node is None or f["node"] == node)]
+
+
+def test_healthy_and_misconfigured_nodes_with_pair_matrix(
+    ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = ssh_cluster(names=["pf-01", "dc-01", "dc-02"], roles=[["prefill"], ["decode"], ["decode"]])
+    sysfs = tmp_path / "sysfs"
+    setup_node(cluster, sysfs, "pf-01", FabricNode(ipv4="10.0.0.11"))
+    setup_node(cluster, sysfs, "dc-01", FabricNode(ipv4="10.0.0.21"))
+    # dc-02: PFC off and trust pcp (mlnx_qos), ECN off on priority 3, an IPv6 GID while the fleet is IPv4
+    setup_node(cluster, sysfs, "dc-02", FabricNode(ipv4=None, ipv6="2001:db8::22", qos=PCP_NO_PFC,
+                                                   netdev=Netdev(trust=None, ecn_np={3: 0}, ecn_rp={3: 0})))
+    monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(sysfs / "{node}"))
+    profile = fabric_profile(cluster, tmp_path / "p.yaml", free_port_range())
+    before = pp_dirs()
+
+    code, out = _cli(capsys, "--pingpong", "--json", "-p", str(profile))
+    doc = json.loads(out)
+    findings = doc["findings"]
+    assert code == 2 and doc["status"] == "fail"
+    problems = {(f["check"], f["node"]) for f in findings if f["status"] in ("fail", "warn", "unknown")}
+    assert problems == {
+        ("fabric.pfc", "dc-02"), ("fabric.trust", "dc-02"), ("fabric.ecn", "dc-02"), ("fabric.gid_family", "dc-02"),
+        ("fabric.pingpong", "pf-01"),  # the pf-01 <-> dc-02 pair
+    }, problems
+    ok_pair = _by(findings, "fabric.pingpong", "pf-01")
+    by_client = {f["details"]["client"]: f for f in ok_pair}
+    assert by_client["dc-01"]["status"] == "ok" and by_client["dc-01"]["details"]["rtt_us"] > 0
+    assert by_client["dc-01"]["details"]["server_gid_index"] == 3  # chosen like perftest, not configured
+    bad = by_client["dc-02"]
+    assert bad["status"] == "fail" and "transport retry counter exceeded" in bad["message"]
+    assert "pf-01" in bad["subject"] and "dc-02" in bad["subject"] and "GID index" in bad["remedy"]
+    assert "PFC is off on priority 3" in _by(findings, "fabric.pfc", "dc-02")[0]["message"]
+    pairs = doc["pairs"]
+    assert pairs["rows"] == ["pf-01"] and pairs["columns"] == ["dc-01", "dc-02"]
+    assert {(c["client"], c["status"]) for c in pairs["cells"]} == {("dc-01", "ok"), ("dc-02", "fail")}
+    # both ends got the same flags; the servers were stopped and their temp dirs removed
+    assert leftovers(cluster.root) == [] and pp_dirs() - before == set()
+    assert _by(findings, "fabric.counters", "pf-01")[0]["status"] == "ok"
+
+
+def test_client_that_never_connects_times_out_and_server_is_cleaned_up(
+    ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = ssh_cluster(names=["pf-01", "dc-01"], roles=[["prefill"], ["decode"]])
+    sysfs = tmp_path / "sysfs"
+    setup_node(cluster, sysfs, "pf-01", FabricNode(ipv4="10.0.0.11"))
+    setup_node(cluster, sysfs, "dc-01", FabricNode(ipv4="10.0.0.21", mode="no-connect"))
+    monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(sysfs / "{node}"))
+    profile = fabric_profile(cluster, tmp_path / "p.yaml", free_port_range(), pingpong={"timeout_s": 1.5})
+    before = pp_dirs()
+    started = time.monotonic()
+    code, out = _cli(capsys, "--pingpong", "--json", "-p", str(profile))
+    elapsed = time.monotonic() - started
+    pair = _by(json.loads(out)["findings"], "fabric.pingpong")[0]
+    assert code == 2 and pair["status"] == "fail" and "timed out (client)" in pair["message"]
+    assert "firewall" in pair["remedy"] and str(pair["details"]["tcp_port"]) in pair["remedy"]
+    assert elapsed < 15
+    assert leftovers(cluster.root) == [] and pp_dirs() - before == set()
+
+
+def test_no_rdma_hardware_real_tools_and_unreachable_node(
+    ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pf-01 has no stand-ins: the machine's own ibv_devinfo runs (or is missing) and /sys has no HCA."""
+    cluster = ssh_cluster(names=["pf-01", "dc-01"], roles=[["prefill"], ["decode"]])
+    monkeypatch.delenv("INFERCTL_SYSFS_ROOT", raising=False)
+    profile = fabric_profile(cluster, tmp_path / "p.yaml", free_port_range())
+    cluster.stop("dc-01")
+    code, out = _cli(capsys, "--pingpong", "-p", str(profile))
+    out = " ".join(out.replace("│", " ").split())  # the table wraps long messages
+    assert code == 2
+    assert "no RDMA device found" in out and "fabric.devices" in out
+    assert "Function not implemented" in out or "not installed" in out or "No IB devices" in out
+    assert "fabric.node" in out  # dc-01 unreachable: UNKNOWN, named
+    assert "cannot take part in pair tests" in out
+    assert "Traceback" not in out
+
+
+def test_fabric_family_is_loadable_for_audit() -> None:
+    family = load_family("infer_ctl.checks.fabric")
+    assert family.name == "fabric" and family.needs_nodes
