@@ -9,6 +9,7 @@ import typer
 
 from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, finish, get_profile, session
 from infer_ctl.launch import commands
+from infer_ctl.output.table import render_findings_report
 
 RoleOpt = Annotated[
     str | None, typer.Option("--role", "-r", help="Only this role: prefill, decode or collocated.")
@@ -41,7 +42,10 @@ def launch(
     sess = session(json)
     prof = get_profile(profile)
     if dry_run or check_args:
-        report = (commands.check_args if check_args else commands.dry_run)(prof, nodes, role)
+        if check_args:
+            report = commands.check_args(prof, nodes, role)
+            finish(sess, report, lambda c: render_findings_report(c, report))
+        report = commands.dry_run(prof, nodes, role)
         finish(sess, report, lambda c: commands.render_dry_run(c, report))
     live = sess.err if sess.progress else None
     report = commands.launch(prof, nodes, role, wait=wait, timeout_s=timeout, rolling=rolling, console=live)
