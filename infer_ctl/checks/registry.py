@@ -26,6 +26,7 @@ FAMILY_MODULES: list[str] = [
     "infer_ctl.checks.gpu",
     "infer_ctl.checks.fabric",
     "infer_ctl.checks.servers",
+    "infer_ctl.checks.tokenizer",
 ]
 
 

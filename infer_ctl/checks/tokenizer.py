@@ -131,7 +131,8 @@ def check_profile_local(profile: Profile, *, probes: Sequence[str] = (), probes_
     if absent:
         return [Finding.make(
             missing, PROFILE_CHECK, "local", "models",
-            f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not a directory on this machine",
+            f"tokenizer parity not checked here: {', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not "
+            "a directory on this machine (model files are read locally, never downloaded)",
             details={"target": pair.target, "draft": pair.draft},
             remedy="run `inferctl check tokenizer --fleet` to check the copies on the serving nodes, or pass "
             "--target DIR --draft DIR with local copies")]

@@ -29,6 +29,10 @@ def judge_special_ids(p: Pair) -> list[Finding]:
                     remedy="fix tokenizer_config.json/special_tokens_map.json to name a token of the vocabulary"))
         if tn is None and dn is None:
             continue
+        # an unreadable tokenizer_config.json is already a tokenizer.files failure; do not guess its tokens
+        if any(name_ is None and "tokenizer_config.json" in side.problems
+               for side, name_ in ((p.target, tn), (p.draft, dn))):
+            continue
         if tid == did:
             findings.append(Finding.ok(check, p.node, name, f"{name} {show(tn)} is id {tid} on both sides"))
             continue
