@@ -9,7 +9,7 @@ from infer_ctl.core.provision.desired import ManagedFile
 from infer_ctl.core.provision.diff import file_diff
 from infer_ctl.core.provision.model import EntryKind
 from infer_ctl.provision.context import Planned, StepContext
-from infer_ctl.provision.remote_files import expected_stat, read_file, run_checked, stat_file, write_file
+from infer_ctl.provision.remote_files import expected_stat, read_file_and_stat, run_checked, write_file
 from infer_ctl.remote.base import Command
 
 
@@ -33,8 +33,7 @@ def plan_file(
 ) -> Planned:
     """OK when content, mode and owner match; else CHANGE with a unified diff. The action writes the file
     atomically with a backup, then runs `after_write` (daemon-reload, sysctl -p, ...)."""
-    current = read_file(ctx.conn, file.path, sudo=True)
-    have_stat = stat_file(ctx.conn, file.path, sudo=True) if current is not None else None
+    current, have_stat = read_file_and_stat(ctx.conn, file.path, sudo=True)
     want_stat = expected_stat(file)
     commands = (f"write {file.path} (mode {file.mode:o}, {file.owner}:{file.group}; backup kept)", *tuple(c.shell() for c in after_write))
     if current == file.content and have_stat == want_stat:

@@ -75,8 +75,12 @@ class SysctlStep:
 
     @staticmethod
     def live_values(ctx: StepContext, keys: list[str]) -> dict[str, str | None]:
-        values: dict[str, str | None] = {}
-        for key in keys:
-            result = ctx.conn.run(Command("sysctl", "-n", key), timeout=30)
-            values[key] = normalize_sysctl_value(result.out) if result.ok else None
+        # one round trip; a key the kernel lacks prints nothing, so read them one per line in order
+        script = 'for k in "$@"; do printf "%s=" "$k"; sysctl -n "$k" 2>/dev/null || echo; done'
+        result = ctx.conn.run(Command("sh", "-c", script, "sh", *keys), timeout=30)
+        values: dict[str, str | None] = dict.fromkeys(keys)
+        for line in result.out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key in values and value.strip():
+                values[key] = normalize_sysctl_value(value)
         return values
