@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-import infer_ctl.cli.check_gpu  # noqa: F401  (registers `check gpu` on check_cmd.app)
+import infer_ctl.cli.check_gpu  # registers `check gpu` on check_cmd.app
 import infer_ctl.cli.check_tokenizer  # noqa: F401  (registers `check tokenizer` on check_cmd.app)
 from infer_ctl import __version__
 from infer_ctl.cli import audit_cmd, check_cmd, exec_cmd, nodes_cmd, plan_cmd, profile_cmd, provision_cmd
