@@ -46,7 +46,8 @@ def setup_node(cluster: Any, sysfs_root: Path, name: str, spec: FabricNode) -> N
                       ("mlnx_qos", spec.qos), ("ethtool", spec.pause)):
         install_standin(bin_dir, tool, "standin-recorded-output")
         (bin_dir / f"{tool}.out").write_text(out)
-    install_standin(bin_dir, "ibv_rc_pingpong", "standin-ibv_rc_pingpong")
+    for tool in ("ibv_rc_pingpong", "ib_write_lat"):  # one stand-in, behaving by the name it is run as
+        install_standin(bin_dir, tool, "standin-ibv_rc_pingpong")
     table = {str(i): g for i, g, _ in gids}
     (bin_dir / "standin-rdma.json").write_text(json.dumps({"devices": {hca.name: table}, "mode": spec.mode}))
 
@@ -97,7 +98,7 @@ def leftovers(root: Path) -> list[str]:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(root) in cmd and "ibv_rc_pingpong" in cmd:
+        if str(root) in cmd and ("ibv_rc_pingpong" in cmd or "ib_write_" in cmd):
             procs.append(cmd)
     return procs
 

@@ -55,7 +55,7 @@ def test_healthy_and_misconfigured_nodes_with_pair_matrix(
     setup_node(cluster, sysfs, "dc-02", FabricNode(ipv4=None, ipv6="2001:db8::22", qos=PCP_NO_PFC,
                                                    netdev=Netdev(trust=None, ecn_np={3: 0}, ecn_rp={3: 0})))
     monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(sysfs / "{node}"))
-    profile = fabric_profile(cluster, tmp_path / "p.yaml", free_port_range())
+    profile = fabric_profile(cluster, tmp_path / "p.yaml", free_port_range(), pingpong={"perftest": True})
     before = pp_dirs()
 
     code, out = _cli(capsys, "--pingpong", "--json", "-p", str(profile))
@@ -65,8 +65,11 @@ def test_healthy_and_misconfigured_nodes_with_pair_matrix(
     problems = {(f["check"], f["node"]) for f in findings if f["status"] in ("fail", "warn", "unknown")}
     assert problems == {
         ("fabric.pfc", "dc-02"), ("fabric.trust", "dc-02"), ("fabric.ecn", "dc-02"), ("fabric.gid_family", "dc-02"),
-        ("fabric.pingpong", "pf-01"),  # the pf-01 <-> dc-02 pair
+        ("fabric.pingpong", "pf-01"), ("fabric.write_lat", "pf-01"),  # the pf-01 <-> dc-02 pair
     }, problems
+    lat = {f["details"]["client"]: f for f in _by(findings, "fabric.write_lat")}
+    assert lat["dc-01"]["status"] == "ok" and lat["dc-01"]["details"]["rtt_us"] > 0
+    assert lat["dc-02"]["status"] == "fail" and "retry counter exceeded" in lat["dc-02"]["message"]
     ok_pair = _by(findings, "fabric.pingpong", "pf-01")
     by_client = {f["details"]["client"]: f for f in ok_pair}
     assert by_client["dc-01"]["status"] == "ok" and by_client["dc-01"]["details"]["rtt_us"] > 0
@@ -76,6 +79,7 @@ def test_healthy_and_misconfigured_nodes_with_pair_matrix(
     assert "pf-01" in bad["subject"] and "dc-02" in bad["subject"] and "GID index" in bad["remedy"]
     assert "PFC is off on priority 3" in _by(findings, "fabric.pfc", "dc-02")[0]["message"]
     pairs = doc["pairs"]
+    assert pairs["tools"] == ["ibv_rc_pingpong", "ib_write_lat"]
     assert pairs["rows"] == ["pf-01"] and pairs["columns"] == ["dc-01", "dc-02"]
     assert {(c["client"], c["status"]) for c in pairs["cells"]} == {("dc-01", "ok"), ("dc-02", "fail")}
     # both ends got the same flags; the servers were stopped and their temp dirs removed

@@ -115,8 +115,9 @@ def judge_presence(facts: NodeFabricFacts, exp: FabricExpectations) -> list[Find
         if not exp.needs_rdma and not exp.devices:
             return [Finding.skip("fabric.devices", node, "rdma", f"no RDMA device and none needed ({why})")]
         not_installed = facts.devinfo_error is not None and facts.devinfo_error.kind == "not-installed"
+        expected = f" (expected {', '.join(exp.devices)})" if exp.devices else ""
         return [Finding.fail(
-            "fabric.devices", node, "rdma", f"no RDMA device found: {why}",
+            "fabric.devices", node, "rdma", f"no RDMA device found{expected}: {why}",
             details={"expected": list(exp.devices), "devinfo_error": why},
             remedy=(INSTALL_RDMA_CORE + "; then check that the HCA driver (mlx5_core/mlx5_ib) is loaded")
             if not_installed else
