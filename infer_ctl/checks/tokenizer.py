@@ -102,14 +102,15 @@ class ProfilePair:
 
 
 def profile_pair(profile: Profile) -> ProfilePair:
+    """The model paths as the profile writes them ("~/..." stays home-relative: on a node it is that node's
+    home); relative paths are resolved against the profile's directory."""
     models = profile.models
     if models is None:
         return ProfilePair("", None, "the profile has no models section")
     base = profile.base_dir
 
     def resolve(path: str) -> str:
-        p = Path(path).expanduser()
-        return str(p if p.is_absolute() else base / p)
+        return path if path.startswith("~") or Path(path).is_absolute() else str(base / path)
 
     target = resolve(models.target.tokenizer_path or models.target.path)
     draft = models.draft
@@ -121,13 +122,17 @@ def profile_pair(profile: Profile) -> ProfilePair:
     return ProfilePair(target, resolve(draft.path))
 
 
+def local_path(path: str) -> Path:
+    return Path(path).expanduser()
+
+
 def check_profile_local(profile: Profile, *, probes: Sequence[str] = (), probes_name: str = "user probes",
                         missing: Status = Status.UNKNOWN) -> list[Finding]:
     """Compare the profile's pair on this machine; `missing` is the status when the paths are not here."""
     pair = profile_pair(profile)
     if pair.draft is None:
         return [Finding.skip(PROFILE_CHECK, "local", "models", f"nothing to compare: {pair.reason}")]
-    absent = [p for p in (pair.target, pair.draft) if not Path(p).is_dir()]
+    absent = [p for p in (pair.target, pair.draft) if not local_path(p).is_dir()]
     if absent:
         return [Finding.make(
             missing, PROFILE_CHECK, "local", "models",
@@ -136,7 +141,7 @@ def check_profile_local(profile: Profile, *, probes: Sequence[str] = (), probes_
             details={"target": pair.target, "draft": pair.draft},
             remedy="run `inferctl check tokenizer --fleet` to check the copies on the serving nodes, or pass "
             "--target DIR --draft DIR with local copies")]
-    return compare_dirs(pair.target, pair.draft, probes=probes, probes_name=probes_name)
+    return compare_dirs(local_path(pair.target), local_path(pair.draft), probes=probes, probes_name=probes_name)
 
 
 # ---------------------------------------------------------------- fleet mode
@@ -160,9 +165,30 @@ def gather_hashes(conn: Connector, node: Node, dirs: dict[str, str], timeout: fl
     return NodeHashes(out)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The copy of one side most nodes hold (ties: the first in profile order), and who holds it."""
+
+    hashes: dict[str, str]
+    node: str
+    holders: int
+
+
+def majority_reference(per_node: dict[str, NodeHashes | InferctlError], side: str) -> Reference | None:
+    copies = [(node, got.hashes[side]) for node, got in per_node.items()
+              if isinstance(got, NodeHashes) and got.hashes.get(side) is not None]
+    if not copies:
+        return None
+    counts = Counter(json.dumps(h, sort_keys=True) for _, h in copies)
+    best = max(counts.values())
+    node, hashes = next((n, h) for n, h in copies if counts[json.dumps(h, sort_keys=True)] == best)
+    assert hashes is not None
+    return Reference(hashes, node, best)
+
+
 def judge_fleet_hashes(dirs: dict[str, str], per_node: dict[str, NodeHashes | InferctlError],
-                       reference: dict[str, dict[str, str] | None]) -> list[Finding]:
-    """Each node's hashes against the reference copy of each side."""
+                       reference: dict[str, Reference | None]) -> list[Finding]:
+    """Each node's tokenizer files against the majority copy of each side."""
     findings: list[Finding] = []
     for node, got in per_node.items():
         if isinstance(got, InferctlError):
@@ -177,34 +203,33 @@ def judge_fleet_hashes(dirs: dict[str, str], per_node: dict[str, NodeHashes | In
                 continue
             if ref is None:
                 continue
-            differ = sorted(n for n in set(ref) | set(have) if ref.get(n) != have.get(n))
+            differ = sorted(n for n in set(ref.hashes) | set(have) if ref.hashes.get(n) != have.get(n))
             if differ:
                 first = differ[0]
                 state = ("missing here" if first not in have else
-                         "only here" if first not in ref else "different bytes")
+                         "only here" if first not in ref.hashes else "different bytes")
                 findings.append(Finding.fail(
                     FLEET_CHECK, node, side,
-                    f"{len(differ)} tokenizer file(s) differ from the reference copy; first: {first} ({state})",
-                    details={"files": {n: {"node": have.get(n), "reference": ref.get(n)} for n in differ}},
-                    remedy=f"re-sync {directory} on {node} from the reference copy (rsync -c), then rerun"))
+                    f"{len(differ)} tokenizer file(s) differ from the copy on {ref.node} "
+                    f"(held by {ref.holders} node(s)); first: {first} ({state})",
+                    details={"files": {n: {"node": have.get(n), "reference": ref.hashes.get(n)} for n in differ},
+                             "reference_node": ref.node},
+                    remedy=f"re-sync {directory} on {node} from {ref.node} (rsync -c), then rerun"))
             else:
-                findings.append(Finding.ok(FLEET_CHECK, node, side, f"{len(have)} tokenizer files match the reference",
+                findings.append(Finding.ok(FLEET_CHECK, node, side,
+                                           f"{len(have)} tokenizer files identical to the reference copy",
                                            details={"sha256": have}))
     return findings
 
 
-def majority_reference(per_node: dict[str, NodeHashes | InferctlError], side: str) -> tuple[str | None, dict[str, str] | None]:
-    """The copy most nodes hold (ties: the first node in profile order), and one node that holds it."""
-    copies = [(node, got.hashes.get(side)) for node, got in per_node.items()
-              if isinstance(got, NodeHashes) and got.hashes.get(side) is not None]
-    if not copies:
-        return None, None
-    counts = Counter(json.dumps(h, sort_keys=True) for _, h in copies)
-    best = max(counts.values())
-    for node, hashes in copies:
-        if counts[json.dumps(hashes, sort_keys=True)] == best:
-            return node, hashes
-    return None, None  # unreachable
+def fetch_copy(conn: Connector, directory: str, names: Sequence[str], into: Path) -> Path:
+    """Only the hashed tokenizer files (a few MB), never weights; "~/x" is fetched as x, relative to the
+    login directory where SFTP and shells start."""
+    into.mkdir(parents=True)
+    remote = directory[2:] if directory.startswith("~/") else directory
+    for name in names:
+        (into / name).write_bytes(conn.get_file(f"{remote.rstrip('/')}/{name}"))
+    return into
 
 
 def check_fleet(profile: Profile, fleet: Any, nodes: Sequence[Node], *, probes: Sequence[str] = (),
@@ -218,44 +243,32 @@ def check_fleet(profile: Profile, fleet: Any, nodes: Sequence[Node], *, probes: 
     per_node: dict[str, NodeHashes | InferctlError] = {
         o.node.name: (o.value if o.error is None else o.error) for o in outcomes
     }
-    # The reference is this machine's copy when it has one (that is what gets compared), else the majority.
-    reference: dict[str, dict[str, str] | None] = {}
-    source: dict[str, str] = {}
-    for side, directory in dirs.items():
-        local = local_hashes(directory)
-        if local is not None:
-            reference[side], source[side] = local, "local"
-        else:
-            node, hashes = majority_reference(per_node, side)
-            reference[side] = hashes
-            if node is not None:
-                source[side] = node
+    reference = {side: majority_reference(per_node, side) for side in dirs}
     findings = judge_fleet_hashes(dirs, per_node, reference)
-    if set(source) != set(dirs):
+    if any(ref is None for ref in reference.values()):
         findings.append(Finding.unknown(
-            PROFILE_CHECK, "local", "models",
-            "no reachable node (and not this machine) holds both model directories; nothing to compare",
-            remedy="fix the failures above, then rerun"))
+            PROFILE_CHECK, "fleet", "models",
+            "no reachable node holds both model directories, so there is no copy to compare",
+            remedy="fix the node findings above, then rerun"))
         return findings
     by_name = {n.name: n for n in nodes}
     with tempfile.TemporaryDirectory(prefix="inferctl-tokenizer-") as tmp:
-        local_dirs: dict[str, str] = {}
+        local_dirs: dict[str, Path] = {}
+        where: list[str] = []
         for side, directory in dirs.items():
-            if source[side] == "local":
-                local_dirs[side] = directory
-                continue
-            # Only the hashed tokenizer files are fetched (a few MB), never weights: the d2t/t2d and
-            # lm_head checks therefore need a local copy of the draft checkpoint.
-            target_dir = Path(tmp) / side
-            target_dir.mkdir()
-            conn = fleet.connector(by_name[source[side]])
-            for name in reference[side] or {}:
-                (target_dir / name).write_bytes(conn.get_file(f"{directory.rstrip('/')}/{name}"))
-            local_dirs[side] = str(target_dir)
-        where = source["target"] if source["target"] == source["draft"] else \
-            f"{source['target']}+{source['draft']}"
+            ref = reference[side]
+            assert ref is not None
+            # This machine's copy saves the download when it is byte-identical to the one being served.
+            if local_hashes(local_path(directory)) == ref.hashes:
+                local_dirs[side] = local_path(directory)
+                where.append("local")
+            else:
+                conn = fleet.connector(by_name[ref.node])
+                local_dirs[side] = fetch_copy(conn, directory, sorted(ref.hashes), Path(tmp) / side)
+                where.append(ref.node)
+        node = where[0] if where[0] == where[1] else "+".join(where)
         findings += compare_dirs(local_dirs["target"], local_dirs["draft"], probes=probes,
-                                 probes_name=probes_name, node=where)
+                                 probes_name=probes_name, node=node)
     return findings
 
 

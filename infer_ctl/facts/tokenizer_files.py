@@ -641,8 +641,10 @@ NO_DIR_MARKER = "__inferctl_no_such_directory__"
 def tokenizer_hash_command(directory: str) -> Command:
     """sha256 of the tokenizer files in `directory` on a node; only hashes travel back, never the files."""
     names = " ".join(shlex.quote(n) for n in TOKENIZER_FILES)
+    # "~/x" means the node's home (quoting would stop the shell expanding it), anything else is literal
+    where = f'"$HOME"/{shlex.quote(directory[2:])}' if directory.startswith("~/") else shlex.quote(directory)
     script = (
-        f"cd -- {shlex.quote(directory)} 2>/dev/null || {{ echo {NO_DIR_MARKER}; exit 0; }}; "
+        f"cd -- {where} 2>/dev/null || {{ echo {NO_DIR_MARKER}; exit 0; }}; "
         f"for f in {names} *.tiktoken; do if [ -f \"$f\" ]; then sha256sum -- \"$f\" || exit 1; fi; done"
     )
     return Command.sh(script)
