@@ -84,6 +84,11 @@ app.add_typer(router_cmd.app, name="router")
 from infer_ctl.cli import check_fabric  # noqa: E402, F401  (registers `check fabric` on check_cmd.app)
 
 app.command("audit")(audit_cmd.audit_cmd)
+from infer_ctl.cli import bench_cmd, demo_cmd, sim_cmd  # noqa: E402
+
+app.add_typer(sim_cmd.app, name="sim")
+app.command("bench")(bench_cmd.bench)
+app.command("demo")(demo_cmd.demo)
 
 
 def _debug_log_path() -> Path:

@@ -57,12 +57,19 @@ class SimCluster:
         await worker.start()
         self.workers[i] = worker
 
+    async def add_worker(self, spec: WorkerSpec) -> SimWorker:
+        worker = SimWorker(spec)
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
     async def stop(self) -> None:
         await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
 
 
-async def start_cluster(specs: list[WorkerSpec]) -> SimCluster:
-    workers = [SimWorker(s) for s in specs]
+async def start_cluster(specs: list[WorkerSpec], *, port_fallback: bool = False) -> SimCluster:
+    """Start every worker; `port_fallback` moves a worker whose fixed port is busy to a free port."""
+    workers = [SimWorker(s, port_fallback=port_fallback) for s in specs]
     started: list[SimWorker] = []
     try:
         for w in workers:
@@ -87,16 +94,23 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class ThreadedSimCluster:
     """A SimCluster whose event loop runs in a daemon thread; every method is synchronous."""
 
-    def __init__(self, specs: list[WorkerSpec], timeout: float = 30.0) -> None:
+    def __init__(self, specs: list[WorkerSpec], timeout: float = 30.0, *, port_fallback: bool = False) -> None:
         self.loop = new_event_loop()
         self._timeout = timeout
         self._thread = threading.Thread(target=self.loop.run_forever, name="inferctl-sim", daemon=True)
         self._thread.start()
         try:
-            self.cluster = self._call(start_cluster(specs))
+            self.cluster = self._call(start_cluster(specs, port_fallback=port_fallback))
         except BaseException:
             self._shutdown_loop()
             raise
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the cluster's loop (e.g. `call(cluster.cluster.add_worker(spec))`)."""
+        return self._call(coro)
+
+    def by_role(self, role: str) -> list[SimWorker]:
+        return self.cluster.by_role(role)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self._timeout)
@@ -136,5 +150,5 @@ class ThreadedSimCluster:
         self.stop()
 
 
-def start_cluster_in_thread(specs: list[WorkerSpec]) -> ThreadedSimCluster:
-    return ThreadedSimCluster(specs)
+def start_cluster_in_thread(specs: list[WorkerSpec], *, port_fallback: bool = False) -> ThreadedSimCluster:
+    return ThreadedSimCluster(specs, port_fallback=port_fallback)

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from infer_ctl.errors import InferctlError
 from infer_ctl.sim import protocol as proto
 from infer_ctl.sim.config import SGLANG_VERSION, WorkerSpec
 from infer_ctl.sim.engine import Engine, SimRequest
@@ -27,6 +28,8 @@ from infer_ctl.sim.rooms import RoomError, RoomTable, prompt_digest
 from infer_ctl.sim.tokenizer import make_tokenizer
 
 DEFAULT_BOOTSTRAP_PORT = 8998
+#: SGLang's FAKE_BOOTSTRAP_HOST: requests carrying it use the fake KV sender/receiver (no pairing)
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 #: aiohttp logs every malformed request with a traceback; sglang-router probes each worker with an
 #: HTTP/2 preface (gRPC detection) that aiohttp answers with 400, so those logs are noise: keep errors only
 #: at CRITICAL on the simulator's own logger (the request still gets its 400).
@@ -43,9 +46,19 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + _dumps(obj).encode() + b"\n\n"
 
 
+class SimBindError(InferctlError):
+    def __init__(self, host: str, port: int, exc: OSError) -> None:
+        super().__init__(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            remedy="pick another port (or 0 for a free one), or stop whatever listens there",
+        )
+
+
 class SimWorker:
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, *, port_fallback: bool = False) -> None:
         self.spec = spec
+        #: when the spec's fixed port is busy, listen on a free one instead of failing
+        self.port_fallback = port_fallback
         self.timing = spec.timing()
         self.tokenizer = make_tokenizer(spec.tokenizer_path)
         self.cache = RadixCache(self.timing.kv_capacity_tokens, spec.eviction_policy)
@@ -85,7 +98,21 @@ class SimWorker:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None, logger=_HTTP_LOG)
         await runner.setup()
         site = web.TCPSite(runner, self.spec.host, port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            if not (self.port_fallback and port):
+                await runner.cleanup()
+                raise SimBindError(self.spec.host, port, exc) from exc
+            # the demo's fixed ports are taken (another demo, a real server): any free port will do, and
+            # where extra loopback addresses (127.0.0.11) do not exist (macOS), 127.0.0.1 will do
+            try:
+                site = web.TCPSite(runner, self.spec.host, 0, reuse_address=True)
+                await site.start()
+            except OSError:
+                self.spec.host = "127.0.0.1"
+                site = web.TCPSite(runner, self.spec.host, 0, reuse_address=True)
+                await site.start()
         self._runners.append(runner)
         server: Any = site._server  # aiohttp exposes the bound port only through the asyncio server
         return int(server.sockets[0].getsockname()[1])
@@ -528,6 +555,8 @@ class SimWorker:
     async def _run_prefill(self, item: GenItem, sreq: SimRequest, on_chunk: Any) -> dict[str, Any]:
         e, room = self._engine(), item.pd.room
         assert room is not None
+        if item.pd.host == FAKE_BOOTSTRAP_HOST:
+            return await self._run_fake_prefill(sreq, on_chunk)
         try:
             entry = self.rooms.register(room, item.input_ids)
         except RoomError as exc:
@@ -572,10 +601,27 @@ class SimWorker:
             on_chunk(result)
         return result
 
+    async def _run_fake_prefill(self, sreq: SimRequest, on_chunk: Any) -> dict[str, Any]:
+        """SGLang's FakeKVSender: a prefill-only request (health checks, cache warm-ups) runs the forward
+        and fills the radix cache, with no decode to wait for and no transfer."""
+        e = self._engine()
+        e.submit_prefill(sreq)
+        assert sreq.prefill_done is not None
+        await sreq.prefill_done
+        sreq.finished_at = asyncio.get_running_loop().time()
+        meta = proto.meta_info(sreq.rid, sreq.prompt_tokens, 0, sreq.cached_tokens, {"type": "length", "length": 0},
+                               e2e_latency=e.model_seconds(sreq.finished_at - sreq.arrived))
+        result = {"text": "", "output_ids": [], "meta_info": meta}
+        if on_chunk is not None:
+            on_chunk(result)
+        return result
+
     async def _fetch_kv(self, item: GenItem) -> int:
         """Decode side: find the prefill's bootstrap server, claim the room, wait for the KV to land."""
         pd, timeout = item.pd, self.spec.waiting_timeout_s
         assert pd.room is not None
+        if pd.host == FAKE_BOOTSTRAP_HOST:  # SGLang's FakeKVReceiver: decode without any KV transfer
+            return 0
         if pd.room == 0:  # SGLang's decode never sees room 0's metadata land: it stalls to the timeout
             await asyncio.sleep(timeout)
             raise RequestError(

@@ -1,0 +1,54 @@
+"""`inferctl bench`: load-generate against a router or worker and report latencies, goodput, hit rate."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from infer_ctl.bench.client import APIS, LoadSpec
+from infer_ctl.bench.report import plot, render
+from infer_ctl.bench.run import run_bench
+from infer_ctl.bench.stats import Slo
+from infer_ctl.bench.workloads import WORKLOADS, WorkloadSpec
+from infer_ctl.cli.common import JsonOpt, finish, session
+from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.core.report import Report
+from infer_ctl.errors import UsageError
+from infer_ctl.output.textfile import write_atomic
+
+
+def bench(
+    url: Annotated[str, typer.Option("--url", "-u", help="Router or worker base URL, e.g. http://127.0.0.1:8000.")],
+    workload: Annotated[str, typer.Option("--workload", "-w", help=f"One of: {', '.join(WORKLOADS)}.")] = "shared-prefix",
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Number of requests.")] = 200,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests (sessions) in flight.")] = 32,
+    rate: Annotated[float | None, typer.Option("--rate", "-r", help="Open loop: Poisson arrivals per second (overrides -c).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and arrivals.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Output tokens per request.")] = 128,
+    api: Annotated[str, typer.Option("--api", help=f"Endpoint family: {', '.join(APIS)}.")] = "generate",
+    slo_ttft_ms: Annotated[float, typer.Option("--slo-ttft-ms", help="Goodput SLO on time to first token.")] = 2000.0,
+    slo_tpot_ms: Annotated[float, typer.Option("--slo-tpot-ms", help="Goodput SLO on time per output token.")] = 100.0,
+    time_scale: Annotated[float | None, typer.Option("--time-scale", help="Wall s per model s (default: the simulator's, else 1).")] = None,
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Write the JSON summary + per-request results here.")] = None,
+    plot_path: Annotated[str | None, typer.Option("--plot", help="Write latency CDFs and hit rate over time (PNG).")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Run a workload (SGLang bench_serving style) and print TTFT/ITL/E2E percentiles, throughput, goodput."""
+    sess = session(json_)
+    try:
+        wl = WorkloadSpec(name=workload, requests=requests, seed=seed, max_new_tokens=max_new_tokens)
+        load = LoadSpec(concurrency=None if rate else concurrency, rate=rate, seed=seed, api=api)
+        outcome = run_bench(url, wl, load, Slo(slo_ttft_ms / 1000, slo_tpot_ms / 1000), time_scale=time_scale)
+    except ValueError as exc:
+        raise UsageError(str(exc), remedy="see `inferctl bench --help`") from None
+    s = outcome.summary
+    if out:
+        doc = {"summary": s, "results": [r.__dict__ | {"tpot": r.tpot} for r in outcome.results]}
+        write_atomic(out, json.dumps(doc, indent=2) + "\n")
+    if plot_path:
+        plot(outcome.results, plot_path)
+    report = Report(command="bench", profile=None, data={"summary": s})
+    report.exit_code_override = ExitCode.OK if s["failed"] == 0 else ExitCode.FAIL if not s["completed"] else ExitCode.WARN
+    finish(sess, report, lambda console: render(console, s, f"inferctl bench: {workload} -> {url}"))

@@ -1,0 +1,38 @@
+"""`inferctl demo`: a simulated PD cluster from the local profile, a router, a short bench, a table."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from infer_ctl.bench.demo import ROUTERS, DemoOptions, run_demo
+from infer_ctl.bench.report import render
+from infer_ctl.cli.common import JsonOpt, finish, get_profile, session, status_line
+from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.core.report import Report
+
+
+def demo(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="Profile whose cluster is simulated.")] = "builtin:local",
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests in the bench.")] = 160,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests in flight.")] = 16,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="Wall s per model s (0.5 = twice as fast).")] = 1.0,
+    router: Annotated[str, typer.Option("--router", help=f"Front: {', '.join(ROUTERS)}.")] = "auto",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and the workers.")] = 0,
+    json_: JsonOpt = False,
+) -> None:
+    """Start the profile's cluster as simulated SGLang workers, route a shared-prefix bench through the
+    router, print the results and shut everything down."""
+    sess = session(json_)
+    prof = get_profile(profile)
+    opts = DemoOptions(requests=requests, concurrency=concurrency, time_scale=time_scale, router=router, seed=seed)
+    with status_line(sess, "running the demo (simulated cluster + router + bench)"):
+        outcome = run_demo(prof, opts, log=lambda m: sess.err.print(f"[dim]demo: {m}[/dim]") if not json_ else None)
+    s = outcome.summary
+    report = Report(command="demo", profile=prof.name,
+                    data={"router": outcome.router, "router_url": outcome.router_url, "workers": outcome.workers,
+                          "summary": s})
+    report.exit_code_override = ExitCode.OK if s["failed"] == 0 else ExitCode.WARN if s["completed"] else ExitCode.FAIL
+    finish(sess, report, lambda console: render(console, s, f"inferctl demo: {outcome.router}, {len(outcome.workers)} "
+                                                           f"simulated workers ({prof.name})"))

@@ -1,0 +1,85 @@
+"""`inferctl sim serve`: SGLang-compatible simulated workers in one process (see docs/simulator.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, Session, get_profile, session
+from infer_ctl.errors import UsageError
+from infer_ctl.output.json_doc import dumps
+from infer_ctl.sim.cluster import new_event_loop, start_cluster
+from infer_ctl.sim.config import Role, WorkerSpec
+from infer_ctl.sim.from_profile import specs_from_profile
+from infer_ctl.sim.specparse import parse_worker
+
+app = typer.Typer(help="SGLang-compatible simulated workers (no GPU needed).", no_args_is_help=True)
+
+
+@app.command("serve")
+def serve(
+    worker: Annotated[list[str] | None, typer.Option("--worker", "-w", help="ROLE[@HOST:PORT[/BOOTSTRAP_PORT]], repeatable; ROLE is prefill, decode or mixed.")] = None,
+    prefill: Annotated[int, typer.Option("--prefill", help="Add N prefill workers on free ports.")] = 0,
+    decode: Annotated[int, typer.Option("--decode", help="Add N decode workers on free ports.")] = 0,
+    mixed: Annotated[int, typer.Option("--mixed", help="Add N mixed (non-PD) workers on free ports.")] = 0,
+    profile: ProfileOpt = None,
+    from_profile: Annotated[bool, typer.Option("--from-profile", help="Serve the workers the profile describes.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed (worker i uses seed + i).")] = 0,
+    preset: Annotated[str | None, typer.Option("--preset", help="Hardware/model timing preset.")] = None,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="Wall seconds per model second.")] = 1.0,
+    cache_tokens: Annotated[int | None, typer.Option("--cache-tokens", help="Radix cache capacity in tokens.")] = None,
+    eviction_policy: Annotated[str, typer.Option("--eviction-policy", help="lru or priority.")] = "lru",
+    no_spec: Annotated[bool, typer.Option("--no-spec", help="Disable speculative decoding.")] = False,
+    spec_alpha: Annotated[float | None, typer.Option("--spec-alpha", help="Per-token draft acceptance rate.")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Start simulated prefill/decode/mixed workers and serve until interrupted (Ctrl-C or SIGTERM)."""
+    sess = session(json_)
+    knobs: dict[str, Any] = {k: v for k, v in {"time_scale": time_scale, "cache_capacity_tokens": cache_tokens,
+                               "eviction_policy": eviction_policy, "spec_alpha": spec_alpha, "tokenizer_path": tokenizer,
+                               "preset": preset, "model": model, "speculative": False if no_spec else None}.items()
+             if v is not None}
+    try:
+        specs = specs_from_profile(get_profile(profile), seed=seed, **knobs) if from_profile else []
+        specs += [parse_worker(w, seed=seed + len(specs) + i, **knobs) for i, w in enumerate(worker or [])]
+        counts: list[tuple[Role, int]] = [("prefill", prefill), ("decode", decode), ("mixed", mixed)]
+        for role, count in counts:
+            specs += [WorkerSpec(role, seed=seed + len(specs) + i, **knobs) for i in range(count)]
+    except ValueError as exc:
+        raise UsageError(str(exc), remedy="see `inferctl sim serve --help`") from None
+    if not specs:
+        raise UsageError("no workers to serve", remedy="give --worker ROLE, --prefill/--decode/--mixed N or --from-profile")
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(_serve(specs, sess, json_))
+    finally:
+        loop.close()
+
+
+async def _serve(specs: list[WorkerSpec], sess: Session, json_mode: bool) -> None:
+    cluster = await start_cluster(specs)
+    rows = [{"role": w.spec.role, "url": w.url, "bootstrap_port": w.bootstrap_port if w.spec.role == "prefill" else None}
+            for w in cluster.workers]
+    if json_mode:
+        print(dumps({"command": "sim serve", "status": "ok", "exit_code": 0, "workers": rows}), flush=True)
+    else:
+        table = Table(title=f"inferctl sim: {len(rows)} simulated SGLang workers (Ctrl-C to stop)")
+        for col in ("role", "url", "bootstrap"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(str(r["role"]), str(r["url"]), str(r["bootstrap_port"] or "-"))
+        sess.out.print(table)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    try:
+        await done.wait()
+    finally:
+        await cluster.stop()

@@ -1,0 +1,54 @@
+"""The simulated cluster a profile describes: one worker per (node, server role), at the node's address
+and the profile's ports, with the profile's model and speculative settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer_ctl.profile import Profile
+from infer_ctl.sim.config import Role, WorkerSpec
+from infer_ctl.sim.timing import DEFAULT_PRESET, PRESETS
+
+
+def sim_preset_for(model_preset: str | None, speculative: bool) -> str:
+    """The simulator preset of a sizing model preset (e.g. llama-3.1-70b), else the default."""
+    if model_preset:
+        matches = [p for p in PRESETS.values() if p.model == model_preset.lower()]
+        for p in matches:
+            if (p.spec_alpha is not None) == speculative:
+                return p.name
+        if matches:
+            return matches[0].name
+    return DEFAULT_PRESET
+
+
+def specs_from_profile(profile: Profile, **knobs: Any) -> list[WorkerSpec]:
+    """`knobs` are WorkerSpec fields applied to every worker (time_scale, seed, cache_capacity_tokens...)."""
+    if profile.models is None:
+        raise ValueError(f"profile {profile.name!r} has no models section: the simulator needs the target model")
+    target = profile.models.target
+    draft = profile.models.draft
+    model = target.served_name or target.path
+    spec_knobs: dict[str, Any] = {"speculative": draft is not None}
+    if draft is not None and draft.num_steps:
+        spec_knobs["spec_gamma"] = draft.num_steps
+    base = {"preset": sim_preset_for(target.preset, draft is not None), "model": model, **spec_knobs}
+    if target.context_length:
+        base["context_length"] = target.context_length
+    seed = int(knobs.pop("seed", 0))
+    specs: list[WorkerSpec] = []
+    for node in profile.nodes:
+        ports = profile.server_ports(node)
+        roles: list[tuple[Role, int, int | None]] = []
+        if "collocated" in ports:
+            roles.append(("mixed", ports["collocated"], None))
+        if "prefill" in ports:
+            roles.append(("prefill", ports["prefill"], ports["bootstrap"]))
+        if "decode" in ports:
+            roles.append(("decode", ports["decode"], None))
+        for role, port, boot in roles:
+            specs.append(
+                WorkerSpec(role, host=node.host, port=port, bootstrap_port=boot, seed=seed + len(specs),
+                           **{**base, **knobs})
+            )
+    return specs
