@@ -80,7 +80,11 @@ def expectations(profile: Profile, node: Node) -> FabricExpectations:
     rdma = node.rdma
     devices = tuple(rdma.devices) if rdma else ()
     sglang: list[str] = list(rdma.device_map.values()) if rdma and rdma.device_map else []
-    extra = [*profile.sglang.extra_args.prefill, *profile.sglang.extra_args.decode, *node.overrides.extra_args]
+    args = profile.sglang.extra_args
+    extra = [*(args.collocated if profile.collocated else []),
+             *(args.prefill if node.has_role(Role.PREFILL) and not profile.collocated else []),
+             *(args.decode if node.has_role(Role.DECODE) and not profile.collocated else []),
+             *node.overrides.extra_args]
     for i, arg in enumerate(extra):
         value = None
         if arg == "--disaggregation-ib-device" and i + 1 < len(extra):

@@ -1,0 +1,56 @@
+"""What the check layer derives from the profile and the facts, without hosts: expectations
+(devices, SGLang's --disaggregation-ib-device names, whether RDMA is needed) and pair endpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infer_ctl.checks.fabric import expectations, gid_families
+from infer_ctl.checks.pingpong import node_endpoints
+from infer_ctl.profile import Profile
+from tests.fabric.factories import node_facts
+from tests.fabric.sysfs_tree import Hca, Netdev, mlx5_gids
+
+
+def _profile(**extra: object) -> Profile:
+    data = {
+        "name": "t",
+        "nodes": [
+            {"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"],
+             "rdma": {"devices": ["mlx5_0", "mlx5_1"], "netdev": "ens1f0np0", "device_map": {"0": "mlx5_0", "1": "mlx5_4"}},
+             "overrides": {"extra_args": ["--disaggregation-ib-device=mlx5_7"]}},
+            {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"], "rdma": {"devices": ["mlx5_0"], "gid_index": 1}},
+        ],
+        "sglang": {"extra_args": {"decode": ["--disaggregation-ib-device", "mlx5_0,mlx5_5"]}},
+        **extra,
+    }
+    return Profile.model_validate(data)
+
+
+def test_expectations_collect_sglang_device_names_and_policy() -> None:
+    prof = _profile()
+    pf = expectations(prof, prof.node("pf-01"))
+    assert pf.devices == ("mlx5_0", "mlx5_1") and pf.netdev == "ens1f0np0" and pf.needs_rdma
+    assert pf.sglang_ib_devices == ("mlx5_0", "mlx5_4", "mlx5_7")  # the decode-only flag is not its
+    dc = expectations(prof, prof.node("dc-01"))
+    assert dc.gid_index == 1 and dc.sglang_ib_devices == ("mlx5_0", "mlx5_5")
+    tcp = _profile(sglang={"transfer_backend": "mooncake_tcp"})
+    assert not expectations(tcp, tcp.node("dc-01")).needs_rdma
+
+
+def test_endpoints_take_active_ports_with_a_v2_gid(tmp_path: Path) -> None:
+    prof = _profile()
+    node = prof.node("pf-01")
+    facts = node_facts(tmp_path, [Hca("mlx5_0"), Hca("mlx5_1", "ens1f1np1", state="1: DOWN", phys_state="3: Disabled")],
+                       [Netdev(), Netdev("ens1f1np1")])
+    eps = node_endpoints(node, facts, expectations(prof, node))
+    assert [(e.endpoint.device, e.endpoint.gid_index, e.active_mtu, e.rate_gbps) for e in eps] == [("mlx5_0", 3, 4096, 400.0)]
+    assert gid_families(facts, expectations(prof, node)) == {"ipv4"}
+
+
+def test_pinned_gid_index_is_used_for_the_pair_test(tmp_path: Path) -> None:
+    prof = _profile()
+    node = prof.node("dc-01")
+    facts = node_facts(tmp_path, [Hca(gids=mlx5_gids("10.0.0.21"))], name="dc-01")
+    eps = node_endpoints(node, facts, expectations(prof, node))
+    assert [e.endpoint.gid_index for e in eps] == [1]  # pinned: the link-local v2 GID
