@@ -47,6 +47,7 @@ from infer_ctl.facts.qos import (
     parse_ethtool_pause,
     parse_mlnx_qos,
 )
+from infer_ctl.facts.rdma_link import RDMA_LINK_JSON, parse_rdma_link
 from infer_ctl.facts.rdma_sysfs import (
     SYSFS_ROOT_ENV,
     counter_deltas,
@@ -119,6 +120,8 @@ def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interva
     if not facts.device_names():
         return facts
     tools = facts.sysfs.tools if facts.sysfs else {}
+    if facts.sysfs is not None and not facts.sysfs.devices and "rdma" in tools:
+        _links_fallback(conn, facts, exp, root)
     for name in facts.sysfs.netdevs if facts.sysfs else []:
         facts.netdevs[name] = _gather_netdev(conn, name, tools, facts)
     interval = exp.policy.counter_interval_s if interval_s is None else interval_s
@@ -130,6 +133,24 @@ def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interva
             facts.counter_deltas = counter_deltas(before, parse_counters_dump(res.out))
             facts.counter_interval_s = round(time.monotonic() - first, 2)
     return facts
+
+
+def _links_fallback(conn: Connector, facts: NodeFabricFacts, exp: FabricExpectations, root: str | None) -> None:
+    """No /sys/class/infiniband (a container, a restricted mount) but ibv_devinfo sees devices: take port
+    state and the netdev of each port from `rdma link`, then read those netdevs' sysfs files."""
+    res = conn.run(RDMA_LINK_JSON, timeout=TOOL_TIMEOUT_S)
+    if not res.ok:
+        return
+    try:
+        facts.links = parse_rdma_link(res.out)
+    except ValueError:
+        return
+    names = sorted({lk.netdev for lk in facts.links if lk.netdev} | ({exp.netdev} if exp.netdev else set()))
+    if not names or facts.sysfs is None:
+        return
+    res = conn.run(sysfs_command(names, root=root), timeout=TOOL_TIMEOUT_S)
+    if res.ok:
+        facts.sysfs.netdevs.update(parse_sysfs_dump(res.out).netdevs)
 
 
 def _gather_netdev(conn: Connector, name: str, tools: dict[str, str], facts: NodeFabricFacts) -> NetdevFacts:

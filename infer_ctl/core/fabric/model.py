@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from infer_ctl.facts.ibv_devinfo import DevinfoDevice, DevinfoError, DevinfoPort
 from infer_ctl.facts.qos import PauseFacts, QosFacts
+from infer_ctl.facts.rdma_link import RdmaLink
 from infer_ctl.facts.rdma_sysfs import NetdevSysfs, RdmaPort, SysfsSnapshot
 
 
@@ -41,6 +42,8 @@ class NodeFabricFacts:
     #: per "dev/port": counters that grew between the two samples; None when not sampled twice
     counter_deltas: dict[str, dict[str, int]] | None = None
     counter_interval_s: float = 0.0
+    #: `rdma link show`, read only when sysfs shows no device but ibv_devinfo does (e.g. containers)
+    links: list[RdmaLink] | None = None
 
     def device_names(self) -> list[str]:
         names: list[str] = []
@@ -63,6 +66,9 @@ class NodeFabricFacts:
         return None
 
     def netdevs_of(self, device: str) -> list[str]:
+        from_links = [lk.netdev for lk in self.links or [] if lk.device == device and lk.netdev]
+        if from_links:
+            return from_links
         if self.sysfs and device in self.sysfs.devices:
             found = list(self.sysfs.devices[device].netdevs)
             if found:

@@ -88,6 +88,11 @@ def port_views(facts: NodeFabricFacts, device: str) -> list[PortView]:
     for p in facts.sysfs_ports(device):
         views[p.port] = PortView(device, p.port, p.state, p.phys_state, p.rate_gbps, p.rate_text, p.link_layer,
                                  gids=list(p.gids))
+    for lk in facts.links or []:
+        if lk.device == device:
+            v = views.setdefault(lk.port, PortView(device, lk.port))
+            v.state = v.state or lk.state
+            v.phys_state = v.phys_state or _DEVINFO_PHYS.get(lk.physical_state or "", lk.physical_state)
     for d in facts.devinfo or []:
         if d.name != device:
             continue
