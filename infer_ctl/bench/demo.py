@@ -21,7 +21,7 @@ from infer_ctl.bench.client import LoadSpec
 from infer_ctl.bench.run import run_bench
 from infer_ctl.bench.stats import Slo
 from infer_ctl.bench.workloads import WorkloadSpec
-from infer_ctl.errors import InferctlError
+from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.profile import Profile
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.from_profile import specs_from_profile
@@ -160,7 +160,7 @@ def demo_cluster(profile: Profile, opts: DemoOptions) -> Iterator[ThreadedSimClu
 
 def run_demo(profile: Profile, opts: DemoOptions, log: Callable[[str], None] = lambda _m: None) -> DemoOutcome:
     if opts.router not in ROUTERS:
-        raise DemoError(f"unknown router {opts.router!r}", remedy=f"use one of {', '.join(ROUTERS)}")
+        raise UsageError(f"unknown router {opts.router!r}", remedy=f"use one of {', '.join(ROUTERS)}")
     with demo_cluster(profile, opts) as cluster:
         log(f"started {len(cluster.workers)} simulated workers: "
             + ", ".join(f"{w.spec.role} {w.url}" for w in cluster.workers))

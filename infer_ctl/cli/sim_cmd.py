@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from typing import Annotated, Any
 
@@ -11,7 +12,6 @@ from rich.table import Table
 
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, Session, get_profile, session
 from infer_ctl.errors import UsageError
-from infer_ctl.output.json_doc import dumps
 from infer_ctl.sim.cluster import new_event_loop, start_cluster
 from infer_ctl.sim.config import Role, WorkerSpec
 from infer_ctl.sim.from_profile import specs_from_profile
@@ -67,7 +67,8 @@ async def _serve(specs: list[WorkerSpec], sess: Session, json_mode: bool) -> Non
     rows = [{"role": w.spec.role, "url": w.url, "bootstrap_port": w.bootstrap_port if w.spec.role == "prefill" else None}
             for w in cluster.workers]
     if json_mode:
-        print(dumps({"command": "sim serve", "status": "ok", "exit_code": 0, "workers": rows}), flush=True)
+        # one line, printed once the workers listen: a supervising script reads it and proceeds
+        print(json.dumps({"command": "sim serve", "status": "ok", "exit_code": 0, "workers": rows}), flush=True)
     else:
         table = Table(title=f"inferctl sim: {len(rows)} simulated SGLang workers (Ctrl-C to stop)")
         for col in ("role", "url", "bootstrap"):
