@@ -82,7 +82,12 @@ def test_healthy_and_misconfigured_nodes_with_pair_matrix(
     assert pairs["tools"] == ["ibv_rc_pingpong", "ib_write_lat"]
     assert pairs["rows"] == ["pf-01"] and pairs["columns"] == ["dc-01", "dc-02"]
     assert {(c["client"], c["status"]) for c in pairs["cells"]} == {("dc-01", "ok"), ("dc-02", "fail")}
-    # both ends got the same flags; the servers were stopped and their temp dirs removed
+    # both ends got the same flags (-d/-g are each side's own; the client adds the server's address)
+    server_args = (cluster.bin_dir("pf-01") / "ibv_rc_pingpong.args").read_text().split("\n")[0].split()
+    client_args = (cluster.bin_dir("dc-01") / "ibv_rc_pingpong.args").read_text().split("\n")[0].split()
+    assert client_args[:-1] == server_args and client_args[-1] == cluster.node("pf-01").host
+    assert server_args[server_args.index("-g") + 1] == "3" and server_args[server_args.index("-m") + 1] == "4096"
+    # the servers were stopped and their temp dirs removed
     assert leftovers(cluster.root) == [] and pp_dirs() - before == set()
     assert _by(findings, "fabric.counters", "pf-01")[0]["status"] == "ok"
 
