@@ -133,3 +133,20 @@ def test_no_rdma_hardware_real_tools_and_unreachable_node(
 def test_fabric_family_is_loadable_for_audit() -> None:
     family = load_family("infer_ctl.checks.fabric")
     assert family.name == "fabric" and family.needs_nodes
+
+
+def test_audit_runs_the_fabric_family(
+    ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = ssh_cluster(names=["pf-01", "dc-01"], roles=[["prefill"], ["decode"]])
+    sysfs = tmp_path / "sysfs"
+    setup_node(cluster, sysfs, "pf-01", FabricNode(ipv4="10.0.0.11"))
+    setup_node(cluster, sysfs, "dc-01", FabricNode(ipv4="10.0.0.21", pause=(FIX / "ethtool-a" / "ethtool-commit-7e5c1d-a-json.json").read_text()))
+    monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(sysfs / "{node}"))
+    profile = fabric_profile(cluster, tmp_path / "p.yaml", free_port_range())
+    capsys.readouterr()
+    code = main(["audit", "-p", str(profile), "--json", "--only", "fabric"])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    bad = {(f["check"], f["node"]) for f in findings if f["status"] != "ok" and f["status"] != "skip"}
+    assert code == 2 and bad == {("fabric.pause", "dc-01")}
+    assert not _by(findings, "fabric.pingpong")  # pair tests only when asked for
