@@ -31,7 +31,7 @@ from infer_ctl.core.rules.fabric import (
     port_views,
 )
 from infer_ctl.errors import InferctlError
-from infer_ctl.facts.ibv_devinfo import IBV_DEVINFO_V, DevinfoError, devinfo_error, parse_ibv_devinfo
+from infer_ctl.facts.ibv_devinfo import IBV_DEVINFO_V, devinfo_error, parse_ibv_devinfo
 from infer_ctl.facts.qos import (
     QosFacts,
     QosParseError,
@@ -256,4 +256,4 @@ FAMILY = CheckFamily(
     run=_family_run,
 )
 
-__all__ = ["FAMILY", "DevinfoError", "FabricRun", "check_fabric", "expectations", "gather_node"]
+__all__ = ["FAMILY", "FabricRun", "check_fabric", "expectations", "gather_node"]
