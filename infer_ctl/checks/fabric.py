@@ -30,7 +30,7 @@ from infer_ctl.core.rules.fabric import (
     judge_node,
     port_views,
 )
-from infer_ctl.errors import InferctlError
+from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.facts.ibv_devinfo import IBV_DEVINFO_V, devinfo_error, parse_ibv_devinfo
 from infer_ctl.facts.qos import (
     QosFacts,
@@ -60,6 +60,7 @@ from infer_ctl.profile import Node, Profile, Role
 from infer_ctl.remote.base import Connector
 
 TOOL_TIMEOUT_S = 30.0
+PAIR_MODES = ("prefill-decode", "mesh", "explicit")
 
 
 @dataclass
@@ -223,6 +224,8 @@ def unreachable(node: str, error: InferctlError) -> Finding:
 
 def check_fabric(profile: Profile, fleet: Any, nodes: list[Node], *, pingpong: bool = False,
                  pair_mode: str | None = None) -> FabricRun:
+    if pair_mode is not None and pair_mode not in PAIR_MODES:
+        raise UsageError(f"--pairs {pair_mode!r} is not a pair mode", remedy=f"use one of: {', '.join(PAIR_MODES)}")
     run = FabricRun()
     exps = {n.name: expectations(profile, n) for n in nodes}
     outcomes = fleet.map(nodes, lambda conn, node: gather_node(conn, node, exps[node.name]))

@@ -180,6 +180,10 @@ def run_pair_tests(profile: Profile, fleet: Any, nodes: Sequence[Node], run: Any
     names = [n.name for n in nodes]
     pairs = select_pairs(mode, [n.name for n in nodes if n.has_role(Role.PREFILL)],
                          [n.name for n in nodes if n.has_role(Role.DECODE)], names, settings.explicit_pairs)
+    if not pairs:
+        run.findings.append(Finding.warn(
+            "fabric.pingpong", "fleet", "pairs", f"no node pairs to test in mode {mode!r} among the selected nodes",
+            remedy="select prefill and decode nodes, use --pairs mesh, or fill fabric.pingpong.explicit_pairs"))
     for node in sorted({x for p in pairs for x in p} - set(usable)):
         why = "not reachable" if node not in run.facts else "no ACTIVE device with a RoCE v2 GID"
         run.findings.append(Finding.fail("fabric.pingpong", node, node, f"{node} cannot take part in pair tests: {why}",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from infer_ctl.checks.fabric import expectations, gid_families
 from infer_ctl.checks.pingpong import node_endpoints
 from infer_ctl.profile import Profile
@@ -54,3 +56,24 @@ def test_pinned_gid_index_is_used_for_the_pair_test(tmp_path: Path) -> None:
     facts = node_facts(tmp_path, [Hca(gids=mlx5_gids("10.0.0.21"))], name="dc-01")
     eps = node_endpoints(node, facts, expectations(prof, node))
     assert [e.endpoint.gid_index for e in eps] == [1]  # pinned: the link-local v2 GID
+
+
+def test_cli_usage_errors_exit_64_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    from infer_ctl.cli.main import main
+
+    assert main(["check", "fabric", "-p", "builtin:local", "--pingpong", "--pairs", "ring"]) == 64
+    err = capsys.readouterr().err
+    assert "--pairs 'ring' is not a pair mode" in err and "prefill-decode" in err and "Traceback" not in err
+
+
+def test_no_pairs_selected_is_a_warning_not_silence(capsys: pytest.CaptureFixture[str]) -> None:
+    """builtin:local nodes are `connection: local`: this machine, where ibv_devinfo finds no device."""
+    import json
+
+    from infer_ctl.cli.main import main
+
+    code = main(["check", "fabric", "-p", "builtin:local", "--pingpong", "--pairs", "explicit", "--json", "--nodes", "pf-01"])
+    doc = json.loads(capsys.readouterr().out)
+    pairs = [f for f in doc["findings"] if f["check"] == "fabric.pingpong"]
+    assert code == 2 and pairs[0]["status"] == "warn" and "no node pairs" in pairs[0]["message"]
+    assert doc["pairs"]["cells"] == []
