@@ -68,6 +68,10 @@ class RouterConfig:
     admin_token_env: str = "INFERCTL_ROUTER_TOKEN"
     prefixes: list[PrefixSpec] = field(default_factory=list)
     rewarm_idle_s: float = 300.0
+    #: how PD warm-ups reach a prefill: auto (fake bootstrap host, falling back to a real pair),
+    #: fake_bootstrap, or pair
+    warm_via: str = "auto"
+    warm_fake_timeout_s: float = 5.0
     #: priority sent with pinned warm-ups (workers running --radix-eviction-policy priority keep them)
     pin_priority: int = 1_000_000
     model_name: str | None = None

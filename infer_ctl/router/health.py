@@ -1,5 +1,6 @@
 """Active health checks: /health, plus /server_info (restart detection, eviction policy) and /v1/loads
-(queue length, KV capacity). `health_failures` consecutive failures mark a worker unhealthy,
+(queue length, KV capacity). In-flight requests on a worker that goes unhealthy are failed at once
+(their connections closed) so that they are retried elsewhere instead of waiting for a timeout. `health_failures` consecutive failures mark a worker unhealthy,
 `health_successes` consecutive successes mark it healthy again. A worker that goes unhealthy or
 restarts (its /server_info start time changed) loses its prefix-index entries and named-prefix
 placements: its cache is gone, and routing on it would predict hits that no longer exist
@@ -124,6 +125,9 @@ class HealthChecker:
             if w.healthy and w.health_failures >= router.cfg.health_failures:
                 w.healthy = False
                 self._forget(w, "unhealthy")
+                # Requests still waiting on it would hang until their timeout (a hung or half-dead
+                # worker never answers): close their connections so they fail now and are retried.
+                router.upstreams.drop(w.url)
 
     def _forget(self, w: WorkerState, why: str) -> None:
         dropped = self.router.index.drop_worker(w.url)

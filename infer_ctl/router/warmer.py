@@ -17,19 +17,21 @@ from infer_ctl.core.routing.pd import FAKE_BOOTSTRAP_HOST, bootstrap_host, new_r
 from infer_ctl.core.routing.policy import NoWorkerAvailable, choose_decode
 from infer_ctl.core.routing.prefixes import WarmAction
 from infer_ctl.core.routing.prompt import render_chat
-from infer_ctl.router.jsonio import dumps
+from infer_ctl.router.jsonio import DecodeError, dumps, loads
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.upstream import UpstreamError
+from infer_ctl.router.usage import token_counts
 
 log = logging.getLogger("infer_ctl.router.prefixes")
 
 
 class PrefixWarmer:
-    def __init__(self, router: Router, *, tick_s: float = 0.5, fake_timeout_s: float = 5.0) -> None:
+    def __init__(self, router: Router, *, tick_s: float = 0.5) -> None:
         self.router = router
         self.tick_s = tick_s
-        self.fake_timeout_s = fake_timeout_s
-        self.use_fake_bootstrap = True
+        self.fake_timeout_s = router.cfg.warm_fake_timeout_s
+        self.use_fake_bootstrap = router.cfg.warm_via != "pair"
+        self.may_fall_back = router.cfg.warm_via == "auto"
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -82,6 +84,7 @@ class PrefixWarmer:
         router = self.router
         w = router.workers.by_url.get(action.worker)
         ok = False
+        tokens: int | None = None
         try:
             if w is None:
                 return False
@@ -89,10 +92,12 @@ class PrefixWarmer:
             body["rid"] = f"warm-{action.name}-v{action.version}-{router.new_rid()}"
             async with asyncio.timeout(router.cfg.request_timeout_s):
                 if router.mode == "collocated":
-                    status, _ = await router.upstreams.fetch(w.url, "POST", path, dumps(body))
+                    status, data = await router.upstreams.fetch(w.url, "POST", path, dumps(body))
                     ok = status == 200
                 else:
-                    ok = await self._warm_pd(w.url, w.spec.bootstrap_port, path, body)
+                    ok, data = await self._warm_pd(w.url, w.spec.bootstrap_port, path, body)
+            if ok:
+                tokens = token_counts(_safe_loads(data))[0]
             if ok:
                 text = render_chat([{"role": "system", "content": action.text}]) if action.fmt == "chat" else action.text
                 router.index.insert(router.index.hashes(text), w.url, router.clock())
@@ -105,20 +110,22 @@ class PrefixWarmer:
                                                                "error": str(exc) or type(exc).__name__})
             return False
         finally:
-            router.prefixes.warm_done(action, ok, router.clock())
+            router.prefixes.warm_done(action, ok, router.clock(), tokens)
 
-    async def _warm_pd(self, url: str, bport: int | None, path: str, body: dict[str, Any]) -> bool:
+    async def _warm_pd(self, url: str, bport: int | None, path: str, body: dict[str, Any]) -> tuple[bool, bytes]:
         router = self.router
         if self.use_fake_bootstrap:
             fake = {**body, "bootstrap_host": FAKE_BOOTSTRAP_HOST, "bootstrap_port": bport,
                     "bootstrap_room": new_room(router.rng)}
             try:
                 async with asyncio.timeout(self.fake_timeout_s):
-                    status, _ = await router.upstreams.fetch(url, "POST", path, dumps(fake))
+                    status, data = await router.upstreams.fetch(url, "POST", path, dumps(fake))
                 if status == 200:
-                    return True
+                    return True, data
             except (UpstreamError, TimeoutError):
                 pass
+            if not self.may_fall_back:
+                return False, b""
             log.warning("prefill did not honour the fake bootstrap host; warming through prefill+decode pairs",
                         extra={"worker": url})
             self.use_fake_bootstrap = False
@@ -126,10 +133,17 @@ class PrefixWarmer:
         try:
             dec = choose_decode([d.view(now) for d in router.workers.role("decode")], router.rng)
         except NoWorkerAvailable:
-            return False
+            return False, b""
         paired = {**body, "bootstrap_host": bootstrap_host(url), "bootstrap_port": bport,
                   "bootstrap_room": new_room(router.rng)}
         payload = dumps(paired)
-        (s1, _), (s2, _) = await asyncio.gather(router.upstreams.fetch(url, "POST", path, payload),
-                                                router.upstreams.fetch(dec.url, "POST", path, payload))
-        return s1 == 200 and s2 == 200
+        (s1, data), (s2, _) = await asyncio.gather(router.upstreams.fetch(url, "POST", path, payload),
+                                                   router.upstreams.fetch(dec.url, "POST", path, payload))
+        return s1 == 200 and s2 == 200, data
+
+
+def _safe_loads(data: bytes) -> Any:
+    try:
+        return loads(data)
+    except (DecodeError, ValueError):
+        return None

@@ -76,6 +76,8 @@ class PrefixRecord:
     replicas: int
     pin: bool
     fmt: str = "text"
+    #: the prefix's length in the worker's tokens, learned from a warm-up's prompt_tokens
+    tokens: int | None = None
     state: PrefixState = PrefixState.ACTIVE
     ended_at: float | None = None
     placements: dict[str, Placement] = field(default_factory=dict)
@@ -102,6 +104,7 @@ class PrefixRecord:
             "digest": self.digest,
             "state": self.state.value,
             "chars": len(self.text),
+            "tokens": self.tokens,
             "format": self.fmt,
             "replicas_wanted": self.replicas,
             "pin": self.pin,
@@ -250,11 +253,13 @@ class PrefixRegistry:
                     actions.append(WarmAction(rec.name, rec.version, p.worker, rec.text, rec.fmt, rec.pin))
         return actions
 
-    def warm_done(self, action: WarmAction, ok: bool, now: float) -> None:
+    def warm_done(self, action: WarmAction, ok: bool, now: float, prompt_tokens: int | None = None) -> None:
         for rec in self._records.get(action.name, []):
             if rec.version != action.version:
                 continue
             rec.stats.warmups += 1
+            if ok and prompt_tokens:
+                rec.tokens = prompt_tokens
             p = rec.placements.get(action.worker)
             if p is None:
                 return
@@ -281,7 +286,7 @@ class PrefixRegistry:
             return
         st.actual_cached_tokens += cached_tokens
         # a hit: the worker had (almost) the whole shared prefix cached
-        if cached_tokens >= 0.9 * prefix_tokens:
+        if cached_tokens >= 0.9 * (rec.tokens or prefix_tokens):
             st.hits += 1
         elif p is not None and p.warmed_at is not None:
             p.needs_rewarm = True  # evicted behind our back: warm it again

@@ -1,0 +1,122 @@
+"""`inferctl router serve|status|workers|prefixes` against a live router (real sockets)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from infer_ctl.cli.main import main
+from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+from tests.router.conftest import TIME_SCALE
+
+
+@pytest.fixture(scope="module")
+def mixed() -> Iterator[ThreadedSimCluster]:
+    cluster = start_cluster_in_thread([WorkerSpec("mixed", time_scale=TIME_SCALE) for _ in range(2)])
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def live(mixed: ThreadedSimCluster) -> Iterator[RouterHandle]:
+    with start_router_in_thread(router_config(workers=mixed.urls[:1], warm_via="pair")) as handle:
+        yield handle
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+    code = main(list(argv))
+    out = capsys.readouterr().out
+    return code, (json.loads(out) if out.strip().startswith("{") else {"text": out})
+
+
+def test_status_workers_and_prefixes_verbs(live: RouterHandle, mixed: ThreadedSimCluster, capsys) -> None:
+    code, doc = run(capsys, "router", "status", "--url", live.url, "--json")
+    assert code == 0 and doc["router"]["mode"] == "collocated" and doc["router"]["workers"]["total"] == 1
+    code, doc = run(capsys, "router", "workers", "add", mixed.urls[1], "--role", "mixed", "--url", live.url, "--json")
+    assert code == 0 and doc["added"]["url"] == mixed.urls[1]
+    code, doc = run(capsys, "router", "workers", "--url", live.url, "--json")
+    assert {w["url"] for w in doc["workers"]} == set(mixed.urls)
+    code, doc = run(capsys, "router", "prefixes", "add", "faq", "--text", "Frequently asked: " * 20,
+                    "--replicas", "2", "--ttl", "600", "--url", live.url, "--json")
+    assert code == 0 and doc["prefix"]["version"] == 1
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        code, doc = run(capsys, "router", "prefixes", "--url", live.url, "--json")
+        if sum(r["warm"] for r in doc["prefixes"][0]["replicas"]) == 2:
+            break
+        time.sleep(0.1)
+    assert sum(r["warm"] for r in doc["prefixes"][0]["replicas"]) == 2
+    assert run(capsys, "router", "prefixes", "warm", "faq", "--url", live.url, "--json")[0] == 0
+    code, doc = run(capsys, "router", "prefixes", "expire", "faq", "--url", live.url, "--json")
+    assert code == 0 and doc["prefix"]["state"] == "expired"
+    code, doc = run(capsys, "router", "workers", "remove", mixed.urls[1], "--url", live.url, "--json")
+    assert code == 0
+    code, _ = run(capsys, "router", "prefixes", "--url", live.url)  # human table renders
+    assert code == 0
+
+
+def test_error_paths_have_exit_codes_and_remedies(live: RouterHandle, capsys) -> None:
+    assert main(["router", "status", "--url", "http://127.0.0.1:9", "--json"]) == 3
+    assert "not reachable" in capsys.readouterr().err
+    assert main(["router", "workers", "add", "http://x:1", "--url", live.url]) == 64
+    assert "--role" in capsys.readouterr().err
+    assert main(["router", "prefixes", "expire", "nope", "--url", live.url]) == 2
+    assert "404" in capsys.readouterr().err
+    assert main(["router", "prefixes", "add", "p", "--url", live.url]) == 64
+
+
+def test_status_reports_401_without_the_token(mixed: ThreadedSimCluster, capsys, monkeypatch) -> None:
+    with start_router_in_thread(router_config(workers=mixed.urls[:1], admin_token="tok")) as handle:
+        monkeypatch.delenv("INFERCTL_ROUTER_TOKEN", raising=False)
+        assert main(["router", "status", "--url", handle.url]) == 2
+        assert "INFERCTL_ROUTER_TOKEN" in capsys.readouterr().err
+        monkeypatch.setenv("INFERCTL_ROUTER_TOKEN", "tok")
+        assert main(["router", "status", "--url", handle.url, "--json"]) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_runs_until_sigterm_then_drains(mixed: ThreadedSimCluster) -> None:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
+                             "--worker", mixed.urls[0]], stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 20
+        ok = False
+        while time.monotonic() < deadline and not ok:
+            try:
+                ok = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert ok
+        r = httpx.post(f"http://127.0.0.1:{port}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        logs = proc.stderr.read().decode() if proc.stderr else ""
+        assert '"msg": "router listening"' in logs and '"msg": "router stopped"' in logs
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_refuses_non_loopback_without_token(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("INFERCTL_ROUTER_TOKEN", raising=False)
+    assert main(["router", "serve", "--listen", "0.0.0.0:0", "--worker", "http://127.0.0.1:9"]) == 64
+    assert "without a token" in capsys.readouterr().err

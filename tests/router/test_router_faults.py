@@ -1,0 +1,176 @@
+"""Reliability: a decode killed and restarted under load, restart detection, limits (413/429), drain,
+admin auth. Real simulated workers and the real router on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from infer_ctl.errors import UsageError
+from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.sim.cluster import start_cluster_in_thread
+from tests.router.conftest import pd_router, pd_specs
+
+PROMPT = "Shared instructions for the fault test. " * 10
+
+
+def gen(url: str, text: str, n: int = 4, timeout: float = 30) -> httpx.Response:
+    params = {"max_new_tokens": n, "ignore_eos": True}
+    return httpx.post(url + "/generate", json={"text": text, "sampling_params": params}, timeout=timeout)
+
+
+def wait_for(cond, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_decode_killed_and_restarted_under_load_loses_no_request() -> None:
+    cluster = start_cluster_in_thread(pd_specs(2, 2))
+    router = pd_router(cluster, max_retries=3, cb_failures=3, cb_open_s=0.5)
+    stop = threading.Event()
+    statuses: list[int] = []
+    errors: list[str] = []
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=30) as c:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                try:
+                    r = c.post(router.url + "/generate", json={"text": f"client {i} req {n} " + PROMPT,
+                                                               "sampling_params": {"max_new_tokens": 16}})
+                    statuses.append(r.status_code)
+                except httpx.HTTPError as exc:  # pragma: no cover - would be a failure
+                    errors.append(repr(exc))
+
+    try:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        cluster.stop_worker(2)  # decode 0 dies with requests in flight
+        time.sleep(1.5)
+        states = {w["url"]: w for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
+        dead = states[cluster.workers[2].url]
+        assert not dead["healthy"] or dead["circuit_breaker"] != "closed"
+        cluster.start_worker(2)  # and comes back on the same port
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+        states = {w["url"]: w for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
+        back = states[cluster.workers[2].url]
+        assert back["healthy"] and back["circuit_breaker"] == "closed"
+        assert "inferctl_router_retries_total{cause=" in httpx.get(router.url + "/metrics").text
+        # traffic reaches the restarted decode again
+        before = back["requests"]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda i: gen(router.url, f"after {i}"), range(12)))
+        after = {w["url"]: w for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
+        assert after[cluster.workers[2].url]["requests"] > before
+    finally:
+        stop.set()
+        router.stop()
+        cluster.stop()
+
+
+def test_prefill_restart_drops_its_index_entries() -> None:
+    cluster = start_cluster_in_thread(pd_specs(1, 1))
+    router = pd_router(cluster, health_interval_s=0.2)
+    try:
+        assert gen(router.url, PROMPT).status_code == 200
+        r = router.router
+        url = cluster.workers[0].url
+        assert r.index.footprint(url) > 0
+        cluster.start_worker(0)  # restart: fresh cache, new /server_info start time
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and r.workers.by_url[url].restarts == 0:
+            time.sleep(0.05)
+        assert r.workers.by_url[url].restarts == 1
+        assert r.index.footprint(url) == 0
+        assert gen(router.url, PROMPT).status_code == 200
+    finally:
+        router.stop()
+        cluster.stop()
+
+
+def test_body_limit_413_and_concurrency_limit_429() -> None:
+    cluster = start_cluster_in_thread(pd_specs(1, 1, time_scale=0.5))  # slow: ~10 ms per token
+    router = pd_router(cluster, max_body_bytes=2048, max_concurrent=1, max_queue=0)
+    try:
+        big = gen(router.url, "x" * 4096)
+        assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+        with ThreadPoolExecutor(2) as pool:
+            slow = pool.submit(gen, router.url, "slow one", 600)
+            assert wait_for(lambda: router.router.active == 1)
+            fast = pool.submit(gen, router.url, "second", 1)
+            assert fast.result().status_code == 429
+            assert fast.result().json()["error"]["type"] == "rate_limited"
+            assert slow.result().status_code == 200
+    finally:
+        router.stop()
+        cluster.stop()
+
+
+def test_graceful_shutdown_finishes_in_flight_requests() -> None:
+    cluster = start_cluster_in_thread(pd_specs(1, 1, time_scale=0.5))
+    router = pd_router(cluster, drain_timeout_s=20)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            inflight = [pool.submit(gen, router.url, f"in flight {i}", 600) for i in range(2)]
+            assert wait_for(lambda: router.router.active == 2)
+            stopper = pool.submit(router.stop)
+            assert wait_for(lambda: router.router.draining)
+            late = httpx.post(router.url + "/generate", json={"text": "late"}, timeout=5)
+            assert late.status_code == 503  # draining: refused, not dropped
+            assert [f.result().status_code for f in inflight] == [200, 200]
+            stopper.result()
+    finally:
+        router.stop()
+        cluster.stop()
+
+
+def test_admin_api_requires_the_bearer_token() -> None:
+    cluster = start_cluster_in_thread(pd_specs(1, 1))
+    router = pd_router(cluster, admin_token="s3cret")
+    try:
+        assert httpx.get(router.url + "/admin/status").status_code == 401
+        assert httpx.get(router.url + "/admin/status", headers={"Authorization": "Bearer nope"}).status_code == 401
+        ok = httpx.get(router.url + "/admin/status", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["mode"] == "pd"
+        assert httpx.get(router.url + "/health").status_code == 200  # data plane stays open
+    finally:
+        router.stop()
+        cluster.stop()
+
+
+def test_refuses_non_loopback_listener_without_token() -> None:
+    cfg = RouterConfig(host="0.0.0.0", port=0, workers=[worker("http://127.0.0.1:1", "mixed")])
+    with pytest.raises(UsageError, match="without a token"):
+        cfg.validate()
+    cfg.admin_token = "t"
+    cfg.validate()
+    with pytest.raises(UsageError, match="PD mode needs"):
+        RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 1)]).validate()
+
+
+def test_no_available_worker_is_a_503_with_a_remedy() -> None:
+    router = start_router_in_thread(router_config(workers=["http://127.0.0.1:9"], health_interval_s=0.1,
+                                                  health_failures=1))
+    try:
+        r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
+        assert r.status_code in (502, 503) and "error" in r.json()
+        assert httpx.get(router.url + "/health").status_code == 503
+    finally:
+        router.stop()
