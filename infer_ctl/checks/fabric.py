@@ -12,6 +12,7 @@ A node may also set INFERCTL_SYSFS_ROOT in its own environment. Unset means /sys
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -94,7 +95,7 @@ def expectations(profile: Profile, node: Node) -> FabricExpectations:
         elif arg.startswith("--disaggregation-ib-device="):
             value = arg.split("=", 1)[1]
         if value:
-            sglang += [v for v in re.split(r"[,\s]+", value) if v]
+            sglang += _ib_device_names(value)
     needs = not profile.collocated and profile.sglang.transfer_backend != "mooncake_tcp"
     return FabricExpectations(
         policy=profile.fabric_policy_for(node),
@@ -104,6 +105,17 @@ def expectations(profile: Profile, node: Node) -> FabricExpectations:
         sglang_ib_devices=tuple(dict.fromkeys(sglang)),
         needs_rdma=needs and (node.has_role(Role.PREFILL) or node.has_role(Role.DECODE)),
     )
+
+
+def _ib_device_names(value: str) -> list[str]:
+    """`mlx5_0,mlx5_1` or SGLang's per-GPU JSON map `{"0": "mlx5_0", ...}` (values may list several)."""
+    if value.lstrip().startswith("{"):
+        try:
+            mapping = json.loads(value)
+        except json.JSONDecodeError:
+            return [value]  # reported as a device that does not exist: the flag is malformed
+        value = ",".join(str(v) for v in mapping.values()) if isinstance(mapping, dict) else value
+    return [v for v in re.split(r"[,\s]+", value) if v]
 
 
 def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interval_s: float | None = None) -> NodeFabricFacts:

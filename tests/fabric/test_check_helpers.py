@@ -23,7 +23,7 @@ def _profile(**extra: object) -> Profile:
              "overrides": {"extra_args": ["--disaggregation-ib-device=mlx5_7"]}},
             {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"], "rdma": {"devices": ["mlx5_0"], "gid_index": 1}},
         ],
-        "sglang": {"extra_args": {"decode": ["--disaggregation-ib-device", "mlx5_0,mlx5_5"]}},
+        "sglang": {"extra_args": {"decode": ["--disaggregation-ib-device", '{"0": "mlx5_0", "1": "mlx5_5,mlx5_6"}']}},
         **extra,
     }
     return Profile.model_validate(data)
@@ -35,7 +35,7 @@ def test_expectations_collect_sglang_device_names_and_policy() -> None:
     assert pf.devices == ("mlx5_0", "mlx5_1") and pf.netdev == "ens1f0np0" and pf.needs_rdma
     assert pf.sglang_ib_devices == ("mlx5_0", "mlx5_4", "mlx5_7")  # the decode-only flag is not its
     dc = expectations(prof, prof.node("dc-01"))
-    assert dc.gid_index == 1 and dc.sglang_ib_devices == ("mlx5_0", "mlx5_5")
+    assert dc.gid_index == 1 and dc.sglang_ib_devices == ("mlx5_0", "mlx5_5", "mlx5_6")
     tcp = _profile(sglang={"transfer_backend": "mooncake_tcp"})
     assert not expectations(tcp, tcp.node("dc-01")).needs_rdma
 
