@@ -299,3 +299,53 @@ def test_every_shipped_profile_renders(name: str) -> None:
         assert server_args(argv)[0] == "--model-path"
         assert render_unit(p, inst).count("ExecStart=") == 1
         assert render_env_file(p, inst).startswith(f"# {inst.name}:")
+
+
+def _box(device_map: dict[str, str], **sglang: Any) -> Profile:
+    return _profile(nodes=[
+        {"name": "box", "host": "10.0.0.5", "roles": ["prefill", "decode"], "gpus": 8,
+         "rdma": {"devices": ["mlx5_0"], "device_map": device_map}},
+    ], models={"target": {"path": "/m", "tp": 4}}, sglang=sglang)  # fmt: skip
+
+
+def test_device_map_is_rekeyed_to_the_gpus_the_process_sees() -> None:
+    # physical GPUs 4-7 are CUDA_VISIBLE_DEVICES=4,5,6,7 for the decode, which SGLang sees as 0-3
+    p = _box({str(g): f"mlx5_{g // 2}" for g in range(8)})
+    dec = find_instance(p, "box-decode")
+    assert dec.gpus == (4, 5, 6, 7)
+    argv = render_argv(p, dec)
+    assert argv[argv.index("--disaggregation-ib-device") + 1] == '{"0":"mlx5_2","1":"mlx5_2","2":"mlx5_3","3":"mlx5_3"}'
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in render_env_file(p, dec)
+    pre = render_argv(p, find_instance(p, "box-prefill"))
+    assert pre[pre.index("--disaggregation-ib-device") + 1] == '{"0":"mlx5_0","1":"mlx5_0","2":"mlx5_1","3":"mlx5_1"}'
+
+
+def test_device_map_missing_gpus_is_reported_before_launch() -> None:
+    from infer_ctl.core.sglang.consistency import launch_problems
+
+    p = _box({"0": "mlx5_0", "1": "mlx5_0", "2": "mlx5_1", "3": "mlx5_1"})  # only the prefill's GPUs
+    fails = [f for f in launch_problems(p) if f.check == "launch.ib_device"]
+    assert [(f.subject, f.status.value) for f in fails] == [("box-decode", "fail")]
+    assert "no HCA for GPU(s) 4, 5, 6, 7" in fails[0].message
+    # with nothing to map, the decode falls back to the node's HCA list rather than an empty map
+    argv = render_argv(p, find_instance(p, "box-decode"))
+    assert argv[argv.index("--disaggregation-ib-device") + 1] == "mlx5_0"
+
+
+def test_kv_events_on_a_node_with_both_roles_collide() -> None:
+    from infer_ctl.core.sglang.consistency import launch_problems
+
+    full = {str(g): "mlx5_0" for g in range(8)}
+    p = _box(full, kv_events={"publisher": "zmq", "endpoint": "tcp://*:5557"})
+    kv = [f for f in launch_problems(p) if f.check == "launch.kv_events"]
+    assert [(f.subject, f.status.value) for f in kv] == [("box-decode", "fail")]
+    assert "collide with box-prefill" in kv[0].message
+    # a per-node override moving the decode's publisher clears it (the prefill keeps 5557)
+    moved = _profile(nodes=[
+        {"name": "box", "host": "10.0.0.5", "roles": ["prefill", "decode"], "gpus": 8},
+    ], models={"target": {"path": "/m", "tp": 4}}, sglang={
+        "kv_events": {"publisher": "zmq"},
+        "extra_args": {"decode": ["--kv-events-config", '{"publisher":"zmq","endpoint":"tcp://*:5600"}']}})  # fmt: skip
+    assert not [f for f in launch_problems(moved) if f.check == "launch.kv_events"]
+    # the default publisher ("null") binds nothing
+    assert not [f for f in launch_problems(_box(full, kv_events={"topic": "x"})) if f.check == "launch.kv_events"]

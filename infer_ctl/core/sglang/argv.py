@@ -73,11 +73,21 @@ def ib_device_arg(profile: Profile, instance: Instance) -> str | None:
     if rdma is None:
         return None
     if rdma.device_map:
-        return json.dumps(
-            dict(sorted(rdma.device_map.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0])),
-            separators=(",", ":"),
-        )
+        visible = visible_device_map(rdma.device_map, instance.gpus)
+        if visible:
+            return json.dumps(visible, separators=(",", ":"))
     return ",".join(rdma.devices) or None
+
+
+def visible_device_map(device_map: dict[str, str], gpus: tuple[int, ...]) -> dict[str, str]:
+    """The node's map is keyed by PHYSICAL GPU index (what nvidia-smi and the fabric topology show);
+    SGLang looks a map up by the GPU id the process sees, i.e. after CUDA_VISIBLE_DEVICES. A server on
+    GPUs 4-7 of a node with both roles sees them as 0-3, so its map is re-keyed; without that it would
+    register the HCAs of GPUs 0-3. A GPU with no entry is left out here and reported before launch
+    (`launch.ib_device`): SGLang raises "No IB devices configured for GPU n" only once it is loading."""
+    if not gpus:  # the node declares no GPUs: keys are taken as they are
+        return dict(sorted(device_map.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0]))
+    return {str(local): device_map[str(phys)] for local, phys in enumerate(gpus) if str(phys) in device_map}
 
 
 def profile_options(profile: Profile, instance: Instance) -> list[Option]:

@@ -9,9 +9,11 @@ from the rendered argv, so they hold whatever the extra args did.
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args
+from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args, visible_device_map
 from infer_ctl.core.sglang.flags import flag_table
 from infer_ctl.core.sglang.instance import Instance, instances
 from infer_ctl.profile import Profile
@@ -186,6 +188,85 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
         out.extend(_spec_findings(inst, args[inst.name]))
         out.extend(_host_findings(inst, args[inst.name], decode_hosts))
     out.extend(_pd_agreement(every, chosen, args))
+    out.extend(_ib_map_findings(profile, chosen))
+    out.extend(_kv_events_findings(every, chosen, args))
+    return out
+
+
+def _ib_map_findings(profile: Profile, chosen: list[Instance]) -> list[Finding]:
+    """Every GPU of a PD instance needs an entry in the node's per-GPU HCA map (keys are physical GPU
+    indexes); SGLang raises for a GPU without one, but only once the model is loading."""
+    out: list[Finding] = []
+    if profile.sglang.transfer_backend == "mooncake_tcp":
+        return out
+    for inst in chosen:
+        rdma = profile.node(inst.node).rdma
+        if inst.role not in ("prefill", "decode") or rdma is None or not rdma.device_map or not inst.gpus:
+            continue
+        missing = [g for g in inst.gpus if str(g) not in rdma.device_map]
+        if missing:
+            visible = visible_device_map(rdma.device_map, inst.gpus)
+            out.append(
+                Finding.fail(
+                    "launch.ib_device",
+                    inst.node,
+                    inst.name,
+                    f"nodes[].rdma.device_map has no HCA for GPU(s) {', '.join(map(str, missing))} of this "
+                    f"server (it runs on GPUs {', '.join(map(str, inst.gpus))}); SGLang fails at start-up with "
+                    "'No IB devices configured for GPU n'",
+                    details={"missing_gpus": missing, "rendered_map": visible},
+                    remedy="key device_map by physical GPU index (0..gpus-1) and give every GPU an entry",
+                )
+            )
+    return out
+
+
+_ENDPOINT_PORT = re.compile(r"^tcp://(?P<host>.+):(?P<port>\d+)$")
+
+
+def _kv_ports(inst: Instance, value: str | None) -> dict[str, range]:
+    """Ports a KV-events publisher binds: one per DP rank from each endpoint's port (SGLang 0.5.23)."""
+    if value is None:
+        return {}
+    try:
+        cfg = json.loads(value)
+    except ValueError:
+        return {}
+    if not isinstance(cfg, dict) or cfg.get("publisher", "null") == "null":
+        return {}
+    ports: dict[str, range] = {}
+    for key, default in (("endpoint", "tcp://*:5557"), ("replay_endpoint", None)):
+        m = _ENDPOINT_PORT.match(str(cfg.get(key) or default or ""))
+        if m:
+            ports[key] = range(int(m["port"]), int(m["port"]) + inst.dp)
+    return ports
+
+
+def _kv_events_findings(
+    every: list[Instance], chosen: list[Instance], args: dict[str, dict[str, str | None]]
+) -> list[Finding]:
+    """Two servers on one node (a node with both roles) publishing KV events on the same ports: the
+    second fails to bind. The config is the user's JSON, so it is reported rather than rewritten."""
+    out: list[Finding] = []
+    taken: dict[tuple[str, int], str] = {}
+    chosen_names = {i.name for i in chosen}
+    for inst in every:
+        for key, ports in _kv_ports(inst, args[inst.name].get("--kv-events-config")).items():
+            clash = next((taken[(inst.node, p)] for p in ports if (inst.node, p) in taken), None)
+            if clash and inst.name in chosen_names:
+                out.append(
+                    Finding.fail(
+                        "launch.kv_events",
+                        inst.node,
+                        inst.name,
+                        f"kv-events {key} ports {ports.start}-{ports.stop - 1} collide with {clash} on the "
+                        "same node; the second publisher cannot bind",
+                        remedy="give this role its own endpoint port (e.g. in nodes[].overrides.extra_args: "
+                        "--kv-events-config with another port)",
+                    )
+                )
+            for p in ports:
+                taken.setdefault((inst.node, p), inst.name)
     return out
 
 
