@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from infer_ctl.checks.tokenizer import run_check_tokenizer
 from infer_ctl.cli.check_cmd import app
 from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, session, status_line
+from infer_ctl.core.findings import Status
 from infer_ctl.core.report import Report
 from infer_ctl.output.table import render_findings_report
 
@@ -37,4 +39,12 @@ def check_tokenizer(
             target=target, draft=draft, probes_file=probes, fleet=fleet, profile_path=profile, nodes=nodes, role=role
         )
     report = Report("check tokenizer", profile_name, findings=findings)
-    finish(sess, report, lambda console: render_findings_report(console, report))
+    finish(sess, report, lambda console: render(console, report))
+
+
+def render(console: Console, report: Report) -> None:
+    """What was loaded, then only the rows that need attention (all rows when everything passed)."""
+    for f in report.findings:
+        if f.check == "tokenizer.files" and f.status is Status.OK:
+            console.print(f"[{f.node}] {f.message}", highlight=False, markup=False)
+    render_findings_report(console, report, show_ok=report.status is Status.OK)

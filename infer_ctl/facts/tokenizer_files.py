@@ -57,6 +57,8 @@ MODEL_SETTINGS = (
     "max_input_chars_per_word",
 )
 SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+#: tokenizer_config.json keys that change what transformers does with the same tokenizer.json
+CONFIG_FLAGS = ("legacy", "clean_up_tokenization_spaces", "add_prefix_space", "do_lower_case")
 
 
 def _json_loader() -> Callable[[bytes], Any]:
@@ -570,6 +572,7 @@ def load_tokenizer_dir(path: str | Path, label: str) -> LoadedSide:
     if "add_eos_token" in config:
         fields["add_eos_token"] = bool(config["add_eos_token"])
     fields["tokenizer_class"] = config.get("tokenizer_class")
+    fields["config_flags"] = {k: config[k] for k in CONFIG_FLAGS if k in config}
     if "chat_template.jinja" in raw:
         # transformers prefers the separate file over the tokenizer_config.json key
         fields["chat_template"] = raw["chat_template.jinja"].decode("utf-8")

@@ -13,6 +13,7 @@ from infer_ctl.core.tokenizer.specials import judge_generation_eos, judge_specia
 from infer_ctl.core.tokenizer.structure import (
     Pair,
     judge_added_tokens,
+    judge_config,
     judge_merges,
     judge_model,
     judge_padding,
@@ -83,6 +84,7 @@ def compare_tokenizers(
         findings += judge_added_tokens(p)
         findings += judge_pipeline(p)
         findings += judge_padding(p)
+        findings += judge_config(p)
         findings += judge_special_ids(p)
         findings += judge_generation_eos(p)
         findings += judge_chat_template(p)

@@ -93,6 +93,8 @@ class TokenizerFacts:
     add_bos_token: bool | None = None
     add_eos_token: bool | None = None
     tokenizer_class: str | None = None
+    #: tokenizer_config.json flags that change decoding or slow-tokenizer conversion (legacy, clean_up_...)
+    config_flags: Mapping[str, Any] = field(default_factory=dict)
     chat_template: str | None = None
     chat_template_source: str | None = None
     #: generation_config.json

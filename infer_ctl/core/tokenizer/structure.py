@@ -254,3 +254,28 @@ def judge_padding(p: Pair) -> list[Finding]:
                     details={name: value},
                     remedy=f"remove the {name} section from tokenizer.json, or call no_{name}() before encoding"))
     return findings
+
+
+def judge_config(p: Pair) -> list[Finding]:
+    """tokenizer_config.json class and flags: transformers builds a different wrapper around the same
+    tokenizer.json (LlamaTokenizerFast rewrites the post-processor from add_bos_token, `legacy` changes
+    SentencePiece conversion, clean_up_tokenization_spaces changes decoded text)."""
+    check = "tokenizer.config"
+    diffs: dict[str, list[object]] = {}
+    if p.target.tokenizer_class != p.draft.tokenizer_class and None not in (p.target.tokenizer_class,
+                                                                           p.draft.tokenizer_class):
+        diffs["tokenizer_class"] = [p.target.tokenizer_class, p.draft.tokenizer_class]
+    for key in sorted(set(p.target.config_flags) & set(p.draft.config_flags)):
+        a, b = p.target.config_flags[key], p.draft.config_flags[key]
+        if a != b:
+            diffs[key] = [a, b]
+    if not diffs:
+        return [Finding.ok(check, p.node, p.subject, "same tokenizer_config class and flags")]
+    first = next(iter(diffs))
+    return [Finding.warn(
+        check, p.node, p.subject,
+        f"tokenizer_config differs: {first} is {diffs[first][0]!r} in the target, {diffs[first][1]!r} in the draft"
+        + (f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""),
+        details={"differences": diffs},
+        remedy="the tokenizer.probes rows show whether encoding differs; align tokenizer_config.json with the target's "
+        "to rule out library-dependent behaviour")]
