@@ -22,7 +22,7 @@ app = typer.Typer(help="SGLang-compatible simulated workers (no GPU needed).", n
 
 @app.command("serve")
 def serve(
-    worker: Annotated[list[str] | None, typer.Option("--worker", "-w", help="ROLE[@HOST:PORT[/BOOTSTRAP_PORT]], repeatable; ROLE is prefill, decode or mixed.")] = None,
+    worker: Annotated[list[str] | None, typer.Option("--worker", "-w", help="ROLE@HOST:PORT/BOOTSTRAP_PORT (host, port and bootstrap port optional), repeatable; ROLE is prefill, decode or mixed.")] = None,
     prefill: Annotated[int, typer.Option("--prefill", help="Add N prefill workers on free ports.")] = 0,
     decode: Annotated[int, typer.Option("--decode", help="Add N decode workers on free ports.")] = 0,
     mixed: Annotated[int, typer.Option("--mixed", help="Add N mixed (non-PD) workers on free ports.")] = 0,
