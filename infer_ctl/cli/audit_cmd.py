@@ -9,8 +9,17 @@ import typer
 
 from infer_ctl.checks.audit import AuditOptions, audit
 from infer_ctl.checks.registry import families
-from infer_ctl.cli.check_gpu import AcceptOpt, ParallelOpt
-from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, get_profile, session
+from infer_ctl.cli.common import (
+    AcceptNewHostKeysOpt,
+    JsonOpt,
+    NodesOpt,
+    ParallelOpt,
+    ProfileOpt,
+    RoleOpt,
+    finish,
+    get_profile,
+    session,
+)
 from infer_ctl.output.table import render_findings_report
 from infer_ctl.remote.fleet import select_nodes
 
@@ -25,7 +34,7 @@ def audit_cmd(
     select: NodesOpt = None,
     role: RoleOpt = None,
     parallel: ParallelOpt = None,
-    accept_new_host_keys: AcceptOpt = False,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Run all check families. Exit 0 ok, 1 warn, 2 fail, 3 unknown (the whole run, also with --since-last)."""
     sess, prof = session(json_out), get_profile(profile)

@@ -32,6 +32,17 @@ NodesOpt = Annotated[
 RoleOpt = Annotated[
     str | None, typer.Option("--role", "-r", help="Only nodes with this role: prefill or decode.")
 ]
+# Fleet options shared by every command that reaches nodes (nodes, exec, check *, audit, ...).
+ParallelOpt = Annotated[
+    int | None, typer.Option("--parallel", help="At most N nodes at once (default ssh.parallelism).")
+]
+AcceptNewHostKeysOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-keys",
+        help="Record unknown host keys in inferctl's known_hosts (changed keys are always refused).",
+    ),
+]
 
 
 @dataclass

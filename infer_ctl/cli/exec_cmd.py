@@ -9,8 +9,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, get_profile, session
-from infer_ctl.cli.nodes_cmd import AcceptOpt, ParallelOpt
+from infer_ctl.cli.common import (
+    AcceptNewHostKeysOpt,
+    JsonOpt,
+    NodesOpt,
+    ParallelOpt,
+    ProfileOpt,
+    RoleOpt,
+    finish,
+    get_profile,
+    session,
+)
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.output.progress import fanout_progress
@@ -44,7 +53,7 @@ def exec_(
     fail_fast: Annotated[
         bool, typer.Option("--fail-fast", help="Start no more nodes after the first failure.")
     ] = False,
-    accept_new_host_keys: AcceptOpt = False,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Run COMMAND on every selected node. Exit 0 all returned 0, 2 any failed, 3 any unreachable (none failed)."""
     sess = session(json_out)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, get_profile, session
+from infer_ctl.cli.common import (
+    AcceptNewHostKeysOpt,
+    JsonOpt,
+    NodesOpt,
+    ParallelOpt,
+    ProfileOpt,
+    RoleOpt,
+    finish,
+    get_profile,
+    session,
+)
 from infer_ctl.core.exitcodes import ExitCode
 from infer_ctl.core.report import Report
 from infer_ctl.output.progress import fanout_progress
@@ -19,16 +26,9 @@ from infer_ctl.remote.fleet import Fleet, NodeOutcome, select_nodes
 from infer_ctl.remote.outcomes import combine_exit_codes
 from infer_ctl.remote.probe import NodeInfo, probe_node
 
-ParallelOpt = Annotated[
-    int | None, typer.Option("--parallel", help="At most N nodes at once (default ssh.parallelism).")
-]
-AcceptOpt = Annotated[
-    bool,
-    typer.Option(
-        "--accept-new-host-keys",
-        help="Record unknown host keys in inferctl's known_hosts (changed keys are always refused).",
-    ),
-]
+# Re-exported for commands that imported them from here before they moved to cli/common.py.
+AcceptOpt = AcceptNewHostKeysOpt
+__all__ = ["AcceptOpt", "ParallelOpt", "nodes", "render_nodes"]
 
 
 def nodes(
@@ -37,7 +37,7 @@ def nodes(
     select: NodesOpt = None,
     role: RoleOpt = None,
     parallel: ParallelOpt = None,
-    accept_new_host_keys: AcceptOpt = False,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Reachability of every node: connect, auth, sudo, OS, kernel, python3, uptime. Exit 3 if any is unreachable."""
     sess = session(json_out)
