@@ -32,6 +32,14 @@ def desired_files(profile: Profile, inst: Instance, sup: supervisor.Supervisor) 
     return files
 
 
+def _file_mode(path: str) -> int:
+    if path.endswith(".run"):
+        return 0o755
+    # sglang.env may carry tokens (HF_TOKEN) a user put there despite the advice; only the owner (root
+    # for systemd's EnvironmentFile, the launching user for the process supervisor) reads it
+    return 0o600 if path.endswith(".env") else 0o644
+
+
 @dataclass
 class Applied:
     instance: Instance
@@ -52,7 +60,7 @@ def apply_node(
         for path, text in desired_files(profile, inst, sup).items():
             if supervisor.read_file(conn, path, sudo=sudo) != text:
                 # put_file writes a temp file beside the target and renames it: never half a file
-                conn.put_file(path, text.encode(), mode=0o755 if path.endswith(".run") else 0o644, sudo=sudo)
+                conn.put_file(path, text.encode(), mode=_file_mode(path), sudo=sudo)
                 changed.append(path)
         state, _ = supervisor.process_state(conn, inst, sup, sudo=sudo)
         up = state in ("running", "activating")

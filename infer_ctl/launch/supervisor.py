@@ -145,13 +145,22 @@ pid=$(cat -- "$pidf" 2>/dev/null) || { echo not-running; exit 0; }
 if ! { kill -0 "$pid" 2>/dev/null && grep -q "$mark" "/proc/$pid/cmdline" 2>/dev/null; }; then
   rm -f -- "$pidf"; echo not-running; exit 0
 fi
+# the server was started under setsid, so its pid is also its process group: the group holds the
+# scheduler/detokenizer children SGLang forks, which must not outlive it holding GPU memory.
+# `kill -s SIG -- -PGID`: dash's kill misreads `kill -KILL -- -PGID`.
 kill -TERM "$pid"
 i=0
 while kill -0 "$pid" 2>/dev/null && [ "$i" -lt "$timeout_ds" ]; do sleep 0.1; i=$((i+1)); done
 if kill -0 "$pid" 2>/dev/null; then
   # only after the graceful window: SIGKILL leaks RDMA registrations
-  kill -KILL "$pid" 2>/dev/null; echo killed
+  kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null; echo killed
 else
+  # the server is gone; children it left behind get the same graceful-then-forceful treatment
+  if kill -s 0 -- "-$pid" 2>/dev/null; then
+    kill -s TERM -- "-$pid" 2>/dev/null
+    while kill -s 0 -- "-$pid" 2>/dev/null && [ "$i" -lt "$timeout_ds" ]; do sleep 0.1; i=$((i+1)); done
+    kill -s KILL -- "-$pid" 2>/dev/null
+  fi
   echo stopped
 fi
 rm -f -- "$pidf"
