@@ -113,7 +113,7 @@ class TokenizerFacts:
     @cached_property
     def length(self) -> int:
         """len(tokenizer): the number of ids that have a token."""
-        return sum(1 for t in self.vocab if t is not None)
+        return len(self.vocab) - self._vocab_list.count(None)
 
     @cached_property
     def max_id(self) -> int | None:
@@ -122,11 +122,6 @@ class TokenizerFacts:
                 return i
         return None
 
-    @cached_property
-    def vocab_index(self) -> dict[str, int]:
-        """token text -> id, built on first use (only special-token lookups need it)."""
-        return {tok: i for i, tok in enumerate(self.vocab) if tok is not None}
-
     def token_id(self, content: str | None) -> int | None:
         """The id of a token by its text (added tokens first, as the tokenizer resolves them)."""
         if content is None:
@@ -134,7 +129,19 @@ class TokenizerFacts:
         for tok in self.added_tokens:
             if tok.content == content:
                 return tok.id
-        return self.vocab_index.get(content)
+        return self.find(content)
+
+    def find(self, token: str) -> int | None:
+        """The first id of `token` in the vocabulary: a C-speed scan, cheaper than building an index for
+        the few lookups a comparison makes."""
+        try:
+            return self._vocab_list.index(token)
+        except ValueError:
+            return None
+
+    @cached_property
+    def _vocab_list(self) -> list[str | None]:
+        return self.vocab if isinstance(self.vocab, list) else list(self.vocab)
 
 
 class Encoder(Protocol):

@@ -97,7 +97,7 @@ def judge_vocab(p: Pair) -> list[Finding]:
         examples = [{"id": j, "target": a[j], "draft": b[j]} for j in mismatched[:10]]
         # "moved" is the common near-miss (a newer release re-numbering reasoning tokens): say where to
         token = a[i]
-        moved = p.draft.vocab_index.get(token) if token is not None else None
+        moved = p.draft.find(token) if token is not None else None
         findings.append(
             Finding.fail(
                 check, p.node, f"id {i}",
