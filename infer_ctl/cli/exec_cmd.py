@@ -109,6 +109,8 @@ def render_exec(console: Console, results: list[dict[str, Any]]) -> None:
             body += ("\n" if body else "") + f"[yellow]{_preview(r['stderr'])}[/yellow]"
         if r["error"]:
             body += ("\n" if body else "") + f"[red]{escape(r['error'])}[/red]"
+            if r.get("remedy"):
+                body += f"\n  → {escape(r['remedy'])}"
         table.add_row(r["node"], r["host"], f"[{style}]{code}[/{style}]", f"{r['duration_s']:.2f}s", body)
     console.print(table)
     bad = sum(not r["ok"] for r in results)

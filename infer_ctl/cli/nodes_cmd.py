@@ -75,12 +75,14 @@ def _info(outcome: NodeOutcome[NodeInfo]) -> NodeInfo:
 
 def render_nodes(console: Console, infos: list[NodeInfo]) -> None:
     table = Table(header_style="bold")
+    # short columns never wrap; the long free-text ones (os, kernel, sudo) fold, so 80 columns stay readable
     for col in ("node", "host", "reach", "connect", "user", "sudo", "os", "kernel", "python3", "uptime"):
-        table.add_column(col, overflow="fold")
+        short = col in ("node", "host", "reach", "connect", "python3", "uptime")
+        table.add_column(col, overflow="fold", no_wrap=short)
     for i in infos:
         if not i.reachable:
             table.add_row(
-                i.node, i.host, "[red]no[/red]", "", "", "", "[red]unreachable (below)[/red]", "", "", ""
+                i.node, i.host, "[red]no[/red]", "", "", "", "[red]see below[/red]", "", "", ""
             )
             continue
         uptime = f"{i.uptime_s / 86400:.1f}d" if i.uptime_s is not None else "?"
@@ -99,9 +101,11 @@ def render_nodes(console: Console, infos: list[NodeInfo]) -> None:
     console.print(table)
     for i in infos:
         if not i.reachable:
-            console.print(
-                f"[red]{escape(i.error or '')}[/red]" + (f"\n  → {escape(i.remedy)}" if i.remedy else "")
-            )
+            # host key and jump host errors name the host, not the node: always lead with the node
+            error = i.error or "unknown error"
+            if not error.startswith(f"{i.node}:"):
+                error = f"{i.node}: {error}"
+            console.print(f"[red]{escape(error)}[/red]" + (f"\n  → {escape(i.remedy)}" if i.remedy else ""))
     down = sum(not i.reachable for i in infos)
     console.print(
         f"{len(infos) - down}/{len(infos)} reachable" + (f", [red]{down} unreachable[/red]" if down else "")

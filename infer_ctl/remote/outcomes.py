@@ -37,18 +37,22 @@ def exec_exit_code(outcomes: Sequence[NodeOutcome[CommandResult]]) -> ExitCode:
 def exec_result(outcome: NodeOutcome[CommandResult], timeout: float) -> dict[str, Any]:
     """One entry of `results` (docs/remote.md). Output is decoded as UTF-8 with U+FFFD for bad bytes."""
     res = outcome.value
-    error = None
+    error = remedy = None
     if outcome.error is not None:
-        error = outcome.error.message
+        error, remedy = outcome.error.message, outcome.error.remedy
     elif res is not None and res.timed_out:
         error = f"timed out after {timeout:g}s; the command was stopped"
+        remedy = "raise --timeout (or ssh.command_timeout_s), or find out why the command hangs"
     return {
         "node": outcome.node.name,
         "host": outcome.node.host,
         "ok": outcome.error is None and res is not None and res.ok,
-        "exit_code": res.exit_code if res is not None else None,
+        # null, not timeout(1)'s 124/137, when the command was stopped: it never chose an exit code
+        "exit_code": res.exit_code if res is not None and not res.timed_out else None,
         "stdout": res.out if res is not None else "",
         "stderr": res.err if res is not None else "",
         "duration_s": round(res.duration if res is not None else outcome.duration_s, 3),
         "error": error,
+        #: what to do about `error` (None when there is none)
+        "remedy": remedy,
     }

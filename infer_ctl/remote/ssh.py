@@ -8,6 +8,7 @@ translated here into remote.errors classes with a plain reason and a next step.
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import shlex
 import socket
@@ -43,6 +44,12 @@ from infer_ctl.remote.target import SshTarget, default_key_files
 
 _CHUNK = 1 << 20
 
+# paramiko logs transport-thread failures (e.g. "Error reading SSH protocol banner") with a traceback
+# at ERROR level. Without a handler, Python's last-resort handler would print that traceback on the
+# user's stderr, although we translate the same failure into one plain error. A NullHandler keeps the
+# records available to applications that configure logging, and silent otherwise.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
 
 class KeyRing:
     """Private keys loaded once per run (parsing a key costs more than using it) plus ssh-agent keys."""
@@ -61,8 +68,9 @@ class KeyRing:
                     self._files[path] = paramiko.PKey.from_path(full)
                 except FileNotFoundError:
                     self._files[path] = "file not found"
-                except paramiko.PasswordRequiredException:
-                    self._files[path] = "encrypted (load it into ssh-agent)"
+                except (paramiko.PasswordRequiredException, TypeError):
+                    # paramiko >= 3.2 raises TypeError for an OpenSSH-format key with a passphrase
+                    self._files[path] = "encrypted (load it into ssh-agent: ssh-add KEY)"
                 except (paramiko.SSHException, OSError, ValueError) as exc:
                     self._files[path] = f"unreadable ({exc})"
             return self._files[path]
@@ -176,9 +184,19 @@ def open_transport(
             preferred = [t for t in known_types if t in opts.key_types]
             opts.key_types = tuple(preferred + [t for t in opts.key_types if t not in preferred])
         try:
-            transport.start_client(timeout=timeout)
+            # start_client returns silently when its own timeout passes first; the extra second lets
+            # the banner/handshake timeouts above fire instead, so the reason is known
+            transport.start_client(timeout=timeout + 1)
             key = transport.get_remote_server_key()
         except (paramiko.SSHException, EOFError, OSError) as exc:
+            text = str(exc)
+            if "banner" in text or "No existing session" in text or "timed out" in text.lower():
+                raise ConnectTimeoutError(
+                    f"{target.label}: {target.host}:{target.port} accepted the connection but sent no SSH "
+                    f"greeting within {timeout:g}s",
+                    remedy="check that sshd (not another service) listens on that port and is not hung "
+                    "(the node may be overloaded); ssh.connect_timeout_s sets the wait",
+                ) from None
             raise UnreachableError(
                 f"{target.label}: SSH handshake with {target.host}:{target.port} failed: {exc}",
                 remedy="check that an SSH server listens on that port",
@@ -211,10 +229,15 @@ def _authenticate(transport: paramiko.Transport, target: SshTarget, keyring: Key
             return
         tried.append(f"{label} (partial: more factors required, not supported)")
     detail = "; ".join(tried + notes) if (tried or notes) else "no key available"
+    remedy = (
+        f"put the public key into ~{target.user}/.ssh/authorized_keys on the node, or set ssh.identity_file"
+        " / ssh.user (or the node's user) in the profile"
+    )
+    if not tried:  # no key could even be offered: say how to make the configured one usable
+        remedy = "no usable key: fix ssh.identity_file, or load the key into ssh-agent (ssh-add KEY); then " + remedy
     raise AuthError(
         f"{target.label}: authentication as {target.user}@{target.host}:{target.port} failed (tried: {detail})",
-        remedy=f"put the public key into ~{target.user}/.ssh/authorized_keys on the node, or set ssh.identity_file"
-        " / ssh.user (or the node's user) in the profile",
+        remedy=remedy,
     )
 
 

@@ -16,7 +16,7 @@ from tests.remote.helpers import profile_of, run_cli, run_json
 
 pytestmark = pytest.mark.ssh
 
-EXEC_KEYS = {"node", "host", "ok", "exit_code", "stdout", "stderr", "duration_s", "error"}
+EXEC_KEYS = {"node", "host", "ok", "exit_code", "stdout", "stderr", "duration_s", "error", "remedy"}
 
 
 def test_exec_on_many_nodes_json_shape_and_exit_0(ssh_cluster, capsys, tmp_path):
@@ -51,7 +51,12 @@ def test_exec_table_output_timeout_and_non_utf8(ssh_cluster, capsys, tmp_path):
     code, doc = run_json(
         capsys, "exec", "-p", str(path), "--json", "--timeout", "0.5", "--nodes", "node-01", "--", "sleep 20"
     )
-    assert code == 2 and "timed out after 0.5s" in doc["results"][0]["error"]
+    timed_out = doc["results"][0]
+    assert code == 2 and "timed out after 0.5s" in timed_out["error"]
+    # the command never chose an exit code: null (docs/remote.md), not timeout(1)'s 124
+    assert timed_out["exit_code"] is None and "--timeout" in timed_out["remedy"]
+    code, out, _ = run_cli(capsys, "exec", "-p", str(path), "--timeout", "0.5", "--nodes", "node-01", "--", "sleep 20")
+    assert code == 2 and "timed out" in out and "raise --timeout" in out
 
 
 def test_exec_sudo_refused_is_a_failure(ssh_cluster, capsys, tmp_path):
@@ -84,6 +89,19 @@ def test_nodes_command_reports_facts_and_unreachable(ssh_cluster, capsys, tmp_pa
     assert code == 3 and not doc["results"][0]["reachable"] and "refused" in doc["results"][0]["error"]
     code, out, _ = run_cli(capsys, "nodes", "-p", str(path))
     assert code == 3 and "1/2 reachable" in out and "sshd running" in out
+
+
+def test_nodes_names_the_node_in_host_key_errors_and_exec_shows_the_remedy(ssh_cluster, capsys, tmp_path):
+    cluster = ssh_cluster(2)
+    cluster.regenerate_host_key("node-02")  # the host key error names the host, not the node
+    path = cluster.write_profile(tmp_path / "p.yaml")
+    code, out, _ = run_cli(capsys, "nodes", "-p", str(path))
+    flat = " ".join(out.split())
+    assert code == 2 and "node-02: HOST KEY CHANGED" in flat and "ssh-keygen -R" in flat
+    code, doc = run_json(capsys, "exec", "-p", str(path), "--json", "--", "true")
+    bad = doc["results"][1]
+    assert code == 2 and "HOST KEY CHANGED" in bad["error"] and "ssh-keygen -R" in bad["remedy"]
+    assert doc["results"][0]["remedy"] is None
 
 
 def test_fail_fast_skips_nodes_not_yet_started(ssh_cluster):
