@@ -28,6 +28,7 @@ from infer_ctl.launch.orchestrate import (
     wait_ready,
 )
 from infer_ctl.launch.render import render_env_file, render_unit
+from infer_ctl.launch.router_hook import RouterNotifier
 from infer_ctl.output.table import render_findings_report
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
@@ -141,10 +142,15 @@ def launch(
         by_node.setdefault(i.node, []).append(i)
     applied: list[Applied] = []
     readiness: list[Readiness] = []
+    notifier = RouterNotifier.for_profile(profile) if rolling else None
+    router_notes: dict[str, str] = {}
     with Fleet(profile) as fleet:
         batches = _rolling_batches(insts) if rolling else [by_node]
         for batch in batches:
             nodes_ = [profile.node(n) for n in batch]
+            decodes = [i for b in batch.values() for i in b if i.role == "decode" and i.is_leader]
+            if notifier and len(decodes) == 1:
+                router_notes[decodes[0].name] = notifier.take_out(decodes[0])
 
             def one(conn: Connector, node: Node, b: dict[str, list[Instance]] = batch) -> list[Applied]:
                 return apply_node(conn, profile, b[node.name], force=rolling)
@@ -161,9 +167,28 @@ def launch(
                 readiness.extend(
                     wait_ready(fleet, profile, step, timeout_s=timeout, on_update=_live(console, step))
                 )
-                if rolling and any(r.state == "failed" for r in readiness):
-                    break  # never take down the next decode while one is not back
+            if notifier and len(decodes) == 1 and all(r.state == "ready" for r in readiness):
+                # back in the pool only once healthy (--no-wait: once started); a failed one stays out
+                note = notifier.put_back(decodes[0])
+                if note:
+                    router_notes[decodes[0].name] += f"; {note}"
+            if rolling and any(r.state == "failed" for r in readiness):
+                break  # never take down the next decode while one is not back
     report.results = _launch_results(applied, readiness)
+    for row in report.results:
+        if row["instance"] in router_notes:
+            row["router"] = router_notes[row["instance"]]
+    if notifier and notifier.removed:
+        report.findings.append(
+            Finding.warn(
+                "launch.router",
+                "-",
+                "router",
+                f"{', '.join(sorted(notifier.removed))} left out of the router's pool (not healthy after restart)",
+                remedy="fix the decode (`inferctl logs`), relaunch it, then "
+                "`inferctl router workers add URL --role decode`",
+            )
+        )
     report.findings.extend(_readiness_findings(readiness))
     return report
 

@@ -13,6 +13,34 @@ import os
 import signal
 import sys
 
+REPORTED = (
+    "--tp-size",
+    "--dp-size",
+    "--disaggregation-transfer-backend",
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+    "--radix-eviction-policy",
+)
+_REPORTED_KEYS = {f[2:].replace("-", "_") for f in REPORTED}
+
+
+def _as_sglang_reports(launched: dict[str, str]) -> dict[str, object]:
+    """Values as SGLang 0.5.23's /server_info shows them: ints as ints, NEXTN resolved to EAGLE,
+    mooncake_tcp rewritten to mooncake (+ MC_FORCE_TCP)."""
+    out: dict[str, object] = {}
+    for key, value in launched.items():
+        if key in ("tp_size", "dp_size", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+            out[key] = int(value)
+        elif key == "speculative_algorithm":
+            out[key] = "EAGLE" if value.upper() == "NEXTN" else value.upper()
+        elif key == "disaggregation_transfer_backend":
+            out[key] = "mooncake" if value == "mooncake_tcp" else value
+        else:
+            out[key] = value
+    return out
+
 
 def main(argv: list[str]) -> int:
     if argv[:2] != ["-m", "sglang.launch_server"]:
@@ -25,6 +53,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--disaggregation-mode", default="null")
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     p.add_argument("--speculative-num-steps", type=int, default=None)
+    # reported back in /server_info as SGLang would, so `check servers` judges what was launched rather
+    # than the simulator's fixed defaults (tp 8, EAGLE3, topk 1)
+    for flag in REPORTED:
+        p.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None)
     ns, _unknown = p.parse_known_args(argv[2:])
     if not os.path.isdir(ns.model_path):
         print(f"OSError: model path {ns.model_path} is not a directory (standin sglang)", file=sys.stderr)
@@ -44,8 +76,14 @@ def main(argv: list[str]) -> int:
         spec_gamma=ns.speculative_num_steps or 3,
     )
 
+    launched = {k: v for k, v in vars(ns).items() if k in _REPORTED_KEYS and v is not None}
+
+    class LaunchedWorker(SimWorker):
+        def _server_args(self) -> dict[str, object]:
+            return {**super()._server_args(), **_as_sglang_reports(launched)}
+
     async def serve() -> None:
-        worker = SimWorker(spec)
+        worker = LaunchedWorker(spec)
         await worker.start()
         print(f"standin sglang {role} ready on {worker.url}", flush=True)
         done = asyncio.Event()

@@ -121,6 +121,32 @@ def test_launch_status_drift_logs_stop(cluster_profile: Any, capsys: pytest.Capt
         code, doc, _ = _run(capsys, "launch", "-p", p, "--json", "--role", "decode")
         assert code == 0 and doc["results"][0]["action"] == "restarted"
 
+        # rolling restart with the router running: the decode leaves its pool before the restart and
+        # comes back once healthy (real router, admin API on loopback)
+        from infer_ctl.router.client import AdminClient
+        from infer_ctl.router.embed import router_config, start_router_in_thread
+
+        urls = {r["instance"]: r["url"] for r in st.values()}
+        boot = data["sglang"]["prefill"]["bootstrap_port"]
+        handle = start_router_in_thread(
+            router_config(prefill=[(urls["pf-01-prefill"], boot)], decode=[urls["dc-01-decode"]])
+        )
+        try:
+            data["router"] = {"listen": handle.url.removeprefix("http://")}
+            _write(prof, data)
+            code, doc, _ = _run(capsys, "launch", "-p", p, "--json", "--rolling")
+            assert code == 0, doc
+            rows = {r["instance"]: r for r in doc["results"]}
+            assert rows["dc-01-decode"]["action"] == "restarted"
+            assert rows["dc-01-decode"]["router"] == "removed from the router; re-added to the router"
+            workers = AdminClient(handle.url).call("GET", "/admin/workers")["workers"]
+            assert {(w["url"], w["role"]) for w in workers} == {
+                (urls["pf-01-prefill"], "prefill"),
+                (urls["dc-01-decode"], "decode"),
+            }
+        finally:
+            handle.stop(drain=False)
+
         code, out, _ = _run(capsys, "logs", "dc-01-decode", "-p", p, "--lines", "50")
         assert code == 0 and "standin sglang decode ready" in out and "inferctl: starting" in out
         code, _, err = _run(capsys, "logs", "dc-01-decode", "-p", p, "--since", "10m")
