@@ -24,6 +24,7 @@ from infer_ctl.errors import InferctlError, MissingExtraError, UsageError
 from infer_ctl.facts.tokenizer_files import (
     TOKENIZER_FILES,
     LoadedSide,
+    TokenizerLoadError,
     build_encoder,
     load_tokenizer_dir,
     local_hashes,
@@ -74,20 +75,24 @@ def compare_dirs(target_dir: str | Path, draft_dir: str | Path, *, probes: Seque
     """The full local comparison of two directories (both must exist)."""
     target = load_tokenizer_dir(target_dir, "target")
     draft = load_tokenizer_dir(draft_dir, "draft")
-    enc_t, enc_d = _encoders(target, draft)
-    return compare_tokenizers(target.facts, draft.facts, target_encoder=enc_t, draft_encoder=enc_d,
-                              user_probes=probes, user_probes_name=probes_name, node=node)
-
-
-def _encoders(target: LoadedSide, draft: LoadedSide) -> tuple[Encoder | None, Encoder | None]:
-    if target.tokenizer_json is None and draft.tokenizer_json is None:
-        return None, None
-    require_tokenizers()
-    enc_t = build_encoder(target)
+    load_failures: list[Finding] = []
+    enc_t = _encoder(target, load_failures, node)
     # Byte-identical tokenizer.json behaves identically under one library: load it once (half the time).
-    if draft.tokenizer_json is not None and draft.tokenizer_json == target.tokenizer_json:
-        return enc_t, enc_t
-    return enc_t, build_encoder(draft)
+    same = draft.tokenizer_json is not None and draft.tokenizer_json == target.tokenizer_json
+    enc_d = enc_t if same else _encoder(draft, load_failures, node)
+    findings = compare_tokenizers(target.facts, draft.facts, target_encoder=enc_t, draft_encoder=enc_d,
+                                  user_probes=probes, user_probes_name=probes_name, node=node)
+    return load_failures + findings
+
+
+def _encoder(side: LoadedSide, failures: list[Finding], node: str) -> Encoder | None:
+    """The side's encoder; a tokenizer.json the library refuses becomes a failure (probes are then skipped)."""
+    try:
+        return build_encoder(side)
+    except TokenizerLoadError as exc:
+        failures.append(Finding.fail("tokenizer.files", node, f"{side.facts.label} tokenizer.json", exc.message,
+                                     remedy=exc.remedy))
+        return None
 
 
 # ---------------------------------------------------------------- the pair named by the profile

@@ -30,7 +30,7 @@ from infer_ctl.core.tokenizer.model import (
     TokenizerFacts,
     VocabMapFacts,
 )
-from infer_ctl.errors import MissingExtraError
+from infer_ctl.errors import InferctlError, MissingExtraError
 from infer_ctl.remote.base import Command
 
 #: the files that define tokenization, hashed in fleet mode (plus any *.tiktoken)
@@ -628,12 +628,23 @@ def require_tokenizers() -> Any:
     return tokenizers
 
 
+class TokenizerLoadError(InferctlError):
+    """tokenizer.json is valid JSON but the tokenizers library refuses it (so would the server)."""
+
+
 def build_encoder(side: LoadedSide) -> TokenizersEncoder | None:
     """An encoder for probes, or None where the directory has no tokenizer.json."""
     if side.tokenizer_json is None:
         return None
     tokenizers = require_tokenizers()
-    return TokenizersEncoder(tokenizers.Tokenizer.from_str(side.tokenizer_json))
+    try:
+        tokenizer = tokenizers.Tokenizer.from_str(side.tokenizer_json)
+    except Exception as exc:  # the library raises plain Exception for every load problem
+        raise TokenizerLoadError(
+            f"{side.facts.path}/tokenizer.json: the tokenizers library cannot load it: {exc}",
+            remedy="restore tokenizer.json from the model's original release (SGLang would fail to load it too)",
+        ) from exc
+    return TokenizersEncoder(tokenizer)
 
 
 # ---------------------------------------------------------------- fleet mode: hashes over SSH

@@ -138,3 +138,13 @@ def test_tiktoken_rank_files_compare_by_vocabulary_and_skip_probes(tmp_path: Pat
     vocab = next(f for f in compare_dirs(target, swapped) if f.check == "tokenizer.vocab")
     assert vocab.status is Status.FAIL and vocab.subject == "id 257"
     assert "'the'" in vocab.message and "'Ġthe'" in vocab.message  # byte-level spelling, as in tokenizer.json
+
+
+def test_tokenizer_json_the_library_refuses_is_a_failure_and_probes_are_skipped(bpe_dir: Path, tmp_path: Path) -> None:
+    draft = copy_dir(bpe_dir, tmp_path / "draft")
+    edit_json(draft / "tokenizer.json", lambda doc: doc["model"]["merges"].append(["zz-unknown", "qq-unknown"]))
+    findings = compare_dirs(bpe_dir, draft)
+    refused = [f for f in findings if f.check == "tokenizer.files" and f.status is Status.FAIL]
+    assert len(refused) == 1 and "cannot load it" in refused[0].message and "zz-unknown" in refused[0].message
+    skipped = [f for f in findings if f.check == "tokenizer.probes"]
+    assert [f.status for f in skipped] == [Status.SKIP] and "could not be loaded" in skipped[0].message

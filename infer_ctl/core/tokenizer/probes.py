@@ -124,6 +124,7 @@ def judge_probes(p: Pair, enc_t: Encoder | None, enc_d: Encoder | None,
     if enc_t is None or enc_d is None:
         missing = p.target if enc_t is None else p.draft
         why = ("it ships no tokenizer" if not missing.has_tokenizer
+               else "its tokenizer.json could not be loaded (see tokenizer.files)" if missing.source == "tokenizer.json"
                else f"its vocabulary comes from {missing.source}, and probes need tokenizer.json")
         return [Finding.skip(CHECK, p.node, p.subject,
                              f"encode/decode probes skipped for the {missing.label}: {why}")]
