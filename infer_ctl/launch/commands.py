@@ -308,7 +308,7 @@ def status(profile: Profile, nodes: str | None, role: str | None) -> Report:
                     "status.instance",
                     row["node"],
                     row["instance"],
-                    f"process {row.get('process')}, health {row.get('health')}",
+                    f"process {row.get('process')}, health {row.get('health') or 'not probed'}",
                     remedy=f"`inferctl logs {row['instance']}`, then `inferctl launch --nodes {row['node']}`",
                 )
             )
@@ -319,7 +319,10 @@ def status(profile: Profile, nodes: str | None, role: str | None) -> Report:
 def render_status(console: Console, report: Report) -> None:
     cols = ("instance", "process", "health", "model", "disaggregation_mode", "speculative_algorithm",
             "accept_length", "cache_hit_rate")  # fmt: skip
-    table = Table(*cols, box=None)
+    table = Table(box=None)
+    for c in cols:
+        # the instance name is what the user types next (`inferctl logs NAME`): never truncate it
+        table.add_column(c, no_wrap=c == "instance", min_width=len(c) if c == "instance" else None)
     for r in report.results or []:
         table.add_row(*(_fmt(r.get(c)) for c in cols))
     console.print(table)
