@@ -314,11 +314,11 @@ def run_check_tokenizer(*, target: str | None, draft: str | None, probes_file: s
 
 
 def _audit(ctx: AuditContext) -> list[Finding]:
+    # Paths first: a controller without model copies skips cleanly even without the tokenizers extra.
     try:
-        require_tokenizers()
+        return check_profile_local(ctx.profile, missing=Status.SKIP)
     except MissingExtraError as exc:
         return [Finding.unknown(PROFILE_CHECK, "local", "models", exc.message, remedy=exc.remedy)]
-    return check_profile_local(ctx.profile, missing=Status.SKIP)
 
 
 FAMILY = CheckFamily(

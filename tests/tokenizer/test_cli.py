@@ -138,3 +138,13 @@ def test_profile_without_a_separate_draft_is_skipped(tmp_path: Path) -> None:
     prof = load_profile(str(path))
     (finding,) = family.run(AuditContext(prof, None, list(prof.nodes)))
     assert finding.status is Status.SKIP and "NGRAM" in finding.message
+
+
+def test_audit_family_without_the_extra_is_unknown_with_the_install_hint(
+    pair: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    family = next(f for f in families() if f.name == "tokenizer")
+    here = load_profile(str(_profile(tmp_path, str(pair[0]), str(pair[1]))))
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    (finding,) = family.run(AuditContext(here, None, list(here.nodes)))
+    assert finding.status is Status.UNKNOWN and finding.remedy == "pip install 'inferctl[tokenizers]'"
