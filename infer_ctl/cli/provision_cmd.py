@@ -82,6 +82,8 @@ def rollback_cmd(profile: ProfileOpt = None, nodes: NodesOpt = None, role: RoleO
     report = Report("provision rollback", prof.name, results=results, exit_code_override=ExitCode(code))
     lines = [f"{r['node']}: current -> {r['to']} (was {r['from']})" if r["state"] == "applied"
              else f"{r['node']}: error: {r['error']}" for r in results]
+    lines.append("units start <venvs>/<sglang.version>: set sglang.version back and apply with --restart "
+                 "(docs/runbooks/provision.md)")
     finish(sess, report, lambda c: c.print("\n".join(lines)))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 from infer_ctl.core.provision.desired import ManagedFile, backup_path
 from infer_ctl.provision.errors import ProvisionError
@@ -88,3 +89,30 @@ def write_file(conn: Connector, file: ManagedFile, *, now: Callable[[], datetime
         raise ProvisionError(f"cannot back up {file.path} on {conn.node_name}: {result.err.strip()}")
     conn.put_file(file.path, file.content, mode=file.mode, owner=f"{file.owner}:{file.group}", sudo=True)
     return backup_made
+
+
+#: The Connector's put_file takes the whole content as bytes (there is no streaming put), so big files
+#: (torch wheels run to gigabytes, uploaded to many nodes at once) go up in parts of this size and are
+#: joined on the node: at most one part per node is in memory.
+UPLOAD_PART_BYTES = 64 * 1024 * 1024
+
+# join the parts into a temp file beside the target, rename it over the target, drop the parts
+_JOIN = 'set -eu; out=$1; shift; t="$out.inferctl-join.tmp"; cat -- "$@" > "$t"; mv -f -- "$t" "$out"; rm -f -- "$@"'
+
+
+def upload_file(
+    conn: Connector, local: Path, remote_path: str, *, mode: int = 0o644, sudo: bool, part_bytes: int = UPLOAD_PART_BYTES
+) -> None:
+    """Upload a local file atomically without reading it whole into memory (see UPLOAD_PART_BYTES)."""
+    size = local.stat().st_size
+    if size <= part_bytes:
+        conn.put_file(remote_path, local.read_bytes(), mode=mode, sudo=sudo)
+        return
+    directory, _, name = remote_path.rpartition("/")
+    parts: list[str] = []
+    with local.open("rb") as fh:
+        for index, chunk in enumerate(iter(lambda: fh.read(part_bytes), b"")):
+            part = f"{directory}/.{name}.inferctl-part{index:05d}"
+            conn.put_file(part, chunk, mode=mode, sudo=sudo)
+            parts.append(part)
+    run_checked(conn, Command("sh", "-c", _JOIN, "sh", remote_path, *parts), sudo=sudo, what=f"join the parts of {remote_path}", timeout=1800)

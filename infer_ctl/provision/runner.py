@@ -18,6 +18,7 @@ from infer_ctl.profile import Profile
 from infer_ctl.profile.nodes import Node
 from infer_ctl.provision.context import Planned, ProvisionOptions, StepContext
 from infer_ctl.provision.errors import WheelhouseError
+from infer_ctl.provision.selfwheel import node_wheels
 from infer_ctl.provision.steps.base import Step
 from infer_ctl.provision.steps.registry import all_steps
 from infer_ctl.provision.wheelhouse import load_wheelhouse
@@ -39,18 +40,23 @@ class FleetPlan:
 
 
 def shared_inputs(profile: Profile, options: ProvisionOptions) -> dict[str, object]:
-    """Things computed once for all nodes: the verified local wheelhouse (or why it was refused)."""
+    """Things computed once for all nodes: the verified local wheelhouse (or why it was refused), and
+    the wheels of inferctl itself that the `inferctl` step installs."""
+    shared: dict[str, object] = {}
+    if options.runs("inferctl"):
+        shared["node_wheels"] = node_wheels()
     source = options.wheelhouse
     if source is None and profile.sglang.wheelhouse:
         source = Path(profile.sglang.wheelhouse).expanduser()
         if not source.is_absolute():
             source = profile.base_dir / source
     if source is None:
-        return {}
+        return shared
     try:
-        return {"wheelhouse": load_wheelhouse(source)}
+        shared["wheelhouse"] = load_wheelhouse(source)
     except WheelhouseError as exc:
-        return {"wheelhouse": exc}
+        shared["wheelhouse"] = exc
+    return shared
 
 
 def preflight(conn: Connector) -> tuple[bool, str | None]:

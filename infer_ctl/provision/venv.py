@@ -8,6 +8,7 @@ the last target for `inferctl provision rollback`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from infer_ctl.core.provision.lock import MARKER_NAME
@@ -88,5 +89,14 @@ def rollback(conn: Connector, venvs: str) -> tuple[str, str]:
             f"{conn.node_name}: previous venv {state.previous} is incomplete or gone; refusing to switch to it",
             remedy="reinstall it with `inferctl provision --apply` using the old profile version",
         )
-    switch_current(conn, venvs, state.previous)
+    # Units run `<venvs>/<version>/bin/python`: point that version's link back too, so a rollback to a
+    # venv of the same version (another lock) reaches the servers at their next restart.
+    alias = previous_version(state.previous)
+    switch_current(conn, venvs, state.previous, alias or "")
     return state.current or "", state.previous
+
+
+def previous_version(target: str) -> str | None:
+    """`.../sglang-0.5.23-0123456789ab` -> `0.5.23` (None for a name provisioning did not make)."""
+    match = re.fullmatch(r"sglang-(.+)-[0-9a-f]{12}", target.rstrip("/").rsplit("/", 1)[-1])
+    return match.group(1) if match else None

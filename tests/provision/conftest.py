@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pip
 import pytest
 
+from infer_ctl.provision import runner
+from infer_ctl.provision.selfwheel import BuiltWheel, node_wheels
 from tests.provision import standins
 from tests.provision.wheels import build_index
 from tests.sshd_harness import SshCluster
@@ -44,6 +48,8 @@ def _can_isolate() -> bool:
 class ProvisionCluster:
     cluster: SshCluster
     tmp: Path
+    #: `sglang.python` of the profiles: the real interpreter behind python_venv_standin
+    python: Path
 
     def node_dir(self, name: str) -> Path:
         return self.cluster.root / name
@@ -85,7 +91,7 @@ class ProvisionCluster:
         base: dict[str, Any] = {
             "nodes": nodes,
             "fabric": {"apply_qos": True},
-            "sglang": {"version": "0.5.23", "python": sys.executable},
+            "sglang": {"version": "0.5.23", "python": str(self.python)},
         }
         for key, value in overrides.items():
             if isinstance(value, dict) and isinstance(base.get(key), dict):
@@ -96,7 +102,9 @@ class ProvisionCluster:
 
 
 @pytest.fixture
-def prov_cluster(ssh_cluster: Callable[..., SshCluster], tmp_path: Path) -> Callable[..., ProvisionCluster]:
+def prov_cluster(
+    ssh_cluster: Callable[..., SshCluster], tmp_path: Path, venv_python: Path
+) -> Callable[..., ProvisionCluster]:
     if not _can_isolate():
         pytest.skip("needs root and unshare/overlayfs to give each test node a private /etc, /opt, /var")
 
@@ -115,9 +123,53 @@ def prov_cluster(ssh_cluster: Callable[..., SshCluster], tmp_path: Path) -> Call
             # the wrapper mounts sysnet only when it exists at sshd start: restart the node
             cluster.stop(name)
             cluster.start(name)
-        return ProvisionCluster(cluster, tmp_path)
+        return ProvisionCluster(cluster, tmp_path, venv_python)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def _session_node_wheels() -> list[BuiltWheel]:
+    return node_wheels()
+
+
+@pytest.fixture(autouse=True)
+def frozen_node_wheels(monkeypatch: pytest.MonkeyPatch, _session_node_wheels: list[BuiltWheel]) -> list[BuiltWheel]:
+    """The `inferctl` step ships wheels of this checkout's code. Build them once per session, so a test
+    that expects a second run to be all OK is not broken by someone editing infer_ctl/ in between."""
+    monkeypatch.setattr(runner, "node_wheels", lambda: list(_session_node_wheels))
+    return _session_node_wheels
+
+
+def python_venv_standin(bin_dir: Path) -> Path:
+    """`python -m venv DIR` costs 5-20 s on a loaded 2-core CI machine, almost all of it ensurepip
+    byte-compiling pip into the new venv. This stand-in runs the real `python -m venv --without-pip DIR`
+    and makes this machine's own pip importable in it with a .pth file, so the `pip install` that
+    provisioning runs next is the real pip, installing for real into the new venv. Every other
+    invocation goes to the real interpreter. Used as `sglang.python` in the tests' profiles."""
+    # a directory holding only pip (not this machine's whole site-packages, whose packages would
+    # leak into the venv and could make a missing install look present)
+    pip_home = bin_dir / "pip-only"
+    pip_home.mkdir(parents=True, exist_ok=True)
+    if not (pip_home / "pip").exists():
+        (pip_home / "pip").symlink_to(Path(pip.__file__).parent)
+    script = bin_dir / "python-venv-standin"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = -m ] && [ "$2" = venv ] && [ $# -eq 3 ]; then\n'
+        f'  {shlex.quote(sys.executable)} -m venv --without-pip "$3" || exit 1\n'
+        f'  for d in "$3"/lib/python*/site-packages; do echo {shlex.quote(str(pip_home))} > "$d/_standin_pip.pth"; done\n'
+        "  exit 0\n"
+        "fi\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture(scope="session")
+def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return python_venv_standin(tmp_path_factory.mktemp("venv-standin"))
 
 
 @pytest.fixture

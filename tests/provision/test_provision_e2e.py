@@ -16,11 +16,14 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.core.provision.lock import MARKER_NAME
+from infer_ctl.profile.load import load_profile
+from infer_ctl.remote.base import Command, CommandResult
+from infer_ctl.remote.fleet import Fleet
 from tests.provision.wheels import make_wheelhouse
 
 pytestmark = pytest.mark.ssh
 
-MANAGED = {"persistence", "memlock", "sysctl", "qos", "wheelhouse", "venv", "units"}
+MANAGED = {"persistence", "memlock", "sysctl", "qos", "wheelhouse", "venv", "inferctl", "units"}
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
@@ -28,6 +31,16 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[s
     code = main([*args, "--json"])
     out = capsys.readouterr().out
     return code, json.loads(out)
+
+
+def on_node(profile: Path, command: Command, stdin: bytes | None = None) -> CommandResult:
+    """Run a command on the (single) node of the profile over SSH: inside its mount namespace, unlike
+    edits of the overlay's upper directory from the outside, which the mounted overlay may not see."""
+    prof = load_profile(str(profile))
+    with Fleet(prof) as fleet:
+        [outcome] = fleet.map(prof.nodes, lambda conn, node: conn.run(command, stdin=stdin, timeout=60))
+    assert outcome.value is not None, outcome.error
+    return outcome.value
 
 
 def entries(doc: dict[str, Any], node: str | None = None) -> list[dict[str, Any]]:
@@ -111,9 +124,14 @@ def test_fresh_plan_apply_replan_drift_and_rollback(prov_cluster, wheel_index, t
     assert code == 0, doc
     assert (venvs / "current").readlink().name.startswith("sglang-0.5.24-")
     assert (venvs / "previous").readlink() == current
+    # a rebuild of 0.5.23 with another lock would have moved the `0.5.23` link the units use: simulate
+    # that, and check that the rollback points it back as well
+    newer = (venvs / "current").readlink()
+    assert on_node(profile2, Command("ln", "-sfn", str(newer), "/opt/inferctl/venvs/0.5.23")).ok
     code, doc = run_cli(capsys, "provision", "rollback", "-p", str(profile2))
     assert code == 0 and doc["results"][0]["to"] == str(current)
     assert (venvs / "current").readlink() == current
+    assert (venvs / "0.5.23").readlink() == current and (venvs / "0.5.24").readlink() == newer
     assert (venvs / "previous").readlink().name.startswith("sglang-0.5.24-")
 
 
@@ -170,7 +188,7 @@ def test_interrupted_apply_leaves_files_old_or_new(prov_cluster, tmp_path, capsy
     profile = pc.profile()
     state = pc.node_dir(node) / "state"
     (state / "hang-daemon-reload").touch()
-    args = ["provision", "--apply", "--yes", "-p", str(profile), "--skip", "wheelhouse,venv,persistence", "--json"]
+    args = ["provision", "--apply", "--yes", "-p", str(profile), "--skip", "wheelhouse,venv,inferctl,persistence", "--json"]
     proc = subprocess.Popen([sys.executable, "-m", "infer_ctl", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:

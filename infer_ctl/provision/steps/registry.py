@@ -1,4 +1,4 @@
-"""The ordered list of steps. Order matters: the venv needs its wheelhouse; units come last so a server
+"""The ordered list of steps. Order matters: the venv needs its wheelhouse; inferctl shares the venvs directory; units come last so a server
 that a restart brings up finds its venv, limits and sysctls already in place."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from infer_ctl.provision.steps.memlock import MemlockStep
 from infer_ctl.provision.steps.peermem import PeermemStep
 from infer_ctl.provision.steps.persistence import PersistenceStep
 from infer_ctl.provision.steps.qos import QosStep
+from infer_ctl.provision.steps.selfinstall import InferctlStep
 from infer_ctl.provision.steps.sysctl import SysctlStep
 from infer_ctl.provision.steps.timesync import TimeSyncStep
 from infer_ctl.provision.steps.units import UnitsStep
@@ -28,6 +29,7 @@ def all_steps() -> list[Step]:
         QosStep(),
         WheelhouseStep(),
         VenvStep(),
+        InferctlStep(),
         UnitsStep(),
     ]
 

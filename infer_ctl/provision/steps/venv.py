@@ -13,7 +13,7 @@ from infer_ctl.core.provision.lock import (
 from infer_ctl.core.provision.model import EntryKind
 from infer_ctl.provision.context import Planned, StepContext
 from infer_ctl.provision.errors import ProvisionError, StepFailed, WheelhouseError
-from infer_ctl.provision.remote_files import run_checked
+from infer_ctl.provision.remote_files import run_checked, upload_file
 from infer_ctl.provision.venv import installed_version, probe_venv, switch_current
 from infer_ctl.provision.wheelhouse import LocalWheelhouse
 from infer_ctl.remote.base import Command, Connector
@@ -65,7 +65,7 @@ class WheelhouseStep:
         def action() -> None:
             run_checked(ctx.conn, Command("mkdir", "-p", "--", remote_dir), sudo=True, what="mkdir wheelhouse")
             for name in stale:
-                ctx.conn.put_file(f"{remote_dir}/{name}", local.files()[name].read_bytes(), mode=0o644, sudo=True)
+                upload_file(ctx.conn, local.files()[name], f"{remote_dir}/{name}", sudo=True)
             after = remote_hashes(ctx.conn, remote_dir)
             bad = sorted(n for n, d in expected.items() if after.get(n) != d)
             if bad:
