@@ -7,19 +7,19 @@ traceback to a debug log (`--debug` re-raises instead).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated
 
 import typer
 
-import infer_ctl.cli.check_gpu  # registers `check gpu` on check_cmd.app
-import infer_ctl.cli.check_tokenizer  # noqa: F401  (registers `check tokenizer` on check_cmd.app)
 from infer_ctl import __version__
-from infer_ctl.cli import audit_cmd, check_cmd, exec_cmd, nodes_cmd, plan_cmd, profile_cmd, provision_cmd
 from infer_ctl.core.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError
 
@@ -38,16 +38,6 @@ _EXIT = _classes(typer.Exit, getattr(_click_exc, "Exit", None))
 _ABORT = _classes(getattr(typer, "Abort", None), getattr(_click_exc, "Abort", None))
 _USAGE = _classes(_click_exc.ClickException)
 
-app = typer.Typer(
-    name="inferctl",
-    help="Operate private SGLang inference clusters: prefill/decode disaggregation, speculative decoding, "
-    "RDMA fabric, GPU health, and a PD-aware prefix-caching router.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
 
 def _version(value: bool) -> None:
     if value:
@@ -55,7 +45,6 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
@@ -67,28 +56,85 @@ def _root(
     """inferctl: one CLI, one YAML profile, one embedded controller."""
 
 
-# Command modules, one per verb. Modules that add `check <family>` subcommands register themselves on
-# check_cmd.app when imported, so they are imported here before the app runs.
-app.add_typer(profile_cmd.app, name="profile")
-app.add_typer(plan_cmd.app, name="plan")
-app.add_typer(check_cmd.app, name="check")
-from infer_ctl.cli import check_servers, launch_cmd  # noqa: E402, F401  (launch/status/stop/logs, check servers)
+def _new_app() -> typer.Typer:
+    app = typer.Typer(
+        name="inferctl",
+        help="Operate private SGLang inference clusters: prefill/decode disaggregation, speculative decoding, "
+        "RDMA fabric, GPU health, and a PD-aware prefix-caching router.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(_root)
+    return app
 
-launch_cmd.register(app)
-app.command("nodes")(nodes_cmd.nodes)
-app.command("exec")(exec_cmd.exec_)
-app.add_typer(provision_cmd.app, name="provision")
-from infer_ctl.cli import router_cmd  # noqa: E402
 
-app.add_typer(router_cmd.app, name="router")
-from infer_ctl.cli import check_fabric  # noqa: E402, F401  (registers `check fabric` on check_cmd.app)
+# Command modules are imported lazily: only the verb being run is loaded, so `inferctl exec` does not
+# pay for the router, the simulator or the tokenizer libraries. Root help (or an unknown verb) loads all.
+# verb -> (module, attach); the dict order is the order of `inferctl --help`.
+Attach = Callable[[typer.Typer, ModuleType], None]
 
-app.command("audit")(audit_cmd.audit_cmd)
-from infer_ctl.cli import bench_cmd, demo_cmd, sim_cmd  # noqa: E402
 
-app.add_typer(sim_cmd.app, name="sim")
-app.command("bench")(bench_cmd.bench)
-app.command("demo")(demo_cmd.demo)
+def _typer(name: str) -> Attach:
+    return lambda app, mod: app.add_typer(mod.app, name=name)
+
+
+def _command(name: str, func: str) -> Attach:
+    return lambda app, mod: app.command(name)(getattr(mod, func))
+
+
+def _check_group(app: typer.Typer, mod: ModuleType) -> None:
+    # each family module adds `check <family>` to check_cmd.app when imported
+    for family in ("check_gpu", "check_fabric", "check_tokenizer", "check_servers"):
+        importlib.import_module(f"infer_ctl.cli.{family}")
+    app.add_typer(mod.app, name="check")
+
+
+def _launch_verbs(app: typer.Typer, mod: ModuleType) -> None:
+    mod.register(app)
+
+
+VERBS: dict[str, tuple[str, Attach]] = {
+    "profile": ("infer_ctl.cli.profile_cmd", _typer("profile")),
+    "nodes": ("infer_ctl.cli.nodes_cmd", _command("nodes", "nodes")),
+    "exec": ("infer_ctl.cli.exec_cmd", _command("exec", "exec_")),
+    "provision": ("infer_ctl.cli.provision_cmd", _typer("provision")),
+    "check": ("infer_ctl.cli.check_cmd", _check_group),
+    "audit": ("infer_ctl.cli.audit_cmd", _command("audit", "audit_cmd")),
+    "launch": ("infer_ctl.cli.launch_cmd", _launch_verbs),  # also status, stop, logs
+    "router": ("infer_ctl.cli.router_cmd", _typer("router")),
+    "plan": ("infer_ctl.cli.plan_cmd", _typer("plan")),
+    "sim": ("infer_ctl.cli.sim_cmd", _typer("sim")),
+    "bench": ("infer_ctl.cli.bench_cmd", _command("bench", "bench")),
+    "demo": ("infer_ctl.cli.demo_cmd", _command("demo", "demo")),
+}
+ALIASES = {"status": "launch", "stop": "launch", "logs": "launch"}
+
+
+def _requested_verb(args: Sequence[str]) -> str | None:
+    for arg in args:
+        if not arg.startswith("-"):
+            return ALIASES.get(arg, arg)
+    return None
+
+
+def build_app(args: Sequence[str] | None = None) -> typer.Typer:
+    """The typer app with the verb named in `args` attached, or every verb when none (or an unknown one)
+    is named."""
+    args = list(args or [])
+    verb = _requested_verb(args)
+    if verb in VERBS:
+        wanted = [verb]
+    elif verb is None and "--version" in args:
+        wanted = []
+    else:
+        wanted = list(VERBS)
+    app = _new_app()
+    for name in wanted:
+        module, attach = VERBS[name]
+        attach(app, importlib.import_module(module))
+    return app
 
 
 def _debug_log_path() -> Path:
@@ -118,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("INFERCTL_DEBUG") == "1"
     try:
-        result = app(args=args, prog_name="inferctl", standalone_mode=False)
+        result = build_app(args)(args=args, prog_name="inferctl", standalone_mode=False)
         return int(result) if isinstance(result, int) else 0
     except _EXIT as exc:
         return int(getattr(exc, "exit_code", 0))

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from infer_ctl import __version__
-from infer_ctl.cli.main import app, main
+from infer_ctl.cli.main import VERBS, build_app, main
 
 
 def _commands(group=None, prefix=()):  # type: ignore[no-untyped-def]
     import typer.main
 
-    cmd = typer.main.get_command(app) if group is None else group
+    cmd = typer.main.get_command(build_app()) if group is None else group
     yield prefix
     for name, sub in getattr(cmd, "commands", {}).items():
         yield from _commands(sub, (*prefix, name))
@@ -122,3 +122,24 @@ def test_plan_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) 
     assert main(argv) == 64
     err = capsys.readouterr().err
     assert err.startswith("inferctl: error: ") and "Traceback" not in err
+
+
+def test_only_the_requested_verb_is_imported() -> None:
+    """`inferctl exec` must not pay for the router, the simulator or the tokenizer libraries."""
+    code = (
+        "import sys\n"
+        "from infer_ctl.cli.main import build_app\n"
+        "build_app(['plan', 'kv'])\n"
+        "loaded = [m for m in ('infer_ctl.cli.router_cmd', 'infer_ctl.cli.sim_cmd', 'infer_ctl.cli.exec_cmd',"
+        " 'paramiko', 'aiohttp', 'tokenizers') if m in sys.modules]\n"
+        "print(','.join(loaded))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_every_verb_is_listed_in_root_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for verb in [*VERBS, "status", "stop", "logs"]:
+        assert verb in out
