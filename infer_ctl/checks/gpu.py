@@ -32,7 +32,14 @@ def _failed(message: str, kind: str = "tool_failed") -> NodeGpuFacts:
 
 def gather_gpu_facts(conn: Connector, node: Node, policy: GpuPolicy) -> NodeGpuFacts:
     """One remote command per node: everything the GPU rules need."""
-    command = gather_command(policy.python, source=policy.facts_source, window_h=policy.xid_window_h)
+    # the node-side tools get the timeout minus a margin for SSH and interpreter start-up, so the
+    # gatherer reports a hung tool itself instead of being killed with everything it already read
+    command = gather_command(
+        policy.python,
+        source=policy.facts_source,
+        window_h=policy.xid_window_h,
+        budget_s=max(1.0, policy.timeout_s - min(5.0, policy.timeout_s / 4)),
+    )
     result = conn.run(command, timeout=policy.timeout_s, stdin=gatherer_script())
     if result.timed_out:
         return _failed(f"GPU fact gathering timed out after {policy.timeout_s:g}s (a hung driver or nvidia-smi?)")

@@ -47,10 +47,17 @@ def gatherer_script() -> bytes:
     return resources.files("infer_ctl.facts").joinpath("nvml_node_script.py").read_bytes()
 
 
-def gather_command(python: str = "python3", *, source: str = "auto", window_h: float = 24.0) -> Command:
+def gather_command(
+    python: str = "python3", *, source: str = "auto", window_h: float = 24.0, budget_s: float | None = None
+) -> Command:
+    """`budget_s`: seconds the node-side tools may take in all; the script keeps some of it for the
+    kernel log, so a hung nvidia-smi still leaves the XIDs readable. Pass less than the remote timeout."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
-    return Command(python, "-", "--source", source, "--window-min", str(max(1, int(window_h * 60))))
+    argv = [python, "-", "--source", source, "--window-min", str(max(1, int(window_h * 60)))]
+    if budget_s is not None:
+        argv += ["--budget", f"{max(1.0, budget_s):g}"]
+    return Command(*argv)
 
 
 def _gpu_from_nvml(dev: dict[str, Any]) -> GpuFacts:
@@ -79,6 +86,8 @@ def _smi_failure(qx: dict[str, Any]) -> tuple[str, str]:
     last = err.splitlines()[-1] if err else ""
     if rc is None and ("No such file" in err or "not found" in err):
         return "no_driver", "nvidia-smi is not installed (no NVIDIA driver on this node)"
+    if rc is None and "timed out" in err:
+        return "hung", f"nvidia-smi did not answer: {last} (a hung driver or GPU?)"
     if "version mismatch" in err.lower():
         return "driver_mismatch", f"NVIDIA driver/library version mismatch: {last}"
     if isinstance(rc, int) and rc in EXIT_CODES:

@@ -5,12 +5,25 @@
 # controller parses (infer_ctl/facts/nvml_gatherer.py) and judges (infer_ctl/core/rules/gpu.py).
 # ruff: noqa: UP004, UP024, UP031, SIM108, SIM401  (kept Python-3.6-compatible on purpose)
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 NOT_SUPPORTED = (3, 13, 26)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, DEPRECATED: "this GPU/driver lacks it"
 GPU_FATAL = {15: "GPU is lost", 16: "GPU requires reset"}
 MAX_OUT = 4 * 1024 * 1024
+# Seconds left for the kernel log when nvidia-smi hangs (a hung driver is exactly when XIDs matter):
+# the tools get the budget minus this, so one hung tool cannot eat the whole remote timeout.
+KLOG_RESERVE = 8
+DEADLINE = [None]  # set by main() from --budget
+
+
+def left(reserve=0):
+    if DEADLINE[0] is None:
+        return 60
+    return max(1, DEADLINE[0] - reserve - time.time())
 
 
 def arg(name, default):
@@ -22,15 +35,25 @@ def arg(name, default):
 
 
 def run(argv, timeout=60):
+    timeout = max(1, int(timeout))
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # own session, so a timeout kills the tool's whole process group (wrappers, helpers)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         return {"rc": None, "out": "", "err": "%s: %s" % (argv[0], exc.strerror or exc)}
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        # A tool stuck in the driver (uninterruptible sleep) survives SIGKILL and keeps its pipes
+        # open: wait briefly, never forever.
+        try:
+            proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
         return {"rc": None, "out": "", "err": "%s timed out after %ss" % (argv[0], timeout)}
     return {
         "rc": proc.returncode,
@@ -191,11 +214,15 @@ def gather_nvml(nv):
 
 
 def kernel_log(window_min):
-    j = run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso", "--since=-%dmin" % window_min])
+    j = run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso", "--since=-%dmin" % window_min], left())
+    # Without the adm/systemd-journal group journalctl exits 0 but shows only the user's own messages
+    # (no kernel lines) and says so on stderr: that is "not readable", not "no XIDs".
+    if j["rc"] == 0 and "not seeing messages" in (j["err"] or ""):
+        j = {"rc": 1, "out": "", "err": "journalctl: the SSH user may not read the system journal"}
     if j["rc"] == 0:
         src, body = "journalctl", j["out"]
     else:
-        d = run(["dmesg"])
+        d = run(["dmesg"], left())
         if d["rc"] != 0:
             why = (j["err"] or "").strip().splitlines()[-1:] + (d["err"] or "").strip().splitlines()[-1:]
             return {"source": None, "out": "", "error": "; ".join(why) or "cannot read the kernel log"}
@@ -207,6 +234,9 @@ def kernel_log(window_min):
 def main():
     source = arg("--source", "auto")
     window_min = int(arg("--window-min", "1440"))
+    budget = arg("--budget", None)
+    if budget is not None:
+        DEADLINE[0] = time.time() + float(budget)
     doc = {"version": 1, "nvml": None, "nvml_error": None, "smi": None, "klog": None}
     if source in ("auto", "nvml"):
         try:
@@ -229,11 +259,11 @@ def main():
                     except nv.NVMLError:
                         pass
     if doc["nvml"] is None and source in ("auto", "nvidia-smi"):
-        qx = run(["nvidia-smi", "-q", "-x"])
+        qx = run(["nvidia-smi", "-q", "-x"], left(KLOG_RESERVE))
         doc["smi"] = {"qx": qx}
         if qx["rc"] == 0:
-            doc["smi"]["nvlink_s"] = run(["nvidia-smi", "nvlink", "-s"])
-            doc["smi"]["nvlink_e"] = run(["nvidia-smi", "nvlink", "-e"])
+            doc["smi"]["nvlink_s"] = run(["nvidia-smi", "nvlink", "-s"], left(KLOG_RESERVE))
+            doc["smi"]["nvlink_e"] = run(["nvidia-smi", "nvlink", "-e"], left(KLOG_RESERVE))
     doc["klog"] = kernel_log(window_min)
     sys.stdout.write(json.dumps(doc))
     sys.stdout.write("\n")

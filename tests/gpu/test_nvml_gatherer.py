@@ -10,16 +10,20 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from infer_ctl.core.findings import Status
+from infer_ctl.core.rules.gpu import judge_gather_error, judge_xids
 from infer_ctl.facts.nvml_gatherer import (
     GathererOutputError,
     gather_command,
     gatherer_script,
     parse_gatherer_output,
 )
+from infer_ctl.profile.gpu import GpuPolicy
 
 FAKE_NVML = Path(__file__).parent / "fake_nvml"
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -159,3 +163,48 @@ def test_no_bindings_and_no_nvidia_smi_means_no_driver(tmp_path: Path) -> None:
 def test_garbage_from_the_node_is_a_clear_error(text: str) -> None:
     with pytest.raises(GathererOutputError):
         parse_gatherer_output(text)
+
+
+def _run_script(tmp_path: Path, bin_dir: Path, *extra: str, timeout: float = 30) -> tuple[str, float]:
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "nobind")}
+    (tmp_path / "nobind").mkdir(exist_ok=True)
+    (tmp_path / "nobind" / "pynvml.py").write_text("raise ImportError('no nvidia-ml-py here')\n")
+    argv = [sys.executable, "-", "--source", "nvidia-smi", "--window-min", "60", *extra]
+    started = time.monotonic()
+    proc = subprocess.run(argv, input=gatherer_script(), capture_output=True, env=env, timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stdout.decode(), time.monotonic() - started
+
+
+def test_a_hung_nvidia_smi_is_stopped_within_the_budget_and_the_kernel_log_still_read(tmp_path: Path) -> None:
+    """The stand-in nvidia-smi hangs in a child process (like a tool stuck in the driver keeps its
+    pipes open); the gatherer must give up on it, kill its group, and still read the XIDs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _standin(bin_dir, "nvidia-smi", "sleep 300")
+    xid = "[ 3606.8] NVRM: Xid (PCI:0000:9b:00): 79, pid=1, GPU has fallen off the bus.\n"
+    (tmp_path / "klog.txt").write_text(xid)
+    _standin(bin_dir, "journalctl", f"cat {tmp_path / 'klog.txt'}")
+    out, took = _run_script(tmp_path, bin_dir, "--budget", "10")
+    facts = parse_gatherer_output(out)
+    assert took < 9, f"the gatherer took {took:.1f}s with a 10s budget"
+    assert facts.error_kind == "hung" and "did not answer" in (facts.error or "")
+    assert facts.xids is not None and [x.xid for x in facts.xids] == [79]
+    finding = judge_gather_error("n1", facts, 8)[0]
+    assert finding.status == Status.UNKNOWN and "gpu.xid" in (finding.remedy or "")
+
+
+def test_journalctl_without_journal_access_is_not_read_as_no_xids(tmp_path: Path) -> None:
+    """journalctl exits 0 for a user outside adm/systemd-journal but shows no kernel lines."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _standin(bin_dir, "nvidia-smi", "exit 9")
+    _standin(
+        bin_dir, "journalctl",
+        'echo "Hint: You are currently not seeing messages from other users and the system." >&2; exit 0',
+    )
+    _standin(bin_dir, "dmesg", 'echo "dmesg: read kernel buffer failed: Operation not permitted" >&2; exit 1')
+    facts = parse_gatherer_output(_run_script(tmp_path, bin_dir)[0])
+    assert facts.xids is None and "may not read the system journal" in (facts.xid_error or "")
+    finding = judge_xids("n1", facts, GpuPolicy())[0]
+    assert finding.status == Status.UNKNOWN and "systemd-journal" in (finding.remedy or "")

@@ -171,3 +171,10 @@ def test_xids(events, pchanges, expected) -> None:  # type: ignore[no-untyped-de
 def test_unreadable_kernel_log_is_unknown_with_a_remedy() -> None:
     (f,) = rules.judge_xids("n1", _node(xids=None, xid_error="Permission denied"), P)
     assert f.status is Status.UNKNOWN and "Permission denied" in f.message and "systemd-journal" in (f.remedy or "")
+
+
+def test_nvml_error_remedy_names_the_gpu_index() -> None:
+    from infer_ctl.core.rules.gpu import judge_nvml_errors
+
+    finding = judge_nvml_errors("n1", GpuFacts(index=2, errors=("nvmlDeviceGetPowerUsage: Unknown Error",)))
+    assert finding is not None and "nvidia-smi -q -i 2" in (finding.remedy or "")

@@ -69,11 +69,13 @@ def judge_gather_error(node: str, facts: NodeGpuFacts, expected: int) -> list[Fi
                 remedy=f"run `nvidia-smi` and `dmesg | grep NVRM` on the node to find the GPU; {RMA} if it persists",
             )
         ]
-    remedy = (
-        "give the SSH user access to /dev/nvidia* (video group) or enable `ssh.sudo`"
-        if kind == "no_permission"
-        else "run `nvidia-smi -q -x` on the node to see the error; rerun the check with --json for details"
-    )
+    if kind == "no_permission":
+        remedy = "give the SSH user access to /dev/nvidia* (video group) or enable `ssh.sudo`"
+    elif kind == "hung":
+        remedy = ("nvidia-smi hangs when the driver or a GPU is wedged: look at `gpu.xid` for this node, then "
+                  "drain and reboot it; raise `gpu.timeout_s` only if the node is merely slow")
+    else:
+        remedy = "run `nvidia-smi -q -x` on the node to see the error; rerun the check with --json for details"
     return [Finding.unknown("gpu.driver", node, "node", facts.error, details=details, remedy=remedy)]
 
 
@@ -148,8 +150,8 @@ def judge_fleet_consistency(versions: Mapping[str, tuple[str | None, str | None]
                     "gpu.driver_consistency",
                     node,
                     "node",
-                    f"driver {driver} (CUDA {cuda}) differs from {count} of {len(known)} nodes "
-                    f"(driver {majority[0]}, CUDA {majority[1]})",
+                    f"driver {driver} (CUDA {cuda}) differs from the fleet's most common driver "
+                    f"{majority[0]} (CUDA {majority[1]}, {count} of {len(known)} nodes)",
                     details=details,
                     remedy="pin one driver version in `gpu.driver_version` and provision every node to it",
                 )
@@ -169,7 +171,7 @@ def judge_nvml_errors(node: str, gpu: GpuFacts) -> Finding | None:
     elif reset:
         remedy = f"drain the GPU, then `nvidia-smi -r -i {gpu.index}` (or reboot the node)"
     else:
-        remedy = "run `nvidia-smi -q -i {gpu.index}` on the node to see which query fails"
+        remedy = f"run `nvidia-smi -q -i {gpu.index}` on the node to see which query fails"
     status = Finding.fail if (lost or reset) else Finding.warn
     return status("gpu.nvml", node, gpu.subject, f"NVML error: {text}", details={"errors": list(gpu.errors)}, remedy=remedy)
 
@@ -502,10 +504,15 @@ _XID_REMEDY = {
 def judge_xids(node: str, facts: NodeGpuFacts, policy: GpuPolicy) -> list[Finding]:
     window = f"{policy.xid_window_h:g} h"
     if facts.xids is None:
+        # when the whole gathering failed (timeout, crash) the kernel log was never tried: point at that
+        # failure instead of at journal permissions
+        whole = facts.error is not None and facts.xid_error == facts.error
         return [
             Finding.unknown(
-                "gpu.xid", node, "node", f"kernel log not readable: {facts.xid_error}",
-                remedy="add the SSH user to the `adm` or `systemd-journal` group (journalctl -k), or allow "
+                "gpu.xid", node, "node",
+                f"kernel log not read: {facts.xid_error}" if whole else f"kernel log not readable: {facts.xid_error}",
+                remedy="see this node's gpu.driver finding: GPU facts were not gathered at all" if whole else
+                "add the SSH user to the `adm` or `systemd-journal` group (journalctl -k), or allow "
                 "dmesg (sysctl kernel.dmesg_restrict=0)",
             )
         ]
