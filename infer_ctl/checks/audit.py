@@ -23,7 +23,7 @@ from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding, Status, overall_status, worst
 from infer_ctl.core.promtext import STATUS_CODES, MetricFamily, findings_families, render
 from infer_ctl.core.report import Report
-from infer_ctl.errors import InferctlError
+from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.output.textfile import write_textfile
 from infer_ctl.profile import Node, Profile
 
@@ -157,12 +157,13 @@ class Change:
 def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[list[Change], list[Finding]]:
     """Changes against the previous run, and the findings to report for them (the current finding for
     new/worse/better problems, an OK 'recovered' finding for problems that went away). Only keys of
-    nodes and families checked in both runs are compared, so `--nodes` subsets do not fake recoveries."""
+    nodes and families checked in both runs are compared, so `--nodes` subsets do not fake recoveries;
+    findings of pseudo-nodes outside the fleet ("controller", "fleet", "local") follow their family."""
     before: dict[Key, tuple[Status, str]] = {}
     if previous:
         for check, node, subject, status, message in previous.get("findings", []):
             before[(check, node, subject)] = (Status(status), message)
-    prev_nodes = set((previous or {}).get("nodes", [])) | {"controller", "fleet"}
+    prev_nodes = set((previous or {}).get("nodes", []))
     prev_families = set((previous or {}).get("families", []))
     now = {(f.check, f.node, f.subject): f for f in result.findings}
     changes: list[Change] = []
@@ -180,14 +181,19 @@ def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[lis
             kind = "worse" if rank > old_rank else ("recovered" if rank == 0 else "better")
             changes.append(Change(kind, *key, old[0].value, finding.status.value, finding.message))
             report.append(finding)
-    checked_nodes = set(result.nodes) | {"controller", "fleet"}
+    now_nodes = set(result.nodes)
+    fleet_nodes = now_nodes | prev_nodes
     families = set(result.families)
     for key, (status, message) in before.items():
         check, node, subject = key
         family = check.split(".", 1)[0]
         if key in now or _RANK[status] == 0:
             continue
-        if node not in checked_nodes or node not in prev_nodes or family not in families or family not in prev_families:
+        # a fleet node must have been checked in both runs; a pseudo-node that is in neither run's node
+        # list (the controller side, e.g. "local" of the tokenizer family) only needs its family
+        if node in fleet_nodes and not (node in now_nodes and node in prev_nodes):
+            continue
+        if family not in families or family not in prev_families:
             continue
         changes.append(Change("recovered", *key, status.value, None, f"no longer reported (was: {message})"))
         report.append(Finding.ok(check, node, subject, f"recovered: no longer reported (was {status.value}: {message})"))
@@ -195,6 +201,20 @@ def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[lis
 
 
 # ---- one audit run, as the CLI does it -----------------------------------------------------------------
+def _check_output_path(flag: str, path: Path) -> None:
+    """A usage error (64) when `path` cannot be a file we write: a directory, or a parent we cannot create."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory", remedy=f"name a file, e.g. {path / 'inferctl.prom'}"
+                         if flag == "--textfile" else f"name a file, e.g. {path / 'audit.jsonl'}")
+    try:  # the write would create the directory anyway; doing it now finds an impossible path early
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot create its directory: {exc.strerror or exc}",
+                         remedy="choose a path the user running the audit can write") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable",
+                         remedy="choose a path the user running the audit can write, or fix its permissions")
+
 @dataclass
 class AuditOptions:
     only: set[str] | None = None
@@ -214,15 +234,27 @@ def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], 
         raise InferctlError("--since-last needs --history PATH (the previous runs are read from it)",
                             remedy="e.g. inferctl audit --history /var/lib/inferctl/audit.jsonl --since-last",
                             exit_code=64)
-    previous = read_last_run(opts.history, profile.name) if opts.history else None
+    # checked before the (possibly long) run, so a typo in a cron line fails fast instead of after it
+    for flag, path in (("--textfile", opts.textfile), ("--history", opts.history)):
+        if path is not None:
+            _check_output_path(flag, path)
+    try:
+        previous = read_last_run(opts.history, profile.name) if opts.history else None
+    except OSError as exc:
+        raise UsageError(f"--history {opts.history}: cannot read it: {exc.strerror or exc}",
+                         remedy="point --history at a readable JSON-lines file (it is created if missing)") from None
     with Fleet(profile, accept_new_host_keys=opts.accept_new_host_keys, parallel=opts.parallel) as fleet:
         result = run_families(profile, fleet, nodes, families, {})
     finished = time.time()
-    if opts.textfile:
-        write_audit_textfile(opts.textfile, result, run_timestamp=finished)
     record = history_record(result, profile.name)
-    if opts.history:
-        append_history(opts.history, record)
+    try:
+        if opts.textfile:
+            write_audit_textfile(opts.textfile, result, run_timestamp=finished)
+        if opts.history:
+            append_history(opts.history, record)
+    except OSError as exc:  # disk full, permissions changed during the run, ...
+        raise InferctlError(f"the audit ran ({result.status.value}) but its output could not be written: {exc}",
+                            remedy="free space or fix permissions for --textfile/--history, then rerun") from None
     report = Report("audit", profile.name, started_at=result.started_at, findings=result.findings,
                     exit_code_override=result.status.exit_code,
                     data={"families": result.families, "nodes": result.nodes,

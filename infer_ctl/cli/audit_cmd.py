@@ -20,6 +20,7 @@ from infer_ctl.cli.common import (
     get_profile,
     session,
 )
+from infer_ctl.errors import UsageError
 from infer_ctl.output.table import render_findings_report
 from infer_ctl.remote.fleet import select_nodes
 
@@ -38,7 +39,9 @@ def audit_cmd(
 ) -> None:
     """Run all check families. Exit 0 ok, 1 warn, 2 fail, 3 unknown (the whole run, also with --since-last)."""
     sess, prof = session(json_out), get_profile(profile)
-    wanted = {name.strip() for name in only.split(",") if name.strip()} if only else None
+    wanted = {name.strip() for name in only.split(",") if name.strip()} if only is not None else None
+    if wanted is not None and not wanted:
+        raise UsageError(f"--only {only!r} names no check family", remedy="e.g. --only gpu,fabric")
     chosen_families = families(wanted)
     opts = AuditOptions(only=wanted, textfile=textfile, history=history, since_last=since_last,
                         accept_new_host_keys=accept_new_host_keys, parallel=parallel)

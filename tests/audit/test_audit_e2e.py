@@ -143,3 +143,5 @@ def test_audit_usage_errors(fleet, capsys: pytest.CaptureFixture[str]) -> None: 
     assert "unknown check family nosuch" in capsys.readouterr().err
     assert main(["audit", "-p", str(profile), "--since-last"]) == 64
     assert "--since-last needs --history" in capsys.readouterr().err
+    assert main(["audit", "-p", str(profile), "--only", ","]) == 64
+    assert "names no check family" in capsys.readouterr().err

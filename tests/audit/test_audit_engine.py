@@ -121,3 +121,27 @@ def test_textfile_content_and_atomic_write(tmp_path: Path) -> None:
     # node_exporter's format, checked by the Prometheus client's own parser
     parsed = {fam.name: fam for fam in text_string_to_metric_families(text)}
     assert parsed["inferctl_check_status"].samples[0].value == 2
+
+
+def test_a_controller_side_problem_that_disappears_is_recovered() -> None:
+    """Pseudo-nodes outside the fleet ("local" of the tokenizer family) are compared by family."""
+    before = A.history_record(_result([Finding.fail("tokenizer.vocab", "local", "models", "draft != target")],
+                                      fams=("gpu", "tokenizer")), "p")
+    changes, report = A.diff_runs(before, _result([], fams=("gpu", "tokenizer")))
+    assert [(c.kind, c.node) for c in changes] == [("recovered", "local")]
+    assert report[0].status == Status.OK
+    changes, _ = A.diff_runs(before, _result([], fams=("gpu",)))  # tokenizer not run this time
+    assert changes == []
+
+
+@pytest.mark.parametrize("flag", ["--textfile", "--history"])
+def test_unwritable_outputs_are_usage_errors_before_anything_runs(tmp_path: Path, flag: str) -> None:
+    attr = flag.lstrip("-")
+    ran: list[str] = []
+    fam = CheckFamily("x", "x", run=lambda ctx: ran.append("x") or [], needs_nodes=False)
+    profile = load_profile("builtin:local")
+    for bad in (tmp_path, Path("/proc/no-such-dir/out")):
+        with pytest.raises(UsageError) as info:
+            A.audit(profile, list(profile.nodes), [fam], A.AuditOptions(**{attr: bad}))
+        assert flag in info.value.message and info.value.remedy
+    assert ran == []
