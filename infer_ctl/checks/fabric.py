@@ -41,12 +41,15 @@ from infer_ctl.facts.qos import (
     dcb_pfc_command,
     ethtool_pause_command,
     ethtool_pause_text_command,
+    ethtool_stats_command,
     mlnx_qos_command,
     parse_dcb_app_dscp,
     parse_dcb_apptrust,
     parse_dcb_pfc,
     parse_ethtool_pause,
+    parse_ethtool_stats,
     parse_mlnx_qos,
+    prio_pause_counters,
 )
 from infer_ctl.facts.rdma_link import RDMA_LINK_JSON, parse_rdma_link
 from infer_ctl.facts.rdma_sysfs import (
@@ -140,12 +143,37 @@ def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interva
     interval = exp.policy.counter_interval_s if interval_s is None else interval_s
     if facts.sysfs and facts.sysfs.devices and interval > 0:
         before = {p.key: dict(p.counters) for d in facts.sysfs.devices.values() for p in d.ports.values()}
+        pauses_before = {n: _prio_pauses(conn, nd, tools) for n, nd in facts.netdevs.items()}
+        pauses_start = time.monotonic()
         time.sleep(max(0.0, interval - (time.monotonic() - first)))
         res = conn.run(counters_command(root), timeout=TOOL_TIMEOUT_S)
         if res.ok:
             facts.counter_deltas = counter_deltas(before, parse_counters_dump(res.out))
             facts.counter_interval_s = round(time.monotonic() - first, 2)
+        for name, nd in facts.netdevs.items():
+            if pauses_before.get(name) is not None:
+                after = _prio_pauses(conn, nd, tools)
+                if after is not None:
+                    nd.pause_deltas = counter_deltas({"": pauses_before[name] or {}}, {"": after})[""]
+                    nd.pause_interval_s = round(time.monotonic() - pauses_start, 2)
     return facts
+
+
+def _prio_pauses(conn: Connector, nd: NetdevFacts, tools: dict[str, str]) -> dict[str, int] | None:
+    """`ethtool -S` rx/tx_prio<N>_pause of one netdev; None (and the reason on `nd`) when unavailable."""
+    if tools and "ethtool" not in tools:
+        nd.pause_counters_error = "ethtool is not installed"
+        return None
+    res = conn.run(ethtool_stats_command(nd.name), timeout=TOOL_TIMEOUT_S)
+    if not res.ok:
+        nd.pause_counters_error = f"ethtool -S {nd.name} failed: {(res.err or res.out).strip()[:200]}"
+        return None
+    counters = prio_pause_counters(parse_ethtool_stats(res.out))
+    if not counters:
+        nd.pause_counters_error = f"ethtool -S {nd.name} shows no rx/tx_prio<N>_pause counters (not an mlx5 NIC?)"
+        return None
+    nd.pause_counters_error = None
+    return counters
 
 
 def _links_fallback(conn: Connector, facts: NodeFabricFacts, exp: FabricExpectations, root: str | None) -> None:
@@ -224,7 +252,8 @@ def gid_families(facts: NodeFabricFacts, exp: FabricExpectations) -> set[Family]
         if dev not in present:
             continue
         for v in port_views(facts, dev):
-            if v.roce and v.active and (choice := gid_choice(v, exp.gid_index)) and choice.roce_version == 2:
+            choice = gid_choice(v, exp.gid_index, exp.policy.gid_family) if v.roce and v.active else None
+            if choice is not None and choice.roce_version == 2:
                 fams.add(choice.family)
     return fams
 
@@ -253,7 +282,7 @@ def check_fabric(profile: Profile, fleet: Any, nodes: list[Node], *, pingpong: b
         if fams:
             families[o.node.name] = set(fams)
     if len(families) > 1:
-        run.findings += judge_gid_families(families)
+        run.findings += judge_gid_families(families, profile.fabric.gid_family)
     if pingpong:
         from infer_ctl.checks.pingpong import run_pair_tests
 

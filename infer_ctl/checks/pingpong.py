@@ -96,7 +96,7 @@ def node_endpoints(node: Node, facts: Any, exp: FabricExpectations) -> list[Endp
                 continue
             gid = None
             if v.roce:
-                choice = gid_choice(v, exp.gid_index)
+                choice = gid_choice(v, exp.gid_index, exp.policy.gid_family)
                 if choice is None or choice.roce_version != 2:
                     continue
                 gid = choice.index

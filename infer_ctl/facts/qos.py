@@ -29,7 +29,9 @@ def dcb_apptrust_command(netdev: str) -> Command:
 
 
 def dcb_app_command(netdev: str) -> Command:
-    return Command("dcb", "app", "show", "dev", netdev, "dscp-prio")
+    # -N (iproute2 5.12, the release that added `dcb app`): numeric DSCP values instead of the names
+    # of /etc/iproute2/rt_dsfield (AF31 for 26, the usual RoCE DSCP), which can be renamed locally.
+    return Command("dcb", "-N", "app", "show", "dev", netdev, "dscp-prio")
 
 
 def ethtool_pause_command(netdev: str) -> Command:
@@ -38,6 +40,10 @@ def ethtool_pause_command(netdev: str) -> Command:
 
 def ethtool_pause_text_command(netdev: str) -> Command:
     return Command("ethtool", "-a", netdev)
+
+
+def ethtool_stats_command(netdev: str) -> Command:
+    return Command("ethtool", "-S", netdev)
 
 
 @dataclass
@@ -78,7 +84,9 @@ def parse_mlnx_qos(text: str) -> QosFacts:
         if s.startswith("DCBX mode:"):
             facts.dcbx_mode = s.split(":", 1)[1].strip()
         elif s.startswith("Priority trust state:") or s.startswith("Priority trust mode:"):
-            facts.trust = s.split(":", 1)[1].strip().lower()
+            # mlnx_qos prints "none" after "Priority trust state is not supported on your system"
+            trust = s.split(":", 1)[1].strip().lower()
+            facts.trust = trust if trust in ("dscp", "pcp") else None
         elif m := re.match(r"^prio:(\d)\s+dscp:([\d,]*)", s):
             prio = int(m.group(1))
             for d in m.group(2).split(","):
@@ -129,17 +137,26 @@ def parse_dcb_apptrust(text: str) -> str | None:
     return None
 
 
+def dscp_value(name: str) -> int | None:
+    """A DSCP as `dcb app` prints it: a number (-N), or an iproute2 rt_dsfield name (CS3, AF31, EF, default)."""
+    key = name.strip().upper()
+    if m := re.fullmatch(r"CS([0-7])", key):
+        return int(m.group(1)) * 8
+    if m := re.fullmatch(r"AF([1-4])([1-3])", key):  # RFC 2597: class x, drop precedence y
+        return int(m.group(1)) * 8 + int(m.group(2)) * 2
+    return {"EF": 46, "DEFAULT": 0}.get(key, _int(key))
+
+
 def parse_dcb_app_dscp(text: str) -> dict[int, int]:
-    """`dscp-prio 0:0 CS3:3 26:3` -> {0: 0, 24: 3, 26: 3} (CSn = n*8)."""
+    """`dscp-prio 0:0 CS3:3 AF31:3 26:3` -> {0: 0, 24: 3, 26: 3}."""
     out: dict[int, int] = {}
     for line in text.splitlines():
         words = line.split()
         if not words or words[0] != "dscp-prio":
             continue
         for w in words[1:]:
-            key, _, prio = w.partition(":")
-            dscp = int(key[2:]) * 8 if key.upper().startswith("CS") else _int(key)
-            p = _int(prio)
+            key, _, prio = w.rpartition(":")
+            dscp, p = dscp_value(key), _int(prio)
             if dscp is not None and p is not None:
                 out[dscp] = p
     return out
@@ -150,6 +167,29 @@ def _int(s: str) -> int | None:
         return int(s)
     except ValueError:
         return None
+
+
+_PRIO_PAUSE = re.compile(r"^(rx|tx)_prio([0-7])_pause$")
+
+
+def parse_ethtool_stats(text: str) -> dict[str, int]:
+    """`ethtool -S` (`NIC statistics:` then `     name: value` lines) -> {name: value}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition(":")
+        if sep and (n := _int(value.strip())) is not None:
+            out[key.strip()] = n
+    return out
+
+
+def prio_pause_counters(stats: dict[str, int]) -> dict[str, int]:
+    """The per-priority PFC pause frame counters (mlx5 `rx_prio3_pause`, `tx_prio3_pause`, ...)."""
+    return {k: v for k, v in stats.items() if _PRIO_PAUSE.match(k)}
+
+
+def pause_priority(counter: str) -> int | None:
+    m = _PRIO_PAUSE.match(counter)
+    return int(m.group(2)) if m else None
 
 
 def _onoff(value: Any) -> bool | None:

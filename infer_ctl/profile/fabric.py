@@ -35,6 +35,9 @@ class FabricPolicy(StrictModel):
     #: expected port rate in Gb/s (e.g. 400); None accepts any rate but reports it
     rate_gbps: Annotated[float, Field(gt=0)] | None = None
     link_layer: Literal["Ethernet", "InfiniBand"] = "Ethernet"
+    #: GID address family to prefer when choosing the RoCE GID index (perftest's `--ipv6` for ipv6);
+    #: also the family a fleet split evenly between IPv4 and IPv6 GIDs is expected to use
+    gid_family: Literal["ipv4", "ipv6"] = "ipv4"
     #: let `provision` configure trust/PFC/ECN with mlnx_qos or dcb
     apply_qos: bool = False
     #: seconds between the two samples of error counters

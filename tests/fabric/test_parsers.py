@@ -2,7 +2,10 @@
 PROVENANCE.md there) is parsed and summarised, and the summary must equal `<file>.expected.json`.
 
 The expected files were written by hand-checking each summary against the fixture text (state lines,
-MTUs, GID rows, PFC tables, result lines). Set INFERCTL_REGEN_FIXTURES=1 to rewrite them after a
+MTUs, GID rows, PFC tables, result lines); a review re-checked every one field by field against the
+raw text. `FROM-FORMAT-*` fixtures are built from the tools' own print code (mlnx-tools pretty_print of
+2017 and today, iproute2 dcb with and without -N and its rt_dsfield names, mlx5 en_stats.c counter
+names) because no real capture of that variant exists. Set INFERCTL_REGEN_FIXTURES=1 to rewrite them after a
 deliberate parser change, then review the diff.
 """
 
@@ -22,7 +25,9 @@ from infer_ctl.facts.qos import (
     parse_dcb_apptrust,
     parse_dcb_pfc,
     parse_ethtool_pause,
+    parse_ethtool_stats,
     parse_mlnx_qos,
+    prio_pause_counters,
 )
 from infer_ctl.facts.rdma_link import parse_rdma_link
 from infer_ctl.facts.rdma_pingpong import parse_perftest, parse_perftest_json, parse_rc_pingpong
@@ -86,6 +91,7 @@ SUMMARIES = {
     "mlnx_qos": lambda t, n: _plain(parse_mlnx_qos(t)),
     "dcb": _dcb,
     "ethtool-a": lambda t, n: _plain(parse_ethtool_pause(t)),
+    "ethtool-S": lambda t, n: {"stats": len(parse_ethtool_stats(t)), "prio_pause": prio_pause_counters(parse_ethtool_stats(t))},
     "rdma-link": lambda t, n: _plain(parse_rdma_link(t)),
     "show_gids": lambda t, n: _plain(parse_show_gids(t)),
 }

@@ -2,9 +2,12 @@
 
 The mlx5 layout 0/1 = link-local v1/v2, 2/3 = IPv4 v1/v2 is common but not universal (perftest#44,
 ucx#7785; the Intel E810 fixture has IPv4 v2 at index 1), so the index is never hard-coded: each GID
-scores +100 when its family is the preferred one (IPv4-mapped unless IPv6 is asked for), +10 when it
-is not link-local, plus its RoCE version (2 for v2, 1 for v1). The highest score wins; ties keep the
-lowest index, as perftest's scan does.
+scores +100 when its family is the preferred one (IPv4-mapped unless IPv6 is asked for, perftest's
+`--ipv6`; profile `fabric.gid_family`), +10 when it is not link-local (fe80::/10, or 169.254.0.0/16
+inside an IPv4-mapped GID), plus its RoCE version (2 for v2, 1 for v1). The highest score wins; ties
+keep the lowest index, as perftest's scan does. This is perftest's `compute_gid_score` since its
+commit 57927ab (2026-04); older perftest compared GIDs pairwise and could pick a link-local IPv6 GID
+over a global one, which this scoring deliberately does not reproduce.
 """
 
 from __future__ import annotations
@@ -43,16 +46,33 @@ def _address(gid: str) -> ipaddress.IPv6Address | None:
         return None
 
 
+def _ipv4_mapped(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """perftest's ipv6_addr_v4mapped(): ::ffff:a.b.c.d, and IPv4 multicast encoded as ff0e::ffff:a.b.c.d."""
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    raw = addr.packed
+    if raw[:4] == b"\xff\x0e\x00\x00" and raw[4:10] == bytes(6) and raw[10:12] == b"\xff\xff":
+        return ipaddress.IPv4Address(raw[12:])
+    return None
+
+
+def _family(addr: ipaddress.IPv6Address) -> Family:
+    return "ipv4" if _ipv4_mapped(addr) is not None else "ipv6"
+
+
+def _link_local(addr: ipaddress.IPv6Address) -> bool:
+    v4 = _ipv4_mapped(addr)
+    return v4.is_link_local if v4 is not None else addr.is_link_local
+
+
 def gid_family(gid: str) -> Family | None:
     addr = _address(gid)
-    if addr is None:
-        return None
-    return "ipv4" if addr.ipv4_mapped is not None else "ipv6"
+    return _family(addr) if addr is not None else None
 
 
 def is_link_local(gid: str) -> bool:
     addr = _address(gid)
-    return bool(addr and addr.is_link_local)
+    return addr is not None and _link_local(addr)
 
 
 def roce_version(gid_type: str | None) -> int:
@@ -70,9 +90,8 @@ def score_gid(entry: GidLike, prefer: Family = "ipv4") -> int | None:
     addr = _address(entry.gid)
     if addr is None or addr.packed == bytes(16):
         return None
-    family = "ipv4" if addr.ipv4_mapped is not None else "ipv6"
-    score = 100 if family == prefer else 0
-    if not addr.is_link_local:
+    score = 100 if _family(addr) == prefer else 0
+    if not _link_local(addr):
         score += 10
     return score + roce_version(entry.type)
 

@@ -21,6 +21,10 @@ class NetdevFacts:
     dcb_trust: str | None = None
     pause: PauseFacts | None = None
     pause_error: str | None = None
+    #: growth of `ethtool -S` rx/tx_prio<N>_pause between the two samples; None when not sampled
+    pause_deltas: dict[str, int] | None = None
+    pause_counters_error: str | None = None
+    pause_interval_s: float = 0.0
 
     @property
     def trust(self) -> str | None:

@@ -13,9 +13,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from infer_ctl.core.fabric.gid import GidChoice, choose_gid, describe
+from infer_ctl.core.fabric.gid import Family, GidChoice, choose_gid, describe
 from infer_ctl.core.fabric.model import NetdevFacts, NodeFabricFacts
 from infer_ctl.core.findings import Finding
+from infer_ctl.facts.qos import pause_priority
 from infer_ctl.facts.rdma_sysfs import GidEntry
 from infer_ctl.profile.fabric import FabricPolicy
 
@@ -59,6 +60,8 @@ class PortView:
     link_layer: str | None = None
     active_mtu: int | None = None
     gids: list[GidEntry] = field(default_factory=list)
+    #: the netdev(s) behind the port (RoCE), for messages and remedies
+    netdevs: list[str] = field(default_factory=list)
 
     @property
     def subject(self) -> str:
@@ -105,7 +108,14 @@ def port_views(facts: NodeFabricFacts, device: str) -> list[PortView]:
             v.rate_gbps = v.rate_gbps or _devinfo_rate(dp.active_width, dp.active_speed)
             if not v.gids:
                 v.gids = list(dp.gids)
+    netdevs = facts.netdevs_of(device)
+    for v in views.values():
+        v.netdevs = list(netdevs)
     return [views[k] for k in sorted(views)]
+
+
+def _netdev_words(v: PortView) -> str:
+    return "/".join(v.netdevs) if v.netdevs else "the netdev behind this HCA"
 
 
 def checked_devices(facts: NodeFabricFacts, exp: FabricExpectations) -> list[str]:
@@ -147,11 +157,16 @@ def judge_port(node: str, v: PortView, policy: FabricPolicy) -> list[Finding]:
     if v.active:
         out.append(Finding.ok("fabric.port_state", node, v.subject, f"port {state}"))
     else:
-        hint = ("the subnet manager has not configured the port (start opensm / check the SM)"
-                if v.state == "INIT" else
-                "check the cable and the switch port, and `ip link set <netdev> up` for RoCE")
-        out.append(Finding.fail("fabric.port_state", node, v.subject, f"port is {state}, expected ACTIVE / LinkUp",
-                                details={"state": v.state, "phys_state": v.phys_state}, remedy=hint))
+        if v.state == "INIT":
+            hint = "the subnet manager has not configured the port (start opensm / check the SM)"
+        elif v.roce and v.netdevs:
+            hint = (f"`ip link set {v.netdevs[0]} up` on {node}; if it stays down, check the cable, the transceiver "
+                    "and the switch port")
+        else:
+            hint = "check the cable, the transceiver and the switch port (and that the netdev is up for RoCE)"
+        behind = f" (netdev {', '.join(v.netdevs)})" if v.roce and v.netdevs else ""
+        out.append(Finding.fail("fabric.port_state", node, v.subject, f"port is {state}{behind}, expected ACTIVE / LinkUp",
+                                details={"state": v.state, "phys_state": v.phys_state, "netdevs": v.netdevs}, remedy=hint))
     if v.link_layer and v.link_layer != policy.link_layer:
         out.append(Finding.fail("fabric.link_layer", node, v.subject,
                                 f"link layer {v.link_layer}, profile expects {policy.link_layer}",
@@ -181,18 +196,18 @@ def judge_port(node: str, v: PortView, policy: FabricPolicy) -> list[Finding]:
     return out
 
 
-def gid_choice(v: PortView, gid_index: int | None) -> GidChoice | None:
+def gid_choice(v: PortView, gid_index: int | None, prefer: Family = "ipv4") -> GidChoice | None:
     if gid_index is None:
-        return choose_gid(v.gids)
+        return choose_gid(v.gids, prefer)
     entry = next((g for g in v.gids if g.index == gid_index), None)
-    return describe(entry) if entry else None
+    return describe(entry, prefer) if entry else None
 
 
-def judge_gid(node: str, v: PortView, gid_index: int | None) -> Finding:
-    best = choose_gid(v.gids)
-    details: dict[str, object] = {"gids": len(v.gids), "perftest_choice": best.index if best else None}
+def judge_gid(node: str, v: PortView, gid_index: int | None, prefer: Family = "ipv4") -> Finding:
+    best = choose_gid(v.gids, prefer)
+    details: dict[str, object] = {"gids": len(v.gids), "perftest_choice": best.index if best else None, "prefer": prefer}
     if gid_index is not None:
-        pinned = gid_choice(v, gid_index)
+        pinned = gid_choice(v, gid_index, prefer)
         if pinned is None:
             return Finding.fail("fabric.gid", node, v.subject, f"configured GID index {gid_index} is empty",
                                 details=details,
@@ -204,7 +219,7 @@ def judge_gid(node: str, v: PortView, gid_index: int | None) -> Finding:
                           details={**details, "index": gid_index, "gid": pinned.gid, "family": pinned.family})
     if best is None:
         return Finding.fail("fabric.gid", node, v.subject, "GID table is empty",
-                            remedy="assign an IP address to the netdev behind this HCA; RoCE GIDs follow its addresses")
+                            remedy=f"assign an IP address to {_netdev_words(v)}; RoCE GIDs follow its addresses")
     details.update(index=best.index, gid=best.gid, family=best.family)
     if best.roce_version != 2:
         return Finding.fail("fabric.gid", node, v.subject, "no RoCE v2 GID (only v1)", details=details,
@@ -212,7 +227,7 @@ def judge_gid(node: str, v: PortView, gid_index: int | None) -> Finding:
     if best.link_local:
         return Finding.warn("fabric.gid", node, v.subject,
                             f"only a link-local RoCE v2 GID (index {best.index}): not routable beyond one L2 segment",
-                            details=details, remedy="assign an IPv4 (or global IPv6) address to the netdev behind this HCA")
+                            details=details, remedy=f"assign an IPv4 (or global IPv6) address to {_netdev_words(v)}")
     return Finding.ok("fabric.gid", node, v.subject, f"GID index {best.index} ({best.gid}, RoCE v2, {best.family})",
                       details=details)
 
@@ -237,13 +252,22 @@ def judge_netdev(node: str, nd: NetdevFacts, policy: FabricPolicy, active_mtu: i
     out.append(_judge_trust(node, nd, policy.trust))
     out.append(_judge_ecn(node, nd, policy))
     out.append(_judge_pause(node, nd))
+    if nd.pause_deltas is not None or nd.pause_counters_error:
+        out.append(judge_pfc_pauses(node, nd, prio))
     return out
+
+
+def _qos_unknown_remedy(nd: NetdevFacts) -> str:
+    if nd.qos_error and "installed" in nd.qos_error:
+        return INSTALL_QOS_TOOL
+    return (f"run `mlnx_qos -i {nd.name}` or `dcb pfc show dev {nd.name}` on the node to see why it fails "
+            "(root may be needed; the netdev's driver must support DCB)")
 
 
 def _judge_pfc(node: str, nd: NetdevFacts, prio: int) -> Finding:
     if nd.qos is None or nd.qos.pfc is None:
         return Finding.unknown("fabric.pfc", node, nd.name, f"PFC state unknown: {nd.qos_error or 'no PFC table'}",
-                               remedy=INSTALL_QOS_TOOL)
+                               remedy=_qos_unknown_remedy(nd))
     on = nd.qos.pfc_priorities
     fix = f"mlnx_qos -i {nd.name} --pfc {','.join('1' if i == prio else '0' for i in range(8))} (or: dcb pfc set dev {nd.name} prio-pfc {' '.join(f'{i}:' + ('on' if i == prio else 'off') for i in range(8))})"
     details = {"enabled": on, "expected": prio, "source": nd.qos.source}
@@ -261,7 +285,8 @@ def _judge_trust(node: str, nd: NetdevFacts, expected: str) -> Finding:
     trust = nd.trust
     if trust is None:
         return Finding.unknown("fabric.trust", node, nd.name, f"trust mode unknown: {nd.qos_error or 'not shown'}",
-                               remedy=INSTALL_QOS_TOOL)
+                               remedy=_qos_unknown_remedy(nd) if nd.qos_error else
+                               f"check `cat /sys/class/net/{nd.name}/qos/trust` or `dcb apptrust show dev {nd.name}`")
     if trust != expected:
         return Finding.fail("fabric.trust", node, nd.name, f"trust mode {trust}, expected {expected}",
                             details={"trust": trust},
@@ -290,14 +315,45 @@ def _judge_ecn(node: str, nd: NetdevFacts, policy: FabricPolicy) -> Finding:
 
 def _judge_pause(node: str, nd: NetdevFacts) -> Finding:
     if nd.pause is None:
+        installed = not (nd.pause_error and "not installed" in nd.pause_error)
         return Finding.unknown("fabric.pause", node, nd.name, f"global pause unknown: {nd.pause_error or 'not read'}",
-                               remedy="install ethtool (apt-get install ethtool)")
+                               remedy=f"run `ethtool -a {nd.name}` on the node to see why it fails" if installed
+                               else "install ethtool (apt-get install ethtool)")
     if nd.pause.rx or nd.pause.tx:
         return Finding.fail("fabric.pause", node, nd.name,
                             f"global pause is on (rx {'on' if nd.pause.rx else 'off'}, tx {'on' if nd.pause.tx else 'off'})",
                             details={"rx": nd.pause.rx, "tx": nd.pause.tx},
                             remedy=f"ethtool -A {nd.name} rx off tx off; link-level pause stalls all traffic and excludes PFC")
     return Finding.ok("fabric.pause", node, nd.name, "global pause off")
+
+
+def judge_pfc_pauses(node: str, nd: NetdevFacts, prio: int) -> Finding:
+    """Per-priority PFC pause frames (`ethtool -S` rx/tx_prio<N>_pause) between the two samples. Pauses on
+    the RoCE priority are congestion that ECN did not absorb (a warning); pauses on any other priority mean
+    the host and the switch disagree about which priority is lossless (a misconfiguration)."""
+    if nd.pause_deltas is None:
+        return Finding.skip("fabric.pfc_pauses", node, nd.name, f"per-priority pause counters not read: {nd.pause_counters_error}",
+                            remedy=f"`ethtool -S {nd.name} | grep prio` shows them on mlx5 NICs")
+    interval = nd.pause_interval_s
+    grown = {k: v for k, v in nd.pause_deltas.items() if v > 0}
+    other = {k: v for k, v in grown.items() if pause_priority(k) != prio}
+    on_prio = {k: v for k, v in grown.items() if pause_priority(k) == prio}
+    details = {"interval_s": interval, "grown": grown, "pfc_priority": prio}
+    listing = ", ".join(f"{k} +{v}" for k, v in sorted({**other, **on_prio}.items()))
+    if other:
+        prios = sorted({p for k in other if (p := pause_priority(k)) is not None})
+        return Finding.fail("fabric.pfc_pauses", node, nd.name,
+                            f"PFC pause frames on priority {', '.join(map(str, prios))} in {interval:g}s, but the RoCE "
+                            f"priority is {prio}: {listing}", details=details,
+                            remedy=f"make the switch port and {node} agree on the lossless priority: PFC only on {prio} "
+                                   f"on both (mlnx_qos -i {nd.name} --pfc, the switch's PFC/DSCP map), and the RoCE "
+                                   f"traffic class mapped to priority {prio}")
+    if on_prio:
+        return Finding.warn("fabric.pfc_pauses", node, nd.name,
+                            f"PFC pause frames on priority {prio} grew in {interval:g}s: {listing}", details=details,
+                            remedy="the lossless queue is congested: check ECN/DCQCN is on along the path (CNPs sent "
+                                   "and handled), look for incast or a slow receiver; a steady climb stalls KV transfers")
+    return Finding.ok("fabric.pfc_pauses", node, nd.name, f"no PFC pause frames in {interval:g}s", details=details)
 
 
 def judge_counters(node: str, port: str, grown: Mapping[str, int], interval_s: float) -> Finding:
@@ -338,32 +394,58 @@ def judge_node(facts: NodeFabricFacts, exp: FabricExpectations) -> list[Finding]
     node, policy = facts.node, exp.policy
     present = set(facts.device_names())
     roce_mtus: dict[str, int | None] = {}
+    seen_netdevs: list[str] = []
     for dev in checked_devices(facts, exp):
         if dev not in present:
             continue
         for v in port_views(facts, dev):
             out += judge_port(node, v, policy)
             if v.roce:
-                out.append(judge_gid(node, v, exp.gid_index))
-                for nd in facts.netdevs_of(dev) or ([exp.netdev] if exp.netdev else []):
+                out.append(judge_gid(node, v, exp.gid_index, policy.gid_family))
+                seen_netdevs += [n for n in v.netdevs if n not in seen_netdevs]
+                for nd in v.netdevs or ([exp.netdev] if exp.netdev else []):
                     roce_mtus.setdefault(nd, v.active_mtu)
             if facts.counter_deltas is not None and v.subject in facts.counter_deltas:
                 out.append(judge_counters(node, v.subject, facts.counter_deltas[v.subject], facts.counter_interval_s))
+    if exp.netdev and seen_netdevs and exp.netdev not in seen_netdevs:
+        out.append(judge_profile_netdev(facts, exp.netdev, seen_netdevs))
     for name, active_mtu in roce_mtus.items():
-        netdev = facts.netdevs.get(name) or NetdevFacts(name, qos_error=f"netdev {name} not found")
+        netdev = facts.netdevs.get(name)
+        if netdev is None:
+            out.append(Finding.fail("fabric.netdev", node, name, f"netdev {name} not found on {node}",
+                                    details={"missing": name},
+                                    remedy="fix nodes[].rdma.netdev to the interface behind the HCA (`ip -br link`, "
+                                           "`rdma link show`), or check that the NIC driver created it"))
+            continue
         out += judge_netdev(node, netdev, policy, active_mtu)
     out += judge_sglang_devices(node, facts, [d for d in exp.sglang_ib_devices if d not in exp.devices])
     return out
 
 
+def judge_profile_netdev(facts: NodeFabricFacts, configured: str, actual: Sequence[str]) -> Finding:
+    """nodes[].rdma.netdev names an interface that is not behind any checked HCA (a typo, or a renamed NIC):
+    whatever reads that setting (provisioning, SGLang's NCCL/Gloo interface) would use the wrong port."""
+    missing = facts.sysfs is not None and configured in facts.sysfs.missing_netdevs
+    where = "does not exist" if missing else "is not behind any checked RDMA device"
+    return Finding.fail("fabric.netdev", facts.node, configured,
+                        f"nodes[].rdma.netdev {configured} {where} (the HCAs' netdevs: {', '.join(actual)})",
+                        details={"configured": configured, "actual": list(actual)},
+                        remedy=f"set nodes[].rdma.netdev to {actual[0]} for {facts.node}" if len(actual) == 1 else
+                        f"set nodes[].rdma.netdev to one of {', '.join(actual)} for {facts.node}")
+
+
 # ---- across nodes --------------------------------------------------------------------------------
-def judge_gid_families(families: Mapping[str, set[str]]) -> list[Finding]:
+def judge_gid_families(families: Mapping[str, set[str]], prefer: str = "ipv4") -> list[Finding]:
     """RoCE cannot build an address handle between an IPv4-mapped and an IPv6 GID (rpingmesh#41), so
-    every node's chosen GIDs must share one family. Nodes with several families are judged alone."""
+    every node's chosen GIDs must share one family. The fleet's family is the majority's; an even split
+    goes to the profile's `fabric.gid_family`, so the odd node out is named rather than a coin toss.
+    Nodes with several families are judged alone."""
     counts = Counter(f for fams in families.values() for f in fams)
     if not counts:
         return []
-    majority = counts.most_common(1)[0][0]
+    top = max(counts.values())
+    tied = sorted(f for f, n in counts.items() if n == top)
+    majority = prefer if prefer in tied else tied[0]
     out = []
     for node, fams in families.items():
         if len(fams) > 1:
