@@ -148,3 +148,23 @@ def test_tokenizer_json_the_library_refuses_is_a_failure_and_probes_are_skipped(
     assert len(refused) == 1 and "cannot load it" in refused[0].message and "zz-unknown" in refused[0].message
     skipped = [f for f in findings if f.check == "tokenizer.probes"]
     assert [f.status for f in skipped] == [Status.SKIP] and "could not be loaded" in skipped[0].message
+
+
+def test_eagle_head_config_naming_other_ids_is_a_warning(bpe_dir: Path, tmp_path: Path) -> None:
+    head = tmp_path / "eagle-head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"vocab_size": 400, "bos_token_id": 0, "eos_token_id": [1, 7]}))
+    findings = compare_dirs(bpe_dir, head)
+    warn = [f for f in findings if f.status is Status.WARN]
+    assert [(f.check, f.subject) for f in warn] == [("tokenizer.config_ids", "draft config.json")]
+    assert "eos_token_id [7] is not a stop id of the target ([1])" in warn[0].message
+    (head / "config.json").write_text(json.dumps({"vocab_size": 400, "bos_token_id": 0, "eos_token_id": 1}))
+    assert problems(compare_dirs(bpe_dir, head)) == set()
+
+
+def test_differing_tokenizer_model_beside_identical_tokenizer_json_is_a_warning(bpe_dir: Path, tmp_path: Path) -> None:
+    target = copy_dir(bpe_dir, tmp_path / "t")
+    draft = copy_dir(bpe_dir, tmp_path / "d")
+    (target / "tokenizer.model").write_bytes(b"\x0a\x03one")
+    (draft / "tokenizer.model").write_bytes(b"\x0a\x03two")
+    assert problems(compare_dirs(target, draft)) == {("tokenizer.files", "warn", "tokenizer.model")}

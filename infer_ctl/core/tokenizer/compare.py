@@ -9,7 +9,7 @@ from infer_ctl.core.tokenizer.chat import judge_chat_template
 from infer_ctl.core.tokenizer.model import Encoder, TokenizerFacts
 from infer_ctl.core.tokenizer.probes import judge_probes
 from infer_ctl.core.tokenizer.sizes import judge_sizes
-from infer_ctl.core.tokenizer.specials import judge_generation_eos, judge_special_ids
+from infer_ctl.core.tokenizer.specials import judge_config_ids, judge_generation_eos, judge_special_ids
 from infer_ctl.core.tokenizer.structure import (
     Pair,
     judge_added_tokens,
@@ -52,6 +52,7 @@ def judge_files(p: Pair) -> list[Finding]:
             "its vocabulary sizes are still checked",
             details=files))
     else:
+        findings += _aux_files(p)
         same = p.target.files.get("tokenizer.json") is not None and \
             p.target.files.get("tokenizer.json") == p.draft.files.get("tokenizer.json")
         findings.append(Finding.ok(
@@ -60,6 +61,24 @@ def judge_files(p: Pair) -> list[Finding]:
             + ("; tokenizer.json files are byte-identical" if same else ""),
             details=files))
     return findings
+
+
+# Files the comparison does not read when tokenizer.json is there, but a slow tokenizer or tiktoken would.
+_AUX = ("tokenizer.model",)
+
+
+def _aux_files(p: Pair) -> list[Finding]:
+    names = [n for n in _AUX if n in p.target.files and n in p.draft.files]
+    names += sorted(n for n in p.target.files if n.endswith(".tiktoken") and n in p.draft.files)
+    return [
+        Finding.warn(FILES_CHECK, p.node, name,
+                     f"{name} differs between target and draft (sha256 {p.target.files[name][:12]} vs "
+                     f"{p.draft.files[name][:12]}); SGLang's fast tokenizer reads tokenizer.json, slow "
+                     "tokenizers read this file",
+                     remedy=f"copy the target's {name} to the draft, or remove it if unused")
+        for name in names
+        if p.target.files[name] != p.draft.files[name] and p.target.source == "tokenizer.json"
+    ]
 
 
 def compare_tokenizers(
@@ -88,6 +107,7 @@ def compare_tokenizers(
         findings += judge_special_ids(p)
         findings += judge_generation_eos(p)
         findings += judge_chat_template(p)
+    findings += judge_config_ids(p)
     findings += judge_sizes(p)
     findings += judge_vocab_map(p)
     if draft.has_tokenizer:

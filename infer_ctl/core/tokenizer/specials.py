@@ -80,3 +80,36 @@ def judge_generation_eos(p: Pair) -> list[Finding]:
         + (f"; only in target: {only_t}" if only_t else "") + (f"; only in draft: {only_d}" if only_d else ""),
         details={"target": list(a), "draft": list(b), "only_in_target": only_t, "only_in_draft": only_d},
         remedy="stop ids must match or the draft keeps proposing past the end of a turn; " + RETRAIN)]
+
+
+def judge_config_ids(p: Pair) -> list[Finding]:
+    """bos/eos ids in the draft's config.json against the target's: an EAGLE head ships no tokenizer, but
+    its config still records the ids of the model it was trained against."""
+    cfg = p.draft.config
+    if cfg is None or not (cfg.bos_token_id or cfg.eos_token_id):
+        return []
+    target_cfg = p.target.config
+    target_eos = set(p.target.generation_eos or ())
+    target_eos |= set(target_cfg.eos_token_id if target_cfg else ())
+    eos = p.target.token_id(p.target.special_tokens.get("eos_token"))
+    if eos is not None:
+        target_eos.add(eos)
+    bos = p.target.token_id(p.target.special_tokens.get("bos_token"))
+    target_bos = {bos} if bos is not None else set(target_cfg.bos_token_id if target_cfg else ())
+    problems: list[str] = []
+    stray_eos = sorted(set(cfg.eos_token_id) - target_eos)
+    if stray_eos and target_eos:
+        problems.append(f"eos_token_id {stray_eos} is not a stop id of the target ({sorted(target_eos)})")
+    stray_bos = sorted(set(cfg.bos_token_id) - target_bos)
+    if stray_bos and target_bos:
+        problems.append(f"bos_token_id {stray_bos} is not the target's bos ({sorted(target_bos)})")
+    check = "tokenizer.config_ids"
+    if not problems:
+        return [Finding.ok(check, p.node, "draft config.json", "bos/eos ids agree with the target")]
+    return [Finding.warn(
+        check, p.node, "draft config.json",
+        f"the draft's config.json {problems[0]}" + (f"; {problems[1]}" if len(problems) > 1 else ""),
+        details={"draft_bos": list(cfg.bos_token_id), "draft_eos": list(cfg.eos_token_id),
+                 "target_bos": sorted(target_bos), "target_eos": sorted(target_eos)},
+        remedy="SGLang uses the target's ids at run time, but a head whose config names other ids was probably "
+        "trained against another base model; confirm its provenance")]
