@@ -147,13 +147,22 @@ def _channel_through(
         return gateway.open_channel(
             "direct-tcpip", (target.host, target.port), ("127.0.0.1", 0), timeout=timeout
         )
-    except paramiko.ChannelException as exc:
+    except (paramiko.ChannelException, paramiko.SSHException) as exc:
+        # paramiko keeps ONE pending exception per transport: when several nodes are refused through the
+        # same jump host at once, one thread may take another's ChannelException and the rest see a bare
+        # "Unable to open channel." -- the same refusal, so the same message
+        if not isinstance(exc, paramiko.ChannelException) and "Unable to open channel" not in str(exc):
+            raise UnreachableError(
+                f"{target.label}: jump host {via.label} failed while connecting onward: {exc}",
+                remedy=f"check the jump host {via.label}",
+            ) from None
+        reason = (exc.text or exc.code) if isinstance(exc, paramiko.ChannelException) else "refused"
         raise UnreachableError(
             f"{target.label}: jump host {via.label} could not open a connection to {target.host}:{target.port} "
-            f"({exc.text or exc.code})",
+            f"({reason})",
             remedy=f"check that {via.label} allows TCP forwarding (AllowTcpForwarding) and can reach the node",
         ) from None
-    except (paramiko.SSHException, EOFError, OSError) as exc:
+    except (EOFError, OSError) as exc:
         raise UnreachableError(
             f"{target.label}: jump host {via.label} failed while connecting onward: {exc}",
             remedy=f"check the jump host {via.label}",
