@@ -20,10 +20,15 @@ from infer_ctl.sim.timing import TimingModel, draw_accepted
 from infer_ctl.sim.tokenizer import WORDS
 
 
-def request_seed(seed: int, input_ids: list[int], max_new_tokens: int, sampling_seed: int | None) -> int:
-    """Same worker seed + same request = same output tokens and acceptance draws, in any process."""
+def request_seed(
+    seed: int, input_ids: list[int], max_new_tokens: int, sampling_seed: int | None, sample: int = 0
+) -> int:
+    """Same worker seed + same request = same output tokens and acceptance draws, in any process;
+    parallel samples (n > 1) of one prompt draw differently."""
     h = hashlib.blake2b(digest_size=8)
     h.update(f"{seed}:{max_new_tokens}:{sampling_seed}:".encode())
+    if sample:
+        h.update(f"#{sample}:".encode())
     h.update(",".join(map(str, input_ids)).encode())
     return int.from_bytes(h.digest(), "big")
 
@@ -35,6 +40,10 @@ class SimRequest:
     max_new_tokens: int
     priority: int = 0
     sampling_seed: int | None = None
+    sample: int = 0
+    #: SGLang matches at most this many prompt tokens in the radix cache (logprob_start_len: the tokens
+    #: whose input logprobs are asked for must be computed); None = no limit
+    max_prefix: int | None = None
     #: filled by the engine
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -108,7 +117,9 @@ class Engine:
     # -- submission ---------------------------------------------------------------------------------
     def new_request(self, rid: str, input_ids: list[int], max_new_tokens: int, **kw: object) -> SimRequest:
         req = SimRequest(rid=rid, input_ids=input_ids, max_new_tokens=max_new_tokens, **kw)  # type: ignore[arg-type]
-        req.rng = random.Random(request_seed(self.seed, input_ids, max_new_tokens, req.sampling_seed))
+        req.rng = random.Random(
+            request_seed(self.seed, input_ids, max_new_tokens, req.sampling_seed, req.sample)
+        )
         req.arrived = asyncio.get_running_loop().time()
         return req
 
@@ -116,6 +127,8 @@ class Engine:
         """Queue a prompt for prefill; on a prefill worker `req.prefill_done` resolves afterwards."""
         match = self.cache.match_prefix(req.input_ids, req.priority)
         req.cached_tokens = min(match.length, max(0, req.prompt_tokens - 1))  # >= 1 token is computed
+        if req.max_prefix is not None:
+            req.cached_tokens = min(req.cached_tokens, req.max_prefix)
         req.remaining_prefill = req.prompt_tokens - req.cached_tokens
         self.cache.lock(match.node)
         req.lock_node = match.node

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from infer_ctl.sim import contract
 from infer_ctl.sim.tokenizer import Tokenizer, render_chat
 
 # Room 0 is never valid: SGLang's decode reads a metadata room of 0 as "not yet landed".
@@ -19,11 +20,17 @@ ROOM_MAX = 2**63 - 1
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError") -> None:
+    """A request SGLang would refuse. `kind` says which of its layers refuses it, which fixes the body:
+    "body" (pydantic parse: 400 ErrorResponse type "Bad Request"), "contract" (schema gate: 400
+    `{"error": text}`), "value" (a ValueError in generate_request: 400 `{"error": {"message"}}`, or an SSE
+    error chunk on a stream), "abort" (a scheduler abort: the finish_reason's status; non-400 codes go
+    through FastAPI's HTTPException handler as ErrorResponse type "<code>")."""
+
+    def __init__(self, status: int, message: str, kind: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
-        self.err_type = err_type
+        self.kind = kind or ("value" if status == 400 else "abort")
 
 
 @dataclass
@@ -43,6 +50,13 @@ class GenItem:
     pd: PdFields
     priority: int = 0
     sampling_seed: int | None = None
+    #: index of this sample among n parallel samples of one prompt (sampling_params.n)
+    sample: int = 0
+    return_logprob: bool = False
+    #: SGLang's logprob_start_len as sent (-1 = output logprobs only)
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
 
 
 @dataclass
@@ -65,21 +79,23 @@ def _int_field(value: Any, name: str, minimum: int | None = None) -> int:
     return value
 
 
-def _pd_list(value: Any, n: int, name: str) -> list[Any]:
-    """SGLang's `_normalize_bootstrap_params`: lists per item, scalars broadcast (room -> room+i)."""
+def _pd_list(value: Any, n: int, name: str, copies: int = 1) -> list[Any]:
+    """SGLang's `_normalize_bootstrap_params`: a list is repeated per parallel sample (list * n), a scalar
+    is broadcast, a scalar room becomes room+i."""
     if isinstance(value, list):
-        if len(value) != n:
-            raise RequestError(400, f"{name} has {len(value)} entries for a batch of {n}")
-        return value
+        value = value * copies
+        if len(value) < n:
+            raise RequestError(400, f"{name} has {len(value) // copies} entries for a batch of {n // copies}")
+        return value[:n]
     if name == "bootstrap_room" and value is not None:
         return [_int_field(value, name) + i for i in range(n)]
     return [value] * n
 
 
-def _pd_fields(body: dict[str, Any], n: int) -> list[PdFields]:
-    hosts = _pd_list(body.get("bootstrap_host"), n, "bootstrap_host")
-    ports = _pd_list(body.get("bootstrap_port"), n, "bootstrap_port")
-    rooms = _pd_list(body.get("bootstrap_room"), n, "bootstrap_room")
+def _pd_fields(body: dict[str, Any], n: int, copies: int = 1) -> list[PdFields]:
+    hosts = _pd_list(body.get("bootstrap_host"), n, "bootstrap_host", copies)
+    ports = _pd_list(body.get("bootstrap_port"), n, "bootstrap_port", copies)
+    rooms = _pd_list(body.get("bootstrap_room"), n, "bootstrap_room", copies)
     out = []
     for h, p, r in zip(hosts, ports, rooms, strict=True):
         if p is not None:
@@ -98,14 +114,34 @@ def _max_new_tokens(params: Any, default: int = 128) -> tuple[int, int | None]:
     if not isinstance(params, dict):
         raise RequestError(400, "sampling_params must be an object")
     mnt = params.get("max_new_tokens", default)
-    mnt = default if mnt is None else _int_field(mnt, "max_new_tokens", 0)
+    mnt = default if mnt is None else _int_field(mnt, "max_new_tokens")
+    if mnt < 0:  # SamplingParams.verify
+        raise RequestError(400, f"max_new_tokens must be at least 0, got {mnt}.")
     seed = params.get("sampling_seed")
     return mnt, None if seed is None else _int_field(seed, "sampling_seed")
 
 
+def _per_item(value: Any, n: int, default: Any) -> list[Any]:
+    if value is None:
+        return [default] * n
+    return list(value) if isinstance(value, list) else [value] * n
+
+
+def _parallel(params: Any) -> int:
+    first = params[0] if isinstance(params, list) and params else params
+    n = first.get("n", 1) if isinstance(first, dict) else 1
+    n = 1 if n is None else _int_field(n, "n")
+    if n < 1:
+        raise RequestError(400, f"n must be at least 1, got {n}.")
+    return n
+
+
 def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
-    if not isinstance(body, dict):
-        raise RequestError(400, "The request body must be a JSON object")
+    """Parse a native /generate body through SGLang's three gates (contract.py, then semantics)."""
+    if (err := contract.body_error(body)) is not None:
+        raise RequestError(400, err, "body")
+    if (err := contract.contract_error(body)) is not None:
+        raise RequestError(400, err, "contract")
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise RequestError(
@@ -117,82 +153,123 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
     prompts: list[list[int]]
     if text is not None:
         batched = isinstance(text, list)
-        texts = text if batched else [text]
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise RequestError(400, "text must be a string or a non-empty list of strings")
-        prompts = [tok.encode(t) for t in texts]
+        prompts = [tok.encode(t) for t in (text if batched else [text])]
     else:
-        if not isinstance(ids, list):
-            raise RequestError(400, "input_ids must be a list of integers or a list of such lists")
         batched = bool(ids) and isinstance(ids[0], list)
-        lists: list[Any] = ids if batched else [ids]
-        if not all(
-            isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x)
-            for x in lists
-        ):
-            raise RequestError(400, "input_ids must be a list of integers or a list of such lists")
-        prompts = [list(x) for x in lists]
-    if any(not p for p in prompts):
+        prompts = [list(x) for x in (ids if batched else [ids])]
+    if not prompts or any(not p for p in prompts):
         raise RequestError(400, "The input must not be empty (0 tokens).")
-    n = len(prompts)
     params = body.get("sampling_params")
+    copies = _parallel(params)
+    if copies > 1:  # SGLang's parallel sampling: a single prompt becomes a batch, inputs repeat n times
+        batched = True
+    n = len(prompts)
     param_list = params if isinstance(params, list) else [params] * n
     if len(param_list) != n:
         raise RequestError(400, f"sampling_params has {len(param_list)} entries for a batch of {n}")
     rid = body.get("rid")
+    if isinstance(rid, list) and len(rid) != n:
+        raise RequestError(400, "The specified rids length mismatch with the batch_size for batch processing.")
     rids = rid if isinstance(rid, list) else [f"{rid}_{i}" if rid and batched else rid for i in range(n)]
-    priority = body.get("priority") or 0
-    priority = _int_field(priority, "priority")
-    pds = _pd_fields(body, n)
+    priority = _int_field(body.get("priority") or 0, "priority")
+    total = n * copies
+    pds = _pd_fields(body, total, copies)
+    want = _per_item(body.get("return_logprob"), n, False)
+    starts = _per_item(body.get("logprob_start_len"), n, -1)
+    tops = _per_item(body.get("top_logprobs_num"), n, 0)
+    if copies > 1 and any(isinstance(body.get(k), list) for k in ("return_logprob", "logprob_start_len",
+                                                                     "top_logprobs_num")):
+        raise RequestError(400, "Cannot use list return_logprob with parallel_sample_num > 1")
     items = []
-    for i, (prompt, p) in enumerate(zip(prompts, param_list, strict=True)):
-        mnt, seed = _max_new_tokens(p)
+    for k in range(total):
+        i = k % n  # SGLang's order: [p0, p1, ..., p0, p1, ...]
+        mnt, seed = _max_new_tokens(param_list[i])
         items.append(
             GenItem(
-                rid=str(rids[i]) if rids[i] else uuid.uuid4().hex,
-                input_ids=prompt,
+                rid=(f"{rids[i]}_{k // n}" if copies > 1 and rids[i] else str(rids[i]))
+                if rids[i] else uuid.uuid4().hex,
+                input_ids=prompts[i],
                 max_new_tokens=mnt,
-                pd=pds[i],
+                pd=pds[k],
                 priority=priority,
                 sampling_seed=seed,
+                sample=k // n,
+                return_logprob=bool(want[i]),
+                logprob_start_len=int(starts[i]) if want[i] else -1,
+                top_logprobs_num=int(tops[i] or 0) if want[i] else 0,
+                return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
             )
         )
     return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), raw=body)
 
 
+def _openai_int(body: dict[str, Any], key: str) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():  # pydantic's lax mode parses these
+        v = int(v)
+    if not isinstance(v, int):
+        raise RequestError(400, contract.pydantic_int_error(key, v), "body")
+    return int(v)
+
+
 def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
+    """Parse /v1/completions or /v1/chat/completions: pydantic-shape errors are "body" errors (400
+    ErrorResponse type "Bad Request"), the serving layer's own checks are "value" errors."""
     if not isinstance(body, dict):
-        raise RequestError(400, "The request body must be a JSON object")
+        raise RequestError(400, contract.model_type_error("ChatCompletionRequest" if chat else
+                                                          "CompletionRequest", body), "body")
     prompt: Any
     if chat:
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise RequestError(400, "messages must be a non-empty list of message objects")
+        if messages is None:
+            raise RequestError(400, contract.missing_error("messages"), "body")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise RequestError(400, contract.list_error("messages", messages), "body")
+        if not messages:
+            raise RequestError(400, "Messages cannot be empty.")
         prompt = render_chat(messages)
     else:
         prompt = body.get("prompt")
+        if prompt is None:
+            raise RequestError(400, contract.missing_error("prompt"), "body")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise RequestError(400, "prompt must be a non-empty string")
-    mnt = body.get("max_completion_tokens") if chat else None
+        if not isinstance(prompt, str):
+            raise RequestError(400, "the simulator takes one string prompt on /v1/completions")
+        if not prompt:
+            raise RequestError(400, "Prompt cannot be empty")
+    mnt = _openai_int(body, "max_completion_tokens") if chat else None
     if mnt is None:
-        mnt = body.get("max_tokens")
-    max_new = 128 if mnt is None else _int_field(mnt, "max_tokens", 0)
-    seed = body.get("seed")
-    priority = _int_field(body.get("priority") or 0, "priority")
+        mnt = _openai_int(body, "max_tokens")
+    if mnt is not None and mnt < 0:
+        raise RequestError(400, f"max_new_tokens must be at least 0, got {mnt}.")
+    copies = _openai_int(body, "n") or 1
+    if copies < 1:
+        raise RequestError(400, f"n must be at least 1, got {copies}.")
+    seed = _openai_int(body, "seed")
+    priority = _openai_int(body, "priority") or 0
     opts = body.get("stream_options") or {}
-    item = GenItem(
-        rid=str(body.get("rid") or uuid.uuid4().hex),
-        input_ids=tok.encode(prompt),
-        max_new_tokens=max_new,
-        pd=_pd_fields(body, 1)[0],
-        priority=priority,
-        sampling_seed=None if seed is None else _int_field(seed, "seed"),
-    )
+    ids = tok.encode(prompt)
+    rid = body.get("rid")
+    # a PD router sends per-sample bootstrap lists when n > 1 (sgl-router's batch size for chat is n)
+    pds = _pd_fields(body, copies)
+    items = [
+        GenItem(
+            rid=(f"{rid}_{k}" if copies > 1 else str(rid)) if rid else uuid.uuid4().hex,
+            input_ids=ids,
+            max_new_tokens=128 if mnt is None else mnt,
+            pd=pds[k],
+            priority=priority,
+            sampling_seed=seed,
+            sample=k,
+        )
+        for k in range(copies)
+    ]
     return GenRequest(
-        items=[item],
-        batched=False,
+        items=items,
+        batched=copies > 1,
         stream=bool(body.get("stream")),
         raw=body,
         model=body.get("model"),
@@ -248,9 +325,34 @@ def usage(prompt: int, completion: int, cached: int, cache_report: bool) -> dict
     }
 
 
-def openai_error(status: int, message: str, err_type: str | None = None) -> dict[str, Any]:
-    kind = err_type or ("BadRequestError" if status < 500 else "InternalServerError")
-    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+def error_response(status: int, message: str, err_type: str) -> dict[str, Any]:
+    """SGLang's ErrorResponse model (`openai/protocol.py`)."""
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+def openai_error(exc: RequestError) -> dict[str, Any]:
+    """What SGLang's OpenAI endpoints answer: pydantic failures "Bad Request", the serving layer's
+    ValueErrors "BadRequestError", HTTPExceptions (non-400 aborts) their status code as the type."""
+    if exc.kind == "body":
+        return error_response(400, exc.message, "Bad Request")
+    return error_response(exc.status, exc.message, "BadRequestError" if exc.status == 400 else str(exc.status))
+
+
+def native_error(exc: RequestError) -> tuple[int, dict[str, Any]]:
+    """What SGLang's /generate answers for a refused (non-streamed) request: see RequestError."""
+    if exc.kind == "body":
+        return 400, error_response(400, exc.message, "Bad Request")
+    if exc.kind == "contract":
+        return 400, {"error": exc.message}
+    if exc.status == 400:
+        return 400, {"error": {"message": exc.message}}
+    return exc.status, error_response(exc.status, exc.message, str(exc.status))
+
+
+def stream_value_error(exc: RequestError) -> dict[str, Any]:
+    """A ValueError raised inside a /generate stream: SGLang sends it as one SSE chunk on a 200 stream."""
+    return {"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status,
+                      "retryable": False}}
 
 
 def now_s() -> int:

@@ -18,9 +18,11 @@ import aiohttp
 from aiohttp import web
 
 from infer_ctl.errors import InferctlError
+from infer_ctl.sim import contract
 from infer_ctl.sim import protocol as proto
 from infer_ctl.sim.config import SGLANG_VERSION, WorkerSpec
 from infer_ctl.sim.engine import Engine, SimRequest
+from infer_ctl.sim.logprobs import meta_logprobs
 from infer_ctl.sim.metrics import render as render_metrics
 from infer_ctl.sim.protocol import GenItem, GenRequest, RequestError
 from infer_ctl.sim.radix import RadixCache
@@ -163,9 +165,7 @@ class SimWorker:
         return web.Response(status=200 if self.ready else 503)
 
     async def ready_handler(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"status": "ready" if self.ready else "starting"}, status=200 if self.ready else 503
-        )
+        return web.Response(status=200 if self.ready else 503)  # SGLang: an empty body either way
 
     def _mode(self) -> str:
         return "null" if self.spec.role == "mixed" else self.spec.role
@@ -400,10 +400,14 @@ class SimWorker:
 
     # -- generation ---------------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        body: Any = None
         try:
-            req = proto.parse_generate(await self._json(request), self.tokenizer)
+            body = await self._json(request)
+            req = proto.parse_generate(body, self.tokenizer)
             self._validate(req)
         except RequestError as exc:
+            if exc.kind == "value" and isinstance(body, dict) and body.get("stream") is True:
+                return await self._stream_error(request, exc)
             return self._native_error(exc)
         if req.stream:
             return await self._stream_native(request, req)
@@ -417,7 +421,15 @@ class SimWorker:
         try:
             return await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RequestError(400, f"Invalid JSON in request body: {exc}") from None
+            raise RequestError(400, contract.json_error(exc), "body") from None
+
+    async def _stream_error(self, request: web.Request, exc: RequestError) -> web.StreamResponse:
+        """SGLang streams a ValueError from generate_request as one error chunk on a 200 stream."""
+        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        await resp.prepare(request)
+        await resp.write(_sse(proto.stream_value_error(exc)))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
     def _validate(self, req: GenRequest) -> None:
         ctx = self.spec.context_length
@@ -427,7 +439,7 @@ class SimWorker:
                 raise RequestError(
                     400, f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."
                 )
-            if n + it.max_new_tokens >= ctx:
+            if n + it.max_new_tokens > ctx:
                 raise RequestError(
                     400,
                     f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
@@ -435,18 +447,11 @@ class SimWorker:
                     f"messages and {it.max_new_tokens} tokens for the completion. Please reduce the number "
                     "of tokens in the input messages or the completion to fit within the limit.",
                 )
-            if self.spec.role != "mixed" and it.pd.room is None:
-                raise RequestError(
-                    400,
-                    f"bootstrap_room is required on a {self.spec.role} server (disaggregation mode): "
-                    "send requests through a PD router that injects bootstrap_host/port/room",
-                )
 
     @staticmethod
     def _native_error(exc: RequestError) -> web.Response:
-        if exc.status == 400:
-            return web.json_response({"error": {"message": exc.message}}, status=400)
-        return web.json_response({"detail": exc.message}, status=exc.status)
+        status, body = proto.native_error(exc)
+        return web.json_response(body, status=status)
 
     async def _stream_native(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
@@ -492,7 +497,24 @@ class SimWorker:
             "meta_info": proto.meta_info(item.rid, len(item.input_ids), 0, 0, finish),
         }
 
-    def _result(self, sreq: SimRequest, new_ids: list[int], final: bool) -> dict[str, Any]:
+    def _logprobs(self, item: GenItem, output_ids: list[int]) -> dict[str, Any]:
+        """SGLang's logprob keys for `item` on this worker's role ({} unless return_logprob)."""
+        if not item.return_logprob:
+            return {}
+        n = len(item.input_ids)
+        start = n if item.logprob_start_len < 0 else item.logprob_start_len
+        text_fn = (lambda t: self.tokenizer.decode([t])) if item.return_text_in_logprobs else None
+        return meta_logprobs(
+            item.input_ids,
+            output_ids,
+            start=start,
+            top_n=item.top_logprobs_num,
+            text_fn=text_fn,
+            with_input=self.spec.role != "decode",  # the decode never sees the prompt's logits
+            with_output=self.spec.role != "prefill",
+        )
+
+    def _result(self, sreq: SimRequest, new_ids: list[int], final: bool, item: GenItem) -> dict[str, Any]:
         e = self._engine()
         finish = proto.finish_reason(len(sreq.output_ids), sreq.max_new_tokens) if final else None
         spec = None
@@ -517,6 +539,7 @@ class SimWorker:
             e2e_latency=e2e,
             spec=spec,
         )
+        meta.update(self._logprobs(item, sreq.output_ids))
         if len(sreq.output_ids) > sreq.text_upto:  # decode only the new tokens: text is cumulative
             sreq.text += self.tokenizer.decode(sreq.output_ids[sreq.text_upto :])
             sreq.text_upto = len(sreq.output_ids)
@@ -525,12 +548,30 @@ class SimWorker:
     async def _run_item(self, item: GenItem, req: GenRequest, on_chunk: Any = None) -> dict[str, Any]:
         """Run one prompt to completion; `on_chunk` receives stream chunks. Raises RequestError."""
         e = self._engine()
+        if self.spec.role != "mixed" and item.pd.room is None:  # scheduler.py: an abort with status 400
+            raise RequestError(
+                400,
+                "Invalid request: Disaggregated request received without bootstrap room id. "
+                f"req.rid='{item.rid}' (send requests through a PD router that injects "
+                "bootstrap_host/port/room)",
+            )
+        n = len(item.input_ids)
+        if item.return_logprob and item.logprob_start_len > n:
+            raise RequestError(
+                400,
+                f"req.logprob_start_len={item.logprob_start_len} is higher than the number of input tokens "
+                f"len(req.origin_input_ids)={n}. Please use a smaller logprob_start_len.",
+            )
         sreq = e.new_request(
             item.rid,
             item.input_ids,
             item.max_new_tokens,
             priority=item.priority,
             sampling_seed=item.sampling_seed,
+            sample=item.sample,
+            max_prefix=(n if item.logprob_start_len < 0 else item.logprob_start_len)
+            if item.return_logprob
+            else None,
         )
         try:
             if self.spec.role == "prefill":
@@ -542,12 +583,12 @@ class SimWorker:
                 e.submit_prefill(sreq)
             while (tokens := await sreq.updates.get()) is not None:
                 if on_chunk is not None:
-                    on_chunk(self._result(sreq, tokens, final=sreq.finished))
+                    on_chunk(self._result(sreq, tokens, final=sreq.finished, item=item))
             if not sreq.finished:
                 raise RequestError(503, "The server is shutting down; the request was aborted.")
             if on_chunk is not None and sreq.max_new_tokens == 0:
-                on_chunk(self._result(sreq, [], final=True))
-            return self._result(sreq, sreq.output_ids, final=True)
+                on_chunk(self._result(sreq, [], final=True, item=item))
+            return self._result(sreq, sreq.output_ids, final=True, item=item)
         finally:
             if not sreq.finished:
                 e.abort(sreq)
@@ -556,7 +597,7 @@ class SimWorker:
         e, room = self._engine(), item.pd.room
         assert room is not None
         if item.pd.host == FAKE_BOOTSTRAP_HOST:
-            return await self._run_fake_prefill(sreq, on_chunk)
+            return await self._run_fake_prefill(item, sreq, on_chunk)
         try:
             entry = self.rooms.register(room, item.input_ids)
         except RoomError as exc:
@@ -596,12 +637,13 @@ class SimWorker:
             finish,
             e2e_latency=e.model_seconds(sreq.finished_at - sreq.arrived),
         )
+        meta.update(self._logprobs(item, []))
         result = {"text": "", "output_ids": [], "meta_info": meta}
         if on_chunk is not None:
             on_chunk(result)
         return result
 
-    async def _run_fake_prefill(self, sreq: SimRequest, on_chunk: Any) -> dict[str, Any]:
+    async def _run_fake_prefill(self, item: GenItem, sreq: SimRequest, on_chunk: Any) -> dict[str, Any]:
         """SGLang's FakeKVSender: a prefill-only request (health checks, cache warm-ups) runs the forward
         and fills the radix cache, with no decode to wait for and no transfer."""
         e = self._engine()
@@ -609,8 +651,15 @@ class SimWorker:
         assert sreq.prefill_done is not None
         await sreq.prefill_done
         sreq.finished_at = asyncio.get_running_loop().time()
-        meta = proto.meta_info(sreq.rid, sreq.prompt_tokens, 0, sreq.cached_tokens, {"type": "length", "length": 0},
-                               e2e_latency=e.model_seconds(sreq.finished_at - sreq.arrived))
+        meta = proto.meta_info(
+            sreq.rid,
+            sreq.prompt_tokens,
+            0,
+            sreq.cached_tokens,
+            {"type": "length", "length": 0},
+            e2e_latency=e.model_seconds(sreq.finished_at - sreq.arrived),
+        )
+        meta.update(self._logprobs(item, []))
         result = {"text": "", "output_ids": [], "meta_info": meta}
         if on_chunk is not None:
             on_chunk(result)
@@ -675,69 +724,70 @@ class SimWorker:
             req = proto.parse_openai(await self._json(request), self.tokenizer, chat)
             self._validate(req)
         except RequestError as exc:
-            return web.json_response(proto.openai_error(exc.status, exc.message), status=exc.status)
-        item = req.items[0]
+            return web.json_response(proto.openai_error(exc), status=exc.status)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         model = req.model or self.spec.model
         created = proto.now_s()
-        obj = "chat.completion" if chat else "text_completion"
         if req.stream:
-            return await self._openai_stream(request, req, item, rid, model, created, chat)
+            return await self._openai_stream(request, req, rid, model, created, chat)
         try:
-            res = await self._run_item(item, req)
+            results = await asyncio.gather(*(self._run_item(it, req) for it in req.items))
         except RequestError as exc:
-            return web.json_response(proto.openai_error(exc.status, exc.message), status=exc.status)
-        meta = res["meta_info"]
-        text = res["text"]
-        choice: dict[str, Any] = {
-            "index": 0,
-            "finish_reason": "length" if meta["completion_tokens"] else "stop",
-            "logprobs": None,
-            "matched_stop": None,
-        }
-        if chat:
-            choice["message"] = {
-                "role": "assistant",
-                "content": text,
-                "reasoning_content": None,
-                "tool_calls": None,
+            return web.json_response(proto.openai_error(exc), status=exc.status)
+        choices = []
+        for index, res in enumerate(results):
+            meta = res["meta_info"]
+            choice: dict[str, Any] = {
+                "index": index,
+                "finish_reason": "length" if meta["completion_tokens"] else "stop",
+                "logprobs": None,
+                "matched_stop": None,
             }
-        else:
-            choice["text"] = text
+            if chat:
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": res["text"],
+                    "reasoning_content": None,
+                    "tool_calls": None,
+                }
+            else:
+                choice["text"] = res["text"]
+            choices.append(choice)
         return web.json_response(
             {
                 "id": rid,
-                "object": obj,
+                "object": "chat.completion" if chat else "text_completion",
                 "created": created,
                 "model": model,
-                "choices": [choice],
-                "usage": proto.usage(
-                    meta["prompt_tokens"],
-                    meta["completion_tokens"],
-                    meta["cached_tokens"],
-                    self.spec.enable_cache_report,
-                ),
+                "choices": choices,
+                "usage": self._usage([r["meta_info"] for r in results]),
                 "metadata": {"weight_version": "default"},
             }
+        )
+
+    def _usage(self, metas: list[dict[str, Any]]) -> dict[str, Any]:
+        """SGLang's UsageInfo for n choices: the prompt counted once, completions summed."""
+        return proto.usage(
+            metas[0]["prompt_tokens"],
+            sum(m["completion_tokens"] for m in metas),
+            metas[0]["cached_tokens"],
+            self.spec.enable_cache_report,
         )
 
     async def _openai_stream(
         self,
         request: web.Request,
         req: GenRequest,
-        item: GenItem,
         rid: str,
         model: str,
         created: int,
         chat: bool,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers=_SSE_HEADERS)
-        await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
-        def chunk(delta_text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
-            choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        def chunk(index: int, delta_text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+            choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
             if chat:
                 delta: dict[str, Any] = {"content": delta_text}
                 if first:
@@ -747,48 +797,59 @@ class SimWorker:
                 choice["text"] = delta_text
             return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
 
-        sent = {"len": 0, "first": True}
+        sent = [{"len": 0, "first": True} for _ in req.items]
 
-        def on_chunk(res: dict[str, Any]) -> None:
-            text = res["text"]
-            delta, sent["len"] = text[sent["len"] :], len(text)
-            queue.put_nowait(chunk(delta, None, first=bool(sent["first"])))
-            sent["first"] = False
+        def on_chunk(index: int, res: dict[str, Any]) -> None:
+            text, state = res["text"], sent[index]
+            delta = text[int(state["len"]) :]
+            queue.put_nowait(chunk(index, delta, None, first=bool(state["first"])))
+            state["len"], state["first"] = len(text), False
 
-        task = asyncio.create_task(self._run_item(item, req, on_chunk))
-        task.add_done_callback(lambda _t: queue.put_nowait(None))
+        tasks = [
+            asyncio.create_task(self._run_item(it, req, lambda res, i=i: on_chunk(i, res)))
+            for i, it in enumerate(req.items)
+        ]
+        done = asyncio.gather(*tasks, return_exceptions=True)
+        done.add_done_callback(lambda _f: queue.put_nowait(None))
+        resp: web.StreamResponse | None = None
         try:
-            while (c := await queue.get()) is not None:
+            first = await queue.get()
+            if first is None:  # every choice failed before its first token: SGLang answers a 400/5xx JSON
+                exc = next((t.exception() for t in tasks if isinstance(t.exception(), RequestError)), None)
+                if isinstance(exc, RequestError):
+                    return web.json_response(proto.openai_error(exc), status=exc.status)
+            resp = web.StreamResponse(headers=_SSE_HEADERS)
+            await resp.prepare(request)
+            c: dict[str, Any] | None = first
+            while c is not None:
                 await resp.write(_sse(c))
-            try:
-                res = task.result()
-            except RequestError as exc:
-                await resp.write(_sse({"error": proto.openai_error(exc.status, exc.message)}))
-            else:
-                meta = res["meta_info"]
-                await resp.write(_sse(chunk("", "length" if meta["completion_tokens"] else "stop")))
-                if req.include_usage:
-                    usage = proto.usage(
-                        meta["prompt_tokens"],
-                        meta["completion_tokens"],
-                        meta["cached_tokens"],
-                        self.spec.enable_cache_report,
+                c = await queue.get()
+            metas = []
+            for i, t in enumerate(tasks):
+                exc = t.exception()
+                if isinstance(exc, RequestError):
+                    await resp.write(_sse({"error": proto.openai_error(exc)}))
+                elif exc is None:
+                    meta = t.result()["meta_info"]
+                    metas.append(meta)
+                    await resp.write(_sse(chunk(i, "", "length" if meta["completion_tokens"] else "stop")))
+            if req.include_usage and metas:
+                await resp.write(
+                    _sse(
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": created,
+                            "model": model,
+                            "choices": [],
+                            "usage": self._usage(metas),
+                        }
                     )
-                    await resp.write(
-                        _sse(
-                            {
-                                "id": rid,
-                                "object": obj,
-                                "created": created,
-                                "model": model,
-                                "choices": [],
-                                "usage": usage,
-                            }
-                        )
-                    )
+                )
             await resp.write(b"data: [DONE]\n\n")
         finally:
-            task.cancel()
+            for t in tasks:
+                t.cancel()
         return resp
 
 

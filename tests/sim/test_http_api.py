@@ -125,26 +125,63 @@ def test_completions_non_stream(mixed: str) -> None:
     [
         ({"sampling_params": {"max_new_tokens": 3}}, "Either text, input_ids or input_embeds"),
         ({"text": "x", "input_ids": [1]}, "Only one of text, input_ids"),
-        ({"text": "x", "sampling_params": {"max_new_tokens": "many"}}, "max_new_tokens must be an integer"),
-        ({"input_ids": "nope"}, "input_ids must be a list"),
         ({"text": "x", "sampling_params": {"max_new_tokens": 200_000}}, "maximum context length"),
+        ({"text": "x", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be at least 0, got -1."),
     ],
 )
 def test_generate_malformed_requests_get_sglang_400(mixed: str, body: dict[str, object], fragment: str) -> None:
+    # ValueErrors of tokenizer_manager.generate_request: 400 {"error": {"message"}}
     r = httpx.post(mixed + "/generate", json=body)
     assert r.status_code == 400
     assert fragment in r.json()["error"]["message"]
 
 
-def test_invalid_json_is_400(mixed: str) -> None:
-    r = httpx.post(mixed + "/generate", content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "Invalid JSON" in r.json()["error"]["message"]
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [
+        ({"text": "x", "sampling_params": {"max_new_tokens": "many"}}, 'invalid type: string "many", expected i64'),
+        ({"text": "x", "sampling_params": {"temprature": 0}}, "unknown field `temprature`, expected one of"),
+        ({"text": "x", "priority": True}, "invalid type: boolean `true`, expected i64"),
+        ({"text": "x", "stream": "yes"}, 'invalid type: string "yes", expected a boolean'),
+    ],
+)
+def test_schema_contract_errors_are_400_with_a_string_error(mixed: str, body: dict[str, object], text: str) -> None:
+    # api_contract.generate_contract_error: 400 {"error": "<serde text>"}
+    r = httpx.post(mixed + "/generate", json=body)
+    assert r.status_code == 400 and r.json()["error"].startswith(text)
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b'{"text": 1}', b'{"input_ids": "nope"}', b""])
+def test_unparsable_bodies_are_fastapi_validation_errors(mixed: str, raw: bytes) -> None:
+    # FastAPI's RequestValidationError, rendered by SGLang's handler as a 400 ErrorResponse
+    r = httpx.post(mixed + "/generate", content=raw, headers={"content-type": "application/json"})
+    body = r.json()
+    assert r.status_code == 400 and body["object"] == "error" and body["type"] == "Bad Request"
+    assert body["code"] == 400 and "validation error" in body["message"]
+
+
+def test_stream_value_error_is_an_sse_error_chunk_on_a_200(mixed: str) -> None:
+    body = {"text": "x", "input_ids": [1], "stream": True}
+    r = httpx.post(mixed + "/generate", json=body)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    lines = [ln for ln in r.text.splitlines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    err = json.loads(lines[0][len("data: "):])["error"]
+    assert err["code"] == 400 and err["type"] == "invalid_request_error" and "Only one of" in err["message"]
+
+
+def test_ready_has_an_empty_body(mixed: str) -> None:
+    r = httpx.get(mixed + "/ready")
+    assert r.status_code == 200 and r.content == b""
 
 
 def test_openai_errors_use_openai_shape(mixed: str) -> None:
     r = httpx.post(mixed + "/v1/chat/completions", json={"model": "m", "messages": []})
     assert r.status_code == 400
-    assert r.json()["object"] == "error" and r.json()["code"] == 400
+    assert r.json() == {"object": "error", "message": "Messages cannot be empty.", "type": "BadRequestError",
+                        "param": None, "code": 400}
+    r = httpx.post(mixed + "/v1/chat/completions", json={"model": "m"})
+    assert r.status_code == 400 and r.json()["type"] == "Bad Request" and "Field required" in r.json()["message"]
 
 
 def test_metrics_use_sglang_names(mixed: str) -> None:

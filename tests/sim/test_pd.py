@@ -70,15 +70,15 @@ def test_batch_with_scalar_room_expands_to_room_plus_i(cluster: ThreadedSimClust
 def test_missing_room_is_400_on_both_roles(cluster: ThreadedSimCluster) -> None:
     for i in (1, 2):
         r = httpx.post(cluster.urls[i] + "/generate", json={"text": "x"})
-        assert r.status_code == 400 and "bootstrap_room is required" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "without bootstrap room id" in r.json()["error"]["message"]
 
 
 def test_mispaired_rooms_fail_on_both_sides_within_the_timeout(cluster: ThreadedSimCluster) -> None:
     # a broken router: the decode gets a different room than the prefill
     t0 = time.monotonic()
     p, d = _send_pair(cluster, _pd_body(cluster, "hello", _room()), _pd_body(cluster, "hello", _room()))
-    assert p.status_code == 500 and "KVPoll.Bootstrapping" in p.json()["detail"]
-    assert d.status_code == 500 and "KV" in d.json()["detail"]
+    assert p.status_code == 500 and "KVPoll.Bootstrapping" in p.json()["message"]
+    assert d.status_code == 500 and "KV" in d.json()["message"]
     assert time.monotonic() - t0 < 5
 
 
@@ -86,7 +86,7 @@ def test_same_room_different_prompts_is_a_transfer_failure(cluster: ThreadedSimC
     room = _room()
     p, d = _send_pair(cluster, _pd_body(cluster, "prompt A", room), _pd_body(cluster, "prompt B", room))
     assert p.status_code == 500 and d.status_code == 500
-    assert "does not match" in d.json()["detail"] and "does not match" in p.json()["detail"]
+    assert "does not match" in d.json()["message"] and "does not match" in p.json()["message"]
 
 
 def test_decode_pointed_at_the_wrong_prefill_fails(cluster: ThreadedSimCluster) -> None:
@@ -100,14 +100,14 @@ def test_decode_pointed_at_the_wrong_prefill_fails(cluster: ThreadedSimCluster) 
 def test_room_zero_is_never_valid(cluster: ThreadedSimCluster) -> None:
     p, d = _send_pair(cluster, _pd_body(cluster, "zero", 0), _pd_body(cluster, "zero", 0))
     assert p.status_code == 500 and d.status_code == 500
-    assert "room 0" in d.json()["detail"]
+    assert "room 0" in d.json()["message"]
 
 
 def test_unreachable_bootstrap_server_fails_fast(cluster: ThreadedSimCluster) -> None:
     body = _pd_body(cluster, "nobody home", _room())
     body["bootstrap_port"] = 1  # nothing listens there
     r = httpx.post(cluster.urls[2] + "/generate", json=body, timeout=20)
-    assert r.status_code == 500 and "cannot reach the prefill bootstrap server" in r.json()["detail"]
+    assert r.status_code == 500 and "cannot reach the prefill bootstrap server" in r.json()["message"]
 
 
 def test_bootstrap_server_routes(cluster: ThreadedSimCluster) -> None:
