@@ -46,7 +46,7 @@ def setup_node(cluster: Any, sysfs_root: Path, name: str, spec: FabricNode) -> N
                       ("mlnx_qos", spec.qos), ("ethtool", spec.pause)):
         install_standin(bin_dir, tool, "standin-recorded-output")
         (bin_dir / f"{tool}.out").write_text(out)
-    for tool in ("ibv_rc_pingpong", "ib_write_lat"):  # one stand-in, behaving by the name it is run as
+    for tool in ("ibv_rc_pingpong", "ib_write_lat", "ib_write_bw"):  # one stand-in, behaving by the name it is run as
         install_standin(bin_dir, tool, "standin-ibv_rc_pingpong")
     table = {str(i): g for i, g, _ in gids}
     (bin_dir / "standin-rdma.json").write_text(json.dumps({"devices": {hca.name: table}, "mode": spec.mode}))
