@@ -56,6 +56,15 @@ MODEL_SETTINGS = (
     "unk_id",
     "max_input_chars_per_word",
 )
+# The tokenizers library's defaults: a key left out of tokenizer.json means the default, so "absent" and
+# "default" must compare equal (writers differ in which keys they emit).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "BPE": {"dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+            "fuse_unk": False, "byte_fallback": False, "ignore_merges": False},
+    "WordPiece": {"unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100},
+    "WordLevel": {"unk_token": None},
+    "Unigram": {"unk_id": None, "byte_fallback": False},
+}
 SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 #: tokenizer_config.json keys that change what transformers does with the same tokenizer.json
 CONFIG_FLAGS = ("legacy", "clean_up_tokenization_spaces", "add_prefix_space", "do_lower_case")
@@ -143,7 +152,8 @@ def parse_tokenizer_json(doc: Mapping[str, Any]) -> TokenizerJson:
         if t.id >= len(vocab):
             vocab.extend([None] * (t.id + 1 - len(vocab)))
         vocab[t.id] = t.content
-    settings = {k: model[k] for k in MODEL_SETTINGS if k in model}
+    defaults = MODEL_DEFAULTS.get(str(model_type), {})
+    settings = {k: model[k] for k in MODEL_SETTINGS if k in model and model[k] != defaults.get(k)}
     merges: list[str] = []
     merges_sha: str | None = None
     if model_type == "BPE":

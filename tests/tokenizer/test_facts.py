@@ -147,3 +147,19 @@ def test_chat_rendering_matches_the_transformers_environment() -> None:
     assert render_chat(no_system, facts) == "3"  # retried without the system message, as a user would
     with pytest.raises(TemplateRenderError, match="boom"):
         render_chat("{{ raise_exception('boom') }}", facts)
+
+
+def test_absent_model_keys_equal_the_library_defaults(tmp_path: Path) -> None:
+    """Writers differ in which keys they emit (DeepSeek's file has no ignore_merges): absent == default."""
+    full = train_bpe(tmp_path / "full")
+    sparse = shutil.copytree(full, tmp_path / "sparse")
+    doc = json.loads((sparse / "tokenizer.json").read_text())
+    for key in ("ignore_merges", "fuse_unk", "byte_fallback", "dropout"):
+        doc["model"].pop(key, None)
+    (sparse / "tokenizer.json").write_text(json.dumps(doc))
+    model = next(f for f in compare_dirs(full, sparse) if f.check == "tokenizer.model")
+    assert model.status is Status.OK
+    doc["model"]["byte_fallback"] = True
+    (sparse / "tokenizer.json").write_text(json.dumps(doc))
+    model = next(f for f in compare_dirs(full, sparse) if f.check == "tokenizer.model")
+    assert model.status is Status.FAIL and "byte_fallback" in model.message

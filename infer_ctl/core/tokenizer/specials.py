@@ -14,6 +14,12 @@ from infer_ctl.core.tokenizer.structure import RETRAIN, Pair, show
 _SEVERITY = {"bos_token": "fail", "eos_token": "fail", "unk_token": "fail", "pad_token": "warn"}
 
 
+def _named(token: str | None, token_id: int | None) -> str:
+    if token is None:
+        return "has none"
+    return f"{show(token)} (id {token_id})" if token_id is not None else f"{show(token)} (not in its vocabulary)"
+
+
 def judge_special_ids(p: Pair) -> list[Finding]:
     findings: list[Finding] = []
     for name, severity in _SEVERITY.items():
@@ -36,7 +42,7 @@ def judge_special_ids(p: Pair) -> list[Finding]:
         if tid == did:
             findings.append(Finding.ok(check, p.node, name, f"{name} {show(tn)} is id {tid} on both sides"))
             continue
-        message = (f"{name} differs: target {show(tn)} = id {tid}, draft {show(dn)} = id {did}")
+        message = f"{name} differs: target {_named(tn, tid)}, draft {_named(dn, did)}"
         details = {"target": {"token": tn, "id": tid}, "draft": {"token": dn, "id": did}}
         if severity == "fail":
             findings.append(Finding.fail(check, p.node, name, message, details=details, remedy=RETRAIN))
