@@ -64,6 +64,12 @@ class Divergence:
     draft_ids: list[int]
     position: int
 
+    def example(self) -> dict[str, object]:
+        """The probe and a few ids either side of where it diverges (whole id lists can be long)."""
+        window = slice(max(0, self.position - 3), self.position + 4)
+        return {"text": self.text, "position": self.position, "window_start": window.start,
+                "target_ids": self.target_ids[window], "draft_ids": self.draft_ids[window]}
+
 
 def _divergences(texts: Sequence[str], a: list[list[int]], b: list[list[int]]) -> list[Divergence]:
     out: list[Divergence] = []
@@ -91,15 +97,13 @@ def _probe_set(p: Pair, name: str, texts: Sequence[str], enc_t: Encoder, enc_d: 
     diverged = _divergences(texts, ids_t, ids_d)
     if diverged:
         d = diverged[0]
-        window = slice(max(0, d.position - 3), d.position + 4)
         return [Finding.fail(
             CHECK, p.node, name,
             f"{len(diverged)} of {len(texts)} probe(s) encode differently; first: {show(d.text[:80])} "
             f"diverges at token {d.position}: target {_token(p.target, d.target_ids, d.position)}, "
             f"draft {_token(p.draft, d.draft_ids, d.position)}",
             details={"probes": len(texts), "diverged": len(diverged),
-                     "examples": [{"text": x.text, "position": x.position, "target_ids": x.target_ids[window],
-                                   "draft_ids": x.draft_ids[window]} for x in diverged[:5]]},
+                     "examples": [x.example() for x in diverged[:5]]},
             remedy=RETRAIN)]
     # Same ids everywhere: check the text each side prints for them (the decoder and `special` flags).
     dec_t = enc_t.decode_batch(ids_t)
