@@ -32,7 +32,7 @@ from infer_ctl.facts.tokenizer_files import (
     require_tokenizers,
     tokenizer_hash_command,
 )
-from infer_ctl.profile import Node, Profile
+from infer_ctl.profile import Node, Profile, load_profile
 from infer_ctl.remote.base import Connector
 
 FLEET_CHECK = "tokenizer.fleet"
@@ -290,6 +290,9 @@ def run_check_tokenizer(*, target: str | None, draft: str | None, probes_file: s
     if fleet and target is not None:
         raise UsageError("--fleet checks the profile's model paths on the nodes; it takes no --target/--draft",
                          remedy="drop --target/--draft, or drop --fleet to compare two local directories")
+    if not fleet and (nodes or role):
+        raise UsageError("--nodes/--role select the nodes of --fleet mode",
+                         remedy="add --fleet to check the tokenizer files on those nodes")
     probes = load_probe_file(probes_file) if probes_file else []
     probes_name = f"probes from {Path(probes_file).name}" if probes_file else "user probes"
     if target is not None and draft is not None:
@@ -297,12 +300,11 @@ def run_check_tokenizer(*, target: str | None, draft: str | None, probes_file: s
         findings = compare_dirs(_require_dir(target, "--target"), _require_dir(draft, "--draft"),
                                 probes=probes, probes_name=probes_name)
         return findings, None
-    from infer_ctl.profile import load_profile
-
     profile = load_profile(profile_path)
     require_tokenizers()
     if not fleet:
         return check_profile_local(profile, probes=probes, probes_name=probes_name), profile.name
+    # imported here: only fleet mode needs the SSH stack (paramiko), local comparisons stay light
     from infer_ctl.remote.fleet import Fleet, select_nodes
 
     selected = select_nodes(profile, nodes, role)

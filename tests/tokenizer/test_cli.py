@@ -70,6 +70,7 @@ def test_user_probes_file(pair: tuple[Path, Path, Path], tmp_path: Path, capsys:
         (["--target", "{t}", "--draft", "/nonexistent/draft"], "--draft /nonexistent/draft: no such directory"),
         (["--target", "{t}", "--draft", "{t}", "--probes", "{bad}"], "not valid JSON"),
         (["--target", "{t}", "--draft", "{t}", "--fleet"], "--fleet checks the profile's model paths"),
+        (["--target", "{t}", "--draft", "{t}", "--nodes", "pf-*"], "--nodes/--role select the nodes of --fleet"),
     ],
 )
 def test_usage_errors_exit_64_with_a_hint(args: list[str], message: str, pair: tuple[Path, Path, Path],
