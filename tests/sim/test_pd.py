@@ -78,6 +78,8 @@ def test_mispaired_rooms_fail_on_both_sides_within_the_timeout(cluster: Threaded
     t0 = time.monotonic()
     p, d = _send_pair(cluster, _pd_body(cluster, "hello", _room()), _pd_body(cluster, "hello", _room()))
     assert p.status_code == 500 and "KVPoll.Bootstrapping" in p.json()["message"]
+    # SGLang renders a non-400 abort through its HTTPException handler as an ErrorResponse
+    assert p.json()["object"] == "error" and p.json()["type"] == "500" and p.json()["code"] == 500
     assert d.status_code == 500 and "KV" in d.json()["message"]
     assert time.monotonic() - t0 < 5
 
