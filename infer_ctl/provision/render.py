@@ -25,6 +25,7 @@ STATE_STYLE = {
     NodeState.PENDING: "yellow",
     NodeState.ERROR: "bold red",
     NodeState.UNREACHABLE: "magenta",
+    NodeState.SKIPPED: "dim",
 }
 
 

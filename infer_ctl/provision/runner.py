@@ -23,7 +23,7 @@ from infer_ctl.provision.steps.base import Step
 from infer_ctl.provision.steps.registry import all_steps
 from infer_ctl.provision.wheelhouse import load_wheelhouse
 from infer_ctl.remote.base import Command, Connector
-from infer_ctl.remote.errors import SudoError, UnreachableError
+from infer_ctl.remote.errors import NodeSkippedError, SudoError, UnreachableError
 from infer_ctl.remote.fleet import Fleet, NodeOutcome
 
 
@@ -155,6 +155,8 @@ def _unreachable_plan(outcome: NodeOutcome[object]) -> NodePlan:
         message += f" ({error.remedy})"
     # exit-code-3 errors are "could not look" (unreachable, skipped); others (sudo refused, changed host
     # key) are verdicts and count as errors
+    if isinstance(error, NodeSkippedError):
+        return NodePlan(outcome.node.name, error=message, skipped=True)
     return NodePlan(outcome.node.name, error=message, unreachable=error is not None and error.exit_code == ExitCode.UNKNOWN)
 
 
@@ -202,7 +204,9 @@ def apply_fleet(
         group = todo[start : start + batch]
         if stopped:
             for n in group:
-                results[n.name] = NodePlan(n.name, by_name[n.name].entries, error="not run: --fail-fast stopped the fleet")
+                results[n.name] = NodePlan(
+                    n.name, by_name[n.name].entries, error="not applied: --fail-fast stopped the fleet", skipped=True
+                )
             continue
         outcomes = fleet.map(
             group,

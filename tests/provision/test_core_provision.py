@@ -29,6 +29,7 @@ def plan(*kinds: EntryKind, **kw: object) -> NodePlan:
         ([plan(EntryKind.CHANGE), plan(unreachable=True, error="down")], ExitCode.UNKNOWN),
         ([plan(EntryKind.ERROR), plan(unreachable=True, error="down")], ExitCode.FAIL),
         ([plan(EntryKind.OK, error="apply failed")], ExitCode.FAIL),
+        ([plan(EntryKind.OK), plan(EntryKind.CHANGE, skipped=True, error="--fail-fast")], ExitCode.UNKNOWN),
     ],
 )
 def test_fleet_exit_code(plans: list[NodePlan], code: ExitCode) -> None:

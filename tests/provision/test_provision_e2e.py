@@ -179,6 +179,28 @@ def test_unreachable_node_exit_3_and_others_still_planned(prov_cluster, capsys) 
     assert states[up]["state"] == "pending"
 
 
+def test_fail_fast_and_rolling_skip_the_rest_of_the_fleet(prov_cluster, capsys) -> None:
+    """--rolling 1 --fail-fast: the first node's apply fails (its systemctl is broken), so the other node
+    is not touched and is reported as skipped, not as unreachable or applied."""
+    pc = prov_cluster(2)
+    first, second = pc.cluster.names
+    pc.cluster.add_executable(first, "systemctl", 'echo "standin systemctl: broken" >&2; exit 1\n')
+    profile = pc.profile()
+    before = pc.checksum(second)
+    code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile), "--only", "units",
+                        "--rolling", "1", "--fail-fast")
+    assert code == 2
+    states = {r["node"]: r for r in doc["results"]}
+    assert states[first]["state"] == "error" and "daemon-reload" in states[first]["error"]
+    assert states[second]["state"] == "skipped" and "--fail-fast" in states[second]["error"]
+    assert pc.checksum(second) == before
+
+    # without --fail-fast the healthy node is applied anyway
+    code, doc = run_cli(capsys, "provision", "--apply", "--yes", "-p", str(profile), "--only", "units", "--rolling", "1")
+    assert code == 2
+    assert {r["node"]: r["state"] for r in doc["results"]} == {first: "error", second: "applied"}
+
+
 def test_interrupted_apply_leaves_files_old_or_new(prov_cluster, tmp_path, capsys) -> None:
     """Kill inferctl in the middle of an apply (while systemctl daemon-reload runs, after the first
     env/unit files were written): every managed file is either absent (old) or complete (new); a rerun

@@ -70,13 +70,15 @@ class PlanEntry:
 
 
 class NodeState(StrEnum):
-    """Outcome of one node: in the desired state, changes pending, applied, failed, or unreachable."""
+    """Outcome of one node: in the desired state, changes pending, applied, failed, unreachable, or
+    skipped (not attempted: --fail-fast stopped the fleet after another node failed)."""
 
     OK = "ok"
     PENDING = "pending"
     APPLIED = "applied"
     ERROR = "error"
     UNREACHABLE = "unreachable"
+    SKIPPED = "skipped"
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class NodePlan:
     #: set when the node could not be reached, or when a step stopped the node
     error: str | None = None
     unreachable: bool = False
+    #: not attempted (--fail-fast); `error` says why
+    skipped: bool = False
     #: CHANGE entries that were executed (apply only)
     applied: tuple[PlanEntry, ...] = ()
 
@@ -93,6 +97,8 @@ class NodePlan:
     def state(self) -> NodeState:
         if self.unreachable:
             return NodeState.UNREACHABLE
+        if self.skipped:
+            return NodeState.SKIPPED
         if self.error or any(e.kind is EntryKind.ERROR for e in self.entries):
             return NodeState.ERROR
         if any(e.kind in PENDING_KINDS for e in self.entries):
@@ -120,12 +126,12 @@ def fleet_exit_code(plans: Iterable[NodePlan]) -> ExitCode:
     """0 nothing to do, 1 changes (or manual work, reboots, warnings) pending, 2 errors, 3 unreachable.
 
     Errors outrank unreachable nodes and unreachable outranks pending, as in DESIGN.md ("3: some node
-    unreachable ... and nothing failed").
+    unreachable ... and nothing failed"). A skipped node was not looked at: it counts like unreachable.
     """
     states = {p.state for p in plans}
     if NodeState.ERROR in states:
         return ExitCode.FAIL
-    if NodeState.UNREACHABLE in states:
+    if NodeState.UNREACHABLE in states or NodeState.SKIPPED in states:
         return ExitCode.UNKNOWN
     if NodeState.PENDING in states:
         return ExitCode.WARN

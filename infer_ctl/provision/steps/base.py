@@ -58,8 +58,8 @@ def plan_file(
         EntryKind.CHANGE,
         summary,
         diff=file_diff(file.path, current, file.content) if current != file.content else "",
-        before=have_stat,
-        after=want_stat,
+        before=have_stat if have_stat != want_stat else None,
+        after=want_stat if have_stat != want_stat else None,
         commands=commands,
         needs_sudo=True,
     )
