@@ -379,6 +379,7 @@ class WeightFacts:
     embed_tensor: str | None = None
     vocab_map: VocabMapFacts | None = None
     problems: tuple[str, ...] = ()
+    weights_format: str | None = None
 
 
 def read_weight_facts(directory: Path) -> WeightFacts:
@@ -423,7 +424,10 @@ def read_weight_facts(directory: Path) -> WeightFacts:
             source=map_source,
             problems=tuple(p for p in problems if "d2t" in p or "t2d" in p),
         )
-    return WeightFacts(lm, lm_name, embed, embed_name, vocab_map, tuple(problems))
+    files = safetensors_files(directory)
+    pickled = any(directory.glob("*.bin")) or any(directory.glob("*.pt"))
+    weights_format = "safetensors" if files else "pytorch" if pickled else None
+    return WeightFacts(lm, lm_name, embed, embed_name, vocab_map, tuple(problems), weights_format)
 
 
 # ---------------------------------------------------------------- configs
@@ -469,6 +473,7 @@ def parse_model_config(doc: Mapping[str, Any], weights: WeightFacts | None) -> M
         embed_rows=weights.embed_rows,
         lm_head_tensor=weights.lm_head_tensor,
         embed_tensor=weights.embed_tensor,
+        weights_format=weights.weights_format,
     )
 
 
@@ -602,7 +607,7 @@ def load_tokenizer_dir(path: str | Path, label: str) -> LoadedSide:
     for problem in weights.problems:
         file_name, _, reason = problem.partition(": ")
         problems.setdefault(file_name, reason)
-    if model_config or weights.lm_head_rows is not None or weights.embed_rows is not None:
+    if model_config or weights.weights_format is not None:
         fields["config"] = parse_model_config(model_config, weights)
     if weights.vocab_map is not None:
         fields["vocab_map"] = weights.vocab_map

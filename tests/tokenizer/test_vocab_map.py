@@ -158,3 +158,24 @@ def test_not_a_safetensors_file(tmp_path: Path) -> None:
     bad.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
     facts = read_weight_facts(tmp_path)
     assert facts.problems and "implausible" in facts.problems[0]
+
+
+def test_smaller_draft_vocabulary_without_a_map_fails(target: tuple[Path, int], tmp_path: Path) -> None:
+    tdir, size = target
+    draft = write_draft(tmp_path / "draft", size, tensors={"d2t": None, "t2d": None})
+    findings = compare_dirs(tdir, draft)
+    assert problems(findings) == {("tokenizer.vocab_map", "fail", "d2t")}
+    assert "has no d2t map: draft ids would be taken as target ids" in next(
+        f.message for f in findings if f.status is Status.FAIL)
+
+
+def test_pickled_checkpoint_is_skipped_not_unpickled(target: tuple[Path, int], tmp_path: Path) -> None:
+    tdir, size = target
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "pytorch_model.bin").write_bytes(b"not unpickled by inferctl")
+    (draft / "config.json").write_text(json.dumps({"vocab_size": size, "draft_vocab_size": DRAFT_VOCAB}))
+    findings = compare_dirs(tdir, draft)
+    skipped = [f for f in findings if f.check == "tokenizer.vocab_map"]
+    assert [f.status for f in skipped] == [Status.SKIP] and "pickled" in skipped[0].message
+    assert problems(findings) == set()

@@ -49,6 +49,8 @@ class ModelConfigFacts:
     #: the tensor names the rows were read from, for messages
     lm_head_tensor: str | None = None
     embed_tensor: str | None = None
+    #: "safetensors", "pytorch" (only *.bin/*.pt: not read, inferctl never unpickles) or None (no weights)
+    weights_format: str | None = None
 
 
 @dataclass(frozen=True)

@@ -48,10 +48,30 @@ def _first_break(hot: Sequence[int]) -> int | None:
     return None
 
 
+def judge_missing_map(p: Pair) -> list[Finding]:
+    """A draft lm_head smaller than the target vocabulary needs a map, or its ids are read as target ids."""
+    cfg = p.draft.config
+    rows = target_vocab_rows(p.target, p.draft)
+    if cfg is None or cfg.draft_vocab_size is None or rows is None or cfg.draft_vocab_size >= rows:
+        return []
+    if cfg.weights_format == "pytorch":
+        return [Finding.skip(CHECK, p.node, "d2t/t2d",
+                             "the draft's weights are pickled (*.bin/*.pt), which inferctl does not load; "
+                             "its d2t/t2d maps are not verified",
+                             remedy="convert the checkpoint to safetensors to have the maps checked")]
+    if cfg.weights_format is None:
+        return [Finding.skip(CHECK, p.node, "d2t/t2d", "the draft directory has no weights; maps not verified")]
+    return [Finding.fail(
+        CHECK, p.node, "d2t",
+        f"draft_vocab_size {cfg.draft_vocab_size} is smaller than the target vocabulary ({rows}) but the "
+        "checkpoint has no d2t map: draft ids would be taken as target ids",
+        remedy=REBUILD)]
+
+
 def judge_vocab_map(p: Pair) -> list[Finding]:
     vm = p.draft.vocab_map
     if vm is None:
-        return []
+        return judge_missing_map(p)
     node = p.node
     findings: list[Finding] = [
         Finding.fail(CHECK, node, "d2t/t2d", f"cannot read the vocabulary map: {problem}",
