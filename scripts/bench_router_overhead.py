@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Router overhead: latency added over calling the decode directly, and max requests/s on tiny PD requests.
+
+Upstreams are fast stand-ins (aiohttp + uvloop, one process each for prefill and decode) that answer
+/generate at once with a small JSON body; the load generator is Debian's wrk. Compared in the same run:
+the decode stand-in called directly, inferctl's router (`inferctl router serve`, PD mode) and
+sglang-router 0.3.2 (`--pd-disaggregation --policy cache_aware`). Everything shares this machine's cores,
+so absolute numbers depend on it; the ratios are the result.
+
+    python scripts/bench_router_overhead.py [--duration 5] [--connections 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+BODY = {"text": "Say hi.", "sampling_params": {"max_new_tokens": 1}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def standin(port: int) -> None:
+    """A minimal SGLang-shaped worker: enough for both routers' health checks and /generate."""
+    import uvloop
+    from aiohttp import web
+
+    reply = json.dumps({"text": "hi", "output_ids": [1], "meta_info": {
+        "id": "x", "finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 3, "completion_tokens": 1,
+        "cached_tokens": 0}}).encode()
+
+    async def generate(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=reply, content_type="application/json")
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "loads": [{"num_waiting_reqs": 0, "num_running_reqs": 0}]})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    for path in ("/health", "/health_generate", "/server_info", "/get_server_info", "/v1/loads", "/get_model_info",
+                 "/model_info", "/v1/models"):
+        app.router.add_get(path, ok)
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def naive_proxy(port: int, prefill: str, decode: str) -> None:
+    """The reference point of the issue: aiohttp server + aiohttp client, PD fan-out, nothing else.
+    Same server stack as inferctl's router; the difference is the upstream client and the features."""
+    import asyncio
+    import random
+
+    import aiohttp
+    import uvloop
+    from aiohttp import web
+
+    session: dict[str, aiohttp.ClientSession] = {}
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        body.update(bootstrap_host="127.0.0.1", bootstrap_port=1, bootstrap_room=random.randrange(1, 2**62))
+        s = session["s"]
+
+        async def call(url: str) -> tuple[int, bytes]:
+            async with s.post(url + "/generate", json=body) as r:
+                return r.status, await r.read()
+
+        (_, _), (status, data) = await asyncio.gather(call(prefill), call(decode))
+        return web.Response(status=status, body=data, content_type="application/json")
+
+    async def on_startup(app: web.Application) -> None:
+        session["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    app = web.Application()
+    app.on_startup.append(on_startup)
+    app.router.add_post("/generate", generate)
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def wait_http(url: str, timeout: float = 30.0, post: bool = False) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(url, json=BODY, timeout=2) if post else httpx.get(url, timeout=2)
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up")
+
+
+_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def wrk(url: str, connections: int, threads: int, duration: int, script: str) -> dict[str, float]:
+    out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration}s", "--latency", "-s", script, url],
+                         capture_output=True, text=True, check=True).stdout
+    res: dict[str, float] = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
+    for pct in ("50", "99"):
+        m = re.search(rf"\s{pct}%\s+([\d.]+)(us|ms|s)", out)
+        res[f"p{pct}_ms"] = float(m.group(1)) * _UNIT[m.group(2)] if m else float("nan")
+    errs = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    res["errors"] = float(errs.group(1)) if errs else 0.0
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--standin", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--naive", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--duration", type=int, default=5)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.standin:
+        standin(args.standin)
+        return
+    if args.naive:
+        naive_proxy(int(args.naive[0]), args.naive[1], args.naive[2])
+        return
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    procs: list[subprocess.Popen[bytes]] = []
+    tmp = Path(tempfile.mkdtemp())
+    script = tmp / "post.lua"
+    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f"wrk.body = '{json.dumps(BODY)}'\n")
+    try:
+        pp, dp, bp = free_port(), free_port(), free_port()
+        for port in (pp, dp):
+            procs.append(subprocess.Popen([sys.executable, __file__, "--standin", str(port)]))
+        pre, dec = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
+        wait_http(pre + "/health")
+        wait_http(dec + "/health")
+        ip, sp = free_port(), free_port()
+        procs.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{ip}",
+                                       "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"],
+                                      env={**os.environ, "INFERCTL_ROUTER_TOKEN": ""}))
+        procs.append(subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                                       "--prefill", pre, str(bp), "--decode", dec, "--policy", "cache_aware",
+                                       "--host", "127.0.0.1", "--port", str(sp), "--prometheus-port", str(free_port()),
+                                       "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        np_ = free_port()
+        procs.append(subprocess.Popen([sys.executable, __file__, "--naive", str(np_), pre, dec]))
+        targets = {"direct (decode stand-in)": dec, "inferctl router": f"http://127.0.0.1:{ip}",
+                   "sglang-router 0.3.2": f"http://127.0.0.1:{sp}", "naive aiohttp proxy": f"http://127.0.0.1:{np_}"}
+        for url in targets.values():
+            wait_http(url + "/generate", post=True)
+        results: dict[str, dict[str, dict[str, float]]] = {}
+        for name, url in targets.items():
+            wrk(url + "/generate", 4, 1, 1, str(script))  # warm-up
+            results[name] = {
+                "c1": wrk(url + "/generate", 1, 1, args.duration, str(script)),
+                f"c{args.connections}": wrk(url + "/generate", args.connections, 2, args.duration, str(script)),
+            }
+        direct = results["direct (decode stand-in)"]["c1"]["p50_ms"]
+        ck = f"c{args.connections}"
+        rows = []
+        for name, r in results.items():
+            rows.append({"target": name, "p50_ms": r["c1"]["p50_ms"], "p99_ms": r["c1"]["p99_ms"],
+                         "added_p50_ms": r["c1"]["p50_ms"] - direct, "added_p99_ms": r["c1"]["p99_ms"] - results["direct (decode stand-in)"]["c1"]["p99_ms"],
+                         "rps": r[ck]["rps"], "errors": r["c1"]["errors"] + r[ck]["errors"]})
+        ratio = results["inferctl router"][ck]["rps"] / results["sglang-router 0.3.2"][ck]["rps"]
+        if args.json:
+            print(json.dumps({"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio}, indent=2))
+            return
+        print(f"{'target':28} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {ck + ' req/s':>11} {'errors':>7}")
+        for r in rows:
+            print(f"{r['target']:28} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['added_p50_ms']:8.3f} {r['added_p99_ms']:8.3f} "
+                  f"{r['rps']:11.0f} {r['errors']:7.0f}")
+        print(f"inferctl / sglang-router requests/s: {ratio:.2f}x")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
