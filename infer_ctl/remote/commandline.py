@@ -24,6 +24,42 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: seconds between the remote `timeout`'s TERM and its KILL
 KILL_AFTER_S = 3
 
+#: the environment variable that tags every remote command of one run (see ABORT_SCRIPT)
+RUN_MARKER_VAR = "INFERCTL_RUN"
+_MARKER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+# Ctrl-C on a node, sent on a fresh channel of the same transport. OpenSSH refuses the SSH "signal"
+# request for root logins ("session signalling requires privilege separation"), so the commands are
+# found by their run marker instead: `env INFERCTL_RUN=<id>` sits in the argv of the remote
+# `timeout` wrapper (and of the login shell or sudo above it), never in any other run's processes.
+# $1 is a pgrep pattern that cannot match this script's own argv (see marker_pattern). A process
+# group is killed only when its leader carries the marker (timeout makes itself a group leader; sshd
+# makes the session's shell/sudo one), otherwise just the process: foreign groups are never hit.
+# TERM first (timeout forwards it to the command's group), KILL what is left after $2 tenths of a s.
+ABORT_SCRIPT = r"""pat=$1; grace_ds=$2
+pids=$(pgrep -f -- "$pat") || exit 0
+targets=""
+for p in $pids; do
+  g=$(ps -o pgid= -p "$p" 2>/dev/null | tr -d ' ')
+  t=$p
+  for q in $pids; do [ "$q" = "$g" ] && t="-$g"; done
+  case " $targets " in *" $t "*) ;; *) targets="$targets $t" ;; esac
+done
+for t in $targets; do kill -s TERM -- "$t" 2>/dev/null; done
+i=0
+while [ "$i" -lt "$grace_ds" ]; do
+  left=""
+  for t in $targets; do
+    case $t in -*) pgrep -g "${t#-}" >/dev/null 2>&1 && left="$left $t" ;;
+                *) kill -0 "$t" 2>/dev/null && left="$left $t" ;; esac
+  done
+  [ -n "$left" ] || exit 0
+  targets=$left; sleep 0.1; i=$((i+1))
+done
+for t in $targets; do kill -s KILL -- "$t" 2>/dev/null; done
+exit 0
+"""
+
 # With a password, the first line of stdin is the password. `read` in sh consumes exactly that line
 # (shells read pipes byte by byte), the rest of stdin flows on to the command. sudo -A asks the helper
 # only when a password is actually needed, so NOPASSWD rules keep working and the password never
@@ -56,6 +92,19 @@ def check_env(env: Mapping[str, str] | None) -> None:
             raise UsageError(f"invalid environment variable name {key!r}", remedy="use letters, digits and _")
 
 
+def check_marker(marker: str) -> None:
+    if not _MARKER.match(marker):
+        raise ValueError(f"run marker {marker!r} must be letters, digits, '-' and '_'")
+
+
+def marker_pattern(marker: str) -> str:
+    """A pgrep -f pattern for the processes tagged with `marker`, which does not match itself: the
+    bracketed first character matches the marker but not the pattern's own text in an argv, and the
+    end anchor keeps run `ab-1` from matching run `ab-12`."""
+    check_marker(marker)
+    return f"{RUN_MARKER_VAR}=[{marker[0]}]{marker[1:]}( |$)"
+
+
 def build_argv(
     command: Command,
     *,
@@ -63,16 +112,22 @@ def build_argv(
     sudo_mode: SudoMode,
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    marker: str | None = None,
 ) -> tuple[list[str], bytes]:
     """The argv to run and the bytes to put in front of stdin (the sudo password line, if any).
 
     Order: sudo -> timeout -> env -> command, so the timeout and env apply as the target user and a
-    remote `timeout` can kill a root process group.
+    remote `timeout` can kill a root process group. `marker` tags the command line with
+    INFERCTL_RUN=<marker> (also visible to the command) so ABORT_SCRIPT can find it.
     """
     check_env(env)
     argv = list(command.argv)
-    if env:
-        argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+    assignments = [f"{k}={v}" for k, v in (env or {}).items()]
+    if marker is not None:
+        check_marker(marker)
+        assignments.insert(0, f"{RUN_MARKER_VAR}={marker}")
+    if assignments:
+        argv = ["env", *assignments, *argv]
     if timeout is not None:
         # GNU timeout runs the command in its own process group and kills the whole group, and
         # forwards TERM/INT/HUP it receives to that group (used to cancel on Ctrl-C).

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import fnmatch
+import itertools
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +31,7 @@ from infer_ctl.remote.commandline import SudoMode
 from infer_ctl.remote.errors import NodeSkippedError, UnexpectedNodeError
 from infer_ctl.remote.hostkeys import HostKeyStore
 from infer_ctl.remote.local import LocalConnector
-from infer_ctl.remote.ssh import GatewayCache, KeyRing, connect_ssh
+from infer_ctl.remote.ssh import ABORT_WAIT_S, GatewayCache, KeyRing, connect_ssh
 from infer_ctl.remote.target import TargetResolver
 
 T = TypeVar("T")
@@ -118,6 +120,9 @@ class Fleet:
         self._failures: dict[str, InferctlError] = {}
         self._connect_s: dict[str, float] = {}
         self._cancelled = threading.Event()
+        # tags this run's remote commands (INFERCTL_RUN=<run_id>-<n>) so Ctrl-C can kill exactly them
+        self.run_id = secrets.token_hex(6)
+        self._marker_seq = itertools.count(1)
 
     def __enter__(self) -> Fleet:
         return self
@@ -175,6 +180,7 @@ class Fleet:
             sudo_mode=self.sudo_mode,
             command_timeout=ssh.command_timeout_s,
             gateway_cache=self._gateways,
+            run_marker=f"{self.run_id}-{next(self._marker_seq)}",
         )
 
     # ---- fan-out ---------------------------------------------------------------------------------
@@ -254,17 +260,29 @@ class Fleet:
 
     # ---- teardown --------------------------------------------------------------------------------
     def abort(self) -> None:
-        """Stop everything in flight: TERM remote commands, drop connections. Used on Ctrl-C."""
+        """Stop everything in flight: kill remote commands, drop connections. Used on Ctrl-C.
+
+        Nodes are aborted in parallel (each waits at most a few seconds for its kill to finish), so
+        Ctrl-C on a large fleet still returns promptly.
+        """
         self._cancelled.set()
         with self._lock:
             conns = list(self._connectors.values())
-        for conn in conns:
+
+        def one(conn: Connector) -> None:
             abort = getattr(conn, "abort", None)
             if abort is not None:
                 try:
                     abort()
                 except Exception:  # best effort while shutting down
                     pass
+
+        threads = [threading.Thread(target=one, args=(c,), name="fleet-abort", daemon=True) for c in conns]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + ABORT_WAIT_S + 1.0
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import select
 import shlex
 import socket
@@ -23,10 +24,12 @@ import paramiko
 
 from infer_ctl.remote.base import Command, CommandResult, as_command
 from infer_ctl.remote.commandline import (
+    ABORT_SCRIPT,
     KILL_AFTER_S,
     SudoMode,
     build_argv,
     is_remote_timeout,
+    marker_pattern,
     raise_for_sudo,
 )
 from infer_ctl.remote.errors import (
@@ -43,6 +46,10 @@ from infer_ctl.remote.putfile import SUDO_PUT_SCRIPT, put_file_error
 from infer_ctl.remote.target import SshTarget, default_key_files
 
 _CHUNK = 1 << 20
+#: tenths of a second the abort script waits between TERM and KILL
+ABORT_GRACE_DS = 15
+#: how long abort() waits for the abort script (its grace plus a round trip or two)
+ABORT_WAIT_S = ABORT_GRACE_DS / 10 + 2.0
 
 # paramiko logs transport-thread failures (e.g. "Error reading SSH protocol banner") with a traceback
 # at ERROR level. Without a handler, Python's last-resort handler would print that traceback on the
@@ -260,6 +267,7 @@ def connect_ssh(
     sudo_mode: SudoMode,
     command_timeout: float,
     gateway_cache: GatewayCache | None = None,
+    run_marker: str | None = None,
 ) -> SshConnector:
     sock: paramiko.Channel | None = None
     if target.jumps:
@@ -284,7 +292,12 @@ def connect_ssh(
         sock = _channel_through(gateway, previous, target, timeout)
     transport = open_transport(target, hostkeys, keyring, timeout=timeout, keepalive=keepalive, sock=sock)
     return SshConnector(
-        target, transport, sudo_mode=sudo_mode, connect_timeout=timeout, command_timeout=command_timeout
+        target,
+        transport,
+        sudo_mode=sudo_mode,
+        connect_timeout=timeout,
+        command_timeout=command_timeout,
+        run_marker=run_marker,
     )
 
 
@@ -335,8 +348,11 @@ class SshConnector:
         sudo_mode: SudoMode,
         connect_timeout: float,
         command_timeout: float,
+        run_marker: str | None = None,
     ) -> None:
         self.node_name = target.label
+        # tags every command of this connector, so abort() finds exactly these (ABORT_SCRIPT)
+        self.run_marker = run_marker or secrets.token_hex(8)
         self.target = target
         self._transport = transport
         self.sudo_mode = sudo_mode
@@ -344,6 +360,8 @@ class SshConnector:
         self._command_timeout = command_timeout
         self._lock = threading.Lock()
         self._channels: set[paramiko.Channel] = set()
+        self._sudo_in_flight = 0
+        self._aborted = False
         self._sftp: paramiko.SFTPClient | None = None
         self._sftp_lock = threading.Lock()
 
@@ -359,10 +377,15 @@ class SshConnector:
     ) -> CommandResult:
         cmd = as_command(command)
         limit = self._command_timeout if timeout is None else timeout
-        argv, prefix = build_argv(cmd, sudo=sudo, sudo_mode=self.sudo_mode, env=env, timeout=limit)
+        argv, prefix = build_argv(
+            cmd, sudo=sudo, sudo_mode=self.sudo_mode, env=env, timeout=limit, marker=self.run_marker
+        )
         line = shlex.join(argv)
         started = time.monotonic()
         chan = self._open_channel()
+        if sudo:
+            with self._lock:
+                self._sudo_in_flight += 1
         try:
             chan.exec_command(line)
             feeder = self._feed_stdin(chan, prefix + (stdin or b""))
@@ -385,6 +408,8 @@ class SshConnector:
         finally:
             with self._lock:
                 self._channels.discard(chan)
+                if sudo:
+                    self._sudo_in_flight -= 1
             chan.close()
         duration = time.monotonic() - started
         timed_out = timed_out or is_remote_timeout(exit_code, duration, limit)
@@ -528,14 +553,37 @@ class SshConnector:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def abort(self) -> None:
-        """Ctrl-C: ask running commands to stop (TERM via the remote `timeout`), then drop the link."""
+        """Ctrl-C: stop this run's remote commands, then drop the link. Returns within ABORT_WAIT_S.
+
+        The SSH "signal" request works for non-root logins (TERM reaches the remote `timeout`, which
+        forwards it to the command's process group); OpenSSH refuses it for root, so the run marker
+        is used as well: a fresh channel kills the process groups tagged with it (ABORT_SCRIPT).
+        """
         with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
             channels = list(self._channels)
+            via_sudo = self._sudo_in_flight > 0
         for chan in channels:
             with contextlib.suppress(Exception):
                 _send_signal(chan, "TERM")
-        time.sleep(0.05 if channels else 0)
+        if channels:
+            with contextlib.suppress(Exception):  # best effort: the link may be what failed
+                self._kill_marked(via_sudo)
         self.close()
+
+    def _kill_marked(self, via_sudo: bool) -> None:
+        argv = ["sh", "-c", ABORT_SCRIPT, "inferctl-abort", marker_pattern(self.run_marker), str(ABORT_GRACE_DS)]
+        if via_sudo and self.sudo_mode.enabled and self.sudo_mode.password is None:
+            argv = ["sudo", "-n", "--", *argv]  # commands run through sudo belong to root
+        chan = self._transport.open_session(timeout=min(self._connect_timeout, 2.0))
+        try:
+            chan.exec_command(shlex.join(argv))
+            chan.shutdown_write()
+            chan.status_event.wait(ABORT_WAIT_S)
+        finally:
+            chan.close()
 
     def close(self) -> None:
         if self._sftp is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -134,30 +137,84 @@ def test_unexpected_exceptions_become_node_errors(ssh_cluster):
     assert isinstance(outcomes[1].error, UnexpectedNodeError) and "KeyError" in outcomes[1].error.message
 
 
-def test_abort_returns_promptly_and_leftover_remote_work_is_bounded_by_its_timeout(ssh_cluster):
-    # Ctrl-C path. The SSH "signal" request is refused by OpenSSH for root logins (no privilege
-    # separation after auth), so as root the remote `timeout` wrapper is what ends the command.
+def _remote_pids(profile, pattern: str) -> list[str]:
+    with Fleet(profile) as check:
+        result = check.connector(profile.nodes[0]).run(Command.sh(f"pgrep -f '{pattern}' || true"))
+    return result.out.split()
+
+
+def _wait_gone(profile, pattern: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not _remote_pids(profile, pattern):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_abort_kills_this_runs_remote_commands_over_root_logins_and_nothing_else(ssh_cluster):
+    # Ctrl-C path. OpenSSH refuses the SSH "signal" request for root logins, and the harness logs in
+    # as root when the tests run as root: the commands' 60 s remote timeout must not be what ends
+    # them. Another run's command on the same node, and a process inferctl did not start, survive.
     cluster = ssh_cluster(2)
     profile = profile_of(cluster)
-    fleet = Fleet(profile)
+    fleet, other = Fleet(profile), Fleet(profile)
     result: list = []
-    worker = threading.Thread(
-        target=lambda: result.extend(
-            fleet.map(profile.nodes, lambda c, n: c.run(Command.sh("sleep 27.18 & wait"), timeout=1.5))
+
+    def in_thread(f: Fleet, script: str, into: list) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: into.extend(f.map(profile.nodes, lambda c, n: c.run(Command.sh(script), timeout=60)))
         )
+        thread.start()
+        return thread
+
+    bystander = subprocess.Popen(["sleep", "47.1828"])
+    worker = in_thread(fleet, "sleep 27.1828 & wait", result)
+    survivor = in_thread(other, "sleep 37.1828", [])
+    try:
+        deadline = time.monotonic() + 10
+        while len(_remote_pids(profile, "^sleep [23]7[.]1828")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        started = time.monotonic()
+        fleet.abort()
+        worker.join(timeout=10)
+        assert not worker.is_alive() and time.monotonic() - started < 5
+        assert len(result) == 2 and all(not o.ok or not o.value.ok for o in result)
+        assert _wait_gone(profile, "sleep 27[.]1828", within=3)
+        assert len(_remote_pids(profile, "^sleep 37[.]1828")) == 2, "another run's commands were killed"
+        assert bystander.poll() is None, "a process inferctl did not start was killed"
+    finally:
+        fleet.close()
+        other.abort()
+        other.close()
+        survivor.join(timeout=10)
+        bystander.kill()
+        bystander.wait()
+    assert _wait_gone(profile, "sleep 37[.]1828", within=3)
+
+
+def test_ctrl_c_on_exec_exits_130_and_leaves_no_remote_process(ssh_cluster, tmp_path):
+    # The reviewer's reproduction: `inferctl exec -- 'sleep 98'` as root, SIGINT, nothing left behind.
+    cluster = ssh_cluster(2)
+    path = cluster.write_profile(tmp_path / "p.yaml")
+    profile = profile_of(cluster)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infer_ctl", "exec", "-p", str(path), "--json", "--", "sleep 98.2718"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
-    worker.start()
-    time.sleep(0.7)
-    started = time.monotonic()
-    fleet.abort()
-    worker.join(timeout=10)
-    assert not worker.is_alive() and time.monotonic() - started < 2
-    assert len(result) == 2 and all(not o.ok or not o.value.ok for o in result)
-    fleet.close()
-    time.sleep(1.5)
-    with Fleet(profile) as check:
-        left = check.connector(profile.nodes[0]).run(Command.sh("pgrep -f 'sleep 27[.]18' || true"))
-    assert left.out.strip() == ""
+    try:
+        deadline = time.monotonic() + 20
+        while len(_remote_pids(profile, "^sleep 98[.]2718")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_remote_pids(profile, "^sleep 98[.]2718")) == 2, "the remote commands never started"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 130
+        assert _wait_gone(profile, "sleep 98[.]2718", within=3), "remote `sleep` outlived Ctrl-C"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_select_nodes_globs_and_roles(ssh_cluster):
