@@ -8,6 +8,8 @@ nodes share this machine's filesystem, so a node holding a *drifted* copy is sim
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -93,7 +95,12 @@ def test_missing_directory_on_the_nodes(ssh_cluster: Callable[..., SshCluster], 
 def home_models(models: tuple[Path, Path]) -> Iterator[str]:
     """The models under the (real) home directory, which is where "~/" points on the nodes."""
     rel = f".cache/inferctl-test/fleet-{uuid.uuid4().hex[:8]}"
-    root = Path.home() / rel
+    # sshd starts sessions in the passwd home, which need not be this process's $HOME
+    root = Path(pwd.getpwuid(os.getuid()).pw_dir) / rel
+    try:
+        root.mkdir(parents=True)
+    except OSError as exc:
+        pytest.skip(f"cannot write under the SSH user's home directory: {exc}")
     shutil.copytree(models[0], root / "target")
     shutil.copytree(models[1], root / "draft")
     try:
