@@ -21,7 +21,9 @@ import typer
 
 from infer_ctl import __version__
 from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.core.report import Report
 from infer_ctl.errors import InferctlError
+from infer_ctl.output.json_doc import dumps
 
 try:  # typer >= 0.16 vendors its own copy of click and raises that copy's exceptions
     from typer._click import exceptions as _click_exc  # type: ignore[attr-defined,unused-ignore]
@@ -160,8 +162,40 @@ def _print_error(exc: InferctlError) -> None:
         typer.echo(f"  hint: {exc.remedy}", err=True)
 
 
+_GROUPS = {"profile", "plan", "check", "router", "sim", "provision"}
+
+
+def _command_name(args: Sequence[str]) -> str:
+    words: list[str] = []
+    for arg in args:
+        if (
+            arg == "--"
+            or arg.startswith("-")
+            or len(words) == (2 if words[:1] and words[0] in _GROUPS else 1)
+        ):
+            break
+        words.append(arg)
+    return " ".join(words) or "inferctl"
+
+
+def _json_error(args: Sequence[str], code: int, message: str, remedy: str | None) -> None:
+    """In --json mode a failed command still prints one JSON document, so scripts always get one."""
+    if "--json" not in args:
+        return
+    doc = Report(_command_name(args), None, exit_code_override=ExitCode(code)).to_dict()
+    doc["error"] = {"message": message, "remedy": remedy}
+    try:
+        sys.stdout.write(dumps(doc) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    return _run(sys.argv[1:] if argv is None else argv)
+
+
+def _run(args: list[str]) -> int:
     debug = "--debug" in args or os.environ.get("INFERCTL_DEBUG") == "1"
     try:
         result = build_app(args)(args=args, prog_name="inferctl", standalone_mode=False)
@@ -170,18 +204,22 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(exc, "exit_code", 0))
     except _ABORT:
         typer.echo("inferctl: interrupted", err=True)
+        _json_error(args, ExitCode.INTERRUPTED, "interrupted", None)
         return ExitCode.INTERRUPTED
     except _USAGE as exc:
         # usage errors: unknown command, bad option value, missing argument
         exc.show()  # type: ignore[attr-defined]
+        _json_error(args, ExitCode.USAGE, str(getattr(exc, "message", exc)), "see --help")
         return ExitCode.USAGE
     except InferctlError as exc:
         if debug:
             raise
         _print_error(exc)
+        _json_error(args, exc.exit_code, exc.message, exc.remedy)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         typer.echo("inferctl: interrupted", err=True)
+        _json_error(args, ExitCode.INTERRUPTED, "interrupted", None)
         return ExitCode.INTERRUPTED
     except BrokenPipeError:
         # `inferctl ... | head`: the reader went away; not an error worth a traceback.
@@ -196,4 +234,5 @@ def main(argv: list[str] | None = None) -> int:
             + (f" (traceback in {where}; rerun with --debug)" if where else " (rerun with --debug)"),
             err=True,
         )
+        _json_error(args, ExitCode.FAIL, f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug")
         return ExitCode.FAIL

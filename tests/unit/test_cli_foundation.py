@@ -143,3 +143,20 @@ def test_every_verb_is_listed_in_root_help(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     for verb in [*VERBS, "status", "stop", "logs"]:
         assert verb in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["plan", "kv", "--json"], "plan kv"),
+        (["profile", "show", "-p", "/nonexistent.yaml", "--json"], "profile show"),
+        (["plan", "spec", "--alpha", "x", "--json"], "plan spec"),
+    ],
+)
+def test_errors_in_json_mode_still_print_one_document(
+    argv: list[str], command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 64
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["command"] == command and doc["exit_code"] == 64 and doc["status"] == "fail"
+    assert doc["error"]["message"]
