@@ -97,7 +97,7 @@ def write_audit_textfile(path: str | os.PathLike[str], result: AuditResult, *, r
 
 
 # ---- history ---------------------------------------------------------------------------------------
-def history_record(result: AuditResult, profile_name: str) -> dict[str, Any]:
+def history_record(result: AuditResult, profile_name: str, *, pingpong: bool = False) -> dict[str, Any]:
     return {
         "ts": result.started_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
         "profile": profile_name,
@@ -106,6 +106,8 @@ def history_record(result: AuditResult, profile_name: str) -> dict[str, Any]:
         "duration_s": round(result.duration_s, 3),
         "families": result.families,
         "nodes": result.nodes,
+        # runs with and without the fabric pair tests are different kinds of run (see read_last_run)
+        "pingpong": pingpong,
         "findings": [[f.check, f.node, f.subject, f.status.value, f.message] for f in result.findings],
     }
 
@@ -123,8 +125,12 @@ def append_history(path: str | os.PathLike[str], record: dict[str, Any]) -> None
         os.close(fd)
 
 
-def read_last_run(path: str | os.PathLike[str], profile_name: str | None = None) -> dict[str, Any] | None:
-    """The newest complete record (of this profile, when given); None when there is none yet."""
+def read_last_run(
+    path: str | os.PathLike[str], profile_name: str | None = None, *, pingpong: bool | None = None
+) -> dict[str, Any] | None:
+    """The newest complete record (of this profile, and with/without pair tests, when given); None when
+    there is none yet. Matching `pingpong` keeps an hourly `--pingpong` run and the 10-minute runs
+    without it from reporting each other's pair-test findings as new or recovered."""
     target = Path(path)
     if not target.exists():
         return None
@@ -133,7 +139,9 @@ def read_last_run(path: str | os.PathLike[str], profile_name: str | None = None)
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and (profile_name is None or record.get("profile") == profile_name):
+        if not isinstance(record, dict) or (profile_name is not None and record.get("profile") != profile_name):
+            continue
+        if pingpong is None or bool(record.get("pingpong", False)) == pingpong:
             return record
     return None
 
@@ -223,6 +231,12 @@ class AuditOptions:
     since_last: bool = False
     accept_new_host_keys: bool = False
     parallel: int | None = None
+    #: the fabric family runs its pair tests (ibv_rc_pingpong/perftest) only when asked: they take time
+    pingpong: bool = False
+
+    def family_options(self) -> dict[str, Any]:
+        """What families see as `ctx.options` (they ignore keys they do not know)."""
+        return {"pingpong": self.pingpong}
 
 
 def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], opts: AuditOptions) -> Report:
@@ -239,14 +253,14 @@ def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], 
         if path is not None:
             _check_output_path(flag, path)
     try:
-        previous = read_last_run(opts.history, profile.name) if opts.history else None
+        previous = read_last_run(opts.history, profile.name, pingpong=opts.pingpong) if opts.history else None
     except OSError as exc:
         raise UsageError(f"--history {opts.history}: cannot read it: {exc.strerror or exc}",
                          remedy="point --history at a readable JSON-lines file (it is created if missing)") from None
     with Fleet(profile, accept_new_host_keys=opts.accept_new_host_keys, parallel=opts.parallel) as fleet:
-        result = run_families(profile, fleet, nodes, families, {})
+        result = run_families(profile, fleet, nodes, families, opts.family_options())
     finished = time.time()
-    record = history_record(result, profile.name)
+    record = history_record(result, profile.name, pingpong=opts.pingpong)
     try:
         if opts.textfile:
             write_audit_textfile(opts.textfile, result, run_timestamp=finished)

@@ -1,4 +1,7 @@
-"""`inferctl audit`: every check family, cron-friendly (JSON, textfile, history, exit codes)."""
+"""`inferctl audit`: every check family, cron-friendly (JSON, textfile, history, exit codes).
+
+The checks, the fleet (paramiko) and the profile models are imported inside the command, so
+`inferctl audit --help` does not pay for them."""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ from typing import Annotated
 
 import typer
 
-from infer_ctl.checks.audit import AuditOptions, audit
-from infer_ctl.checks.registry import families
 from infer_ctl.cli.common import (
     AcceptNewHostKeysOpt,
     JsonOpt,
@@ -20,9 +21,8 @@ from infer_ctl.cli.common import (
     get_profile,
     session,
 )
+from infer_ctl.cli.findings_view import AllOpt, render_problems
 from infer_ctl.errors import UsageError
-from infer_ctl.output.table import render_findings_report
-from infer_ctl.remote.fleet import select_nodes
 
 
 def audit_cmd(
@@ -32,18 +32,24 @@ def audit_cmd(
     history: Annotated[Path | None, typer.Option("--history", help="Append one JSON line per run to this file.")] = None,
     since_last: Annotated[bool, typer.Option("--since-last", help="Report only changes since the last run in --history.")] = False,
     only: Annotated[str | None, typer.Option("--only", help="Comma-separated families, e.g. gpu,fabric.")] = None,
+    pingpong: Annotated[bool, typer.Option("--pingpong", help="Fabric family: also run the RDMA pair tests (fabric.pingpong).")] = False,
     select: NodesOpt = None,
     role: RoleOpt = None,
+    show_all: AllOpt = False,
     parallel: ParallelOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Run all check families. Exit 0 ok, 1 warn, 2 fail, 3 unknown (the whole run, also with --since-last)."""
+    from infer_ctl.checks.audit import AuditOptions, audit
+    from infer_ctl.checks.registry import families
+    from infer_ctl.remote.fleet import select_nodes
+
     sess, prof = session(json_out), get_profile(profile)
     wanted = {name.strip() for name in only.split(",") if name.strip()} if only is not None else None
     if wanted is not None and not wanted:
         raise UsageError(f"--only {only!r} names no check family", remedy="e.g. --only gpu,fabric")
     chosen_families = families(wanted)
     opts = AuditOptions(only=wanted, textfile=textfile, history=history, since_last=since_last,
-                        accept_new_host_keys=accept_new_host_keys, parallel=parallel)
+                        accept_new_host_keys=accept_new_host_keys, parallel=parallel, pingpong=pingpong)
     report = audit(prof, select_nodes(prof, select, role), chosen_families, opts)
-    finish(sess, report, lambda console: render_findings_report(console, report, show_ok=False))
+    finish(sess, report, lambda console: render_problems(console, report, show_all=show_all))

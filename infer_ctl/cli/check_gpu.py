@@ -1,8 +1,10 @@
-"""`inferctl check gpu`: GPU health of the selected nodes (registers itself on the `check` group)."""
+"""`inferctl check gpu`: GPU health of the selected nodes (registers itself on the `check` group).
+
+The checks, the fleet (paramiko) and the profile models are imported inside the command, so
+`inferctl check gpu --help` does not pay for them."""
 
 from __future__ import annotations
 
-from infer_ctl.checks.gpu import check_gpu
 from infer_ctl.cli.check_cmd import app
 from infer_ctl.cli.common import (
     AcceptNewHostKeysOpt,
@@ -15,9 +17,7 @@ from infer_ctl.cli.common import (
     get_profile,
     session,
 )
-from infer_ctl.core.report import Report
-from infer_ctl.output.table import render_findings_report
-from infer_ctl.remote.fleet import Fleet, select_nodes
+from infer_ctl.cli.findings_view import AllOpt, render_problems
 
 
 @app.command("gpu")
@@ -26,13 +26,20 @@ def check_gpu_cmd(
     json_out: JsonOpt = False,
     select: NodesOpt = None,
     role: RoleOpt = None,
+    show_all: AllOpt = False,
     parallel: ParallelOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
-    """Driver, count, ECC, row remap, XIDs, temperature, throttling, PCIe, NVLink, MIG. Exit 0/1/2/3."""
+    """Driver, count, ECC, row remap, XIDs, temperature, throttling, PCIe, NVLink, MIG. Exit 0/1/2/3.
+
+    The table lists only findings that are not OK (--all lists every one); --json has all of them."""
+    from infer_ctl.checks.gpu import check_gpu
+    from infer_ctl.core.report import Report
+    from infer_ctl.remote.fleet import Fleet, select_nodes
+
     sess, prof = session(json_out), get_profile(profile)
     chosen = select_nodes(prof, select, role)
     with Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet:
         findings = check_gpu(fleet, chosen, prof)
     report = Report("check gpu", prof.name, findings=findings)
-    finish(sess, report, lambda console: render_findings_report(console, report))
+    finish(sess, report, lambda console: render_problems(console, report, show_all=show_all))

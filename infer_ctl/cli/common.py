@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -14,7 +14,9 @@ from rich.console import Console
 from infer_ctl.core.report import Report
 from infer_ctl.output.console import make_consoles, progress_enabled
 from infer_ctl.output.json_doc import write_report
-from infer_ctl.profile import Profile, load_profile
+
+if TYPE_CHECKING:
+    from infer_ctl.profile import Profile
 
 ProfileOpt = Annotated[
     str | None,
@@ -68,6 +70,9 @@ def session(json_mode: bool = False) -> Session:
 
 
 def get_profile(path: str | None) -> Profile:
+    # imported here: the pydantic models cost ~0.2 s, which `--help` of every command need not pay
+    from infer_ctl.profile import load_profile
+
     return load_profile(path)
 
 

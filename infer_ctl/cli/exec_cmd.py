@@ -1,8 +1,11 @@
-"""`inferctl exec -- COMMAND...`: run one command on every selected node."""
+"""`inferctl exec -- COMMAND...`: run one command on every selected node.
+
+The fleet (paramiko) and the profile models are imported inside the command, so `inferctl exec --help`
+does not pay for them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,13 +23,12 @@ from infer_ctl.cli.common import (
     get_profile,
     session,
 )
-from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
-from infer_ctl.output.progress import fanout_progress
-from infer_ctl.profile import Node
-from infer_ctl.remote.base import Command, CommandResult, Connector
-from infer_ctl.remote.fleet import Fleet, select_nodes
-from infer_ctl.remote.outcomes import command_failed, exec_exit_code, exec_result
+from infer_ctl.remote.base import Command
+
+if TYPE_CHECKING:
+    from infer_ctl.profile import Node
+    from infer_ctl.remote.base import CommandResult, Connector
 
 _PREVIEW_LINES = 3
 
@@ -56,6 +58,11 @@ def exec_(
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Run COMMAND on every selected node. Exit 0 all returned 0, 2 any failed, 3 any unreachable (none failed)."""
+    from infer_ctl.core.report import Report
+    from infer_ctl.output.progress import fanout_progress
+    from infer_ctl.remote.fleet import Fleet, select_nodes
+    from infer_ctl.remote.outcomes import command_failed, exec_exit_code, exec_result
+
     sess = session(json_out)
     prof = get_profile(profile)
     cmd = to_command(command)

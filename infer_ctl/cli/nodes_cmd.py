@@ -1,8 +1,12 @@
-"""`inferctl nodes`: can I reach every node? (connect, auth, sudo, OS, kernel, python3, uptime)"""
+"""`inferctl nodes`: can I reach every node? (connect, auth, sudo, OS, kernel, python3, uptime)
+
+The fleet (paramiko) and the profile models are imported inside the command, so `inferctl nodes --help`
+does not pay for them."""
 
 from __future__ import annotations
 
-from rich.console import Console
+from typing import TYPE_CHECKING
+
 from rich.markup import escape
 from rich.table import Table
 
@@ -17,14 +21,14 @@ from infer_ctl.cli.common import (
     get_profile,
     session,
 )
-from infer_ctl.core.exitcodes import ExitCode
-from infer_ctl.core.report import Report
-from infer_ctl.output.progress import fanout_progress
-from infer_ctl.profile import Node
-from infer_ctl.remote.base import Connector
-from infer_ctl.remote.fleet import Fleet, NodeOutcome, select_nodes
-from infer_ctl.remote.outcomes import combine_exit_codes
-from infer_ctl.remote.probe import NodeInfo, probe_node
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from infer_ctl.profile import Node
+    from infer_ctl.remote.base import Connector
+    from infer_ctl.remote.fleet import NodeOutcome
+    from infer_ctl.remote.probe import NodeInfo
 
 # Re-exported for commands that imported them from here before they moved to cli/common.py.
 AcceptOpt = AcceptNewHostKeysOpt
@@ -40,6 +44,13 @@ def nodes(
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Reachability of every node: connect, auth, sudo, OS, kernel, python3, uptime. Exit 3 if any is unreachable."""
+    from infer_ctl.core.exitcodes import ExitCode
+    from infer_ctl.core.report import Report
+    from infer_ctl.output.progress import fanout_progress
+    from infer_ctl.remote.fleet import Fleet, select_nodes
+    from infer_ctl.remote.outcomes import combine_exit_codes
+    from infer_ctl.remote.probe import probe_node
+
     sess = session(json_out)
     prof = get_profile(profile)
     chosen = select_nodes(prof, select, role)
@@ -61,6 +72,8 @@ def nodes(
 
 
 def _info(outcome: NodeOutcome[NodeInfo]) -> NodeInfo:
+    from infer_ctl.remote.probe import NodeInfo
+
     if outcome.value is not None:
         return outcome.value
     err = outcome.error

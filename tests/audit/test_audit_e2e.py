@@ -145,3 +145,23 @@ def test_audit_usage_errors(fleet, capsys: pytest.CaptureFixture[str]) -> None: 
     assert "--since-last needs --history" in capsys.readouterr().err
     assert main(["audit", "-p", str(profile), "--only", ","]) == 64
     assert "names no check family" in capsys.readouterr().err
+
+
+def test_check_gpu_table_lists_problems_only_unless_all(fleet, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    # one healthy 8-GPU node yields ~120 OK findings: the table must not print them by default
+    _cluster, profile = fleet
+    assert main(["check", "gpu", "-p", str(profile), "--nodes", "pf-01"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu.nvlink" not in out and "overall: OK" in out and "--all lists them" in out
+    assert len(out.splitlines()) <= 3, out
+    assert main(["check", "gpu", "-p", str(profile), "--nodes", "pf-01", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("gpu.nvlink") == 8 and "--all lists them" not in out
+    # a node with a problem: only the problem row, then the summary with the counts
+    assert main(["check", "gpu", "-p", str(profile), "--nodes", "pf-01,pf-02"]) == 2
+    out = capsys.readouterr().out
+    assert "gpu.row_remap" in out and "pf-02" in out and "GPU3" in out and "nvidia-smi -r -i 3" in out
+    assert "gpu.nvlink" not in out and "overall: FAIL" in out and " ok" in out.splitlines()[-2]
+    # JSON is unchanged: every finding
+    rc, doc = run_cli(capsys, "check", "gpu", "-p", str(profile), "--json", "--nodes", "pf-01")
+    assert rc == 0 and sum(f["check"] == "gpu.nvlink" for f in doc["findings"]) == 8

@@ -145,3 +145,41 @@ def test_unwritable_outputs_are_usage_errors_before_anything_runs(tmp_path: Path
             A.audit(profile, list(profile.nodes), [fam], A.AuditOptions(**{attr: bad}))
         assert flag in info.value.message and info.value.remedy
     assert ran == []
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], False), (["--pingpong"], True)])
+def test_audit_pingpong_flag_reaches_the_families(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                  argv: list[str], expected: bool) -> None:
+    # the fabric family runs its pair tests when ctx.options["pingpong"] is true (checks/fabric.py);
+    # a recording family stands in for it so no RDMA tool or node is needed
+    from infer_ctl.checks import registry
+    from infer_ctl.cli.main import main
+
+    seen: list[dict] = []
+
+    def record(ctx: AuditContext) -> list[Finding]:
+        seen.append(dict(ctx.options))
+        return [Finding.ok("fabric.recorded", "controller", "options", "recorded")]
+
+    monkeypatch.setattr(registry, "all_families", lambda modules=None: [CheckFamily("fabric", "x", record, needs_nodes=False)])
+    assert main(["audit", "-p", "builtin:local", "--json", *argv]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"][0]["check"] == "fabric.recorded"
+    assert [o.get("pingpong") for o in seen] == [expected]
+
+
+def test_since_last_compares_runs_of_the_same_kind_with_or_without_pair_tests(tmp_path: Path) -> None:
+    # an hourly --pingpong run between two plain runs must not make its pair-test findings "recovered"
+    hist = tmp_path / "audit.jsonl"
+    plain = A.history_record(_result([Finding.warn("gpu.temp", "a", "GPU0", "hot")]), "prod")
+    paired = A.history_record(_result([Finding.fail("fabric.pingpong", "a", "a->b", "no answer")], fams=("fabric",)),
+                              "prod", pingpong=True)
+    A.append_history(hist, plain)
+    A.append_history(hist, paired)
+    assert A.read_last_run(hist, "prod", pingpong=False) == json.loads(json.dumps(plain))
+    assert A.read_last_run(hist, "prod", pingpong=True) == json.loads(json.dumps(paired))
+    assert A.read_last_run(hist, "prod") == json.loads(json.dumps(paired))  # no filter: the newest
+    # lines written before the flag existed were runs without pair tests
+    legacy = tmp_path / "legacy.jsonl"
+    A.append_history(legacy, {k: v for k, v in plain.items() if k != "pingpong"})
+    assert A.read_last_run(legacy, "prod", pingpong=False) is not None
+    assert A.read_last_run(legacy, "prod", pingpong=True) is None
