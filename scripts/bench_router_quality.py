@@ -14,7 +14,7 @@ replicas (spread), inferctl with single-worker affinity (load guard off), sglang
 Every variant gets a fresh simulated cluster (empty caches) with the same seed and workload.
 Latencies are modelled seconds (wall / time_scale).
 
-    python scripts/bench_router_quality.py [--scenario shared-prefix|hot-prefix|all] [--requests 300]
+    python scripts/bench_router_quality.py [--scenario shared-prefix|hot-prefix|all] [--requests 300] [--time-scale 0.2]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from infer_ctl.router.config import PrefixSpec
 from infer_ctl.router.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 
-TIME_SCALE = 0.2
+#: wall seconds per modelled second; higher = slower but less distorted by this host's CPU contention
+SCALE = {"time_scale": 0.2}
 
 
 def free_port() -> int:
@@ -49,7 +50,7 @@ def free_port() -> int:
 
 
 def cluster(n_prefill: int, n_decode: int, capacity: int | None) -> ThreadedSimCluster:
-    common = {"time_scale": TIME_SCALE, "bootstrap_timeout_s": 60.0, "waiting_timeout_s": 60.0}
+    common = {"time_scale": SCALE["time_scale"], "bootstrap_timeout_s": 60.0, "waiting_timeout_s": 60.0}
     specs = [WorkerSpec("prefill", cache_capacity_tokens=capacity, seed=i, **common) for i in range(n_prefill)]
     specs += [WorkerSpec("decode", seed=10 + i, **common) for i in range(n_decode)]
     return start_cluster_in_thread(specs)
@@ -97,7 +98,7 @@ def run_variant(name: str, make_front: Callable[[ThreadedSimCluster], Any], n_pr
     try:
         with make_front(c) as url:
             time.sleep(settle_s)
-            s = run_bench(url, workload, load, Slo(), time_scale=TIME_SCALE).summary
+            s = run_bench(url, workload, load, Slo(), time_scale=SCALE["time_scale"]).summary
     finally:
         c.stop()
     ttft = s["ttft_s"]
@@ -137,8 +138,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", default="all", choices=["shared-prefix", "hot-prefix", "all"])
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--time-scale", type=float, default=0.2)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    SCALE["time_scale"] = args.time_scale
     out: dict[str, list[dict[str, Any]]] = {}
     if args.scenario in ("shared-prefix", "all"):
         out["shared-prefix"] = shared_prefix(args.requests)

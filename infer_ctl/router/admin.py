@@ -30,19 +30,20 @@ class Admin:
         self.health = health
 
     def routes(self, app: web.Application) -> None:
+        # Auth wraps the admin handlers only: a middleware would run on every data-plane request too.
         r = app.router
-        r.add_get("/admin/status", self.status)
-        r.add_get("/admin/workers", self.workers)
-        r.add_post("/admin/workers", self.add_worker)
-        r.add_post("/admin/workers/remove", self.remove_worker)
-        r.add_get("/admin/prefixes", self.prefixes)
-        r.add_post("/admin/prefixes", self.add_prefix)
-        r.add_post("/admin/prefixes/{name}/expire", self.expire_prefix)
-        r.add_post("/admin/prefixes/{name}/warm", self.warm_prefix)
+        g = self._guarded
+        r.add_get("/admin/status", g(self.status))
+        r.add_get("/admin/workers", g(self.workers))
+        r.add_post("/admin/workers", g(self.add_worker))
+        r.add_post("/admin/workers/remove", g(self.remove_worker))
+        r.add_get("/admin/prefixes", g(self.prefixes))
+        r.add_post("/admin/prefixes", g(self.add_prefix))
+        r.add_post("/admin/prefixes/{name}/expire", g(self.expire_prefix))
+        r.add_post("/admin/prefixes/{name}/warm", g(self.warm_prefix))
 
-    @web.middleware
-    async def auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path.startswith("/admin"):
+    def _guarded(self, handler: Any) -> Any:
+        async def guarded(request: web.Request) -> web.StreamResponse:
             token = self.router.cfg.admin_token
             if token:
                 got = request.headers.get("Authorization", "")
@@ -52,7 +53,9 @@ class Admin:
                         body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
                                         f"${self.router.cfg.admin_token_env}", "unauthorized"),
                         headers={"WWW-Authenticate": "Bearer"})
-        return await handler(request)
+            return await handler(request)
+
+        return guarded
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:

@@ -8,7 +8,7 @@ collector, so the request path never updates them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -52,6 +52,24 @@ class RouterMetrics:
         self.stream_errors = Counter("inferctl_router_stream_errors_total",
                                      "Streams ended with an error event after the first byte", registry=r)
         r.register(_StateCollector(router))
+        # labelled children looked up once: .labels() costs a lock and a dict build per call
+        self._req_children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._decision_children: dict[str, Any] = {}
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        pair = self._req_children.get((endpoint, status))
+        if pair is None:
+            pair = self._req_children[(endpoint, status)] = (
+                self.requests.labels(endpoint, str(status)), self.duration.labels(endpoint))
+        pair[0].inc()
+        pair[1].observe(seconds)
+
+    def observe_decision(self, reason: str, seconds: float) -> None:
+        child = self._decision_children.get(reason)
+        if child is None:
+            child = self._decision_children[reason] = self.decisions.labels(reason)
+        child.inc()
+        self.decision.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

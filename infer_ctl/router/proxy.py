@@ -156,8 +156,7 @@ class Router:
         finally:
             self.active -= 1
             self.slots.release()
-            self.metrics.requests.labels(endpoint, str(status)).inc()
-            self.metrics.duration.labels(endpoint).observe(self.clock() - t0)
+            self.metrics.observe_request(endpoint, status, self.clock() - t0)
 
     async def _handle(self, request: web.Request, endpoint: str, rid: str, t0: float) -> web.StreamResponse:
         cfg = self.cfg
@@ -227,8 +226,7 @@ class Router:
         if ctx.hashes:
             self.index.insert(ctx.hashes, pre.url, now)
         ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""
-        self.metrics.decision.observe(time.perf_counter() - t)
-        self.metrics.decisions.labels(ctx.reason).inc()
+        self.metrics.observe_decision(ctx.reason, time.perf_counter() - t)
         return pre, dec
 
     def _choose(self, ctx: _Ctx, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool) -> WorkerState:
@@ -310,15 +308,15 @@ class Router:
             if not task.cancelled():
                 task.exception()
             return
+        # A timer and a callback, not another task: this runs on every PD request.
+        timer = asyncio.get_running_loop().call_later(self.cfg.request_timeout_s, task.cancel)
 
-        async def wait() -> None:
-            try:
-                async with asyncio.timeout(self.cfg.request_timeout_s):
-                    await task
-            except BaseException:
-                task.cancel()
+        def done(t: asyncio.Task[Any]) -> None:
+            timer.cancel()
+            if not t.cancelled():
+                t.exception()
 
-        self.spawn(wait())
+        task.add_done_callback(done)
 
     def _payload(self, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> bytes:
         if dec is None:

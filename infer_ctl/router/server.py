@@ -46,7 +46,7 @@ class RouterServer:
         return f"http://{host}:{self.port}"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes, middlewares=[self.admin.auth])
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
         r = app.router
         for ep in GENERATE_ENDPOINTS:
             r.add_post(ep, self._generate_handler(ep))
