@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infer_ctl.profile.base import StrictModel
 
@@ -25,6 +25,14 @@ class GpuPolicy(StrictModel):
     max_temp_c: Annotated[int, Field(ge=30, le=120)] = 85
     #: warn this many degrees below the GPU's own slowdown threshold
     slowdown_margin_c: Annotated[int, Field(ge=0, le=50)] = 5
+    # How an XID found in the kernel log is judged (core/rules/gpu.py xid_rule), first match wins:
+    #   xid_overrides[xid] -> ignore_xids (not reported) -> fatal_xids (FAIL: drain/reset) ->
+    #   warn_xids (WARN) -> any other XID: WARN, with a remedy asking to classify it in one of the lists
+    #   (an XID NVIDIA adds later should be looked at, but must not drain a node by default).
+    # Giving only some of the lists moves XIDs out of the others' defaults: `warn_xids: [94]` alone makes
+    # XID 94 a warning (it leaves the default fatal list). Listing one XID in both fatal_xids and
+    # warn_xids yourself is an error: say which you mean, or use xid_overrides (in nodes[i].overrides.gpu
+    # the fleet's lists count as given, so move single XIDs there with xid_overrides).
     fatal_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_FATAL_XIDS))
     warn_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_WARN_XIDS))
     ignore_xids: list[int] = Field(default_factory=list)
@@ -37,7 +45,7 @@ class GpuPolicy(StrictModel):
     #: GPUs are expected idle (no serving processes) during the check
     expect_idle: bool = False
     nvlink_required: bool = True
-    #: per-XID severity overrides, e.g. {94: warn, 13: ignore} (gpud PR #1244 style); beats the sets above
+    #: per-XID severity overrides, e.g. {94: warn, 13: ignore} (gpud PR #1244 style); beats the lists above
     xid_overrides: dict[int, Literal["fatal", "warn", "ignore"]] = Field(default_factory=dict)
     #: PCIe width the platform wires the GPUs with; None = each GPU's own maximum
     expected_pcie_width: Annotated[int, Field(ge=1, le=32)] | None = None
@@ -49,3 +57,32 @@ class GpuPolicy(StrictModel):
     python: str = "python3"
     #: seconds the whole gathering (NVML or nvidia-smi + kernel log) may take on one node
     timeout_s: Annotated[float, Field(gt=0)] = 60.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_yield_to_given_xid_lists(cls, data: Any) -> Any:
+        """A list left at its default drops the XIDs the user put into another list, so moving one XID
+        takes one line (`warn_xids: [94]`) instead of restating the whole fatal list."""
+        if not isinstance(data, dict):
+            return data
+        given = {k: set(data[k]) for k in ("fatal_xids", "warn_xids", "ignore_xids")
+                 if isinstance(data.get(k), list) and all(isinstance(x, int) for x in data[k])}
+        if not given:
+            return data
+        data = dict(data)
+        for key, default in (("fatal_xids", DEFAULT_FATAL_XIDS), ("warn_xids", DEFAULT_WARN_XIDS)):
+            if key not in data:
+                taken = set().union(*(v for k, v in given.items() if k != key))
+                data[key] = [x for x in default if x not in taken]
+        return data
+
+    @model_validator(mode="after")
+    def _xid_lists_do_not_overlap(self) -> GpuPolicy:
+        both = sorted(set(self.fatal_xids) & set(self.warn_xids) - set(self.xid_overrides))
+        if both:
+            listed = ", ".join(map(str, both))
+            raise ValueError(
+                f"XID {listed} is in both fatal_xids and warn_xids: remove it from one of them, or set "
+                f"xid_overrides: {{{both[0]}: warn}} (or fatal)"
+            )
+        return self

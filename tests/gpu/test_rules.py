@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from infer_ctl.core.findings import Status
@@ -178,3 +180,52 @@ def test_nvml_error_remedy_names_the_gpu_index() -> None:
 
     finding = judge_nvml_errors("n1", GpuFacts(index=2, errors=("nvmlDeviceGetPowerUsage: Unknown Error",)))
     assert finding is not None and "nvidia-smi -q -i 2" in (finding.remedy or "")
+
+
+# Profile `gpu:` sections as a user writes them (validated, so list defaults yield to given lists),
+# one XID seen on GPU3, expected status and the profile field that decided it.
+XID_POLICY_CASES = [
+    ({}, 79, Status.FAIL, "fatal_xids"),
+    ({}, 13, Status.WARN, "warn_xids"),
+    ({}, 999, Status.WARN, "unlisted"),  # in no list: warns (documented in profile/gpu.py)
+    ({"warn_xids": [94]}, 94, Status.WARN, "warn_xids"),  # moved out of the default fatal list
+    ({"warn_xids": [94]}, 79, Status.FAIL, "fatal_xids"),  # the rest of the fatal defaults stay
+    ({"warn_xids": [94]}, 13, Status.WARN, "unlisted"),  # the warn defaults were replaced
+    ({"fatal_xids": [13]}, 13, Status.FAIL, "fatal_xids"),  # moved out of the default warn list
+    ({"fatal_xids": [13]}, 31, Status.WARN, "warn_xids"),
+    ({"fatal_xids": [13]}, 79, Status.WARN, "unlisted"),  # the fatal defaults were replaced
+    ({"ignore_xids": [79]}, 79, Status.OK, None),  # skipped
+    ({"ignore_xids": [13]}, 13, Status.OK, None),
+    ({"xid_overrides": {79: "warn"}}, 79, Status.WARN, "xid_overrides"),
+    ({"xid_overrides": {13: "fatal"}}, 13, Status.FAIL, "xid_overrides"),
+    ({"xid_overrides": {13: "fatal"}, "ignore_xids": [13]}, 13, Status.FAIL, "xid_overrides"),
+    ({"fatal_xids": [94], "warn_xids": [94], "xid_overrides": {94: "warn"}}, 94, Status.WARN, "xid_overrides"),
+]
+
+
+@pytest.mark.parametrize(("gpu_section", "xid", "status", "decided_by"), XID_POLICY_CASES)
+def test_xid_lists_and_overrides(gpu_section, xid, status, decided_by) -> None:  # type: ignore[no-untyped-def]
+    policy = GpuPolicy.model_validate(gpu_section)
+    (f,) = rules.judge_xids("n1", _node(xids=(XidEvent(xid, "0000:86:00", "msg"),)), policy)
+    assert f.status is status
+    if decided_by is None:
+        assert f.subject == "node"
+    else:
+        assert f.subject == "GPU3" and f.details["classified_by"] == {str(xid): decided_by}
+        assert ("in none of gpu.fatal_xids/warn_xids/ignore_xids" in (f.remedy or "")) is (decided_by == "unlisted")
+
+
+def test_one_xid_in_both_given_lists_is_a_profile_error_naming_the_fix(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from infer_ctl.errors import ProfileError
+    from infer_ctl.profile import load_profile
+
+    data = yaml.safe_load((Path(__file__).parents[2] / "profiles" / "local.yaml").read_text())
+    data["gpu"] = {**(data.get("gpu") or {}), "fatal_xids": [79, 94], "warn_xids": [94]}
+    bad = tmp_path / "p.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as exc:
+        load_profile(str(bad))
+    text = str(exc.value.message) + str(exc.value.remedy or "")
+    assert "gpu" in text and "XID 94 is in both fatal_xids and warn_xids" in text and "xid_overrides" in text

@@ -476,15 +476,18 @@ PER_GPU_RULES: tuple[GpuRule, ...] = (
 
 
 # ---- XIDs --------------------------------------------------------------------------------------------
-def xid_severity(xid: int, policy: GpuPolicy) -> str:
-    """fatal | warn | ignore: per-XID override, then ignore/fatal/warn sets; unlisted XIDs warn."""
+def xid_rule(xid: int, policy: GpuPolicy) -> tuple[str, str]:
+    """(severity, the profile field that decided it): fatal | warn | ignore. First match wins:
+    xid_overrides, ignore_xids, fatal_xids, warn_xids; an XID in none of them warns ("unlisted")."""
     if xid in policy.xid_overrides:
-        return policy.xid_overrides[xid]
+        return policy.xid_overrides[xid], "xid_overrides"
     if xid in policy.ignore_xids:
-        return "ignore"
+        return "ignore", "ignore_xids"
     if xid in policy.fatal_xids:
-        return "fatal"
-    return "warn"
+        return "fatal", "fatal_xids"
+    if xid in policy.warn_xids:
+        return "warn", "warn_xids"
+    return "warn", "unlisted"
 
 
 _XID_REMEDY = {
@@ -523,7 +526,8 @@ def judge_xids(node: str, facts: NodeGpuFacts, policy: GpuPolicy) -> list[Findin
         by_subject.setdefault(subject, []).append(event)
     findings: list[Finding] = []
     for subject, events in sorted(by_subject.items()):
-        counted = [(e, xid_severity(e.xid, policy)) for e in events]
+        rules_of = {e.xid: xid_rule(e.xid, policy) for e in events}
+        counted = [(e, rules_of[e.xid][0]) for e in events]
         relevant = [(e, s) for e, s in counted if s != "ignore"]
         if not relevant:
             continue
@@ -536,10 +540,17 @@ def judge_xids(node: str, facts: NodeGpuFacts, policy: GpuPolicy) -> list[Findin
             "last": {"xid": last.xid, "message": last.message, "timestamp": last.timestamp, "pci": last.pci},
             "source": facts.xid_source,
             "window_h": policy.xid_window_h,
+            # which profile field made each XID fatal/warn (`unlisted`: in none of the lists)
+            "classified_by": {str(k): rules_of[k][1] for k in sorted(counts)},
         }
         listing = ", ".join(f"XID {k}" + (f" x{v}" if v > 1 else "") for k, v in sorted(counts.items()))
         remedy = _XID_REMEDY.get(last.xid, "look the XID up in NVIDIA's XID catalog; restart the affected "
                                  "application, reset the GPU if it repeats")
+        unlisted = sorted(k for k in counts if rules_of[k][1] == "unlisted")
+        if unlisted:
+            names = ", ".join(map(str, unlisted))
+            remedy += (f". XID {names} is in none of gpu.fatal_xids/warn_xids/ignore_xids, so it only warns: "
+                       "add it to the list it belongs in")
         if fatal:
             findings.append(Finding.fail("gpu.xid", node, subject, f"{listing} in the last {window}: {last.message}",
                                          details=details, remedy=remedy))
