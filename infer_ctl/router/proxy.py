@@ -153,6 +153,10 @@ class Router:
             resp = await self._handle(request, endpoint, rid, t0)
             status = resp.status
             return resp
+        except Exception:
+            # A bug must still produce a JSON answer, never a dropped request.
+            log.exception("internal error", extra={"rid": rid, "endpoint": endpoint})
+            return self.error(endpoint, 500, "internal router error; see the router's log", "internal_error", rid)
         finally:
             self.active -= 1
             self.slots.release()
@@ -361,7 +365,10 @@ class Router:
                 raise _Retryable("decode_status" if dec else "worker_status", target.url, f"HTTP {status}", status, data)
             obj: Any = None
             if status == 200 and (ctx.logprobs and pt is not None):
-                pstatus, pdata, _ = await pt
+                try:
+                    pstatus, pdata, _ = await pt
+                except UpstreamError:  # the decode succeeded: answer without the prompt's logprobs
+                    pstatus, pdata = 0, b""
                 obj = loads(data)
                 if pstatus == 200:
                     data = dumps(merge_input_logprobs(loads(pdata), obj))
@@ -394,6 +401,9 @@ class Router:
             return await self._relay(request, ctx, pre, target, upstream, pt)
         except BaseException:
             self._cancel(pt, dt)
+            if upstream is None and dt.done() and not dt.cancelled() and dt.exception() is None:
+                dt.result().close()  # opened concurrently with our cancellation: release it
+                target.inflight -= 1
             raise
         finally:
             if upstream is not None:
@@ -419,7 +429,10 @@ class Router:
             raise _Retryable("stream_empty", target.url, "stream ended before any data")
         prefill_meta: Any = None
         if ctx.logprobs and pt is not None:
-            pstatus, pdata, _ = await pt
+            try:
+                pstatus, pdata, _ = await pt
+            except UpstreamError:
+                pstatus, pdata = 0, b""
             if pstatus == 200:
                 prefill_meta = sse.first_event_json(pdata)
         elif pt is not None:
