@@ -1,0 +1,117 @@
+"""Stream failure semantics with stand-in upstreams whose faults are scripted (the simulator cannot
+break a stream on demand): a decode stream that dies before its first byte is retried on another pair;
+one that dies after it ends with an error event, never a retry; a slow worker hits the request timeout.
+Real: the router, its upstream client, its retry loop and SSE relay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from aiohttp import web
+
+from infer_ctl.router.embed import router_config, start_router_in_thread
+
+
+def app(behaviour: str, calls: dict[str, int]) -> web.Application:
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        calls["n"] += 1
+        if behaviour == "prefill":
+            return web.json_response({"text": "", "meta_info": {"prompt_tokens": 2, "cached_tokens": 0}})
+        if behaviour == "slow":
+            await asyncio.sleep(1.5)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if behaviour == "die_before_first_byte":
+            request.transport.close()  # type: ignore[union-attr]
+            return resp
+        await resp.write(b'data: {"text": "a", "meta_info": {"completion_tokens": 1}}\n\n')
+        if behaviour == "die_after_first_byte":
+            await asyncio.sleep(0.05)
+            request.transport.close()  # type: ignore[union-attr]
+            return resp
+        await resp.write(b'data: {"text": "ab", "meta_info": {"completion_tokens": 2, "prompt_tokens": 2, "cached_tokens": 0}}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        assert body["bootstrap_room"] >= 1
+        return resp
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    a = web.Application()
+    a.router.add_post("/generate", generate)
+    for path in ("/health", "/server_info", "/v1/loads"):
+        a.router.add_get(path, ok)
+    return a
+
+
+@pytest.fixture(scope="module")
+def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runners: list[web.AppRunner] = []
+
+    async def start(behaviour: str) -> tuple[str, dict]:
+        calls = {"n": 0}
+        runner = web.AppRunner(app(behaviour, calls))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", calls  # type: ignore[union-attr]
+
+    names = ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow")
+    urls = {n: asyncio.run_coroutine_threadsafe(start(n), loop).result(10) for n in names}
+    yield urls
+    for r in runners:
+        asyncio.run_coroutine_threadsafe(r.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def stream(url: str) -> list[str]:
+    with httpx.stream("POST", url + "/generate", json={"text": "x", "stream": True}, timeout=20) as r:
+        assert r.status_code == 200
+        return [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+
+
+def test_stream_dying_before_first_byte_is_retried_on_another_decode(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, bad_calls = upstreams["die_before_first_byte"]
+    good, good_calls = upstreams["ok"]
+    # round robin: the bad decode is chosen first on every other request
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad, good], health_interval_s=60, policy="round_robin")
+    with start_router_in_thread(cfg) as router:
+        for _ in range(4):
+            lines = stream(router.url)
+            assert lines[-1] == "[DONE]" and json.loads(lines[-2])["text"] == "ab"
+        assert bad_calls["n"] >= 1 and good_calls["n"] >= 4
+        assert 'inferctl_router_retries_total{cause="stream_' in httpx.get(router.url + "/metrics").text
+
+
+def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, calls = upstreams["die_after_first_byte"]
+    before = calls["n"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a"
+        assert "error" in json.loads(lines[-2]) and lines[-1] == "[DONE]"
+        assert calls["n"] == before + 1  # exactly one attempt: bytes had reached the client
+        assert "inferctl_router_stream_errors_total 1.0" in httpx.get(router.url + "/metrics").text
+
+
+def test_request_timeout_is_a_504_json_error(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    slow, _ = upstreams["slow"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[slow], request_timeout_s=0.5, health_interval_s=60)
+    with start_router_in_thread(cfg) as router:
+        r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
