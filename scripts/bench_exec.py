@@ -7,7 +7,11 @@ known_hosts, and log in with the same key. The sshd nodes come from tests/sshd_h
 this machine too, so the numbers include the servers' CPU time.
 
     pip install ansible-core   # the peer; not a test dependency
-    python scripts/bench_exec.py [--nodes 32] [--repeat 3]
+    python scripts/bench_exec.py [--nodes 32] [--repeat 3] [--breakdown]
+
+--breakdown also splits inferctl's wall time into Python start-up, importing the CLI for `exec`,
+loading the profile, connecting to every node (in-process Fleet), and running the command over the
+already open connections.
 """
 
 from __future__ import annotations
@@ -41,11 +45,48 @@ def median_of(repeat: int, argv: list[str], env: dict[str, str] | None = None) -
     return statistics.median(timed(argv, env) for _ in range(repeat))
 
 
+def breakdown(profile: Path, n: int, repeat: int) -> list[tuple[str, float]]:
+    """Where a fresh `inferctl exec` process spends its time (medians of `repeat`)."""
+    from infer_ctl.profile import load_profile
+    from infer_ctl.remote.base import Command
+    from infer_ctl.remote.fleet import Fleet
+
+    bare = median_of(repeat, [sys.executable, "-c", "pass"])
+    cli = median_of(repeat, [sys.executable, "-m", "infer_ctl", "exec", "--help"])
+    imports = median_of(
+        repeat,
+        [sys.executable, "-c", "import infer_ctl.cli.main, infer_ctl.cli.exec_cmd, infer_ctl.remote.fleet, "
+         "infer_ctl.remote.outcomes, infer_ctl.output.progress"],
+    )
+    t0 = time.monotonic()
+    prof = load_profile(str(profile))
+    t_profile = time.monotonic() - t0
+    connects, commands = [], []
+    for _ in range(repeat):
+        with Fleet(prof, parallel=n) as fleet:
+            t0 = time.monotonic()
+            fleet.map(prof.nodes, lambda c, node: c)  # connect only (TCP, handshake, host key, auth)
+            connects.append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            fleet.map(prof.nodes, lambda c, node: c.run(Command("true")))
+            commands.append(time.monotonic() - t0)
+    return [
+        ("python start-up (python -c pass)", bare),
+        ("`inferctl exec --help` (start-up + CLI/typer/rich imports + help)", cli),
+        ("start-up + imports an exec run needs (cli, exec, fleet/paramiko, progress)", imports),
+        ("load + validate the profile (in-process)", t_profile),
+        (f"connect to {n} nodes (in-process Fleet, parallel {n})", statistics.median(connects)),
+        (f"run `true` on {n} nodes over the open connections", statistics.median(commands)),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--breakdown", action="store_true", help="also split inferctl's time into its parts")
     args = parser.parse_args()
+    parts: list[tuple[str, float]] = []
     root = Path(tempfile.mkdtemp(prefix="bench-exec-"))
     cluster = SshCluster(root, args.nodes)
     try:
@@ -73,6 +114,8 @@ def main() -> None:
         t_inf_1 = median_of(args.repeat, [*inferctl, "--nodes", cluster.nodes[0].name, "--", "true"])
         t_ans_n = median_of(args.repeat, [*ansible, "all", "-f", str(args.nodes)], env)
         t_ans_1 = median_of(args.repeat, [*ansible, cluster.nodes[0].name], env)
+        if args.breakdown:
+            parts = breakdown(profile, args.nodes, args.repeat)
     finally:
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -84,6 +127,10 @@ def main() -> None:
     print(f"| ansible -m command -f {n} | {t_ans_1:.2f} | {t_ans_n:.2f} | {(t_ans_n - t_ans_1) / (n - 1) * 1000:.0f} |")
     print(f"ratio ansible/inferctl on {n} nodes: {t_ans_n / t_inf_n:.1f}x (target >= 8x)")
     print(f"inferctl {n} nodes vs 1 node: {t_inf_n / t_inf_1:.2f}x")
+    if parts:
+        print("\n| part of a fresh `inferctl exec` run | median (s) |\n|---|---|")
+        for label, seconds in parts:
+            print(f"| {label} | {seconds:.2f} |")
 
 
 if __name__ == "__main__":

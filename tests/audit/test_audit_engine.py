@@ -183,3 +183,14 @@ def test_since_last_compares_runs_of_the_same_kind_with_or_without_pair_tests(tm
     A.append_history(legacy, {k: v for k, v in plain.items() if k != "pingpong"})
     assert A.read_last_run(legacy, "prod", pingpong=False) is not None
     assert A.read_last_run(legacy, "prod", pingpong=True) is None
+
+
+def test_only_imports_just_the_named_families() -> None:
+    # `audit --only gpu` must not pay for the tokenizer/servers families' imports (~0.4 s)
+    import subprocess
+    import sys
+
+    probe = ("import sys; from infer_ctl.checks.registry import families; "
+             "print([f.name for f in families({'gpu'})], sorted(m for m in sys.modules if m.startswith('infer_ctl.checks.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == "['gpu'] ['infer_ctl.checks.gpu', 'infer_ctl.checks.registry']", out
