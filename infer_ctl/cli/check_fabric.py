@@ -9,11 +9,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.checks.fabric import check_fabric
 from infer_ctl.cli.check_cmd import app
 from infer_ctl.cli.common import (
+    AcceptNewHostKeysOpt,
     JsonOpt,
     NodesOpt,
+    ParallelOpt,
     ProfileOpt,
     RoleOpt,
     finish,
@@ -21,11 +22,9 @@ from infer_ctl.cli.common import (
     session,
     status_line,
 )
-from infer_ctl.cli.nodes_cmd import AcceptOpt, ParallelOpt
 from infer_ctl.core.findings import Status
 from infer_ctl.core.report import Report
 from infer_ctl.output.table import STATUS_STYLE, render_findings_report
-from infer_ctl.remote.fleet import Fleet, select_nodes
 
 PingpongOpt = Annotated[bool, typer.Option("--pingpong", help="Also run ibv_rc_pingpong (+ perftest) between node pairs.")]
 PairsOpt = Annotated[
@@ -42,9 +41,12 @@ def check_fabric_cmd(
     pingpong: PingpongOpt = False,
     pairs: PairsOpt = None,
     parallel: ParallelOpt = None,
-    accept_new_host_keys: AcceptOpt = False,
+    accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Devices, link state/rate, GID choice, MTU, PFC/trust/ECN, global pause, counters. Exit 0/1/2/3."""
+    from infer_ctl.checks.fabric import check_fabric  # imported here so `--help` stays fast
+    from infer_ctl.remote.fleet import Fleet, select_nodes
+
     sess, prof = session(json_out), get_profile(profile)
     chosen = select_nodes(prof, select, role)
     with Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet, \

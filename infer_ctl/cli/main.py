@@ -86,11 +86,18 @@ def _command(name: str, func: str) -> Attach:
     return lambda app, mod: app.command(name)(getattr(mod, func))
 
 
-def _check_group(app: typer.Typer, mod: ModuleType) -> None:
-    # each family module adds `check <family>` to check_cmd.app when imported
-    for family in ("check_gpu", "check_fabric", "check_tokenizer", "check_servers"):
-        importlib.import_module(f"infer_ctl.cli.{family}")
-    app.add_typer(mod.app, name="check")
+CHECK_FAMILIES = ("gpu", "fabric", "tokenizer", "servers")
+
+
+def _check_group(family: str | None) -> Attach:
+    # Each family module adds `check <family>` to check_cmd.app when imported; only the requested one is
+    # loaded (its libraries can be heavy), all of them for `check --help`.
+    def attach(app: typer.Typer, mod: ModuleType) -> None:
+        for name in [family] if family in CHECK_FAMILIES else CHECK_FAMILIES:
+            importlib.import_module(f"infer_ctl.cli.check_{name}")
+        app.add_typer(mod.app, name="check")
+
+    return attach
 
 
 def _launch_verbs(app: typer.Typer, mod: ModuleType) -> None:
@@ -102,7 +109,7 @@ VERBS: dict[str, tuple[str, Attach]] = {
     "nodes": ("infer_ctl.cli.nodes_cmd", _command("nodes", "nodes")),
     "exec": ("infer_ctl.cli.exec_cmd", _command("exec", "exec_")),
     "provision": ("infer_ctl.cli.provision_cmd", _typer("provision")),
-    "check": ("infer_ctl.cli.check_cmd", _check_group),
+    "check": ("infer_ctl.cli.check_cmd", _check_group(None)),
     "audit": ("infer_ctl.cli.audit_cmd", _command("audit", "audit_cmd")),
     "launch": ("infer_ctl.cli.launch_cmd", _launch_verbs),  # also status, stop, logs
     "router": ("infer_ctl.cli.router_cmd", _typer("router")),
@@ -135,6 +142,8 @@ def build_app(args: Sequence[str] | None = None) -> typer.Typer:
     app = _new_app()
     for name in wanted:
         module, attach = VERBS[name]
+        if name == "check" and verb == "check":
+            attach = _check_group(_requested_verb(args[args.index("check") + 1 :]))
         attach(app, importlib.import_module(module))
     return app
 
