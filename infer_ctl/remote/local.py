@@ -17,7 +17,7 @@ from pathlib import Path
 from infer_ctl.remote.base import Command, CommandResult, as_command
 from infer_ctl.remote.commandline import SudoMode, build_argv, raise_for_sudo
 from infer_ctl.remote.errors import TransferError
-from infer_ctl.remote.putfile import SUDO_PUT_SCRIPT, put_file_error
+from infer_ctl.remote.putfile import put_file_error, put_file_via_sudo
 
 _KILL_GRACE_S = 2.0
 
@@ -102,13 +102,7 @@ class LocalConnector:
         sudo: bool = False,
     ) -> None:
         if sudo and self.sudo_mode.enabled:
-            result = self.run(
-                Command("sh", "-c", SUDO_PUT_SCRIPT, "inferctl-put", remote_path, f"{mode:o}", owner or ""),
-                sudo=True,
-                stdin=data,
-            )
-            if not result.ok:
-                raise put_file_error(self.node_name, remote_path, result.err)
+            put_file_via_sudo(self, remote_path, data, mode, owner)
             return
         target = Path(remote_path)
         try:

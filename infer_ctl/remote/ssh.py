@@ -42,7 +42,7 @@ from infer_ctl.remote.errors import (
     UnreachableError,
 )
 from infer_ctl.remote.hostkeys import HostKeyStore
-from infer_ctl.remote.putfile import SUDO_PUT_SCRIPT, put_file_error
+from infer_ctl.remote.putfile import put_file_error, put_file_via_sudo
 from infer_ctl.remote.target import SshTarget, default_key_files
 
 _CHUNK = 1 << 20
@@ -497,15 +497,7 @@ class SshConnector:
         sudo: bool = False,
     ) -> None:
         if sudo and self.sudo_mode.enabled:
-            # Through sudo, SFTP cannot write root-owned paths; the data goes over stdin to a shell
-            # that writes a temp file next to the target and renames it (atomic on one filesystem).
-            result = self.run(
-                Command("sh", "-c", SUDO_PUT_SCRIPT, "inferctl-put", remote_path, f"{mode:o}", owner or ""),
-                sudo=True,
-                stdin=data,
-            )
-            if not result.ok:
-                raise put_file_error(self.node_name, remote_path, result.err)
+            put_file_via_sudo(self, remote_path, data, mode, owner)
             return
         path = PurePosixPath(remote_path)
         tmp = str(path.with_name(f".{path.name}.inferctl-{uuid.uuid4().hex[:12]}.tmp"))
