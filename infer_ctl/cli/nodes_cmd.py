@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -87,30 +88,44 @@ def _info(outcome: NodeOutcome[NodeInfo]) -> NodeInfo:
 
 
 def render_nodes(console: Console, infos: list[NodeInfo]) -> None:
-    table = Table(header_style="bold")
-    # short columns never wrap; the long free-text ones (os, kernel, sudo) fold, so 80 columns stay readable
-    for col in ("node", "host", "reach", "connect", "user", "sudo", "os", "kernel", "python3", "uptime"):
-        short = col in ("node", "host", "reach", "connect", "python3", "uptime")
-        table.add_column(col, overflow="fold", no_wrap=short)
-    for i in infos:
-        if not i.reachable:
-            table.add_row(
-                i.node, i.host, "[red]no[/red]", "", "", "", "[red]see below[/red]", "", "", ""
+    # On a narrow terminal (or a pipe: 80 columns) only the essential columns are shown, so none of them
+    # breaks into slivers; `--json` always has every field.
+    wide = console.width >= 120
+    cols = ["node", "host", "reach", "connect", "sudo", "python3", "kernel"]
+    if wide:
+        cols[4:4] = ["user"]
+        cols += ["os", "uptime"]
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD)
+    for col in cols:
+        if col == "sudo":
+            table.add_column(col, overflow="fold", min_width=10)
+        else:
+            table.add_column(
+                col, no_wrap=True, overflow="ellipsis", max_width=24 if col in ("os", "kernel") else None
             )
-            continue
-        uptime = f"{i.uptime_s / 86400:.1f}d" if i.uptime_s is not None else "?"
-        table.add_row(
-            i.node,
-            i.host,
-            "[green]yes[/green]",
-            f"{i.connect_s:.2f}s",
-            i.user or "?",
-            i.sudo or "?",
-            i.os or "?",
-            i.kernel or "?",
-            i.python3 or "[yellow]missing[/yellow]",
-            uptime,
-        )
+    for i in infos:
+        values: dict[str, str]
+        if not i.reachable:
+            values = {
+                "node": i.node,
+                "host": i.host,
+                "reach": "[red]no[/red]",
+                "sudo": "[red]see below[/red]",
+            }
+        else:
+            values = {
+                "node": i.node,
+                "host": i.host,
+                "reach": "[green]yes[/green]",
+                "connect": f"{i.connect_s:.2f}s",
+                "user": i.user or "?",
+                "sudo": i.sudo or "?",
+                "python3": i.python3 or "[yellow]missing[/yellow]",
+                "kernel": i.kernel or "?",
+                "os": i.os or "?",
+                "uptime": f"{i.uptime_s / 86400:.1f}d" if i.uptime_s is not None else "?",
+            }
+        table.add_row(*(values.get(col, "") for col in cols))
     console.print(table)
     for i in infos:
         if not i.reachable:
