@@ -12,7 +12,7 @@ import json
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,24 +75,22 @@ def compare_dirs(target_dir: str | Path, draft_dir: str | Path, *, probes: Seque
     """The full local comparison of two directories (both must exist)."""
     target = load_tokenizer_dir(target_dir, "target")
     draft = load_tokenizer_dir(draft_dir, "draft")
-    load_failures: list[Finding] = []
-    enc_t = _encoder(target, load_failures, node)
+    target, enc_t = _encoder(target)
     # Byte-identical tokenizer.json behaves identically under one library: load it once (half the time).
     same = draft.tokenizer_json is not None and draft.tokenizer_json == target.tokenizer_json
-    enc_d = enc_t if same else _encoder(draft, load_failures, node)
-    findings = compare_tokenizers(target.facts, draft.facts, target_encoder=enc_t, draft_encoder=enc_d,
-                                  user_probes=probes, user_probes_name=probes_name, node=node)
-    return load_failures + findings
+    draft, enc_d = (draft, enc_t) if same and enc_t is not None else _encoder(draft)
+    return compare_tokenizers(target.facts, draft.facts, target_encoder=enc_t, draft_encoder=enc_d,
+                              user_probes=probes, user_probes_name=probes_name, node=node)
 
 
-def _encoder(side: LoadedSide, failures: list[Finding], node: str) -> Encoder | None:
-    """The side's encoder; a tokenizer.json the library refuses becomes a failure (probes are then skipped)."""
+def _encoder(side: LoadedSide) -> tuple[LoadedSide, Encoder | None]:
+    """The side's encoder; a tokenizer.json the library refuses becomes one of the side's file problems
+    (reported as tokenizer.files; the structure comparison and probes are then skipped)."""
     try:
-        return build_encoder(side)
+        return side, build_encoder(side)
     except TokenizerLoadError as exc:
-        failures.append(Finding.fail("tokenizer.files", node, f"{side.facts.label} tokenizer.json", exc.message,
-                                     remedy=exc.remedy))
-        return None
+        problems = {**side.facts.problems, "tokenizer.json": exc.reason}
+        return replace(side, facts=replace(side.facts, problems=problems)), None
 
 
 # ---------------------------------------------------------------- the pair named by the profile

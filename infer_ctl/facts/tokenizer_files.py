@@ -68,6 +68,9 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 #: tokenizer_config.json keys that change what transformers does with the same tokenizer.json
 CONFIG_FLAGS = ("legacy", "clean_up_tokenization_spaces", "add_prefix_space", "do_lower_case")
+# The largest real vocabularies have ~262k ids; an id far beyond that is a corrupt file, and building an
+# id-indexed list for it would allocate gigabytes (an id of 10**9 took minutes and 8 GB before this bound).
+MAX_TOKEN_ID = 1 << 22
 
 
 def _json_loader() -> Callable[[bytes], Any]:
@@ -139,21 +142,30 @@ def parse_tokenizer_json(doc: Mapping[str, Any]) -> TokenizerJson:
     ]
     # Built straight into an id-indexed list: this runs over ~129k entries, so no per-entry conversions.
     vocab: list[str | None]
+    ids = [t.id for t in added]
     if isinstance(raw_vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
-        size = max(max(raw_vocab.values(), default=-1), max((t.id for t in added), default=-1)) + 1
-        vocab = [None] * size
-        for tok, i in raw_vocab.items():
-            vocab[i] = tok
+        values = list(raw_vocab.values())
+        ids += values
+        _check_ids(ids)
+        if values == list(range(len(values))):
+            vocab = list(raw_vocab)  # writers store the vocabulary in id order: no per-entry loop needed
+        else:
+            vocab = [None] * (max(values, default=-1) + 1)
+            for tok, i in raw_vocab.items():
+                vocab[i] = tok
     elif isinstance(raw_vocab, list):  # Unigram: [[token, score], ...] in id order
-        vocab = [entry[0] for entry in raw_vocab]
+        _check_ids(ids)
+        vocab = [str(entry[0]) for entry in raw_vocab]
     else:
+        _check_ids(ids)
         vocab = []
     for t in added:  # an added token overrides a model token with the same id, as in the library
         if t.id >= len(vocab):
             vocab.extend([None] * (t.id + 1 - len(vocab)))
         vocab[t.id] = t.content
     defaults = MODEL_DEFAULTS.get(str(model_type), {})
-    settings = {k: model[k] for k in MODEL_SETTINGS if k in model and model[k] != defaults.get(k)}
+    # defaults filled in: a key left out equals its default, and messages show "False -> True", not "None"
+    settings = {k: model.get(k, defaults.get(k)) for k in MODEL_SETTINGS if k in model or k in defaults}
     merges: list[str] = []
     merges_sha: str | None = None
     if model_type == "BPE":
@@ -174,6 +186,20 @@ def parse_tokenizer_json(doc: Mapping[str, Any]) -> TokenizerJson:
         padding=canonical_json(doc.get("padding")),
         truncation=canonical_json(doc.get("truncation")),
     )
+
+
+def _check_ids(ids: Sequence[Any]) -> None:
+    """Ids must be small non-negative integers; anything else is a corrupt file, reported as such."""
+    if not ids:
+        return
+    if not all(type(i) is int for i in ids):
+        bad = next(i for i in ids if type(i) is not int)
+        raise ValueError(f"token id {bad!r} is not an integer")
+    low, high = min(ids), max(ids)
+    if low < 0:
+        raise ValueError(f"negative token id {low}")
+    if high > MAX_TOKEN_ID:
+        raise ValueError(f"token id {high} is implausibly large (over {MAX_TOKEN_ID})")
 
 
 def canonical_merges(raw: Sequence[Any]) -> list[str]:
@@ -215,6 +241,13 @@ def parse_tiktoken(text: str) -> list[str | None]:
     for rank, text in pairs:
         vocab[rank] = text
     return vocab
+
+
+def looks_like_tiktoken(data: bytes) -> bool:
+    """A rank file starts with a "<base64> <rank>" text line; a SentencePiece protobuf never does."""
+    first = data[:256].split(b"\n", 1)[0].split(b" ")
+    return len(first) == 2 and first[1].strip().isdigit() and all(
+        c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=" for c in first[0])
 
 
 @dataclass(frozen=True)
@@ -318,14 +351,19 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         (length,) = struct.unpack("<Q", head)
         if length > 100_000_000:
             raise ValueError(f"header length {length} is implausible; not a safetensors file")
-        header = json.loads(fh.read(length))
+        blob = fh.read(length)
+    if len(blob) != length:
+        raise ValueError(f"header is truncated ({len(blob)} of {length} bytes)")
+    header = json.loads(blob.decode("utf-8"))
+    if not isinstance(header, dict) or not all(isinstance(v, dict) for k, v in header.items() if k != "__metadata__"):
+        raise ValueError("header is not a JSON object of tensor entries")
     header.pop("__metadata__", None)
     header["__data_start__"] = 8 + length
     return header
 
 
 def read_int_tensor(path: Path, header: Mapping[str, Any], name: str) -> tuple[str, list[int]]:
-    """One integer/bool tensor as a flat list, reading only its bytes."""
+    """One integer/bool tensor as a flat list, reading only its bytes (the shape is the header's)."""
     entry = header[name]
     dtype = entry["dtype"]
     code = _DTYPES.get(dtype)
@@ -336,6 +374,8 @@ def read_int_tensor(path: Path, header: Mapping[str, Any], name: str) -> tuple[s
     values = array(code)
     if (end - begin) != count * values.itemsize:
         raise ValueError(f"tensor {name}: {end - begin} bytes for shape {entry['shape']} of {dtype}")
+    if header["__data_start__"] + end > path.stat().st_size:
+        raise ValueError(f"tensor {name} is truncated (the file ends before its data)")
     with path.open("rb") as fh:
         fh.seek(header["__data_start__"] + begin)
         raw = fh.read(end - begin)
@@ -347,12 +387,36 @@ def read_int_tensor(path: Path, header: Mapping[str, Any], name: str) -> tuple[s
     return dtype, values.tolist()
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
 def safetensors_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        return [directory / name for name in sorted(set(weight_map.values()))]
-    return sorted(directory.glob("*.safetensors"))
+    """The shards the index names, or every *.safetensors when there is no (readable) index."""
+    try:
+        weight_map = json.loads((directory / INDEX_FILE).read_bytes())["weight_map"]
+        return [directory / str(name) for name in sorted(set(weight_map.values()))]
+    except (OSError, *_SHAPE_ERRORS):
+        return sorted(directory.glob("*.safetensors"))
+
+
+def _index_problem(directory: Path) -> str | None:
+    index = directory / INDEX_FILE
+    if not index.is_file():
+        return None
+    try:
+        doc = json.loads(index.read_bytes())
+        if not isinstance(doc.get("weight_map"), dict):
+            return f"{INDEX_FILE}: no weight_map object"
+    except (OSError, *_SHAPE_ERRORS) as exc:
+        return f"{INDEX_FILE}: not valid JSON: {exc}"
+    return None
+
+
+def _rows(entry: Mapping[str, Any], name: str) -> int:
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or len(shape) != 2 or not all(isinstance(n, int) for n in shape):
+        raise ValueError(f"tensor {name} has shape {shape!r}; expected [rows, hidden]")
+    return shape[0]
 
 
 def _find_tensor(names: Iterable[str], suffixes: Sequence[str]) -> str | None:
@@ -388,7 +452,10 @@ def read_weight_facts(directory: Path) -> WeightFacts:
     lm_name = embed_name = None
     d2t = t2d = None
     d2t_dtype = t2d_dtype = map_source = None
+    shapes: dict[str, tuple[int, ...]] = {}
     problems: list[str] = []
+    if (index_problem := _index_problem(directory)) is not None:
+        problems.append(index_problem)
     for path in safetensors_files(directory):
         try:
             header = read_safetensors_header(path)
@@ -396,18 +463,23 @@ def read_weight_facts(directory: Path) -> WeightFacts:
             problems.append(f"{path.name}: {exc}")
             continue
         tensors = [n for n in header if not n.startswith("__")]
-        if lm is None and (name := _find_tensor(tensors, _LM_HEAD)):
-            lm, lm_name = int(header[name]["shape"][0]), name
-        if embed is None and (name := _find_tensor(tensors, _EMBED)):
-            embed, embed_name = int(header[name]["shape"][0]), name
+        try:
+            if lm is None and (name := _find_tensor(tensors, _LM_HEAD)):
+                lm, lm_name = _rows(header[name], name), name
+            if embed is None and (name := _find_tensor(tensors, _EMBED)):
+                embed, embed_name = _rows(header[name], name), name
+        except ValueError as exc:
+            problems.append(f"{path.name}: {exc}")
         for key in ("d2t", "t2d"):
             name = _find_tensor(tensors, (key,))
             if name is None:
                 continue
             try:
                 dtype, values = read_int_tensor(path, header, name)
-            except (OSError, ValueError) as exc:
-                problems.append(f"{path.name}: {exc}")
+                shapes[key] = tuple(int(n) for n in header[name]["shape"])
+            except (OSError, *_SHAPE_ERRORS) as exc:
+                problems.append(f"{path.name}: " + (str(exc) if isinstance(exc, OSError | ValueError)
+                                                    else f"tensor {name}: {_why(exc)}"))
                 continue
             map_source = path.name
             if key == "d2t":
@@ -421,6 +493,8 @@ def read_weight_facts(directory: Path) -> WeightFacts:
             t2d=t2d,
             d2t_dtype=d2t_dtype,
             t2d_dtype=t2d_dtype,
+            d2t_shape=shapes.get("d2t"),
+            t2d_shape=shapes.get("t2d"),
             source=map_source,
             problems=tuple(p for p in problems if "d2t" in p or "t2d" in p),
         )
@@ -442,9 +516,18 @@ def _token_text(value: Any) -> str | None:
 def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"token id(s) {value!r} are not integers")
+    return tuple(values)
+
+
+def _count(value: Any, key: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{key} {value!r} is not a positive integer")
+    return value
 
 
 def pick_chat_template(value: Any) -> str | None:
@@ -465,8 +548,8 @@ def parse_model_config(doc: Mapping[str, Any], weights: WeightFacts | None) -> M
     return ModelConfigFacts(
         model_type=doc.get("model_type"),
         architectures=tuple(doc.get("architectures") or ()),
-        vocab_size=get("vocab_size"),
-        draft_vocab_size=get("draft_vocab_size"),
+        vocab_size=_count(get("vocab_size"), "vocab_size"),
+        draft_vocab_size=_count(get("draft_vocab_size"), "draft_vocab_size"),
         bos_token_id=_ids(get("bos_token_id")),
         eos_token_id=_ids(get("eos_token_id")),
         lm_head_rows=weights.lm_head_rows,
@@ -478,6 +561,14 @@ def parse_model_config(doc: Mapping[str, Any], weights: WeightFacts | None) -> M
 
 
 # ---------------------------------------------------------------- one directory
+
+# What a well-formed JSON file with the wrong shape raises while being read as a tokenizer/config/header.
+_SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def _why(exc: Exception) -> str:
+    return f"missing key {exc}" if isinstance(exc, KeyError) else f"{exc}"
+
 
 
 @dataclass
@@ -518,8 +609,13 @@ def load_tokenizer_dir(path: str | Path, label: str) -> LoadedSide:
     tokenizer_text: str | None = None
     tj_doc = load_json("tokenizer.json")
     tiktoken_files = [n for n in names if n.endswith(".tiktoken") and n in raw]
+    tj: TokenizerJson | None = None
     if tj_doc:
-        tj = parse_tokenizer_json(tj_doc)
+        try:
+            tj = parse_tokenizer_json(tj_doc)
+        except _SHAPE_ERRORS as exc:
+            problems["tokenizer.json"] = f"not a tokenizers file: {_why(exc)}"
+    if tj is not None:
         tokenizer_text = raw["tokenizer.json"].decode("utf-8")
         fields.update(
             source="tokenizer.json",
@@ -533,6 +629,13 @@ def load_tokenizer_dir(path: str | Path, label: str) -> LoadedSide:
             padding=tj.padding,
             truncation=tj.truncation,
         )
+    elif "tokenizer.model" in raw and looks_like_tiktoken(raw["tokenizer.model"]):
+        # Meta's original Llama 3 checkpoints ship their tiktoken ranks under this SentencePiece name
+        try:
+            fields.update(source="tiktoken", model_type="tiktoken",
+                          vocab=parse_tiktoken(raw["tokenizer.model"].decode("utf-8")))
+        except (ValueError, UnicodeDecodeError) as exc:
+            problems["tokenizer.model"] = f"not a tiktoken rank file: {exc}"
     elif "tokenizer.model" in raw:
         try:
             sp = parse_sentencepiece(raw["tokenizer.model"])
@@ -597,18 +700,28 @@ def load_tokenizer_dir(path: str | Path, label: str) -> LoadedSide:
         fields["chat_template_source"] = "tokenizer_config.json"
 
     generation = load_json("generation_config.json")
+    try:
+        eos_list = _ids(generation.get("eos_token_id"))
+    except ValueError as exc:
+        problems["generation_config.json"] = f"unexpected value: {exc}"
+        generation = {}
     if generation:
-        fields["generation_eos"] = _ids(generation.get("eos_token_id"))
+        fields["generation_eos"] = eos_list
         fields["generation_bos"] = generation.get("bos_token_id")
         fields["generation_pad"] = generation.get("pad_token_id")
 
     model_config = load_json("config.json")
     weights = read_weight_facts(directory) if directory.is_dir() else WeightFacts()
     for problem in weights.problems:
+        if weights.vocab_map is not None and problem in weights.vocab_map.problems:
+            continue  # reported once, by the vocabulary-map rule, with its remedy
         file_name, _, reason = problem.partition(": ")
         problems.setdefault(file_name, reason)
     if model_config or weights.weights_format is not None:
-        fields["config"] = parse_model_config(model_config, weights)
+        try:
+            fields["config"] = parse_model_config(model_config, weights)
+        except _SHAPE_ERRORS as exc:
+            problems["config.json"] = f"unexpected value: {_why(exc)}"
     if weights.vocab_map is not None:
         fields["vocab_map"] = weights.vocab_map
 
@@ -646,6 +759,10 @@ def require_tokenizers() -> Any:
 class TokenizerLoadError(InferctlError):
     """tokenizer.json is valid JSON but the tokenizers library refuses it (so would the server)."""
 
+    def __init__(self, message: str, *, reason: str, remedy: str) -> None:
+        super().__init__(message, remedy=remedy)
+        self.reason = reason
+
 
 def build_encoder(side: LoadedSide) -> TokenizersEncoder | None:
     """An encoder for probes, or None where the directory has no tokenizer.json."""
@@ -657,6 +774,7 @@ def build_encoder(side: LoadedSide) -> TokenizersEncoder | None:
     except Exception as exc:  # the library raises plain Exception for every load problem
         raise TokenizerLoadError(
             f"{side.facts.path}/tokenizer.json: the tokenizers library cannot load it: {exc}",
+            reason=f"the tokenizers library cannot load it: {exc}",
             remedy="restore tokenizer.json from the model's original release (SGLang would fail to load it too)",
         ) from exc
     return TokenizersEncoder(tokenizer)

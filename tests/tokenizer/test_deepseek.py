@@ -82,7 +82,9 @@ MUTATIONS: dict[str, tuple[dict[str, Any], set[tuple[str, str, str]]]] = {
     ),
     "different chat template": (
         {"config": lambda cfg: cfg.update(chat_template=cfg["chat_template"].replace("<｜User｜>", "<｜User｜> "))},
-        {("tokenizer.chat_template", "warn", "target vs draft"), ("tokenizer.probes", "fail", "chat conversation")},
+        # SGLang renders with the target's template, so a draft template that differs only in a space is a
+        # warning (with the rendered diff), not a probe failure: both tokenizers encode the served prompt alike
+        {("tokenizer.chat_template", "warn", "target vs draft")},
     ),
     "eos points at another token": (
         {"config": lambda cfg: cfg.update(eos_token="<｜▁pad▁｜>")},

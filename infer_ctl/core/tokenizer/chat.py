@@ -6,9 +6,11 @@ Rendering mirrors transformers' `apply_chat_template` environment (sandboxed Jin
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from jinja2 import TemplateError
@@ -36,16 +38,22 @@ def _raise(message: str) -> None:
     raise TemplateRenderError(message)
 
 
-def render_chat(template: str, facts: TokenizerFacts, messages: tuple[dict[str, str], ...] = SAMPLE_CONVERSATION,
-                add_generation_prompt: bool = True) -> str:
+@lru_cache(maxsize=8)
+def _compile(template: str) -> Any:
+    """Compiling a real template costs ~50 ms and the comparison renders the same one up to three times."""
     # the same environment transformers builds: {% break %}/{% continue %} appear in real templates
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime(2026, 1, 1).strftime(fmt)  # fixed: renders comparable
     env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+    return env.from_string(template)
+
+
+def render_chat(template: str, facts: TokenizerFacts, messages: tuple[dict[str, str], ...] = SAMPLE_CONVERSATION,
+                add_generation_prompt: bool = True) -> str:
     specials: dict[str, Any] = {k: v or "" for k, v in facts.special_tokens.items()}
     try:
-        compiled = env.from_string(template)
+        compiled = _compile(template)
         try:
             return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **specials)
         except TemplateRenderError:
@@ -71,6 +79,15 @@ def excerpt(text: str, at: int, width: int = 30) -> str:
     return repr(text[max(0, at - width // 2): at + width])
 
 
+def rendered_diff(a: str, b: str) -> list[str]:
+    """A unified diff of two renderings, line by line with whitespace made visible (a template that differs
+    only in a space or newline is the common case, and invisible in plain text)."""
+    lines = difflib.unified_diff([repr(x) for x in a.splitlines(keepends=True)],
+                                 [repr(x) for x in b.splitlines(keepends=True)],
+                                 "target", "draft", lineterm="", n=1)
+    return list(lines)[:40]
+
+
 def judge_chat_template(p: Pair) -> list[Finding]:
     t, d = p.target.chat_template, p.draft.chat_template
     details = {"target_sha256": template_sha(t), "draft_sha256": template_sha(d),
@@ -88,11 +105,18 @@ def judge_chat_template(p: Pair) -> list[Finding]:
                              remedy="give the target directory the chat template it was trained with")]
     if t == d:
         return [Finding.ok(CHECK, p.node, p.subject, "same chat template", details=details)]
-    try:
-        rt, rd = render_chat(t, p.target), render_chat(d, p.draft)
-    except TemplateRenderError as exc:
-        return [Finding.warn(CHECK, p.node, p.subject, f"chat templates differ and one fails to render: {exc}",
-                             details=details, remedy="fix the template; SGLang would fail the same request")]
+    rendered: dict[str, str] = {}
+    for side, template in ((p.target, t), (p.draft, d)):
+        try:
+            rendered[side.label] = render_chat(template, side)
+        except TemplateRenderError as exc:
+            return [Finding.warn(CHECK, p.node, p.subject,
+                                 f"chat templates differ and the {side.label}'s fails to render: {exc}",
+                                 details=details,
+                                 remedy=f"fix the {side.label}'s chat template"
+                                 + ("; SGLang would fail the same request" if side is p.target else
+                                    " (SGLang serves with the target's, so only its provenance is in doubt)"))]
+    rt, rd = rendered["target"], rendered["draft"]
     if rt == rd:
         return [Finding.warn(CHECK, p.node, p.subject,
                              "chat template text differs but renders the sample conversation identically",
@@ -102,6 +126,7 @@ def judge_chat_template(p: Pair) -> list[Finding]:
     return [Finding.warn(
         CHECK, p.node, p.subject,
         f"chat templates render differently from character {at}: target {excerpt(rt, at)}, draft {excerpt(rd, at)}",
-        details={**details, "target_rendered": rt, "draft_rendered": rd, "first_difference": at},
+        details={**details, "target_rendered": rt, "draft_rendered": rd, "first_difference": at,
+                 "rendered_diff": rendered_diff(rt, rd)},
         remedy="the draft was trained on another prompt format, so acceptance suffers; use the target's template "
         "or a draft trained on it")]

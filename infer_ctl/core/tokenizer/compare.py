@@ -45,7 +45,17 @@ def judge_files(p: Pair) -> list[Finding]:
             remedy="point models.target.tokenizer_path (or --target) at the directory with the tokenizer files"))
         return findings
     files = {"target": dict(p.target.files), "draft": dict(p.draft.files)}
-    if not p.draft.has_tokenizer:
+    if not p.draft.has_tokenizer and p.draft.config is None and not p.draft.problems:
+        findings.append(Finding.fail(
+            FILES_CHECK, p.node, "draft",
+            f"the draft directory {p.draft.path} has no tokenizer, no config.json and no weights: it is not a "
+            "model directory, and SGLang cannot load a draft from it",
+            details=files,
+            remedy="point models.draft.path (or --draft) at the draft checkpoint; an EAGLE head holds at least "
+            "config.json and *.safetensors"))
+    elif unusable(p.draft):
+        pass  # its tokenizer files are broken (reported above); "uses the target's" would be untrue
+    elif not p.draft.has_tokenizer:
         findings.append(Finding.ok(
             FILES_CHECK, p.node, p.subject,
             f"the draft ships no tokenizer, so it uses the target's ({describe(p.target)}); "
@@ -81,6 +91,16 @@ def _aux_files(p: Pair) -> list[Finding]:
     ]
 
 
+def unusable(side: TokenizerFacts) -> bool:
+    """The side ships a tokenizer that cannot be read (bad JSON, a file the library refuses): comparing its
+    half-read structure would bury the one finding that matters under consequences of it."""
+    return any(name in side.problems for name in _TOKENIZER_SOURCES) or any(
+        name.endswith(".tiktoken") for name in side.problems)
+
+
+_TOKENIZER_SOURCES = ("tokenizer.json", "tokenizer.model")
+
+
 def compare_tokenizers(
     target: TokenizerFacts,
     draft: TokenizerFacts,
@@ -96,7 +116,8 @@ def compare_tokenizers(
     findings = judge_files(p)
     if not target.has_tokenizer:
         return findings
-    if draft.has_tokenizer:
+    pairwise = draft.has_tokenizer and not unusable(draft) and not unusable(target)
+    if pairwise:
         findings += judge_model(p)
         findings += judge_vocab(p)
         findings += judge_merges(p)
@@ -107,9 +128,16 @@ def compare_tokenizers(
         findings += judge_special_ids(p)
         findings += judge_generation_eos(p)
         findings += judge_chat_template(p)
+    broken = [side.label for side in (target, draft) if unusable(side)]
+    if broken:
+        findings.append(Finding.skip(
+            "tokenizer.probes", node, p.subject,
+            f"structure comparison and encode/decode probes skipped: the {' and '.join(broken)} tokenizer could "
+            "not be loaded (see tokenizer.files)",
+            remedy="fix the tokenizer file named in tokenizer.files, then rerun"))
     findings += judge_config_ids(p)
     findings += judge_sizes(p)
     findings += judge_vocab_map(p)
-    if draft.has_tokenizer:
+    if pairwise:
         findings += judge_probes(p, target_encoder, draft_encoder, user_probes, user_probes_name)
     return findings

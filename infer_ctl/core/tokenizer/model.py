@@ -61,6 +61,9 @@ class VocabMapFacts:
     t2d: tuple[bool, ...] | None = None
     d2t_dtype: str | None = None
     t2d_dtype: str | None = None
+    #: shapes from the safetensors header: both must be 1-D (SGLang adds arange(shape[0]) to d2t)
+    d2t_shape: tuple[int, ...] | None = None
+    t2d_shape: tuple[int, ...] | None = None
     source: str | None = None
     #: a tensor that exists but could not be decoded (dtype, truncated file, ...)
     problems: tuple[str, ...] = ()

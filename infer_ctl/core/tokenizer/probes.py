@@ -7,7 +7,7 @@ side. Probes are encoded in one batch per side; a 129k-token pair with ~6k probe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infer_ctl.core.findings import Finding
@@ -48,13 +48,17 @@ BUILTIN_PROBES: tuple[str, ...] = (
 _AROUND = ("a {}", "{} b", "a{}b")
 
 
-def added_token_probes(sides: Iterable[TokenizerFacts]) -> list[str]:
-    """Every added token of either side, with whitespace around it (lstrip/rstrip/single_word show here)."""
+def added_token_probes(sides: Sequence[TokenizerFacts]) -> tuple[list[str], int]:
+    """Every added token of either side that both vocabularies hold, with whitespace around it
+    (lstrip/rstrip/single_word show here), and how many tokens were left out because one side lacks them:
+    those encode differently by construction and tokenizer.vocab already reports them."""
     seen: dict[str, None] = {}
     for side in sides:
         for tok in side.added_tokens:
             seen.setdefault(tok.content, None)
-    return [pattern.format(content) for content in seen for pattern in _AROUND]
+    held = [set(side.vocab) for side in sides]
+    shared = [c for c in seen if all(c in vocab for vocab in held)]
+    return [pattern.format(content) for content in shared for pattern in _AROUND], len(seen) - len(shared)
 
 
 @dataclass(frozen=True)
@@ -89,11 +93,12 @@ def _token(facts: TokenizerFacts, ids: list[int], pos: int) -> str:
 
 
 def _probe_set(p: Pair, name: str, texts: Sequence[str], enc_t: Encoder, enc_d: Encoder,
-               texts_d: Sequence[str] | None = None) -> list[Finding]:
+               extra: dict[str, object] | None = None) -> list[Finding]:
     if not texts:
         return []
+    extra = extra or {}
     ids_t = enc_t.encode_batch(texts)
-    ids_d = enc_d.encode_batch(texts_d if texts_d is not None else texts)
+    ids_d = enc_d.encode_batch(texts)
     diverged = _divergences(texts, ids_t, ids_d)
     if diverged:
         d = diverged[0]
@@ -103,7 +108,7 @@ def _probe_set(p: Pair, name: str, texts: Sequence[str], enc_t: Encoder, enc_d: 
             f"diverges at token {d.position}: target {_token(p.target, d.target_ids, d.position)}, "
             f"draft {_token(p.draft, d.draft_ids, d.position)}",
             details={"probes": len(texts), "diverged": len(diverged),
-                     "examples": [x.example() for x in diverged[:5]]},
+                     "examples": [x.example() for x in diverged[:5]], **extra},
             remedy=RETRAIN)]
     # Same ids everywhere: check the text each side prints for them (the decoder and `special` flags).
     dec_t = enc_t.decode_batch(ids_t)
@@ -115,12 +120,12 @@ def _probe_set(p: Pair, name: str, texts: Sequence[str], enc_t: Encoder, enc_d: 
             "tokenizer.decode", p.node, name,
             f"{len(text_diffs)} probe(s) encode the same but decode differently; first: {show(text[:60])} -> "
             f"target {show(x[:60])}, draft {show(y[:60])}",
-            details={"diverged": len(text_diffs)},
+            details={"diverged": len(text_diffs), **extra},
             remedy="only detokenised text differs (decoder settings); SGLang prints the target's")]
     # decode(encode(x)) != x on both sides alike (NFC normalizers, stripped spaces) is not a parity issue
     lossy = sum(1 for x, src in zip(dec_t, texts, strict=True) if x != src)
     return [Finding.ok(CHECK, p.node, name, f"{len(texts)} probe(s) encode and decode identically",
-                       details={"probes": len(texts), "lossy_round_trips_on_both_sides": lossy})]
+                       details={"probes": len(texts), "lossy_round_trips_on_both_sides": lossy, **extra})]
 
 
 def judge_probes(p: Pair, enc_t: Encoder | None, enc_d: Encoder | None,
@@ -133,7 +138,9 @@ def judge_probes(p: Pair, enc_t: Encoder | None, enc_d: Encoder | None,
         return [Finding.skip(CHECK, p.node, p.subject,
                              f"encode/decode probes skipped for the {missing.label}: {why}")]
     findings = _probe_set(p, "built-in corpus", BUILTIN_PROBES, enc_t, enc_d)
-    findings += _probe_set(p, "added tokens", added_token_probes((p.target, p.draft)), enc_t, enc_d)
+    texts, one_sided = added_token_probes((p.target, p.draft))
+    findings += _probe_set(p, "added tokens", texts, enc_t, enc_d,
+                           {"tokens_only_on_one_side_not_probed": one_sided} if one_sided else None)
     if user_probes:
         findings += _probe_set(p, user_probes_name, list(user_probes), enc_t, enc_d)
     findings += _chat_probe(p, enc_t, enc_d)
@@ -141,16 +148,17 @@ def judge_probes(p: Pair, enc_t: Encoder | None, enc_d: Encoder | None,
 
 
 def _chat_probe(p: Pair, enc_t: Encoder, enc_d: Encoder) -> list[Finding]:
-    """The sample conversation rendered by each side's template (the target's when the draft has none)."""
-    template_t = p.target.chat_template or p.draft.chat_template
-    template_d = p.draft.chat_template or template_t
-    if template_t is None or template_d is None:
+    """The sample conversation as SGLang serves it (rendered by the target's template, or the draft's when
+    only it has one), encoded by both sides: the special tokens and whitespace of a real prompt. A draft
+    template that renders differently is tokenizer.chat_template's warning, not a tokenizer divergence."""
+    template = p.target.chat_template or p.draft.chat_template
+    if template is None:
         return []
+    source = p.target if p.target.chat_template else p.draft
     try:
-        text_t = render_chat(template_t, p.target)
-        # a draft without a template is served through the target's: same text, rendered once
-        text_d = render_chat(template_d, p.draft) if p.draft.chat_template else text_t
+        text = render_chat(template, source)
     except TemplateRenderError as exc:
-        return [Finding.unknown(CHECK, p.node, "chat conversation", f"chat template does not render: {exc}",
+        return [Finding.unknown(CHECK, p.node, "chat conversation",
+                                f"the {source.label}'s chat template does not render: {exc}",
                                 remedy="fix the chat template; SGLang would fail to render the same conversation")]
-    return _probe_set(p, "chat conversation", [text_t], enc_t, enc_d, texts_d=[text_d])
+    return _probe_set(p, "chat conversation", [text], enc_t, enc_d, {"rendered_by": f"{source.label} template"})

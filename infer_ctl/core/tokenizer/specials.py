@@ -22,6 +22,14 @@ def _named(token: str | None, token_id: int | None) -> str:
 
 def judge_special_ids(p: Pair) -> list[Finding]:
     findings: list[Finding] = []
+    rank_files = [side.label for side in (p.target, p.draft) if side.source == "tiktoken"]
+    if rank_files:
+        # a .tiktoken rank file holds no special tokens (they live in the model's Python code)
+        return [Finding.skip("tokenizer.special_ids", p.node, p.subject,
+                             f"special token ids not compared: the {' and '.join(rank_files)} tokenizer is a "
+                             "tiktoken rank file, whose special tokens are defined in code",
+                             remedy="compare tokenizer.json files (convert with transformers' TikTokenConverter) "
+                             "to have bos/eos/pad ids checked")]
     for name, severity in _SEVERITY.items():
         check = "tokenizer.special_ids"
         tn, dn = p.target.special_tokens.get(name), p.draft.special_tokens.get(name)

@@ -36,6 +36,15 @@ def show(token: str | None) -> str:
 def judge_model(p: Pair) -> list[Finding]:
     t, d = p.target, p.draft
     check = "tokenizer.model"
+    if t.model_type != d.model_type and "tiktoken" in (t.source, d.source) and "BPE" in (t.model_type, d.model_type):
+        # a .tiktoken rank file is a byte-level BPE without its pipeline: only the vocabulary compares
+        return [Finding.warn(
+            check, p.node, p.subject,
+            f"the target is {t.model_type} ({t.source}), the draft {d.model_type} ({d.source}): compared by "
+            "vocabulary only (a rank file has no normalizer, pre-tokenizer or special tokens to compare)",
+            details={"target": t.model_type, "draft": d.model_type},
+            remedy="compare the same format on both sides (convert the .tiktoken file with transformers' "
+            "TikTokenConverter) to have merges, pipeline and special tokens checked")]
     if t.model_type != d.model_type:
         return [
             Finding.fail(
@@ -141,8 +150,8 @@ def judge_vocab(p: Pair) -> list[Finding]:
 def judge_merges(p: Pair) -> list[Finding]:
     t, d = p.target, p.draft
     check = "tokenizer.merges"
-    if t.merges_sha256 is None and d.merges_sha256 is None:
-        return []
+    if t.merges_sha256 is None or d.merges_sha256 is None:
+        return []  # not two BPE tokenizer.json files: a model or format difference is judge_model's
     if t.merges_sha256 == d.merges_sha256:
         return [Finding.ok(check, p.node, p.subject, f"same {len(t.merges)} merges",
                            details={"sha256": t.merges_sha256, "count": len(t.merges)})]
@@ -169,6 +178,12 @@ def judge_added_tokens(p: Pair) -> list[Finding]:
     by_id_d = {tok.id: tok for tok in p.draft.added_tokens}
     split_diffs: list[tuple[AddedTokenFacts, dict[str, list[bool]]]] = []
     special_diffs: list[tuple[AddedTokenFacts, dict[str, list[bool]]]] = []
+    # `normalized` chooses whether the token is matched before or after the normalizer; with no normalizer
+    # on either side both are the same text (a Llama-3 tokenizer.json), so the flag alone changes nothing
+    inert = {"special"}
+    if p.target.source == p.draft.source == "tokenizer.json" and \
+            p.target.pipeline.get("normalizer") is None and p.draft.pipeline.get("normalizer") is None:
+        inert.add("normalized")
     for tok in p.target.added_tokens:
         other = by_id_d.get(tok.id)
         if other is None or other.content != tok.content:
@@ -176,7 +191,7 @@ def judge_added_tokens(p: Pair) -> list[Finding]:
         ft, fd = tok.flags(), other.flags()
         changed = {k: [ft[k], fd[k]] for k in ft if ft[k] != fd[k]}
         if changed:
-            (split_diffs if set(changed) - {"special"} else special_diffs).append((tok, changed))
+            (split_diffs if set(changed) - inert else special_diffs).append((tok, changed))
 
     def examples(diffs: list[tuple[AddedTokenFacts, dict[str, list[bool]]]]) -> list[dict[str, object]]:
         return [{"id": tok.id, "content": tok.content, "flags": changed} for tok, changed in diffs[:10]]
@@ -194,14 +209,15 @@ def judge_added_tokens(p: Pair) -> list[Finding]:
             + RETRAIN))
     if special_diffs:
         tok, changed = special_diffs[0]
+        flags = ", ".join(f"{k} {v[0]}->{v[1]}" for k, v in changed.items())
+        why = ("'special' changes only decode(skip_special_tokens=True) output"
+               + ("; 'normalized' has no effect without a normalizer on either side" if "normalized" in inert else ""))
         findings.append(Finding.warn(
             check, p.node, f"id {tok.id}",
-            f"{len(special_diffs)} added token(s) differ only in the 'special' flag; first: "
-            f"{show(tok.content)} (id {tok.id}) is special={changed['special'][0]} in the target, "
-            f"{changed['special'][1]} in the draft",
-            details={"count": len(special_diffs), "examples": examples(special_diffs)},
-            remedy="only decode(skip_special_tokens=True) output differs; align the flag if text from the draft "
-            "is ever decoded"))
+            f"{len(special_diffs)} added token(s) differ only in flags that do not change encoding; first: "
+            f"{show(tok.content)} (id {tok.id}): {flags} (target->draft)",
+            details={"count": len(special_diffs), "examples": examples(special_diffs), "why_harmless": why},
+            remedy=f"{why} (the tokenizer.probes rows confirm it); align the flags to keep the files identical"))
     if not findings:
         findings.append(Finding.ok(check, p.node, p.subject,
                                    f"{len(p.target.added_tokens)} added tokens with the same flags"))

@@ -61,6 +61,12 @@ def judge_missing_map(p: Pair) -> list[Finding]:
                              remedy="convert the checkpoint to safetensors to have the maps checked")]
     if cfg.weights_format is None:
         return [Finding.skip(CHECK, p.node, "d2t/t2d", "the draft directory has no weights; maps not verified")]
+    unreadable = sorted(n for n in p.draft.problems if n.endswith((".safetensors", ".index.json")))
+    if unreadable:
+        return [Finding.unknown(CHECK, p.node, "d2t/t2d",
+                                f"the draft's weights could not be read ({', '.join(unreadable)}; see tokenizer.files), "
+                                "so whether a d2t map exists is not known",
+                                remedy="restore the checkpoint files, then rerun")]
     return [Finding.fail(
         CHECK, p.node, "d2t",
         f"draft_vocab_size {cfg.draft_vocab_size} is smaller than the target vocabulary ({rows}) but the "
@@ -84,6 +90,11 @@ def judge_vocab_map(p: Pair) -> list[Finding]:
     if vm.d2t is not None:
         hot = [d + i for i, d in enumerate(vm.d2t)]
         problems: list[str] = []
+        if vm.d2t_dtype in ("BOOL", "U8"):
+            problems.append(f"d2t has dtype {vm.d2t_dtype}; expected an integer offset per draft id (I64)")
+        if vm.d2t_shape is not None and len(vm.d2t_shape) != 1:
+            problems.append(f"d2t has shape {list(vm.d2t_shape)}; expected 1-D: SGLang adds "
+                            "arange(shape[0]) to it, which broadcasts a non-1-D map into garbage")
         if (brk := _first_break(hot)) is not None:
             problems.append(f"d2t + arange is not strictly increasing at draft id {brk} "
                             f"({hot[brk - 1]} then {hot[brk]}): the map has duplicates or is unsorted")
@@ -106,6 +117,8 @@ def judge_vocab_map(p: Pair) -> list[Finding]:
         problems = []
         if vm.t2d_dtype != "BOOL":
             problems.append(f"t2d has dtype {vm.t2d_dtype}; expected BOOL")
+        if vm.t2d_shape is not None and len(vm.t2d_shape) != 1:
+            problems.append(f"t2d has shape {list(vm.t2d_shape)}; expected 1-D (one flag per target id)")
         if rows is not None and len(vm.t2d) != rows:
             problems.append(f"t2d has {len(vm.t2d)} entries but the target vocabulary has {rows}")
         expected = len(hot) if hot is not None else draft_vocab
