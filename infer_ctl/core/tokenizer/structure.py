@@ -7,6 +7,7 @@ or what a library does with padding, it is a warning.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from infer_ctl.core.findings import Finding
@@ -72,26 +73,36 @@ def judge_model(p: Pair) -> list[Finding]:
                        details={"model_type": t.model_type, "settings": dict(t.model_settings)})]
 
 
+_BLOCK = 2048
+
+
+def _differing_ids(a: Sequence[str | None], b: Sequence[str | None], common: int) -> Iterator[int]:
+    """Ids below `common` where the vocabularies differ. Blocks of ids compare as list slices in C and only a
+    differing block is walked: the DeepSeek pair differs in a few of 129k ids, so this is ~60 slice compares,
+    not a 129k-step Python loop."""
+    for lo in range(0, common, _BLOCK):
+        hi = min(lo + _BLOCK, common)
+        if a[lo:hi] != b[lo:hi]:
+            yield from (i for i in range(lo, hi) if a[i] != b[i])
+
+
 def judge_vocab(p: Pair) -> list[Finding]:
     """Same id -> same token on both sides; ids present on only one side."""
     a, b = p.target.vocab, p.draft.vocab
     check = "tokenizer.vocab"
     common = min(len(a), len(b))
     findings: list[Finding] = []
-    # Fast path: list slices compare in C; only walk ids when something differs.
     mismatched: list[int] = []
     only_target: list[int] = []
     only_draft: list[int] = []
-    if a[:common] != b[:common]:
-        for i in range(common):
-            x, y = a[i], b[i]
-            if x != y:
-                if x is None:
-                    only_draft.append(i)
-                elif y is None:
-                    only_target.append(i)
-                else:
-                    mismatched.append(i)
+    for i in _differing_ids(a, b, common):
+        x, y = a[i], b[i]
+        if x is None:
+            only_draft.append(i)
+        elif y is None:
+            only_target.append(i)
+        else:
+            mismatched.append(i)
     only_target.extend(i for i in range(common, len(a)) if a[i] is not None)
     only_draft.extend(i for i in range(common, len(b)) if b[i] is not None)
     details = {
