@@ -91,6 +91,60 @@ def test_named_prefix_spills_when_every_replica_is_overloaded() -> None:
     assert url == C and reason == "balance"
 
 
+D = "http://d:1"
+SHORT_Q = SYS + "q"  # almost all of it is the prefix: queueing behind a few requests is cheap
+LONG_Q = SYS + "a long uncached question. " * 80  # ~2,000 uncached chars: recomputing the prefix is cheaper
+
+
+@pytest.mark.parametrize(
+    ("loads", "cached", "query", "expect_url", "expect_reason"),
+    [
+        # 1. a replica that is not overloaded takes it, the least loaded one
+        ({A: 3, B: 1, C: 0, D: 0}, {A: SYS, B: SYS}, SHORT_Q, B, "named_prefix"),
+        # 2. every replica overloaded: a non-replica that already holds the prefix grows the set
+        ({A: 10, B: 10, C: 1, D: 0}, {A: SYS, B: SYS, C: SYS}, LONG_Q, C, "named_prefix_holder"),
+        # 3. every holder overloaded, short uncached part, small excess: queue on the least-loaded replica
+        ({A: 10, B: 7, C: 0, D: 0}, {A: SYS, B: SYS}, SHORT_Q, B, "named_prefix_queue"),
+        # 4. same loads, long uncached part: queueing costs more than the cold prefix -> spill cold
+        ({A: 10, B: 7, C: 0, D: 0}, {A: SYS, B: SYS}, LONG_Q, None, "balance"),
+        # 5. excess queue beyond spill_queue_factor x balance_abs: spill even when short
+        ({A: 20, B: 20, C: 0, D: 0}, {A: SYS, B: SYS}, SHORT_Q, None, "balance"),
+        # 6. the index lost the replicas' entries: no holder is known, the normal policy decides
+        ({A: 10, B: 10, C: 0, D: 0}, {}, SHORT_Q, None, "balance"),
+    ],
+)
+def test_named_prefix_when_replicas_are_busy(loads: dict[str, int], cached: dict[str, str], query: str,
+                                             expect_url: str | None, expect_reason: str) -> None:
+    workers = [WorkerView(u, inflight=n) for u, n in loads.items()]
+    url, reason = _pick(workers, cached, query, replicas=[A, B])
+    assert reason == expect_reason
+    if expect_url is not None:
+        assert url == expect_url
+    else:  # cold spill: one of the idle non-holders
+        assert url in (C, D) and url not in cached
+
+
+def test_spilled_worker_then_shares_the_hot_prefix_evenly() -> None:
+    """A 4-worker fleet, K=2 replicas, requests piling up: after the first cold spill, the spilled
+    worker is a holder, and the replicas never get more than balance_abs above it."""
+    ix = PrefixIndex(block_chars=64)
+    for u in (A, B):
+        ix.insert(ix.hashes(SYS), u, now=0.0)
+    inflight = dict.fromkeys((A, B, C, D), 0)
+    rng = random.Random(3)
+    reasons = []
+    for i in range(40):
+        q = SYS + f"user question {i} " * 60
+        c = choose_prefill(hashes=ix.hashes(q), text_chars=len(q), workers=[WorkerView(u, inflight=n) for u, n in inflight.items()],
+                           index=ix, now=1.0, cfg=CFG, rng=rng, replicas=[A, B])
+        ix.insert(ix.hashes(q), c.url, now=1.0)
+        inflight[c.url] += 1
+        reasons.append(c.reason)
+        assert max(inflight.values()) - min(inflight.values()) <= CFG.balance_abs + 1
+    cold = [r for r in reasons if r not in ("named_prefix", "named_prefix_holder", "named_prefix_queue")]
+    assert len(cold) <= 2 and "named_prefix_holder" in reasons
+
+
 @pytest.mark.parametrize("policy", ["round_robin", "random", "power_of_two"])
 def test_simple_policies_only_pick_available_workers(policy: str) -> None:
     workers = [WorkerView(A), WorkerView(B, available=False), WorkerView(C)]

@@ -26,7 +26,8 @@ class WorkerView:
     url: str
     #: requests this router has in flight on the worker
     inflight: int = 0
-    #: waiting requests the worker itself reported (/v1/loads num_waiting_reqs), possibly from elsewhere
+    #: requests other clients have on the worker (from /v1/loads: reported waiting + running minus this
+    #: router's in-flight at the time of the poll)
     queued: int = 0
     #: healthy and its circuit breaker lets requests through
     available: bool = True
@@ -42,12 +43,16 @@ class PolicyConfig:
     cache_threshold: float = 0.3
     balance_abs: int = 8
     balance_rel: float = 1.5
+    #: named prefixes: the most excess queue (in units of balance_abs) a holder may take before traffic
+    #: spills to a cold worker, when queueing is still cheaper than recomputing the prefix there
+    spill_queue_factor: float = 2.0
 
 
 @dataclass(frozen=True)
 class Choice:
     url: str
-    #: why: cache_hit, named_prefix, balance, fallback, round_robin, random, power_of_two, load
+    #: why: cache_hit, named_prefix, named_prefix_holder, named_prefix_queue, balance, fallback,
+    #: round_robin, random, power_of_two, load
     reason: str
     matched_chars: int = 0
 
@@ -103,14 +108,9 @@ def choose_prefill(
     min_load = min(w.load for w in cands)
     matches = index.match(hashes, [w.url for w in cands], now)
     if replicas:
-        reps = [w for w in cands if w.url in replicas and not overloaded(w, min_load, cfg)]
-        if reps:
-            # Deeper match (a multi-turn conversation under the shared prompt) first, then least load.
-            best = min(reps, key=lambda w: (w.load, rng.random()))
-            deepest = max(reps, key=lambda w: matches[w.url])
-            if matches[deepest.url] > matches[best.url] and deepest.load <= best.load + 1:
-                best = deepest
-            return Choice(best.url, "named_prefix", matches[best.url])
+        named = _named_prefix(cands, matches, replicas, min_load, cfg, rng, text_chars)
+        if named is not None:
+            return named
 
     ranked = sorted(cands, key=lambda w: (-matches[w.url], w.load))
     for w in ranked:
@@ -127,6 +127,50 @@ def choose_prefill(
     footprint = {w.url: index.footprint(w.url) for w in cands}
     pick = power_of_two(cands, rng, footprint)
     return Choice(pick.url, "fallback", matches[pick.url])
+
+
+def _named_prefix(
+    cands: Sequence[WorkerView], matches: dict[str, int], replicas: Sequence[str], min_load: int,
+    cfg: PolicyConfig, rng: random.Random, text_chars: int,
+) -> Choice | None:
+    """Where a request that starts with a named prefix goes, or None to let the normal policy place it.
+
+    1. The warm replicas that are not overloaded: deepest match (a multi-turn conversation under the
+       shared prompt) when it is about as idle, else the least loaded.
+    2. Every replica overloaded: another worker the index says holds the prefix as deeply as every
+       replica (it took spilled traffic before), if it is not overloaded. The replica set grows on
+       demand instead of sending the next spill to a cold worker.
+    3. Every holder overloaded: queue on the least-loaded holder when that costs less than recomputing
+       the prefix elsewhere: its excess queue (requests above the least-loaded worker) times the
+       uncached part of this request is below the prefix's length, and the excess stays under
+       `spill_queue_factor` x `balance_abs`. Otherwise None: the request goes cold to the least-loaded
+       worker, which from then on counts as a holder (step 2).
+    """
+    reps = [w for w in cands if w.url in replicas]
+    ok = [w for w in reps if not overloaded(w, min_load, cfg)]
+    if ok:
+        return _spread(ok, matches, rng, "named_prefix")
+    depth = min((matches[w.url] for w in reps), default=0)
+    if depth <= 0:
+        return None
+    others = [w for w in cands if w.url not in replicas and matches[w.url] >= depth]
+    ok = [w for w in others if not overloaded(w, min_load, cfg)]
+    if ok:
+        return _spread(ok, matches, rng, "named_prefix_holder")
+    least = min(reps + others, key=lambda w: (w.load, rng.random()))
+    excess = least.load - min_load
+    uncached = max(text_chars - matches[least.url], 1)
+    if excess * uncached < matches[least.url] and excess <= cfg.spill_queue_factor * cfg.balance_abs:
+        return Choice(least.url, "named_prefix_queue", matches[least.url])
+    return None
+
+
+def _spread(ok: Sequence[WorkerView], matches: dict[str, int], rng: random.Random, reason: str) -> Choice:
+    best = min(ok, key=lambda w: (w.load, rng.random()))
+    deepest = max(ok, key=lambda w: matches[w.url])
+    if matches[deepest.url] > matches[best.url] and deepest.load <= best.load + 1:
+        best = deepest
+    return Choice(best.url, reason, matches[best.url])
 
 
 def choose_decode(workers: Sequence[WorkerView], rng: random.Random, *, policy: str = "load", seq: int = 0) -> Choice:
