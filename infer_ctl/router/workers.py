@@ -21,6 +21,10 @@ class WorkerState:
     #: worker-reported load (/v1/loads): waiting and running requests, KV capacity in tokens
     queued: int = 0
     running: int = 0
+    #: requests on the worker that are not this router's (other clients), as of the last load poll:
+    #: reported waiting + running minus our in-flight then. The policy adds this to our live in-flight
+    #: count; adding the raw waiting queue would count our own queued requests twice.
+    external: int = 0
     max_total_tokens: int | None = None
     #: identity of the worker process (/server_info start time); a change means a restart
     instance: str | None = None
@@ -45,7 +49,7 @@ class WorkerState:
         return self.healthy and not self.removed and self.breaker.allows(now)
 
     def view(self, now: float) -> WorkerView:
-        return WorkerView(self.spec.url, self.inflight, self.queued, self.available(now))
+        return WorkerView(self.spec.url, self.inflight, self.external, self.available(now))
 
     def as_dict(self, now: float) -> dict[str, Any]:
         return {
@@ -55,6 +59,7 @@ class WorkerState:
             "circuit_breaker": self.breaker.state.value,
             "inflight": self.inflight,
             "queued": self.queued,
+            "external": self.external,
             "running": self.running,
             "max_total_tokens": self.max_total_tokens,
             "radix_eviction_priority": self.radix_priority,
