@@ -20,15 +20,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
 from infer_ctl.core.routing.breaker import backoff_s
 from infer_ctl.core.routing.index import PrefixIndex
-from infer_ctl.core.routing.pd import bootstrap_host, merge_input_logprobs, wants_logprobs, with_bootstrap
+from infer_ctl.core.routing.pd import (
+    batch_size,
+    bootstrap_host,
+    merge_input_logprobs,
+    new_room,
+    wants_logprobs,
+    with_bootstrap,
+)
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig, choose_decode, choose_prefill
 from infer_ctl.core.routing.prefixes import PrefixRecord, PrefixRegistry
 from infer_ctl.core.routing.prompt import routing_text
-from infer_ctl.router import sse
+from infer_ctl.router import h1, sse
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.metrics import RouterMetrics
@@ -40,6 +45,7 @@ log = logging.getLogger("infer_ctl.router")
 
 _JSON = "application/json"
 _RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
 
 
 class _Retryable(Exception):
@@ -53,6 +59,7 @@ class _Ctx:
     rid: str
     endpoint: str
     body: dict[str, Any]
+    raw: bytes
     stream: bool
     text: str
     hashes: list[int]
@@ -65,7 +72,7 @@ class _Ctx:
     prefill: str = ""
     decode: str = ""
     attempts: int = 0
-    resp: web.StreamResponse | None = None
+    resp: h1.StreamResponse | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,15 +115,14 @@ class Router:
         return f"{self._rid_prefix}-{self._rid_seq:x}"
 
     def error(self, ctx_or_endpoint: _Ctx | str, status: int, message: str, kind: str, rid: str = "",
-              reason: str | None = None) -> web.Response:
+              reason: str | None = None) -> h1.Response:
         endpoint = ctx_or_endpoint.endpoint if isinstance(ctx_or_endpoint, _Ctx) else ctx_or_endpoint
         rid = ctx_or_endpoint.rid if isinstance(ctx_or_endpoint, _Ctx) else rid
         if reason:
             self.metrics.rejected.labels(reason).inc()
         log.log(logging.WARNING if status >= 500 else logging.INFO, "request failed",
                 extra={"rid": rid, "endpoint": endpoint, "status": status, "error": message})
-        return web.Response(status=status, body=error_body(status, message, kind), content_type=_JSON,
-                            headers={"X-Request-Id": rid})
+        return h1.Response(status, error_body(status, message, kind), _JSON, {"X-Request-Id": rid})
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -130,8 +136,8 @@ class Router:
             log.debug("background task failed: %s", task.exception())
 
     # ---- entry point -----------------------------------------------------------------------------
-    async def handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        rid = request.headers.get("X-Request-Id") or self.new_rid()
+    async def handle(self, request: h1.Request, endpoint: str) -> h1.StreamResponse | h1.Response:
+        rid = request.headers.get("x-request-id") or self.new_rid()
         if self.draining:
             return self.error(endpoint, 503, "router is shutting down; retry on another router", "unavailable", rid, "draining")
         if self.slots.locked():
@@ -162,14 +168,11 @@ class Router:
             self.slots.release()
             self.metrics.observe_request(endpoint, status, self.clock() - t0)
 
-    async def _handle(self, request: web.Request, endpoint: str, rid: str, t0: float) -> web.StreamResponse:
+    async def _handle(self, request: h1.Request, endpoint: str, rid: str, t0: float) -> h1.StreamResponse | h1.Response:
         cfg = self.cfg
-        if request.content_length is not None and request.content_length > cfg.max_body_bytes:
+        if request.too_large:  # known from Content-Length (or the chunks so far): the body was not read
             return self.error(endpoint, 413, f"request body over {cfg.max_body_bytes} bytes", "request_too_large", rid, "too_large")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self.error(endpoint, 413, f"request body over {cfg.max_body_bytes} bytes", "request_too_large", rid, "too_large")
+        raw = request.body
         try:
             body = loads(raw)
         except (DecodeError, ValueError, UnicodeDecodeError) as exc:
@@ -178,7 +181,7 @@ class Router:
             return self.error(endpoint, 400, "the body must be a JSON object", "invalid_request", rid, "bad_json")
         text = routing_text(endpoint, body)
         ctx = _Ctx(
-            rid=rid, endpoint=endpoint, body=body, stream=bool(body.get("stream")), text=text,
+            rid=rid, raw=raw, endpoint=endpoint, body=body, stream=bool(body.get("stream")), text=text,
             hashes=self.index.hashes(text) if self.policy.policy == "cache_aware" else [],
             named=self.prefixes.match(text) if text else None, logprobs=wants_logprobs(body), started=t0,
             headers={"X-Request-Id": rid},
@@ -217,7 +220,7 @@ class Router:
         self.metrics.retries.labels("exhausted").inc()
         assert last is not None
         if last.status is not None and last.body:
-            return web.Response(status=last.status, body=last.body, content_type=_JSON, headers=ctx.headers)
+            return h1.Response(last.status, last.body, _JSON, headers=ctx.headers)
         return self.error(ctx, 502, f"all {ctx.attempts} attempts failed; last: {last.message}", "upstream_error")
 
     # ---- routing ---------------------------------------------------------------------------------
@@ -324,10 +327,25 @@ class Router:
 
     def _payload(self, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> bytes:
         if dec is None:
-            return dumps(ctx.body)
-        body = with_bootstrap(ctx.body, ctx.endpoint, bootstrap_host(pre.url), pre.spec.bootstrap_port, self.rng)
-        ctx.extra["room"] = body["bootstrap_room"]
-        return dumps(body)
+            return ctx.raw  # collocated: the client's body as it came (it parsed as a JSON object)
+        body = ctx.body
+        host = bootstrap_host(pre.url)
+        if not (_PD_KEYS & body.keys()):
+            # Splice the PD fields in before the object's closing brace instead of re-serialising the
+            # whole body: `raw` parsed as a JSON object (so, without trailing whitespace, it ends in `}`)
+            # and has none of these keys, so the result is the same object plus the fields.
+            raw = ctx.raw.rstrip(b" \t\r\n")
+            if raw.endswith(b"}"):
+                port, n = pre.spec.bootstrap_port, batch_size(ctx.endpoint, body)
+                fields: dict[str, Any] = (
+                    {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": new_room(self.rng)} if n is None
+                    else {"bootstrap_host": [host] * n, "bootstrap_port": [port] * n,
+                          "bootstrap_room": [new_room(self.rng) for _ in range(n)]})
+                ctx.extra["room"] = fields["bootstrap_room"]
+                return raw[:-1] + (b"," if body else b"") + dumps(fields)[1:]
+        full = with_bootstrap(body, ctx.endpoint, host, pre.spec.bootstrap_port, self.rng)
+        ctx.extra["room"] = full["bootstrap_room"]
+        return dumps(full)
 
     async def _prefill_first(self, pt: asyncio.Task[tuple[int, bytes, str]], other: asyncio.Task[Any],
                              pre: WorkerState) -> tuple[int, bytes, str] | None:
@@ -345,7 +363,7 @@ class Router:
                 return status, data, ctype
         return None
 
-    async def _unary(self, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> web.StreamResponse:
+    async def _unary(self, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> h1.StreamResponse | h1.Response:
         payload = self._payload(ctx, pre, dec)
         target = dec or pre
         pt = asyncio.ensure_future(self._call_read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
@@ -356,7 +374,7 @@ class Router:
                 if client_error is not None:
                     self._cancel(dt)
                     status, data, ctype = client_error
-                    return web.Response(status=status, body=data, content_type=ctype.split(";")[0], headers=ctx.headers)
+                    return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
             try:
                 status, data, ctype = await dt
             except UpstreamError as exc:
@@ -376,12 +394,12 @@ class Router:
                 self._finish_later(pt)
             if status == 200:
                 self._feedback(ctx, pre, obj if obj is not None else _safe_loads(data))
-            return web.Response(status=status, body=data, content_type=ctype.split(";")[0], headers=ctx.headers)
+            return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
         except BaseException:
             self._cancel(pt, dt)
             raise
 
-    async def _stream(self, request: web.Request, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> web.StreamResponse:
+    async def _stream(self, request: h1.Request, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> h1.StreamResponse | h1.Response:
         payload = self._payload(ctx, pre, dec)
         target = dec or pre
         pt = asyncio.ensure_future(self._call_read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
@@ -393,7 +411,7 @@ class Router:
                 if client_error is not None:
                     self._cancel(dt)
                     status, data, ctype = client_error
-                    return web.Response(status=status, body=data, content_type=ctype.split(";")[0], headers=ctx.headers)
+                    return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
             try:
                 upstream = await dt
             except UpstreamError as exc:
@@ -410,14 +428,14 @@ class Router:
                 upstream.close()
                 target.inflight -= 1
 
-    async def _relay(self, request: web.Request, ctx: _Ctx, pre: WorkerState, target: WorkerState,
-                     upstream: Response, pt: asyncio.Task[tuple[int, bytes, str]] | None) -> web.StreamResponse:
+    async def _relay(self, request: h1.Request, ctx: _Ctx, pre: WorkerState, target: WorkerState,
+                     upstream: Response, pt: asyncio.Task[tuple[int, bytes, str]] | None) -> h1.StreamResponse | h1.Response:
         if upstream.status != 200:
             data = await upstream.read()
             self._record(target, upstream.status)
             if upstream.status in _RETRYABLE_STATUS:
                 raise _Retryable("stream_status", target.url, f"HTTP {upstream.status}", upstream.status, data)
-            return web.Response(status=upstream.status, body=data, content_type=_JSON, headers=ctx.headers)
+            return h1.Response(upstream.status, data, _JSON, headers=ctx.headers)
         # Commit to the client only once the first byte exists: until then a failure is retryable.
         try:
             first = await upstream._conn.next_chunk()
@@ -437,7 +455,7 @@ class Router:
                 prefill_meta = sse.first_event_json(pdata)
         elif pt is not None:
             self._finish_later(pt)
-        resp = ctx.resp = web.StreamResponse(status=200, headers={
+        resp = ctx.resp = h1.StreamResponse(200, {
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": ctx.rid})
         await resp.prepare(request)
         splitter = sse.EventSplitter()

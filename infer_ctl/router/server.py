@@ -1,15 +1,22 @@
 """The HTTP front of the router: endpoints, limits, lifecycle (start, drain, stop).
 
-Stack: aiohttp's server (C HTTP parser, streaming with write back-pressure) on uvloop, with the
-router's own keep-alive upstream client (upstream.py). docs/router.md records the measurements behind
-this choice. Handler cancellation is on: a client that disconnects cancels its handler, which closes
-the upstream connections, which makes SGLang abort the request.
+Stack (docs/router.md, "HTTP stack", records the measurements): the data plane - the generate
+endpoints, /health, /metrics, /v1/models, /model_info, /server_info, /flush_cache - is served by the
+router's own HTTP/1.1 protocol on httptools (h1.py) on uvloop, with the router's own keep-alive upstream
+client (upstream.py). The operator API (/admin/..., admin.py) stays an aiohttp application: it is served
+on a private unix socket, and the front relays /admin/ requests to it unchanged (headers, body, status),
+so its auth and handlers are aiohttp's and its cost never touches the data plane. A client that
+disconnects cancels its request's task, which closes the upstream connections, which makes SGLang abort
+the request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -17,15 +24,20 @@ from aiohttp import web
 
 from infer_ctl.router.admin import Admin
 from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.h1 import H1Server, Request, Response, StreamResponse
 from infer_ctl.router.health import HealthChecker
 from infer_ctl.router.jsonio import dumps, error_body
 from infer_ctl.router.proxy import Router
-from infer_ctl.router.upstream import UpstreamError
+from infer_ctl.router.upstream import Pool, UpstreamError
 from infer_ctl.router.warmer import PrefixWarmer
 
 log = logging.getLogger("infer_ctl.router")
 
 GENERATE_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
+_JSON = "application/json"
+#: response headers of the admin app that are not relayed (the front frames its own response)
+_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
+                          "content-type"})
 
 
 class RouterServer:
@@ -36,8 +48,16 @@ class RouterServer:
         self.health = HealthChecker(self.router)
         self.warmer = PrefixWarmer(self.router)
         self.admin = Admin(self.router, self.warmer, self.health)
+        self.http = H1Server(self.dispatch, cfg.max_body_bytes)
         self.runner: web.AppRunner | None = None
+        self._admin_dir: str | None = None
+        self._admin_pool: Pool | None = None
         self.port = cfg.port
+        self._generate = set(GENERATE_ENDPOINTS)
+        self._gets: dict[str, Any] = {"/health": self.health_endpoint, "/health_generate": self.health_endpoint,
+                                      "/metrics": self.metrics}
+        for path in ("/v1/models", "/model_info", "/server_info"):
+            self._gets[path] = self.proxy_get(path)
         self.started_at = time.time()
 
     @property
@@ -45,37 +65,55 @@ class RouterServer:
         host = f"[{self.cfg.host}]" if ":" in self.cfg.host else self.cfg.host
         return f"http://{host}:{self.port}"
 
-    def app(self) -> web.Application:
+    def admin_app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.max_body_bytes)
-        r = app.router
-        for ep in GENERATE_ENDPOINTS:
-            r.add_post(ep, self._generate_handler(ep))
-        r.add_get("/health", self.health_endpoint)
-        r.add_get("/health_generate", self.health_endpoint)
-        r.add_get("/v1/models", self.proxy_get("/v1/models"))
-        r.add_get("/model_info", self.proxy_get("/model_info"))
-        r.add_get("/server_info", self.proxy_get("/server_info"))
-        r.add_get("/metrics", self.metrics)
-        r.add_route("*", "/flush_cache", self.flush_cache)
         self.admin.routes(app)
         return app
 
-    def _generate_handler(self, endpoint: str) -> Any:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            return await self.router.handle(request, endpoint)
+    # ---- dispatch --------------------------------------------------------------------------------
+    async def dispatch(self, request: Request) -> Response | StreamResponse:
+        path, method = request.path, request.method
+        if path in self._generate:
+            if method != "POST":
+                return _error(405, f"{path} takes POST", "method_not_allowed")
+            return await self.router.handle(request, path)
+        handler = self._gets.get(path)
+        if handler is not None:
+            if method not in ("GET", "HEAD"):
+                return _error(405, f"{path} takes GET", "method_not_allowed")
+            resp: Response = await handler(request)
+            return resp
+        if path == "/flush_cache":
+            return await self.flush_cache(request)
+        if path.startswith("/admin/") or path == "/admin":
+            return await self.relay_admin(request)
+        return _error(404, f"no endpoint {path}; see docs/router.md for the router's endpoints", "not_found")
 
-        return handler
+    async def relay_admin(self, request: Request) -> Response:
+        if request.too_large:
+            return _error(413, f"request body over {self.cfg.max_body_bytes} bytes", "request_too_large")
+        assert self._admin_pool is not None
+        headers = {k: v for k, v in request.headers.items()
+                   if k in ("authorization", "content-type", "x-request-id", "accept")}
+        target = request.path + ("?" + request.query if request.query else "")
+        try:
+            resp = await asyncio.wait_for(self._admin_pool.request(request.method, target, request.body, headers), 60)
+            data = await resp.read()
+        except (UpstreamError, TimeoutError) as exc:
+            return _error(500, f"admin API failed: {exc}; see the router's log", "internal_error")
+        extra = {k: v for k, v in resp.headers.items() if k not in _HOP_HEADERS}
+        return Response(resp.status, data, resp.headers.get("content-type", _JSON), extra or None)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True,
-                                    shutdown_timeout=self.cfg.drain_timeout_s)
+        self._admin_dir = tempfile.mkdtemp(prefix="inferctl-router-admin-")
+        os.chmod(self._admin_dir, 0o700)
+        sock = os.path.join(self._admin_dir, "admin.sock")
+        self.runner = web.AppRunner(self.admin_app(), access_log=None, handler_cancellation=True)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.cfg.host, self.cfg.port, backlog=1024, reuse_address=True)
-        await site.start()
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        await web.UnixSite(self.runner, sock).start()
+        self._admin_pool = Pool("localhost", 0, unix=sock, max_idle=4)
+        self.port = await self.http.listen(self.cfg.host, self.cfg.port)
         await self.health.check_all()
         self.health.start()
         self.warmer.start()
@@ -96,13 +134,18 @@ class RouterServer:
         await self.warmer.stop()
         for task in list(router._background):
             task.cancel()
+        await self.http.close_all()
+        if self._admin_pool is not None:
+            self._admin_pool.close()
         if self.runner is not None:
             await self.runner.cleanup()
+        if self._admin_dir is not None:
+            shutil.rmtree(self._admin_dir, ignore_errors=True)
         router.upstreams.close()
         log.info("router stopped")
 
     # ---- endpoints -------------------------------------------------------------------------------
-    async def health_endpoint(self, request: web.Request) -> web.Response:
+    async def health_endpoint(self, request: Request) -> Response:
         router = self.router
         now = router.clock()
         if router.mode == "pd":
@@ -112,10 +155,10 @@ class RouterServer:
             need = {"worker": any(w.available(now) for w in router.workers.role("mixed"))}
         ok = all(need.values()) and not router.draining
         doc = {"status": "ok" if ok else "unavailable", "draining": router.draining, "available": need}
-        return web.Response(status=200 if ok else 503, body=dumps(doc), content_type="application/json")
+        return Response(200 if ok else 503, dumps(doc))
 
     def proxy_get(self, path: str) -> Any:
-        async def handler(request: web.Request) -> web.Response:
+        async def handler(request: Request) -> Response:
             router = self.router
             now = router.clock()
             for w in sorted(router.workers.prefill_like(), key=lambda w: not w.available(now)):
@@ -123,20 +166,18 @@ class RouterServer:
                     status, data = await asyncio.wait_for(router.upstreams.fetch(w.url, "GET", path), 10)
                 except (UpstreamError, TimeoutError):
                     continue
-                return web.Response(status=status, body=data, content_type="application/json")
+                return Response(status, data)
             if path == "/v1/models" and self.cfg.model_name:
-                return web.Response(body=dumps({"object": "list", "data": [
-                    {"id": self.cfg.model_name, "object": "model", "owned_by": "sglang"}]}), content_type="application/json")
-            return web.Response(status=503, body=error_body(503, "no worker answered; check `inferctl router workers`",
-                                                            "unavailable"), content_type="application/json")
+                return Response(200, dumps({"object": "list", "data": [
+                    {"id": self.cfg.model_name, "object": "model", "owned_by": "sglang"}]}))
+            return _error(503, "no worker answered; check `inferctl router workers`", "unavailable")
 
         return handler
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.router.metrics.render(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    async def metrics(self, request: Request) -> Response:
+        return Response(200, self.router.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
 
-    async def flush_cache(self, request: web.Request) -> web.Response:
+    async def flush_cache(self, request: Request) -> Response:
         """Fan out to every worker; on success, the worker's predicted cache is empty too."""
         router = self.router
         results: dict[str, Any] = {}
@@ -155,5 +196,8 @@ class RouterServer:
         await asyncio.gather(*(one(w) for w in router.workers.all()))
         self.warmer.poke()
         ok = all(r["ok"] for r in results.values())
-        return web.Response(status=200 if ok else 502, body=dumps({"ok": ok, "workers": results}),
-                            content_type="application/json")
+        return Response(200 if ok else 502, dumps({"ok": ok, "workers": results}))
+
+
+def _error(status: int, message: str, kind: str) -> Response:
+    return Response(status, error_body(status, message, kind))

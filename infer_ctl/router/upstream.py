@@ -263,10 +263,11 @@ class Response:
 class Pool:
     """Idle keep-alive connections to one worker (host:port)."""
 
-    def __init__(self, host: str, port: int, *, max_idle: int = 256) -> None:
+    def __init__(self, host: str, port: int, *, max_idle: int = 256, unix: str | None = None) -> None:
         self.host = host
         self.port = port
-        self.authority = f"{host}:{port}"
+        self.unix = unix  # a unix socket path instead of host:port (the router's internal admin app)
+        self.authority = host if unix else f"{host}:{port}"
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
@@ -293,7 +294,10 @@ class Pool:
                 return conn, True
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+            if self.unix is not None:
+                _, proto = await loop.create_unix_connection(lambda: _Conn(self), self.unix)
+            else:
+                _, proto = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
         except OSError as exc:
             raise UpstreamError(f"cannot connect to {self.authority}: {exc.strerror or exc}") from None
         self._all.add(proto)

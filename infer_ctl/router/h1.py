@@ -1,0 +1,361 @@
+"""The router's HTTP/1.1 server for the data plane: asyncio.Protocol + httptools (llhttp, the parser
+uvicorn uses).
+
+Why not aiohttp's server: on this project's 2-core machine a hello-world aiohttp server answers 4-8k
+requests/s where this protocol answers ~20k (docs/router.md, "HTTP stack"); in the router that
+difference is 15-25 % of the CPU of a routed request. The router needs a small subset of HTTP, which
+this module implements completely:
+
+- keep-alive (HTTP/1.1 default, HTTP/1.0 with `Connection: keep-alive`) and pipelining: requests are
+  answered one at a time in order; reading pauses while more than a few are queued;
+- request bodies by Content-Length or chunked; a body over `max_body` is answered 413 as soon as that is
+  known (from the Content-Length header, before any body byte is read), then the rest is discarded for a
+  moment and the connection closed (a lingering close, so the client sees the 413 rather than a reset);
+- malformed HTTP: 400 with a JSON body, then close;
+- responses in one write (`Response`) or streamed with chunked encoding (`StreamResponse`), with
+  back-pressure: `write` waits while the socket's write buffer is over its high-water mark;
+- a client that disconnects cancels the task handling its request (which closes the upstream
+  connections, which makes SGLang abort the request);
+- `close_idle()` / `close_all()` for graceful shutdown.
+
+The API mirrors the subset of aiohttp's that the router uses (`Response`, `StreamResponse.prepare/
+write/write_eof/prepared`), so handlers read the same either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+
+from infer_ctl.router.jsonio import error_body
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_MAX_PIPELINED = 8
+_LINGER_S = 1.0
+_MAX_HEAD = 64 * 1024
+
+
+def _reason(status: int) -> bytes:
+    return _REASONS.get(status, b"Unknown")
+
+
+class Request:
+    """One parsed request. Header names are lower-case."""
+
+    __slots__ = ("body", "conn", "content_length", "headers", "http10", "method", "path", "query", "too_large")
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], conn: H1Connection) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = b""
+        cl = headers.get("content-length")
+        self.content_length: int | None = int(cl) if cl is not None and cl.isdigit() else None
+        self.conn = conn
+        self.too_large = False
+        self.http10 = False
+
+
+class Response:
+    """A whole response, written with one transport write."""
+
+    __slots__ = ("body", "content_type", "headers", "status")
+    prepared = False
+
+    def __init__(self, status: int = 200, body: bytes = b"", content_type: str = "application/json",
+                 headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers
+
+    def encode(self, close: bool) -> bytes:
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+            self.status, _reason(self.status), self.content_type.encode("latin-1"), len(self.body))
+        if self.headers:
+            head += "".join(f"{k}: {v}\r\n" for k, v in self.headers.items()).encode("latin-1")
+        if close:
+            head += b"Connection: close\r\n"
+        return head + b"\r\n" + self.body
+
+
+class StreamResponse:
+    """A response streamed with chunked transfer encoding (SSE relays)."""
+
+    def __init__(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.headers = headers or {}
+        self.prepared = False
+        self.finished = False
+        self._conn: H1Connection | None = None
+
+    async def prepare(self, request: Request) -> None:
+        conn = self._conn = request.conn
+        head = b"HTTP/1.1 %d %s\r\nTransfer-Encoding: chunked\r\n" % (self.status, _reason(self.status))
+        head += "".join(f"{k}: {v}\r\n" for k, v in self.headers.items()).encode("latin-1")
+        if conn.close_after:
+            head += b"Connection: close\r\n"
+        self.prepared = True
+        conn.write(head + b"\r\n")
+        await conn.drain()
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        assert self._conn is not None, "prepare() first"
+        self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
+        await self._conn.drain()
+
+    async def write_eof(self) -> None:
+        if self.finished or self._conn is None:
+            return
+        self.finished = True
+        self._conn.write(b"0\r\n\r\n")
+        await self._conn.drain()
+
+
+Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
+
+
+class H1Server:
+    """Owns the listening socket's connections; `handler` answers every request."""
+
+    def __init__(self, handler: Handler, max_body: int) -> None:
+        self.handler = handler
+        self.max_body = max_body
+        self.conns: set[H1Connection] = set()
+        self.server: asyncio.AbstractServer | None = None
+
+    async def listen(self, host: str, port: int, backlog: int = 1024) -> int:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: H1Connection(self), host, port, backlog=backlog,
+                                               reuse_address=True)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def stop_listening(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    def close_idle(self) -> None:
+        for conn in list(self.conns):
+            if conn.task is None and not conn.pending:
+                conn.close()
+
+    async def close_all(self) -> None:
+        self.stop_listening()
+        tasks = [c.task for c in self.conns if c.task is not None]
+        for conn in list(self.conns):
+            conn.close()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+class H1Connection(asyncio.Protocol):
+    def __init__(self, server: H1Server) -> None:
+        self.srv = server
+        self.transport: Any = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.hdrs: list[tuple[bytes, bytes]] = []
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.cur: Request | None = None
+        self.pending: deque[Request] = deque()
+        self.task: asyncio.Task[None] | None = None
+        self.close_after = False
+        self.discarding = False
+        self.closed = False
+        self.paused_reading = False
+        self.write_paused = False
+        self.drain_waiter: asyncio.Future[None] | None = None
+
+    # ---- transport events ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # pragma: no cover - not a TCP socket
+                pass
+        self.srv.conns.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.srv.conns.discard(self)
+        self.pending.clear()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client went away: cancel its request (and so the upstream calls)
+        self._wake_drain(ConnectionResetError("client disconnected"))
+
+    def data_received(self, data: bytes) -> None:
+        if self.discarding:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fatal(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            if not self.discarding:
+                self._fatal(400, f"malformed HTTP request: {exc}")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_drain(None)
+
+    # ---- parser callbacks ------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.hdrs = []
+        self.parts = []
+        self.size = 0
+        self.cur = None
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > _MAX_HEAD:
+            raise httptools.HttpParserError("URL too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.hdrs.append((name, value))
+        if len(self.hdrs) > 200:
+            raise httptools.HttpParserError("too many headers")
+
+    def on_headers_complete(self) -> None:
+        url = self.url.decode("latin-1")
+        path, _, query = url.partition("?")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.hdrs}
+        req = self.cur = Request(self.parser.get_method().decode("ascii"), path, query, headers, self)
+        req.http10 = self.parser.get_http_version() == "1.0"
+        if req.content_length is not None and req.content_length > self.srv.max_body:
+            self._too_large(req)
+
+    def on_body(self, body: bytes) -> None:
+        req = self.cur
+        if req is None or req.too_large:
+            return
+        self.size += len(body)
+        if self.size > self.srv.max_body:
+            self.parts = []
+            self._too_large(req)
+            return
+        self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        req = self.cur
+        self.cur = None
+        if req is None or req.too_large:
+            return
+        if self.parts:
+            req.body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+            self.parts = []
+        if not self.parser.should_keep_alive():
+            self.close_after = True
+        self._enqueue(req)
+
+    # ---- request handling ------------------------------------------------------------------------
+    def _too_large(self, req: Request) -> None:
+        """Answer 413 now and stop reading the body (the handler produces the JSON error)."""
+        req.too_large = True
+        self.close_after = True
+        self.discarding = True  # nothing after this request is parsed
+        self._enqueue(req)
+
+    def _enqueue(self, req: Request) -> None:
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run(req))
+        else:
+            self.pending.append(req)
+            if len(self.pending) >= _MAX_PIPELINED and not self.paused_reading and not self.closed:
+                self.transport.pause_reading()
+                self.paused_reading = True
+
+    async def _run(self, req: Request | None) -> None:
+        try:
+            while req is not None:
+                try:
+                    resp = await self.srv.handler(req)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # the handler's own safety net failed: still answer
+                    resp = Response(500, error_body(500, "internal router error; see the router's log", "internal_error"))
+                if self.closed:
+                    return
+                if isinstance(resp, Response):
+                    close = self.close_after and not self.pending
+                    self.write(resp.encode(close or req.too_large))
+                elif not resp.finished:  # a stream the handler did not end: end it
+                    await resp.write_eof()
+                if self.close_after and not self.pending:
+                    self._finish_close(req.too_large)
+                    return
+                req = self.pending.popleft() if self.pending else None
+                if self.paused_reading and len(self.pending) < _MAX_PIPELINED // 2 and not self.closed:
+                    self.transport.resume_reading()
+                    self.paused_reading = False
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.task = None
+
+    def _finish_close(self, linger: bool) -> None:
+        if self.closed:
+            return
+        if linger:
+            # Keep reading (and dropping) what the client is still sending, so that it reads the 413
+            # instead of a connection reset; then close.
+            self.discarding = True
+            asyncio.get_running_loop().call_later(_LINGER_S, self.close)
+            try:
+                self.transport.write_eof()
+            except (OSError, RuntimeError, NotImplementedError):
+                self.close()
+        else:
+            self.close()
+
+    def _fatal(self, status: int, message: str) -> None:
+        self.discarding = True
+        if self.task is None and not self.closed:
+            self.write(Response(status, error_body(status, message, "invalid_request")).encode(True))
+            self.close()
+        else:
+            self.close_after = True  # answer what is in progress, then close
+
+    # ---- writing ---------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if self.closed or self.transport.is_closing():
+            raise ConnectionResetError("client disconnected")
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("client disconnected")
+        if not self.write_paused:
+            return
+        waiter = self.drain_waiter = asyncio.get_running_loop().create_future()
+        await waiter
+
+    def _wake_drain(self, exc: BaseException | None) -> None:
+        waiter = self.drain_waiter
+        self.drain_waiter = None
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)
+
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.close()
