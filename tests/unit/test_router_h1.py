@@ -1,0 +1,171 @@
+"""The router's data-plane HTTP/1.1 server (router/h1.py) over real loopback sockets: keep-alive, pipelining,
+chunked request bodies, 413 before the body is read, 400 on malformed HTTP, streaming, and cancellation of
+the request's task when the client disconnects. The handler here is a test one; the router's own
+behaviour on top of it is covered in tests/router."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from infer_ctl.router.embed import new_event_loop
+from infer_ctl.router.h1 import H1Server, Request, Response, StreamResponse
+
+
+class Served:
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self.cancelled = threading.Event()
+        self.seen: list[tuple[str, str, bytes]] = []
+        self.server = H1Server(self.handle, max_body=1000)
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.port = asyncio.run_coroutine_threadsafe(self.server.listen("127.0.0.1", 0), self.loop).result(5)
+
+    async def handle(self, req: Request) -> Response | StreamResponse:
+        self.seen.append((req.method, req.path, req.body))
+        if req.too_large:
+            return Response(413, b'{"error":"too large"}')
+        if req.path == "/slow":
+            await asyncio.sleep(0.2)
+        if req.path == "/hang":
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        if req.path == "/stream":
+            resp = StreamResponse(200, {"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            for i in range(3):
+                await resp.write(b"data: %d\n\n" % i)
+            await resp.write_eof()
+            return resp
+        return Response(200, json.dumps({"path": req.path, "len": len(req.body)}).encode())
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.close_all(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[Served]:
+    s = Served()
+    yield s
+    s.stop()
+
+
+def connect(srv: Served) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+    return sock
+
+
+def read_responses(sock: socket.socket, n: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """Reads n Content-Length or chunked responses."""
+    buf = b""
+    out: list[tuple[int, dict[str, str], bytes]] = []
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            data = sock.recv(65536)
+            if not data:
+                raise EOFError(buf)
+            buf += data
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        status = int(lines[0].split()[1])
+        if "content-length" in headers:
+            size = int(headers["content-length"])
+            while len(buf) < size:
+                buf += sock.recv(65536)
+            body, buf = buf[:size], buf[size:]
+        else:
+            while not buf.endswith(b"0\r\n\r\n"):
+                buf += sock.recv(65536)
+            body, buf = buf, b""
+        out.append((status, headers, body))
+    return out
+
+
+def post(path: str, body: bytes) -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+
+
+def test_keep_alive_and_pipelined_requests_answer_in_order(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(post("/a", b"{}"))
+        assert read_responses(s, 1)[0][0] == 200
+        # three requests in one write; the first is slow, the answers still come in order
+        s.sendall(post("/slow", b"1") + post("/b", b"22") + b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers = read_responses(s, 3)
+    assert [json.loads(b)["path"] for _, _, b in answers] == ["/slow", "/b", "/c"]
+    assert [json.loads(b)["len"] for _, _, b in answers] == [1, 2, 0]
+
+
+def test_chunked_request_body_is_reassembled(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"POST /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n")
+        status, _, body = read_responses(s, 1)[0]
+    assert status == 200 and json.loads(body)["len"] == 7
+    assert ("POST", "/chunked", b"abcdefg") in srv.seen
+
+
+def test_oversize_body_gets_413_before_the_body_is_sent(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")  # no body byte sent
+        status, headers, _ = read_responses(s, 1)[0]
+        assert status == 413 and headers.get("connection") == "close"
+        s.sendall(b"x" * 5000)  # the rest is discarded, not parsed as a request
+        s.settimeout(3)
+        tail = b""
+        while chunk := s.recv(65536):
+            tail += chunk
+    assert tail == b""
+
+
+def test_oversize_chunked_body_gets_413(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"POST /bigc HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + (b"200\r\n" + b"y" * 512 + b"\r\n") * 3)
+        assert read_responses(s, 1)[0][0] == 413
+
+
+def test_malformed_request_gets_a_json_400_and_close(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"THIS IS NOT HTTP\r\n\r\n")
+        status, _, body = read_responses(s, 1)[0]
+        assert status == 400 and "error" in json.loads(body)
+        assert s.recv(10) == b""
+
+
+def test_stream_is_chunked_and_complete(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, body = read_responses(s, 1)[0]
+    assert status == 200 and headers["transfer-encoding"] == "chunked"
+    assert b"data: 0" in body and b"data: 2" in body and body.endswith(b"0\r\n\r\n")
+
+
+def test_client_disconnect_cancels_the_request_task(srv: Served) -> None:
+    srv.cancelled.clear()
+    s = connect(srv)
+    s.sendall(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+    deadline = 50
+    while ("GET", "/hang", b"") not in srv.seen and deadline:
+        threading.Event().wait(0.02)
+        deadline -= 1
+    s.close()
+    assert srv.cancelled.wait(5)
+
+
+def test_http10_without_keep_alive_is_closed_after_the_answer(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"GET /x HTTP/1.0\r\n\r\n")
+        status, headers, _ = read_responses(s, 1)[0]
+        assert status == 200 and headers.get("connection") == "close"
+        assert s.recv(10) == b""
