@@ -23,6 +23,15 @@ def _err(status: int, message: str, kind: str = "invalid_request") -> web.Respon
     return web.Response(status=status, body=error_body(status, message, kind), content_type="application/json")
 
 
+def authorized(token: str | None, header: str) -> bool:
+    """Whether an Authorization header carries the admin token (always true when none is configured).
+    The scheme is case-insensitive (RFC 9110 §11.1: `bearer x` is the same as `Bearer x`)."""
+    if not token:
+        return True
+    scheme, _, cred = header.strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(cred.strip().encode(), token.encode())
+
+
 class Admin:
     def __init__(self, router: Router, warmer: PrefixWarmer, health: Any) -> None:
         self.router = router
@@ -45,14 +54,12 @@ class Admin:
     def _guarded(self, handler: Any) -> Any:
         async def guarded(request: web.Request) -> web.StreamResponse:
             token = self.router.cfg.admin_token
-            if token:
-                got = request.headers.get("Authorization", "")
-                if not (got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())):
-                    return web.Response(
-                        status=401, content_type="application/json",
-                        body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
-                                        f"${self.router.cfg.admin_token_env}", "unauthorized"),
-                        headers={"WWW-Authenticate": "Bearer"})
+            if token and not authorized(token, request.headers.get("Authorization", "")):
+                return web.Response(
+                    status=401, content_type="application/json",
+                    body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
+                                    f"${self.router.cfg.admin_token_env}", "unauthorized"),
+                    headers={"WWW-Authenticate": "Bearer"})
             return await handler(request)
 
         return guarded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,7 +89,7 @@ class RouterConfig:
 
     def validate(self) -> None:
         """Refuse configurations that would be unsafe or cannot route."""
-        if self.host not in LOOPBACK_HOSTS and not self.host.startswith("127.") and not self.admin_token:
+        if not is_loopback(self.host) and not self.admin_token:
             raise UsageError(
                 f"refusing to serve the admin API on non-loopback address {self.host} without a token",
                 remedy=f"export {self.admin_token_env}=<secret> (bearer token for /admin), or listen on 127.0.0.1",
@@ -103,6 +104,17 @@ class RouterConfig:
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
             raise UsageError(f"unknown policy {self.policy!r}",
                              remedy="use cache_aware, round_robin, power_of_two or random")
+
+
+def is_loopback(host: str) -> bool:
+    """Only literal loopback addresses and `localhost` count: a name such as `127.example.com` can
+    resolve anywhere."""
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

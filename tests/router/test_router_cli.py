@@ -116,7 +116,27 @@ def test_serve_runs_until_sigterm_then_drains(mixed: ThreadedSimCluster) -> None
             proc.wait()
 
 
-def test_serve_refuses_non_loopback_without_token(monkeypatch, capsys) -> None:
+@pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0", "127.evil.example:0", "10.0.0.1:0"])
+def test_serve_refuses_non_loopback_without_token(listen: str, monkeypatch, capsys) -> None:
+    # a name that merely starts with "127." can resolve anywhere: only literal loopback counts
     monkeypatch.delenv("INFERCTL_ROUTER_TOKEN", raising=False)
-    assert main(["router", "serve", "--listen", "0.0.0.0:0", "--worker", "http://127.0.0.1:9"]) == 64
+    assert main(["router", "serve", "--listen", listen, "--worker", "http://127.0.0.1:9"]) == 64
     assert "without a token" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("header", "ok"), [
+    ("Bearer tok", True), ("bearer tok", True), ("BEARER  tok ", True), ("Bearer tok2", False),
+    ("Basic tok", False), ("tok", False), ("", False),
+])
+def test_admin_token_check(header: str, ok: bool) -> None:
+    from infer_ctl.router.admin import authorized
+
+    assert authorized("tok", header) is ok
+    assert authorized(None, header) is True
+
+
+def test_lowercase_bearer_scheme_is_accepted_over_http(mixed: ThreadedSimCluster) -> None:
+    with start_router_in_thread(router_config(workers=mixed.urls[:1], admin_token="tok")) as handle:
+        assert httpx.get(handle.url + "/admin/status", headers={"Authorization": "bearer tok"}).status_code == 200
+        r = httpx.get(handle.url + "/admin/status", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
