@@ -106,3 +106,16 @@ def test_longest_active_prefix_matches_and_operator_verbs() -> None:
     warm_all(reg, 0)
     reg.request_warm("long", 1)
     assert {a.name for a in reg.plan_warmups(W, 1)} == {"long"}
+
+
+@pytest.mark.parametrize(("registered", "prompt", "matches"), [
+    ("Policy text.\n", "Policy text. User: hi", True),  # a prompt file's final newline is not required
+    ("Policy text.\n\n  ", "Policy text.\nUser: hi", True),
+    ("Policy text.\n", "Policy text.\nUser: hi", True),
+    ("Policy text.", "Policy tex", False),
+    ("   ", "   x", True),  # an all-whitespace prefix keeps its text as the key
+])
+def test_trailing_whitespace_of_a_prefix_is_not_required(registered: str, prompt: str, matches: bool) -> None:
+    reg = PrefixRegistry()
+    reg.register("p", registered, now=0)
+    assert (reg.match(prompt) is not None) is matches

@@ -86,6 +86,13 @@ class PrefixRecord:
     stats: PrefixStats = field(default_factory=PrefixStats)
 
     @property
+    def match_key(self) -> str:
+        """What a request's routing text must start with to count as this prefix's traffic: the text
+        without trailing whitespace. A prompt file almost always ends with a newline that the
+        application's prompt does not repeat before the user's part ("...policy.\n" vs "...policy. Q:")."""
+        return self.text.rstrip() or self.text
+
+    @property
     def digest(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()[:12]
 
@@ -195,8 +202,8 @@ class PrefixRegistry:
         best: PrefixRecord | None = None
         for versions in self._records.values():
             for rec in versions:
-                if rec.state is PrefixState.ACTIVE and text.startswith(rec.text) and (
-                    best is None or len(rec.text) > len(best.text)
+                if rec.state is PrefixState.ACTIVE and text.startswith(rec.match_key) and (
+                    best is None or len(rec.match_key) > len(best.match_key)
                 ):
                     best = rec
         return best
