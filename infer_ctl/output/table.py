@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -24,20 +26,55 @@ def status_text(status: Status) -> Text:
     return Text(status.value.upper(), style=STATUS_STYLE[status])
 
 
-def findings_table(findings: Sequence[Finding], *, title: str | None = None, show_ok: bool = True) -> Table:
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for col in ("status", "check", "node", "subject", "message"):
-        table.add_column(col, overflow="fold")
-    for f in findings:
-        if not show_ok and f.status in (Status.OK, Status.SKIP):
-            continue
-        message = (
-            f.message
-            if not f.remedy or f.status in (Status.OK, Status.SKIP)
-            else f"{f.message}\n→ {f.remedy}"
-        )
-        table.add_row(status_text(f.status), f.check, f.node, f.subject, message)
-    return table
+class FindingsView:
+    """Findings rendered for the width at hand: a table on wide terminals, and on narrow ones (or an
+    80-column pipe) one block per finding — `STATUS check node subject`, then the message and the
+    remedy indented — so messages are never squeezed into slivers."""
+
+    WIDE = 110
+
+    def __init__(self, findings: Sequence[Finding], title: str | None, show_ok: bool) -> None:
+        self.findings = [f for f in findings if show_ok or f.status not in (Status.OK, Status.SKIP)]
+        self.title = title
+
+    def _message(self, f: Finding) -> str:
+        if f.remedy and f.status not in (Status.OK, Status.SKIP):
+            return f"{f.message}\n→ {f.remedy}"
+        return f.message
+
+    def _table(self) -> Table:
+        table = Table(title=self.title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("status", no_wrap=True)
+        table.add_column("check", no_wrap=True)
+        table.add_column("node", no_wrap=True)
+        table.add_column("subject", overflow="fold", max_width=24)
+        table.add_column("message", overflow="fold", ratio=1)
+        for f in self.findings:
+            table.add_row(status_text(f.status), f.check, f.node, f.subject, self._message(f))
+        return table
+
+    def _blocks(self) -> list[Text | Padding]:
+        out: list[Text | Padding] = []
+        if self.title:
+            out.append(Text(self.title, style="bold"))
+        for f in self.findings:
+            out.append(
+                Text.assemble(status_text(f.status), " ", (f.check, "bold"), f"  {f.node}  {f.subject}")
+            )
+            out.append(Padding(Text(self._message(f)), (0, 0, 0, 6)))
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if options.max_width >= self.WIDE:
+            yield self._table()
+        else:
+            yield from self._blocks()
+
+
+def findings_table(
+    findings: Sequence[Finding], *, title: str | None = None, show_ok: bool = True
+) -> FindingsView:
+    return FindingsView(findings, title, show_ok)
 
 
 def render_summary(console: Console, report: Report) -> None:
