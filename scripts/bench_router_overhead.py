@@ -7,7 +7,11 @@ the decode stand-in called directly, inferctl's router (`inferctl router serve`,
 sglang-router 0.3.2 (`--pd-disaggregation --policy cache_aware`). Everything shares this machine's cores,
 so absolute numbers depend on it; the ratios are the result.
 
-    python scripts/bench_router_overhead.py [--duration 5] [--connections 16]
+    python scripts/bench_router_overhead.py [--duration 5] [--connections 16] [--repeat 3]
+
+Each repetition measures every target once (the order rotates between repetitions, so no target always
+runs first after a quiet or busy spell); the table shows the median over repetitions, and the load
+average of the machine before and after, because on a shared machine it moves every number.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,8 +92,12 @@ def naive_proxy(port: int, prefill: str, decode: str) -> None:
     async def on_startup(app: web.Application) -> None:
         session["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
+    async def on_cleanup(app: web.Application) -> None:
+        await session["s"].close()
+
     app = web.Application()
     app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
     app.router.add_post("/generate", generate)
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
@@ -128,6 +137,7 @@ def main() -> None:
     ap.add_argument("--naive", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions; the table shows medians")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.standin:
@@ -164,29 +174,47 @@ def main() -> None:
                    "sglang-router 0.3.2": f"http://127.0.0.1:{sp}", "naive aiohttp proxy": f"http://127.0.0.1:{np_}"}
         for url in targets.values():
             wait_http(url + "/generate", post=True)
-        results: dict[str, dict[str, dict[str, float]]] = {}
-        for name, url in targets.items():
-            wrk(url + "/generate", 4, 1, 1, str(script))  # warm-up
-            results[name] = {
-                "c1": wrk(url + "/generate", 1, 1, args.duration, str(script)),
-                f"c{args.connections}": wrk(url + "/generate", args.connections, 2, args.duration, str(script)),
-            }
-        direct = results["direct (decode stand-in)"]["c1"]["p50_ms"]
+        load_before = os.getloadavg()
         ck = f"c{args.connections}"
+        names = list(targets)
+        runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in names}
+        for url in targets.values():
+            wrk(url + "/generate", 4, 1, 1, str(script))  # warm-up
+        for rep in range(args.repeat):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                url = targets[name] + "/generate"
+                runs[name].append({"c1": wrk(url, 1, 1, args.duration, str(script)),
+                                   ck: wrk(url, args.connections, 2, args.duration, str(script))})
+        load_after = os.getloadavg()
+
+        def med(name: str, kind: str, key: str) -> float:
+            return statistics.median(r[kind][key] for r in runs[name])
+
+        direct_name = names[0]
         rows = []
-        for name, r in results.items():
-            rows.append({"target": name, "p50_ms": r["c1"]["p50_ms"], "p99_ms": r["c1"]["p99_ms"],
-                         "added_p50_ms": r["c1"]["p50_ms"] - direct, "added_p99_ms": r["c1"]["p99_ms"] - results["direct (decode stand-in)"]["c1"]["p99_ms"],
-                         "rps": r[ck]["rps"], "errors": r["c1"]["errors"] + r[ck]["errors"]})
-        ratio = results["inferctl router"][ck]["rps"] / results["sglang-router 0.3.2"][ck]["rps"]
+        for name in names:
+            rows.append({"target": name, "p50_ms": med(name, "c1", "p50_ms"), "p99_ms": med(name, "c1", "p99_ms"),
+                         "added_p50_ms": med(name, "c1", "p50_ms") - med(direct_name, "c1", "p50_ms"),
+                         "added_p99_ms": med(name, "c1", "p99_ms") - med(direct_name, "c1", "p99_ms"),
+                         "rps": med(name, ck, "rps"),
+                         "errors": sum(r["c1"]["errors"] + r[ck]["errors"] for r in runs[name])})
+        ratio = med("inferctl router", ck, "rps") / med("sglang-router 0.3.2", ck, "rps")
+        per_rep = [a[ck]["rps"] / b[ck]["rps"] for a, b in zip(runs["inferctl router"], runs["sglang-router 0.3.2"],
+                                                             strict=True)]
+        loads = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}
         if args.json:
-            print(json.dumps({"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio}, indent=2))
+            print(json.dumps({"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio, "per_repetition_ratios": per_rep,
+                              "load_average": loads, "repeat": args.repeat, "duration_s": args.duration}, indent=2))
             return
+        print(f"medians of {args.repeat} repetitions x {args.duration} s; load average (1/5/15 min) "
+              f"before {loads['before']}, after {loads['after']} on {os.cpu_count()} CPUs")
         print(f"{'target':28} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {ck + ' req/s':>11} {'errors':>7}")
         for r in rows:
             print(f"{r['target']:28} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['added_p50_ms']:8.3f} {r['added_p99_ms']:8.3f} "
                   f"{r['rps']:11.0f} {r['errors']:7.0f}")
-        print(f"inferctl / sglang-router requests/s: {ratio:.2f}x")
+        print(f"inferctl / sglang-router requests/s: {ratio:.2f}x (per repetition: "
+              + ", ".join(f"{x:.2f}" for x in per_rep) + ")")
     finally:
         for p in procs:
             p.terminate()

@@ -365,24 +365,51 @@ class Router:
 
     async def _unary(self, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> h1.StreamResponse | h1.Response:
         payload = self._payload(ctx, pre, dec)
-        target = dec or pre
-        pt = asyncio.ensure_future(self._call_read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
-        dt = asyncio.ensure_future(self._call_read(target, ctx.endpoint, payload, ctx.headers))
-        try:
-            if pt is not None:
-                client_error = await self._prefill_first(pt, dt, pre)
-                if client_error is not None:
-                    self._cancel(dt)
-                    status, data, ctype = client_error
-                    return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+        if dec is None:  # collocated: one call, awaited in this task
             try:
-                status, data, ctype = await dt
+                status, data, ctype = await self._call_read(pre, ctx.endpoint, payload, ctx.headers)
             except UpstreamError as exc:
-                raise _Retryable("decode_error" if dec else "worker_error", target.url, str(exc)) from None
+                raise _Retryable("worker_error", pre.url, str(exc)) from None
             if status in _RETRYABLE_STATUS:
-                raise _Retryable("decode_status" if dec else "worker_status", target.url, f"HTTP {status}", status, data)
+                raise _Retryable("worker_status", pre.url, f"HTTP {status}", status, data)
+            if status == 200:
+                self._feedback(ctx, pre, _safe_loads(data))
+            return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+        # PD: the prefill runs as a task, the decode in this task. A prefill that fails (or answers 4xx)
+        # while the decode is still waiting cancels this task's wait - the decode would otherwise wait for
+        # a KV transfer that never comes. One task per request instead of two plus asyncio.wait: this is
+        # the router's hottest path. The cancellation is ours only while `waiting` holds; it is undone
+        # with uncancel() so that a timeout or a client disconnect arriving at the same time still wins.
+        task = asyncio.current_task()
+        assert task is not None
+        pt = asyncio.ensure_future(self._call_read(pre, ctx.endpoint, payload, ctx.headers))
+        waiting = True
+        aborted = False
+
+        def prefill_done(t: asyncio.Task[tuple[int, bytes, str]]) -> None:
+            nonlocal aborted
+            if not waiting or t.cancelled():
+                return
+            if t.exception() is not None or t.result()[0] >= 400:
+                aborted = True
+                task.cancel()
+
+        pt.add_done_callback(prefill_done)
+        try:
+            try:
+                status, data, ctype = await self._call_read(dec, ctx.endpoint, payload, ctx.headers)
+            except UpstreamError as exc:
+                raise _Retryable("decode_error", dec.url, str(exc)) from None
+            except asyncio.CancelledError:
+                if not aborted or task.uncancel() > 0:
+                    raise
+                return self._prefill_failed(ctx, pre, pt)
+            finally:
+                waiting = False
+            if status in _RETRYABLE_STATUS:
+                raise _Retryable("decode_status", dec.url, f"HTTP {status}", status, data)
             obj: Any = None
-            if status == 200 and (ctx.logprobs and pt is not None):
+            if status == 200 and ctx.logprobs:
                 try:
                     pstatus, pdata, _ = await pt
                 except UpstreamError:  # the decode succeeded: answer without the prompt's logprobs
@@ -390,14 +417,24 @@ class Router:
                 obj = loads(data)
                 if pstatus == 200:
                     data = dumps(merge_input_logprobs(loads(pdata), obj))
-            elif pt is not None:
+            else:
                 self._finish_later(pt)
             if status == 200:
                 self._feedback(ctx, pre, obj if obj is not None else _safe_loads(data))
             return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
         except BaseException:
-            self._cancel(pt, dt)
+            self._cancel(pt)
             raise
+
+    def _prefill_failed(self, ctx: _Ctx, pre: WorkerState, pt: asyncio.Task[tuple[int, bytes, str]]) -> h1.Response:
+        """The prefill failed before the decode answered: retry (5xx, 408, 429, transport) or pass its 4xx on."""
+        exc = pt.exception()
+        if exc is not None:
+            raise _Retryable("prefill_error", pre.url, str(exc))
+        status, data, ctype = pt.result()
+        if status in _RETRYABLE_STATUS:
+            raise _Retryable("prefill_status", pre.url, f"prefill answered HTTP {status}", status, data)
+        return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
 
     async def _stream(self, request: h1.Request, ctx: _Ctx, pre: WorkerState, dec: WorkerState | None) -> h1.StreamResponse | h1.Response:
         payload = self._payload(ctx, pre, dec)
