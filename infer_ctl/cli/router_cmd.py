@@ -126,10 +126,10 @@ def prefixes(
     name: Annotated[str | None, typer.Argument(help="Prefix name (add/expire/warm).")] = None,
     text: Annotated[str | None, typer.Option("--text", help="Prefix text (add).")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Read the prefix text from a file (add).")] = None,
-    ttl: Annotated[float | None, typer.Option("--ttl", help="Lifetime in seconds (add).")] = None,
-    replicas: Annotated[int, typer.Option("--replicas", help="Warm on this many prefill workers (add).")] = 1,
-    pin: Annotated[bool, typer.Option("--pin", help="Warm with high priority (add).")] = False,
-    chat: Annotated[bool, typer.Option("--chat", help="The prefix is a chat system prompt (add).")] = False,
+    ttl: Annotated[float | None, typer.Option("--ttl", help="Lifetime in seconds, 0 = none (add; default: the current version's, else none).")] = None,
+    replicas: Annotated[int | None, typer.Option("--replicas", help="Warm on this many prefill workers (add; default: the current version's, else 1).")] = None,
+    pin: Annotated[bool | None, typer.Option("--pin/--no-pin", help="Warm with high priority (add; default: the current version's, else no).")] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--text-format", help="The prefix is a chat system prompt (add; default: the current version's, else text).")] = None,
     url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False,
 ) -> None:
     """Named shared prefixes: list them with their replicas and statistics, add (or supersede), expire, warm."""
@@ -143,8 +143,11 @@ def prefixes(
     if action == "add":
         if (text is None) == (file is None):
             raise UsageError("prefixes add needs exactly one of --text or --file", remedy="e.g. --file prompts/policy.txt")
-        body = {"name": name, "text": text if text is not None else _read(file), "ttl_s": ttl, "replicas": replicas,
-                "pin": pin, "format": "chat" if chat else "text"}
+        # Options not given are left out, so a new version keeps the current one's settings.
+        body: dict[str, Any] = {"name": name, "text": text if text is not None else _read(file), "replicas": replicas,
+                                "pin": pin, "format": None if chat is None else "chat" if chat else "text"}
+        if ttl is not None:
+            body["ttl_s"] = ttl or None
         doc = client.call("POST", "/admin/prefixes", body)
     else:
         doc = client.call("POST", f"/admin/prefixes/{name}/{action}")

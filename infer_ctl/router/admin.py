@@ -145,14 +145,18 @@ class Admin:
         name, text = body.get("name"), body.get("text")
         if not isinstance(name, str) or not name or not isinstance(text, str) or not text:
             return _err(400, "give name and text (non-empty strings)")
-        ttl = body.get("ttl_s")
-        replicas = body.get("replicas", 1)
-        fmt = body.get("format", "text")
+        # A new version (or a renewal) keeps the current version's settings unless the request gives
+        # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin and the TTL.
+        cur = self.router.prefixes.active(name)
+        ttl = body.get("ttl_s", cur.ttl_s if cur else None)
+        replicas = body["replicas"] if body.get("replicas") is not None else (cur.replicas if cur else 1)
+        pin = body["pin"] if body.get("pin") is not None else (cur.pin if cur else False)
+        fmt = body["format"] if body.get("format") is not None else (cur.fmt if cur else "text")
         if (ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0)) or not isinstance(replicas, int) \
                 or replicas < 1 or fmt not in ("text", "chat"):
-            return _err(400, "ttl_s must be > 0, replicas >= 1, format text or chat")
+            return _err(400, "ttl_s must be > 0 (or null: no TTL), replicas >= 1, format text or chat")
         rec = self.router.prefixes.register(name, text, now=self.router.clock(), ttl_s=ttl, replicas=replicas,
-                                            pin=bool(body.get("pin", False)), fmt=fmt)
+                                            pin=bool(pin), fmt=fmt)
         self.warmer.poke()
         return _json({"prefix": rec.as_dict(self.router.clock())}, 201)
 

@@ -57,6 +57,16 @@ def test_status_workers_and_prefixes_verbs(live: RouterHandle, mixed: ThreadedSi
         time.sleep(0.1)
     assert sum(r["warm"] for r in doc["prefixes"][0]["replicas"]) == 2
     assert run(capsys, "router", "prefixes", "warm", "faq", "--url", live.url, "--json")[0] == 0
+    # a new version given only new text keeps K, the pin and the TTL of the one it supersedes ...
+    code, doc = run(capsys, "router", "prefixes", "add", "faq", "--text", "Frequently asked v2: " * 20, "--pin",
+                    "--url", live.url, "--json")
+    p = doc["prefix"]
+    assert code == 0 and (p["version"], p["replicas_wanted"], p["ttl_s"], p["pin"]) == (2, 2, 600, True)
+    # ... options given override it, and --ttl 0 removes the TTL
+    code, doc = run(capsys, "router", "prefixes", "add", "faq", "--text", "Frequently asked v3: " * 20,
+                    "--replicas", "1", "--ttl", "0", "--no-pin", "--url", live.url, "--json")
+    p = doc["prefix"]
+    assert code == 0 and (p["version"], p["replicas_wanted"], p["ttl_s"], p["pin"]) == (3, 1, None, False)
     code, doc = run(capsys, "router", "prefixes", "expire", "faq", "--url", live.url, "--json")
     assert code == 0 and doc["prefix"]["state"] == "expired"
     code, doc = run(capsys, "router", "workers", "remove", mixed.urls[1], "--url", live.url, "--json")
