@@ -22,7 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
-from infer_ctl.router.admin import Admin
+from infer_ctl.errors import UsageError
+from infer_ctl.router.admin import Admin, authorized
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.h1 import H1Server, Request, Response, StreamResponse
 from infer_ctl.router.health import HealthChecker
@@ -84,6 +85,12 @@ class RouterServer:
             resp: Response = await handler(request)
             return resp
         if path == "/flush_cache":
+            # Destructive for every worker's cache: behind the admin token, like SGLang's own admin key.
+            if not authorized(self.cfg.admin_token, request.headers.get("authorization", "")):
+                resp = _error(401, "missing or wrong bearer token; send Authorization: Bearer "
+                                   f"${self.cfg.admin_token_env}", "unauthorized")
+                resp.headers = {"WWW-Authenticate": "Bearer"}
+                return resp
             return await self.flush_cache(request)
         if path.startswith("/admin/") or path == "/admin":
             return await self.relay_admin(request)
@@ -113,7 +120,13 @@ class RouterServer:
         await self.runner.setup()
         await web.UnixSite(self.runner, sock).start()
         self._admin_pool = Pool("localhost", 0, unix=sock, max_idle=4)
-        self.port = await self.http.listen(self.cfg.host, self.cfg.port)
+        try:
+            self.port = await self.http.listen(self.cfg.host, self.cfg.port)
+        except OSError as exc:  # includes socket.gaierror (unresolvable host)
+            await self.runner.cleanup()
+            shutil.rmtree(self._admin_dir, ignore_errors=True)
+            raise UsageError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}",
+                             remedy="stop the process using that address or pick another --listen") from None
         await self.health.check_all()
         self.health.start()
         self.warmer.start()

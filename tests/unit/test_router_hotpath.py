@@ -19,6 +19,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from infer_ctl.errors import UsageError
 from infer_ctl.router.embed import new_event_loop, router_config, start_router_in_thread
 
 
@@ -138,3 +139,24 @@ def test_bootstrap_fields_are_added_to_the_clients_body(upstreams: Any, raw: byt
         assert sent_dec["bootstrap_host"] == ["127.0.0.1"] * batch and sent_dec["bootstrap_port"] == [8998] * batch
         assert len(set(sent_dec["bootstrap_room"])) == batch and all(r > 0 for r in sent_dec["bootstrap_room"])
     assert dec_seen[-1].count(b"bootstrap_room") == 1  # client-sent PD fields replaced, not duplicated
+
+
+def test_flush_cache_needs_the_admin_token_when_one_is_set(upstreams: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pre, _ = upstreams["ok_prefill"]
+    dec, _ = upstreams["ok_decode"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[dec], health_interval_s=60)
+    cfg.admin_token = "s3cret"
+    with start_router_in_thread(cfg) as router:
+        r = httpx.post(router.url + "/flush_cache", timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
+        r = httpx.post(router.url + "/flush_cache", headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        assert r.status_code in (200, 502) and "workers" in r.json()  # the stand-ins have no /flush_cache
+
+
+def test_a_listen_address_in_use_is_a_usage_error_with_a_remedy(upstreams: Any) -> None:
+    pre, _ = upstreams["ok_prefill"]
+    dec, _ = upstreams["ok_decode"]
+    port = int(pre.rsplit(":", 1)[1])
+    with pytest.raises(UsageError, match=r"cannot listen on 127\.0\.0\.1") as err:
+        start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[dec], listen=f"127.0.0.1:{port}"))
+    assert err.value.remedy and "--listen" in err.value.remedy
