@@ -9,6 +9,7 @@ placements: its cache is gone, and routing on it would predict hits that no long
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -84,7 +85,9 @@ class HealthChecker:
                     if ok:
                         s2, info = await up.fetch(w.url, "GET", "/server_info")
                         if s2 == 200:
-                            instance, prio = _instance(loads(info))
+                            info_doc = loads(info)
+                            instance, prio = _instance(info_doc)
+                            self._bootstrap_port(w, info_doc)
                         s3, ld = await up.fetch(w.url, "GET", "/v1/loads")
                         if s3 == 200:
                             load = _loads(loads(ld))
@@ -94,6 +97,26 @@ class HealthChecker:
             self.apply(w, ok, instance, prio, load)
         finally:
             self._checking.discard(w.url)
+
+    def _bootstrap_port(self, w: WorkerState, info: Any) -> None:
+        """A prefill given without a bootstrap port gets the one it reports (`disaggregation_bootstrap_port`
+        in /server_info): sent as null, a decode would use its *own* --disaggregation-bootstrap-port and
+        every transfer fails when the two differ. A configured port that differs from the reported one is
+        kept (the operator may know a NAT or proxy), but logged, once per reported value."""
+        if w.role != "prefill" or not isinstance(info, dict):
+            return
+        port = info.get("disaggregation_bootstrap_port")
+        if not isinstance(port, int) or isinstance(port, bool) or port == w.bootstrap_reported:
+            return
+        w.bootstrap_reported = port
+        if w.spec.bootstrap_port is None:
+            w.spec = dataclasses.replace(w.spec, bootstrap_port=port)
+            log.warning("prefill had no bootstrap port configured: using the port it reports",
+                        extra={"worker": w.url, "bootstrap_port": port})
+        elif w.spec.bootstrap_port != port:
+            log.warning("prefill reports a different bootstrap port than configured: PD transfers will fail "
+                        "unless something forwards the configured one; fix URL@PORT",
+                        extra={"worker": w.url, "configured": w.spec.bootstrap_port, "reported": port})
 
     def apply(self, w: WorkerState, ok: bool, instance: str | None, prio: bool,
               load: tuple[int, int, int | None] | None) -> None:

@@ -25,6 +25,8 @@ class WorkerState:
     #: reported waiting + running minus our in-flight then. The policy adds this to our live in-flight
     #: count; adding the raw waiting queue would count our own queued requests twice.
     external: int = 0
+    #: prefill only: the bootstrap port the worker reports in /server_info (disaggregation_bootstrap_port)
+    bootstrap_reported: int | None = None
     max_total_tokens: int | None = None
     #: identity of the worker process (/server_info start time); a change means a restart
     instance: str | None = None

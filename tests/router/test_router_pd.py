@@ -113,3 +113,23 @@ def test_metrics_expose_the_documented_families(router: RouterHandle) -> None:
                  "inferctl_router_cache_predicted_tokens_total", "inferctl_router_cache_actual_tokens_total",
                  "inferctl_router_retries_total"):
         assert f"# TYPE {name}" in text, name
+
+
+def test_prefill_without_a_bootstrap_port_uses_the_one_it_reports(pd_cluster: ThreadedSimCluster) -> None:
+    """`--prefill URL` without @PORT: sent as null, a decode would use its own default port (8998 in
+    SGLang) and fail the transfer; the router fills in the port from the prefill's /server_info."""
+    from infer_ctl.router.embed import router_config, start_router_in_thread
+
+    pre = [w for w in pd_cluster.workers if w.spec.role == "prefill"][:1]
+    dec = [w.url for w in pd_cluster.workers if w.spec.role == "decode"]
+    cfg = router_config(prefill=[(pre[0].url, None)], decode=dec, health_interval_s=0.2, max_retries=0)
+    with start_router_in_thread(cfg) as handle:
+        deadline = time.monotonic() + 5
+        port = None
+        while time.monotonic() < deadline and port is None:
+            ws = httpx.get(handle.url + "/admin/workers").json()["workers"]
+            port = next(w["bootstrap_port"] for w in ws if w["role"] == "prefill")
+            time.sleep(0.05)
+        assert port == pre[0].bootstrap_port
+        r = gen(handle.url, "learned bootstrap port")
+        assert r.status_code == 200, r.text
