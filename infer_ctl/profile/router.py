@@ -8,7 +8,10 @@ from pydantic import Field, model_validator
 
 from infer_ctl.profile.base import StrictModel
 
-PrefixName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+#: also enforced by the admin API: names travel in URL paths (/admin/prefixes/NAME/expire)
+PREFIX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+MAX_PREFIX_REPLICAS = 64
+PrefixName = Annotated[str, Field(pattern=PREFIX_NAME_PATTERN)]
 
 
 class NamedPrefix(StrictModel):
@@ -17,7 +20,7 @@ class NamedPrefix(StrictModel):
     text: str | None = None
     file: str | None = None
     ttl_s: Annotated[float, Field(gt=0)] | None = None
-    replicas: Annotated[int, Field(ge=1, le=64)] = 1
+    replicas: Annotated[int, Field(ge=1, le=MAX_PREFIX_REPLICAS)] = 1
     pin: bool = False
     #: text: warmed with /generate and matched against the prompt text; chat: warmed as a system
     #: message with /v1/chat/completions (the worker caches the chat-templated form)

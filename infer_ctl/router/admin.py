@@ -4,11 +4,13 @@ rule that refuses a non-loopback listener without one)."""
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Any
 
 from aiohttp import web
 
 from infer_ctl.errors import UsageError
+from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
 from infer_ctl.router.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.proxy import Router
@@ -21,6 +23,14 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 def _err(status: int, message: str, kind: str = "invalid_request") -> web.Response:
     return web.Response(status=status, body=error_body(status, message, kind), content_type="application/json")
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def authorized(token: str | None, header: str) -> bool:
@@ -106,9 +116,12 @@ class Admin:
         url, role = body.get("url"), body.get("role")
         if not isinstance(url, str) or role not in ("prefill", "decode", "mixed"):
             return _err(400, "give url and role (prefill, decode or mixed)")
+        bport = body.get("bootstrap_port")
+        if bport is not None and (role != "prefill" or not _integer(bport) or not 1 <= bport <= 65535):
+            return _err(400, "bootstrap_port is a prefill's port number (1..65535), or null")
         try:
-            spec: WorkerSpec = (parse_prefill(url) if role == "prefill" and body.get("bootstrap_port") is None
-                                else worker(url, role, body.get("bootstrap_port")))
+            spec: WorkerSpec = (parse_prefill(url) if role == "prefill" and bport is None
+                                else worker(url, role, bport))
             probe = self.router.workers.by_url
             if spec.url in probe:
                 return _err(409, f"worker {spec.url} is already registered", "conflict")
@@ -143,8 +156,8 @@ class Admin:
     async def add_prefix(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         name, text = body.get("name"), body.get("text")
-        if not isinstance(name, str) or not name or not isinstance(text, str) or not text:
-            return _err(400, "give name and text (non-empty strings)")
+        if not isinstance(name, str) or not re.match(PREFIX_NAME_PATTERN, name) or not isinstance(text, str) or not text:
+            return _err(400, "give name (letters, digits, '.', '_', '-'; up to 128) and text (non-empty)")
         # A new version (or a renewal) keeps the current version's settings unless the request gives
         # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin and the TTL.
         cur = self.router.prefixes.active(name)
@@ -152,11 +165,12 @@ class Admin:
         replicas = body["replicas"] if body.get("replicas") is not None else (cur.replicas if cur else 1)
         pin = body["pin"] if body.get("pin") is not None else (cur.pin if cur else False)
         fmt = body["format"] if body.get("format") is not None else (cur.fmt if cur else "text")
-        if (ttl is not None and (not isinstance(ttl, int | float) or ttl <= 0)) or not isinstance(replicas, int) \
-                or replicas < 1 or fmt not in ("text", "chat"):
-            return _err(400, "ttl_s must be > 0 (or null: no TTL), replicas >= 1, format text or chat")
+        if (ttl is not None and (not _number(ttl) or ttl <= 0)) or not _integer(replicas) \
+                or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
+            return _err(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer 1..{MAX_PREFIX_REPLICAS}, "
+                        "pin a boolean, format text or chat")
         rec = self.router.prefixes.register(name, text, now=self.router.clock(), ttl_s=ttl, replicas=replicas,
-                                            pin=bool(pin), fmt=fmt)
+                                            pin=pin, fmt=fmt)
         self.warmer.poke()
         return _json({"prefix": rec.as_dict(self.router.clock())}, 201)
 

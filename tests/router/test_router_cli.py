@@ -150,3 +150,21 @@ def test_lowercase_bearer_scheme_is_accepted_over_http(mixed: ThreadedSimCluster
         assert httpx.get(handle.url + "/admin/status", headers={"Authorization": "bearer tok"}).status_code == 200
         r = httpx.get(handle.url + "/admin/status", headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/admin/prefixes", {"name": "x", "text": "t", "replicas": True}),
+    ("/admin/prefixes", {"name": "x", "text": "t", "replicas": 65}),
+    ("/admin/prefixes", {"name": "x", "text": "t", "ttl_s": True}),
+    ("/admin/prefixes", {"name": "x", "text": "t", "ttl_s": "5"}),
+    ("/admin/prefixes", {"name": "x", "text": "t", "pin": "yes"}),
+    ("/admin/prefixes", {"name": "a/b", "text": "t"}),  # names travel in URL paths
+    ("/admin/prefixes", {"name": "has space", "text": "t"}),
+    ("/admin/workers", {"url": "http://127.0.0.1:5", "role": "prefill", "bootstrap_port": "abc"}),
+    ("/admin/workers", {"url": "http://127.0.0.1:5", "role": "prefill", "bootstrap_port": 70000}),
+    ("/admin/workers", {"url": "http://127.0.0.1:5", "role": "decode", "bootstrap_port": 8998}),
+])
+def test_admin_rejects_malformed_fields(live: RouterHandle, path: str, body: dict) -> None:
+    r = httpx.post(live.url + path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request"
