@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import shutil
@@ -56,6 +57,9 @@ def standin(port: int) -> None:
     async def ok(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "loads": [{"num_waiting_reqs": 0, "num_running_reqs": 0}]})
 
+    # sglang-router probes workers with HTTP/2 prior-knowledge requests, which aiohttp refuses (400) and logs
+    # with a traceback; the probes' outcome does not matter here, the log noise does.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     app = web.Application()
     app.router.add_post("/generate", generate)
     for path in ("/health", "/health_generate", "/server_info", "/get_server_info", "/v1/loads", "/get_model_info",

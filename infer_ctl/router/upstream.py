@@ -271,6 +271,7 @@ class Pool:
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
+        self._prefixes: dict[tuple[str, str], bytes] = {}
 
     def _discard(self, conn: _Conn) -> None:
         self._all.discard(conn)
@@ -303,16 +304,20 @@ class Pool:
         self._all.add(proto)
         return proto, False
 
+    def _head(self, method: str, path: str, length: int, headers: dict[str, str] | None) -> bytes:
+        """The request head; its fixed part is built once per (method, path): this runs twice per PD request."""
+        prefix = self._prefixes.get((method, path))
+        if prefix is None:
+            prefix = self._prefixes[(method, path)] = f"{method} {path} HTTP/1.1\r\nHost: {self.authority}\r\n".encode("latin-1")
+        extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("latin-1") if headers else b""
+        return b"%sContent-Length: %d\r\n%s\r\n" % (prefix, length, extra)
+
     async def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> Response:
         """Send a request; returns once the status line and headers arrived. A reused keep-alive
         connection that turns out closed by the worker is retried once on a fresh one (nothing was
         processed: the worker closed it while idle)."""
         for attempt in (0, 1):
             conn, reused = await self._get()
-            head = [f"{method} {path} HTTP/1.1\r\nHost: {self.authority}\r\nContent-Length: {len(body)}\r\n"]
-            if headers:
-                head.extend(f"{k}: {v}\r\n" for k, v in headers.items())
-            head.append("\r\n")
             conn.method = method
             conn.state = "headers"
             conn.status = 0
@@ -329,7 +334,7 @@ class Pool:
                 if attempt == 0:
                     continue
                 raise UpstreamError(f"connection to {self.authority} closed")
-            conn.transport.write("".join(head).encode("latin-1") + body)
+            conn.transport.write(self._head(method, path, len(body), headers) + body)
             try:
                 await conn.headers_fut
             except UpstreamError:
