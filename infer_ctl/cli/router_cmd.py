@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -112,11 +113,28 @@ def workers(
         raise UsageError(f"bad workers action {action!r}", remedy="use: workers [list | add URL --role R | remove URL]")
 
 
+def _table(headers: list[str], first: list[str]) -> Table:
+    """Compact enough for an 80-column terminal or a cron mail; identifiers (worker URLs, prefix names)
+    are never truncated (a table of "http:…" rows is useless), the last column folds if it must."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    for i, h in enumerate(headers):
+        t.add_column(h, no_wrap=i < len(headers) - 1, overflow="fold",
+                     min_width=max([len(h), *map(len, first)]) if i == 0 else None)
+    return t
+
+
+def _worker_state(w: dict[str, Any]) -> str:
+    if not w["healthy"]:
+        return "[red]unhealthy[/red]"
+    cb = w["circuit_breaker"]
+    return "ok" if cb == "closed" else f"[yellow]cb {cb}[/yellow]"
+
+
 def _workers_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table("worker", "role", "healthy", "breaker", "in flight", "queued", "requests", "errors", "restarts")
+    t = _table(["worker", "role", "state", "inflight", "reqs", "errors", "restarts"], [w["url"] for w in rows])
     for w in rows:
-        t.add_row(w["url"], w["role"], "yes" if w["healthy"] else "[red]no[/red]", w["circuit_breaker"],
-                  str(w["inflight"]), str(w["queued"]), str(w["requests"]), str(w["errors"]), str(w["restarts"]))
+        t.add_row(w["url"], w["role"], _worker_state(w), str(w["inflight"]), str(w["requests"]), str(w["errors"]),
+                  str(w["restarts"]))
     return t
 
 
@@ -164,12 +182,12 @@ def _read(file: Path | None) -> str:
 
 
 def _prefix_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table("prefix", "ver", "state", "chars", "replicas warm", "pin", "expires in", "requests", "hit rate",
-              "pred/actual cached tok")
+    # cached p/a: predicted / actual cached tokens of its traffic (prefix length in chars: --json)
+    t = _table(["prefix", "ver", "state", "warm", "pin", "expires", "reqs", "hits", "cached p/a"], [p["name"] for p in rows])
     for p in rows:
         warm = sum(r["warm"] for r in p["replicas"])
         st = p["stats"]
-        t.add_row(p["name"], str(p["version"]), p["state"], str(p["chars"]), f"{warm}/{p['replicas_wanted']}",
+        t.add_row(p["name"], str(p["version"]), p["state"], f"{warm}/{p['replicas_wanted']}",
                   "yes" if p["pin"] else "no", "-" if p["expires_in_s"] is None else f"{p['expires_in_s']:.0f}s",
                   str(st["requests"]), f"{st['hit_rate']:.0%}",
                   f"{st['predicted_cached_tokens']}/{st['actual_cached_tokens']}")

@@ -168,3 +168,15 @@ def test_admin_rejects_malformed_fields(live: RouterHandle, path: str, body: dic
     r = httpx.post(live.url + path, json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request"
+
+
+def test_human_tables_never_truncate_worker_urls_or_prefix_names(live: RouterHandle, mixed: ThreadedSimCluster,
+                                                                 capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    name = "a-rather-long-prefix-name-v12"
+    assert main(["router", "prefixes", "add", name, "--text", "Long named prompt. " * 10, "--url", live.url]) == 0
+    capsys.readouterr()
+    assert main(["router", "workers", "--url", live.url]) == 0
+    assert mixed.urls[0] in capsys.readouterr().out
+    assert main(["router", "prefixes", "--url", live.url]) == 0
+    assert name in capsys.readouterr().out
