@@ -23,10 +23,11 @@ UrlOpt = Annotated[str | None, typer.Option("--url", help="Router URL (default: 
 def _client(url: str | None, profile: str | None) -> Any:
     from infer_ctl.router.client import AdminClient
 
-    if url:
+    if url and profile is None:
         return AdminClient(url)
+    # With -p, the profile names the token's environment variable, also when --url overrides the address.
     prof = get_profile(profile)
-    return AdminClient(f"http://{prof.router.listen}", prof.router.admin_token_env)
+    return AdminClient(url or f"http://{prof.router.listen}", prof.router.admin_token_env)
 
 
 def _done(json: bool, command: str, data: dict[str, Any], render: Any, code: ExitCode = ExitCode.OK) -> None:
