@@ -119,3 +119,16 @@ def test_trailing_whitespace_of_a_prefix_is_not_required(registered: str, prompt
     reg = PrefixRegistry()
     reg.register("p", registered, now=0)
     assert (reg.match(prompt) is not None) is matches
+
+
+def test_hit_rate_counts_only_responses_that_report_cached_tokens() -> None:
+    """OpenAI responses carry cached_tokens only with --enable-cache-report: unreported is not a miss."""
+    reg = PrefixRegistry()
+    rec = reg.register("p", "x" * 400, now=0, replicas=1)
+    a = warm_all(reg, 0)[0]
+    reg.warm_done(a, True, 0, prompt_tokens=100)
+    for cached in (None, None, 100, 10):
+        reg.record_response(rec, a.worker, predicted_tokens=100, prompt_tokens=120, cached_tokens=cached,
+                            prefix_tokens=100, now=1)
+    st = rec.stats.as_dict()
+    assert (st["requests"], st["reported"], st["hits"], st["hit_rate"]) == (4, 2, 1, 0.5)

@@ -46,12 +46,15 @@ class PrefixStats:
     actual_cached_tokens: int = 0
     prompt_tokens: int = 0
     hits: int = 0
+    #: responses that reported cached_tokens (OpenAI responses carry it only when the worker runs
+    #: --enable-cache-report): the hit rate's denominator, so unreported requests do not read as misses
+    reported: int = 0
     warmups: int = 0
     warm_failures: int = 0
 
     @property
     def hit_rate(self) -> float:
-        return self.hits / self.requests if self.requests else 0.0
+        return self.hits / self.reported if self.reported else 0.0
 
     def as_dict(self) -> dict[str, float | int]:
         return {
@@ -60,6 +63,7 @@ class PrefixStats:
             "actual_cached_tokens": self.actual_cached_tokens,
             "prompt_tokens": self.prompt_tokens,
             "hits": self.hits,
+            "reported": self.reported,
             "hit_rate": round(self.hit_rate, 4),
             "warmups": self.warmups,
             "warm_failures": self.warm_failures,
@@ -291,6 +295,7 @@ class PrefixRegistry:
             p.last_hit = now
         if cached_tokens is None:
             return
+        st.reported += 1
         st.actual_cached_tokens += cached_tokens
         # a hit: the worker had (almost) the whole shared prefix cached
         if cached_tokens >= 0.9 * (rec.tokens or prefix_tokens):
