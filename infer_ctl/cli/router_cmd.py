@@ -180,6 +180,8 @@ def _read(file: Path | None) -> str:
         return file.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read {file}: {exc.strerror}", remedy="check the --file path") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{file} is not UTF-8 text (byte {exc.start})", remedy="save the prompt as UTF-8") from None
 
 
 def _prefix_table(rows: list[dict[str, Any]]) -> Table:

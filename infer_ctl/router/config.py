@@ -161,6 +161,9 @@ def _read_prefix_text(base: Path, text: str | None, file: str | None) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read prefix file {path}: {exc.strerror}", remedy="fix router.prefixes[].file") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"prefix file {path} is not UTF-8 text (byte {exc.start})",
+                         remedy="save the prompt as UTF-8") from None
 
 
 def from_profile(profile: Profile, *, listen: str | None = None, workers: list[WorkerSpec] | None = None,

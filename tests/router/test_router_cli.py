@@ -180,3 +180,10 @@ def test_human_tables_never_truncate_worker_urls_or_prefix_names(live: RouterHan
     assert mixed.urls[0] in capsys.readouterr().out
     assert main(["router", "prefixes", "--url", live.url]) == 0
     assert name in capsys.readouterr().out
+
+
+def test_prefix_file_that_is_not_utf8_is_a_usage_error(tmp_path, capsys) -> None:
+    bad = tmp_path / "prompt.txt"
+    bad.write_bytes(b"\xff\xfe not utf-8")
+    assert main(["router", "prefixes", "add", "x", "--file", str(bad), "--url", "http://127.0.0.1:9"]) == 64
+    assert "not UTF-8" in capsys.readouterr().err
