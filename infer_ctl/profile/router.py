@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
 
@@ -61,6 +61,13 @@ class RouterSettings(StrictModel):
     cb_failures: Annotated[int, Field(ge=1)] = 5
     cb_open_s: Annotated[float, Field(gt=0)] = 10.0
     prefixes: list[NamedPrefix] = Field(default_factory=list)
+
+    @field_validator("listen")
+    @classmethod
+    def _port_in_range(cls, v: str) -> str:
+        if int(v.rsplit(":", 1)[1]) > 65535:
+            raise ValueError(f"port of {v!r} is above 65535")
+        return v
 
     @property
     def listen_host(self) -> str:

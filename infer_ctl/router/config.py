@@ -119,8 +119,8 @@ def is_loopback(host: str) -> bool:
 
 def parse_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise UsageError(f"--listen {listen!r} is not HOST:PORT", remedy="e.g. --listen 127.0.0.1:8000")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--listen {listen!r} is not HOST:PORT (port 0-65535)", remedy="e.g. --listen 127.0.0.1:8000")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 

@@ -187,3 +187,9 @@ def test_prefix_file_that_is_not_utf8_is_a_usage_error(tmp_path, capsys) -> None
     bad.write_bytes(b"\xff\xfe not utf-8")
     assert main(["router", "prefixes", "add", "x", "--file", str(bad), "--url", "http://127.0.0.1:9"]) == 64
     assert "not UTF-8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1", "127.0.0.1:99999", "127.0.0.1:http"])
+def test_bad_listen_address_is_a_usage_error(listen: str, capsys) -> None:
+    assert main(["router", "serve", "--listen", listen, "--worker", "http://127.0.0.1:9"]) == 64
+    assert "HOST:PORT" in capsys.readouterr().err
