@@ -130,9 +130,30 @@ def wrk(url: str, connections: int, threads: int, duration: int, script: str) ->
     for pct in ("50", "99"):
         m = re.search(rf"\s{pct}%\s+([\d.]+)(us|ms|s)", out)
         res[f"p{pct}_ms"] = float(m.group(1)) * _UNIT[m.group(2)] if m else float("nan")
+    total = re.search(r"(\d+) requests in", out)
+    res["requests"] = float(total.group(1)) if total else float("nan")
     errs = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     res["errors"] = float(errs.group(1)) if errs else 0.0
     return res
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) and its descendants, from /proc."""
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+            todo += [int(c) for t in Path(f"/proc/{p}/task").iterdir()
+                     for c in (t / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def main() -> None:
@@ -178,6 +199,9 @@ def main() -> None:
                    "sglang-router 0.3.2": f"http://127.0.0.1:{sp}", "naive aiohttp proxy": f"http://127.0.0.1:{np_}"}
         for url in targets.values():
             wait_http(url + "/generate", post=True)
+        # CPU per request of the target's own process(es) under the c16 load: unlike requests/s, it hardly
+        # depends on how busy the rest of the machine is, so it compares the implementations' efficiency.
+        pids = dict(zip(targets, (procs[1].pid, procs[2].pid, procs[3].pid, procs[4].pid), strict=True))
         load_before = os.getloadavg()
         ck = f"c{args.connections}"
         names = list(targets)
@@ -188,8 +212,11 @@ def main() -> None:
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
                 url = targets[name] + "/generate"
-                runs[name].append({"c1": wrk(url, 1, 1, args.duration, str(script)),
-                                   ck: wrk(url, args.connections, 2, args.duration, str(script))})
+                c1 = wrk(url, 1, 1, args.duration, str(script))
+                cpu0 = cpu_seconds(pids[name])
+                many = wrk(url, args.connections, 2, args.duration, str(script))
+                many["cpu_us_per_req"] = (cpu_seconds(pids[name]) - cpu0) / many["requests"] * 1e6
+                runs[name].append({"c1": c1, ck: many})
         load_after = os.getloadavg()
 
         def med(name: str, kind: str, key: str) -> float:
@@ -201,26 +228,32 @@ def main() -> None:
             rows.append({"target": name, "p50_ms": med(name, "c1", "p50_ms"), "p99_ms": med(name, "c1", "p99_ms"),
                          "added_p50_ms": med(name, "c1", "p50_ms") - med(direct_name, "c1", "p50_ms"),
                          "added_p99_ms": med(name, "c1", "p99_ms") - med(direct_name, "c1", "p99_ms"),
-                         "rps": med(name, ck, "rps"),
+                         "rps": med(name, ck, "rps"), "cpu_us_per_req": med(name, ck, "cpu_us_per_req"),
                          "errors": sum(r["c1"]["errors"] + r[ck]["errors"] for r in runs[name])})
         ratio = med("inferctl router", ck, "rps") / med("sglang-router 0.3.2", ck, "rps")
         per_rep = [a[ck]["rps"] / b[ck]["rps"] for a, b in zip(runs["inferctl router"], runs["sglang-router 0.3.2"],
                                                              strict=True)]
         loads = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}
         if args.json:
-            print(json.dumps({"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio, "per_repetition_ratios": per_rep,
+            print(json.dumps({"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio,
+                              "cpu_ratio_sglang_vs_inferctl": med("sglang-router 0.3.2", ck, "cpu_us_per_req")
+                              / med("inferctl router", ck, "cpu_us_per_req"), "per_repetition_ratios": per_rep,
                               "load_average": loads, "repeat": args.repeat, "duration_s": args.duration}, indent=2))
             return
         print(f"medians of {args.repeat} repetitions x {args.duration} s; load average (1/5/15 min) "
               f"before {loads['before']}, after {loads['after']} on {os.cpu_count()} CPUs")
-        print(f"{'target':28} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {ck + ' req/s':>11} {'errors':>7}")
+        print(f"{'target':28} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {ck + ' req/s':>11} "
+              f"{'CPU us/req':>10} {'errors':>7}")
         for r in rows:
             print(f"{r['target']:28} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['added_p50_ms']:8.3f} {r['added_p99_ms']:8.3f} "
-                  f"{r['rps']:11.0f} {r['errors']:7.0f}")
+                  f"{r['rps']:11.0f} {r['cpu_us_per_req']:10.0f} {r['errors']:7.0f}")
         print(f"inferctl / sglang-router requests/s: {ratio:.2f}x (per repetition: "
               + ", ".join(f"{x:.2f}" for x in per_rep) + ")")
+        cpu_ratio = med("sglang-router 0.3.2", ck, "cpu_us_per_req") / med("inferctl router", ck, "cpu_us_per_req")
+        print(f"sglang-router CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
+              "(the requests/s ratio both would reach with a core each)")
     finally:
-        for p in procs:
+        for p in reversed(procs):  # proxies before the stand-ins they talk to
             p.terminate()
         for p in procs:
             try:
