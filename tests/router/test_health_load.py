@@ -1,0 +1,23 @@
+"""What a load poll (/v1/loads) adds to a worker's load: only other clients' requests (pure, no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.health import HealthChecker
+from infer_ctl.router.proxy import Router
+
+
+@pytest.mark.parametrize(("ours", "waiting", "running", "external"), [
+    (10, 6, 4, 0),  # all 10 requests the worker reports are ours: nothing to add (was +6 before)
+    (10, 8, 6, 4),  # 4 more than ours: another client's
+    (3, 0, 0, 0),  # poll raced our new requests: never negative
+])
+def test_load_poll_counts_only_other_clients(ours: int, waiting: int, running: int, external: int) -> None:
+    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998), worker("http://127.0.0.1:2", "decode")]))
+    w = router.workers.by_url["http://127.0.0.1:1"]
+    w.inflight = ours
+    HealthChecker(router).apply(w, True, "start-1", False, (waiting, running, None))
+    view = w.view(0.0)
+    assert (view.queued, view.load) == (external, ours + external)
