@@ -69,8 +69,9 @@ class RouterConfig:
     admin_token_env: str = "INFERCTL_ROUTER_TOKEN"
     prefixes: list[PrefixSpec] = field(default_factory=list)
     rewarm_idle_s: float = 300.0
-    #: how PD warm-ups reach a prefill: auto (fake bootstrap host, falling back to a real pair),
-    #: fake_bootstrap, or pair
+    #: how PD warm-ups reach a prefill: pair (a real prefill+decode pair, max_new_tokens 1; `auto` means
+    #: the same) or fake_bootstrap (SGLang's 2.2.2.2 host: no decode needed, but SGLang 0.5.23 skips the
+    #: radix-cache insert for it, so it warms nothing there; only for workers known to cache it)
     warm_via: str = "auto"
     warm_fake_timeout_s: float = 5.0
     #: priority sent with pinned warm-ups (workers running --radix-eviction-policy priority keep them)

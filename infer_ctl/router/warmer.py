@@ -1,10 +1,14 @@
 """Executes the named-prefix plan of `PrefixRegistry`: warm-up requests, TTL ticks, index upkeep.
 
-A warm-up is a prefill-only request. In PD mode it carries SGLang's fake bootstrap host, so the prefill
-computes (and caches) the prompt without a decode; a prefill that does not honour it (older workers,
-some simulators) is warmed through a real prefill+decode pair with max_new_tokens 1 instead, and the
-router remembers that. Pinned prefixes are sent with a high `priority` to workers that run
-`--radix-eviction-policy priority`, which never evict them before lower-priority entries.
+A warm-up is a prefill request that leaves the prompt in the worker's radix cache. In PD mode it goes
+through a real prefill+decode pair with max_new_tokens 1 (`warm_via: pair`, the default, also what
+`auto` means). SGLang's fake bootstrap host 2.2.2.2 looks like the cheaper way (the prefill runs
+without a decode) but SGLang 0.5.23 never caches such a request: `Req.skip_radix_cache_insert` is set
+for `bootstrap_host == FAKE_BOOTSTRAP_HOST` (managers/schedule_batch.py) and honoured by every insert
+path (mem_cache/common.py), so a fake-host warm-up computes the prompt and throws it away.
+`warm_via: fake_bootstrap` remains for workers known to cache fake-host requests. Pinned prefixes are
+sent with a high `priority` to workers that run `--radix-eviction-policy priority`, which never evict
+them before lower-priority entries.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ class PrefixWarmer:
         self.router = router
         self.tick_s = tick_s
         self.fake_timeout_s = router.cfg.warm_fake_timeout_s
-        self.use_fake_bootstrap = router.cfg.warm_via != "pair"
-        self.may_fall_back = router.cfg.warm_via == "auto"
+        # Only on request: SGLang 0.5.23 does not cache fake-bootstrap requests (module docstring).
+        self.use_fake_bootstrap = router.cfg.warm_via == "fake_bootstrap"
+        self.may_fall_back = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 

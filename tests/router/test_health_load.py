@@ -1,4 +1,4 @@
-"""What a load poll (/v1/loads) adds to a worker's load: only other clients' requests (pure, no sockets)."""
+"""Pure router-side decisions without sockets: what a load poll adds to a worker's load, how PD warm-ups are sent."""
 
 from __future__ import annotations
 
@@ -21,3 +21,14 @@ def test_load_poll_counts_only_other_clients(ours: int, waiting: int, running: i
     HealthChecker(router).apply(w, True, "start-1", False, (waiting, running, None))
     view = w.view(0.0)
     assert (view.queued, view.load) == (external, ours + external)
+
+
+@pytest.mark.parametrize(("warm_via", "fake"), [("auto", False), ("pair", False), ("fake_bootstrap", True)])
+def test_pd_warmups_use_a_real_pair_unless_asked(warm_via: str, fake: bool) -> None:
+    """SGLang 0.5.23 sets skip_radix_cache_insert for bootstrap_host 2.2.2.2: a fake-host warm-up caches
+    nothing, so the default must be a real prefill+decode pair."""
+    from infer_ctl.router.warmer import PrefixWarmer
+
+    cfg = RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998), worker("http://127.0.0.1:2", "decode")],
+                       warm_via=warm_via)
+    assert PrefixWarmer(Router(cfg)).use_fake_bootstrap is fake
