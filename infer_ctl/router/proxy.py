@@ -159,6 +159,9 @@ class Router:
             resp = await self._handle(request, endpoint, rid, t0)
             status = resp.status
             return resp
+        except (asyncio.CancelledError, ConnectionError):
+            status = 499  # the client went away (nginx's "client closed request"): not the router's failure
+            raise
         except Exception:
             # A bug must still produce a JSON answer, never a dropped request.
             log.exception("internal error", extra={"rid": rid, "endpoint": endpoint})

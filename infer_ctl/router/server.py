@@ -56,9 +56,12 @@ class RouterServer:
         self.port = cfg.port
         self._generate = set(GENERATE_ENDPOINTS)
         self._gets: dict[str, Any] = {"/health": self.health_endpoint, "/health_generate": self.health_endpoint,
-                                      "/metrics": self.metrics}
+                                      "/ready": self.health_endpoint, "/metrics": self.metrics}
         for path in ("/v1/models", "/model_info", "/server_info"):
             self._gets[path] = self.proxy_get(path)
+        # SGLang's deprecated aliases, still served by 0.5.23 workers and used by SGLang's own frontend
+        self._gets["/get_server_info"] = self._gets["/server_info"]
+        self._gets["/get_model_info"] = self._gets["/model_info"]
         self.started_at = time.time()
 
     @property

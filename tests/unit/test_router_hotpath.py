@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -160,3 +161,30 @@ def test_a_listen_address_in_use_is_a_usage_error_with_a_remedy(upstreams: Any) 
     with pytest.raises(UsageError, match=r"cannot listen on 127\.0\.0\.1") as err:
         start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[dec], listen=f"127.0.0.1:{port}"))
     assert err.value.remedy and "--listen" in err.value.remedy
+
+
+def test_client_that_disconnects_is_counted_as_499_not_500(upstreams: Any) -> None:
+    pre, _ = upstreams["ok_prefill"]
+    dec, _ = upstreams["hang"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[dec], health_interval_s=60)) as router:
+        body = b'{"text": "x"}'
+        with socket.create_connection(("127.0.0.1", int(router.url.rsplit(":", 1)[1])), timeout=5) as s:
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            deadline = time.monotonic() + 5
+            while router.router.active == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        deadline = time.monotonic() + 5
+        while router.router.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        metrics = httpx.get(router.url + "/metrics", timeout=10).text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="499"} 1.0' in metrics
+        assert 'status="500"' not in metrics
+
+
+def test_sglang_deprecated_aliases_and_ready_are_served(upstreams: Any) -> None:
+    pre, _ = upstreams["ok_prefill"]
+    dec, _ = upstreams["ok_decode"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[dec], health_interval_s=60)) as router:
+        assert httpx.get(router.url + "/get_server_info", timeout=10).json() == {"status": "ok"}
+        assert httpx.get(router.url + "/ready", timeout=10).status_code == 200
+        assert httpx.get(router.url + "/no_such_path", timeout=10).status_code == 404
