@@ -44,6 +44,9 @@ class SimRequest:
     #: SGLang matches at most this many prompt tokens in the radix cache (logprob_start_len: the tokens
     #: whose input logprobs are asked for must be computed); None = no limit
     max_prefix: int | None = None
+    #: SGLang's Req.skip_radix_cache_insert (schedule_batch.py): set for the fake bootstrap host 2.2.2.2;
+    #: the prompt is computed but never inserted into the radix cache
+    skip_cache_insert: bool = False
     #: filled by the engine
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -212,7 +215,8 @@ class Engine:
             if req.remaining_prefill > 0:
                 continue
             self.prefill_queue.remove(req)
-            self.cache.insert(req.input_ids, req.priority)
+            if not req.skip_cache_insert:  # mem_cache/common.py honours skip_radix_cache_insert
+                self.cache.insert(req.input_ids, req.priority)
             self._release_lock_only(req)
             if self.role == "prefill":
                 assert req.prefill_done is not None

@@ -572,6 +572,7 @@ class SimWorker:
             max_prefix=(n if item.logprob_start_len < 0 else item.logprob_start_len)
             if item.return_logprob
             else None,
+            skip_cache_insert=item.pd.host == FAKE_BOOTSTRAP_HOST,
         )
         try:
             if self.spec.role == "prefill":
@@ -644,8 +645,9 @@ class SimWorker:
         return result
 
     async def _run_fake_prefill(self, item: GenItem, sreq: SimRequest, on_chunk: Any) -> dict[str, Any]:
-        """SGLang's FakeKVSender: a prefill-only request (health checks, cache warm-ups) runs the forward
-        and fills the radix cache, with no decode to wait for and no transfer."""
+        """SGLang's FakeKVSender: a prefill-only request (health checks) runs the forward with no decode
+        to wait for and no transfer. As in SGLang 0.5.23 (Req.skip_radix_cache_insert), the prompt is
+        not inserted into the radix cache: a 2.2.2.2 "warm-up" warms nothing."""
         e = self._engine()
         e.submit_prefill(sreq)
         assert sreq.prefill_done is not None

@@ -136,3 +136,23 @@ def test_openai_pd(cluster: ThreadedSimCluster, path: str) -> None:
         fd = ex.submit(httpx.post, cluster.urls[2] + path, json=body, timeout=20)
         assert fp.result().status_code == 200
         assert fd.result().json()["usage"]["completion_tokens"] == 5
+
+
+def test_fake_bootstrap_host_computes_but_never_caches(cluster: ThreadedSimCluster) -> None:
+    """SGLang 0.5.23: Req.skip_radix_cache_insert = (bootstrap_host == "2.2.2.2"), so a fake-host request
+    (health check, "warm-up") reads the radix cache but never fills it."""
+    prompt = f"fake host warm-up {_room()} " + "shared prefix words " * 40
+    fake = {"text": prompt, "sampling_params": {"max_new_tokens": 4}, "bootstrap_host": "2.2.2.2",
+            "bootstrap_port": 8998, "bootstrap_room": 0}
+    url = cluster.urls[3] + "/generate"
+    first = httpx.post(url, json=fake, timeout=20)
+    assert first.status_code == 200, first.text
+    assert first.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    again = httpx.post(url, json=fake, timeout=20).json()
+    assert again["meta_info"]["cached_tokens"] == 0  # the first one was computed, not cached
+    body = _pd_body(cluster, prompt, _room(), prefill=3)
+    p, d = _send_pair(cluster, body, body, prefill=3)
+    assert p.status_code == 200 and d.status_code == 200, (p.text, d.text)
+    assert d.json()["meta_info"]["cached_tokens"] == 0  # nor did the fake requests warm the real pair
+    after = httpx.post(url, json=fake, timeout=20).json()  # a real request does fill it; fake ones read it
+    assert after["meta_info"]["cached_tokens"] == after["meta_info"]["prompt_tokens"] - 1
