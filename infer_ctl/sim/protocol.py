@@ -65,6 +65,8 @@ class GenRequest:
     batched: bool
     stream: bool
     raw: dict[str, Any] = field(default_factory=dict)
+    #: samples per prompt (sampling_params.n / OpenAI n); items hold prompts x parallel samples
+    parallel: int = 1
     #: OpenAI-only bits
     model: str | None = None
     include_usage: bool = False
@@ -79,23 +81,28 @@ def _int_field(value: Any, name: str, minimum: int | None = None) -> int:
     return value
 
 
-def _pd_list(value: Any, n: int, name: str, copies: int = 1) -> list[Any]:
-    """SGLang's `_normalize_bootstrap_params`: a list is repeated per parallel sample (list * n), a scalar
-    is broadcast, a scalar room becomes room+i."""
+def _pd_list(value: Any, prompts: int, name: str, copies: int = 1) -> list[Any]:
+    """One value per sample, in SGLang's order `[p0, p1, .., p0, p1, ..]` (`prompts` x `copies`).
+
+    `_normalize_bootstrap_params` repeats a list per parallel sample (list * n) and expands a scalar room
+    to room+j; then, for n > 1, `tokenizer_manager._handle_batch_request` copies `obj[i]` (i < prompts)
+    for every sample of prompt i, so all samples of a prompt carry prompt i's host, port and room."""
     if isinstance(value, list):
-        value = value * copies
-        if len(value) < n:
-            raise RequestError(400, f"{name} has {len(value) // copies} entries for a batch of {n // copies}")
-        return value[:n]
-    if name == "bootstrap_room" and value is not None:
-        return [_int_field(value, name) + i for i in range(n)]
-    return [value] * n
+        expanded = value * copies
+        if len(expanded) < prompts:
+            raise RequestError(400, f"{name} has {len(value)} entries for a batch of {prompts}")
+        base = expanded[:prompts]
+    elif name == "bootstrap_room" and value is not None:
+        base = [_int_field(value, name) + i for i in range(prompts)]
+    else:
+        base = [value] * prompts
+    return [base[k % prompts] for k in range(prompts * copies)]
 
 
-def _pd_fields(body: dict[str, Any], n: int, copies: int = 1) -> list[PdFields]:
-    hosts = _pd_list(body.get("bootstrap_host"), n, "bootstrap_host", copies)
-    ports = _pd_list(body.get("bootstrap_port"), n, "bootstrap_port", copies)
-    rooms = _pd_list(body.get("bootstrap_room"), n, "bootstrap_room", copies)
+def _pd_fields(body: dict[str, Any], prompts: int, copies: int = 1) -> list[PdFields]:
+    hosts = _pd_list(body.get("bootstrap_host"), prompts, "bootstrap_host", copies)
+    ports = _pd_list(body.get("bootstrap_port"), prompts, "bootstrap_port", copies)
+    rooms = _pd_list(body.get("bootstrap_room"), prompts, "bootstrap_room", copies)
     out = []
     for h, p, r in zip(hosts, ports, rooms, strict=True):
         if p is not None:
@@ -173,7 +180,7 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
     rids = rid if isinstance(rid, list) else [f"{rid}_{i}" if rid and batched else rid for i in range(n)]
     priority = _int_field(body.get("priority") or 0, "priority")
     total = n * copies
-    pds = _pd_fields(body, total, copies)
+    pds = _pd_fields(body, n, copies)
     want = _per_item(body.get("return_logprob"), n, False)
     starts = _per_item(body.get("logprob_start_len"), n, -1)
     tops = _per_item(body.get("top_logprobs_num"), n, 0)
@@ -200,7 +207,7 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
             )
         )
-    return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), raw=body)
+    return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), raw=body, parallel=copies)
 
 
 def _openai_int(body: dict[str, Any], key: str) -> int | None:
@@ -253,8 +260,8 @@ def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
     opts = body.get("stream_options") or {}
     ids = tok.encode(prompt)
     rid = body.get("rid")
-    # a PD router sends per-sample bootstrap lists when n > 1 (sgl-router's batch size for chat is n)
-    pds = _pd_fields(body, copies)
+    # sgl-router sends per-sample bootstrap lists when n > 1; SGLang still gives every sample entry 0
+    pds = _pd_fields(body, 1, copies)
     items = [
         GenItem(
             rid=(f"{rid}_{k}" if copies > 1 else str(rid)) if rid else uuid.uuid4().hex,
@@ -272,6 +279,7 @@ def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
         batched=copies > 1,
         stream=bool(body.get("stream")),
         raw=body,
+        parallel=copies,
         model=body.get("model"),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
     )

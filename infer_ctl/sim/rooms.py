@@ -64,9 +64,17 @@ class RoomTable:
     def register(self, room: int, input_ids: list[int]) -> Room:
         entry = self._get(room)
         if entry.registered.is_set():
-            raise RoomError(
-                400, f"bootstrap_room {room} is already in use by another request on this prefill"
+            # SGLang does not refuse a duplicate room: its KV sender state is keyed by room
+            # (request_status, transfer_infos), so two live requests sharing one room corrupt each
+            # other's transfer and decode requests abort ("Metadata ... bootstrap_room"). Fail both.
+            self.transfer_failed += 1
+            message = (
+                f"KV transfer failed for bootstrap_room={room}: two requests on this prefill share the "
+                "room at once (SGLang keys KV transfer state by room; with n > 1 in PD mode SGLang 0.5.23 "
+                "gives every sample of a prompt the same room: send n = 1 requests instead)"
             )
+            self.fail(entry, message)
+            raise RoomError(500, message)
         entry.digest = prompt_digest(input_ids)
         entry.prompt_tokens = len(input_ids)
         entry.registered.set()

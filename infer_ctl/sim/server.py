@@ -7,6 +7,7 @@ returns and where it departs from SGLang.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -412,6 +413,7 @@ class SimWorker:
         if req.stream:
             return await self._stream_native(request, req)
         try:
+            await self._parallel_warmup(req)
             results = await asyncio.gather(*(self._run_item(it, req) for it in req.items))
         except RequestError as exc:
             return self._native_error(exc)
@@ -466,7 +468,20 @@ class SimWorker:
             except RequestError as exc:
                 queue.put_nowait(self._index(self._abort_chunk(item, exc), index, req))
 
-        tasks = [asyncio.create_task(one(i, it)) for i, it in enumerate(req.items)]
+        async def warm_then(index: int, item: GenItem) -> None:
+            await warmed
+            await one(index, item)
+
+        async def warm() -> None:
+            try:
+                await self._parallel_warmup(req)
+            except RequestError as exc:  # no sample is sent: each reports the warm-up's abort
+                for i, it in enumerate(req.items):
+                    queue.put_nowait(self._index(self._abort_chunk(it, exc), i, req))
+                raise
+
+        warmed = asyncio.ensure_future(warm())
+        tasks = [asyncio.create_task(warm_then(i, it)) for i, it in enumerate(req.items)]
         done = asyncio.gather(*tasks)
         def _finished(f: asyncio.Future[Any]) -> None:
             if not f.cancelled():
@@ -479,9 +494,21 @@ class SimWorker:
                 await resp.write(_sse(chunk))
             await resp.write(b"data: [DONE]\n\n")
         finally:
+            warmed.cancel()
             for t in tasks:
                 t.cancel()
         return resp
+
+    async def _parallel_warmup(self, req: GenRequest) -> None:
+        """SGLang's n > 1 path (`tokenizer_manager._handle_batch_request`): before any sample, each prompt
+        is sent once more with max_new_tokens=0 ("cache the common prefix") carrying the same bootstrap
+        fields as its samples, and awaited, prompt after prompt. On PD this warm-up pairs like any
+        request; the n samples then share one room (see `rooms.RoomTable.register`)."""
+        if req.parallel <= 1:
+            return
+        for item in req.items[: len(req.items) // req.parallel]:
+            warm = dataclasses.replace(item, rid=uuid.uuid4().hex, max_new_tokens=0, sample=0)
+            await self._run_item(warm, req)
 
     @staticmethod
     def _index(chunk: dict[str, Any], index: int, req: GenRequest) -> dict[str, Any]:
@@ -617,6 +644,8 @@ class SimWorker:
                 self.rooms.transfer_failed += 1
                 self.rooms.fail(entry, f"KV transfer failed for bootstrap_room={room}: the decode went away")
                 raise RequestError(500, entry.failure or "")
+            if entry.failure:  # another request took the same room meanwhile (rooms.RoomTable.register)
+                raise RequestError(500, entry.failure)
             e.metrics.kv_transfer_latency_ms = transfer_s * 1000
             self.rooms.land(entry, sreq.cached_tokens, transfer_s * 1000)
             sreq.finished_at = asyncio.get_running_loop().time()
@@ -733,6 +762,7 @@ class SimWorker:
         if req.stream:
             return await self._openai_stream(request, req, rid, model, created, chat)
         try:
+            await self._parallel_warmup(req)
             results = await asyncio.gather(*(self._run_item(it, req) for it in req.items))
         except RequestError as exc:
             return web.json_response(proto.openai_error(exc), status=exc.status)
@@ -807,6 +837,10 @@ class SimWorker:
             queue.put_nowait(chunk(index, delta, None, first=bool(state["first"])))
             state["len"], state["first"] = len(text), False
 
+        try:
+            await self._parallel_warmup(req)
+        except RequestError as warm_exc:
+            return web.json_response(proto.openai_error(warm_exc), status=warm_exc.status)
         tasks = [
             asyncio.create_task(self._run_item(it, req, lambda res, i=i: on_chunk(i, res)))
             for i, it in enumerate(req.items)

@@ -95,8 +95,10 @@ def test_parallel_sampling_n_returns_n_different_samples(cluster: ThreadedSimClu
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in out]  # deterministic per sample
 
 
-def test_chat_n2_with_per_sample_bootstrap_lists_through_pd(cluster: ThreadedSimCluster) -> None:
-    # sgl-router sends lists of n rooms for a chat request with n > 1
+def test_chat_n2_with_per_sample_bootstrap_lists_fails_through_pd_as_sglang_does(cluster: ThreadedSimCluster) -> None:
+    # sgl-router sends lists of n rooms for a chat request with n > 1, but SGLang 0.5.23 gives every
+    # sample rooms[0] (tokenizer_manager copies obj[0] per sample): concurrent requests sharing a room
+    # break the KV transfer on a real pair, so the simulated pair fails too (tests/sim/test_pd.py)
     rooms = [random.randint(1, 2**62) for _ in range(2)]
     body = {"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
             "max_tokens": 4, "n": 2, "bootstrap_host": ["127.0.0.1"] * 2,
@@ -105,7 +107,5 @@ def test_chat_n2_with_per_sample_bootstrap_lists_through_pd(cluster: ThreadedSim
         fp = ex.submit(httpx.post, cluster.urls[1] + "/v1/chat/completions", json=body, timeout=20)
         fd = ex.submit(httpx.post, cluster.urls[2] + "/v1/chat/completions", json=body, timeout=20)
         p, d = fp.result(), fd.result()
-    assert p.status_code == 200 and d.status_code == 200, (p.text, d.text)
-    choices = d.json()["choices"]
-    assert [c["index"] for c in choices] == [0, 1] and all(c["message"]["content"] for c in choices)
-    assert d.json()["usage"]["completion_tokens"] == 8
+    assert p.status_code == 500 and d.status_code == 500, (p.text, d.text)
+    assert f"bootstrap_room={rooms[0]}" in p.json()["message"] and "share the room" in p.json()["message"]

@@ -156,3 +156,51 @@ def test_fake_bootstrap_host_computes_but_never_caches(cluster: ThreadedSimClust
     assert d.json()["meta_info"]["cached_tokens"] == 0  # nor did the fake requests warm the real pair
     after = httpx.post(url, json=fake, timeout=20).json()  # a real request does fill it; fake ones read it
     assert after["meta_info"]["cached_tokens"] == after["meta_info"]["prompt_tokens"] - 1
+
+
+# -- n > 1 (parallel sampling) in PD mode: what SGLang 0.5.23 does with bootstrap rooms -------------------
+def test_parallel_samples_of_a_prompt_share_its_room() -> None:
+    """_normalize_bootstrap_params + tokenizer_manager's n > 1 path: every sample of prompt i gets
+    prompt i's room (a scalar room gives prompt i room+i; a list gives list[i]), whatever was sent."""
+    from infer_ctl.sim.protocol import parse_generate, parse_openai
+    from infer_ctl.sim.tokenizer import make_tokenizer
+
+    tok = make_tokenizer(None)
+    base = {"text": ["a", "b"], "sampling_params": {"n": 2}, "bootstrap_host": "h", "bootstrap_port": 1}
+    rooms = [it.pd.room for it in parse_generate({**base, "bootstrap_room": 10}, tok).items]
+    assert rooms == [10, 11, 10, 11]
+    rooms = [it.pd.room for it in parse_generate({**base, "bootstrap_room": [7, 3]}, tok).items]
+    assert rooms == [7, 3, 7, 3]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "n": 3, "bootstrap_room": [5, 6, 7]}
+    assert [it.pd.room for it in parse_openai(chat, tok, chat=True).items] == [5, 5, 5]
+    assert [it.pd.room for it in parse_openai({**chat, "bootstrap_room": 9}, tok, chat=True).items] == [9, 9, 9]
+    single = parse_generate({"text": ["a", "b"], "bootstrap_room": 10}, tok)  # n = 1: room+i per prompt
+    assert [it.pd.room for it in single.items] == [10, 11]
+
+
+def test_generate_batch_with_n2_fails_on_a_pd_pair(cluster: ThreadedSimCluster) -> None:
+    """The max_new_tokens=0 warm-up of each prompt pairs, then its n samples share one room at once:
+    on a real pair that corrupts the room's transfer (decode aborts), so the simulated pair fails."""
+    room = _room()
+    body = _pd_body(cluster, "", room)
+    body["text"] = ["first parallel prompt", "second parallel prompt"]
+    body["sampling_params"] = {"max_new_tokens": 4, "n": 2}
+    p, d = _send_pair(cluster, body, body)
+    assert p.status_code == 500 and d.status_code == 500, (p.text, d.text)
+    assert f"bootstrap_room={room}" in p.json()["message"] and "share the room" in p.json()["message"]
+
+
+def test_n2_through_the_fake_bootstrap_host_succeeds(cluster: ThreadedSimCluster) -> None:
+    # FakeKVSender/FakeKVReceiver keep no per-room state: a real pair accepts it, so does the sim
+    body = {"text": "fake parallel", "sampling_params": {"max_new_tokens": 3, "n": 2},
+            "bootstrap_host": "2.2.2.2", "bootstrap_port": 8998, "bootstrap_room": 0}
+    p, d = _send_pair(cluster, body, body)
+    assert p.status_code == 200 and d.status_code == 200, (p.text, d.text)
+    assert [o["meta_info"]["completion_tokens"] for o in d.json()] == [3, 3]
+
+
+def test_n2_on_a_mixed_worker_caches_the_prefix_first(cluster: ThreadedSimCluster) -> None:
+    """SGLang sends each prompt once with max_new_tokens=0 before its samples: they find it cached."""
+    body = {"text": f"mixed parallel {_room()} " + "words " * 30, "sampling_params": {"max_new_tokens": 3, "n": 2}}
+    out = httpx.post(cluster.urls[0] + "/generate", json=body, timeout=20).json()
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [o["meta_info"]["prompt_tokens"] - 1 for o in out]
