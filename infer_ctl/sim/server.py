@@ -74,6 +74,8 @@ class SimWorker:
         self._runners: list[web.AppRunner] = []
         self._client: aiohttp.ClientSession | None = None
         self._flush_pending = False
+        #: connections with a request in flight (both apps): stop() aborts them as a killed process would
+        self._inflight: set[asyncio.Transport] = set()
 
     @property
     def url(self) -> str:
@@ -122,6 +124,12 @@ class SimWorker:
 
     async def stop(self) -> None:
         self.ready = False
+        # A killed SGLang process drops every connection at once: abort the sockets of in-flight requests
+        # (handler_cancellation then cancels their handlers, including a decode's wait in _fetch_kv, whose
+        # claim on the prefill closes with it) instead of answering them or waiting for their timeouts.
+        for transport in list(self._inflight):
+            transport.abort()
+        self._inflight.clear()
         if self.engine:
             await self.engine.stop()
         for runner in self._runners:
@@ -132,8 +140,20 @@ class SimWorker:
             self._client = None
 
     # -- apps -------------------------------------------------------------------------------------
+    @web.middleware
+    async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        transport = request.transport
+        if transport is not None:
+            self._inflight.add(transport)
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        finally:
+            if transport is not None:
+                self._inflight.discard(transport)
+
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=512 * 1024**2)
+        app = web.Application(client_max_size=512 * 1024**2, middlewares=[self._track])
         r = app.router
         for path in ("/health", "/health_generate"):
             r.add_get(path, self.health)
@@ -153,7 +173,7 @@ class SimWorker:
         return app
 
     def _bootstrap_app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._track])
         app.router.add_get("/health", self.bootstrap_health)
         app.router.add_route("*", "/route", self.bootstrap_route)
         app.router.add_post("/register_dp_rank", self.bootstrap_register_dp_rank)

@@ -204,3 +204,37 @@ def test_n2_on_a_mixed_worker_caches_the_prefix_first(cluster: ThreadedSimCluste
     body = {"text": f"mixed parallel {_room()} " + "words " * 30, "sampling_params": {"max_new_tokens": 3, "n": 2}}
     out = httpx.post(cluster.urls[0] + "/generate", json=body, timeout=20).json()
     assert [o["meta_info"]["cached_tokens"] for o in out] == [o["meta_info"]["prompt_tokens"] - 1 for o in out]
+
+
+# -- stopping a decode drops its connections like a killed process ------------------------------------------
+def test_stopping_a_decode_closes_its_in_flight_connections_promptly() -> None:
+    from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+
+    specs = [WorkerSpec("prefill", time_scale=0.02, bootstrap_timeout_s=30.0),
+             WorkerSpec("decode", time_scale=0.02, waiting_timeout_s=30.0)]
+    with start_cluster_in_thread(specs) as c:
+        port = c.workers[0].bootstrap_port
+        lonely = {"text": "no prefill ever", "sampling_params": {"max_new_tokens": 4},
+                  "bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": _room()}
+        busy = {"text": "long decode", "sampling_params": {"max_new_tokens": 100_000}, "stream": True,
+                "bootstrap_host": "2.2.2.2", "bootstrap_port": port, "bootstrap_room": 0}
+
+        def stream_busy() -> str:
+            with httpx.stream("POST", c.urls[1] + "/generate", json=busy, timeout=25) as r:
+                for _ in r.iter_lines():
+                    pass
+            return "ended"
+
+        with cf.ThreadPoolExecutor(2) as ex:
+            waiting = ex.submit(httpx.post, c.urls[1] + "/generate", json=lonely, timeout=25)  # in _fetch_kv
+            running = ex.submit(stream_busy)
+            time.sleep(0.5)
+            assert not waiting.done() and not running.done()
+            t0 = time.monotonic()
+            c.stop_worker(1)
+            for fut in (waiting, running):
+                with pytest.raises(httpx.TransportError):  # dropped, not answered (nor timed out)
+                    fut.result(timeout=5)
+            assert time.monotonic() - t0 < 5
+        c.start_worker(1)  # the same port serves again
+        assert httpx.get(c.urls[1] + "/health", timeout=5).status_code == 200
