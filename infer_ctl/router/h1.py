@@ -6,6 +6,7 @@ requests/s where this protocol answers ~20k (docs/router.md, "HTTP stack"); in t
 difference is 15-25 % of the CPU of a routed request. The router needs a small subset of HTTP, which
 this module implements completely:
 
+- `Expect: 100-continue` (curl sends it for bodies over 1 KiB) answered at once; HEAD without a body;
 - keep-alive (HTTP/1.1 default, HTTP/1.0 with `Connection: keep-alive`) and pipelining: requests are
   answered one at a time in order; reading pauses while more than a few are queued;
 - request bodies by Content-Length or chunked; a body over `max_body` is answered 413 as soon as that is
@@ -241,6 +242,9 @@ class H1Connection(asyncio.Protocol):
         req.http10 = self.parser.get_http_version() == "1.0"
         if req.content_length is not None and req.content_length > self.srv.max_body:
             self._too_large(req)
+        elif headers.get("expect", "").lower() == "100-continue" and not self.closed:
+            # curl sends this for bodies over 1 KiB and waits a second for it before sending the body
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         req = self.cur
@@ -295,7 +299,10 @@ class H1Connection(asyncio.Protocol):
                     return
                 if isinstance(resp, Response):
                     close = self.close_after and not self.pending
-                    self.write(resp.encode(close or req.too_large))
+                    data = resp.encode(close or req.too_large)
+                    if req.method == "HEAD":
+                        data = data[: len(data) - len(resp.body)]
+                    self.write(data)
                 elif not resp.finished:  # a stream the handler did not end: end it
                     await resp.write_eof()
                 if self.close_after and not self.pending:

@@ -169,3 +169,25 @@ def test_http10_without_keep_alive_is_closed_after_the_answer(srv: Served) -> No
         status, headers, _ = read_responses(s, 1)[0]
         assert status == 200 and headers.get("connection") == "close"
         assert s.recv(10) == b""
+
+
+def test_expect_100_continue_is_answered_before_the_body(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        s.settimeout(2)
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(b"hello")
+        status, _, body = read_responses(s, 1)[0]
+    assert status == 200 and json.loads(body)["len"] == 5
+
+
+def test_head_gets_the_headers_without_a_body(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(3)
+        buf = b""
+        while buf.count(b"HTTP/1.1 200") < 2 or not buf.endswith(b"}"):
+            buf += s.recv(65536)
+    head_part, get_part = buf.split(b"HTTP/1.1 200", 2)[1:]
+    assert head_part.endswith(b"\r\n\r\n") and b'"path"' not in head_part
+    assert b'"path": "/g"' in get_part
