@@ -40,6 +40,8 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
 _LINGER_S = 1.0
 _MAX_HEAD = 64 * 1024
+#: idle keep-alive connections are closed after this long (aiohttp's default too)
+KEEPALIVE_S = 75.0
 
 
 def _reason(status: int) -> bytes:
@@ -133,12 +135,23 @@ class H1Server:
         self.max_body = max_body
         self.conns: set[H1Connection] = set()
         self.server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def listen(self, host: str, port: int, backlog: int = 1024) -> int:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: H1Connection(self), host, port, backlog=backlog,
                                                reuse_address=True)
+        self._sweep()
         return int(self.server.sockets[0].getsockname()[1])
+
+    def _sweep(self) -> None:
+        """Close keep-alive connections idle for KEEPALIVE_S (a sweep, not a timer per request)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() - KEEPALIVE_S
+        for conn in list(self.conns):
+            if conn.task is None and not conn.pending and conn.last_active < deadline:
+                conn.close()
+        self._sweeper = loop.call_later(min(15.0, KEEPALIVE_S / 2), self._sweep)
 
     def stop_listening(self) -> None:
         if self.server is not None:
@@ -150,6 +163,8 @@ class H1Server:
                 conn.close()
 
     async def close_all(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         self.stop_listening()
         tasks = [c.task for c in self.conns if c.task is not None]
         for conn in list(self.conns):
@@ -178,10 +193,13 @@ class H1Connection(asyncio.Protocol):
         self.paused_reading = False
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
+        self.head_bytes = 0
+        self.last_active = 0.0
 
     # ---- transport events ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        self.last_active = asyncio.get_running_loop().time()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -201,6 +219,7 @@ class H1Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.discarding:
             return
+        self.last_active = asyncio.get_running_loop().time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -223,6 +242,7 @@ class H1Connection(asyncio.Protocol):
         self.parts = []
         self.size = 0
         self.cur = None
+        self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -231,8 +251,9 @@ class H1Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.hdrs.append((name, value))
-        if len(self.hdrs) > 200:
-            raise httptools.HttpParserError("too many headers")
+        self.head_bytes += len(name) + len(value)
+        if len(self.hdrs) > 200 or self.head_bytes > _MAX_HEAD:
+            raise httptools.HttpParserError("request headers too large")
 
     def on_headers_complete(self) -> None:
         url = self.url.decode("latin-1")
@@ -316,6 +337,7 @@ class H1Connection(asyncio.Protocol):
             pass
         finally:
             self.task = None
+            self.last_active = asyncio.get_running_loop().time()
 
     def _finish_close(self, linger: bool) -> None:
         if self.closed:
@@ -336,7 +358,7 @@ class H1Connection(asyncio.Protocol):
         self.discarding = True
         if self.task is None and not self.closed:
             self.write(Response(status, error_body(status, message, "invalid_request")).encode(True))
-            self.close()
+            self._finish_close(True)  # lingering: the client may still be sending
         else:
             self.close_after = True  # answer what is in progress, then close
 

@@ -191,3 +191,25 @@ def test_head_gets_the_headers_without_a_body(srv: Served) -> None:
     head_part, get_part = buf.split(b"HTTP/1.1 200", 2)[1:]
     assert head_part.endswith(b"\r\n\r\n") and b'"path"' not in head_part
     assert b'"path": "/g"' in get_part
+
+
+def test_oversized_headers_get_a_400(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n")
+        status, _, _ = read_responses(s, 1)[0]
+    assert status == 400
+
+
+def test_idle_keep_alive_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import infer_ctl.router.h1 as h1
+
+    monkeypatch.setattr(h1, "KEEPALIVE_S", 0.2)
+    served = Served()
+    try:
+        with connect(served) as s:
+            s.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_responses(s, 1)[0][0] == 200
+            s.settimeout(5)
+            assert s.recv(10) == b""  # closed by the sweep after ~0.2-0.4 s idle
+    finally:
+        served.stop()
