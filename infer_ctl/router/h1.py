@@ -42,6 +42,9 @@ _LINGER_S = 1.0
 _MAX_HEAD = 64 * 1024
 #: idle keep-alive connections are closed after this long (aiohttp's default too)
 KEEPALIVE_S = 75.0
+#: a request's head and body must arrive within this long of its first byte (slowloris: a client that
+#: trickles a byte at a time would otherwise hold a connection and its buffers forever); answered 408
+READ_TIMEOUT_S = 60.0
 
 
 def _reason(status: int) -> bytes:
@@ -97,13 +100,19 @@ class StreamResponse:
         self.headers = headers or {}
         self.prepared = False
         self.finished = False
+        #: False for an HTTP/1.0 client, which does not know chunked encoding: the close ends the stream
+        self.chunked = True
         self._conn: H1Connection | None = None
 
     async def prepare(self, request: Request) -> None:
         conn = self._conn = request.conn
-        head = b"HTTP/1.1 %d %s\r\nTransfer-Encoding: chunked\r\n" % (self.status, _reason(self.status))
+        self.chunked = not request.http10
+        head = b"HTTP/1.1 %d %s\r\n" % (self.status, _reason(self.status))
+        if self.chunked:
+            head += b"Transfer-Encoding: chunked\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in self.headers.items()).encode("latin-1")
-        if conn.close_after:
+        # pipelined requests may follow this one even when a later one asked for close
+        if not self.chunked or (conn.close_after and not conn.pending):
             head += b"Connection: close\r\n"
         self.prepared = True
         conn.write(head + b"\r\n")
@@ -113,13 +122,15 @@ class StreamResponse:
         if not data:
             return
         assert self._conn is not None, "prepare() first"
-        self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
+        self._conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
         await self._conn.drain()
 
     async def write_eof(self) -> None:
         if self.finished or self._conn is None:
             return
         self.finished = True
+        if not self.chunked:
+            return
         self._conn.write(b"0\r\n\r\n")
         await self._conn.drain()
 
@@ -145,13 +156,17 @@ class H1Server:
         return int(self.server.sockets[0].getsockname()[1])
 
     def _sweep(self) -> None:
-        """Close keep-alive connections idle for KEEPALIVE_S (a sweep, not a timer per request)."""
+        """Close keep-alive connections idle for KEEPALIVE_S and requests not received within READ_TIMEOUT_S
+        (a sweep, not a timer per request)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() - KEEPALIVE_S
+        now = loop.time()
         for conn in list(self.conns):
-            if conn.task is None and not conn.pending and conn.last_active < deadline:
+            if conn.reading_since is not None:
+                if conn.reading_since < now - READ_TIMEOUT_S:
+                    conn.read_timed_out()
+            elif conn.task is None and not conn.pending and conn.last_active < now - KEEPALIVE_S:
                 conn.close()
-        self._sweeper = loop.call_later(min(15.0, KEEPALIVE_S / 2), self._sweep)
+        self._sweeper = loop.call_later(min(15.0, KEEPALIVE_S / 2, READ_TIMEOUT_S / 2), self._sweep)
 
     def stop_listening(self) -> None:
         if self.server is not None:
@@ -195,6 +210,8 @@ class H1Connection(asyncio.Protocol):
         self.drain_waiter: asyncio.Future[None] | None = None
         self.head_bytes = 0
         self.last_active = 0.0
+        #: loop time of the first byte of the request being received; None between requests
+        self.reading_since: float | None = None
 
     # ---- transport events ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -217,9 +234,10 @@ class H1Connection(asyncio.Protocol):
         self._wake_drain(ConnectionResetError("client disconnected"))
 
     def data_received(self, data: bytes) -> None:
+        # last_active is not refreshed here: only a request (on_message_begin) or an answer counts as
+        # activity, so bytes that start no request (blank lines, a trickle) do not keep a connection open
         if self.discarding:
             return
-        self.last_active = asyncio.get_running_loop().time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -243,6 +261,7 @@ class H1Connection(asyncio.Protocol):
         self.size = 0
         self.cur = None
         self.head_bytes = 0
+        self.reading_since = self.last_active = asyncio.get_running_loop().time()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -257,6 +276,9 @@ class H1Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         url = self.url.decode("latin-1")
+        if not url.startswith("/") and "://" in url:
+            # absolute form (RFC 9112 3.2.2: servers must accept it): route by its path
+            url = "/" + url.partition("://")[2].partition("/")[2]
         path, _, query = url.partition("?")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.hdrs}
         req = self.cur = Request(self.parser.get_method().decode("ascii"), path, query, headers, self)
@@ -281,6 +303,7 @@ class H1Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         req = self.cur
         self.cur = None
+        self.reading_since = None
         if req is None or req.too_large:
             return
         if self.parts:
@@ -294,6 +317,7 @@ class H1Connection(asyncio.Protocol):
     def _too_large(self, req: Request) -> None:
         """Answer 413 now and stop reading the body (the handler produces the JSON error)."""
         req.too_large = True
+        self.reading_since = None  # answered now; what is still sent is discarded until the close
         self.close_after = True
         self.discarding = True  # nothing after this request is parsed
         self._enqueue(req)
@@ -324,8 +348,13 @@ class H1Connection(asyncio.Protocol):
                     if req.method == "HEAD":
                         data = data[: len(data) - len(resp.body)]
                     self.write(data)
+                    if self.write_paused:  # a client that does not read: wait before answering more
+                        await self.drain()
                 elif not resp.finished:  # a stream the handler did not end: end it
                     await resp.write_eof()
+                if isinstance(resp, StreamResponse) and not resp.chunked:
+                    self.pending.clear()  # close-delimited (HTTP/1.0): the close ends the response
+                    self.close_after = True
                 if self.close_after and not self.pending:
                     self._finish_close(req.too_large)
                     return
@@ -353,6 +382,15 @@ class H1Connection(asyncio.Protocol):
                 self.close()
         else:
             self.close()
+
+    def read_timed_out(self) -> None:
+        """A request not received within READ_TIMEOUT_S: 408 when nothing is being answered, then close."""
+        self.reading_since = None
+        if self.task is None and not self.pending:
+            self._fatal(408, f"request not received within {READ_TIMEOUT_S:g} s")
+        else:
+            self.discarding = True
+            self.close_after = True  # answer what is in progress, then close
 
     def _fatal(self, status: int, message: str) -> None:
         self.discarding = True

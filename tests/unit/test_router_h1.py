@@ -32,6 +32,8 @@ class Served:
             return Response(413, b'{"error":"too large"}')
         if req.path == "/slow":
             await asyncio.sleep(0.2)
+        if req.path == "/bigresp":
+            return Response(200, b"x" * 65536)
         if req.path == "/hang":
             try:
                 await asyncio.sleep(30)
@@ -213,3 +215,87 @@ def test_idle_keep_alive_connections_are_closed(monkeypatch: pytest.MonkeyPatch)
             assert s.recv(10) == b""  # closed by the sweep after ~0.2-0.4 s idle
     finally:
         served.stop()
+
+
+def test_stream_in_a_pipeline_is_not_marked_close_while_requests_follow(srv: Served) -> None:
+    # the last request asks for close; the streamed answer in the middle must not say "Connection: close"
+    with connect(srv) as s:
+        s.sendall(b"GET /a HTTP/1.1\r\n\r\nGET /stream HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\nConnection: close\r\n\r\n")
+        s.settimeout(3)
+        buf = b""
+        while chunk := s.recv(65536):
+            buf += chunk
+    answers = buf.split(b"HTTP/1.1 200 OK")[1:]
+    assert [b"Connection: close" in a for a in answers] == [False, False, True]
+    assert answers[1].endswith(b"0\r\n\r\n")
+
+
+def test_http10_stream_is_close_delimited_not_chunked(srv: Served) -> None:
+    # an HTTP/1.0 client does not know chunked encoding: the stream ends with the connection
+    with connect(srv) as s:
+        s.sendall(b"GET /stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        s.settimeout(3)
+        buf = b""
+        while chunk := s.recv(65536):
+            buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+def test_whole_responses_wait_for_a_client_that_does_not_read(srv: Served) -> None:
+    # pipelined requests from a client that never reads must not pile responses up in memory
+    async def buffered() -> int:
+        return sum(c.transport.get_write_buffer_size() for c in list(srv.server.conns))
+
+    with connect(srv) as s:
+        s.settimeout(1)
+        try:
+            s.sendall(b"GET /bigresp HTTP/1.1\r\n\r\n" * 1500)
+        except TimeoutError:
+            pass
+        threading.Event().wait(1.0)
+        size = asyncio.run_coroutine_threadsafe(buffered(), srv.loop).result(5)
+    assert size < 4 * 1024 * 1024  # was 1500 x 64 KiB = 96 MiB
+
+
+def trickle(sock: socket.socket, data: bytes, gap: float) -> bytes:
+    """Sends data a byte at a time; returns what the server answered (or b"" when it closed)."""
+    sock.settimeout(gap)
+    for i in range(len(data)):
+        try:
+            sock.sendall(data[i:i + 1])
+        except OSError:
+            break
+        try:
+            got = sock.recv(65536)
+        except TimeoutError:
+            continue
+        return got
+    return b"<sent it all>"
+
+
+@pytest.mark.parametrize("data", [
+    b"GET /x HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n",  # slow headers
+    b"POST /x HTTP/1.1\r\nContent-Length: 200\r\n\r\n" + b"a" * 200,  # slow body
+    b"\r\n" * 200,  # blank lines between requests keep nothing alive
+], ids=["headers", "body", "crlf"])
+def test_a_request_trickled_byte_by_byte_times_out(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    import infer_ctl.router.h1 as h1
+
+    monkeypatch.setattr(h1, "READ_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(h1, "KEEPALIVE_S", 0.3)
+    served = Served()
+    try:
+        with connect(served) as s:
+            got = trickle(s, data, 0.02)  # 200 bytes x 20 ms = 4 s if never cut off
+        assert got == b"" or got.startswith(b"HTTP/1.1 408")
+    finally:
+        served.stop()
+
+
+def test_absolute_form_target_is_routed_by_its_path(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"GET http://router:8000/abs?q=1 HTTP/1.1\r\nHost: router\r\n\r\n")
+        status, _, body = read_responses(s, 1)[0]
+    assert status == 200 and json.loads(body)["path"] == "/abs"
