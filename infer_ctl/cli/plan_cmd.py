@@ -17,6 +17,7 @@ from infer_ctl.core.sizing.roofline import plan_roofline
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
 from infer_ctl.errors import UsageError
+from infer_ctl.output.json_doc import dumps
 
 app = typer.Typer(
     help="Sizing math: KV footprint, speculative speedup, KV transfer time, roofline.", no_args_is_help=True
@@ -145,7 +146,7 @@ def _list_presets(out: Console, json: bool) -> None:
     models = {k: asdict(v) for k, v in presets.MODELS.items()}
     accels = {k: asdict(v) for k, v in presets.ACCELERATORS.items()}
     if json:
-        typer.echo(__import__("json").dumps({"models": models, "accelerators": accels}, indent=2))
+        typer.echo(dumps({"models": models, "accelerators": accels}))
     else:
         table = Table("model", "layers", "kv_heads", "head_dim", "params", title="model presets")
         for m in presets.MODELS.values():
