@@ -14,7 +14,8 @@ this module implements completely:
   moment and the connection closed (a lingering close, so the client sees the 413 rather than a reset);
 - malformed HTTP: 400 with a JSON body, then close;
 - responses in one write (`Response`) or streamed with chunked encoding (`StreamResponse`), with
-  back-pressure: `write` waits while the socket's write buffer is over its high-water mark;
+  back-pressure: `write` waits while the socket's write buffer is over its high-water mark, for at most
+  WRITE_TIMEOUT_S; a client that stops reading for longer is aborted like one that disconnected;
 - a client that disconnects cancels the task handling its request (which closes the upstream
   connections, which makes SGLang abort the request);
 - `close_idle()` / `close_all()` for graceful shutdown.
@@ -26,7 +27,10 @@ write/write_eof/prepared`), so handlers read the same either way.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import socket
+import struct
+import termios
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -45,6 +49,16 @@ KEEPALIVE_S = 75.0
 #: a request's head and body must arrive within this long of its first byte (slowloris: a client that
 #: trickles a byte at a time would otherwise hold a connection and its buffers forever); answered 408
 READ_TIMEOUT_S = 60.0
+#: the longest a response may wait for the client to drain the socket (write back-pressure). A client that
+#: keeps its connection open but stops reading would otherwise hold the handler, and with it the upstream
+#: SGLang request and its KV slot, forever. After this the connection is aborted and the handler cancelled,
+#: as when the client disconnects (the proxy counts it as 499). A module constant like the two above:
+#: RouterConfig (router/config.py) has no client-write timeout (drain_timeout_s is the shutdown drain).
+WRITE_TIMEOUT_S = 60.0
+
+
+#: Linux's SIOCOUTQ: bytes the kernel still holds for the peer (not sent or not acknowledged)
+_OUTQ = getattr(termios, "TIOCOUTQ", None)
 
 
 def _reason(status: int) -> bytes:
@@ -156,17 +170,23 @@ class H1Server:
         return int(self.server.sockets[0].getsockname()[1])
 
     def _sweep(self) -> None:
-        """Close keep-alive connections idle for KEEPALIVE_S and requests not received within READ_TIMEOUT_S
-        (a sweep, not a timer per request)."""
+        """Close keep-alive connections idle for KEEPALIVE_S, requests not received within READ_TIMEOUT_S and
+        connections whose writes wait on the client for over WRITE_TIMEOUT_S (a sweep, not a timer per
+        request: the timeouts hold to within half their length)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         for conn in list(self.conns):
-            if conn.reading_since is not None:
+            if conn.write_paused_since is not None:
+                if conn.write_progressed():
+                    conn.write_paused_since = now  # a slow reader, but a reader: the wait starts over
+                elif conn.write_paused_since < now - WRITE_TIMEOUT_S:
+                    conn.write_timed_out()
+            elif conn.reading_since is not None:
                 if conn.reading_since < now - READ_TIMEOUT_S:
                     conn.read_timed_out()
             elif conn.task is None and not conn.pending and conn.last_active < now - KEEPALIVE_S:
                 conn.close()
-        self._sweeper = loop.call_later(min(15.0, KEEPALIVE_S / 2, READ_TIMEOUT_S / 2), self._sweep)
+        self._sweeper = loop.call_later(min(15.0, KEEPALIVE_S / 2, READ_TIMEOUT_S / 2, WRITE_TIMEOUT_S / 2), self._sweep)
 
     def stop_listening(self) -> None:
         if self.server is not None:
@@ -207,6 +227,10 @@ class H1Connection(asyncio.Protocol):
         self.closed = False
         self.paused_reading = False
         self.write_paused = False
+        #: loop time the transport's write buffer went over its high-water mark; None while it is below
+        self.write_paused_since: float | None = None
+        #: unsent() when last looked at while paused (nothing is added while paused, so it only shrinks)
+        self.write_paused_size = 0
         self.drain_waiter: asyncio.Future[None] | None = None
         self.head_bytes = 0
         self.last_active = 0.0
@@ -250,9 +274,12 @@ class H1Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.write_paused_since = asyncio.get_running_loop().time()
+        self.write_paused_size = self.unsent()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.write_paused_since = None
         self._wake_drain(None)
 
     # ---- parser callbacks ------------------------------------------------------------------------
@@ -397,6 +424,43 @@ class H1Connection(asyncio.Protocol):
         else:
             self.discarding = True
             self.close_after = True  # answer what is in progress, then close
+
+    def unsent(self) -> int:
+        """Bytes of response not yet taken by the client: the transport's buffer plus the kernel's send
+        queue. The kernel's queue (megabytes on loopback) counts too because the transport's buffer only
+        shrinks once the kernel has room for a large part of it: a slow reader that keeps taking data
+        shows progress there first."""
+        size = int(self.transport.get_write_buffer_size())
+        sock = self.transport.get_extra_info("socket")
+        if _OUTQ is not None and sock is not None:
+            try:
+                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+            except OSError:  # pragma: no cover - not a socket the ioctl knows
+                pass
+        return size
+
+    def write_progressed(self) -> bool:
+        """Whether the client took any of the buffered response since the last look."""
+        size = self.unsent()
+        progressed = size < self.write_paused_size
+        self.write_paused_size = size
+        return progressed
+
+    def write_timed_out(self) -> None:
+        """The client has taken nothing for WRITE_TIMEOUT_S: abort (a close would wait for the buffer to
+        flush, which it never does). connection_lost then cancels the handler's task, which cancels the
+        upstream request, exactly as for a client that disconnected."""
+        self.write_paused_since = None
+        self.discarding = True
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            # linger 0: the close sends a reset and drops what the kernel still holds for the client,
+            # instead of keeping it (and retrying it) for a client that does not read
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:  # pragma: no cover - not a TCP socket
+                pass
+        self.transport.abort()
 
     def _fatal(self, status: int, message: str) -> None:
         self.discarding = True

@@ -21,6 +21,7 @@ class Served:
     def __init__(self) -> None:
         self.loop = new_event_loop()
         self.cancelled = threading.Event()
+        self.firehose_ended: list[str] = []
         self.seen: list[tuple[str, str, bytes]] = []
         self.server = H1Server(self.handle, max_body=1000)
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
@@ -38,6 +39,16 @@ class Served:
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        if req.path == "/firehose":  # a stream that never ends on its own (a long generation)
+            resp = StreamResponse(200, {"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            try:
+                while True:
+                    await resp.write(b"data: " + b"x" * 16384 + b"\n\n")
+            except BaseException as exc:
+                self.firehose_ended.append(type(exc).__name__)
                 self.cancelled.set()
                 raise
         if req.path == "/stream":
@@ -309,3 +320,50 @@ def test_a_transfer_coding_other_than_chunked_is_refused(srv: Served, coding: by
         status, headers, body = read_responses(s, 1)[0]
     assert status == 400 and b"Transfer-Encoding" in body and headers.get("connection") == "close"
     assert ("POST", "/te", b"") not in srv.seen
+
+
+def test_a_stream_to_a_client_that_stops_reading_is_aborted_after_the_write_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a client that keeps its connection open but never reads would hold the handler (and the upstream
+    # request with its KV slot) forever, waiting on back-pressure; after WRITE_TIMEOUT_S the connection is
+    # aborted and the handler cancelled, as for a client that disconnected
+    import infer_ctl.router.h1 as h1
+
+    monkeypatch.setattr(h1, "WRITE_TIMEOUT_S", 0.3)
+    served = Served()
+    try:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fill the pipe quickly
+        s.connect(("127.0.0.1", served.port))
+        with s:
+            s.sendall(b"POST /firehose HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            assert served.cancelled.wait(5), "the stalled stream was never ended"
+            assert served.firehose_ended and served.firehose_ended[0] in ("CancelledError", "ConnectionResetError")
+            s.settimeout(5)
+            with pytest.raises(ConnectionResetError):  # aborted (RST), not a clean end of the stream
+                while s.recv(1 << 20):
+                    pass
+        assert not served.server.conns
+    finally:
+        served.stop()
+
+
+def test_a_slow_reader_that_keeps_draining_is_not_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the timeout bounds one wait for the client to drain, not the length of the stream
+    import infer_ctl.router.h1 as h1
+
+    monkeypatch.setattr(h1, "WRITE_TIMEOUT_S", 0.5)
+    served = Served()
+    try:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", served.port))
+        with s:
+            s.sendall(b"POST /firehose HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            s.settimeout(5)
+            got = 0
+            for _ in range(15):  # 1.5 s in all, 3 x the timeout, reading a little at a time
+                threading.Event().wait(0.1)
+                got += len(s.recv(4096))
+            assert got > 0 and not served.cancelled.is_set()
+    finally:
+        served.stop()
