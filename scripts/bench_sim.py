@@ -30,7 +30,7 @@ def _pin(core: int) -> None:
 
 def _serve_sim(port_q: mp.Queue, stop: mp.Event) -> None:  # type: ignore[type-arg]
     _pin(0)
-    from infer_ctl.sim.cluster import new_event_loop
+    from infer_ctl.aio import new_event_loop
     from infer_ctl.sim.config import WorkerSpec
     from infer_ctl.sim.server import SimWorker
 
@@ -49,7 +49,7 @@ def _serve_floor(port_q: mp.Queue, stop: mp.Event) -> None:  # type: ignore[type
     _pin(0)
     from aiohttp import web
 
-    from infer_ctl.sim.cluster import new_event_loop
+    from infer_ctl.aio import new_event_loop
 
     body = {"text": "x", "output_ids": [1], "meta_info": {"completion_tokens": 1}}
 

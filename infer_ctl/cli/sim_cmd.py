@@ -10,9 +10,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from infer_ctl.aio import new_event_loop
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, Session, get_profile, session
 from infer_ctl.errors import UsageError
-from infer_ctl.sim.cluster import new_event_loop, start_cluster
+from infer_ctl.sim.cluster import start_cluster
 from infer_ctl.sim.config import Role, WorkerSpec
 from infer_ctl.sim.from_profile import specs_from_profile
 from infer_ctl.sim.specparse import parse_worker

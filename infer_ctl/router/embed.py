@@ -7,11 +7,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from infer_ctl.aio import LoopThread
 from infer_ctl.router.config import RouterConfig, WorkerSpec, from_profile, worker
 from infer_ctl.router.server import RouterServer
 
@@ -19,15 +18,6 @@ if TYPE_CHECKING:
     from infer_ctl.profile import Profile
 
 T = TypeVar("T")
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover
-        return asyncio.new_event_loop()
 
 
 def router_config(*, prefill: Sequence[tuple[str, int | None]] = (), decode: Sequence[str] = (),
@@ -55,15 +45,13 @@ class RouterHandle:
     """A router serving from a daemon thread. `stop()` drains and closes it."""
 
     def __init__(self, cfg: RouterConfig, timeout: float = 30.0) -> None:
-        self.loop = new_event_loop()
-        self._timeout = timeout
-        self._thread = threading.Thread(target=self.loop.run_forever, name="inferctl-router", daemon=True)
-        self._thread.start()
+        self._runner = LoopThread("inferctl-router", timeout)
+        self.loop = self._runner.loop
         self.server = RouterServer(cfg)
         try:
             self.call(self.server.start())
         except BaseException:
-            self._shutdown_loop()
+            self._runner.close()
             raise
 
     @property
@@ -75,21 +63,15 @@ class RouterHandle:
         return self.server.router
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self._timeout)
+        return self._runner.call(coro)
 
     def stop(self, drain: bool = True) -> None:
-        if self.loop.is_closed():
+        if self._runner.closed:
             return
         try:
             self.call(self.server.stop(drain=drain))
         finally:
-            self._shutdown_loop()
-
-    def _shutdown_loop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self.loop.close()
+            self._runner.close()
 
     def __enter__(self) -> RouterHandle:
         return self

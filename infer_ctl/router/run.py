@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from infer_ctl.aio import new_event_loop
 from infer_ctl.router.config import RouterConfig
-from infer_ctl.router.embed import new_event_loop
 from infer_ctl.router.logs import setup_logging
 from infer_ctl.router.server import RouterServer
 

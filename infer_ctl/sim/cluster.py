@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from infer_ctl.aio import LoopThread
 from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.server import SimWorker
 
@@ -81,28 +81,16 @@ async def start_cluster(specs: list[WorkerSpec], *, port_fallback: bool = False)
     return SimCluster(workers)
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when available (it is the faster loop), else the standard one."""
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop is a default dependency off Windows
-        return asyncio.new_event_loop()
-
-
 class ThreadedSimCluster:
     """A SimCluster whose event loop runs in a daemon thread; every method is synchronous."""
 
     def __init__(self, specs: list[WorkerSpec], timeout: float = 30.0, *, port_fallback: bool = False) -> None:
-        self.loop = new_event_loop()
-        self._timeout = timeout
-        self._thread = threading.Thread(target=self.loop.run_forever, name="inferctl-sim", daemon=True)
-        self._thread.start()
+        self._runner = LoopThread("inferctl-sim", timeout)
+        self.loop = self._runner.loop
         try:
             self.cluster = self._call(start_cluster(specs, port_fallback=port_fallback))
         except BaseException:
-            self._shutdown_loop()
+            self._runner.close()
             raise
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -113,7 +101,7 @@ class ThreadedSimCluster:
         return self.cluster.by_role(role)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self._timeout)
+        return self._runner.call(coro)
 
     @property
     def workers(self) -> list[SimWorker]:
@@ -130,18 +118,12 @@ class ThreadedSimCluster:
         self._call(self.cluster.start_worker(i))
 
     def stop(self) -> None:
-        if self.loop.is_closed():
+        if self._runner.closed:
             return
         try:
             self._call(self.cluster.stop())
         finally:
-            self._shutdown_loop()
-
-    def _shutdown_loop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        if not self._thread.is_alive():
-            self.loop.close()
+            self._runner.close()
 
     def __enter__(self) -> ThreadedSimCluster:
         return self

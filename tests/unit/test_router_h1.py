@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infer_ctl.router.embed import new_event_loop
+from infer_ctl.aio import new_event_loop
 from infer_ctl.router.h1 import H1Server, Request, Response, StreamResponse
 
 
