@@ -19,6 +19,7 @@ from infer_ctl.cli.common import (
     RoleOpt,
     finish,
     get_profile,
+    open_fleet,
     session,
     status_line,
 )
@@ -45,11 +46,10 @@ def check_fabric_cmd(
 ) -> None:
     """Devices, link state/rate, GID choice, MTU, PFC/trust/ECN, global pause, counters. Exit 0/1/2/3."""
     from infer_ctl.checks.fabric import check_fabric  # imported here so `--help` stays fast
-    from infer_ctl.remote.fleet import Fleet, select_nodes
 
     sess, prof = session(json_out), get_profile(profile)
-    chosen = select_nodes(prof, select, role)
-    with Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet, \
+    chosen, fleet = open_fleet(prof, select, role, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
+    with fleet, \
             status_line(sess, "checking the fabric" + (" and running pair tests" if pingpong else "")):
         result = check_fabric(prof, fleet, chosen, pingpong=pingpong, pair_mode=pairs)
     report = Report("check fabric", prof.name, findings=result.findings,

@@ -15,6 +15,7 @@ from infer_ctl.cli.common import (
     RoleOpt,
     finish,
     get_profile,
+    open_fleet,
     session,
 )
 from infer_ctl.cli.findings_view import AllOpt, render_problems
@@ -35,11 +36,10 @@ def check_gpu_cmd(
     The table lists only findings that are not OK (--all lists every one); --json has all of them."""
     from infer_ctl.checks.gpu import check_gpu
     from infer_ctl.core.report import Report
-    from infer_ctl.remote.fleet import Fleet, select_nodes
 
     sess, prof = session(json_out), get_profile(profile)
-    chosen = select_nodes(prof, select, role)
-    with Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet:
+    chosen, fleet = open_fleet(prof, select, role, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
+    with fleet:
         findings = check_gpu(fleet, chosen, prof)
     report = Report("check gpu", prof.name, findings=findings)
     finish(sess, report, lambda console: render_problems(console, report, show_all=show_all))

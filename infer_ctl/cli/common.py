@@ -16,7 +16,8 @@ from infer_ctl.output.console import make_consoles, progress_enabled
 from infer_ctl.output.json_doc import write_report
 
 if TYPE_CHECKING:
-    from infer_ctl.profile import Profile
+    from infer_ctl.profile import Node, Profile
+    from infer_ctl.remote.fleet import Fleet
 
 ProfileOpt = Annotated[
     str | None,
@@ -74,6 +75,22 @@ def get_profile(path: str | None) -> Profile:
     from infer_ctl.profile import load_profile
 
     return load_profile(path)
+
+
+def open_fleet(
+    prof: Profile,
+    select: str | None,
+    role: str | None,
+    *,
+    parallel: int | None = None,
+    accept_new_host_keys: bool = False,
+) -> tuple[list[Node], Fleet]:
+    """The selected nodes and a Fleet over them (enter it with `with`; it connects lazily, one
+    connection per node). Imported here so `--help` does not load paramiko."""
+    from infer_ctl.remote.fleet import Fleet, select_nodes
+
+    chosen = select_nodes(prof, select, role)
+    return chosen, Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel)
 
 
 def finish(sess: Session, report: Report, render: Callable[[Console], None]) -> NoReturn:

@@ -21,6 +21,7 @@ from infer_ctl.cli.common import (
     RoleOpt,
     finish,
     get_profile,
+    open_fleet,
     session,
 )
 from infer_ctl.errors import UsageError
@@ -60,7 +61,6 @@ def exec_(
     """Run COMMAND on every selected node. Exit 0 all returned 0, 2 any failed, 3 any unreachable (none failed)."""
     from infer_ctl.core.report import Report
     from infer_ctl.output.progress import fanout_progress
-    from infer_ctl.remote.fleet import Fleet, select_nodes
     from infer_ctl.remote.outcomes import command_failed, exec_exit_code, exec_result
 
     sess = session(json_out)
@@ -69,13 +69,13 @@ def exec_(
     if timeout is not None and timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout:g}", remedy="e.g. --timeout 30")
     limit = timeout or prof.ssh.command_timeout_s
-    chosen = select_nodes(prof, select, role)
+    chosen, fleet = open_fleet(prof, select, role, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
 
     def run(conn: Connector, node: Node) -> CommandResult:
         return conn.run(cmd, timeout=limit, sudo=sudo)
 
     with (
-        Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet,
+        fleet,
         fanout_progress(sess.err, len(chosen), f"exec {cmd.shell()[:40]}", enabled=sess.progress) as on_done,
     ):
         outcomes = fleet.map(chosen, run, fail_fast=fail_fast, progress=on_done, failed=command_failed)

@@ -20,6 +20,7 @@ from infer_ctl.cli.common import (
     RoleOpt,
     finish,
     get_profile,
+    open_fleet,
     session,
 )
 
@@ -48,14 +49,13 @@ def nodes(
     from infer_ctl.core.exitcodes import ExitCode
     from infer_ctl.core.report import Report
     from infer_ctl.output.progress import fanout_progress
-    from infer_ctl.remote.fleet import Fleet, select_nodes
     from infer_ctl.remote.outcomes import combine_exit_codes
     from infer_ctl.remote.probe import probe_node
 
     sess = session(json_out)
     prof = get_profile(profile)
-    chosen = select_nodes(prof, select, role)
-    with Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel) as fleet:
+    chosen, fleet = open_fleet(prof, select, role, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
+    with fleet:
 
         def probe(conn: Connector, node: Node) -> NodeInfo:
             return probe_node(
