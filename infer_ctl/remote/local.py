@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from infer_ctl.output.textfile import write_atomic
 from infer_ctl.remote.base import Command, CommandResult, as_command
 from infer_ctl.remote.commandline import SudoMode, build_argv, raise_for_sudo
 from infer_ctl.remote.errors import TransferError
@@ -104,30 +103,12 @@ class LocalConnector:
         if sudo and self.sudo_mode.enabled:
             put_file_via_sudo(self, remote_path, data, mode, owner)
             return
-        target = Path(remote_path)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.inferctl-", suffix=".tmp", dir=target.parent)
-        except OSError as exc:
-            raise put_file_error(self.node_name, remote_path, exc.strerror or str(exc)) from None
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            if owner:
-                user, _, group = owner.partition(":")
-                if user and group:
-                    shutil.chown(tmp, user, group)
-                elif user:
-                    shutil.chown(tmp, user=user)
-                else:
-                    shutil.chown(tmp, group=group)
-            os.replace(tmp, target)
+            write_atomic(remote_path, data, mode=mode, owner=owner, make_parents=False)
         except (OSError, LookupError) as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise put_file_error(self.node_name, remote_path, str(exc)) from None
+            raise put_file_error(
+                self.node_name, remote_path, getattr(exc, "strerror", None) or str(exc)
+            ) from None
 
     def get_file(self, remote_path: str) -> bytes:
         try:
