@@ -35,7 +35,9 @@ def _guard(fn, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except ValueError as exc:
-        raise UsageError(str(exc), remedy="see `inferctl plan --help`") from None
+        raise UsageError(
+            str(exc), remedy="see the ranges in `inferctl plan <kv|spec|transfer|roofline> --help`"
+        ) from None
 
 
 def _arch(model: str | None, layers: int | None, kv_heads: int | None, head_dim: int | None):
@@ -228,7 +230,8 @@ def transfer(
     if nbytes is None:
         if prompt_tokens is None:
             raise UsageError(
-                "give --bytes, or a model (--model or --layers/--kv-heads/--head-dim) and --prompt-tokens"
+                "give --bytes, or a model (--model or --layers/--kv-heads/--head-dim) and --prompt-tokens",
+                remedy="e.g. inferctl plan transfer --model llama-3.1-70b --prompt-tokens 8192",
             )
         _, arch = _arch(model, layers, kv_heads, head_dim)
         nbytes = _guard(
@@ -273,11 +276,16 @@ def roofline(
     elif preset is not None:
         params = preset.params
     else:
-        raise UsageError("give --model PRESET or --params-b N")
+        raise UsageError(
+            "give --model PRESET or --params-b N",
+            remedy="e.g. --model llama-3.1-70b (see plan kv --list-presets)",
+        )
     acc = _guard(presets.accelerator_preset, accelerator) if accelerator else None
     peak, bw = tflops or (acc.fp16_tflops if acc else None), tb_s or (acc.hbm_tb_s if acc else None)
     if peak is None or bw is None:
-        raise UsageError("give --accelerator or both --tflops and --tb-s")
+        raise UsageError(
+            "give --accelerator or both --tflops and --tb-s", remedy="e.g. --accelerator h100-sxm"
+        )
     kvpt = 0
     if preset and context:
         kvpt = preset.layers * preset.kv_heads * preset.head_dim * 2 * 2

@@ -34,6 +34,8 @@ def validate(profile: ProfileOpt = None, json: JsonOpt = False) -> None:
                 typer.echo(
                     f"inferctl: error: {line if line.startswith(str(path)) else f'{path}: {line}'}", err=True
                 )
+            if exc.remedy and len(exc.errors) == 1:
+                typer.echo(f"  hint: {exc.remedy}", err=True)
         finish(sess, report, lambda c: None)
     report.profile = prof.name
     roles = {r: len(prof.nodes_with_role(r)) for r in ("prefill", "decode")}

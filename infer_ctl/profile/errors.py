@@ -76,7 +76,8 @@ def format_error(root: type[BaseModel], err: Any) -> list[str]:
     if etype == "extra_forbidden":
         key = str(loc[-1])
         parent = model_at(root, loc[:-1])
-        hint = _suggest(key, list(parent.model_fields)) if parent else ""
+        valid = list(parent.model_fields) if parent else []
+        hint = _suggest(key, valid) or (f" (valid keys: {', '.join(valid)})" if valid else "")
         return [f"{format_loc(loc)}: unknown key {key!r}{hint}"]
     if etype in ("literal_error", "enum"):
         options = _expected_values(ctx)

@@ -65,8 +65,11 @@ class GpuPolicy(StrictModel):
         takes one line (`warn_xids: [94]`) instead of restating the whole fatal list."""
         if not isinstance(data, dict):
             return data
-        given = {k: set(data[k]) for k in ("fatal_xids", "warn_xids", "ignore_xids")
-                 if isinstance(data.get(k), list) and all(isinstance(x, int) for x in data[k])}
+        given = {
+            k: set(data[k])
+            for k in ("fatal_xids", "warn_xids", "ignore_xids")
+            if isinstance(data.get(k), list) and all(isinstance(x, int) for x in data[k])
+        }
         if not given:
             return data
         data = dict(data)

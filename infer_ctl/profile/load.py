@@ -72,7 +72,8 @@ def resolve_profile_path(
                 remedy=f"pass --profile PATH, set ${ENV_VAR}, or try --profile builtin:local",
             )
         raise ProfileError(
-            f"profile {path} (from {source}) does not exist or is not a file", remedy="check the path"
+            f"profile {path} (from {source}) does not exist or is not a file",
+            remedy="check the path, or try --profile builtin:local (the shipped simulated cluster)",
         )
     return path
 

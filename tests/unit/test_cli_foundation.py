@@ -31,7 +31,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_python_dash_m_works() -> None:
-    out = subprocess.run([sys.executable, "-m", "infer_ctl", "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "infer_ctl", "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == f"inferctl {__version__}"
 
 
@@ -53,14 +55,20 @@ def test_invalid_profile_one_line_exit_64(tmp_path: Path, capsys: pytest.Capture
     bad.write_text("name: x\nnodes:\n  - {name: a, host: h, roles: [prefil]}\n")
     assert main(["profile", "validate", "-p", str(bad)]) == 64
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"inferctl: error: {bad}: nodes[0].roles[0]: 'prefil' is not one of prefill, decode "
-                   "(did you mean 'prefill'?)"]
+    assert err == [
+        f"inferctl: error: {bad}: nodes[0].roles[0]: 'prefil' is not one of prefill, decode "
+        "(did you mean 'prefill'?)"
+    ]
 
 
 def test_validate_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "validate", "-p", "builtin:local", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["command"] == "profile validate" and doc["status"] == "ok" and doc["roles"] == {"prefill": 2, "decode": 2}
+    assert (
+        doc["command"] == "profile validate"
+        and doc["status"] == "ok"
+        and doc["roles"] == {"prefill": 2, "decode": 2}
+    )
 
 
 def test_validate_json_on_invalid_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,13 +92,26 @@ def test_profile_show_json_fills_defaults(capsys: pytest.CaptureFixture[str]) ->
     ("argv", "key", "value"),
     [
         (["plan", "kv", "-m", "llama-3.1-70b", "--context", "8192"], "kv_bytes", 2_684_354_560),
-        (["plan", "kv", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--dtype", "fp8"],
-         "kv_bytes_per_token", 163_840),
-        (["plan", "spec", "--alpha", "0.8", "--gamma", "4", "--cost-ratio", "0.05"], "expected_tokens", 3.3616),
-        (["plan", "transfer", "--bytes", "2684354560", "--bandwidth-gbps", "400", "--latency-us", "5"],
-         "seconds", 0.0536920912),
-        (["plan", "transfer", "-m", "llama-3.1-70b", "--prompt-tokens", "8192", "--latency-us", "5"],
-         "bytes", 2_684_354_560),
+        (
+            ["plan", "kv", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--dtype", "fp8"],
+            "kv_bytes_per_token",
+            163_840,
+        ),
+        (
+            ["plan", "spec", "--alpha", "0.8", "--gamma", "4", "--cost-ratio", "0.05"],
+            "expected_tokens",
+            3.3616,
+        ),
+        (
+            ["plan", "transfer", "--bytes", "2684354560", "--bandwidth-gbps", "400", "--latency-us", "5"],
+            "seconds",
+            0.0536920912,
+        ),
+        (
+            ["plan", "transfer", "-m", "llama-3.1-70b", "--prompt-tokens", "8192", "--latency-us", "5"],
+            "bytes",
+            2_684_354_560,
+        ),
         (["plan", "roofline", "-m", "llama-3.1-8b", "-x", "h200"], "bound", "bandwidth"),
     ],
 )
@@ -134,7 +155,9 @@ def test_only_the_requested_verb_is_imported() -> None:
         " 'paramiko', 'aiohttp', 'tokenizers') if m in sys.modules]\n"
         "print(','.join(loaded))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == ""
 
 
@@ -160,3 +183,36 @@ def test_errors_in_json_mode_still_print_one_document(
     doc = json.loads(capsys.readouterr().out)
     assert doc["command"] == command and doc["exit_code"] == 64 and doc["status"] == "fail"
     assert doc["error"]["message"]
+
+
+def test_unknown_key_without_close_match_lists_the_valid_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "p.yaml"
+    bad.write_text("name: x\nnodes:\n  - {name: a, host: h, roles: [prefill], zzz: 1}\n")
+    assert main(["profile", "validate", "-p", str(bad)]) == 64
+    assert "nodes[0].zzz: unknown key 'zzz' (valid keys: name, host, port," in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["profile", "validate", "-p", "EMPTY"], "hint: start from profiles/local.yaml"),
+        (
+            ["profile", "show", "-p", "/nonexistent.yaml"],
+            "hint: check the path, or try --profile builtin:local",
+        ),
+        (["plan", "transfer"], "hint: e.g. inferctl plan transfer --model llama-3.1-70b"),
+        (["plan", "roofline", "--accelerator", "h200"], "hint: e.g. --model llama-3.1-70b"),
+    ],
+)
+def test_error_lines_come_with_a_hint(
+    argv: list[str], hint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert main([str(empty) if a == "EMPTY" else a for a in argv]) == 64
+    err = capsys.readouterr().err.splitlines()
+    assert (err[0].startswith("inferctl: error: ") and err[1].strip() == hint) or err[1].strip().startswith(
+        hint
+    )
