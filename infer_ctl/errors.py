@@ -1,13 +1,13 @@
 """The one exception hierarchy of inferctl.
 
-Every expected failure is an ``InferctlError`` carrying an exit code (see DESIGN.md) and a remedy, so
+Every expected failure is an ``InferctlError`` carrying an exit code (docs/architecture.md, "Contracts") and a remedy, so
 the CLI can print one line that says what went wrong and what to do next. Anything else is a bug and is
 shown with a traceback in the debug log.
 """
 
 from __future__ import annotations
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 
 
 class InferctlError(Exception):

@@ -13,10 +13,10 @@ from infer_ctl.bench.run import run_bench
 from infer_ctl.bench.stats import Slo
 from infer_ctl.bench.workloads import WORKLOADS, WorkloadSpec
 from infer_ctl.cli.common import JsonOpt, finish, session
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
-from infer_ctl.output.textfile import write_atomic
+from infer_ctl.atomicfile import write_atomic
 
 
 def bench(

@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 
 from infer_ctl import __version__
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.report import Report
 from infer_ctl.errors import InferctlError
 from infer_ctl.output.json_doc import dumps

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 

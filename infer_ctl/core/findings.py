@@ -8,7 +8,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 
 
 class Status(StrEnum):
@@ -23,7 +23,7 @@ class Status(StrEnum):
         return _EXIT_BY_STATUS[self]
 
 
-# FAIL outranks UNKNOWN: "unknown" means "could not tell, and nothing failed" (DESIGN.md).
+# FAIL outranks UNKNOWN: "unknown" means "could not tell, and nothing failed" (docs/architecture.md, "Contracts").
 _SEVERITY = {Status.SKIP: 0, Status.OK: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.FAIL: 3}
 _EXIT_BY_STATUS = {
     Status.OK: ExitCode.OK,

@@ -1,6 +1,6 @@
 """The document every command produces: findings and/or per-node results, an overall status and exit code.
 
-`to_dict()` is the stable `--json` shape of DESIGN.md (docs/json-output.md documents it).
+`to_dict()` is the stable `--json` shape documented in docs/json-output.md.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.findings import Finding, Status, overall_status
 
 _STATUS_BY_EXIT = {

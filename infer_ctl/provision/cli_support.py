@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.provision.model import NodePlan, fleet_exit_code
 from infer_ctl.core.report import Report
 from infer_ctl.errors import InferctlError, UsageError

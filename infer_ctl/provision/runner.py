@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.provision.model import EntryKind, NodePlan, PlanEntry
 from infer_ctl.errors import InferctlError
 from infer_ctl.profile import Profile

@@ -7,7 +7,7 @@ refusing a privileged command.
 
 from __future__ import annotations
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError, RemoteError
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from infer_ctl.output.textfile import write_atomic
+from infer_ctl.atomicfile import write_atomic
 from infer_ctl.remote.base import Command, CommandResult, as_command
 from infer_ctl.remote.commandline import SudoMode, build_argv, raise_for_sudo
 from infer_ctl.remote.errors import TransferError

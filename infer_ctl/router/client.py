@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError
 
 

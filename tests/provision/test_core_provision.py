@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.provision.desired import backup_path, sysctl_settings
 from infer_ctl.core.provision.diff import file_diff, settings_diff
 from infer_ctl.core.provision.firewall import firewalld_ports, missing_ports, ufw_active, ufw_allowed

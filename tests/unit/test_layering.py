@@ -1,4 +1,4 @@
-"""The core package is pure: it must not import I/O or UI libraries (DESIGN.md, 'Layers')."""
+"""The core package is pure: it must not import I/O or UI libraries (docs/architecture.md, 'Layers')."""
 
 import ast
 from pathlib import Path

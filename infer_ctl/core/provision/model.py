@@ -14,7 +14,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from infer_ctl.core.exitcodes import ExitCode
+from infer_ctl.exitcodes import ExitCode
 
 
 class EntryKind(StrEnum):
@@ -125,7 +125,7 @@ class NodePlan:
 def fleet_exit_code(plans: Iterable[NodePlan]) -> ExitCode:
     """0 nothing to do, 1 changes (or manual work, reboots, warnings) pending, 2 errors, 3 unreachable.
 
-    Errors outrank unreachable nodes and unreachable outranks pending, as in DESIGN.md ("3: some node
+    Errors outrank unreachable nodes and unreachable outranks pending, as in docs/architecture.md ("3: some node
     unreachable ... and nothing failed"). A skipped node was not looked at: it counts like unreachable.
     """
     states = {p.state for p in plans}

@@ -1,4 +1,4 @@
-"""Worker selection as a pure function of snapshots (DESIGN.md: routing is tested without sockets).
+"""Worker selection as a pure function of snapshots (docs/architecture.md: routing is tested without sockets).
 
 Prefill: prefix-cache-aware. The prompt's blocks are matched against the index; the worker holding the
 longest match wins when the match covers `cache_threshold` of the prompt and the worker is not

@@ -1,4 +1,4 @@
-"""Exit codes users script against (DESIGN.md, 'Contracts')."""
+"""Exit codes users script against (docs/json-output.md and docs/architecture.md, "Contracts")."""
 
 from __future__ import annotations
 

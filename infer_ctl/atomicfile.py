@@ -1,0 +1,49 @@
+"""Atomic writes of local files: temp file in the same directory, fsync, rename. A reader (node_exporter,
+a later run, systemd) never sees a half-written file. Ground floor: imports the stdlib only, so every
+layer (output, remote, launch) can use it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(
+    path: str | os.PathLike[str],
+    data: str | bytes,
+    *,
+    mode: int = 0o644,
+    owner: str | None = None,
+    make_parents: bool = True,
+) -> Path:
+    """`owner` is `user`, `user:group` or `:group`, applied before the rename so the file never appears
+    with the wrong owner."""
+    target = Path(path)
+    if make_parents:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        if owner:
+            user, _, group = owner.partition(":")
+            if user and group:
+                shutil.chown(tmp, user, group)
+            elif user:
+                shutil.chown(tmp, user=user)
+            else:
+                shutil.chown(tmp, group=group)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
