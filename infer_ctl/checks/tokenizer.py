@@ -303,7 +303,8 @@ def run_check_tokenizer(*, target: str | None, draft: str | None, probes_file: s
     if not fleet:
         return check_profile_local(profile, probes=probes, probes_name=probes_name), profile.name
     # imported here: only fleet mode needs the SSH stack (paramiko), local comparisons stay light
-    from infer_ctl.remote.fleet import Fleet, select_nodes
+    from infer_ctl.profile.select import select_nodes
+    from infer_ctl.remote.fleet import Fleet
 
     selected = select_nodes(profile, nodes, role)
     with Fleet(profile) as opened:

@@ -42,7 +42,7 @@ def audit_cmd(
     """Run all check families. Exit 0 ok, 1 warn, 2 fail, 3 unknown (the whole run, also with --since-last)."""
     from infer_ctl.checks.audit import AuditOptions, audit
     from infer_ctl.checks.registry import families
-    from infer_ctl.remote.fleet import select_nodes
+    from infer_ctl.profile.select import select_nodes
 
     sess, prof = session(json_out), get_profile(profile)
     wanted = {name.strip() for name in only.split(",") if name.strip()} if only is not None else None

@@ -7,16 +7,16 @@ from typing import Annotated
 
 import typer
 
+from infer_ctl.atomicfile import write_atomic
 from infer_ctl.bench.client import APIS, LoadSpec
 from infer_ctl.bench.report import plot, render
 from infer_ctl.bench.run import run_bench
 from infer_ctl.bench.stats import Slo
 from infer_ctl.bench.workloads import WORKLOADS, WorkloadSpec
 from infer_ctl.cli.common import JsonOpt, finish, session
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
-from infer_ctl.atomicfile import write_atomic
+from infer_ctl.exitcodes import ExitCode
 
 
 def bench(

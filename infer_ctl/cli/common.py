@@ -87,7 +87,8 @@ def open_fleet(
 ) -> tuple[list[Node], Fleet]:
     """The selected nodes and a Fleet over them (enter it with `with`; it connects lazily, one
     connection per node). Imported here so `--help` does not load paramiko."""
-    from infer_ctl.remote.fleet import Fleet, select_nodes
+    from infer_ctl.profile.select import select_nodes
+    from infer_ctl.remote.fleet import Fleet
 
     chosen = select_nodes(prof, select, role)
     return chosen, Fleet(prof, accept_new_host_keys=accept_new_host_keys, parallel=parallel)

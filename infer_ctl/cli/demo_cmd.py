@@ -9,8 +9,8 @@ import typer
 from infer_ctl.bench.demo import ROUTERS, DemoOptions, run_demo
 from infer_ctl.bench.report import render
 from infer_ctl.cli.common import JsonOpt, finish, get_profile, session, status_line
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.report import Report
+from infer_ctl.exitcodes import ExitCode
 
 
 def demo(

@@ -20,10 +20,11 @@ from typing import Annotated
 import typer
 
 from infer_ctl import __version__
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.report import Report
 from infer_ctl.errors import InferctlError
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.output.json_doc import dumps
+from infer_ctl.paths import state_dir
 
 try:  # typer >= 0.16 vendors its own copy of click and raises that copy's exceptions
     from typer._click import exceptions as _click_exc  # type: ignore[attr-defined,unused-ignore]
@@ -149,8 +150,7 @@ def build_app(args: Sequence[str] | None = None) -> typer.Typer:
 
 
 def _debug_log_path() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "inferctl" / "debug.log"
+    return state_dir() / "debug.log"
 
 
 def _log_traceback() -> Path | None:

@@ -46,8 +46,8 @@ def nodes(
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
 ) -> None:
     """Reachability of every node: connect, auth, sudo, OS, kernel, python3, uptime. Exit 3 if any is unreachable."""
-    from infer_ctl.exitcodes import ExitCode
     from infer_ctl.core.report import Report
+    from infer_ctl.exitcodes import ExitCode
     from infer_ctl.output.progress import fanout_progress
     from infer_ctl.remote.outcomes import combine_exit_codes
     from infer_ctl.remote.probe import probe_node

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
+from infer_ctl.exitcodes import ExitCode
 
 app = typer.Typer(help="The PD-aware, prefix-cache-aware router and its named prefixes.", no_args_is_help=True)
 

@@ -31,8 +31,9 @@ from infer_ctl.launch.render import render_env_file, render_unit
 from infer_ctl.launch.router_hook import RouterNotifier
 from infer_ctl.output.table import render_findings_report
 from infer_ctl.profile import Node, Profile
+from infer_ctl.profile.select import select_nodes
 from infer_ctl.remote.base import Connector
-from infer_ctl.remote.fleet import Fleet, select_nodes
+from infer_ctl.remote.fleet import Fleet
 
 
 def _selection(profile: Profile, nodes: str | None, role: str | None) -> list[Instance]:

@@ -7,16 +7,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.provision.model import NodePlan, fleet_exit_code
 from infer_ctl.core.report import Report
 from infer_ctl.errors import InferctlError, UsageError
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.profile import Profile
+from infer_ctl.profile.select import select_nodes
 from infer_ctl.provision.context import ProvisionOptions
 from infer_ctl.provision.runner import FleetPlan, apply_fleet, plan_fleet, shared_inputs
 from infer_ctl.provision.steps.registry import step_names
 from infer_ctl.provision.venv import rollback
-from infer_ctl.remote.fleet import Fleet, select_nodes
+from infer_ctl.remote.fleet import Fleet
 
 
 def parse_steps(value: str | None, flag: str) -> frozenset[str] | None:

@@ -4,6 +4,8 @@ outcomes, --fail-fast, and Ctrl-C that stops remote work instead of abandoning i
     with Fleet(profile, parallel=16) as fleet:
         outcomes = fleet.map(select_nodes(profile, "dc-*"), lambda conn, node: conn.run(UNAME))
 
+(`select_nodes` is `infer_ctl.profile.select.select_nodes`: choosing nodes needs no connection.)
+
 Errors raised inside `fn` become `outcome.error` (unexpected ones wrapped with their type), so one bad
 node never crashes the fleet. Connection failures are remembered: a node that could not be reached is
 not retried by later `map` calls of the same run (one timeout per node per run, not one per step).
@@ -12,7 +14,6 @@ not retried by later `map` calls of the same run (one timeout per node per run, 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import fnmatch
 import itertools
 import os
 import secrets
@@ -25,7 +26,8 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 from infer_ctl.errors import InferctlError, UsageError
-from infer_ctl.profile import Node, Profile, Role
+from infer_ctl.paths import state_dir
+from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
 from infer_ctl.remote.commandline import SudoMode
 from infer_ctl.remote.errors import NodeSkippedError, UnexpectedNodeError
@@ -49,43 +51,9 @@ class NodeOutcome(Generic[T]):
         return self.error is None
 
 
-def select_nodes(profile: Profile, nodes: str | None = None, role: str | None = None) -> list[Node]:
-    """Nodes matching comma-separated names/globs and/or a role, in profile order."""
-    selected = list(profile.nodes)
-    if nodes:
-        patterns = [p.strip() for p in nodes.split(",") if p.strip()]
-        if not patterns:
-            raise UsageError(f"--nodes {nodes!r} names no node", remedy="e.g. --nodes pf-01,dc-*")
-        names = [n.name for n in profile.nodes]
-        for pattern in patterns:
-            if not fnmatch.filter(names, pattern):
-                raise UsageError(
-                    f"--nodes: {pattern!r} matches no node of profile {profile.name!r}",
-                    remedy=f"known nodes: {', '.join(names)}",
-                )
-        selected = [n for n in selected if any(fnmatch.fnmatchcase(n.name, p) for p in patterns)]
-    if role:
-        try:
-            wanted = Role(role)
-        except ValueError:
-            raise UsageError(
-                f"--role {role!r} is not a role", remedy=f"use one of: {', '.join(r.value for r in Role)}"
-            ) from None
-        selected = [n for n in selected if n.has_role(wanted)]
-    if not selected:
-        raise UsageError(
-            "the selection matches no node"
-            + (f" (--nodes {nodes})" if nodes else "")
-            + (f" (--role {role})" if role else ""),
-            remedy="run `inferctl nodes` to list the profile's nodes and roles",
-        )
-    return selected
-
-
 def accepted_known_hosts_path() -> Path:
     """inferctl's own known_hosts (keys accepted with --accept-new-host-keys); never ~/.ssh/known_hosts."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "inferctl" / "known_hosts"
+    return state_dir() / "known_hosts"
 
 
 class Fleet:

@@ -11,9 +11,10 @@ import time
 import pytest
 
 from infer_ctl.errors import UsageError
+from infer_ctl.profile.select import select_nodes
 from infer_ctl.remote.base import Command
 from infer_ctl.remote.errors import NodeSkippedError, UnexpectedNodeError
-from infer_ctl.remote.fleet import Fleet, select_nodes
+from infer_ctl.remote.fleet import Fleet
 from infer_ctl.remote.outcomes import command_failed
 from tests.remote.helpers import profile_of, run_cli, run_json
 
