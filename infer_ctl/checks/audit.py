@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding, Status, overall_status, worst
@@ -26,6 +26,9 @@ from infer_ctl.core.report import Report
 from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.output.textfile import write_textfile
 from infer_ctl.profile import Node, Profile
+
+if TYPE_CHECKING:
+    from infer_ctl.remote.fleet import Fleet
 
 Key = tuple[str, str, str]  # (check, node, subject)
 _RANK = {Status.OK: 0, Status.SKIP: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.FAIL: 3}
@@ -46,7 +49,7 @@ class AuditResult:
 
 
 def run_families(
-    profile: Profile, fleet: Any, nodes: list[Node], families: Sequence[CheckFamily], options: dict[str, Any]
+    profile: Profile, fleet: Fleet, nodes: list[Node], families: Sequence[CheckFamily], options: dict[str, Any]
 ) -> AuditResult:
     started = time.monotonic()
     result = AuditResult(findings=[], families=[f.name for f in families], nodes=[n.name for n in nodes])

@@ -1,9 +1,9 @@
 """The audit's registry of check families: an explicit list, one line per family.
 
-To plug a family into `inferctl audit`, write a module that exposes `FAMILY: CheckFamily` and append its
-dotted name to `FAMILY_MODULES`. The audit opens ONE fleet (one SSH connection per node) and hands it to
-every family through `AuditContext`, so a family must not open its own connections: use
-`ctx.fleet.map(ctx.nodes, fn)`.
+To plug a family into `inferctl audit`, write a module `infer_ctl/checks/NAME.py` that exposes
+`FAMILY: CheckFamily` and append NAME to `FAMILY_NAMES` (checks/family_names.py, shared with the CLI).
+The audit opens ONE fleet (one SSH connection per node) and hands it to every family through
+`AuditContext`, so a family must not open its own connections: use `ctx.fleet.map(ctx.nodes, fn)`.
 
 A family reports problems as findings, never by raising: an unreachable node or a missing tool is an
 UNKNOWN finding that names the node and says what to do. An exception escaping `run` is caught by the
@@ -15,29 +15,29 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from infer_ctl.checks.family_names import FAMILY_NAMES
 from infer_ctl.core.findings import Finding
 from infer_ctl.errors import UsageError
 from infer_ctl.profile import Node, Profile
 
-# Order is the order families run and are reported in. Other issues append their module here.
-FAMILY_MODULES: list[str] = [
-    "infer_ctl.checks.gpu",
-    "infer_ctl.checks.fabric",
-    "infer_ctl.checks.servers",
-    "infer_ctl.checks.tokenizer",
-]
+if TYPE_CHECKING:
+    from infer_ctl.remote.fleet import Fleet
+
+# Order is the order families run and are reported in (that of FAMILY_NAMES).
+FAMILY_MODULES: list[str] = [f"infer_ctl.checks.{name}" for name in FAMILY_NAMES]
 
 
 @dataclass
 class AuditContext:
-    """What a family gets: the profile, the shared fleet (None when the family needs no nodes), the
-    selected nodes, and free-form options (e.g. {"since_s": ...}); families ignore unknown keys."""
+    """What a family gets: the profile, the shared fleet (it connects lazily, so a family that needs no
+    nodes never opens a connection), the selected nodes, and free-form options (e.g. {"since_s": ...});
+    families ignore unknown keys."""
 
     profile: Profile
-    #: infer_ctl.remote.fleet.Fleet, opened once by the audit (typed loosely to keep this module light)
-    fleet: Any
+    #: opened once by the audit; imported for type checking only, so this module stays light
+    fleet: Fleet
     nodes: list[Node]
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -6,7 +6,7 @@ from each decode node to each prefill's bootstrap port), then judges with core.s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding
@@ -21,6 +21,9 @@ from infer_ctl.core.sglang.judge import (
 from infer_ctl.launch import probe
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Command, Connector
+
+if TYPE_CHECKING:
+    from infer_ctl.remote.fleet import Fleet
 
 # One line per target: "<host> <port> <rc>". bash's /dev/tcp, else python3, else nc; 127 = no tool.
 _CONNECT_SCRIPT = r"""
@@ -73,7 +76,7 @@ def _http_findings(profile: Profile, leaders: list[Instance]) -> tuple[list[Find
 
 
 def _bootstrap_findings(
-    profile: Profile, fleet: Any, decodes: list[Instance], prefills: list[Instance]
+    profile: Profile, fleet: Fleet, decodes: list[Instance], prefills: list[Instance]
 ) -> list[Finding]:
     if not decodes or not prefills:
         return []
@@ -105,7 +108,7 @@ def _bootstrap_findings(
     return out
 
 
-def _deployed(profile: Profile, fleet: Any, insts: list[Instance]) -> tuple[set[str], list[Finding]]:
+def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[set[str], list[Finding]]:
     """Names of instances `inferctl launch` has deployed (their env file exists on the node). A node
     where nothing was ever launched is not judged on servers it never had (SKIP), so `audit` stays
     meaningful on nodes before their first launch; a deployed server that is down is a FAIL."""
@@ -145,7 +148,7 @@ def _deployed(profile: Profile, fleet: Any, insts: list[Instance]) -> tuple[set[
     return deployed, findings
 
 
-def check_servers(profile: Profile, fleet: Any, nodes: list[Node]) -> list[Finding]:
+def check_servers(profile: Profile, fleet: Fleet, nodes: list[Node]) -> list[Finding]:
     names = {n.name for n in nodes}
     every = instances(profile)
     deployed, findings = _deployed(profile, fleet, [i for i in every if i.node in names])

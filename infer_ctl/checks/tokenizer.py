@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding, Status
@@ -34,6 +34,9 @@ from infer_ctl.facts.tokenizer_files import (
 )
 from infer_ctl.profile import Node, Profile, load_profile
 from infer_ctl.remote.base import Connector
+
+if TYPE_CHECKING:
+    from infer_ctl.remote.fleet import Fleet
 
 FLEET_CHECK = "tokenizer.fleet"
 PROFILE_CHECK = "tokenizer.profile"
@@ -235,7 +238,7 @@ def fetch_copy(conn: Connector, directory: str, names: Sequence[str], into: Path
     return into
 
 
-def check_fleet(profile: Profile, fleet: Any, nodes: Sequence[Node], *, probes: Sequence[str] = (),
+def check_fleet(profile: Profile, fleet: Fleet, nodes: Sequence[Node], *, probes: Sequence[str] = (),
                 probes_name: str = "user probes") -> list[Finding]:
     pair = profile_pair(profile)
     if pair.draft is None:
@@ -243,9 +246,12 @@ def check_fleet(profile: Profile, fleet: Any, nodes: Sequence[Node], *, probes: 
     dirs = {"target": pair.target, "draft": pair.draft}
     timeout = profile.ssh.command_timeout_s
     outcomes = fleet.map(nodes, lambda conn, node: gather_hashes(conn, node, dirs, timeout))
-    per_node: dict[str, NodeHashes | InferctlError] = {
-        o.node.name: (o.value if o.error is None else o.error) for o in outcomes
-    }
+    per_node: dict[str, NodeHashes | InferctlError] = {}
+    for o in outcomes:  # gather_hashes returns a value or raises: an outcome holds one of the two
+        if o.error is not None:
+            per_node[o.node.name] = o.error
+        elif o.value is not None:
+            per_node[o.node.name] = o.value
     reference = {side: majority_reference(per_node, side) for side in dirs}
     findings = judge_fleet_hashes(dirs, per_node, reference)
     if any(ref is None for ref in reference.values()):

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from infer_ctl.checks.tokenizer import run_check_tokenizer
 from infer_ctl.cli.check_cmd import app
 from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, session, status_line
 from infer_ctl.core.findings import Status
@@ -33,6 +32,9 @@ def check_tokenizer(
     """Compare the draft's tokenizer with the target's: vocabulary, merges, special tokens, templates, probes.
 
     Without --target/--draft, compares the pair named by the profile's models section."""
+    # imported here, like the other families: `check tokenizer --help` loads no tokenizer or profile code
+    from infer_ctl.checks.tokenizer import run_check_tokenizer
+
     sess = session(json_out)
     with status_line(sess, "comparing tokenizers"):
         findings, profile_name = run_check_tokenizer(

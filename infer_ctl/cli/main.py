@@ -20,6 +20,7 @@ from typing import Annotated
 import typer
 
 from infer_ctl import __version__
+from infer_ctl.checks.family_names import FAMILY_NAMES
 from infer_ctl.core.report import Report
 from infer_ctl.errors import InferctlError
 from infer_ctl.exitcodes import ExitCode
@@ -87,14 +88,11 @@ def _command(name: str, func: str) -> Attach:
     return lambda app, mod: app.command(name)(getattr(mod, func))
 
 
-CHECK_FAMILIES = ("gpu", "fabric", "tokenizer", "servers")
-
-
 def _check_group(family: str | None) -> Attach:
     # Each family module adds `check <family>` to check_cmd.app when imported; only the requested one is
     # loaded (its libraries can be heavy), all of them for `check --help`.
     def attach(app: typer.Typer, mod: ModuleType) -> None:
-        for name in [family] if family in CHECK_FAMILIES else CHECK_FAMILIES:
+        for name in [family] if family in FAMILY_NAMES else FAMILY_NAMES:
             importlib.import_module(f"infer_ctl.cli.check_{name}")
         app.add_typer(mod.app, name="check")
 

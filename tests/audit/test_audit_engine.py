@@ -193,4 +193,4 @@ def test_only_imports_just_the_named_families() -> None:
     probe = ("import sys; from infer_ctl.checks.registry import families; "
              "print([f.name for f in families({'gpu'})], sorted(m for m in sys.modules if m.startswith('infer_ctl.checks.')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
-    assert out.strip() == "['gpu'] ['infer_ctl.checks.gpu', 'infer_ctl.checks.registry']", out
+    assert out.strip() == "['gpu'] ['infer_ctl.checks.family_names', 'infer_ctl.checks.gpu', 'infer_ctl.checks.registry']", out
