@@ -12,7 +12,7 @@ from rich.table import Table
 from infer_ctl.cli.common import JsonOpt, finish, session
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
-from infer_ctl.core.sizing.kv import plan_kv
+from infer_ctl.core.sizing.kv import kv_bytes_per_token, plan_kv
 from infer_ctl.core.sizing.roofline import plan_roofline
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
@@ -40,7 +40,9 @@ def _guard(fn, *args: Any, **kwargs: Any) -> Any:
         ) from None
 
 
-def _arch(model: str | None, layers: int | None, kv_heads: int | None, head_dim: int | None):
+def _arch(
+    model: str | None, layers: int | None, kv_heads: int | None, head_dim: int | None, *, needed_by: str = ""
+):
     preset = _guard(presets.model_preset, model) if model else None
     resolved = {
         "layers": layers or (preset.layers if preset else None),
@@ -50,7 +52,7 @@ def _arch(model: str | None, layers: int | None, kv_heads: int | None, head_dim:
     missing = [f"--{k.replace('_', '-')}" for k, v in resolved.items() if v is None]
     if missing:
         raise UsageError(
-            f"missing {', '.join(missing)}",
+            f"{needed_by + ' needs the model shape: ' if needed_by else ''}missing {', '.join(missing)}",
             remedy="give --model PRESET or all of --layers --kv-heads --head-dim",
         )
     return preset, resolved
@@ -266,12 +268,18 @@ def roofline(
     weight_dtype: Annotated[str, typer.Option("--weight-dtype", help="Weight dtype.")] = "bf16",
     batch: Annotated[int, typer.Option("--batch", help="Concurrent sequences per decode step.")] = 1,
     context: Annotated[int, typer.Option("--context", help="Tokens of KV read per sequence per step.")] = 0,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: fp16, bf16, fp8, fp32.")] = "bf16",
+    layers: LayersOpt = None,
+    kv_heads: KvHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """Machine balance and bandwidth-bound decode tokens/s."""
+    """Machine balance and bandwidth-bound decode tokens/s (with --context: plus the KV read per step)."""
     sess = session(json)
     preset = _guard(presets.model_preset, model) if model else None
     if params_b is not None:
+        if params_b <= 0:
+            raise UsageError(f"--params-b must be > 0, got {params_b:g}", remedy="e.g. --params-b 70")
         params = int(params_b * 1e9)
     elif preset is not None:
         params = preset.params
@@ -281,14 +289,18 @@ def roofline(
             remedy="e.g. --model llama-3.1-70b (see plan kv --list-presets)",
         )
     acc = _guard(presets.accelerator_preset, accelerator) if accelerator else None
-    peak, bw = tflops or (acc.fp16_tflops if acc else None), tb_s or (acc.hbm_tb_s if acc else None)
+    # `is not None`, not `or`: an explicit --tflops 0 is a usage error, not "use the preset"
+    peak = tflops if tflops is not None else (acc.fp16_tflops if acc else None)
+    bw = tb_s if tb_s is not None else (acc.hbm_tb_s if acc else None)
     if peak is None or bw is None:
         raise UsageError(
             "give --accelerator or both --tflops and --tb-s", remedy="e.g. --accelerator h100-sxm"
         )
     kvpt = 0
-    if preset and context:
-        kvpt = preset.layers * preset.kv_heads * preset.head_dim * 2 * 2
+    if context:
+        # the KV shape comes from the preset or --layers/--kv-heads/--head-dim, the bytes from plan kv's formula
+        _, arch = _arch(model, layers, kv_heads, head_dim, needed_by="--context (KV read per step)")
+        kvpt = _guard(kv_bytes_per_token, dtype_bytes=_guard(presets.dtype_bytes, kv_dtype), **arch)
     plan = _guard(
         plan_roofline,
         params=params,
@@ -307,6 +319,7 @@ def roofline(
             "model": preset.name if preset else None,
             "accelerator": acc.name if acc else None,
             "params": params,
+            "kv_dtype": kv_dtype if context else None,
             **asdict(plan),
         },
     )

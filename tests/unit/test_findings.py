@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.findings import Finding, Status, exit_code_for, overall_status, worst
 from infer_ctl.core.promtext import MetricFamily, findings_families, render
 from infer_ctl.core.report import Report
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.output.textfile import write_textfile
 
 S = Status

@@ -37,10 +37,19 @@ def plan_roofline(
     kv_bytes_per_token: int = 0,
     context: int = 0,
 ) -> RooflinePlan:
-    if params <= 0 or weight_dtype_bytes <= 0 or peak_tflops <= 0 or hbm_tb_s <= 0:
-        raise ValueError("params, dtype bytes, TFLOPS and TB/s must all be positive")
-    if gpus < 1 or batch < 1 or context < 0 or kv_bytes_per_token < 0:
-        raise ValueError("gpus and batch must be >= 1; context and KV bytes >= 0")
+    # one message per value, named as the CLI option that sets it, so a usage error says what to fix
+    for name, value, low, strict in (
+        ("params", params, 0, True),
+        ("weight dtype bytes", weight_dtype_bytes, 0, True),
+        ("--tflops", peak_tflops, 0, True),
+        ("--tb-s", hbm_tb_s, 0, True),
+        ("--gpus", gpus, 1, False),
+        ("--batch", batch, 1, False),
+        ("--context", context, 0, False),
+        ("KV bytes per token", kv_bytes_per_token, 0, False),
+    ):
+        if value < low or (strict and value == low):
+            raise ValueError(f"{name} must be {'>' if strict else '>='} {low}, got {value:g}")
     peak = peak_tflops * 1e12 * gpus
     bw = hbm_tb_s * 1e12 * gpus
     weights = params * weight_dtype_bytes

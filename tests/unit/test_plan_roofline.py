@@ -1,0 +1,90 @@
+"""`inferctl plan roofline`: the KV read per step comes from plan kv's formula (core/sizing/kv.py) in
+the --kv-dtype asked for, and every usage error is exit 64 with one line naming what to fix (+ a hint)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infer_ctl.cli.main import main
+from infer_ctl.core.sizing import presets
+
+
+def _json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_kv_read_per_step_is_plan_kvs_bytes_per_token(capsys: pytest.CaptureFixture[str]) -> None:
+    per_token = _json(["plan", "kv", "-m", "llama-3.1-70b", "--dtype", "bf16"], capsys)["kv_bytes_per_token"]
+    doc = _json(["plan", "roofline", "-m", "llama-3.1-70b", "-x", "h200", "--context", "8192", "--batch", "4"],
+                capsys)
+    assert doc["kv_bytes_per_step"] == 4 * 8192 * per_token
+    assert doc["kv_dtype"] == "bf16"
+    # bf16 by default, as before: 2 (K and V) x 2 bytes x layers x kv_heads x head_dim
+    m = presets.MODELS["llama-3.1-70b"]
+    assert per_token == 2 * 2 * m.layers * m.kv_heads * m.head_dim
+
+
+@pytest.mark.parametrize(("kv_dtype", "ratio"), [("fp8", 0.5), ("fp32", 2.0), ("fp16", 1.0)])
+def test_kv_dtype_is_honoured(kv_dtype: str, ratio: float, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "roofline", "-m", "llama-3.1-8b", "--context", "4096"]
+    bf16 = _json(base, capsys)
+    other = _json([*base, "--kv-dtype", kv_dtype], capsys)
+    assert other["kv_bytes_per_step"] == bf16["kv_bytes_per_step"] * ratio
+    assert other["kv_dtype"] == kv_dtype
+    assert other["bytes_per_step"] == other["weights_bytes"] + other["kv_bytes_per_step"]
+
+
+def test_a_custom_model_shape_gives_the_kv_read(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _json(["plan", "roofline", "--params-b", "70", "--context", "100",
+                 "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--kv-dtype", "fp8"], capsys)
+    assert doc["kv_bytes_per_step"] == 100 * 2 * 1 * 80 * 8 * 128
+
+
+def test_without_context_no_kv_is_read(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _json(["plan", "roofline", "--params-b", "70"], capsys)
+    assert doc["kv_bytes_per_step"] == 0 and doc["kv_dtype"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give --model PRESET or --params-b N"),
+        (["--params-b", "0"], "--params-b must be > 0, got 0"),
+        (["-m", "gpt-17"], "unknown model preset 'gpt-17'"),
+        (["-m", "llama-3.1-8b", "-x", "tpu-v9"], "unknown accelerator preset 'tpu-v9'"),
+        (["-m", "llama-3.1-8b", "-x", ""], "give --accelerator or both --tflops and --tb-s"),
+        (["-m", "llama-3.1-8b", "--gpus", "0"], "--gpus must be >= 1, got 0"),
+        (["-m", "llama-3.1-8b", "--batch", "0"], "--batch must be >= 1, got 0"),
+        (["-m", "llama-3.1-8b", "--context", "-1"], "--context must be >= 0, got -1"),
+        (["-m", "llama-3.1-8b", "--tflops", "0"], "--tflops must be > 0, got 0"),
+        (["-m", "llama-3.1-8b", "--tb-s", "-3"], "--tb-s must be > 0, got -3"),
+        (["-m", "llama-3.1-8b", "--weight-dtype", "int3"], "unknown dtype 'int3'"),
+        (["-m", "llama-3.1-8b", "--context", "8", "--kv-dtype", "fp4"], "unknown dtype 'fp4'"),
+        (
+            ["--params-b", "70", "--context", "100"],
+            "--context (KV read per step) needs the model shape: missing --layers, --kv-heads, --head-dim",
+        ),
+        (
+            ["--params-b", "70", "--context", "100", "--layers", "80"],
+            "--context (KV read per step) needs the model shape: missing --kv-heads, --head-dim",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_64(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "roofline", *args]) == 64
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    error, hint = captured.err.splitlines()  # exactly one error line and its hint, no traceback
+    assert error.startswith("inferctl: error: ") and message in error, error
+    assert hint.startswith("  hint: ") and len(hint) > len("  hint: ")
+
+
+def test_a_malformed_option_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "roofline", "-m", "llama-3.1-8b", "--batch", "x"]) == 64
+    err = capsys.readouterr().err
+    assert "Invalid value for '--batch'" in err and "Traceback" not in err
