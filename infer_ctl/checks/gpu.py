@@ -1,4 +1,4 @@
-"""`check gpu`: gather every GPU fact of a node in ONE remote command, judge with core/rules/gpu.py.
+"""`check gpu`: gather every GPU fact of a node in ONE remote command, judge with core/gpu/rules.py.
 
 Per node: the NVML gatherer runs as `python3 -` with its script on stdin (falling back to nvidia-smi on
 the node itself), plus the kernel log's XIDs, all through the fleet's single connection to that node.
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.rules.gpu import judge_fleet, judge_node
-from infer_ctl.core.rules.gpu_facts import NodeGpuFacts
+from infer_ctl.core.gpu.facts import NodeGpuFacts
+from infer_ctl.core.gpu.rules import judge_fleet, judge_node
 from infer_ctl.facts.nvml_gatherer import (
     GathererOutputError,
     gather_command,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from infer_ctl.core.rules.gpu_facts import XidEvent
+from infer_ctl.core.gpu.facts import XidEvent
 
 _XID = re.compile(r"NVRM: Xid \(((?:PCI:)?[0-9a-fA-F:.]+)\).*?: (\d+),\s*(.*)$")
 _FALLEN_GPU = re.compile(r"NVRM: The NVIDIA GPU ([0-9a-fA-F:.]+)")

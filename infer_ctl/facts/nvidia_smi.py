@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from infer_ctl.core.rules.gpu_facts import GpuFacts, GpuProcess, NvLink
+from infer_ctl.core.gpu.facts import GpuFacts, GpuProcess, NvLink
 from infer_ctl.remote.base import Command
 
 NVIDIA_SMI_XML = Command("nvidia-smi", "-q", "-x")

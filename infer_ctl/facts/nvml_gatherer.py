@@ -12,7 +12,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from infer_ctl.core.rules.gpu_facts import (
+from infer_ctl.core.gpu.facts import (
     RECOVERY_ACTIONS,
     GpuFacts,
     GpuProcess,

@@ -2,7 +2,7 @@
 # inferctl node-side GPU fact gatherer. Sent over SSH on stdin to `python3 - [--source S] [--window-min N]`
 # and run ON THE NODE; prints ONE JSON document on stdout. Standard library + pynvml (nvidia-ml-py) only,
 # and Python 3.6-compatible: nodes run whatever python3 their distribution ships. It never judges; the
-# controller parses (infer_ctl/facts/nvml_gatherer.py) and judges (infer_ctl/core/rules/gpu.py).
+# controller parses (infer_ctl/facts/nvml_gatherer.py) and judges (infer_ctl/core/gpu/rules.py).
 # ruff: noqa: UP004, UP024, UP031, SIM108, SIM401  (kept Python-3.6-compatible on purpose)
 import json
 import os

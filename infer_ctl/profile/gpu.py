@@ -25,7 +25,7 @@ class GpuPolicy(StrictModel):
     max_temp_c: Annotated[int, Field(ge=30, le=120)] = 85
     #: warn this many degrees below the GPU's own slowdown threshold
     slowdown_margin_c: Annotated[int, Field(ge=0, le=50)] = 5
-    # How an XID found in the kernel log is judged (core/rules/gpu.py xid_rule), first match wins:
+    # How an XID found in the kernel log is judged (core/gpu/rules.py xid_rule), first match wins:
     #   xid_overrides[xid] -> ignore_xids (not reported) -> fatal_xids (FAIL: drain/reset) ->
     #   warn_xids (WARN) -> any other XID: WARN, with a remedy asking to classify it in one of the lists
     #   (an XID NVIDIA adds later should be looked at, but must not drain a node by default).

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from infer_ctl.core.findings import Status
-from infer_ctl.core.rules.gpu import judge_gather_error, judge_xids
+from infer_ctl.core.gpu.rules import judge_gather_error, judge_xids
 from infer_ctl.facts.nvml_gatherer import (
     GathererOutputError,
     gather_command,

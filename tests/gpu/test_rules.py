@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from infer_ctl.core.findings import Status
-from infer_ctl.core.rules import gpu as rules
-from infer_ctl.core.rules.gpu_facts import GpuFacts, GpuProcess, NodeGpuFacts, NvLink, XidEvent
+from infer_ctl.core.gpu import rules
+from infer_ctl.core.gpu.facts import GpuFacts, GpuProcess, NodeGpuFacts, NvLink, XidEvent
 from infer_ctl.profile.gpu import GpuPolicy
 
 P = GpuPolicy()
@@ -176,7 +176,7 @@ def test_unreadable_kernel_log_is_unknown_with_a_remedy() -> None:
 
 
 def test_nvml_error_remedy_names_the_gpu_index() -> None:
-    from infer_ctl.core.rules.gpu import judge_nvml_errors
+    from infer_ctl.core.gpu.rules import judge_nvml_errors
 
     finding = judge_nvml_errors("n1", GpuFacts(index=2, errors=("nvmlDeviceGetPowerUsage: Unknown Error",)))
     assert finding is not None and "nvidia-smi -q -i 2" in (finding.remedy or "")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.rules.gpu_facts import GpuFacts, NodeGpuFacts, XidEvent, normalise_pci
+from infer_ctl.core.gpu.facts import GpuFacts, NodeGpuFacts, XidEvent, normalise_pci
 from infer_ctl.profile.gpu import GpuPolicy
 
 HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")

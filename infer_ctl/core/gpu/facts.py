@@ -1,6 +1,6 @@
 """What inferctl knows about one node's GPUs, whichever way it was gathered (NVML or nvidia-smi).
 
-Pure data: the parsers in infer_ctl/facts/ produce it, the rules in core/rules/gpu.py judge it. Every
+Pure data: the parsers in infer_ctl/facts/ produce it, the rules in core/gpu/rules.py judge it. Every
 field is optional (None = "not reported"): drivers drift, fields read `N/A`, and a rule that cannot see
 its fact says so instead of guessing.
 """
