@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError
+from infer_ctl.exitcodes import ExitCode
 
 
 class RouterUnreachable(InferctlError):

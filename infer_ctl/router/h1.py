@@ -18,7 +18,7 @@ this module implements completely:
   WRITE_TIMEOUT_S; a client that stops reading for longer is aborted like one that disconnected;
 - a client that disconnects cancels the task handling its request (which closes the upstream
   connections, which makes SGLang abort the request);
-- `close_idle()` / `close_all()` for graceful shutdown.
+- `close_all()` for shutdown.
 
 The API mirrors the subset of aiohttp's that the router uses (`Response`, `StreamResponse.prepare/
 write/write_eof/prepared`), so handlers read the same either way.
@@ -191,11 +191,6 @@ class H1Server:
     def stop_listening(self) -> None:
         if self.server is not None:
             self.server.close()
-
-    def close_idle(self) -> None:
-        for conn in list(self.conns):
-            if conn.task is None and not conn.pending:
-                conn.close()
 
     async def close_all(self) -> None:
         if self._sweeper is not None:

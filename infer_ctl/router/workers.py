@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from infer_ctl.core.routing.breaker import CircuitBreaker
@@ -37,7 +37,6 @@ class WorkerState:
     errors: int = 0
     restarts: int = 0
     removed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:

@@ -32,7 +32,6 @@ class CircuitBreaker:
     successes: int = 0
     opened_at: float = 0.0
     probes: int = 0
-    transitions: int = 0
 
     def allows(self, now: float) -> bool:
         """Would a request be let through now? (No side effect; `acquire` takes a probe slot.)"""
@@ -44,7 +43,7 @@ class CircuitBreaker:
 
     def acquire(self, now: float) -> bool:
         if self.state is BreakerState.OPEN and now - self.opened_at >= self.open_s:
-            self._to(BreakerState.HALF_OPEN)
+            self.state = BreakerState.HALF_OPEN
             self.probes = 0
             self.successes = 0
         if self.state is BreakerState.HALF_OPEN:
@@ -62,7 +61,7 @@ class CircuitBreaker:
                 return
             self.successes += 1
             if self.successes >= self.success_threshold:
-                self._to(BreakerState.CLOSED)
+                self.state = BreakerState.CLOSED
                 self.failures = 0
             return
         if ok:
@@ -74,18 +73,13 @@ class CircuitBreaker:
 
     def reset(self) -> None:
         if self.state is not BreakerState.CLOSED:
-            self._to(BreakerState.CLOSED)
+            self.state = BreakerState.CLOSED
         self.failures = self.successes = self.probes = 0
 
     def _open(self, now: float) -> None:
-        self._to(BreakerState.OPEN)
+        self.state = BreakerState.OPEN
         self.opened_at = now
         self.successes = 0
-
-    def _to(self, state: BreakerState) -> None:
-        if state is not self.state:
-            self.state = state
-            self.transitions += 1
 
 
 def backoff_s(attempt: int, rand: float, *, base_s: float = 0.02, mult: float = 2.0, cap_s: float = 1.0,

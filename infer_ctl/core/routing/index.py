@@ -103,6 +103,7 @@ class PrefixIndex:
         while self._total > self.max_blocks:
             self._evict_globally_oldest()
 
+    # Not called yet: the next step wires it into the cached-token feedback (router/feedback.py).
     def forget_beyond(self, hashes: Sequence[int], worker: str, keep_chars: int) -> int:
         """Feedback: the worker reported fewer cached characters than predicted. Drop the deeper part of
         this path for this worker. Returns blocks dropped."""

@@ -1,4 +1,4 @@
-"""The SGLang PD request protocol, as pure transformations of JSON bodies (sglang.md §4).
+"""The SGLang PD request protocol, as pure transformations of JSON bodies (docs/router.md, "The PD protocol").
 
 The router picks a prefill and a decode worker, adds bootstrap_host / bootstrap_port / bootstrap_room
 to the body and sends the same body to both. Rooms are random and never 0 (a decode treats a metadata

@@ -16,7 +16,7 @@ the first an LRU evicts).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -306,6 +306,3 @@ class PrefixRegistry:
     def drop_worker(self, worker: str) -> None:
         for rec in self.records():
             rec.placements.pop(worker, None)
-
-    def workers_of(self, rec: PrefixRecord) -> Iterable[str]:
-        return rec.placements.keys()

@@ -46,10 +46,3 @@ def routing_text(endpoint: str, body: dict[str, Any]) -> str:
             return _ids_text(first)
         return _ids_text(prompt)
     return prompt if isinstance(prompt, str) else ""
-
-
-def first_system_text(body: dict[str, Any]) -> str | None:
-    msgs = body.get("messages")
-    if isinstance(msgs, list) and msgs and isinstance(msgs[0], dict) and msgs[0].get("role") == "system":
-        return _content_text(msgs[0].get("content"))
-    return None
