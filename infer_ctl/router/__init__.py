@@ -1,7 +1,9 @@
 """The router daemon: an asyncio HTTP server in front of SGLang prefill/decode (or collocated) workers.
 
-Modules: config (settings), upstream (keep-alive HTTP/1.1 client), workers (runtime worker state),
-proxy (the PD and collocated request paths), health (active checks), prefix_warmer (named prefixes),
-admin (operator API), metrics, server (HTTP endpoints, limits, drain), embed (run in a thread), client
-(the CLI's admin client). Policy decisions are pure functions in infer_ctl.core.routing.
+Modules (docs/router.md, "Code map"): server (endpoints, lifecycle, drain) on h1 (the data-plane HTTP
+server); the request path - proxy (entry point, `Router`), admission, context, retry, picker, attempt,
+relay, calls (upstream calls with per-worker accounting), feedback - on upstream (keep-alive HTTP/1.1
+client); workers (runtime worker state), health (active checks), warmer (named prefixes), admin
+(operator API), metrics; config, embed (run in a thread), run (foreground daemon), client (the CLI's
+admin client), jsonio, sse, usage, logs. Policy decisions are pure functions in infer_ctl.core.routing.
 """

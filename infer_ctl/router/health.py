@@ -46,7 +46,7 @@ class HealthChecker:
         self.router = router
         self._checking: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        router.suspect = self.suspect
+        router.calls.suspect = self.suspect
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())

@@ -29,3 +29,11 @@ except ImportError:  # pragma: no cover
 def error_body(status: int, message: str, kind: str) -> bytes:
     """OpenAI-style error document; every router-made error uses it."""
     return dumps({"error": {"message": message, "type": kind, "code": status}})
+
+
+def loads_or_none(data: bytes) -> Any:
+    """The JSON of a worker's answer, or None when it is not JSON (feedback is best effort)."""
+    try:
+        return loads(data)
+    except (DecodeError, ValueError):
+        return None

@@ -8,21 +8,36 @@ collector, so the request path never updates them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from infer_ctl.router.proxy import Router
+from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.router.workers import WorkerRegistry
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _FAST = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
 
 
+class RouterState(Protocol):
+    """What the scrape-time gauges read. proxy.Router provides it; naming the protocol here instead of
+    the class keeps this module free of proxy.py, which imports it."""
+
+    @property
+    def workers(self) -> WorkerRegistry: ...
+    @property
+    def index(self) -> PrefixIndex: ...
+    @property
+    def prefixes(self) -> PrefixRegistry: ...
+    @property
+    def active(self) -> int: ...
+
+
 class RouterMetrics:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: RouterState) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("inferctl_router_requests_total", "Requests answered, by endpoint and HTTP status",
@@ -76,7 +91,7 @@ class RouterMetrics:
 
 
 class _StateCollector(Collector):
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: RouterState) -> None:
         self.router = router
 
     def describe(self) -> list[Metric]:
@@ -84,7 +99,6 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         router = self.router
-        now = router.clock()
         inflight = GaugeMetricFamily("inferctl_router_worker_inflight", "Requests in flight per worker",
                                      labels=["worker", "role"])
         healthy = GaugeMetricFamily("inferctl_router_worker_healthy", "1 if the worker passes health checks",
@@ -121,4 +135,3 @@ class _StateCollector(Collector):
                 act.add_metric([rec.name], rec.stats.actual_cached_tokens)
                 hit.add_metric([rec.name], rec.stats.hit_rate)
         yield from (state, warm, reqs, pred, act, hit)
-        _ = now

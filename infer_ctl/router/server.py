@@ -62,7 +62,6 @@ class RouterServer:
         # SGLang's deprecated aliases, still served by 0.5.23 workers and used by SGLang's own frontend
         self._gets["/get_server_info"] = self._gets["/server_info"]
         self._gets["/get_model_info"] = self._gets["/model_info"]
-        self.started_at = time.time()
 
     @property
     def url(self) -> str:
@@ -148,8 +147,7 @@ class RouterServer:
                 log.warning("drain timed out; closing with requests in flight", extra={"active": router.active})
         await self.health.stop()
         await self.warmer.stop()
-        for task in list(router._background):
-            task.cancel()
+        router.cancel_background()
         await self.http.close_all()
         if self._admin_pool is not None:
             self._admin_pool.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 from urllib.parse import urlsplit
 
 _HIGH_WATER = 256 * 1024
@@ -217,8 +217,9 @@ class _Conn(asyncio.Protocol):
 
 
 class Response:
-    """A worker's response. Read it whole (`read`) or chunk by chunk (`iter_chunks`); either way call
-    `release()` (done automatically when the body was read to the end) or `close()`."""
+    """A worker's response. Read it whole (`read`) or chunk by chunk (`next_chunk`, None at the end);
+    then call `release()` (done by `read`: the connection goes back to the pool when the body was read
+    to the end) or `close()`."""
 
     def __init__(self, conn: _Conn) -> None:
         self._conn = conn
@@ -236,13 +237,10 @@ class Response:
         self.release()
         return b"".join(parts)
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        while True:
-            chunk = await self._conn.next_chunk()
-            if chunk is None:
-                self.release()
-                return
-            yield chunk
+    def next_chunk(self) -> Awaitable[bytes | None]:
+        """The next piece of the body as it arrived (None once it is complete); raises UpstreamError when
+        the connection broke. Reading resumes from the worker as the consumer takes chunks (flow control)."""
+        return self._conn.next_chunk()  # the connection's coroutine itself: no extra frame per chunk
 
     def release(self) -> None:
         if self._released:

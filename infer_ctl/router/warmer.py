@@ -21,7 +21,7 @@ from infer_ctl.core.routing.pd import FAKE_BOOTSTRAP_HOST, bootstrap_host, new_r
 from infer_ctl.core.routing.policy import NoWorkerAvailable, choose_decode
 from infer_ctl.core.routing.prefixes import WarmAction
 from infer_ctl.core.routing.prompt import render_chat
-from infer_ctl.router.jsonio import DecodeError, dumps, loads
+from infer_ctl.router.jsonio import dumps, loads_or_none
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.upstream import UpstreamError
 from infer_ctl.router.usage import token_counts
@@ -102,7 +102,7 @@ class PrefixWarmer:
                 else:
                     ok, data = await self._warm_pd(w.url, w.spec.bootstrap_port, path, body)
             if ok:
-                tokens = token_counts(_safe_loads(data))[0]
+                tokens = token_counts(loads_or_none(data))[0]
             if ok:
                 text = render_chat([{"role": "system", "content": action.text}]) if action.fmt == "chat" else action.text
                 router.index.insert(router.index.hashes(text), w.url, router.clock())
@@ -145,10 +145,3 @@ class PrefixWarmer:
         (s1, data), (s2, _) = await asyncio.gather(router.upstreams.fetch(url, "POST", path, payload),
                                                    router.upstreams.fetch(dec.url, "POST", path, payload))
         return s1 == 200 and s2 == 200, data
-
-
-def _safe_loads(data: bytes) -> Any:
-    try:
-        return loads(data)
-    except (DecodeError, ValueError):
-        return None

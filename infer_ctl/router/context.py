@@ -1,0 +1,38 @@
+"""What the router knows about one client request while it handles it: parsed once at the entry point
+(router/proxy.py), then read and filled in by routing (picker.py), the attempts (attempt.py), the relay
+(relay.py) and the feedback (feedback.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infer_ctl.core.routing.prefixes import PrefixRecord
+from infer_ctl.router import h1
+
+
+@dataclass(slots=True)
+class RequestContext:
+    rid: str
+    endpoint: str
+    request: h1.Request
+    #: the client's body as sent and as parsed (a JSON object)
+    raw: bytes
+    body: dict[str, Any]
+    stream: bool
+    #: the routing text (core/routing/prompt.py) and its block hashes (empty unless cache-aware)
+    text: str
+    hashes: list[int]
+    named: PrefixRecord | None
+    logprobs: bool
+    started: float
+    #: headers sent upstream and back to the client (X-Request-Id)
+    headers: dict[str, str]
+    #: filled in by the last routing decision
+    predicted_chars: int = 0
+    reason: str = ""
+    prefill: str = ""
+    decode: str = ""
+    attempts: int = 0
+    #: the client stream once the relay committed to one (a timeout then ends it with an error event)
+    resp: h1.StreamResponse | None = None

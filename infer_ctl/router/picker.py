@@ -1,0 +1,71 @@
+"""Routing one attempt: which prefill (or collocated worker) and which decode get it.
+
+The choice itself is pure (core/routing/policy.py); this module feeds it the workers' live state,
+takes a circuit-breaker slot on the chosen worker (a half-open breaker lets one probe through) and
+records the decision. Where the router *predicts* the cache: the chosen prefill is assumed to hold the
+prompt's blocks from now on (`index.insert`). An index fed by the workers' own KV events would learn
+that from the worker instead; this insert is the one line it replaces.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig, choose_decode, choose_prefill
+from infer_ctl.router.context import RequestContext
+from infer_ctl.router.metrics import RouterMetrics
+from infer_ctl.router.workers import WorkerRegistry, WorkerState
+
+
+class PairPicker:
+    def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
+                 clock: Callable[[], float], metrics: RouterMetrics) -> None:
+        self.workers = workers
+        self.index = index
+        self.policy = policy
+        self.rng = rng
+        self.clock = clock
+        self.metrics = metrics
+        #: decision counter: round-robin position and tie-breaks
+        self.seq = 0
+
+    def pick(self, ctx: RequestContext, excluded: set[str]) -> tuple[WorkerState, WorkerState | None]:
+        """The pair for the next attempt (decode None in collocated mode); prefers workers not in
+        `excluded` (those that failed this request). Raises NoWorkerAvailable."""
+        t = time.perf_counter()
+        now = self.clock()
+        workers = self.workers
+        pd = bool(workers.role("prefill", "decode"))
+        pre = self._choose(ctx, workers.role("prefill") if pd else workers.prefill_like(), excluded, now, True, pd)
+        dec = self._choose(ctx, workers.role("decode"), excluded, now, False, pd) if pd else None
+        if ctx.hashes:
+            self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
+        ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""
+        self.metrics.observe_decision(ctx.reason, time.perf_counter() - t)
+        return pre, dec
+
+    def _choose(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
+                pd: bool) -> WorkerState:
+        # Prefer workers that have not failed this request; fall back to them rather than to nothing.
+        cands = [w for w in pool if w.url not in excluded] or pool
+        for _ in range(len(cands) + 1):
+            views = [w.view(now) for w in cands]
+            self.seq += 1
+            if prefill:
+                choice = choose_prefill(hashes=ctx.hashes, text_chars=len(ctx.text), workers=views, index=self.index,
+                                        now=now, cfg=self.policy, rng=self.rng, seq=self.seq,
+                                        replicas=ctx.named.warm_replicas() if ctx.named else None)
+                ctx.predicted_chars, ctx.reason = choice.matched_chars, choice.reason
+            else:
+                choice = choose_decode(views, self.rng, policy="round_robin" if self.policy.policy == "round_robin" else "load",
+                                       seq=self.seq)
+            w = self.workers.by_url[choice.url]
+            if w.breaker.acquire(now):
+                return w
+            cands = [c for c in cands if c is not w]
+            if not cands:
+                break
+        raise NoWorkerAvailable(f"no available {'prefill ' if prefill and pd else '' if prefill else 'decode '}worker")

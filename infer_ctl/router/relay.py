@@ -1,0 +1,100 @@
+"""The streaming relay: a worker's SSE stream copied to the client chunk by chunk.
+
+The router commits to the client only once the stream's first chunk exists (`first_chunk`): until
+then a failure is an AttemptFailed and the request is retried. From the first byte on nothing is
+retried; a stream that breaks ends with an error event (`data: {"error": ...}` then `data: [DONE]`),
+never silently. Back-pressure is end to end: `resp.write` waits while the client's socket is full, and
+the upstream client pauses reading from the worker while its chunks are not taken. With the prompt's
+logprobs from the prefill (`prefill_meta`), each event is rewritten with them merged in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from infer_ctl.core.routing.pd import merge_input_logprobs
+from infer_ctl.router import h1, sse
+from infer_ctl.router.calls import WorkerCalls
+from infer_ctl.router.context import RequestContext
+from infer_ctl.router.feedback import Feedback
+from infer_ctl.router.metrics import RouterMetrics
+from infer_ctl.router.retry import AttemptFailed
+from infer_ctl.router.upstream import Response, UpstreamError
+from infer_ctl.router.workers import WorkerState
+
+log = logging.getLogger("infer_ctl.router")
+
+
+class StreamRelay:
+    def __init__(self, calls: WorkerCalls, feedback: Feedback, *, clock: Callable[[], float],
+                 metrics: RouterMetrics) -> None:
+        self.calls = calls
+        self.feedback = feedback
+        self.clock = clock
+        self.metrics = metrics
+
+    async def first_chunk(self, target: WorkerState, upstream: Response) -> bytes:
+        """The stream's first chunk; a stream that breaks or ends before it is a retryable failure."""
+        try:
+            first = await upstream.next_chunk()
+        except UpstreamError as exc:
+            self.calls.failed(target, "stream", str(exc))
+            raise AttemptFailed("stream_error", target.url, str(exc)) from None
+        if first is None:
+            self.calls.failed(target, "stream", "stream ended before any data")
+            raise AttemptFailed("stream_empty", target.url, "stream ended before any data")
+        return first
+
+    async def run(self, ctx: RequestContext, pre: WorkerState, target: WorkerState, upstream: Response, first: bytes,
+                  prefill_meta: Any) -> h1.StreamResponse:
+        """Commit to the client and copy the rest of the stream; `pre` is credited with the answer."""
+        resp = ctx.resp = h1.StreamResponse(200, {
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": ctx.rid})
+        await resp.prepare(ctx.request)
+        splitter = sse.EventSplitter()
+        last_json: Any = None
+        chunk: bytes | None = first
+        t_prev = self.clock()
+        self.metrics.ttft.observe(t_prev - ctx.started)
+        error: str | None = None
+        while chunk is not None:
+            events = splitter.feed(chunk)
+            if prefill_meta is not None:
+                out = []
+                for ev in events:
+                    obj = sse.event_json(ev)
+                    if obj is None:
+                        out.append(ev + b"\n\n")
+                    else:
+                        last_json = merge_input_logprobs(prefill_meta, obj)
+                        out.append(sse.data_event(last_json))
+                chunk = b"".join(out)
+            else:
+                for ev in reversed(events):
+                    obj = sse.event_json(ev)
+                    if obj is not None:
+                        last_json = obj
+                        break
+            if chunk:
+                await resp.write(chunk)
+                now = self.clock()
+                self.metrics.itl.observe(now - t_prev)
+                t_prev = now
+            try:
+                chunk = await upstream.next_chunk()
+            except UpstreamError as exc:
+                error = str(exc)
+                self.calls.failed(target, "stream", error)
+                break
+        if error is not None:
+            self.metrics.stream_errors.inc()
+            log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
+            await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
+        else:
+            target.breaker.record(True, self.clock())
+            if last_json is not None:
+                self.feedback.answered(ctx, pre, last_json)
+        await resp.write_eof()
+        return resp
