@@ -12,7 +12,8 @@ this module implements completely:
 - request bodies by Content-Length or chunked; a body over `max_body` is answered 413 as soon as that is
   known (from the Content-Length header, before any body byte is read), then the rest is discarded for a
   moment and the connection closed (a lingering close, so the client sees the 413 rather than a reset);
-- malformed HTTP: 400 with a JSON body, then close;
+- malformed HTTP, a URL or headers over 64 KiB, protocol upgrades (Upgrade, CONNECT): 400 with a JSON
+  body, then close;
 - responses in one write (`Response`) or streamed with chunked encoding (`StreamResponse`), with
   back-pressure: `write` waits while the socket's write buffer is over its high-water mark, for at most
   WRITE_TIMEOUT_S; a client that stops reading for longer is aborted like one that disconnected;
@@ -334,6 +335,8 @@ class H1Connection(asyncio.Protocol):
         self.reading_since = None
         if req is None or req.too_large:
             return
+        if self.parser.should_upgrade():
+            return  # not handled: feed_data raises HttpParserUpgrade next, answered 400 (data_received)
         if self.parts:
             req.body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
             self.parts = []

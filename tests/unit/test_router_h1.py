@@ -1,7 +1,8 @@
 """The router's data-plane HTTP/1.1 server (router/h1.py) over real loopback sockets: keep-alive, pipelining,
-chunked request bodies, 413 before the body is read, 400 on malformed HTTP, streaming, and cancellation of
-the request's task when the client disconnects. The handler here is a test one; the router's own
-behaviour on top of it is covered in tests/router."""
+chunked request bodies, 413 before the body is read, JSON 400s on malformed HTTP (a URL over the limit,
+protocol upgrades), the 500 safety net, streaming, and cancellation of the request's task when the client
+disconnects. The handler here is a test one; the router's own behaviour on top of it is covered in
+tests/router."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class Served:
             return Response(413, b'{"error":"too large"}')
         if req.path == "/slow":
             await asyncio.sleep(0.2)
+        if req.path == "/boom":  # a handler bug: the server's own safety net must still answer
+            raise RuntimeError("handler bug")
         if req.path == "/bigresp":
             return Response(200, b"x" * 65536)
         if req.path == "/hang":
@@ -367,3 +370,43 @@ def test_a_slow_reader_that_keeps_draining_is_not_cut_off(monkeypatch: pytest.Mo
             assert got > 0 and not served.cancelled.is_set()
     finally:
         served.stop()
+
+
+def error_doc(status: int, message: str, kind: str = "invalid_request") -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+@pytest.mark.parametrize("raw", [
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    b"POST /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+    b"Content-Length: 2\r\n\r\n{}",
+    b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+])
+def test_a_protocol_upgrade_is_refused_with_a_json_400_and_never_handled(srv: Served, raw: bytes) -> None:
+    before = len(srv.seen)
+    with connect(srv) as s:
+        s.sendall(raw)
+        status, headers, body = read_responses(s, 1)[0]
+        assert s.recv(10) == b""  # then closed: the bytes after an upgrade request are another protocol
+    assert status == 400 and headers.get("connection") == "close"
+    assert json.loads(body) == error_doc(400, "protocol upgrades are not supported")
+    assert len(srv.seen) == before  # the handler never saw it (it used to answer it, then close)
+
+
+def test_a_url_over_64_kib_gets_a_json_400_naming_the_limit(srv: Served) -> None:
+    before = len(srv.seen)
+    with connect(srv) as s:
+        s.sendall(b"GET /" + b"a" * (64 * 1024 + 1) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, body = read_responses(s, 1)[0]
+    assert status == 400 and headers.get("connection") == "close"
+    assert json.loads(body) == error_doc(400, "malformed HTTP request: URL too long")
+    assert len(srv.seen) == before
+
+
+def test_a_handler_that_raises_still_gets_a_json_500_and_the_connection_lives_on(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(post("/boom", b"{}") + post("/after", b"{}"))
+        (status, headers, body), (status2, _, body2) = read_responses(s, 2)
+    assert status == 500 and headers.get("connection") is None
+    assert json.loads(body) == error_doc(500, "internal router error; see the router's log", "internal_error")
+    assert status2 == 200 and json.loads(body2)["path"] == "/after"
