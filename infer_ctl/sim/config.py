@@ -10,6 +10,10 @@ from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, resolve_timing
 Role = Literal["prefill", "decode", "mixed"]
 ROLES = ("prefill", "decode", "mixed")
 SGLANG_VERSION = "0.5.23"
+#: SGLang's --disaggregation-bootstrap-port default
+DEFAULT_BOOTSTRAP_PORT = 8998
+#: SGLang's FAKE_BOOTSTRAP_HOST: requests carrying it use the fake KV sender/receiver (no pairing)
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 
 
 @dataclass

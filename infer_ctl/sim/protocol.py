@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from infer_ctl.sim import contract
@@ -64,13 +64,11 @@ class GenRequest:
     items: list[GenItem]
     batched: bool
     stream: bool
-    raw: dict[str, Any] = field(default_factory=dict)
     #: samples per prompt (sampling_params.n / OpenAI n); items hold prompts x parallel samples
     parallel: int = 1
     #: OpenAI-only bits
     model: str | None = None
     include_usage: bool = False
-    echo_prompt: str | None = None
 
 
 def _int_field(value: Any, name: str, minimum: int | None = None) -> int:
@@ -207,7 +205,7 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
             )
         )
-    return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), raw=body, parallel=copies)
+    return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), parallel=copies)
 
 
 def _openai_int(body: dict[str, Any], key: str) -> int | None:
@@ -278,7 +276,6 @@ def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
         items=items,
         batched=copies > 1,
         stream=bool(body.get("stream")),
-        raw=body,
         parallel=copies,
         model=body.get("model"),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
@@ -286,9 +283,7 @@ def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
 
 
 # -- responses ----------------------------------------------------------------------------------------
-def finish_reason(
-    completion: int, max_new: int, aborted: str | None = None, status: int = 500
-) -> dict[str, Any]:
+def finish_reason(completion: int, aborted: str | None = None, status: int = 500) -> dict[str, Any]:
     if aborted is not None:
         return {"type": "abort", "message": aborted, "status_code": status, "err_type": None}
     return {"type": "length", "length": completion}

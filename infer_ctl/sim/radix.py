@@ -166,7 +166,3 @@ class RadixCache:
                 self.locked -= len(node.key)
             assert node.parent is not None
             node = node.parent
-
-    @property
-    def evictable(self) -> int:
-        return self.size - self.locked

@@ -1,0 +1,160 @@
+"""The server's status and control endpoints: `/health`, `/health_generate`, `/ready`, `/server_info`,
+`/model_info`, `/v1/models`, `/v1/loads`, `/metrics` and `/flush_cache` (SGLang 0.5.23 `http_server.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from infer_ctl.sim.config import DEFAULT_BOOTSTRAP_PORT, SGLANG_VERSION
+from infer_ctl.sim.state import WorkerState
+from infer_ctl.sim.telemetry import load_snapshot, metrics_text
+
+
+def server_args(state: WorkerState) -> dict[str, Any]:
+    """The ServerArgs fields `/server_info` reports, as the simulated worker would have been launched."""
+    t, s = state.timing, state.spec
+    spec_on = t.spec_alpha is not None
+    return {
+        "model_path": s.model,
+        "served_model_name": s.model,
+        "tokenizer_path": s.tokenizer_path or s.model,
+        "host": s.host,
+        "port": state.port,
+        "disaggregation_mode": state.mode,
+        "disaggregation_bootstrap_port": state.bootstrap_port or DEFAULT_BOOTSTRAP_PORT,
+        "disaggregation_transfer_backend": "mooncake",
+        "max_running_requests": t.max_running_requests,
+        "max_total_tokens": t.kv_capacity_tokens,
+        "chunked_prefill_size": t.chunked_prefill_size,
+        "context_length": s.context_length,
+        "page_size": 1,
+        "tp_size": 8,
+        "dp_size": 1,
+        "radix_eviction_policy": s.eviction_policy,
+        "enable_cache_report": s.enable_cache_report,
+        "speculative_algorithm": "EAGLE3" if spec_on else None,
+        "speculative_num_steps": t.spec_gamma if spec_on else None,
+        "speculative_eagle_topk": 1 if spec_on else None,
+        "speculative_num_draft_tokens": t.spec_gamma + 1 if spec_on else None,
+        "random_seed": s.seed,
+    }
+
+
+class InfoApi:
+    def __init__(self, state: WorkerState, server_args: Callable[[], dict[str, Any]]) -> None:
+        self.state = state
+        #: the ServerArgs to report (SimWorker._server_args, which a subclass may extend)
+        self.server_args = server_args
+        self._flush_pending = False
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.state.ready else 503)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.state.ready else 503)  # SGLang: an empty body either way
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        st = self.state
+        e, spec = st.running_engine(), st.spec
+        info = {
+            **self.server_args(),
+            "launch_command": f"inferctl sim serve --role {spec.role} --port {st.port}",
+            "version": SGLANG_VERSION,
+            "startup_time": st.start_time,
+            "frontend": "inferctl-sim",
+            "kv_events": None,
+            "internal_states": [
+                {
+                    "last_gen_throughput": e.last_gen_throughput,
+                    "avg_spec_accept_length": e.metrics.spec_accept_length,
+                    "memory_usage": {"token_capacity": st.timing.kv_capacity_tokens},
+                    "effective_max_running_requests_per_dp": st.timing.max_running_requests,
+                    "disaggregation_mode": st.mode,
+                }
+            ],
+            "sim": {
+                "role": spec.role,
+                "preset": spec.preset,
+                "time_scale": spec.time_scale,
+                "seed": spec.seed,
+                "start_time": st.start_time,
+                "tokenizer": st.tokenizer.name,
+            },
+        }
+        return web.json_response(info)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        spec = self.state.spec
+        return web.json_response(
+            {
+                "model_path": spec.model,
+                "served_model_name": spec.model,
+                "tokenizer_path": spec.tokenizer_path or spec.model,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": self.state.mode,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+            }
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        spec = self.state.spec
+        model = {
+            "id": spec.model,
+            "object": "model",
+            "created": int(self.state.start_time),
+            "owned_by": "sglang",
+            "root": spec.model,
+            "parent": None,
+            "max_model_len": spec.context_length,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def loads(self, request: web.Request) -> web.Response:
+        load = load_snapshot(self.state)
+        if request.query.get("format") == "prometheus":
+            return web.Response(text=metrics_text(self.state), content_type="text/plain")
+        return web.json_response({"timestamp": time.time(), "dp_rank_count": 1, "loads": [load]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=metrics_text(self.state), content_type="text/plain", charset="utf-8")
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        e = self.state.running_engine()
+        timeout = float(request.query.get("timeout", "0") or 0)
+        if self._flush_pending:
+            return web.Response(status=400, text="Another flush_cache is already in progress.")
+        if not e.idle and timeout > 0:
+            self._flush_pending = True
+            try:
+                deadline = time.monotonic() + timeout
+                while not e.idle and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+            finally:
+                self._flush_pending = False
+            if not e.idle:
+                return web.Response(status=400, text="Timed out waiting for idle state.")
+        if not e.idle:
+            return web.Response(
+                status=400,
+                text=f"Cache not flushed because there are pending requests. #queue-req: "
+                f"{len(e.prefill_queue) + len(e.decode_waiting)}, #running-req: {len(e.running)}",
+            )
+        self.state.cache.reset()
+        return web.Response(
+            text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+            "waiting requests, the operation will not be performed.)\n"
+        )

@@ -1,0 +1,173 @@
+"""SGLang's OpenAI-compatible API: `/v1/completions` and `/v1/chat/completions`, whole or streamed.
+
+Shapes follow SGLang 0.5.23 `entrypoints/openai/serving_{chat,completions}.py`: n choices (prompt
+counted once in `usage`), `usage.prompt_tokens_details.cached_tokens` when cache reporting is on,
+`stream_options.include_usage` as a last chunk with empty `choices`; `logprobs` is always null.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from infer_ctl.sim import protocol as proto
+from infer_ctl.sim.protocol import GenRequest, RequestError
+from infer_ctl.sim.runner import RequestRunner, Result
+from infer_ctl.sim.state import WorkerState
+from infer_ctl.sim.wire import SSE_DONE, SSE_HEADERS, read_json, sse
+
+
+class OpenAIApi:
+    def __init__(self, state: WorkerState, runner: RequestRunner) -> None:
+        self.state = state
+        self.runner = runner
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        runner = self.runner
+        try:
+            req = proto.parse_openai(await read_json(request), self.state.tokenizer, chat)
+            runner.validate(req)
+        except RequestError as exc:
+            return web.json_response(proto.openai_error(exc), status=exc.status)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        model = req.model or self.state.spec.model
+        created = proto.now_s()
+        if req.stream:
+            return await self._stream(request, req, rid, model, created, chat)
+        try:
+            await runner.parallel_warmup(req)
+            results = await asyncio.gather(*(runner.run_item(it, req) for it in req.items))
+        except RequestError as exc:
+            return web.json_response(proto.openai_error(exc), status=exc.status)
+        choices = []
+        for index, res in enumerate(results):
+            meta = res["meta_info"]
+            choice: dict[str, Any] = {
+                "index": index,
+                "finish_reason": "length" if meta["completion_tokens"] else "stop",
+                "logprobs": None,
+                "matched_stop": None,
+            }
+            if chat:
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": res["text"],
+                    "reasoning_content": None,
+                    "tool_calls": None,
+                }
+            else:
+                choice["text"] = res["text"]
+            choices.append(choice)
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": self._usage([r["meta_info"] for r in results]),
+                "metadata": {"weight_version": "default"},
+            }
+        )
+
+    def _usage(self, metas: list[dict[str, Any]]) -> dict[str, Any]:
+        """SGLang's UsageInfo for n choices: the prompt counted once, completions summed."""
+        return proto.usage(
+            metas[0]["prompt_tokens"],
+            sum(m["completion_tokens"] for m in metas),
+            metas[0]["cached_tokens"],
+            self.state.spec.enable_cache_report,
+        )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: GenRequest,
+        rid: str,
+        model: str,
+        created: int,
+        chat: bool,
+    ) -> web.StreamResponse:
+        runner = self.runner
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+        def chunk(index: int, delta_text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+            choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
+            if chat:
+                delta: dict[str, Any] = {"content": delta_text}
+                if first:
+                    delta["role"] = "assistant"
+                choice["delta"] = delta
+            else:
+                choice["text"] = delta_text
+            return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+        sent = [{"len": 0, "first": True} for _ in req.items]
+
+        def on_chunk(index: int, res: Result) -> None:
+            text, state = res["text"], sent[index]
+            delta = text[int(state["len"]) :]
+            queue.put_nowait(chunk(index, delta, None, first=bool(state["first"])))
+            state["len"], state["first"] = len(text), False
+
+        try:
+            await runner.parallel_warmup(req)
+        except RequestError as warm_exc:
+            return web.json_response(proto.openai_error(warm_exc), status=warm_exc.status)
+        tasks = [
+            asyncio.create_task(runner.run_item(it, req, functools.partial(on_chunk, i)))
+            for i, it in enumerate(req.items)
+        ]
+        done = asyncio.gather(*tasks, return_exceptions=True)
+        done.add_done_callback(lambda _f: queue.put_nowait(None))
+        resp: web.StreamResponse | None = None
+        try:
+            first = await queue.get()
+            if first is None:  # every choice failed before its first token: SGLang answers a 400/5xx JSON
+                exc = next((t.exception() for t in tasks if isinstance(t.exception(), RequestError)), None)
+                if isinstance(exc, RequestError):
+                    return web.json_response(proto.openai_error(exc), status=exc.status)
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            await resp.prepare(request)
+            c: dict[str, Any] | None = first
+            while c is not None:
+                await resp.write(sse(c))
+                c = await queue.get()
+            metas = []
+            for i, t in enumerate(tasks):
+                exc = t.exception()
+                if isinstance(exc, RequestError):
+                    await resp.write(sse({"error": proto.openai_error(exc)}))
+                elif exc is None:
+                    meta = t.result()["meta_info"]
+                    metas.append(meta)
+                    await resp.write(sse(chunk(i, "", "length" if meta["completion_tokens"] else "stop")))
+            if req.include_usage and metas:
+                await resp.write(
+                    sse(
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": created,
+                            "model": model,
+                            "choices": [],
+                            "usage": self._usage(metas),
+                        }
+                    )
+                )
+            await resp.write(SSE_DONE)
+        finally:
+            for t in tasks:
+                t.cancel()
+        return resp

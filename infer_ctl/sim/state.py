@@ -1,0 +1,43 @@
+"""What one simulated worker holds: its spec, timing model, tokenizer, radix cache, room table, engine,
+ports and readiness. No aiohttp here.
+
+The API modules (`info_api`, `native_api`, `openai_api`, `bootstrap`) and the request runner read a
+`WorkerState`; `server.SimWorker` is a `WorkerState` that also owns the sockets and the lifecycle. The
+engine and the room table are replaced on every start, so readers look them up per request
+(`state.running_engine()`, `state.rooms`) rather than keeping their own references.
+"""
+
+from __future__ import annotations
+
+from infer_ctl.sim.config import WorkerSpec
+from infer_ctl.sim.engine import Engine
+from infer_ctl.sim.radix import RadixCache
+from infer_ctl.sim.rooms import RoomTable
+from infer_ctl.sim.tokenizer import make_tokenizer
+
+
+class WorkerState:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.timing = spec.timing()
+        self.tokenizer = make_tokenizer(spec.tokenizer_path)
+        self.cache = RadixCache(self.timing.kv_capacity_tokens, spec.eviction_policy)
+        self.rooms = RoomTable()
+        self.engine: Engine | None = None
+        self.port = spec.port
+        self.bootstrap_port: int | None = None
+        self.start_time = 0.0
+        self.ready = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def mode(self) -> str:
+        """SGLang's disaggregation_mode as it reports it ("null" on a mixed worker)."""
+        return "null" if self.spec.role == "mixed" else self.spec.role
+
+    def running_engine(self) -> Engine:
+        assert self.engine is not None, "worker not started"
+        return self.engine

@@ -1,0 +1,75 @@
+"""What one worker reports about itself: the `/v1/loads` snapshot and the `/metrics` text, read from its
+engine (queues, counters), radix cache (size, evictions) and room table (PD queues, failures).
+
+The counters and their Prometheus rendering live in `metrics.py`; this module only gathers the gauges,
+so a new source of facts (another cache tier, KV events) adds its gauges here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer_ctl.sim.metrics import render as render_metrics
+from infer_ctl.sim.state import WorkerState
+
+
+def load_snapshot(state: WorkerState) -> dict[str, Any]:
+    """One dp rank's entry of SGLang's load snapshot (`/v1/loads` "loads")."""
+    e, t, rooms = state.running_engine(), state.timing, state.rooms
+    used = state.cache.size + sum(r.prompt_tokens + len(r.output_ids) for r in e.running)
+    waiting = [*e.prefill_queue, *e.decode_waiting]
+    return {
+        "dp_rank": 0,
+        "num_running_reqs": len(e.running),
+        "num_waiting_reqs": len(waiting),
+        "num_waiting_uncached_tokens": sum(r.remaining_prefill for r in e.prefill_queue),
+        "num_used_tokens": used,
+        "num_total_tokens": t.kv_capacity_tokens,
+        "max_total_num_tokens": t.kv_capacity_tokens,
+        "token_usage": min(1.0, used / t.kv_capacity_tokens),
+        "gen_throughput": e.last_gen_throughput,
+        "cache_hit_rate": e.metrics.cache_hit_rate,
+        "utilization": len(e.running) / t.max_running_requests,
+        "speculative": {
+            "accept_length": e.metrics.spec_accept_length,
+            "accept_rate": e.metrics.spec_accept_rate,
+        },
+        "disaggregation": {
+            "prefill_bootstrap_queue_reqs": rooms.waiting_for_decode,
+            "prefill_inflight_queue_reqs": rooms.inflight,
+            "decode_prealloc_queue_reqs": len(e.decode_waiting) if state.spec.role == "decode" else 0,
+            "decode_transfer_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": t.nic_gbps * t.nic_links / 8,
+            "kv_transfer_latency_ms": e.metrics.kv_transfer_latency_ms,
+        },
+    }
+
+
+def metrics_text(state: WorkerState) -> str:
+    """The Prometheus exposition of `/metrics` (and `/v1/loads?format=prometheus`)."""
+    e, load, rooms, spec = state.running_engine(), load_snapshot(state), state.rooms, state.spec
+    labels = {
+        "model_name": spec.model,
+        "engine_type": {"mixed": "unified"}.get(spec.role, spec.role),
+        "tp_rank": "0",
+        "pp_rank": "0",
+        "moe_ep_rank": "0",
+    }
+    gauges = {
+        "num_running_reqs": load["num_running_reqs"],
+        "num_queue_reqs": load["num_waiting_reqs"],
+        "num_used_tokens": load["num_used_tokens"],
+        "token_usage": load["token_usage"],
+        "kv_available_tokens": max(0, state.timing.kv_capacity_tokens - load["num_used_tokens"]),
+        "gen_throughput": load["gen_throughput"],
+        "utilization": load["utilization"],
+        "evicted_tokens_total": state.cache.evicted_total,
+        "num_prefill_bootstrap_queue_reqs": rooms.waiting_for_decode,
+        "num_prefill_inflight_queue_reqs": rooms.inflight,
+        "num_decode_prealloc_queue_reqs": load["disaggregation"]["decode_prealloc_queue_reqs"],
+        "num_decode_transfer_queue_reqs": 0,
+    }
+    # the room table counts PD failures on the prefill side, the KV receiver on the decode side
+    e.metrics.bootstrap_failed = rooms.bootstrap_failed
+    e.metrics.transfer_failed = max(e.metrics.transfer_failed, rooms.transfer_failed)
+    return render_metrics(e.metrics, labels, gauges)
