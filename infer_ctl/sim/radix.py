@@ -4,6 +4,8 @@ Modelled on SGLang's `mem_cache/radix_cache.py`: edges hold token runs, a node's
 `priority` of the requests that inserted or matched through it and never decreases, only unlocked
 leaves are evicted, and the `priority` policy evicts the lowest (priority, last_access) first while
 `lru` evicts the least recently used. Access times are a logical counter, so eviction is deterministic.
+Tokens enter and leave the tree only in `insert`, `evict` and `reset` (where KV events or a host tier
+would attach; see docs/simulator.md "Modules").
 """
 
 from __future__ import annotations

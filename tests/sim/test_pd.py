@@ -226,7 +226,7 @@ def test_stopping_a_decode_closes_its_in_flight_connections_promptly() -> None:
             return "ended"
 
         with cf.ThreadPoolExecutor(2) as ex:
-            waiting = ex.submit(httpx.post, c.urls[1] + "/generate", json=lonely, timeout=25)  # in _fetch_kv
+            waiting = ex.submit(httpx.post, c.urls[1] + "/generate", json=lonely, timeout=25)  # in KvReceiver.fetch
             running = ex.submit(stream_busy)
             time.sleep(0.5)
             assert not waiting.done() and not running.done()
