@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== ruff" && ruff check infer_ctl tests scripts
 echo "== mypy" && mypy
+echo "== import contracts" && lint-imports --no-cache --no-logo  # [tool.importlinter] in pyproject.toml
 echo "== pytest"
 set +e
 python -m pytest -q -p no:cacheprovider "$@"
