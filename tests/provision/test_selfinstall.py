@@ -131,11 +131,27 @@ def test_node_installer_refuses_a_tampered_member_and_installs_a_good_wheel(tmp_
     assert check.stdout.split() == ["42", "1.0"]
 
 
+def _python_outside_any_venv() -> str:
+    """The base interpreter, whether or not the suite itself runs in a virtualenv (sys.executable is the
+    venv's python there, which the installer rightly accepts)."""
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return str(base) if base.exists() else sys._base_executable  # type: ignore[attr-defined]
+
+
 def test_node_installer_refuses_to_run_outside_a_venv(tmp_path: Path) -> None:
-    wheel = tmp_path / "x.whl"
-    wheel.write_bytes(make_wheel("x", "1", [("x/a.py", b"")], "s").data)
-    proc = subprocess.run([sys.executable, "-", str(wheel)], input=installer_script(), capture_output=True, check=False)
-    assert proc.returncode == 1 and b"outside a venv" in proc.stderr
+    python = _python_outside_any_venv()
+    probe = subprocess.run([python, "-c", "import sys; print(sys.prefix == sys.base_prefix)"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "True", f"{python} runs inside a venv"
+    # No wheel exists at this path: an installer that got past its venv check would fail on opening it
+    # (another message), so this test can never install anything into the base interpreter.
+    missing = tmp_path / "never-written" / "x-1-py3-none-any.whl"
+    proc = subprocess.run([python, "-", str(missing)], input=installer_script(), capture_output=True, check=False)
+    assert proc.returncode == 1 and b"outside a venv" in proc.stderr, proc.stderr
+    assert b"installed" not in proc.stdout
+    # the same call from a venv's python gets past the check (and fails on the missing wheel instead)
+    inside = _install_locally(tmp_path, missing)
+    assert inside.returncode == 1 and b"outside a venv" not in inside.stderr, inside.stderr
 
 
 @pytest.mark.ssh
