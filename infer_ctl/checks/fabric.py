@@ -1,5 +1,6 @@
-"""Fabric checks: gather RDMA facts on every node over its connector, judge them with
-core.rules.fabric, and (with `pingpong`) run the pair tests of checks.pingpong.
+"""Fabric checks: gather RDMA facts on every node over its connector (commands and parsers of
+infer_ctl.facts), judge them with core.fabric.rules, and (with `pingpong`) run the pair tests of
+checks.pingpong.
 
 Per node the gatherer costs a few round trips: the sysfs script (devices, GIDs, netdevs, counters,
 tool presence), `ibv_devinfo -v`, one QoS tool and `ethtool -a` per RoCE netdev, and the second
@@ -12,29 +13,19 @@ A node may also set INFERCTL_SYSFS_ROOT in its own environment. Unset means /sys
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infer_ctl.checks.registry import AuditContext, CheckFamily
-from infer_ctl.core.fabric.gid import Family
-from infer_ctl.core.fabric.model import NetdevFacts, NodeFabricFacts
+from infer_ctl.core.fabric.expectations import FabricExpectations, expectations
+from infer_ctl.core.fabric.facts import NetdevFacts, NodeFabricFacts, QosFacts
+from infer_ctl.core.fabric.rules import gid_families, judge_gid_families, judge_node
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.rules.fabric import (
-    FabricExpectations,
-    checked_devices,
-    gid_choice,
-    judge_gid_families,
-    judge_node,
-    port_views,
-)
 from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.facts.ibv_devinfo import IBV_DEVINFO_V, devinfo_error, parse_ibv_devinfo
 from infer_ctl.facts.qos import (
-    QosFacts,
     QosParseError,
     dcb_app_command,
     dcb_apptrust_command,
@@ -60,8 +51,11 @@ from infer_ctl.facts.rdma_sysfs import (
     parse_sysfs_dump,
     sysfs_command,
 )
-from infer_ctl.profile import Node, Profile, Role
+from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
+
+if TYPE_CHECKING:
+    from infer_ctl.remote.fleet import Fleet
 
 TOOL_TIMEOUT_S = 30.0
 PAIR_MODES = ("prefill-decode", "mesh", "explicit")
@@ -80,45 +74,6 @@ class FabricRun:
 def sysfs_root_for(node: str) -> str | None:
     template = os.environ.get(SYSFS_ROOT_ENV)
     return template.replace("{node}", node) if template else None
-
-
-def expectations(profile: Profile, node: Node) -> FabricExpectations:
-    rdma = node.rdma
-    devices = tuple(rdma.devices) if rdma else ()
-    sglang: list[str] = list(rdma.device_map.values()) if rdma and rdma.device_map else []
-    args = profile.sglang.extra_args
-    extra = [*(args.collocated if profile.collocated else []),
-             *(args.prefill if node.has_role(Role.PREFILL) and not profile.collocated else []),
-             *(args.decode if node.has_role(Role.DECODE) and not profile.collocated else []),
-             *node.overrides.extra_args]
-    for i, arg in enumerate(extra):
-        value = None
-        if arg == "--disaggregation-ib-device" and i + 1 < len(extra):
-            value = extra[i + 1]
-        elif arg.startswith("--disaggregation-ib-device="):
-            value = arg.split("=", 1)[1]
-        if value:
-            sglang += _ib_device_names(value)
-    needs = not profile.collocated and profile.sglang.transfer_backend != "mooncake_tcp"
-    return FabricExpectations(
-        policy=profile.fabric_policy_for(node),
-        devices=devices,
-        netdev=rdma.netdev if rdma else None,
-        gid_index=rdma.gid_index if rdma else None,
-        sglang_ib_devices=tuple(dict.fromkeys(sglang)),
-        needs_rdma=needs and (node.has_role(Role.PREFILL) or node.has_role(Role.DECODE)),
-    )
-
-
-def _ib_device_names(value: str) -> list[str]:
-    """`mlx5_0,mlx5_1` or SGLang's per-GPU JSON map `{"0": "mlx5_0", ...}` (values may list several)."""
-    if value.lstrip().startswith("{"):
-        try:
-            mapping = json.loads(value)
-        except json.JSONDecodeError:
-            return [value]  # reported as a device that does not exist: the flag is malformed
-        value = ",".join(str(v) for v in mapping.values()) if isinstance(mapping, dict) else value
-    return [v for v in re.split(r"[,\s]+", value) if v]
 
 
 def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interval_s: float | None = None) -> NodeFabricFacts:
@@ -245,25 +200,12 @@ def _dcb(conn: Connector, name: str) -> tuple[QosFacts | None, str | None, str |
     return qos, trust, None
 
 
-def gid_families(facts: NodeFabricFacts, exp: FabricExpectations) -> set[Family]:
-    fams: set[Family] = set()
-    present = set(facts.device_names())
-    for dev in checked_devices(facts, exp):
-        if dev not in present:
-            continue
-        for v in port_views(facts, dev):
-            choice = gid_choice(v, exp.gid_index, exp.policy.gid_family) if v.roce and v.active else None
-            if choice is not None and choice.roce_version == 2:
-                fams.add(choice.family)
-    return fams
-
-
 def unreachable(node: str, error: InferctlError) -> Finding:
     return Finding.unknown("fabric.node", node, "ssh", f"fabric facts not gathered: {error.message}",
                            remedy=error.remedy or "check the node is reachable with `inferctl nodes`")
 
 
-def check_fabric(profile: Profile, fleet: Any, nodes: list[Node], *, pingpong: bool = False,
+def check_fabric(profile: Profile, fleet: Fleet, nodes: list[Node], *, pingpong: bool = False,
                  pair_mode: str | None = None) -> FabricRun:
     if pair_mode is not None and pair_mode not in PAIR_MODES:
         raise UsageError(f"--pairs {pair_mode!r} is not a pair mode", remedy=f"use one of: {', '.join(PAIR_MODES)}")
@@ -275,7 +217,8 @@ def check_fabric(profile: Profile, fleet: Any, nodes: list[Node], *, pingpong: b
         if o.error is not None:
             run.findings.append(unreachable(o.node.name, o.error))
             continue
-        facts: NodeFabricFacts = o.value
+        facts = o.value
+        assert facts is not None  # gather_node returns facts whenever it does not raise
         run.facts[o.node.name] = facts
         run.findings += judge_node(facts, exps[o.node.name])
         fams = gid_families(facts, exps[o.node.name])
@@ -300,4 +243,4 @@ FAMILY = CheckFamily(
     run=_family_run,
 )
 
-__all__ = ["FAMILY", "FabricRun", "check_fabric", "expectations", "gather_node"]
+__all__ = ["FAMILY", "FabricRun", "check_fabric", "gather_node"]

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from infer_ctl.core.fabric.endpoints import node_endpoints, path_mtu, slower_rate
+from infer_ctl.core.fabric.expectations import FabricExpectations
+from infer_ctl.core.fabric.facts import NodeFabricFacts
 from infer_ctl.core.fabric.judge import PairRun, Thresholds, judge_pair, pair_matrix
 from infer_ctl.core.fabric.pairs import (
-    Endpoint,
     PairFlags,
     PairTest,
     perftest_argv,
@@ -31,10 +32,14 @@ from infer_ctl.core.fabric.pairs import (
     select_pairs,
 )
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.rules.fabric import FabricExpectations, checked_devices, gid_choice, port_views
 from infer_ctl.errors import InferctlError
+from infer_ctl.facts.rdma_pingpong import parse_pair_output
 from infer_ctl.profile import Node, Profile, Role
 from infer_ctl.remote.base import Command, Connector
+
+if TYPE_CHECKING:
+    from infer_ctl.checks.fabric import FabricRun
+    from infer_ctl.remote.fleet import Fleet
 
 # The server start script: $1 port, $2 limit (s), then the server argv. Prints DIR/PID/READY lines.
 START = r"""
@@ -77,34 +82,6 @@ rm -rf "$d"
 """
 
 
-@dataclass(frozen=True)
-class EndpointInfo:
-    endpoint: Endpoint
-    active_mtu: int | None
-    rate_gbps: float | None
-
-
-def node_endpoints(node: Node, facts: Any, exp: FabricExpectations) -> list[EndpointInfo]:
-    """ACTIVE ports of the checked devices with a usable GID (RoCE v2) or on InfiniBand, in device order."""
-    out = []
-    present = set(facts.device_names())
-    for dev in checked_devices(facts, exp):
-        if dev not in present:
-            continue
-        for v in port_views(facts, dev):
-            if not v.active:
-                continue
-            gid = None
-            if v.roce:
-                choice = gid_choice(v, exp.gid_index, exp.policy.gid_family)
-                if choice is None or choice.roce_version != 2:
-                    continue
-                gid = choice.index
-            out.append(EndpointInfo(Endpoint(node.name, node.host, dev, gid, v.port), v.active_mtu, v.rate_gbps))
-            break  # one port per device: the first active one
-    return out
-
-
 def _start(conn: Connector, argv: list[str], port: int, limit: float) -> tuple[str, str | None, str]:
     res = conn.run(Command("sh", "-c", START, "inferctl-pp-start", str(port), f"{limit:g}", *argv), timeout=30)
     words: dict[str, str] = {}
@@ -128,7 +105,7 @@ def _finish(conn: Connector, d: str, polls: int) -> tuple[int | None, str, bool]
     return rc, output, "KILLED" in head
 
 
-def run_one(fleet: Any, nodes: dict[str, Node], test: PairTest, tool: str, flags: PairFlags, timeout_s: float) -> PairRun:
+def run_one(fleet: Fleet, nodes: dict[str, Node], test: PairTest, tool: str, flags: PairFlags, timeout_s: float) -> PairRun:
     s, c = test.server, test.client
     build = rc_pingpong_argv if tool == "ibv_rc_pingpong" else (lambda ep, fl, p, h=None: perftest_argv(tool, ep, fl, p, h))
     server_argv, client_argv = build(s, flags, test.tcp_port), build(c, flags, test.tcp_port, s.host)
@@ -170,7 +147,12 @@ def run_one(fleet: Any, nodes: dict[str, Node], test: PairTest, tool: str, flags
                 pass
 
 
-def run_pair_tests(profile: Profile, fleet: Any, nodes: Sequence[Node], run: Any,
+def judge(run: PairRun, th: Thresholds) -> Finding:
+    """Parse both ends' output with the tool's parser, then judge the pair."""
+    return judge_pair(run, parse_pair_output(run.tool, run.client_text), parse_pair_output(run.tool, run.server_text), th)
+
+
+def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], run: FabricRun,
                    exps: dict[str, FabricExpectations], *, pair_mode: str | None = None) -> None:
     settings = profile.fabric.pingpong
     by_name = {n.name: n for n in nodes}
@@ -203,10 +185,10 @@ def run_pair_tests(profile: Profile, fleet: Any, nodes: Sequence[Node], run: Any
                 for t in group:
                     t2 = PairTest(t.server, t.client, t.tcp_port + offset, t.round)
                     a, b = info_of[(t.server.node, t.server.device)], info_of[(t.client.node, t.client.device)]
-                    flags = PairFlags(settings.size, settings.iters, _path_mtu(profile.fabric.mtu, a, b))
-                    th = Thresholds(settings.max_rtt_us, settings.min_bw_fraction, _slower(a, b))
+                    flags = PairFlags(settings.size, settings.iters, path_mtu(profile.fabric.mtu, a, b))
+                    th = Thresholds(settings.max_rtt_us, settings.min_bw_fraction, slower_rate(a, b))
                     futures.append((pool.submit(run_one, fleet, by_name, t2, tool, flags, settings.timeout_s), th))
-                findings += [judge_pair(f.result(), th) for f, th in futures]
+                findings += [judge(f.result(), th) for f, th in futures]
     run.findings += findings
     matrix = pair_matrix(findings)
     run.pairs = {
@@ -216,17 +198,8 @@ def run_pair_tests(profile: Profile, fleet: Any, nodes: Sequence[Node], run: Any
     }
 
 
-def _has(facts: Any, tool: str) -> bool:
+def _has(facts: NodeFabricFacts, tool: str) -> bool:
     return facts.sysfs is None or not facts.sysfs.tools or tool in facts.sysfs.tools
 
 
-def _path_mtu(profile_mtu: int, a: EndpointInfo, b: EndpointInfo) -> int:
-    return min([m for m in (profile_mtu, a.active_mtu, b.active_mtu) if m] or [1024])
-
-
-def _slower(a: EndpointInfo, b: EndpointInfo) -> float | None:
-    rates = [r for r in (a.rate_gbps, b.rate_gbps) if r]
-    return min(rates) if rates else None
-
-
-__all__ = ["FINISH", "START", "node_endpoints", "run_one", "run_pair_tests"]
+__all__ = ["FINISH", "START", "judge", "run_one", "run_pair_tests"]

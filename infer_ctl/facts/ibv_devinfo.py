@@ -8,9 +8,8 @@ sysfs has no active MTU, so this is where `active_mtu` comes from. The same pars
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
-from infer_ctl.facts.rdma_sysfs import GidEntry
+from infer_ctl.core.fabric.facts import DevinfoDevice, DevinfoError, DevinfoPort, GidEntry
 from infer_ctl.remote.base import Command
 
 IBV_DEVINFO_V = Command("ibv_devinfo", "-v")
@@ -20,36 +19,6 @@ _PORT = re.compile(r"^\s+port:\s*(\d+)\s*$")
 _KV = re.compile(r"^\s+([A-Za-z_][A-Za-z_ ]*?):\s+(.*?)\s*$")
 _GID = re.compile(r"^\s+GID\[\s*(\d+)\]:\s+(\S+?)(?:,\s*(.+?))?\s*$")
 _PAREN = re.compile(r"^(.*?)\s*\((-?\d+)\)$")
-
-
-@dataclass
-class DevinfoPort:
-    port: int
-    state: str | None = None  # "PORT_ACTIVE"
-    max_mtu: int | None = None
-    active_mtu: int | None = None
-    link_layer: str | None = None
-    active_width: str | None = None  # "4X"
-    active_speed: str | None = None  # "25.0 Gbps"
-    phys_state: str | None = None  # "LINK_UP"
-    gids: list[GidEntry] = field(default_factory=list)
-
-
-@dataclass
-class DevinfoDevice:
-    name: str
-    transport: str | None = None
-    fw_ver: str | None = None
-    vendor_part_id: str | None = None
-    ports: dict[int, DevinfoPort] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class DevinfoError:
-    """Why no device list came back, in words a user can act on."""
-
-    kind: str  # "not-installed" | "no-devices" | "failed"
-    message: str
 
 
 def _value(text: str) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
+from infer_ctl.core.fabric.facts import PRIO_PAUSE_COUNTER, PauseFacts, QosFacts
 from infer_ctl.remote.base import Command
 
 
@@ -44,29 +44,6 @@ def ethtool_pause_text_command(netdev: str) -> Command:
 
 def ethtool_stats_command(netdev: str) -> Command:
     return Command("ethtool", "-S", netdev)
-
-
-@dataclass
-class QosFacts:
-    #: which tool the facts came from: "mlnx_qos" | "dcb"
-    source: str
-    #: PFC enabled per priority 0..7 (None when the tool did not show it)
-    pfc: list[bool] | None = None
-    trust: str | None = None  # "dscp" | "pcp"
-    dcbx_mode: str | None = None
-    #: DSCP -> priority, when shown (mlnx_qos dscp2prio, dcb app dscp-prio)
-    dscp2prio: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def pfc_priorities(self) -> list[int]:
-        return [i for i, on in enumerate(self.pfc or []) if on]
-
-
-@dataclass(frozen=True)
-class PauseFacts:
-    autoneg: bool | None
-    rx: bool
-    tx: bool
 
 
 class QosParseError(ValueError):
@@ -169,9 +146,6 @@ def _int(s: str) -> int | None:
         return None
 
 
-_PRIO_PAUSE = re.compile(r"^(rx|tx)_prio([0-7])_pause$")
-
-
 def parse_ethtool_stats(text: str) -> dict[str, int]:
     """`ethtool -S` (`NIC statistics:` then `     name: value` lines) -> {name: value}."""
     out: dict[str, int] = {}
@@ -184,12 +158,7 @@ def parse_ethtool_stats(text: str) -> dict[str, int]:
 
 def prio_pause_counters(stats: dict[str, int]) -> dict[str, int]:
     """The per-priority PFC pause frame counters (mlx5 `rx_prio3_pause`, `tx_prio3_pause`, ...)."""
-    return {k: v for k, v in stats.items() if _PRIO_PAUSE.match(k)}
-
-
-def pause_priority(counter: str) -> int | None:
-    m = _PRIO_PAUSE.match(counter)
-    return int(m.group(2)) if m else None
+    return {k: v for k, v in stats.items() if PRIO_PAUSE_COUNTER.match(k)}
 
 
 def _onoff(value: Any) -> bool | None:

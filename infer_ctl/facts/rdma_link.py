@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from infer_ctl.core.fabric.facts import RdmaLink
 from infer_ctl.remote.base import Command
 
 RDMA_LINK_JSON = Command("rdma", "-j", "link", "show")
 
 _TEXT = re.compile(r"^(?:link\s+|\d+/\d+:\s+)(\S+?)/(\d+):?\s+(.*)$")
-
-
-@dataclass(frozen=True)
-class RdmaLink:
-    device: str
-    port: int
-    state: str | None
-    physical_state: str | None
-    netdev: str | None
 
 
 def parse_rdma_link(text: str) -> list[RdmaLink]:

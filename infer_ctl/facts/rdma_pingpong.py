@@ -11,8 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
+
+from infer_ctl.core.fabric.facts import (
+    PairOutput,
+    PerftestBwRow,
+    PerftestLatRow,
+    PerftestOutput,
+    RcPingPongOutput,
+)
 
 _ADDR = re.compile(
     r"^\s*(local|remote) address:\s*LID (0x[0-9a-fA-F]+|\d+),\s*QPN (0x[0-9a-fA-F]+),\s*PSN (0x[0-9a-fA-F]+)"
@@ -20,28 +27,15 @@ _ADDR = re.compile(
 )
 _BYTES = re.compile(r"^(\d+) bytes in ([\d.]+) seconds = ([\d.]+) Mbit/sec")
 _ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter")
+# Both tools print "remote address: LID ..." once the TCP exchange of the QP numbers has finished.
+_REMOTE = "remote address"
 # Lines rdma-core examples print on failure ("Failed status ...", "Couldn't ...", "Failed to ...").
 _ERROR = re.compile(r"^(Failed .*|Couldn't .*|Unable to .*|.*: No such .*|client read: .*|server read: .*|"
                     r"No IB devices found.*|Failed to get IB devices list.*|IB device \S+ not found.*)$")
 
 
-@dataclass
-class RcPingPongOutput:
-    local_gid: str | None = None
-    remote_gid: str | None = None
-    bytes: int | None = None
-    mbit_per_s: float | None = None
-    iters: int | None = None
-    usec_per_iter: float | None = None
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        return self.usec_per_iter is not None and not self.errors
-
-
 def parse_rc_pingpong(text: str) -> RcPingPongOutput:
-    out = RcPingPongOutput()
+    out = RcPingPongOutput(exchanged=_REMOTE in text)
     for raw in text.splitlines():
         line = raw.strip()
         if m := _ADDR.match(line):
@@ -58,48 +52,6 @@ def parse_rc_pingpong(text: str) -> RcPingPongOutput:
     return out
 
 
-@dataclass(frozen=True)
-class PerftestLatRow:
-    bytes: int
-    iterations: int
-    t_min: float
-    t_max: float
-    t_typical: float
-    t_avg: float | None = None
-    t_stdev: float | None = None
-    p99: float | None = None
-    p999: float | None = None
-
-
-@dataclass(frozen=True)
-class PerftestBwRow:
-    bytes: int
-    iterations: int
-    bw_peak: float
-    bw_average: float
-    msg_rate_mpps: float
-    #: "Gb/sec" (--report_gbits), "MiB/sec" or "MB/sec" as printed in the header
-    unit: str
-
-    @property
-    def bw_average_gbps(self) -> float:
-        if self.unit.startswith("Gb"):
-            return self.bw_average
-        return self.bw_average * 2**20 * 8 / 1e9
-
-
-@dataclass
-class PerftestOutput:
-    test: str | None = None  # "RDMA_Write Latency Test"
-    device: str | None = None
-    link_type: str | None = None
-    gid_index: int | None = None
-    mtu: int | None = None
-    lat: list[PerftestLatRow] = field(default_factory=list)
-    bw: list[PerftestBwRow] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-
 _LAT_KEYS = ("t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p999")
 _PERFTEST_ERR = re.compile(
     r"^(Couldn't .*|Unable to .*|Failed .*|Error: .*|.*Did not detect devices.*|"
@@ -108,7 +60,7 @@ _PERFTEST_ERR = re.compile(
 
 
 def parse_perftest(text: str) -> PerftestOutput:
-    out = PerftestOutput()
+    out = PerftestOutput(exchanged=_REMOTE in text)
     mode: str | None = None
     unit = "MB/sec"
     lines = text.splitlines()
@@ -149,6 +101,11 @@ def parse_perftest(text: str) -> PerftestOutput:
         elif _PERFTEST_ERR.match(line):
             out.errors.append(line)
     return out
+
+
+def parse_pair_output(tool: str, text: str) -> PairOutput:
+    """One end's output of a pair test, read with the parser of the tool that ran."""
+    return parse_rc_pingpong(text) if tool == "ibv_rc_pingpong" else parse_perftest(text)
 
 
 def parse_perftest_json(text: str) -> PerftestOutput | None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
+from infer_ctl.core.fabric.facts import GidEntry, NetdevSysfs, RdmaDevice, RdmaPort, SysfsSnapshot
 from infer_ctl.remote.base import Command
 
 SYSFS_ROOT_ENV = "INFERCTL_SYSFS_ROOT"
@@ -92,64 +92,6 @@ def sysfs_command(netdevs: Iterable[str] = (), root: str | None = None) -> Comma
 def counters_command(root: str | None = None) -> Command:
     """Only the counters, for the second sample of the delta."""
     return Command("sh", "-c", _root_line(root) + _EMIT + _COUNTERS, "inferctl-rdma-counters")
-
-
-@dataclass(frozen=True)
-class GidEntry:
-    index: int
-    gid: str
-    #: "RoCE v2", "IB/RoCE v1", or None when the kernel exposes no type
-    type: str | None = None
-    ndev: str | None = None
-
-
-@dataclass
-class RdmaPort:
-    device: str
-    port: int
-    state: str | None = None  # "ACTIVE" from "4: ACTIVE"
-    phys_state: str | None = None  # "LinkUp" from "5: LinkUp"
-    rate_gbps: float | None = None
-    rate_text: str | None = None
-    link_layer: str | None = None  # "Ethernet" | "InfiniBand"
-    gids: list[GidEntry] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)  # counters/ and hw_counters/ merged
-
-    @property
-    def key(self) -> str:
-        return f"{self.device}/{self.port}"
-
-
-@dataclass
-class RdmaDevice:
-    name: str
-    ports: dict[int, RdmaPort] = field(default_factory=dict)
-    netdevs: list[str] = field(default_factory=list)
-    fw_ver: str | None = None
-    hca_type: str | None = None
-
-
-@dataclass
-class NetdevSysfs:
-    name: str
-    mtu: int | None = None
-    operstate: str | None = None
-    #: MLNX_OFED `qos/trust` ("dscp" | "pcp"); None on upstream drivers
-    trust: str | None = None
-    #: ECN per priority, from MLNX_OFED `ecn/roce_np|roce_rp/enable/<prio>`; empty when not exposed
-    ecn_np: dict[int, bool] = field(default_factory=dict)
-    ecn_rp: dict[int, bool] = field(default_factory=dict)
-    cnp_dscp: int | None = None
-    cnp_802p_prio: int | None = None
-
-
-@dataclass
-class SysfsSnapshot:
-    ib_present: bool = False
-    devices: dict[str, RdmaDevice] = field(default_factory=dict)
-    netdevs: dict[str, NetdevSysfs] = field(default_factory=dict)
-    missing_netdevs: list[str] = field(default_factory=list)
-    tools: dict[str, str] = field(default_factory=dict)
 
 
 _NUM_PREFIX = re.compile(r"^\s*\d+:\s*(.+?)\s*$")

@@ -8,22 +8,13 @@ the IPv4 column is empty for non-IPv4 GIDs, so rows are parsed by shape, not by 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from infer_ctl.facts.rdma_sysfs import GidEntry
+from infer_ctl.core.fabric.facts import GidEntry, ShowGidsRow
 
 _ROW = re.compile(
     r"^(?P<dev>\S+)\s+(?P<port>\d+)\s+(?P<index>\d+)\s+(?P<gid>[0-9a-fA-F:]{39})\s+"
     r"(?:(?P<ipv4>\d+\.\d+\.\d+\.\d+)\s+)?(?P<ver>v[12])(?:\s+(?P<ndev>\S+))?\s*$"
 )
-
-
-@dataclass(frozen=True)
-class ShowGidsRow:
-    device: str
-    port: int
-    entry: GidEntry
-    ipv4: str | None
 
 
 def parse_show_gids(text: str) -> list[ShowGidsRow]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from infer_ctl.core.fabric.model import NetdevFacts, NodeFabricFacts
+from infer_ctl.core.fabric.facts import NetdevFacts, NodeFabricFacts
 from infer_ctl.facts.ibv_devinfo import parse_ibv_devinfo
 from infer_ctl.facts.qos import parse_ethtool_pause, parse_mlnx_qos
 from infer_ctl.facts.rdma_sysfs import parse_sysfs_dump, sysfs_command

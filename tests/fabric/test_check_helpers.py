@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infer_ctl.checks.fabric import expectations, gid_families
-from infer_ctl.checks.pingpong import node_endpoints
+from infer_ctl.core.fabric.endpoints import node_endpoints
+from infer_ctl.core.fabric.expectations import expectations
+from infer_ctl.core.fabric.rules import gid_families
 from infer_ctl.profile import Profile
 from tests.fabric.factories import node_facts
 from tests.fabric.sysfs_tree import Hca, Netdev, mlx5_gids
@@ -33,7 +34,9 @@ def test_expectations_collect_sglang_device_names_and_policy() -> None:
     prof = _profile()
     pf = expectations(prof, prof.node("pf-01"))
     assert pf.devices == ("mlx5_0", "mlx5_1") and pf.netdev == "ens1f0np0" and pf.needs_rdma
-    assert pf.sglang_ib_devices == ("mlx5_0", "mlx5_4", "mlx5_7")  # the decode-only flag is not its
+    # the node's own --disaggregation-ib-device=mlx5_7 replaces the profile's map (SGLang gets only it:
+    # tests/fabric/test_sglang_ib_devices.py); the decode-only flag is not its
+    assert pf.sglang_ib_devices == ("mlx5_7",)
     dc = expectations(prof, prof.node("dc-01"))
     assert dc.gid_index == 1 and dc.sglang_ib_devices == ("mlx5_0", "mlx5_5", "mlx5_6")
     tcp = _profile(sglang={"transfer_backend": "mooncake_tcp"})

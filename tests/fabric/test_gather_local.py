@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from infer_ctl.checks.fabric import expectations, gather_node
+from infer_ctl.checks.fabric import gather_node
+from infer_ctl.core.fabric.expectations import expectations
+from infer_ctl.core.fabric.rules import judge_node
 from infer_ctl.core.findings import Status
-from infer_ctl.core.rules.fabric import judge_node
 from infer_ctl.profile import Profile
 from infer_ctl.remote.local import LocalConnector
 from tests.fabric.cluster_setup import install_standin

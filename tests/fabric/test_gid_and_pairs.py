@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from infer_ctl.core.fabric.facts import GidEntry
 from infer_ctl.core.fabric.gid import choose_gid, score_gid
 from infer_ctl.core.fabric.pairs import (
     Endpoint,
@@ -18,7 +19,6 @@ from infer_ctl.core.fabric.pairs import (
 )
 from infer_ctl.errors import UsageError
 from infer_ctl.facts.ibv_devinfo import parse_ibv_devinfo
-from infer_ctl.facts.rdma_sysfs import GidEntry
 from infer_ctl.facts.show_gids import parse_show_gids
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "rdma"

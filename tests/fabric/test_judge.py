@@ -1,4 +1,6 @@
-"""Judging pair tests from real rc_pingpong / perftest outputs (tests/fixtures/rdma) into findings."""
+"""Judging pair tests from real rc_pingpong / perftest outputs (tests/fixtures/rdma) into findings.
+
+As in the check, both ends' text is parsed first (facts.rdma_pingpong), then judged (core.fabric.judge)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import pytest
 
 from infer_ctl.core.fabric.judge import PairRun, Thresholds, judge_pair, pair_matrix
 from infer_ctl.core.fabric.pairs import Endpoint, PairTest
-from infer_ctl.core.findings import Status
+from infer_ctl.core.findings import Finding, Status
+from infer_ctl.facts.rdma_pingpong import parse_pair_output
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "rdma"
 TEST = PairTest(Endpoint("pf-01", "10.0.0.11", "mlx5_0", 3), Endpoint("dc-01", "10.0.0.21", "mlx5_0", 3), 18515, 0)
@@ -21,6 +24,10 @@ def _text(tool: str, name: str) -> str:
 def _run(client: str, server: str, *, tool: str = "ibv_rc_pingpong", cx: int | None = 0, sx: int | None = 0,
          ready: bool = True, **kw: object) -> PairRun:
     return PairRun(TEST, tool, ready, sx, server, cx, client, **kw)  # type: ignore[arg-type]
+
+
+def _judge(run: PairRun, th: Thresholds) -> Finding:
+    return judge_pair(run, parse_pair_output(run.tool, run.client_text), parse_pair_output(run.tool, run.server_text), th)
 
 
 OK_CLIENT = _text("ibv_rc_pingpong", "magnate3-cx6dx-client-success-gid3.txt")
@@ -53,7 +60,7 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "run", "th", "status", "text"), CASES, ids=[c[0] for c in CASES])
 def test_judge_pair(name: str, run: PairRun, th: Thresholds, status: Status, text: str) -> None:
-    f = judge_pair(run, th)
+    f = _judge(run, th)
     assert f.status is status, f.message
     assert text in f.message
     assert f.details["server"] == "pf-01" and f.details["client"] == "dc-01"
@@ -63,16 +70,16 @@ def test_judge_pair(name: str, run: PairRun, th: Thresholds, status: Status, tex
 
 
 def test_retry_exceeded_names_the_likely_causes() -> None:
-    f = judge_pair(CASES[3][1], Thresholds())
+    f = _judge(CASES[3][1], Thresholds())
     assert f.remedy and all(word in f.remedy for word in ("GID index", "PFC", "MTU"))
 
 
 def test_client_hang_before_exchange_points_at_firewall() -> None:
-    f = judge_pair(CASES[6][1], Thresholds())
+    f = _judge(CASES[6][1], Thresholds())
     assert f.remedy and "TCP port 18515" in f.remedy and "firewall" in f.remedy
 
 
 def test_matrix_takes_worst_status_and_rtt() -> None:
-    good, slow = judge_pair(_run(OK_CLIENT, OK_SERVER), Thresholds(8.0)), judge_pair(_run(OK_CLIENT, OK_SERVER), Thresholds())
+    good, slow = _judge(_run(OK_CLIENT, OK_SERVER), Thresholds(8.0)), _judge(_run(OK_CLIENT, OK_SERVER), Thresholds())
     cell = pair_matrix([good, slow])[("pf-01", "dc-01")]
     assert cell.status is Status.WARN and cell.text == "6.78 us"

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from infer_ctl.checks.fabric import expectations, gather_node
+from infer_ctl.checks.fabric import gather_node
+from infer_ctl.core.fabric.expectations import FabricExpectations, expectations
+from infer_ctl.core.fabric.facts import GidEntry
 from infer_ctl.core.fabric.gid import choose_gid, gid_family, is_link_local
+from infer_ctl.core.fabric.rules import judge_gid_families, judge_node
 from infer_ctl.core.findings import Finding, Status
-from infer_ctl.core.rules.fabric import FabricExpectations, judge_gid_families, judge_node
 from infer_ctl.facts.qos import parse_dcb_app_dscp, parse_mlnx_qos
-from infer_ctl.facts.rdma_sysfs import GidEntry
 from infer_ctl.profile import Profile
 from infer_ctl.profile.fabric import FabricPolicy
 from infer_ctl.remote.local import LocalConnector

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from infer_ctl.core.fabric.model import NodeFabricFacts
+from infer_ctl.core.fabric.expectations import FabricExpectations
+from infer_ctl.core.fabric.facts import DevinfoError, NodeFabricFacts
+from infer_ctl.core.fabric.rules import judge_gid_families, judge_node
 from infer_ctl.core.findings import Finding, Status
-from infer_ctl.core.rules.fabric import FabricExpectations, judge_gid_families, judge_node
-from infer_ctl.facts.ibv_devinfo import DevinfoError
 from infer_ctl.profile.fabric import FabricPolicy
 from tests.fabric.factories import FIX, node_facts
 from tests.fabric.sysfs_tree import Hca, Netdev, mlx5_gids

@@ -4,6 +4,9 @@ Thresholds (profile `fabric.pingpong`): ibv_rc_pingpong usec/iter is a full roun
 to `max_rtt_us`; perftest write latency is half a round trip, so 2 x t_typical is held to the same
 number; ib_write_bw's average must reach `min_bw_fraction` of the slower link. Within twice the
 threshold (or above half the bandwidth target) a miss is a warning, beyond it a failure.
+
+The judge reads parsed outputs only: the check parses both ends' text with infer_ctl.facts.rdma_pingpong
+and passes the result in; the raw text travels in `PairRun` only to be quoted (last lines) in findings.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infer_ctl.core.fabric.facts import PairOutput, PerftestOutput, RcPingPongOutput
 from infer_ctl.core.fabric.pairs import PairTest
 from infer_ctl.core.findings import Finding, Status, worst
-from infer_ctl.facts.rdma_pingpong import PerftestOutput, parse_perftest, parse_rc_pingpong
 
 CHECK_BY_TOOL = {"ibv_rc_pingpong": "fabric.pingpong", "ib_write_lat": "fabric.write_lat", "ib_write_bw": "fabric.write_bw"}
 
@@ -61,22 +64,24 @@ def _finding(status: Status, run: PairRun, message: str, remedy: str | None, **d
                         message, details={**base, **details}, remedy=remedy)
 
 
-def judge_pair(run: PairRun, th: Thresholds) -> Finding:
+def judge_pair(run: PairRun, client: PairOutput, server: PairOutput, th: Thresholds) -> Finding:
+    """`client` and `server` are both ends' outputs as parsed for `run.tool` (facts.rdma_pingpong)."""
     t = run.test
     ends = f"{t.server.node} ({t.server.device}) and {t.client.node} ({t.client.device})"
     if run.error:
         return _finding(Status.UNKNOWN, run, f"{run.tool} between {ends} could not run: {run.error}",
                         "check that both nodes are reachable (inferctl nodes) and rerun")
     if not run.server_ready:
-        why = _first_error(run.server_text) or f"exit {run.server_exit}"
+        why = server.errors[0] if server.errors else f"exit {run.server_exit}"
         return _finding(Status.FAIL, run, f"{run.tool} server on {t.server.node} never listened on TCP {t.tcp_port}: {why}",
                         f"run `{run.tool} -d {t.server.device}` on {t.server.node} by hand; install rdma-core/perftest "
                         f"or fix the device if it does not start",
                         server_output=_tail(run.server_text))
-    if run.tool != "ibv_rc_pingpong":
-        return _judge_perftest(run, parse_perftest(run.client_text), parse_perftest(run.server_text), th, ends)
-    client, server = parse_rc_pingpong(run.client_text), parse_rc_pingpong(run.server_text)
-    failed = _failure(run, [*client.errors, *server.errors], "remote address" in run.client_text, ends)
+    if isinstance(client, PerftestOutput) and isinstance(server, PerftestOutput):
+        return _judge_perftest(run, client, server, th, ends)
+    if not isinstance(client, RcPingPongOutput) or not isinstance(server, RcPingPongOutput):
+        raise TypeError(f"{run.tool}: both ends must be parsed with the same tool's parser")
+    failed = _failure(run, [*client.errors, *server.errors], client.exchanged, ends)
     if failed:
         return failed
     rtt = client.usec_per_iter if client.usec_per_iter is not None else server.usec_per_iter
@@ -118,7 +123,7 @@ def _latency(run: PairRun, rtt: float, th: Thresholds, ends: str, details: dict[
 
 
 def _judge_perftest(run: PairRun, client: PerftestOutput, server: PerftestOutput, th: Thresholds, ends: str) -> Finding:
-    failed = _failure(run, [*client.errors, *server.errors], "remote address" in run.client_text, ends)
+    failed = _failure(run, [*client.errors, *server.errors], client.exchanged, ends)
     if failed:
         return failed
     if run.tool == "ib_write_bw":
@@ -146,11 +151,6 @@ def _judge_perftest(run: PairRun, client: PerftestOutput, server: PerftestOutput
     details = {"t_typical_us": row.t_typical, "t_avg_us": row.t_avg, "p99_us": row.p99, "p999_us": row.p999,
                "rtt_us": round(2 * row.t_typical, 3)}
     return _latency(run, 2 * row.t_typical, th, ends, details)
-
-
-def _first_error(text: str) -> str | None:
-    errs = parse_rc_pingpong(text).errors or parse_perftest(text).errors
-    return errs[0] if errs else None
 
 
 def _remedy_for(errors: Sequence[str], port: int) -> str:

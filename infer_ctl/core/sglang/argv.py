@@ -9,6 +9,7 @@ canonical name, so `--tp 4` overrides `--tp-size 8`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from infer_ctl.core.sglang.flags import flag_table
@@ -90,6 +91,45 @@ def visible_device_map(device_map: dict[str, str], gpus: tuple[int, ...]) -> dic
     return {str(local): device_map[str(phys)] for local, phys in enumerate(gpus) if str(phys) in device_map}
 
 
+IB_DEVICE_FLAG = "--disaggregation-ib-device"
+
+
+def ib_device_names(value: str | None) -> tuple[str, ...]:
+    """The HCA names in one --disaggregation-ib-device value, read the way SGLang 0.5.23 reads it
+    (`parse_ib_device_config` in sglang/srt/distributed/device_communicators/mooncake_transfer_engine.py):
+    a JSON map `{"<gpu>": "mlx5_0,mlx5_1", ...}` names every device of every entry; a path ending in
+    `.json` is a file on the node, whose names are not known here; anything else is one comma-separated
+    list shared by every GPU. Malformed JSON comes back whole, so it is reported as a device that does
+    not exist (SGLang refuses to start with it)."""
+    text = (value or "").strip()
+    if not text or (text.endswith(".json") and not text.startswith("{")):
+        return ()
+    if text.startswith("{"):
+        try:
+            mapping = json.loads(text)
+        except json.JSONDecodeError:
+            return (text,)
+        if isinstance(mapping, dict):
+            text = ",".join(str(v) for v in mapping.values())
+    return tuple(dict.fromkeys(v for v in re.split(r"[,\s]+", text) if v))
+
+
+def sglang_ib_devices(profile: Profile, instance: Instance) -> tuple[str, ...]:
+    """Every HCA SGLang is given by --disaggregation-ib-device on this instance: the flag's value in the
+    rendered argv (`ib_device_arg`, or the extra arg that replaced it; the last one wins, as in
+    argparse). None on a server that is not prefill/decode, and none with `mooncake_tcp`: SGLang 0.5.23
+    clears the device for that backend (`handle_pd_disaggregation`, sglang/srt/arg_groups/
+    pd_disaggregation_hook.py)."""
+    args: dict[str, str | None] = {}
+    for opt in parse_extra_args(server_args(build_argv(profile, instance).argv)):
+        args[_canonical(opt.flag)] = opt.value
+    if args.get(_canonical("--disaggregation-mode")) not in ("prefill", "decode"):
+        return ()
+    if args.get(_canonical("--disaggregation-transfer-backend")) == "mooncake_tcp":
+        return ()
+    return ib_device_names(args.get(_canonical(IB_DEVICE_FLAG)))
+
+
 def profile_options(profile: Profile, instance: Instance) -> list[Option]:
     """The options the profile itself implies, before extra args."""
     opts: list[Option] = []
@@ -116,7 +156,7 @@ def profile_options(profile: Profile, instance: Instance) -> list[Option]:
             add(Option("--disaggregation-bootstrap-port", str(instance.bootstrap_port)))
         ib = ib_device_arg(profile, instance)
         if ib:
-            add(Option("--disaggregation-ib-device", ib))
+            add(Option(IB_DEVICE_FLAG, ib))
     if instance.nnodes > 1:
         add(Option("--nnodes", str(instance.nnodes)))
         add(Option("--node-rank", str(instance.node_rank)))

@@ -13,11 +13,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from infer_ctl.core.fabric.expectations import FabricExpectations
+from infer_ctl.core.fabric.facts import GidEntry, NetdevFacts, NodeFabricFacts, pause_priority
 from infer_ctl.core.fabric.gid import Family, GidChoice, choose_gid, describe
-from infer_ctl.core.fabric.model import NetdevFacts, NodeFabricFacts
 from infer_ctl.core.findings import Finding
-from infer_ctl.facts.qos import pause_priority
-from infer_ctl.facts.rdma_sysfs import GidEntry
 from infer_ctl.profile.fabric import FabricPolicy
 
 # iboe_get_mtu(): the RoCE MTU is what fits in the netdev MTU after GRH+UDP+BTH+XRC+AtomicETH+ICRC.
@@ -31,20 +30,6 @@ ERROR_COUNTERS = (
     "local_ack_timeout_err", "implied_nak_seq_err",
 )
 CONGESTION_COUNTERS = ("np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets", "rp_cnp_ignored")
-
-
-@dataclass(frozen=True)
-class FabricExpectations:
-    policy: FabricPolicy
-    #: nodes[].rdma.devices; empty means "every device found"
-    devices: tuple[str, ...] = ()
-    netdev: str | None = None
-    #: nodes[].rdma.gid_index; None means "choose like perftest"
-    gid_index: int | None = None
-    #: names SGLang gets via --disaggregation-ib-device beyond `devices` (device_map, extra_args)
-    sglang_ib_devices: tuple[str, ...] = ()
-    #: False for nodes that need no RDMA (collocated, TCP transfer); missing devices are then skipped
-    needs_rdma: bool = True
 
 
 @dataclass
@@ -435,6 +420,20 @@ def judge_profile_netdev(facts: NodeFabricFacts, configured: str, actual: Sequen
 
 
 # ---- across nodes --------------------------------------------------------------------------------
+def gid_families(facts: NodeFabricFacts, exp: FabricExpectations) -> set[Family]:
+    """The families of the RoCE v2 GIDs a node's checked, active ports would use (for judge_gid_families)."""
+    fams: set[Family] = set()
+    present = set(facts.device_names())
+    for dev in checked_devices(facts, exp):
+        if dev not in present:
+            continue
+        for v in port_views(facts, dev):
+            choice = gid_choice(v, exp.gid_index, exp.policy.gid_family) if v.roce and v.active else None
+            if choice is not None and choice.roce_version == 2:
+                fams.add(choice.family)
+    return fams
+
+
 def judge_gid_families(families: Mapping[str, set[str]], prefer: str = "ipv4") -> list[Finding]:
     """RoCE cannot build an address handle between an IPv4-mapped and an IPv6 GID (rpingmesh#41), so
     every node's chosen GIDs must share one family. The fleet's family is the majority's; an even split
