@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
@@ -24,13 +26,19 @@ def gen(url: str, text: str, n: int = 4, timeout: float = 30) -> httpx.Response:
     return httpx.post(url + "/generate", json={"text": text, "sampling_params": params}, timeout=timeout)
 
 
-def wait_for(cond, timeout: float = 5.0) -> bool:
+def wait_for(cond: Callable[[], object], timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return True
         time.sleep(0.02)
     return False
+
+
+def worker_state(router: Any, url: str) -> dict[str, Any]:
+    """One worker's entry of the admin API's /admin/workers."""
+    states = {w["url"]: w for w in httpx.get(router.url + "/admin/workers", timeout=10).json()["workers"]}
+    return dict(states[url])
 
 
 def test_decode_killed_and_restarted_under_load_loses_no_request() -> None:
@@ -56,29 +64,28 @@ def test_decode_killed_and_restarted_under_load_loses_no_request() -> None:
         threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        decode0 = cluster.workers[2].url
+        assert wait_for(lambda: len(statuses) >= 30, timeout=30)  # load is flowing through both decodes
         cluster.stop_worker(2)  # decode 0 dies with requests in flight
-        time.sleep(1.5)
-        states = {w["url"]: w for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
-        dead = states[cluster.workers[2].url]
-        assert not dead["healthy"] or dead["circuit_breaker"] != "closed"
+        assert wait_for(lambda: not (s := worker_state(router, decode0))["healthy"] or s["circuit_breaker"] != "closed",
+                        timeout=15)
         cluster.start_worker(2)  # and comes back on the same port
-        time.sleep(1.5)
+        # health checks mark it healthy again and traffic closes its breaker
+        assert wait_for(lambda: (s := worker_state(router, decode0))["healthy"] and s["circuit_breaker"] == "closed",
+                        timeout=15)
         stop.set()
         for t in threads:
             t.join(30)
         assert errors == []
         assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
-        states = {w["url"]: w for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
-        back = states[cluster.workers[2].url]
+        back = worker_state(router, decode0)
         assert back["healthy"] and back["circuit_breaker"] == "closed"
         assert "inferctl_router_retries_total{cause=" in httpx.get(router.url + "/metrics").text
         # traffic reaches the restarted decode again
         before = back["requests"]
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda i: gen(router.url, f"after {i}"), range(12)))
-        after = {w["url"]: w for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
-        assert after[cluster.workers[2].url]["requests"] > before
+        assert worker_state(router, decode0)["requests"] > before
     finally:
         stop.set()
         router.stop()
@@ -94,9 +101,7 @@ def test_prefill_restart_drops_its_index_entries() -> None:
         url = cluster.workers[0].url
         assert r.index.footprint(url) > 0
         cluster.start_worker(0)  # restart: fresh cache, new /server_info start time
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and r.workers.by_url[url].restarts == 0:
-            time.sleep(0.05)
+        assert wait_for(lambda: r.workers.by_url[url].restarts > 0)
         assert r.workers.by_url[url].restarts == 1
         assert r.index.footprint(url) == 0
         assert gen(router.url, PROMPT).status_code == 200
@@ -111,12 +116,16 @@ def test_body_limit_413_and_concurrency_limit_429() -> None:
     try:
         big = gen(router.url, "x" * 4096)
         assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+        assert big.json() == {"error": {"message": "request body over 2048 bytes", "type": "request_too_large",
+                                        "code": 413}}
         with ThreadPoolExecutor(2) as pool:
             slow = pool.submit(gen, router.url, "slow one", 600)
             assert wait_for(lambda: router.router.active == 1)
             fast = pool.submit(gen, router.url, "second", 1)
             assert fast.result().status_code == 429
             assert fast.result().json()["error"]["type"] == "rate_limited"
+            assert fast.result().json() == {"error": {"message": "too many concurrent requests; retry later",
+                                                      "type": "rate_limited", "code": 429}}
             assert slow.result().status_code == 200
     finally:
         router.stop()
@@ -134,6 +143,8 @@ def test_graceful_shutdown_finishes_in_flight_requests() -> None:
             assert wait_for(lambda: router.router.draining)
             late = httpx.post(router.url + "/generate", json={"text": "late"}, timeout=5)
             assert late.status_code == 503  # draining: refused, not dropped
+            assert late.json() == {"error": {"message": "router is shutting down; retry on another router",
+                                             "type": "unavailable", "code": 503}}
             assert [f.result().status_code for f in inflight] == [200, 200]
             stopper.result()
     finally:
@@ -166,11 +177,19 @@ def test_refuses_non_loopback_listener_without_token() -> None:
 
 
 def test_no_available_worker_is_a_503_with_a_remedy() -> None:
+    # Port 9 (discard) refuses connections: the health check at start-up already marks the only worker
+    # unhealthy (health_failures=1), so no attempt is made and the router answers 503 itself. (A 502 is
+    # the answer when attempts were made and all failed: tests/router/test_router_errors.py.)
     router = start_router_in_thread(router_config(workers=["http://127.0.0.1:9"], health_interval_s=0.1,
                                                   health_failures=1))
     try:
-        r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
-        assert r.status_code in (502, 503) and "error" in r.json()
-        assert httpx.get(router.url + "/health").status_code == 503
+        r = httpx.post(router.url + "/generate", json={"text": "x"}, headers={"X-Request-Id": "req-503"}, timeout=10)
+        assert r.status_code == 503 and r.headers["x-request-id"] == "req-503"
+        assert r.json() == {"error": {"message": "no available worker; check `inferctl router workers`",
+                                      "type": "unavailable", "code": 503}}
+        assert 'inferctl_router_rejected_total{reason="no_worker"} 1.0' in httpx.get(router.url + "/metrics").text
+        health = httpx.get(router.url + "/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "unavailable", "draining": False, "available": {"worker": False}}
     finally:
         router.stop()
