@@ -69,7 +69,8 @@ def main() -> int:
 
     from infer_ctl.checks.tokenizer import compare_dirs
     from infer_ctl.core.tokenizer import compare_tokenizers
-    from infer_ctl.facts.tokenizer_files import build_encoder, load_tokenizer_dir
+    from infer_ctl.facts.tokenizer.directory import load_tokenizer_dir
+    from infer_ctl.facts.tokenizer.encoder import build_encoder
 
     a, b = args.v3 or v3_dir(), args.v4 or v4_dir()
 

@@ -21,17 +21,10 @@ from infer_ctl.core.findings import Finding, Status
 from infer_ctl.core.tokenizer import compare_tokenizers
 from infer_ctl.core.tokenizer.model import Encoder
 from infer_ctl.errors import InferctlError, MissingExtraError, UsageError
-from infer_ctl.facts.tokenizer_files import (
-    TOKENIZER_FILES,
-    LoadedSide,
-    TokenizerLoadError,
-    build_encoder,
-    load_tokenizer_dir,
-    local_hashes,
-    parse_sha256sum,
-    require_tokenizers,
-    tokenizer_hash_command,
-)
+from infer_ctl.facts.tokenizer.directory import LoadedSide, load_tokenizer_dir
+from infer_ctl.facts.tokenizer.encoder import TokenizerLoadError, build_encoder, require_tokenizers
+from infer_ctl.facts.tokenizer.files import TOKENIZER_FILES
+from infer_ctl.facts.tokenizer.hashes import local_hashes, parse_sha256sum, tokenizer_hash_command
 from infer_ctl.profile import Node, Profile, load_profile
 from infer_ctl.remote.base import Connector
 

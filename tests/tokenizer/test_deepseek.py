@@ -13,7 +13,8 @@ import pytest
 
 from infer_ctl.core.findings import Finding, Status, exit_code_for
 from infer_ctl.core.tokenizer import compare_tokenizers
-from infer_ctl.facts.tokenizer_files import LoadedSide, build_encoder, load_tokenizer_dir
+from infer_ctl.facts.tokenizer.directory import LoadedSide, load_tokenizer_dir
+from infer_ctl.facts.tokenizer.encoder import build_encoder
 from tests.tokenizer.conftest import V3_CONFIG, replace_once, set_added_flag
 
 EOS = "<｜end▁of▁sentence｜>"

@@ -1,4 +1,4 @@
-"""Parsers of facts/tokenizer_files.py: merges forms, pipeline canonicalisation, SentencePiece protobuf,
+"""Parsers of facts/tokenizer/: merges forms, pipeline canonicalisation, SentencePiece protobuf,
 tiktoken ranks, sha256sum output, config/generation files."""
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ import pytest
 
 from infer_ctl.checks.tokenizer import compare_dirs
 from infer_ctl.core.findings import Status
-from infer_ctl.facts.tokenizer_files import (
-    canonical_merges,
-    canonical_section,
-    load_tokenizer_dir,
-    parse_sentencepiece,
-    parse_sha256sum,
-    parse_tiktoken,
-)
+from infer_ctl.facts.tokenizer.directory import load_tokenizer_dir
+from infer_ctl.facts.tokenizer.hashes import parse_sha256sum
+from infer_ctl.facts.tokenizer.sentencepiece import parse_sentencepiece
+from infer_ctl.facts.tokenizer.tiktoken import parse_tiktoken
+from infer_ctl.facts.tokenizer.tokenizer_json import canonical_merges, canonical_section
 from tests.tokenizer.conftest import train_bpe
 
 

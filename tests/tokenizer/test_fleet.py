@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from infer_ctl.cli.main import main
-from infer_ctl.facts.tokenizer_files import parse_sha256sum, tokenizer_hash_command
+from infer_ctl.facts.tokenizer.hashes import parse_sha256sum, tokenizer_hash_command
 from tests.sshd_harness import SshCluster
 from tests.tokenizer.conftest import train_bpe
 

@@ -14,7 +14,8 @@ from safetensors.numpy import save_file
 
 from infer_ctl.checks.tokenizer import compare_dirs
 from infer_ctl.core.findings import Finding, Status
-from infer_ctl.facts.tokenizer_files import read_safetensors_header, read_weight_facts
+from infer_ctl.facts.tokenizer.safetensors import read_safetensors_header
+from infer_ctl.facts.tokenizer.weights import read_weight_facts
 from tests.tokenizer.conftest import train_bpe
 
 DRAFT_VOCAB = 64
@@ -145,7 +146,7 @@ def test_truncated_checkpoint_is_reported_not_raised(target: tuple[Path, int], t
     draft = write_draft(tmp_path / "draft", size)
     path = draft / "model.safetensors"
     header = read_safetensors_header(path)
-    begin = header["__data_start__"] + header["t2d"]["data_offsets"][0]
+    begin = header.data_start + header.tensors["t2d"]["data_offsets"][0]
     path.write_bytes(path.read_bytes()[: begin + 10])
     findings = compare_dirs(tdir, draft)
     fails = [f for f in findings if f.status is Status.FAIL]

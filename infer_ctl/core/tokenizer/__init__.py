@@ -1,7 +1,7 @@
 """Tokenizer parity between a speculative draft and its target: pure comparison, facts in, findings out.
 
 The facts (`TokenizerFacts`) are plain data read from a model directory by
-`infer_ctl.facts.tokenizer_files`; encoding probes goes through the small `Encoder` protocol so this
+`infer_ctl.facts.tokenizer`; encoding probes goes through the small `Encoder` protocol so this
 package never imports the tokenizers library and is tested with any encoder.
 """
 

@@ -1,6 +1,6 @@
 """Plain facts about one model directory's tokenizer, as the comparison needs them.
 
-Everything here is already canonical: the loader (facts/tokenizer_files.py) turns the several on-disk
+Everything here is already canonical: the loader (facts/tokenizer/) turns the several on-disk
 spellings (old "a b" merges vs new ["a","b"] pairs, eos as int or list, template in tokenizer_config.json
 or chat_template.jinja) into one form, so the rules compare values, not formats.
 """
@@ -36,8 +36,6 @@ class AddedTokenFacts:
 class ModelConfigFacts:
     """config.json numbers that size the embedding/lm_head, plus the safetensors shapes that are the truth."""
 
-    model_type: str | None = None
-    architectures: tuple[str, ...] = ()
     vocab_size: int | None = None
     #: EAGLE3 heads: rows of the draft lm_head (a subset of the target vocabulary, mapped by d2t)
     draft_vocab_size: int | None = None
@@ -104,8 +102,6 @@ class TokenizerFacts:
     chat_template_source: str | None = None
     #: generation_config.json
     generation_eos: tuple[int, ...] | None = None
-    generation_bos: int | None = None
-    generation_pad: int | None = None
     config: ModelConfigFacts | None = None
     vocab_map: VocabMapFacts | None = None
     #: files that exist but could not be read or parsed: file name -> reason
