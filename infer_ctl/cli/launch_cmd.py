@@ -14,6 +14,13 @@ from infer_ctl.output.table import render_findings_report
 RoleOpt = Annotated[
     str | None, typer.Option("--role", "-r", help="Only this role: prefill, decode or collocated.")
 ]
+LockWaitOpt = Annotated[
+    float,
+    typer.Option(
+        "--lock-wait",
+        help="Seconds to wait for another launch/stop on the same nodes to finish (default: fail at once).",
+    ),
+]
 
 
 def launch(
@@ -34,8 +41,21 @@ def launch(
         float | None, typer.Option("--timeout", help="Seconds to wait (default: the profile's).")
     ] = None,
     rolling: Annotated[
-        bool, typer.Option("--rolling", help="Restart decodes one at a time, each healthy before the next.")
+        bool,
+        typer.Option(
+            "--rolling",
+            help="Restart every server, role by role (prefills, then decodes), a few at a time, each out of "
+            "the router's pool until healthy again; one of each role keeps serving.",
+        ),
     ] = False,
+    max_unavailable: Annotated[
+        int,
+        typer.Option(
+            "--max-unavailable", min=1,
+            help="With --rolling: servers of one role restarted at once (capped so one keeps serving).",
+        ),
+    ] = 1,
+    lock_wait: LockWaitOpt = 0.0,
     json: JsonOpt = False,
 ) -> None:
     """Start (or restart what changed of) the SGLang servers of the profile and wait until they are healthy."""
@@ -48,7 +68,10 @@ def launch(
         report = commands.dry_run(prof, nodes, role)
         finish(sess, report, lambda c: commands.render_dry_run(c, report))
     live = sess.err if sess.progress else None
-    report = commands.launch(prof, nodes, role, wait=wait, timeout_s=timeout, rolling=rolling, console=live)
+    report = commands.launch(
+        prof, nodes, role, wait=wait, timeout_s=timeout, rolling=rolling, console=live,
+        max_unavailable=max_unavailable, lock_wait_s=lock_wait,
+    )  # fmt: skip
     finish(sess, report, lambda c: commands.render_launch(c, report))
 
 
@@ -62,11 +85,15 @@ def status(
 
 
 def stop(
-    profile: ProfileOpt = None, role: RoleOpt = None, nodes: NodesOpt = None, json: JsonOpt = False
+    profile: ProfileOpt = None,
+    role: RoleOpt = None,
+    nodes: NodesOpt = None,
+    lock_wait: LockWaitOpt = 0.0,
+    json: JsonOpt = False,
 ) -> None:
     """Stop servers gracefully (SIGTERM, then SIGKILL only after sglang.lifecycle.stop_timeout_s); decodes first."""
     sess = session(json)
-    report = commands.stop(get_profile(profile), nodes, role)
+    report = commands.stop(get_profile(profile), nodes, role, lock_wait_s=lock_wait)
     finish(sess, report, lambda c: commands.render_stop(c, report))
 
 

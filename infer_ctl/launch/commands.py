@@ -14,17 +14,29 @@ from rich.table import Table
 
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.report import Report
-from infer_ctl.core.sglang import Instance, build_argv, env_file_path, find_instance, unit_path
+from infer_ctl.core.sglang import (
+    Instance,
+    build_argv,
+    env_file_path,
+    find_instance,
+    instances,
+    unit_path,
+)
 from infer_ctl.core.sglang.consistency import launch_problems
 from infer_ctl.errors import InferctlError, UsageError
-from infer_ctl.launch import argcheck, supervisor
+from infer_ctl.launch import argcheck, lock, supervisor
+from infer_ctl.launch import rolling as rolling_plan
 from infer_ctl.launch.orchestrate import (
     Applied,
+    Prepared,
     Readiness,
-    apply_node,
+    prepare_node,
+    refusal,
     select_instances,
+    start_node,
     status_of,
     stop_node,
+    stop_node_for_restart,
     wait_ready,
 )
 from infer_ctl.launch.render import render_env_file, render_unit
@@ -130,55 +142,68 @@ def launch(
     timeout_s: float | None,
     rolling: bool,
     console: Console | None,
+    max_unavailable: int = 1,
+    lock_wait_s: float = 0.0,
 ) -> Report:
-    insts = _selection(profile, nodes, role)
+    if max_unavailable < 1:
+        raise UsageError(f"--max-unavailable must be at least 1, got {max_unavailable}",
+                         remedy="e.g. --max-unavailable 2")  # fmt: skip
+    every = instances(profile)
+    # every rank of a server a selection touches: a rank restarted alone never rejoins its group
+    insts = rolling_plan.whole_servers(_selection(profile, nodes, role), every)
     problems = launch_problems(profile, insts)
     report = Report("launch", profile.name, findings=list(problems))
     if any(f.status.value == "fail" for f in problems):
         report.data["launched"] = False
         return report  # refuse: a server with these arguments would fail minutes into loading
     timeout = timeout_s if timeout_s is not None else profile.sglang.lifecycle.start_timeout_s
-    by_node: dict[str, list[Instance]] = {}
-    for i in insts:
-        by_node.setdefault(i.node, []).append(i)
+    steps = rolling_plan.plan(insts, every, max_unavailable) if rolling else rolling_plan.at_once(insts)
     applied: list[Applied] = []
     readiness: list[Readiness] = []
     notifier = RouterNotifier.for_profile(profile) if rolling else None
     router_notes: dict[str, str] = {}
-    with Fleet(profile) as fleet:
-        batches = _rolling_batches(insts) if rolling else [by_node]
-        for batch in batches:
-            nodes_ = [profile.node(n) for n in batch]
-            decodes = [i for b in batch.values() for i in b if i.role == "decode" and i.is_leader]
-            if notifier and len(decodes) == 1:
-                router_notes[decodes[0].name] = notifier.take_out(decodes[0])
-
-            def one(conn: Connector, node: Node, b: dict[str, list[Instance]] = batch) -> list[Applied]:
-                return apply_node(conn, profile, b[node.name], force=rolling)
-
-            outcomes = fleet.map(nodes_, one)
-            step: list[Applied] = []
-            for o in outcomes:
-                if o.error is not None:
-                    report.findings.extend(_node_failure(o.node.name, batch[o.node.name], o.error))
-                else:
-                    step.extend(o.value or [])
-            applied.extend(step)
+    alone_notes: dict[str, str] = {}
+    node_list = [profile.node(n) for n in dict.fromkeys(i.node for i in insts)]
+    with Fleet(profile) as fleet, lock.holding(fleet, profile, node_list, "launch", wait_s=lock_wait_s) as taken:
+        report.findings.extend(_lock_findings(taken))
+        for step in steps:
+            out = [s[0] for s in step.servers]
+            if step.alone:
+                # said, not warned: with one server of a role there is no restart without a pause
+                alone_notes.update({i.name: f"the only {step.role} server: none served while it restarted"
+                                    for i in out})  # fmt: skip
+            if notifier:
+                for leader in out:
+                    router_notes[leader.name] = notifier.take_out(leader)
+            step_applied = _apply_step(fleet, profile, step, force=rolling, findings=report.findings)
+            applied.extend(step_applied)
+            step_ready: list[Readiness] = []
             if wait:
-                readiness.extend(
-                    wait_ready(fleet, profile, step, timeout_s=timeout, on_update=_live(console, step))
+                step_ready = wait_ready(
+                    fleet, profile, step_applied, timeout_s=timeout, on_update=_live(console, step_applied)
                 )
-            if notifier and len(decodes) == 1 and all(r.state == "ready" for r in readiness):
-                # back in the pool only once healthy (--no-wait: once started); a failed one stays out
-                note = notifier.put_back(decodes[0])
-                if note:
-                    router_notes[decodes[0].name] += f"; {note}"
-            if rolling and any(r.state == "failed" for r in readiness):
-                break  # never take down the next decode while one is not back
+                readiness.extend(step_ready)
+            ok = {r.instance.name for r in step_ready if r.state == "ready"} if wait else {
+                a.instance.name for a in step_applied if a.action != "refused"
+            }
+            back_ok = True
+            if notifier:
+                for leader in out:
+                    # back in the pool only once healthy (--no-wait: once started); a failed one stays out
+                    note = notifier.put_back(leader) if leader.name in ok else None
+                    if note:
+                        router_notes[leader.name] += f"; {note}"
+                        back_ok = back_ok and note.startswith("re-added") and _in_pool(notifier, leader)
+            if rolling and (len(ok) < len(out) or not back_ok):
+                # never take down the next server of a role while one is not back
+                report.findings.append(_rolling_stopped(step, steps))
+                break
     report.results = _launch_results(applied, readiness)
     for row in report.results:
         if row["instance"] in router_notes:
             row["router"] = router_notes[row["instance"]]
+        if row["instance"] in alone_notes:
+            row["rolling"] = alone_notes[row["instance"]]
     if notifier and notifier.removed:
         report.findings.append(
             Finding.warn(
@@ -186,23 +211,109 @@ def launch(
                 "-",
                 "router",
                 f"{', '.join(sorted(notifier.removed))} left out of the router's pool (not healthy after restart)",
-                remedy="fix the decode (`inferctl logs`), relaunch it, then "
-                "`inferctl router workers add URL --role decode`",
+                remedy="fix the server (`inferctl logs`), relaunch it, then "
+                "`inferctl router workers add URL --role ROLE`",
             )
         )
     report.findings.extend(_readiness_findings(readiness))
+    report.findings.extend(_refusal_findings(applied))
     return report
 
 
-def _rolling_batches(insts: list[Instance]) -> list[dict[str, list[Instance]]]:
-    """Everything but decodes first (unchanged ones are left alone), then one decode at a time."""
-    others: dict[str, list[Instance]] = {}
-    for i in insts:
-        if i.role != "decode":
-            others.setdefault(i.node, []).append(i)
-    batches = [others] if others else []
-    batches += [{i.node: [i]} for i in insts if i.role == "decode"]
-    return batches
+def _apply_step(
+    fleet: Fleet, profile: Profile, step: rolling_plan.Step, *, force: bool, findings: list[Finding]
+) -> list[Applied]:
+    """Bring one step's servers to the profile: write files and read states everywhere, then stop every
+    rank of each server to restart, then start them (a multi-node server's ranks stop, and start,
+    together), refusing servers whose ports a foreign process holds."""
+    by_node: dict[str, list[Instance]] = {}
+    for i in step.instances:
+        by_node.setdefault(i.node, []).append(i)
+    prepared: dict[str, Prepared] = {}
+    for o in fleet.map([profile.node(n) for n in by_node], lambda c, n: prepare_node(c, profile, by_node[n.name])):
+        if o.error is not None:
+            findings.extend(_node_failure(o.node.name, by_node[o.node.name], o.error))
+        else:
+            prepared.update((p.instance.name, p) for p in o.value or [])
+    out: list[Applied] = []
+    restart: list[Prepared] = []
+    for server in step.servers:
+        preps = [prepared[i.name] for i in server if i.name in prepared]
+        if len(preps) < len(server):
+            continue  # a rank's node failed: its findings say so; the other ranks are left as they are
+        why = refusal(preps)
+        if why:
+            out.extend(Applied(p.instance, p.supervisor, "refused", p.changed, why) for p in preps)
+        elif force or any(p.needs_start for p in preps):
+            restart.extend(preps)
+        else:
+            out.extend(Applied(p.instance, p.supervisor, "unchanged") for p in preps)
+    stopped = _per_node(fleet, profile, [p for p in restart if p.up], stop_node_for_restart, findings)
+    failed_stop = {p.instance.name for p in restart if p.up} - {p.instance.name for p in stopped}
+    bad_servers = {prepared[n].instance.group or n for n in failed_stop}
+    to_start = [p for p in restart if (p.instance.group or p.instance.name) not in bad_servers]
+    out.extend(_per_node(fleet, profile, to_start, start_node, findings))
+    return out
+
+
+def _per_node(
+    fleet: Fleet,
+    profile: Profile,
+    preps: list[Prepared],
+    fn: Callable[[Connector, Profile, list[Prepared]], Any],
+    findings: list[Finding],
+) -> list[Any]:
+    """`fn(conn, profile, preps of that node)` on every node in parallel; returns the preps (or what fn
+    returns, when a list) of the nodes that succeeded."""
+    by_node: dict[str, list[Prepared]] = {}
+    for p in preps:
+        by_node.setdefault(p.instance.node, []).append(p)
+    done: list[Any] = []
+    for o in fleet.map([profile.node(n) for n in by_node], lambda c, n: fn(c, profile, by_node[n.name])):
+        if o.error is not None:
+            findings.extend(_node_failure(o.node.name, [p.instance for p in by_node[o.node.name]], o.error))
+        else:
+            done.extend(o.value if isinstance(o.value, list) else by_node[o.node.name])
+    return done
+
+
+def _in_pool(notifier: RouterNotifier, inst: Instance, wait_s: float = 10.0) -> bool:
+    """The router sees the re-added server healthy (its add runs one health check; a later check may
+    still be needed), so the next server can go."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        seen = notifier.healthy_in_pool(inst)
+        if seen is None or seen:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def _lock_findings(taken: list[lock.Taken]) -> list[Finding]:
+    return [
+        Finding.warn(
+            "launch.lock",
+            t.node,
+            t.path,
+            f"took over a stale lock: it was {t.took_over.describe()}, and that process is gone",
+            remedy="nothing to do; if that run was interrupted, check `inferctl status`",
+        )
+        for t in taken
+        if t.took_over is not None
+    ]
+
+
+def _rolling_stopped(step: rolling_plan.Step, steps: list[rolling_plan.Step]) -> Finding:
+    left = [i.name for s in steps[steps.index(step) + 1 :] for i in s.leaders]
+    names = ", ".join(i.name for i in step.leaders)
+    return Finding.fail(
+        "launch.rolling",
+        "-",
+        "rolling",
+        f"stopped after {names}: not back in service; not restarted: {', '.join(left) or 'none'}",
+        remedy="fix it (`inferctl logs NAME`), then rerun `inferctl launch --rolling`",
+    )
 
 
 def _node_failure(node: str, insts: list[Instance], error: InferctlError) -> list[Finding]:
@@ -225,13 +336,30 @@ def _launch_results(applied: list[Applied], readiness: list[Readiness]) -> list[
                 "supervisor": a.supervisor,
                 "action": a.action,
                 "changed_files": a.changed_files,
-                "state": r.state if r else ("started" if a.instance.is_leader else "follower"),
+                "state": "refused" if a.action == "refused" else (
+                    r.state if r else ("started" if a.instance.is_leader else "follower")
+                ),
                 "elapsed_s": round(r.elapsed_s, 1) if r else None,
-                "error": r.error if r else None,
+                "error": a.error or (r.error if r else None),
                 "log_tail": r.log_tail if r and r.log_tail else None,
             }
         )
     return rows
+
+
+def _refusal_findings(applied: list[Applied]) -> list[Finding]:
+    return [
+        Finding.fail(
+            "launch.port_in_use",
+            a.instance.node,
+            a.instance.name,
+            f"not started: {a.error}",
+            remedy="stop that process (`inferctl stop` stops an SGLang server it finds on the port), or "
+            "move this instance to another port; then rerun `inferctl launch`",
+        )
+        for a in applied
+        if a.action == "refused" and a.instance.is_leader
+    ]
 
 
 def _readiness_findings(readiness: list[Readiness]) -> list[Finding]:
@@ -279,6 +407,8 @@ def render_launch(console: Console, report: Report) -> None:
     if report.results:
         console.print(table)
     for r in report.results or []:
+        if r.get("rolling"):
+            console.print(f"{r['instance']}: {r['rolling']}", markup=False, highlight=False)
         if r.get("log_tail"):
             console.print(f"[bold red]{r['instance']}[/]: {r['error']}; last log lines:")
             console.print(r["log_tail"].rstrip(), markup=False, highlight=False)
@@ -336,11 +466,14 @@ def _fmt(v: Any) -> str:
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
-def stop(profile: Profile, nodes: str | None, role: str | None) -> Report:
-    insts = _selection(profile, nodes, role)
+def stop(profile: Profile, nodes: str | None, role: str | None, *, lock_wait_s: float = 0.0) -> Report:
+    # every rank of a server: a rank left running after its rank 0 stopped hangs holding GPU memory
+    insts = rolling_plan.whole_servers(_selection(profile, nodes, role), instances(profile))
     report = Report("stop", profile.name)
     rows: list[dict[str, Any]] = []
-    with Fleet(profile) as fleet:
+    node_list = [profile.node(n) for n in dict.fromkeys(i.node for i in insts)]
+    with Fleet(profile) as fleet, lock.holding(fleet, profile, node_list, "stop", wait_s=lock_wait_s) as taken:
+        report.findings.extend(_lock_findings(taken))
         # decodes first, fleet-wide: a prefill vanishing under a decode turns in-flight transfers into errors
         for phase in (("decode",), ("prefill", "collocated")):
             chosen = [i for i in insts if i.role in phase]
@@ -368,13 +501,35 @@ def stop(profile: Profile, nodes: str | None, role: str | None) -> Report:
                     "raise sglang.lifecycle.stop_timeout_s",
                 )
             )
+        if r.get("stray"):
+            report.findings.append(
+                Finding.warn(
+                    "stop.stray",
+                    r["node"],
+                    r["instance"],
+                    r["stray"],
+                    remedy="a server outlived its pid file (an interrupted or concurrent launch); "
+                    "nothing left to do, `inferctl status` shows the state",
+                )
+            )
+        if r.get("foreign"):
+            report.findings.append(
+                Finding.warn(
+                    "stop.port_in_use",
+                    r["node"],
+                    r["instance"],
+                    r["foreign"],
+                    remedy="stop that process by hand, or move the instance to another port",
+                )
+            )
     report.results = rows
     return report
 
 
 def render_stop(console: Console, report: Report) -> None:
     for r in report.results or []:
-        console.print(f"{r['instance']}: {r['result']}")
+        extra = f" ({r['stray']})" if r.get("stray") else ""
+        console.print(f"{r['instance']}: {r['result']}{extra}", markup=False, highlight=False)
     render_findings_report(console, report, show_ok=False)
 
 

@@ -1,19 +1,33 @@
 """The launch/status/stop flows over a fleet: per node, bring the files to what the profile renders,
-(re)start only instances whose files changed or that are not running, then wait for readiness."""
+(re)start only servers whose files changed or that are not running (all ranks of a multi-node server
+together), then wait until each (re)started server is ready.
+
+"Ready" is stricter than "something answers on the port": /health and /server_info answer AND, read on
+the node, the socket listening on the instance's port belongs to the process this launch started (its
+setsid session, or its systemd unit's cgroup). SGLang's /server_info carries no wall-clock start time or
+pid (0.5.23: `startup_time` is a dict of load durations, http_server.py `get_server_info`), so the node's
+/proc is what tells an answer from the new server apart from one from an orphan of an earlier run.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances, unit_path
+from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances, unit_name, unit_path
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch import probe, supervisor
+from infer_ctl.launch import ports, probe, supervisor
 from infer_ctl.launch.render import render_env_file, render_unit
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
+
+
+class NodeConnectors(Protocol):
+    """What the waiting side needs of a Fleet (infer_ctl.remote.fleet.Fleet): a node's connector."""
+
+    def connector(self, node: Node) -> Connector: ...
 
 
 def select_instances(profile: Profile, nodes: list[Node], role: str | None) -> list[Instance]:
@@ -40,20 +54,43 @@ def _file_mode(path: str) -> int:
     return 0o600 if path.endswith(".env") else 0o644
 
 
+def owner_of(inst: Instance, sup: supervisor.Supervisor, pid: int | None) -> ports.Owner | None:
+    """Who may hold the instance's ports: its unit, or the session of the pid in its pid file."""
+    if sup == "systemd":
+        return ports.Owner(unit=unit_name(inst))
+    return ports.Owner(session=pid) if pid is not None else None
+
+
+# ---- apply: prepare (files, state, port holders) -> stop -> start ---------------------------------
+@dataclass
+class Prepared:
+    instance: Instance
+    supervisor: supervisor.Supervisor
+    up: bool
+    changed: list[str]
+    #: listeners on the instance's ports held by something other than its own running server
+    foreign: list[ports.Listener] = field(default_factory=list)
+
+    @property
+    def needs_start(self) -> bool:
+        return bool(self.changed) or not self.up
+
+
 @dataclass
 class Applied:
     instance: Instance
     supervisor: supervisor.Supervisor
-    action: str  # started | restarted | unchanged
+    action: str  # started | restarted | unchanged | refused
     changed_files: list[str] = field(default_factory=list)
+    #: why a server was refused (a foreign process on its port, a rank that could not be prepared)
+    error: str | None = None
 
 
-def apply_node(
-    conn: Connector, profile: Profile, insts: list[Instance], *, force: bool = False
-) -> list[Applied]:
+def prepare_node(conn: Connector, profile: Profile, insts: list[Instance]) -> list[Prepared]:
+    """Write the files that differ (atomically) and read each instance's state and port holders."""
     sudo = profile.ssh.sudo
     sup = supervisor.detect_supervisor(conn, profile)
-    out: list[Applied] = []
+    out: list[Prepared] = []
     for inst in insts:
         supervisor.ensure_dirs(conn, inst, sudo=sudo)
         changed = []
@@ -62,18 +99,51 @@ def apply_node(
                 # put_file writes a temp file beside the target and renames it: never half a file
                 conn.put_file(path, text.encode(), mode=_file_mode(path), sudo=sudo)
                 changed.append(path)
-        state, _ = supervisor.process_state(conn, inst, sup, sudo=sudo)
+        state, pid = supervisor.process_state(conn, inst, sup, sudo=sudo)
         up = state in ("running", "activating")
-        if up and not changed and not force:
-            out.append(Applied(inst, sup, "unchanged"))
-            continue
-        if up and sup == "process":
-            supervisor.stop(conn, inst, sup, sudo=sudo, timeout_s=profile.sglang.lifecycle.stop_timeout_s)
-        supervisor.start(conn, inst, sup, sudo=sudo, unit_changed=unit_path(inst) in changed)
-        out.append(Applied(inst, sup, "restarted" if up else "started", changed))
+        found: list[ports.Listener] = []
+        if ports.instance_ports(inst):
+            listening = ports.listeners(conn, [p for _, p in ports.instance_ports(inst)], sudo=sudo)
+            owner = owner_of(inst, sup, pid) if up else None
+            found = ports.foreign(ports.on_instance_ports(listening, inst), owner)
+        out.append(Prepared(inst, sup, up, changed, found))
     return out
 
 
+def stop_node_for_restart(conn: Connector, profile: Profile, preps: list[Prepared]) -> None:
+    for p in preps:
+        if p.up:
+            supervisor.stop(
+                conn, p.instance, p.supervisor, sudo=profile.ssh.sudo,
+                timeout_s=profile.sglang.lifecycle.stop_timeout_s,
+            )  # fmt: skip
+
+
+def start_node(conn: Connector, profile: Profile, preps: list[Prepared]) -> list[Applied]:
+    out = []
+    for p in preps:
+        supervisor.start(
+            conn, p.instance, p.supervisor, sudo=profile.ssh.sudo,
+            unit_changed=unit_path(p.instance) in p.changed,
+        )  # fmt: skip
+        out.append(Applied(p.instance, p.supervisor, "restarted" if p.up else "started", p.changed))
+    return out
+
+
+def refusal(server: Sequence[Prepared]) -> str | None:
+    """Why a server must not be (re)started: a foreign process holds one of its ports."""
+    held = [ln for p in server for ln in p.foreign]
+    if not held:
+        return None
+    hint = (
+        " (an SGLang server no pid file names: `inferctl stop` stops it)"
+        if any(supervisor.LAUNCH_MODULE_MARK in h.command for ln in held for h in ln.holders)
+        else ""
+    )
+    return "port in use: " + "; ".join(ln.describe() for ln in held) + hint
+
+
+# ---- readiness ------------------------------------------------------------------------------------
 @dataclass
 class Readiness:
     instance: Instance
@@ -81,10 +151,12 @@ class Readiness:
     elapsed_s: float = 0.0
     error: str | None = None
     log_tail: str = ""
+    #: what answered on the port while it was not (yet) the server we started
+    answered_by: str | None = None
 
 
 def wait_ready(
-    fleet: Any,
+    fleet: NodeConnectors,
     profile: Profile,
     applied: list[Applied],
     *,
@@ -92,13 +164,17 @@ def wait_ready(
     on_update: Callable[[list[Readiness]], None] | None = None,
     poll_s: float = 0.5,
 ) -> list[Readiness]:
-    """Poll /health then /server_info of each (re)started leader until ready, dead, or timed out.
-    A dead process is noticed over SSH (every few polls) and reported with the tail of its log."""
-    pending = {a.instance.name: a for a in applied if a.action != "unchanged" and a.instance.is_leader}
-    states = {a.instance.name: Readiness(a.instance) for a in applied if a.instance.is_leader}
-    for a in applied:
-        if a.action == "unchanged" and a.instance.is_leader:
-            states[a.instance.name].state = "ready"
+    """Poll /health then /server_info of each (re)started leader until ready, dead, or timed out; an
+    answer counts once the node shows the listener is ours. A dead process is noticed over SSH (every
+    few polls) and reported with the tail of its log."""
+    live = ("started", "restarted")
+    pending = {a.instance.name: a for a in applied if a.action in live and a.instance.is_leader}
+    # a refused server was never started: launch.port_in_use says why, there is nothing to wait for
+    states = {
+        a.instance.name: Readiness(a.instance, "ready" if a.action == "unchanged" else "starting")
+        for a in applied
+        if a.instance.is_leader and a.action != "refused"
+    }
     started = time.monotonic()
     rounds = 0
     with probe.client(timeout=2.0) as http:
@@ -108,14 +184,19 @@ def wait_ready(
             for name, a in list(pending.items()):
                 st = states[name]
                 st.elapsed_s = elapsed
-                h = probe.health(http, a.instance)
-                if h.ok and probe.server_info(http, a.instance).ok:
-                    st.state = "ready"
-                    del pending[name]
-                    continue
+                answers = probe.health(http, a.instance).ok and probe.server_info(http, a.instance).ok
+                if answers and (st.answered_by is None or rounds % 4 == 0):
+                    ours, other = _listener_is_ours(fleet, profile, a)
+                    if ours:
+                        st.state, st.answered_by = "ready", None
+                        del pending[name]
+                        continue
+                    st.answered_by = other
                 if rounds % 4 == 0 or elapsed > timeout_s:
                     why = _dead_or_timeout(fleet, profile, a, elapsed > timeout_s, timeout_s)
                     if why:
+                        if st.answered_by:
+                            why += f"; meanwhile {st.answered_by} answered on its port"
                         st.state, st.error = "failed", why
                         st.log_tail = _log_tail(fleet, profile, a)
                         del pending[name]
@@ -126,8 +207,33 @@ def wait_ready(
     return list(states.values())
 
 
+def _listener_is_ours(fleet: NodeConnectors, profile: Profile, a: Applied) -> tuple[bool, str | None]:
+    """Is the socket on the instance's HTTP port held by the server we started? (ours, what holds it)"""
+    inst = a.instance
+    try:
+        conn = fleet.connector(profile.node(inst.node))
+        state, pid = supervisor.process_state(conn, inst, a.supervisor, sudo=profile.ssh.sudo)
+        if state not in ("running", "activating"):
+            return False, None  # the dead check names it
+        found = [
+            ln for ln in ports.listeners(conn, [inst.port], sudo=profile.ssh.sudo)
+            if ports.overlaps(ln.address, inst.bind_host)
+        ]  # fmt: skip
+    except InferctlError as exc:
+        return False, f"(cannot inspect the node: {exc.message})"
+    owner = owner_of(inst, a.supervisor, pid)
+    other = ports.foreign(found, owner)
+    if found and not other:
+        return True, None
+    if a.supervisor == "systemd" and other and all(not ln.holders for ln in other):
+        # a unit running as another user, and no sudo to read its fds: the unit is active and the
+        # port answers; this is as far as the node lets us look
+        return True, None
+    return False, "; ".join(ln.describe() for ln in other) or None
+
+
 def _dead_or_timeout(
-    fleet: Any, profile: Profile, a: Applied, timed_out: bool, timeout_s: float
+    fleet: NodeConnectors, profile: Profile, a: Applied, timed_out: bool, timeout_s: float
 ) -> str | None:
     node = profile.node(a.instance.node)
     try:
@@ -143,7 +249,7 @@ def _dead_or_timeout(
     return None
 
 
-def _log_tail(fleet: Any, profile: Profile, a: Applied, lines: int = 20) -> str:
+def _log_tail(fleet: NodeConnectors, profile: Profile, a: Applied, lines: int = 20) -> str:
     try:
         conn = fleet.connector(profile.node(a.instance.node))
         return supervisor.read_log(conn, a.instance, a.supervisor, sudo=profile.ssh.sudo, lines=lines).text
@@ -151,6 +257,7 @@ def _log_tail(fleet: Any, profile: Profile, a: Applied, lines: int = 20) -> str:
         return f"(log unavailable: {exc.message})"
 
 
+# ---- status / stop ---------------------------------------------------------------------------------
 def status_of(conn: Connector, profile: Profile, insts: list[Instance]) -> list[dict[str, Any]]:
     """Process state over SSH plus what the server says about itself over HTTP."""
     sup = supervisor.detect_supervisor(conn, profile)
@@ -201,13 +308,32 @@ def stop_node(conn: Connector, profile: Profile, insts: list[Instance]) -> list[
     sup = supervisor.detect_supervisor(conn, profile)
     # decodes first: a prefill that vanishes under a decode turns in-flight transfers into errors
     order = sorted(insts, key=lambda i: 0 if i.role == "decode" else 1)
-    return [
-        {
-            "instance": i.name,
-            "node": i.node,
-            "result": supervisor.stop(
-                conn, i, sup, sudo=profile.ssh.sudo, timeout_s=profile.sglang.lifecycle.stop_timeout_s
-            ),
-        }
-        for i in order
-    ]
+    return [_stop_one(conn, profile, i, sup) for i in order]
+
+
+def _stop_one(conn: Connector, profile: Profile, inst: Instance, sup: supervisor.Supervisor) -> dict[str, Any]:
+    """Stop the instance's server; then whatever still listens on its ports: an SGLang server there is an
+    orphan its pid file lost track of (stopped too, and said so); anything else is left alone."""
+    sudo, timeout = profile.ssh.sudo, profile.sglang.lifecycle.stop_timeout_s
+    row: dict[str, Any] = {"instance": inst.name, "node": inst.node,
+                           "result": supervisor.stop(conn, inst, sup, sudo=sudo, timeout_s=timeout)}  # fmt: skip
+    if not ports.instance_ports(inst):
+        return row
+    left = ports.on_instance_ports(
+        ports.listeners(conn, [p for _, p in ports.instance_ports(inst)], sudo=sudo), inst
+    )
+    strays = {h.pid: h for ln in left for h in ln.holders if supervisor.LAUNCH_MODULE_MARK in h.command}
+    if strays:
+        how = supervisor.stop_strays(
+            conn, [(h.pid, h.sid == h.pid or h.pgid == h.pid) for h in strays.values()],
+            sudo=sudo, timeout_s=timeout,
+        )  # fmt: skip
+        what = "pid file stale" if sup == "process" else f"not in {unit_name(inst)}"
+        row["stray"] = f"{what}: stopped " + "; ".join(
+            ln.describe() for ln in left if any(h.pid in strays for h in ln.holders)
+        )
+        row["result"] = "killed" if "killed" in (how, row["result"]) else "stopped"
+    others = [ln for ln in left if not any(h.pid in strays for h in ln.holders)]
+    if others:
+        row["foreign"] = "; ".join(ln.describe() for ln in others) + " (not an SGLang server: left running)"
+    return row

@@ -1,11 +1,18 @@
-"""Keeping a running `inferctl router` informed during `launch --rolling`: a decode is taken out of the
-router's pool (POST /admin/workers/remove) before it restarts, and put back (POST /admin/workers) once it
-is healthy, so no new request is routed to a server that is going down. Best effort: a router that is
-not running, or does not know the decode, is left alone (the rolling restart itself still proceeds)."""
+"""Keeping a running `inferctl router` informed during `launch --rolling`: a server (prefill, decode or
+collocated) is taken out of the router's pool (POST /admin/workers/remove) before it restarts, and put
+back (POST /admin/workers, with the url, role and bootstrap port it was registered with) once it is
+healthy, so no new request is routed to a server that is going down. Best effort: a router that is not
+running, or does not know the server, is left alone (the rolling restart itself still proceeds).
+
+The router's remove closes its connections to that worker at once; requests in flight there fail and
+are retried on another pair (before their first byte reaches the client). There is no drain endpoint
+that lets them finish first.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from infer_ctl.core.sglang import Instance
 from infer_ctl.errors import InferctlError
@@ -23,8 +30,8 @@ def router_url(profile: Profile) -> str:
 @dataclass
 class RouterNotifier:
     client: AdminClient
-    #: decode URLs taken out of the pool and not yet put back
-    removed: set[str] = field(default_factory=set)
+    #: worker url -> the registration (url, role, bootstrap_port) taken out and not yet put back
+    removed: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: why the router is not being notified (None: it is)
     unavailable: str | None = None
 
@@ -38,29 +45,51 @@ class RouterNotifier:
             notifier.unavailable = exc.message
         return notifier
 
-    def _registered(self) -> set[str]:
+    def _registered(self) -> dict[str, dict[str, Any]]:
         doc = self.client.call("GET", "/admin/workers")
-        return {str(w.get("url", "")).rstrip("/") for w in doc.get("workers", []) if isinstance(w, dict)}
+        return {
+            str(w.get("url", "")).rstrip("/"): w for w in doc.get("workers", []) if isinstance(w, dict)
+        }
 
     def take_out(self, inst: Instance) -> str:
-        """Remove the decode from the pool; returns what happened, for the launch results."""
+        """Remove the server from the pool; returns what happened, for the launch results."""
         if self.unavailable:
             return f"router not notified: {self.unavailable}"
         try:
-            if inst.url not in self._registered():
+            known = self._registered().get(inst.url)
+            if known is None:
                 return "not registered with the router"
             self.client.call("POST", "/admin/workers/remove", {"url": inst.url})
         except InferctlError as exc:
             return f"router not notified: {exc.message}"
-        self.removed.add(inst.url)
+        spec = {"url": inst.url, "role": known.get("role") or _router_role(inst)}
+        if known.get("bootstrap_port") is not None:
+            spec["bootstrap_port"] = known["bootstrap_port"]
+        self.removed[inst.url] = spec
         return "removed from the router"
 
     def put_back(self, inst: Instance) -> str | None:
-        if inst.url not in self.removed:
+        spec = self.removed.get(inst.url)
+        if spec is None:
             return None
         try:
-            self.client.call("POST", "/admin/workers", {"url": inst.url, "role": "decode"})
+            doc = self.client.call("POST", "/admin/workers", spec)
         except InferctlError as exc:
             return f"could not re-add to the router: {exc.message}"
-        self.removed.discard(inst.url)
+        del self.removed[inst.url]
+        added = doc.get("added")
+        if isinstance(added, dict) and added.get("healthy") is False:
+            return "re-added to the router, which does not see it healthy yet"
         return "re-added to the router"
+
+    def healthy_in_pool(self, inst: Instance) -> bool | None:
+        """Whether the router now routes to it (None: the router cannot be asked)."""
+        try:
+            w = self._registered().get(inst.url)
+        except InferctlError:
+            return None
+        return bool(w and w.get("healthy") and w.get("available", True))
+
+
+def _router_role(inst: Instance) -> str:
+    return "mixed" if inst.role == "collocated" else inst.role

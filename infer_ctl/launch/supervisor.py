@@ -191,6 +191,36 @@ def stop(conn: Connector, instance: Instance, supervisor: Supervisor, *, sudo: b
     return (out.split() or ["stopped"])[-1]
 
 
+_STRAYS_STOP = r"""
+timeout_ds=$1; shift
+# each argument is PID:GROUP (GROUP 0: signal the pid alone)
+alive() { for t in "$@"; do p=${t%%:*}; kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+sig() { for t in "$@"; do p=${t%%:*}; g=${t#*:}
+  if [ "$g" != 0 ]; then kill -s "$S" -- "-$g" 2>/dev/null || kill -s "$S" "$p" 2>/dev/null; else kill -s "$S" "$p" 2>/dev/null; fi
+done; }
+S=TERM; sig "$@"
+i=0
+while alive "$@" && [ "$i" -lt "$timeout_ds" ]; do sleep 0.1; i=$((i+1)); done
+if alive "$@"; then S=KILL; sig "$@"; echo killed; else echo stopped; fi
+"""
+
+
+def stop_strays(
+    conn: Connector, targets: list[tuple[int, bool]], *, sudo: bool, timeout_s: float
+) -> str:
+    """Stop processes no pid file or unit names (an orphaned server still holding its port): SIGTERM,
+    wait, SIGKILL after the timeout. `(pid, whole_group)`: the group too when the pid leads its own
+    session (as a server started by `launch` does), so its scheduler children go with it; a process
+    inside someone else's session is signalled alone. Returns "stopped" or "killed"."""
+    args = [f"{pid}:{pid if group else 0}" for pid, group in targets]
+    code, out, err = _sh(
+        conn, _STRAYS_STOP, str(int(timeout_s * 10)), *args, sudo=sudo, timeout=timeout_s + 30
+    )
+    if code != 0:
+        raise LaunchError(f"{conn.node_name}: cannot stop pid(s) {', '.join(args)}: {err.strip()}")
+    return (out.split() or ["stopped"])[-1]
+
+
 @dataclass(frozen=True)
 class LogChunk:
     text: str
