@@ -17,7 +17,9 @@ Design choices, measured on the 2-core build machine:
 - Addresses are 127.A.B.2, 127.A.B.3, ... with A.B random per cluster, and ports picked free per
   address, so parallel tests (and other helpers' servers bound on node addresses) do not collide.
   Everything in 127.0.0.0/8 is loopback on Linux.
-- Keys are ed25519, generated in-process with `cryptography` (no ssh-keygen round trips).
+- Keys are ed25519, generated in-process with `cryptography` (no ssh-keygen round trips). Host keys
+  may be of other types too: `host_key_types=("rsa",)` (any of HOST_KEY_TYPES, several per node),
+  and `replace_host_keys(name, types)` gives one node fresh keys of other types.
 - Works as root (login as root, `PermitRootLogin prohibit-password`, creates /run/sshd if missing)
   and as an ordinary user (sshd without privilege separation serves only that user).
 - `sshd_prefix` runs sshd under a wrapper (e.g. `["unshare", "--mount", "--", "/path/wrapper"]`) so
@@ -48,10 +50,15 @@ from typing import Any
 
 import yaml
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 SSHD = "/usr/sbin/sshd"
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: host key types the harness can give a node, by the name ssh-keygen -t uses; the known_hosts type of
+#: each is in KEY_TYPE_NAMES
+HOST_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
+KEY_TYPE_NAMES = {"ed25519": "ssh-ed25519", "ecdsa": "ecdsa-sha2-nistp256", "rsa": "ssh-rsa"}
 
 
 def sshd_available() -> bool:
@@ -76,9 +83,18 @@ class KeyPair:
         return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def generate_keypair(path: Path, comment: str = "") -> KeyPair:
-    """An ed25519 key in OpenSSH format at `path` (mode 600) and `path.pub`."""
-    key = Ed25519PrivateKey.generate()
+def generate_keypair(path: Path, comment: str = "", key_type: str = "ed25519") -> KeyPair:
+    """A key (ed25519 unless `key_type` is "ecdsa" (nistp256) or "rsa" (2048 bits)) in OpenSSH format
+    at `path` (mode 600) and `path.pub`."""
+    key: Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+    if key_type == "ed25519":
+        key = Ed25519PrivateKey.generate()
+    elif key_type == "ecdsa":
+        key = ec.generate_private_key(ec.SECP256R1())
+    elif key_type == "rsa":
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    else:
+        raise ValueError(f"key_type must be one of {HOST_KEY_TYPES}, got {key_type!r}")
     path.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
@@ -169,6 +185,7 @@ class SshCluster:
         roles: list[list[str]] | None = None,
         extra_sshd_config: str = "",
         sshd_prefix: list[str] | None = None,
+        host_key_types: tuple[str, ...] | list[str] = ("ed25519",),
     ) -> None:
         if names is not None:
             n_nodes = len(names)
@@ -181,6 +198,8 @@ class SshCluster:
             raise ValueError("roles needs one entry per node")
         self.extra_sshd_config = extra_sshd_config
         self.sshd_prefix = list(sshd_prefix or [])
+        if not host_key_types or any(t not in HOST_KEY_TYPES for t in host_key_types):
+            raise ValueError(f"host_key_types: one or more of {HOST_KEY_TYPES}")
         self.user = getpass.getuser()
         self.is_root = os.geteuid() == 0
         self._user_key = generate_keypair(root / "user_key", "inferctl-test-user")
@@ -190,14 +209,15 @@ class SshCluster:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         net = f"127.{random.randint(16, 250)}.{random.randint(0, 255)}"
         self.nodes: list[HarnessNode] = []
-        self._host_keys: dict[str, KeyPair] = {}
+        self._host_keys: dict[str, KeyPair] = {}  # the node's first host key (`host_key`)
+        self._all_host_keys: dict[str, dict[str, KeyPair]] = {}  # key type -> key, in HostKey order
         self._sshd: dict[str, SshdProcess] = {}
         try:
             for i, name in enumerate(self.names):
                 host = f"{net}.{i + 2}"
                 node_dir = root / name
                 (node_dir / "bin").mkdir(parents=True)
-                self._host_keys[name] = generate_keypair(node_dir / "host_key", f"host-{name}")
+                self._set_host_keys(name, host_key_types, f"host-{name}")
                 self._sshd[name] = SshdProcess(node_dir, self.sshd_prefix)
                 self.nodes.append(self._start_node(name, host))
         except BaseException:
@@ -232,13 +252,23 @@ class SshCluster:
     def sshd_log(self, name: str) -> Path:
         return self.root / name / "sshd.log"
 
-    def host_key_fingerprint(self, name: str) -> str:
-        return self._host_keys[name].fingerprint
+    def host_key_fingerprint(self, name: str, key_type: str | None = None) -> str:
+        return self._host_key(name, key_type).fingerprint
 
-    def host_key_line(self, name: str) -> str:
-        """The known_hosts line for this node ("[host]:port ssh-ed25519 AAAA...")."""
+    def host_key_line(self, name: str, key_type: str | None = None) -> str:
+        """The known_hosts line for this node ("[host]:port ssh-ed25519 AAAA..."); its first host key
+        unless `key_type` names another one it has."""
         node = self.node(name)
-        return f"{known_hosts_name(node.host, node.port)} {self._host_keys[name].public_line}"
+        return f"{known_hosts_name(node.host, node.port)} {self._host_key(name, key_type).public_line}"
+
+    def host_key_types(self, name: str) -> list[str]:
+        """The types of the host keys node `name` serves ("ed25519", "ecdsa", "rsa")."""
+        return list(self._all_host_keys[name])
+
+    def _host_key(self, name: str, key_type: str | None) -> KeyPair:
+        if key_type is None:
+            return self._host_keys[name]
+        return self._all_host_keys[name][key_type]
 
     def write_known_hosts(self, names: list[str] | None = None, path: Path | None = None) -> Path:
         """(Re)write a known_hosts file holding the host keys of `names` (default: every node)."""
@@ -296,7 +326,7 @@ class SshCluster:
         node_dir = self.root / name
         lines = [
             f"ListenAddress {host}:{port}",
-            f"HostKey {node_dir / 'host_key'}",
+            *(f"HostKey {key.private_path}" for key in self._all_host_keys[name].values()),
             f"PidFile {node_dir / 'sshd.pid'}",
             f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
             "StrictModes no",
@@ -350,9 +380,25 @@ class SshCluster:
 
     def regenerate_host_key(self, name: str) -> None:
         """Give node `name` a new host key (a "reinstalled" or impostor server) and restart it."""
+        self.replace_host_keys(name, self.host_key_types(name))
+
+    def replace_host_keys(self, name: str, key_types: tuple[str, ...] | list[str]) -> None:
+        """Give node `name` fresh host keys of `key_types` (only those) and restart it: an impostor,
+        or a reinstalled node, that serves e.g. only an RSA key where an ed25519 one was known."""
+        if not key_types or any(t not in HOST_KEY_TYPES for t in key_types):
+            raise ValueError(f"key_types: one or more of {HOST_KEY_TYPES}")
         self.stop(name)
-        self._host_keys[name] = generate_keypair(self.root / name / "host_key", f"host-{name}-new")
+        self._set_host_keys(name, key_types, f"host-{name}-new")
         self.start(name)
+
+    def _set_host_keys(self, name: str, key_types: tuple[str, ...] | list[str], comment: str) -> None:
+        node_dir = self.root / name
+        keys: dict[str, KeyPair] = {}
+        for i, key_type in enumerate(dict.fromkeys(key_types)):
+            path = node_dir / ("host_key" if i == 0 else f"host_key_{key_type}")
+            keys[key_type] = generate_keypair(path, comment, key_type)
+        self._all_host_keys[name] = keys
+        self._host_keys[name] = next(iter(keys.values()))
 
     def close(self) -> None:
         for proc in self._sshd.values():

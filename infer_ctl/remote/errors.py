@@ -7,8 +7,8 @@ refusing a privileged command.
 
 from __future__ import annotations
 
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.errors import InferctlError, RemoteError
+from infer_ctl.exitcodes import ExitCode
 
 
 class UnreachableError(RemoteError):

@@ -1,14 +1,24 @@
 """Host key verification against known_hosts files, with line numbers for the error messages.
 
-Policy (never disabled by default):
-- a key found in a known_hosts file and equal: accepted;
-- a different key of the same type recorded for the host: always refused (HostKeyChangedError), naming
-  the file and line to remove, whatever the policy;
+Policy (never disabled by default), the same as OpenSSH's `StrictHostKeyChecking accept-new`:
+- the server's key is recorded for the host (in any file read) and equal: accepted;
+- the key is marked `@revoked` for the host: refused (HostKeyChangedError), whatever the policy;
+- the host has recorded keys but not this one: refused as a change (HostKeyChangedError), whatever the
+  policy, naming the file and line to remove. That holds for a key of ANOTHER type too: a host known
+  by its ed25519 key that now offers only an RSA key may be an impostor that has no ed25519 key (OpenSSH
+  9.2 says "REMOTE HOST IDENTIFICATION HAS CHANGED" for exactly this);
 - no key recorded: refused (HostKeyUnknownError, with the fingerprint), unless the policy is accept-new,
-  in which case it is appended to inferctl's own known_hosts file under an exclusive file lock.
+  in which case it is appended to inferctl's own known_hosts file under an exclusive file lock. A host
+  covered only by a `@cert-authority` line is never accepted on first use: its keys are meant to be
+  vouched for by the CA, and paramiko cannot check host certificates.
+
+Files read: `ssh.known_hosts`, the `UserKnownHostsFile`s and `GlobalKnownHostsFile`s that ~/.ssh/config
+gives the host (default /etc/ssh/ssh_known_hosts{,2}, as OpenSSH), and inferctl's own file. Only
+inferctl's own file is ever written.
 
 We parse known_hosts ourselves rather than with paramiko.HostKeys because the messages need the line
 numbers, and because one bad line must not make the whole file unreadable (paramiko issue #1990).
+Format: sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT" (https://man.openbsd.org/sshd.8#SSH_KNOWN_HOSTS_FILE_FORMAT).
 """
 
 from __future__ import annotations
@@ -20,10 +30,18 @@ import hmac
 import os
 import re
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from infer_ctl.remote.errors import HostKeyChangedError, HostKeyUnknownError
+
+REVOKED = "@revoked"
+CERT_AUTHORITY = "@cert-authority"
+
+#: key types as known_hosts records them -> the host key algorithms that negotiate such a key. An RSA
+#: key is recorded as `ssh-rsa` but negotiated as rsa-sha2-512/256 (OpenSSH >= 8.8 refuses SHA-1 ssh-rsa)
+_NEGOTIATED_AS = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")}
 
 
 def known_hosts_name(host: str, port: int) -> str:
@@ -43,6 +61,13 @@ class KnownHostEntry:
     key_type: str
     key_blob: bytes
     revoked: bool = False
+    #: the line vouches for a certificate authority (`@cert-authority`), not for a host key
+    cert_authority: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """A host key recorded for the host (neither @revoked nor @cert-authority)."""
+        return not self.revoked and not self.cert_authority
 
     def matches(self, name: str) -> bool:
         matched = False
@@ -57,6 +82,10 @@ class KnownHostEntry:
                     return False
                 matched = True
         return matched
+
+    @property
+    def where(self) -> str:
+        return f"{self.path} line {self.line}"
 
 
 def _glob_match(pattern: str, name: str) -> bool:
@@ -75,22 +104,18 @@ def _hashed_match(pattern: str, name: str) -> bool:
     return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), expected)
 
 
-def parse_known_hosts(path: Path) -> list[KnownHostEntry]:
-    """Entries of one file; unreadable or malformed lines are skipped, not fatal."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
+def parse_known_hosts_text(text: str, path: Path) -> list[KnownHostEntry]:
+    """Entries of one file's text; malformed lines are skipped, not fatal."""
     entries = []
     for number, raw in enumerate(text.splitlines(), start=1):
         fields = raw.split()
         if not fields or fields[0].startswith("#"):
             continue
-        revoked = False
+        marker = None
         if fields[0].startswith("@"):
-            if fields[0] != "@revoked":  # @cert-authority: host certificates are not supported
-                continue
-            revoked = True
+            marker = fields[0].lower()
+            if marker not in (REVOKED, CERT_AUTHORITY):
+                continue  # an unknown marker: OpenSSH skips the line too
             fields = fields[1:]
         if len(fields) < 3:
             continue
@@ -98,62 +123,123 @@ def parse_known_hosts(path: Path) -> list[KnownHostEntry]:
             blob = base64.b64decode(fields[2], validate=True)
         except ValueError:
             continue
-        entries.append(KnownHostEntry(path, number, fields[0], fields[1], blob, revoked))
+        entries.append(
+            KnownHostEntry(
+                path, number, fields[0], fields[1], blob, marker == REVOKED, marker == CERT_AUTHORITY
+            )
+        )
     return entries
 
 
+def parse_known_hosts(path: Path) -> list[KnownHostEntry]:
+    """Entries of one file; a missing or unreadable file has none."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return parse_known_hosts_text(text, path)
+
+
+def negotiable_key_types(known_types: Sequence[str], offered: Sequence[str]) -> tuple[str, ...]:
+    """`offered` (paramiko's host key algorithms) reordered so the types recorded for a host come first,
+    as OpenSSH orders HostKeyAlgorithms: a host with several keys then proves the one we know instead
+    of looking "changed" because it offered another type first."""
+    preferred: list[str] = []
+    for known in known_types:
+        for algorithm in _NEGOTIATED_AS.get(known, (known,)):
+            if algorithm in offered and algorithm not in preferred:
+                preferred.append(algorithm)
+    return tuple(preferred + [t for t in offered if t not in preferred])
+
+
+class _ParsedFiles:
+    """Parsed known_hosts files, re-read only when a file changes: a fleet of 1000 nodes checks its
+    keys against one /etc/ssh/ssh_known_hosts that may list every host of the site."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[Path, tuple[tuple[int, int, int], list[KnownHostEntry]]] = {}
+
+    def entries(self, path: Path) -> list[KnownHostEntry]:
+        try:
+            st = path.stat()
+        except OSError:
+            return []
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            cached = self._cache.get(path)
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
+        parsed = parse_known_hosts(path)
+        with self._lock:
+            self._cache[path] = (stamp, parsed)
+        return parsed
+
+
 class HostKeyStore:
-    """The known_hosts files of one run: the user's (read-only) and inferctl's own (appendable)."""
+    """The known_hosts files of one run: the user's and the system's (read-only) and inferctl's own
+    (appendable). `verify` and `known_key_types` take the files ~/.ssh/config names for the host
+    (`SshTarget.known_hosts_files`) on top of those."""
 
     def __init__(self, known_hosts: Path, accepted_file: Path, *, accept_new: bool = False) -> None:
         self.known_hosts = known_hosts
         self.accepted_file = accepted_file
         self.accept_new = accept_new
         self._lock = threading.Lock()
+        self._parsed = _ParsedFiles()
 
-    def _entries(self) -> list[KnownHostEntry]:
-        files = [self.known_hosts]
-        if self.accepted_file != self.known_hosts:
-            files.append(self.accepted_file)
-        return [e for f in files for e in parse_known_hosts(f)]
+    def files(self, extra: Iterable[Path | str] = ()) -> list[Path]:
+        """Every file read for a host, in order, without duplicates; the accepted file last."""
+        paths = [self.known_hosts, *(Path(p).expanduser() for p in extra), self.accepted_file]
+        return list(dict.fromkeys(paths))
 
-    def known_key_types(self, host: str, port: int) -> list[str]:
+    def _matching(self, name: str, extra: Iterable[Path | str]) -> list[KnownHostEntry]:
+        return [e for f in self.files(extra) for e in self._parsed.entries(f) if e.matches(name)]
+
+    def known_key_types(self, host: str, port: int, extra: Iterable[Path | str] = ()) -> list[str]:
         """Key types recorded for the host, so the handshake can ask the server for one of them."""
-        name = known_hosts_name(host, port)
         types: list[str] = []
-        for e in self._entries():
-            if not e.revoked and e.matches(name) and e.key_type not in types:
+        for e in self._matching(known_hosts_name(host, port), extra):
+            if e.plain and e.key_type not in types:
                 types.append(e.key_type)
         return types
 
-    def verify(self, host: str, port: int, key_type: str, key_blob: bytes) -> None:
+    def verify(
+        self, host: str, port: int, key_type: str, key_blob: bytes, extra: Iterable[Path | str] = ()
+    ) -> None:
+        extra = list(extra)
         name = known_hosts_name(host, port)
         fp = fingerprint(key_blob)
-        entries = [e for e in self._entries() if e.matches(name)]
+        entries = self._matching(name, extra)
         for e in entries:
             if e.revoked and e.key_blob == key_blob:
                 raise HostKeyChangedError(
-                    f"host key of {name} ({key_type} {fp}) is marked @revoked in {e.path} line {e.line}",
+                    f"host key of {name} ({key_type} {fp}) is marked @revoked in {e.where}",
                     remedy="the key is revoked on purpose; find out why before connecting",
                 )
-        if any(not e.revoked and e.key_type == key_type and e.key_blob == key_blob for e in entries):
+        recorded = [e for e in entries if e.plain]
+        if any(e.key_type == key_type and e.key_blob == key_blob for e in recorded):
             return
-        changed = [e for e in entries if not e.revoked and e.key_type == key_type]
-        if changed:
-            e = changed[0]
-            raise HostKeyChangedError(
-                f"HOST KEY CHANGED for {name}: the server sent {key_type} {fp}, but {e.path} line {e.line} "
-                f"records a different key (possible man-in-the-middle, or the node was reinstalled)",
-                remedy=f"if the change is expected, remove line {e.line} of {e.path} "
-                f"(ssh-keygen -R '{name}' -f {e.path}) and connect again; inferctl never replaces a changed key",
+        if recorded:
+            raise _changed(name, key_type, fp, recorded)
+        authorities = [e for e in entries if e.cert_authority]
+        if authorities:
+            e = authorities[0]
+            raise HostKeyUnknownError(
+                f"host key of {name} ({key_type} {fp}) is to be vouched for by the @cert-authority in "
+                f"{e.where}, and inferctl cannot check host certificates; it never records such a host's "
+                "key on first use, not even with --accept-new-host-keys",
+                fingerprint=fp,
+                remedy=f"check the fingerprint {fp} on the node (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
+                f"then add the host's plain key to {self.known_hosts} (ssh-keyscan)",
             )
         with self._lock:  # threads of this process; the fcntl lock below covers other processes
             if self.accept_new:
                 self._record(name, key_type, key_blob)
                 return
+        read = ", ".join(str(f) for f in self.files(extra))
         raise HostKeyUnknownError(
-            f"unknown host key for {name}: {key_type} {fp} is not in {self.known_hosts}"
-            + (f" or {self.accepted_file}" if self.accepted_file != self.known_hosts else ""),
+            f"unknown host key for {name}: {key_type} {fp} is in none of the known_hosts files read ({read})",
             fingerprint=fp,
             remedy=f"check the fingerprint {fp} on the node (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then "
             f"rerun with --accept-new-host-keys (records it in {self.accepted_file}) or add it to "
@@ -167,17 +253,35 @@ class HostKeyStore:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 # another inferctl may have recorded this host while we waited for the lock
-                for e in parse_known_hosts(self.accepted_file):
-                    if e.matches(name) and e.key_type == key_type:
-                        if e.key_blob == key_blob:
-                            return
-                        raise HostKeyChangedError(
-                            f"HOST KEY CHANGED for {name} while connecting: {self.accepted_file} line {e.line} "
-                            f"was just recorded with a different key",
-                            remedy=f"investigate; then remove line {e.line} of {self.accepted_file}",
-                        )
+                recorded = [e for e in parse_known_hosts(self.accepted_file) if e.plain and e.matches(name)]
+                if any(e.key_blob == key_blob for e in recorded):
+                    return
+                if recorded:
+                    raise _changed(name, key_type, fingerprint(key_blob), recorded, racing=True)
                 fh.write(f"{name} {key_type} {base64.b64encode(key_blob).decode()}\n")
                 fh.flush()
                 os.fsync(fh.fileno())
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _changed(
+    name: str, key_type: str, fp: str, recorded: Sequence[KnownHostEntry], *, racing: bool = False
+) -> HostKeyChangedError:
+    same_type = [e for e in recorded if e.key_type == key_type]
+    e = (same_type or recorded)[0]
+    if same_type:
+        what = f"{e.where} records a different {key_type} key"
+    else:
+        types = ", ".join(dict.fromkeys(r.key_type for r in recorded))
+        what = (
+            f"{e.where} records a {e.key_type} key for it and the server offered none of the recorded "
+            f"types ({types}): a key of another type is a change too"
+        )
+    when = " while connecting (just recorded by another inferctl)" if racing else ""
+    return HostKeyChangedError(
+        f"HOST KEY CHANGED for {name}{when}: the server sent {key_type} {fp}, but {what} "
+        f"(possible man-in-the-middle, or the node was reinstalled)",
+        remedy=f"if the change is expected, remove line {e.line} of {e.path} "
+        f"(ssh-keygen -R '{name}' -f {e.path}) and connect again; inferctl never replaces a recorded key",
+    )

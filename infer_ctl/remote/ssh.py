@@ -41,7 +41,7 @@ from infer_ctl.remote.errors import (
     TransferError,
     UnreachableError,
 )
-from infer_ctl.remote.hostkeys import HostKeyStore
+from infer_ctl.remote.hostkeys import HostKeyStore, negotiable_key_types
 from infer_ctl.remote.putfile import put_file_error, put_file_via_sudo
 from infer_ctl.remote.target import SshTarget, default_key_files
 
@@ -193,12 +193,11 @@ def open_transport(
         transport.banner_timeout = timeout
         transport.handshake_timeout = timeout
         # Ask the server for a key type we already know, so a host with several keys is not reported
-        # as "unknown" just because it offered another type first (as OpenSSH does).
-        known_types = hostkeys.known_key_types(target.host, target.port)
+        # as "changed" just because it offered another type first (as OpenSSH does).
+        known_types = hostkeys.known_key_types(target.host, target.port, target.known_hosts_files)
         opts = transport.get_security_options()
         if known_types:
-            preferred = [t for t in known_types if t in opts.key_types]
-            opts.key_types = tuple(preferred + [t for t in opts.key_types if t not in preferred])
+            opts.key_types = negotiable_key_types(known_types, opts.key_types)
         try:
             # start_client returns silently when its own timeout passes first; the extra second lets
             # the banner/handshake timeouts above fire instead, so the reason is known
@@ -217,7 +216,7 @@ def open_transport(
                 f"{target.label}: SSH handshake with {target.host}:{target.port} failed: {exc}",
                 remedy="check that an SSH server listens on that port",
             ) from None
-        hostkeys.verify(target.host, target.port, key.get_name(), key.asbytes())
+        hostkeys.verify(target.host, target.port, key.get_name(), key.asbytes(), target.known_hosts_files)
         _authenticate(transport, target, keyring)
         if keepalive:
             transport.set_keepalive(keepalive)

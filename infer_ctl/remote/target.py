@@ -1,5 +1,5 @@
 """Where and as whom to connect: the profile merged with ~/.ssh/config (Host aliases, HostName, User,
-Port, IdentityFile, ProxyJump).
+Port, IdentityFile, ProxyJump, UserKnownHostsFile, GlobalKnownHostsFile).
 
 Precedence, like OpenSSH's command line over its config: the node's own fields, then the profile's ssh
 section (when set explicitly), then ~/.ssh/config, then OpenSSH defaults.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from infer_ctl.errors import ProfileError
 from infer_ctl.profile import Node, Profile
 
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+#: OpenSSH's default GlobalKnownHostsFile (ssh_config(5)): read, never written
+DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,9 @@ class SshTarget:
     user: str
     identity_files: tuple[str, ...] = ()
     jumps: tuple[SshTarget, ...] = field(default=())
+    #: known_hosts files ~/.ssh/config names for this host (UserKnownHostsFile, then
+    #: GlobalKnownHostsFile or its default), read on top of ssh.known_hosts and inferctl's own file
+    known_hosts_files: tuple[str, ...] = DEFAULT_GLOBAL_KNOWN_HOSTS
 
     @property
     def address(self) -> str:
@@ -105,13 +112,53 @@ class TargetResolver:
         files.extend(cfg.get("identityfile", []))
         if jump_spec is None:
             jump_spec = cfg.get("proxyjump")
+        known_hosts = self._known_hosts_files(cfg, alias, host, port, user)
         jumps: list[SshTarget] = []
         if jump_spec and jump_spec.lower() != "none":
             for hop in jump_spec.split(","):
                 hop_user, hop_host, hop_port = parse_hop(hop)
                 # a hop's own ProxyJump is not followed here: the chain is given left to right
                 jumps.append(self._resolve(hop.strip(), hop_host, hop_user, hop_port, "none", depth + 1))
-        return SshTarget(label, host, port, user, tuple(dict.fromkeys(files)), tuple(jumps))
+        return SshTarget(label, host, port, user, tuple(dict.fromkeys(files)), tuple(jumps), known_hosts)
+
+    @staticmethod
+    def _known_hosts_files(
+        cfg: paramiko.SSHConfigDict, alias: str, host: str, port: int, user: str
+    ) -> tuple[str, ...]:
+        """UserKnownHostsFile (none when unset: ssh.known_hosts plays its part) and GlobalKnownHostsFile
+        (OpenSSH's default when unset); `none` reads no file of that kind."""
+        files: list[str] = []
+        tokens = {"h": host, "n": alias, "k": alias, "p": str(port), "r": user}
+        for key, default in (("userknownhostsfile", ()), ("globalknownhostsfile", DEFAULT_GLOBAL_KNOWN_HOSTS)):
+            value = cfg.get(key)
+            words = _split_words(value) if value else list(default)
+            if [w.lower() for w in words] == ["none"]:
+                continue
+            files.extend(expand_path_tokens(w, tokens) for w in words)
+        return tuple(dict.fromkeys(files))
+
+
+def _split_words(value: str) -> list[str]:
+    try:
+        return shlex.split(value)
+    except ValueError:  # an unbalanced quote: take the words as they are, like a lenient reader
+        return value.split()
+
+
+_TOKEN = re.compile(r"%(.)|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_path_tokens(path: str, tokens: dict[str, str]) -> str:
+    """ssh_config(5) TOKENS and ${VAR} in a file name, then `~`: %% %d %u %i and the host's own (%h %n
+    %k %p %r). Unknown tokens stay as written (the file then simply does not exist)."""
+    local = {"%": "%", "d": os.path.expanduser("~"), "u": getpass.getuser(), "i": str(os.getuid()), **tokens}
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(2) is not None:
+            return os.environ.get(m.group(2), "")
+        return local.get(m.group(1), m.group(0))
+
+    return os.path.expanduser(_TOKEN.sub(one, path))
 
 
 def default_key_files() -> list[str]:
