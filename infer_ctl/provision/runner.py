@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.provision.model import EntryKind, NodePlan, PlanEntry
 from infer_ctl.errors import InferctlError
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.profile import Profile
 from infer_ctl.profile.nodes import Node
 from infer_ctl.provision.context import Planned, ProvisionOptions, StepContext

@@ -102,6 +102,11 @@ def firewall_ports(
     return ports
 
 
+def missing_ports(wanted: list[str], allowed: set[str]) -> list[str]:
+    """The wanted port specs an active firewall does not allow yet (both in ufw notation)."""
+    return [p for p in wanted if p not in allowed]
+
+
 def backup_path(path: str, when: datetime) -> str:
     """Backups sit beside the file with a suffix no loader reads (`*.conf`, `*.service` globs skip it)."""
     return f"{path}.inferctl-backup-{when.strftime('%Y%m%dT%H%M%S%fZ')}"

@@ -1,19 +1,20 @@
-"""RoCE QoS desired state (trust, PFC on one priority, ECN) and the `mlnx_qos -i <if>` fields it needs."""
+"""RoCE QoS desired state (trust, PFC on one priority) against what `mlnx_qos -i <if>` shows, in the
+argument form of `mlnx_qos --trust/--pfc`.
+
+A setting the NIC does not show cannot be planned: mlnx_qos prints "Priority trust state is not
+supported on your system" (then `trust: none`) where the NIC or driver has no trust mode, and old
+mlnx-tools print no trust line at all. Planning `--trust` there would be a change that never takes
+effect, so every later plan would show it again; such a setting is reported as unsupported instead.
+"""
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass, field
 
+from infer_ctl.core.fabric.facts import QosFacts
 
-def parse_trust(mlnx_qos_text: str) -> str | None:
-    match = re.search(r"^Priority trust state:\s*(\w+)", mlnx_qos_text, re.MULTILINE)
-    return match.group(1) if match else None
-
-
-def parse_pfc_enabled(mlnx_qos_text: str) -> tuple[int, ...] | None:
-    """The 8 PFC enable flags from the `enabled` row of the PFC table."""
-    match = re.search(r"^\s*enabled\s+((?:[01]\s+){7}[01])", mlnx_qos_text, re.MULTILINE)
-    return tuple(int(x) for x in match.group(1).split()) if match else None
+#: how each setting is named in plans (and the order of `mlnx_qos` arguments)
+LABELS = {"trust": "trust", "pfc": "PFC"}
 
 
 def desired_pfc(priority: int) -> tuple[int, ...]:
@@ -22,3 +23,32 @@ def desired_pfc(priority: int) -> tuple[int, ...]:
 
 def pfc_arg(flags: tuple[int, ...]) -> str:
     return ",".join(str(f) for f in flags)
+
+
+@dataclass(frozen=True)
+class QosSettings:
+    """The settings this NIC shows, wanted and current (`mlnx_qos` values), and those it does not."""
+
+    want: dict[str, str] = field(default_factory=dict)
+    have: dict[str, str] = field(default_factory=dict)
+    #: settings the NIC does not show ("trust", "pfc"): cannot be applied with mlnx_qos
+    unsupported: tuple[str, ...] = ()
+
+    @property
+    def converged(self) -> bool:
+        return self.have == self.want
+
+
+def qos_settings(qos: QosFacts, trust: str, pfc_priority: int) -> QosSettings:
+    want: dict[str, str] = {}
+    have: dict[str, str] = {}
+    unsupported: list[str] = []
+    if qos.trust is None:
+        unsupported.append("trust")
+    else:
+        want["trust"], have["trust"] = trust, qos.trust
+    if qos.pfc is None:
+        unsupported.append("pfc")
+    else:
+        want["pfc"], have["pfc"] = pfc_arg(desired_pfc(pfc_priority)), pfc_arg(tuple(int(on) for on in qos.pfc))
+    return QosSettings(want, have, tuple(unsupported))

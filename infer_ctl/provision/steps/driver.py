@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from infer_ctl.core.provision.driver import (
-    GPU_QUERY,
+from infer_ctl.core.provision.driver import version_tuple
+from infer_ctl.core.provision.model import EntryKind
+from infer_ctl.facts.gpu_driver import (
+    KERNEL_RELEASE,
+    MODINFO_NVIDIA_VERSION,
+    NVIDIA_SMI_BANNER,
+    NVIDIA_SMI_QUERY_GPU,
+    OS_RELEASE,
     parse_cuda_version,
     parse_gpu_csv,
     parse_os_release,
-    version_tuple,
 )
-from infer_ctl.core.provision.model import EntryKind
 from infer_ctl.provision.context import Planned, StepContext
-from infer_ctl.remote.base import Command
 
 NOT_FOUND = 127
 
@@ -25,12 +28,10 @@ class DriverStep:
         conn, node = ctx.conn, ctx.node
         if node.gpus == 0:
             return [Planned(ctx.entry(self.name, "driver", EntryKind.SKIP, "node has no GPUs (gpus: 0)"))]
-        kernel = conn.run(Command("uname", "-r"), timeout=30).out.strip() or None
-        os_release = conn.run(Command("cat", "/etc/os-release"), timeout=30)
+        kernel = conn.run(KERNEL_RELEASE, timeout=30).out.strip() or None
+        os_release = conn.run(OS_RELEASE, timeout=30)
         os_name = parse_os_release(os_release.out) if os_release.ok else None
-        query = conn.run(
-            Command("nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader"), timeout=60
-        )
+        query = conn.run(NVIDIA_SMI_QUERY_GPU, timeout=60)
         where = f"{os_name or 'unknown OS'}, kernel {kernel or '?'}"
         if not query.ok:
             reason = "nvidia-smi not found" if query.exit_code == NOT_FOUND else f"nvidia-smi failed: {query.err.strip()[:200]}"
@@ -47,8 +48,8 @@ class DriverStep:
                 )
             ]
         gpus, loaded = parse_gpu_csv(query.out)
-        cuda = parse_cuda_version(conn.run(Command("nvidia-smi"), timeout=60).out)
-        modinfo = conn.run(Command("modinfo", "-F", "version", "nvidia"), timeout=30)
+        cuda = parse_cuda_version(conn.run(NVIDIA_SMI_BANNER, timeout=60).out)
+        modinfo = conn.run(MODINFO_NVIDIA_VERSION, timeout=30)
         installed = modinfo.out.strip() or None if modinfo.ok else None
         details = {
             "os": os_name,

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from infer_ctl.core.provision.desired import firewall_ports
-from infer_ctl.core.provision.firewall import firewalld_ports, missing_ports, ufw_active, ufw_allowed
+from infer_ctl.core.provision.desired import firewall_ports, missing_ports
 from infer_ctl.core.provision.model import EntryKind
+from infer_ctl.facts.firewall import (
+    FIREWALLD_LIST_PORTS,
+    FIREWALLD_STATE,
+    UFW_PRESENT,
+    UFW_STATUS,
+    firewalld_ports,
+    firewalld_running,
+    ufw_active,
+    ufw_allowed,
+)
 from infer_ctl.provision.context import Planned, StepContext
 from infer_ctl.provision.remote_files import run_checked
 from infer_ctl.remote.base import Command
@@ -30,16 +39,16 @@ class FirewallStep:
 
     def plan(self, ctx: StepContext) -> list[Planned]:
         conn, wanted = ctx.conn, self.wanted(ctx)
-        has_ufw = conn.run(Command("sh", "-c", "command -v ufw"), timeout=30).ok
+        has_ufw = conn.run(UFW_PRESENT, timeout=30).ok
         if has_ufw:
-            status = conn.run(Command("ufw", "status"), sudo=True, timeout=30)
+            status = conn.run(UFW_STATUS, sudo=True, timeout=30)
             if status.ok and ufw_active(status.out):
                 missing = missing_ports(wanted, ufw_allowed(status.out))
                 commands = [Command("ufw", "allow", p, "comment", "inferctl") for p in missing]
                 return [self._entry(ctx, "ufw", wanted, missing, commands)]
-        state = conn.run(Command("firewall-cmd", "--state"), timeout=30)
-        if state.ok and state.out.strip() == "running":
-            listed = conn.run(Command("firewall-cmd", "--list-ports"), sudo=True, timeout=30)
+        state = conn.run(FIREWALLD_STATE, timeout=30)
+        if state.ok and firewalld_running(state.out):
+            listed = conn.run(FIREWALLD_LIST_PORTS, sudo=True, timeout=30)
             missing = missing_ports(wanted, firewalld_ports(listed.out))
             commands = [Command("firewall-cmd", "--permanent", f"--add-port={p.replace(':', '-')}") for p in missing]
             if commands:

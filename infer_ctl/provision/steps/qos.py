@@ -1,14 +1,19 @@
 """NIC QoS for RoCE (trust, PFC on the configured priority, ECN) when `fabric.apply_qos` is true.
 
 These settings live in the NIC driver and are lost at reboot; rerun `inferctl provision --apply` after a
-reboot (the plan shows the drift).
+reboot (the plan shows the drift). The NIC's state is read with facts.qos (the parser `check fabric`
+uses too); a setting the NIC does not show (trust on NICs without a trust mode) is reported as not
+supported, never planned as a change that could not take effect.
 """
 
 from __future__ import annotations
 
+from infer_ctl.core.fabric.facts import QosFacts
 from infer_ctl.core.provision.diff import settings_diff
 from infer_ctl.core.provision.model import EntryKind
-from infer_ctl.core.provision.qos import desired_pfc, parse_pfc_enabled, parse_trust, pfc_arg
+from infer_ctl.core.provision.qos import LABELS, qos_settings
+from infer_ctl.facts.qos import QosParseError, mlnx_qos_command, parse_mlnx_qos
+from infer_ctl.profile.fabric import FabricPolicy
 from infer_ctl.provision.context import Planned, StepContext
 from infer_ctl.provision.remote_files import run_checked
 from infer_ctl.remote.base import Command
@@ -29,35 +34,41 @@ class QosStep:
             return [Planned(ctx.entry(self.name, "qos", EntryKind.SKIP, "fabric.apply_qos is false"))]
         if not netdev:
             return [Planned(ctx.entry(self.name, "qos", EntryKind.SKIP, "no nodes[].rdma.netdev to configure"))]
-        probe = ctx.conn.run(Command("mlnx_qos", "-i", netdev), sudo=True, timeout=60)
-        if not probe.ok:
-            why = "mlnx_qos not found" if probe.exit_code == NOT_FOUND else probe.err.strip()[:200]
+        qos = self._read(ctx, netdev)
+        if isinstance(qos, str):
             return [
                 Planned(
                     ctx.entry(
                         self.name,
                         netdev,
                         EntryKind.MANUAL,
-                        f"cannot read QoS of {netdev}: {why}",
+                        f"cannot read QoS of {netdev}: {qos}",
                         remedy="install MLNX_OFED/mlnx-tools (mlnx_qos), or configure trust/PFC with iproute2 `dcb`",
                     )
                 )
             ]
-        want = {"trust": policy.trust, "pfc": pfc_arg(desired_pfc(policy.pfc_priority))}
-        pfc = parse_pfc_enabled(probe.out)
-        have: dict[str, str | None] = {
-            "trust": parse_trust(probe.out),
-            "pfc": pfc_arg(pfc) if pfc else None,
-        }
-        planned = [self._settings(ctx, netdev, want, have)]
+        settings = qos_settings(qos, policy.trust, policy.pfc_priority)
+        planned = [self._settings(ctx, netdev, settings.want, settings.have)] if settings.want else []
+        planned += [self._unsupported(ctx, netdev, name, policy) for name in settings.unsupported]
         if policy.ecn:
             planned.append(self._ecn(ctx, netdev, policy.pfc_priority))
         return planned
 
-    def _settings(self, ctx: StepContext, netdev: str, want: dict[str, str], have: dict[str, str | None]) -> Planned:
+    def _read(self, ctx: StepContext, netdev: str) -> QosFacts | str:
+        """The NIC's QoS as `mlnx_qos -i` shows it, or why it could not be read."""
+        probe = ctx.conn.run(mlnx_qos_command(netdev), sudo=True, timeout=60)
+        if not probe.ok:
+            return "mlnx_qos not found" if probe.exit_code == NOT_FOUND else probe.err.strip()[:200]
+        try:
+            return parse_mlnx_qos(probe.out)
+        except QosParseError as exc:
+            return str(exc)
+
+    def _settings(self, ctx: StepContext, netdev: str, want: dict[str, str], have: dict[str, str]) -> Planned:
         if have == want:
-            return Planned(ctx.entry(self.name, netdev, EntryKind.OK, f"trust {want['trust']}, PFC {want['pfc']}"))
-        command = Command("mlnx_qos", "-i", netdev, "--trust", want["trust"], "--pfc", want["pfc"])
+            shown = ", ".join(f"{LABELS[k]} {v}" for k, v in want.items())
+            return Planned(ctx.entry(self.name, netdev, EntryKind.OK, shown))
+        command = Command("mlnx_qos", "-i", netdev, *(arg for k, v in want.items() for arg in (f"--{k}", v)))
 
         def action() -> None:
             run_checked(ctx.conn, command, sudo=True, what=command.shell())
@@ -67,12 +78,32 @@ class QosStep:
                 self.name,
                 netdev,
                 EntryKind.CHANGE,
-                "set trust and PFC",
+                "set " + " and ".join(LABELS[k] for k in want),
                 diff=settings_diff(have, want),
                 commands=(command.shell(),),
                 needs_sudo=True,
             ),
             action,
+        )
+
+    def _unsupported(self, ctx: StepContext, netdev: str, setting: str, policy: FabricPolicy) -> Planned:
+        """Nothing to apply: the NIC does not show the setting, so mlnx_qos cannot change it either."""
+        if setting == "trust":
+            summary = (f"trust not supported on this NIC: mlnx_qos shows no trust state for {netdev}, so "
+                       f"fabric.trust ({policy.trust}) cannot be applied here")
+        else:
+            summary = (f"PFC not supported on this NIC: mlnx_qos shows no PFC table for {netdev}, so PFC on "
+                       f"priority {policy.pfc_priority} cannot be applied here")
+        return Planned(
+            ctx.entry(
+                self.name,
+                f"{netdev} {setting}",
+                EntryKind.SKIP,
+                summary,
+                remedy="nothing to apply on this host: mark or classify the RoCE traffic at the switch (or use a "
+                "NIC and driver with this setting); `inferctl check fabric` shows what the NIC reports",
+                details={"setting": setting, "supported": False},
+            )
         )
 
     def _ecn(self, ctx: StepContext, netdev: str, prio: int) -> Planned:
