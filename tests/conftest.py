@@ -1,4 +1,10 @@
-"""Shared fixtures. `ssh_cluster` starts real OpenSSH servers on loopback (see tests/sshd_harness.py)."""
+"""Shared fixtures. `ssh_cluster` starts real OpenSSH servers on loopback (see tests/sshd_harness.py).
+
+End-to-end tests are marked `slow` here, in one place, so `scripts/test.sh --fast` (`-m "not slow"`)
+is the inner loop while CI runs everything: a test is end-to-end when it uses the real-sshd harness
+(the `ssh_cluster` fixture, directly or through another fixture, or the `ssh` marker), lives in a file
+named `*e2e*`, or runs the demo or SGLang's own router.
+"""
 
 from __future__ import annotations
 
@@ -23,3 +29,23 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         yield make
     finally:
         teardown()
+
+
+# besides every *e2e* file: the demo, and the simulator behind SGLang's own (Rust) router
+END_TO_END_FILES = ("test_demo.py", "test_sglang_router.py")
+
+
+def is_end_to_end(item: pytest.Item) -> bool:
+    name = item.path.name
+    return (
+        "ssh_cluster" in getattr(item, "fixturenames", ())
+        or item.get_closest_marker("ssh") is not None
+        or "e2e" in name
+        or name in END_TO_END_FILES
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_end_to_end(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)

