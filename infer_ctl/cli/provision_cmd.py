@@ -14,8 +14,8 @@ from rich.table import Table
 from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, RoleOpt, finish, get_profile, session
 from infer_ctl.core.report import Report
 from infer_ctl.exitcodes import ExitCode
-from infer_ctl.provision import cli_support as support
-from infer_ctl.provision.render import render_plans
+from infer_ctl.provision import workflow as support
+from infer_ctl.provision.plan_table import render_plans
 from infer_ctl.provision.steps.registry import all_steps
 from infer_ctl.provision.wheelhouse import build_wheelhouse
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infer_ctl.errors import InferctlError, RemoteError, UsageError
+from infer_ctl.errors import InferctlError, UsageError
 
 
 class ProvisionError(InferctlError):
@@ -13,10 +13,6 @@ class StepFailed(ProvisionError):
     def __init__(self, step: str, message: str, *, remedy: str | None = None) -> None:
         super().__init__(f"{step}: {message}", remedy=remedy)
         self.step = step
-
-
-class NoPrivilegeError(RemoteError):
-    """Root is needed (sudo -n failed, or ssh.sudo is off and the user is not root)."""
 
 
 class WheelhouseError(UsageError):

@@ -14,7 +14,7 @@ from infer_ctl.core.provision.model import EntryKind
 from infer_ctl.provision.context import Planned, StepContext
 from infer_ctl.provision.errors import ProvisionError, StepFailed, WheelhouseError
 from infer_ctl.provision.remote_files import run_checked, upload_file
-from infer_ctl.provision.venv import installed_version, probe_venv, switch_current
+from infer_ctl.provision.venv_links import installed_version, probe_venv, switch_current
 from infer_ctl.provision.wheelhouse import LocalWheelhouse
 from infer_ctl.remote.base import Command, Connector
 

@@ -1,5 +1,6 @@
-"""The glue the `provision` commands call: options parsing, the plan/apply flow, rollback, reports.
-Kept out of cli/ so the typer functions stay thin."""
+"""The provisioning workflow over a fleet: parse the step options, plan, confirm and apply the very plan
+that was confirmed, roll a venv back, and build the report. The `provision` commands (cli/) call it,
+so their typer functions stay thin."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from infer_ctl.profile.select import select_nodes
 from infer_ctl.provision.context import ProvisionOptions
 from infer_ctl.provision.runner import FleetPlan, apply_fleet, plan_fleet, shared_inputs
 from infer_ctl.provision.steps.registry import step_names
-from infer_ctl.provision.venv import rollback
+from infer_ctl.provision.venv_links import rollback
 from infer_ctl.remote.fleet import Fleet
 
 

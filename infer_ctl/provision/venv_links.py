@@ -1,4 +1,5 @@
-"""The pinned SGLang venv on a node: where it lives, how it is built, switched and rolled back.
+"""The links to the pinned SGLang venv on a node: probe, switch and roll back (building the venv is the
+venv step, steps/venv.py).
 
 `<venvs>/sglang-<version>-<lockhash>` is built once and never modified; `<venvs>/current` (and the
 `<venvs>/<version>` alias the launch units use) point at it. Switching replaces each symlink with one
