@@ -7,7 +7,11 @@ the decode stand-in called directly, inferctl's router (`inferctl router serve`,
 sglang-router 0.3.2 (`--pd-disaggregation --policy cache_aware`). Everything shares this machine's cores,
 so absolute numbers depend on it; the ratios are the result.
 
-    python scripts/bench_router_overhead.py [--duration 5] [--connections 16] [--repeat 3]
+    python scripts/bench_router_overhead.py [--duration 5] [--connections 16] [--repeat 3] [--baseline CHECKOUT]
+
+`--baseline` adds the router of another checkout (before/after a change: `git worktree add /tmp/base
+<commit>`), measured in the same repetitions as this checkout's, so both see the same machine load.
+`--calls N` counts instead of timing: Python function calls per request of both routers (cProfile).
 
 Each repetition measures every target once (the order rotates between repetitions, so no target always
 runs first after a quiet or busy spell); the table shows the median over repetitions, and the load
@@ -20,8 +24,10 @@ import argparse
 import json
 import logging
 import os
+import pstats
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -29,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -156,6 +163,47 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+INFERCTL = "inferctl router"
+SGLANG = "sglang-router 0.3.2"
+BASELINE = "inferctl router (baseline)"
+
+
+def router_source(checkout: Path) -> str:
+    """Where `python -m infer_ctl` started in `checkout` imports the router from (checked, not assumed)."""
+    out = subprocess.run([sys.executable, "-c", "import infer_ctl.router.proxy as p; print(p.__file__)"],
+                         cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
+
+
+def python_calls_per_request(checkout: Path, pre: str, dec: str, bootstrap: int, n: int) -> float:
+    """Python function calls per routed non-streaming PD request of the router in `checkout`, counted by
+    cProfile: the router is run twice, answering n and 2n requests, and the difference is divided by n
+    (start-up, shutdown and health polls cancel out). A count, not a time: it does not move with the load
+    of a shared machine, so it shows a change in the work done per request that timings here cannot."""
+    totals = []
+    for count in (n, 2 * n):
+        with tempfile.TemporaryDirectory() as tmp:
+            prof, port = Path(tmp) / "router.prof", free_port()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "infer_ctl", "router", "serve",
+                 "--listen", f"127.0.0.1:{port}", "--prefill", f"{pre}@{bootstrap}", "--decode", dec,
+                 "--log-level", "warning"],
+                cwd=checkout, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(checkout)})
+            try:
+                url = f"http://127.0.0.1:{port}"
+                wait_http(url + "/health")
+                with httpx.Client(timeout=10) as client:
+                    for _ in range(count):
+                        if client.post(url + "/generate", json=BODY).status_code != 200:
+                            raise SystemExit(f"{checkout}: a request failed while counting calls")
+            finally:
+                proc.send_signal(signal.SIGTERM)  # the router drains and exits; cProfile writes its file
+                proc.wait(60)
+            totals.append(pstats.Stats(str(prof)).total_calls)  # type: ignore[attr-defined]  # set by Stats, not in typeshed
+    return (totals[1] - totals[0]) / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--standin", type=int, help=argparse.SUPPRESS)
@@ -163,6 +211,12 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3, help="repetitions; the table shows medians")
+    ap.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                    help="also measure the router of another checkout of this repository (e.g. a `git worktree` "
+                         "of the commit before a change), interleaved with this one in every repetition")
+    ap.add_argument("--calls", type=int, metavar="N",
+                    help="instead of timing: count Python function calls per request (cProfile, N and 2N requests) "
+                         "of this checkout's router and the --baseline one")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.standin:
@@ -173,54 +227,86 @@ def main() -> None:
         return
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    here = Path(__file__).resolve().parent.parent
+    sources = {INFERCTL: router_source(here)}
+    if args.baseline is not None:
+        sources[BASELINE] = router_source(args.baseline.resolve())
+        if sources[BASELINE] == sources[INFERCTL]:
+            raise SystemExit(f"--baseline {args.baseline} imports the same router as this checkout: {sources[INFERCTL]}")
     procs: list[subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp())
     script = tmp / "post.lua"
     script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                       f"wrk.body = '{json.dumps(BODY)}'\n")
+
+    def start(cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        procs.append(subprocess.Popen(cmd, **kw))
+        return procs[-1]
+
     try:
         pp, dp, bp = free_port(), free_port(), free_port()
         for port in (pp, dp):
-            procs.append(subprocess.Popen([sys.executable, __file__, "--standin", str(port)]))
+            start([sys.executable, __file__, "--standin", str(port)])
         pre, dec = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         wait_http(pre + "/health")
         wait_http(dec + "/health")
-        ip, sp = free_port(), free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{ip}",
-                                       "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"],
-                                      env={**os.environ, "INFERCTL_ROUTER_TOKEN": ""}))
-        procs.append(subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                                       "--prefill", pre, str(bp), "--decode", dec, "--policy", "cache_aware",
-                                       "--host", "127.0.0.1", "--port", str(sp), "--prometheus-port", str(free_port()),
-                                       "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if args.calls:
+            counted = {name: python_calls_per_request(here if name == INFERCTL else args.baseline.resolve(), pre, dec,
+                                                      bp, args.calls) for name in sources}
+            if args.json:
+                print(json.dumps({"python_calls_per_request": counted, "requests": args.calls,
+                                  "router_sources": sources}, indent=2))
+                return
+            for name, calls in counted.items():
+                print(f"{name:28} {calls:8.1f} Python function calls per request ({sources[name]})")
+            if BASELINE in counted:
+                print(f"this checkout / baseline: {counted[INFERCTL] / counted[BASELINE]:.3f}x")
+            return
+        # name -> (url, the process whose CPU is counted)
+        targets: dict[str, tuple[str, subprocess.Popen[bytes]]] = {"direct (decode stand-in)": (dec, procs[1])}
+        for name in sources:
+            # `python -m` puts the working directory first on sys.path: each router runs in its own checkout
+            checkout = here if name == INFERCTL else args.baseline.resolve()
+            port = free_port()
+            targets[name] = (f"http://127.0.0.1:{port}", start(
+                [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
+                 "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"],
+                cwd=checkout, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(checkout)}))
+        sp = free_port()
+        targets[SGLANG] = (f"http://127.0.0.1:{sp}", start(
+            [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill", pre, str(bp),
+             "--decode", dec, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(sp),
+             "--prometheus-port", str(free_port()), "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         np_ = free_port()
-        procs.append(subprocess.Popen([sys.executable, __file__, "--naive", str(np_), pre, dec]))
-        targets = {"direct (decode stand-in)": dec, "inferctl router": f"http://127.0.0.1:{ip}",
-                   "sglang-router 0.3.2": f"http://127.0.0.1:{sp}", "naive aiohttp proxy": f"http://127.0.0.1:{np_}"}
-        for url in targets.values():
+        targets["naive aiohttp proxy"] = (f"http://127.0.0.1:{np_}",
+                                          start([sys.executable, __file__, "--naive", str(np_), pre, dec]))
+        for url, _ in targets.values():
             wait_http(url + "/generate", post=True)
         # CPU per request of the target's own process(es) under the c16 load: unlike requests/s, it hardly
         # depends on how busy the rest of the machine is, so it compares the implementations' efficiency.
-        pids = dict(zip(targets, (procs[1].pid, procs[2].pid, procs[3].pid, procs[4].pid), strict=True))
         load_before = os.getloadavg()
         ck = f"c{args.connections}"
         names = list(targets)
         runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in names}
-        for url in targets.values():
+        for url, _ in targets.values():
             wrk(url + "/generate", 4, 1, 1, str(script))  # warm-up
         for rep in range(args.repeat):
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
-                url = targets[name] + "/generate"
-                c1 = wrk(url, 1, 1, args.duration, str(script))
-                cpu0 = cpu_seconds(pids[name])
-                many = wrk(url, args.connections, 2, args.duration, str(script))
-                many["cpu_us_per_req"] = (cpu_seconds(pids[name]) - cpu0) / many["requests"] * 1e6
+                url, proc = targets[name]
+                c1 = wrk(url + "/generate", 1, 1, args.duration, str(script))
+                cpu0 = cpu_seconds(proc.pid)
+                many = wrk(url + "/generate", args.connections, 2, args.duration, str(script))
+                many["cpu_us_per_req"] = (cpu_seconds(proc.pid) - cpu0) / many["requests"] * 1e6
                 runs[name].append({"c1": c1, ck: many})
         load_after = os.getloadavg()
 
         def med(name: str, kind: str, key: str) -> float:
             return statistics.median(r[kind][key] for r in runs[name])
+
+        def per_rep(a: str, b: str, kind: str, key: str) -> list[float]:
+            return [x[kind][key] / y[kind][key] for x, y in zip(runs[a], runs[b], strict=True)]
 
         direct_name = names[0]
         rows = []
@@ -230,28 +316,44 @@ def main() -> None:
                          "added_p99_ms": med(name, "c1", "p99_ms") - med(direct_name, "c1", "p99_ms"),
                          "rps": med(name, ck, "rps"), "cpu_us_per_req": med(name, ck, "cpu_us_per_req"),
                          "errors": sum(r["c1"]["errors"] + r[ck]["errors"] for r in runs[name])})
-        ratio = med("inferctl router", ck, "rps") / med("sglang-router 0.3.2", ck, "rps")
-        per_rep = [a[ck]["rps"] / b[ck]["rps"] for a, b in zip(runs["inferctl router"], runs["sglang-router 0.3.2"],
-                                                             strict=True)]
+        ratio = med(INFERCTL, ck, "rps") / med(SGLANG, ck, "rps")
+        cpu_ratio = med(SGLANG, ck, "cpu_us_per_req") / med(INFERCTL, ck, "cpu_us_per_req")
+        sg_reps = per_rep(INFERCTL, SGLANG, ck, "rps")
         loads = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}
+        doc: dict[str, object] = {"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio, "cpu_ratio_sglang_vs_inferctl": cpu_ratio,
+                                  "per_repetition_ratios": sg_reps, "load_average": loads, "repeat": args.repeat,
+                                  "duration_s": args.duration, "router_sources": sources}
+        if args.baseline is not None:
+            # this checkout / the baseline: per repetition (the two measured within seconds of each other, under
+            # the same load), the median of those, and the ratio of the two medians
+            doc["vs_baseline"] = {
+                key: {"per_repetition": (reps := per_rep(INFERCTL, BASELINE, kind, key)),
+                      "median_of_ratios": statistics.median(reps),
+                      "ratio_of_medians": med(INFERCTL, kind, key) / med(BASELINE, kind, key)}
+                for kind, key in ((ck, "rps"), (ck, "cpu_us_per_req"), ("c1", "p50_ms"))}
         if args.json:
-            print(json.dumps({"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio,
-                              "cpu_ratio_sglang_vs_inferctl": med("sglang-router 0.3.2", ck, "cpu_us_per_req")
-                              / med("inferctl router", ck, "cpu_us_per_req"), "per_repetition_ratios": per_rep,
-                              "load_average": loads, "repeat": args.repeat, "duration_s": args.duration}, indent=2))
+            print(json.dumps(doc, indent=2))
             return
         print(f"medians of {args.repeat} repetitions x {args.duration} s; load average (1/5/15 min) "
               f"before {loads['before']}, after {loads['after']} on {os.cpu_count()} CPUs")
+        for name, src in sources.items():
+            print(f"{name}: {src}")
         print(f"{'target':28} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {ck + ' req/s':>11} "
               f"{'CPU us/req':>10} {'errors':>7}")
         for r in rows:
             print(f"{r['target']:28} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['added_p50_ms']:8.3f} {r['added_p99_ms']:8.3f} "
                   f"{r['rps']:11.0f} {r['cpu_us_per_req']:10.0f} {r['errors']:7.0f}")
         print(f"inferctl / sglang-router requests/s: {ratio:.2f}x (per repetition: "
-              + ", ".join(f"{x:.2f}" for x in per_rep) + ")")
-        cpu_ratio = med("sglang-router 0.3.2", ck, "cpu_us_per_req") / med("inferctl router", ck, "cpu_us_per_req")
+              + ", ".join(f"{x:.2f}" for x in sg_reps) + ")")
         print(f"sglang-router CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
               "(the requests/s ratio both would reach with a core each)")
+        if args.baseline is not None:
+            vs = doc["vs_baseline"]
+            assert isinstance(vs, dict)
+            for key, label in (("rps", "requests/s"), ("cpu_us_per_req", "CPU per request"), ("p50_ms", "c1 p50")):
+                print(f"this checkout / baseline, {label}: median of per-repetition ratios "
+                      f"{vs[key]['median_of_ratios']:.3f}x, ratio of medians {vs[key]['ratio_of_medians']:.3f}x "
+                      "(per repetition: " + ", ".join(f"{x:.3f}" for x in vs[key]["per_repetition"]) + ")")
     finally:
         for p in reversed(procs):  # proxies before the stand-ins they talk to
             p.terminate()
@@ -261,7 +363,6 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -49,7 +49,7 @@ def prefill_outcome(pt: asyncio.Task[Answer], pre: WorkerState) -> Answer:
     if exc is not None:
         raise AttemptFailed("prefill_error", pre.url, str(exc))
     status, data, ctype = pt.result()
-    check_status("prefill_status", pre.url, status, data, f"prefill answered HTTP {status}")
+    check_status("prefill_status", pre, status, data, "prefill answered ")
     return status, data, ctype
 
 
@@ -114,7 +114,7 @@ class AttemptRunner:
                 status, data, ctype = await calls.read(pre, ctx.endpoint, payload, ctx.headers)
             except UpstreamError as exc:
                 raise AttemptFailed("worker_error", pre.url, str(exc)) from None
-            check_status("worker_status", pre.url, status, data)
+            check_status("worker_status", pre, status, data)
             if status == 200:
                 self.feedback.answered(ctx, pre, loads_or_none(data))
             return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
@@ -150,7 +150,7 @@ class AttemptRunner:
                 return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
             finally:
                 waiting = False
-            check_status("decode_status", dec.url, status, data)
+            check_status("decode_status", dec, status, data)
             obj: Any = None
             if status == 200 and ctx.logprobs:
                 try:
@@ -193,7 +193,7 @@ class AttemptRunner:
             if upstream.status != 200:
                 data = await upstream.read()
                 calls.record(target, upstream.status)
-                check_status("stream_status", target.url, upstream.status, data)
+                check_status("stream_status", target, upstream.status, data)
                 return h1.Response(upstream.status, data, _JSON, headers=ctx.headers)
             first = await self.relay.first_chunk(target, upstream)
             return await self.relay.run(ctx, pre, target, upstream, first, await self._prefill_meta(ctx, pt))

@@ -49,10 +49,11 @@ class RetriesExhausted(Exception):
         self.last, self.attempts = last, attempts
 
 
-def check_status(cause: str, worker: str, status: int, body: bytes, message: str = "") -> None:
-    """The one classification of a worker's HTTP answer: raise AttemptFailed when it is retryable."""
+def check_status(cause: str, worker: WorkerState, status: int, body: bytes, who: str = "") -> None:
+    """The one classification of a worker's HTTP answer: raise AttemptFailed when it is retryable. Runs
+    on every answer: the message is built only for a failure."""
     if status in RETRYABLE_STATUS:
-        raise AttemptFailed(cause, worker, message or f"HTTP {status}", status, body)
+        raise AttemptFailed(cause, worker.url, f"{who}HTTP {status}", status, body)
 
 
 async def with_retries(ctx: RequestContext, pick: Pick, attempt: Attempt[R], *, max_retries: int, base_s: float,
