@@ -27,7 +27,10 @@ Design choices, measured on the 2-core build machine:
   defaults (they are placed first, since sshd keeps the first value); a `Match` block goes last.
 
 The profile from `profile_data()` sets `ssh.sudo` to false when the tests run as root (root needs no
-sudo, and the build image has no sudo binary); tests of sudo behaviour set it explicitly.
+sudo, and the build image has no sudo binary); tests of sudo behaviour set it explicitly. inferctl runs
+privileged commands of a root login (uid 0) without sudo, so a test of sudo itself, when the tests run
+as root, first calls `pose_as_unprivileged(name)`: a stand-in `id` on that node reports an ordinary
+login user (and the real identity under sudo, i.e. when SUDO_UID is set).
 """
 
 from __future__ import annotations
@@ -283,6 +286,24 @@ class SshCluster:
         path.write_text(script if script.startswith("#!") else "#!/bin/sh\n" + script)
         path.chmod(0o755)
         return path
+
+    def pose_as_unprivileged(self, name: str, user: str = "ops", uid: int = 1000) -> Path:
+        """Make node `name`'s login user look unprivileged to `id` (a stand-in on its PATH), so commands
+        with sudo=True go through (stand-in) sudo although sshd runs the session as the test's user.
+        Under sudo (SUDO_UID set, as sudo and the stand-ins set it) `id` is the real one."""
+        return self.add_executable(
+            name,
+            "id",
+            "# stand-in for id(1): an unprivileged login user (tests/sshd_harness.py pose_as_unprivileged)\n"
+            'if [ -n "$SUDO_UID" ]; then exec /usr/bin/id "$@"; fi\n'
+            'case "$*" in\n'
+            f"  -u|-ru|-ur) echo {uid} ;;\n"
+            f"  -un|-nu|'-u -n'|'-n -u') echo {user} ;;\n"
+            f"  -g) echo {uid} ;;\n"
+            f"  '') echo 'uid={uid}({user}) gid={uid}({user}) groups={uid}({user})' ;;\n"
+            '  *) exec /usr/bin/id "$@" ;;\n'
+            "esac\n",
+        )
 
     # ---- profiles --------------------------------------------------------------------------------
     def profile_data(self, **section_overrides: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from infer_ctl.remote.errors import (
     SudoError,
     SudoMissingError,
     SudoNotAllowedError,
+    SudoPasswordRejectedError,
     SudoPasswordRequiredError,
 )
 
@@ -60,24 +61,50 @@ for t in $targets; do kill -s KILL -- "$t" 2>/dev/null; done
 exit 0
 """
 
+# sudo for a non-root login only: a root login runs the command itself (root needs no sudo, and many
+# images have none). Decided on the node by the uid, so a uid-0 login of any name counts as root.
+SUDO_N_SCRIPT = r"""[ "$(id -u)" = 0 ] && exec "$@"
+exec sudo -n -- "$@"
+"""
+
+#: the line SUDO_ASKPASS_SCRIPT prints (on stderr, exit 1) when sudo asked for the password twice
+PASSWORD_REJECTED_LINE = "inferctl-sudo: sudo asked for the password again: it was rejected"
+
 # With a password, the first line of stdin is the password. `read` in sh consumes exactly that line
 # (shells read pipes byte by byte), the rest of stdin flows on to the command. sudo -A asks the helper
 # only when a password is actually needed, so NOPASSWD rules keep working and the password never
 # reaches the command's stdin. The helper file holds no secret: it prints an environment variable.
+#
+# The password is offered ONCE. sudo asks again (up to passwd_tries, 3) when it was wrong, and every
+# answer counts toward pam_faillock's lockout (deny=3 by default) -- a failed askpass too, since PAM
+# sees a failed conversation. So when asked a second time the helper kills sudo (its parent; sudo's
+# real uid is the login user's, so it may) before PAM hears an answer: one run costs at most one failed
+# attempt per node. sudo's own "Sorry, try again." is left on stderr; PASSWORD_REJECTED_LINE follows.
 SUDO_ASKPASS_SCRIPT = r"""IFS= read -r INFERCTL_SUDO_PW || exit 97
+if [ "$(id -u)" = 0 ]; then unset INFERCTL_SUDO_PW; exec "$@"; fi
 export INFERCTL_SUDO_PW
-a=$(mktemp) || exit 97
-trap 'rm -f "$a"' EXIT
-printf '%s\n' '#!/bin/sh' 'printf "%s\n" "$INFERCTL_SUDO_PW"' > "$a"
-chmod 700 "$a"
-SUDO_ASKPASS="$a" sudo -A -- "$@"
-"""
+d=$(mktemp -d) || exit 97
+trap 'rm -rf -- "$d"' EXIT
+cat > "$d/askpass" <<'EOF'
+#!/bin/sh
+d=${0%/*}
+if [ -e "$d/given" ]; then : > "$d/rejected"; kill -KILL "$PPID"; exit 1; fi
+: > "$d/given"
+printf '%s\n' "$INFERCTL_SUDO_PW"
+EOF
+chmod 700 "$d/askpass"
+SUDO_ASKPASS="$d/askpass" sudo -A -- "$@"
+rc=$?
+if [ -e "$d/rejected" ]; then echo "PASSWORD_REJECTED_LINE" >&2; exit 1; fi
+exit $rc
+""".replace("PASSWORD_REJECTED_LINE", PASSWORD_REJECTED_LINE)
 
 
 @dataclass(frozen=True)
 class SudoMode:
     """How `sudo=True` is honoured on a node: not at all (the login user is privileged, ssh.sudo
-    false), `sudo -n`, or sudo with a password sent over stdin."""
+    false), `sudo -n`, or sudo with a password sent over stdin. Either way a root login (uid 0 on the
+    node) runs the command itself."""
 
     enabled: bool = True
     password: str | None = None
@@ -135,16 +162,38 @@ def build_argv(
     prefix = b""
     if sudo and sudo_mode.enabled:
         if sudo_mode.password is None:
-            argv = ["sudo", "-n", "--", *argv]
+            argv = sudo_n_argv(argv)
         else:
             argv = ["sh", "-c", SUDO_ASKPASS_SCRIPT, "inferctl-sudo", *argv]
             prefix = sudo_mode.password.encode() + b"\n"
     return argv, prefix
 
 
+def sudo_n_argv(argv: list[str]) -> list[str]:
+    """`argv` through `sudo -n` for a non-root login, as itself for root (SUDO_N_SCRIPT)."""
+    return ["sh", "-c", SUDO_N_SCRIPT, "inferctl-sudo", *argv]
+
+
 def is_remote_timeout(result_exit: int | None, duration: float, timeout: float | None) -> bool:
     """`timeout` exits 124 (TERM worked) or 137 (needed KILL) when the limit hit."""
     return timeout is not None and result_exit in (124, 137) and duration >= timeout * 0.95
+
+
+# sudo 1.9 prints some refusals WITHOUT its "sudo: " prefix ("Sorry, try again.", "alice is not in the
+# sudoers file."); each pattern must match a whole stderr line, so a command's own output is not taken
+# for sudo's. Messages as printed by sudo 1.9.13 (Debian 12); their source: plugins/sudoers/ in
+# https://github.com/sudo-project/sudo (check.c, logging.c, auth/sudo_auth.c).
+_REJECTED = re.compile(
+    rf"^(Sorry, try again\.|sudo: \d+ incorrect password attempts?|{re.escape(PASSWORD_REJECTED_LINE)})$"
+)
+_NOT_ALLOWED = re.compile(
+    r"^(sudo: )?(\S+ is not in the sudoers file\b.*|Sorry, user \S+ (is not allowed to execute|may not run sudo)\b.*)$"
+)
+_NEEDS_PASSWORD = re.compile(
+    r"^sudo: (a password is required|a terminal is required|no password was provided|no askpass program)"
+)
+# sudo warnings that do not stop the command: the command's own exit 1 must stay a result
+_HARMLESS = re.compile(r"^sudo: (unable to resolve host|setrlimit)")
 
 
 def raise_for_sudo(node: str, result: CommandResult, sudo_mode: SudoMode) -> None:
@@ -157,26 +206,31 @@ def raise_for_sudo(node: str, result: CommandResult, sudo_mode: SudoMode) -> Non
             f"{node}: sudo is not installed",
             remedy="install sudo on the node, or log in as a privileged user and set ssh.sudo: false",
         )
-    if result.exit_code != 1 or not err.lstrip().startswith("sudo:"):
+    lines = [line.strip() for line in err.splitlines() if line.strip()]
+    if result.exit_code != 1 or not lines:
         return
-    if "password is required" in err or "terminal is required" in err or "no password was provided" in err:
+    if any(_REJECTED.match(line) for line in lines):
+        raise SudoPasswordRejectedError(
+            f"{node}: sudo rejected the password (from the variable named by ssh.sudo_password_env); it was "
+            "offered once, and sudo was stopped when it asked again",
+            remedy="check the password in that environment variable; each run costs at most one failed "
+            "attempt toward the account's lockout (pam_faillock): `faillock --user USER` on the node lists them",
+        )
+    refused = next((line for line in lines if _NOT_ALLOWED.match(line)), None)
+    if refused is not None:
+        raise SudoNotAllowedError(
+            f"{node}: the SSH user may not use sudo: {refused.removeprefix('sudo: ')}",
+            remedy="add a sudoers rule for the SSH user on the node",
+        )
+    if any(_NEEDS_PASSWORD.match(line) for line in lines):
         raise SudoPasswordRequiredError(
             f"{node}: sudo needs a password",
             remedy="allow passwordless sudo (NOPASSWD) for the SSH user, or set ssh.sudo_password_env to "
             "the name of an environment variable holding the password",
         )
-    if "incorrect password" in err:
-        raise SudoPasswordRequiredError(
-            f"{node}: sudo rejected the password (from the variable named by ssh.sudo_password_env)",
-            remedy="check the password in that environment variable",
-        )
-    if "not in the sudoers" in err or "not allowed to" in err or "may not run sudo" in err:
-        raise SudoNotAllowedError(
-            f"{node}: the SSH user may not use sudo: {err.strip().splitlines()[0]}",
-            remedy="add a sudoers rule for the SSH user on the node",
-        )
-    if sudo_mode.enabled:
+    first = next((line for line in lines if not _HARMLESS.match(line)), "")
+    if sudo_mode.enabled and first.startswith("sudo:"):
         raise SudoError(
-            f"{node}: sudo failed: {err.strip().splitlines()[0]}",
+            f"{node}: sudo failed: {first}",
             remedy="run the command by hand on the node with `sudo -n` to see why",
         )

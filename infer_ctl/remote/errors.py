@@ -61,6 +61,10 @@ class SudoPasswordRequiredError(SudoError):
     pass
 
 
+class SudoPasswordRejectedError(SudoPasswordRequiredError):
+    """The password from ssh.sudo_password_env was wrong (offered once: sudo asked again)."""
+
+
 class SudoNotAllowedError(SudoError):
     pass
 

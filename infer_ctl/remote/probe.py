@@ -68,8 +68,11 @@ def parse_node_probe(text: str) -> dict[str, Any]:
 
 
 def sudo_status(conn: Connector, *, sudo_enabled: bool, uid: int | None) -> str:
+    # root needs no sudo (privileged commands run as themselves), whether or not the node has sudo
+    if uid == 0:
+        return "root"
     if not sudo_enabled:
-        return "root" if uid == 0 else "not used (ssh.sudo: false)"
+        return "not used (ssh.sudo: false)"
     try:
         result = conn.run(Command("true"), sudo=True, timeout=15)
     except SudoError as exc:

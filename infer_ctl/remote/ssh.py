@@ -31,6 +31,7 @@ from infer_ctl.remote.commandline import (
     is_remote_timeout,
     marker_pattern,
     raise_for_sudo,
+    sudo_n_argv,
 )
 from infer_ctl.remote.errors import (
     AuthError,
@@ -567,7 +568,7 @@ class SshConnector:
     def _kill_marked(self, via_sudo: bool) -> None:
         argv = ["sh", "-c", ABORT_SCRIPT, "inferctl-abort", marker_pattern(self.run_marker), str(ABORT_GRACE_DS)]
         if via_sudo and self.sudo_mode.enabled and self.sudo_mode.password is None:
-            argv = ["sudo", "-n", "--", *argv]  # commands run through sudo belong to root
+            argv = sudo_n_argv(argv)  # commands run through sudo belong to root
         chan = self._transport.open_session(timeout=min(self._connect_timeout, 2.0))
         try:
             chan.exec_command(shlex.join(argv))

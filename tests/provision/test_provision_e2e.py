@@ -156,6 +156,7 @@ def test_node_without_sudo_is_a_clear_error(prov_cluster, capsys) -> None:
     node = pc.cluster.names[0]
     from tests.provision.standins import SUDO_NEEDS_PASSWORD
 
+    pc.cluster.pose_as_unprivileged(node)  # a root login would need no sudo
     pc.cluster.add_executable(node, "sudo", SUDO_NEEDS_PASSWORD)
     profile = pc.profile(ssh={"sudo": True}, sglang={"version": "0.5.23"})
     code, doc = run_cli(capsys, "provision", "-p", str(profile), "--skip", "venv")

@@ -65,6 +65,7 @@ def test_exec_table_output_timeout_and_non_utf8(ssh_cluster, capsys, tmp_path):
 
 def test_exec_sudo_refused_is_a_failure(ssh_cluster, capsys, tmp_path):
     cluster = ssh_cluster(1)
+    cluster.pose_as_unprivileged("node-01")  # a root login would need no sudo
     cluster.add_executable("node-01", "sudo", 'echo "sudo: a password is required" >&2\nexit 1\n')
     path = cluster.write_profile(tmp_path / "p.yaml", ssh={"sudo": True})
     code, doc = run_json(capsys, "exec", "-p", str(path), "--json", "--sudo", "--", "id -u")

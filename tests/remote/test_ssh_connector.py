@@ -28,9 +28,11 @@ pytestmark = pytest.mark.ssh
 
 # A stand-in for sudo where the SSH user has no passwordless sudo: behaves like `sudo -n` refusing.
 STANDIN_SUDO_REFUSES = 'echo "sudo: a password is required" >&2\nexit 1\n'
-# A stand-in for sudo that is allowed: skips its options and runs the command (we are root already).
+# A stand-in for sudo that is allowed: skips its options and runs the command (we are root already),
+# with SUDO_UID set as sudo sets it.
 STANDIN_SUDO_ALLOWS = (
-    'while [ "$1" != "--" ]; do shift; done; shift\necho "$*" >> "$(dirname "$0")/sudo.log"\nexec "$@"\n'
+    'while [ "$1" != "--" ]; do shift; done; shift\necho "$*" >> "$(dirname "$0")/sudo.log"\n'
+    'SUDO_UID=1000; export SUDO_UID\nexec "$@"\n'
 )
 
 
@@ -110,6 +112,7 @@ def test_put_file_into_missing_directory_is_a_transfer_error(one):
 
 def test_sudo_refusal_is_reported_with_the_remedy(ssh_cluster):
     cluster = ssh_cluster(1)
+    cluster.pose_as_unprivileged("node-01")  # a root login would need no sudo
     cluster.add_executable("node-01", "sudo", STANDIN_SUDO_REFUSES)
     with Fleet(profile_of(cluster, ssh={"sudo": True})) as fleet:
         conn = fleet.connector(fleet.profile.nodes[0])
@@ -121,6 +124,7 @@ def test_sudo_refusal_is_reported_with_the_remedy(ssh_cluster):
 
 def test_sudo_put_file_goes_through_sudo_and_is_atomic(ssh_cluster):
     cluster = ssh_cluster(1)
+    cluster.pose_as_unprivileged("node-01")  # a root login would need no sudo
     cluster.add_executable("node-01", "sudo", STANDIN_SUDO_ALLOWS)
     target = cluster.root / "node-01" / "etc-file"
     with Fleet(profile_of(cluster, ssh={"sudo": True})) as fleet:
