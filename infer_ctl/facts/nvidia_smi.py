@@ -1,7 +1,7 @@
 """`nvidia-smi -q -x`, `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e`: the commands and pure parsers.
 
 This is the fallback when NVML bindings are absent on a node (the NVML gatherer is preferred). Element
-names drift between drivers (health-checks.md §6), so every field is looked up under each name it has
+names drift between drivers, so every field is looked up under each name it has
 had; `N/A`, `[N/A]`, `Not Supported` and NVML error strings read as "not reported".
 """
 

@@ -1,5 +1,6 @@
 """RoCE QoS facts of a netdev: PFC per priority and trust mode (`mlnx_qos` or `dcb`), global pause
-(`ethtool -a`). Formats: ../shared/reference/health-checks.md §2.5-2.7.
+(`ethtool -a`). Formats: mlnx_qos's `pretty_print()` (Mellanox mlnx-tools, python/mlnx_qos), iproute2
+`dcb` (dcb/ and dcb-pfc(8), dcb-app(8), dcb-apptrust(8)), ethtool's `-a`/`--json -a`/`-S` output.
 
 `mlnx_qos` (MLNX_OFED mlnx-tools) is preferred when installed because it shows PFC and trust in one
 call; upstream systems have iproute2's `dcb` instead (`dcb -j pfc show` + `dcb apptrust show`, or the

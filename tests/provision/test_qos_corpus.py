@@ -2,8 +2,8 @@
 apply, plan again; the second plan must show no change (the step converges on every NIC shape).
 
 The step runs for real over the local connector; only `mlnx_qos` is a stand-in (no ConnectX here). It
-prints its fixture with the settings applied so far, and like a NIC without a trust mode it refuses
-`--trust` when the fixture shows no trust state, so a plan that tried would fail its apply."""
+prints its fixture with the settings applied so far and, like mlnx_qos on a NIC without a trust mode,
+refuses `--trust` (exit 1) when the fixture shows no trust state, so a plan that tried fails its apply."""
 
 from __future__ import annotations
 
@@ -27,15 +27,20 @@ NETDEV = "ens1f0np0"
 # $1.. = mlnx_qos's arguments. State: trust/pfc files next to the fixture copy.
 STANDIN = r"""#!/bin/sh
 S=STATE
-echo "mlnx_qos $*" >> "$S/calls.log"
+trust_arg= ; pfc_arg=
 while [ $# -gt 0 ]; do case "$1" in
   -i) shift ;;
-  --trust)
-    grep -Eq '^Priority trust (state|mode): (dscp|pcp)' "$S/fixture.txt" || {
-      echo "Priority trust state is not supported on your system" >&2; exit 1; }
-    echo "$2" > "$S/trust"; shift ;;
-  --pfc) echo "$2" > "$S/pfc"; shift ;;
+  --trust) trust_arg=$2; shift ;;
+  --pfc) pfc_arg=$2; shift ;;
 esac; shift; done
+# mlnx_qos applies --pfc first, then --trust: on a NIC without a trust mode it prints the message below
+# and exits 1 (python/mlnx_qos in Mellanox/mlnx-tools)
+[ -n "$pfc_arg" ] && echo "$pfc_arg" > "$S/pfc"
+if [ -n "$trust_arg" ]; then
+  grep -Eq '^Priority trust (state|mode): (dscp|pcp)' "$S/fixture.txt" || {
+    echo "Priority trust state is not supported on your system"; exit 1; }
+  echo "$trust_arg" > "$S/trust"
+fi
 out=$(cat "$S/fixture.txt")
 if [ -f "$S/trust" ]; then
   out=$(printf '%s\n' "$out" | sed -E "s/^(Priority trust (state|mode): )(dscp|pcp)/\1$(cat "$S/trust")/")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-# Clock event (throttle) reason bits, NVML nvmlClocksEventReason* (health-checks.md §1.1).
+# Clock event (throttle) reason bits, NVML nvmlClocksEventReason* (nvml.h).
 CLOCK_REASON_BITS: dict[str, int] = {
     "gpu_idle": 0x1,
     "applications_clocks_setting": 0x2,

@@ -1,7 +1,7 @@
 """GPU health rules: pure functions from `NodeGpuFacts` + `GpuPolicy` to findings.
 
 One rule, one stable check id, and the remedy travels with the finding. Thresholds follow DCGM health
-watches (NVIDIA's own PASS/WARN/FAIL), with gpud/aznhc where DCGM is silent (health-checks.md §1).
+watches (NVIDIA's own PASS/WARN/FAIL), with gpud/aznhc where DCGM is silent.
 A rule whose fact was not reported (None: old driver, `N/A`, unsupported GPU) says nothing rather
 than guessing; a node whose GPUs could not be read at all gets one UNKNOWN (or FAIL) `gpu.driver`.
 """

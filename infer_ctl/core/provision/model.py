@@ -1,6 +1,6 @@
 """The plan model: one `PlanEntry` per (step, subject) per node, and how a fleet's plan maps to an exit code.
 
-Kinds follow the reference design (provisioning-and-tokenizers.md A.3): OK (already right), CHANGE
+Kinds: OK (already right), CHANGE
 (inferctl will change it; a unified diff for files, before -> after for settings), REBOOT_REQUIRED,
 MANUAL (inferctl will not do it; instructions in `remedy`), WARN, ERROR (the probe or a precondition
 failed). `--apply` executes CHANGE entries only.

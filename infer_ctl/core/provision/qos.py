@@ -1,10 +1,11 @@
 """RoCE QoS desired state (trust, PFC on one priority) against what `mlnx_qos -i <if>` shows, in the
 argument form of `mlnx_qos --trust/--pfc`.
 
-A setting the NIC does not show cannot be planned: mlnx_qos prints "Priority trust state is not
-supported on your system" (then `trust: none`) where the NIC or driver has no trust mode, and old
-mlnx-tools print no trust line at all. Planning `--trust` there would be a change that never takes
-effect, so every later plan would show it again; such a setting is reported as unsupported instead.
+A setting the NIC does not show cannot be planned: where the NIC or driver has no trust mode, mlnx_qos
+prints "Priority trust state is not supported on your system" and `Priority trust state: none`, and
+exits 1 when asked for `--trust` (python/mlnx_qos in Mellanox/mlnx-tools); old mlnx-tools print no trust
+line at all. Planning `--trust` there would be a change that fails and is planned again on every run,
+so such a setting is reported as unsupported instead.
 """
 
 from __future__ import annotations
