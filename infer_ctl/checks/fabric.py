@@ -229,7 +229,8 @@ def check_fabric(profile: Profile, fleet: Fleet, nodes: list[Node], *, pingpong:
     if pingpong:
         from infer_ctl.checks.pingpong import run_pair_tests
 
-        run_pair_tests(profile, fleet, nodes, run, exps, pair_mode=pair_mode)
+        found, run.pairs = run_pair_tests(profile, fleet, nodes, run.facts, exps, pair_mode=pair_mode)
+        run.findings += found
     return run
 
 

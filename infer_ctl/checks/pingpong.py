@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.fabric.endpoints import node_endpoints, path_mtu, slower_rate
 from infer_ctl.core.fabric.expectations import FabricExpectations
@@ -38,7 +38,6 @@ from infer_ctl.profile import Node, Profile, Role
 from infer_ctl.remote.base import Command, Connector
 
 if TYPE_CHECKING:
-    from infer_ctl.checks.fabric import FabricRun
     from infer_ctl.remote.fleet import Fleet
 
 # The server start script: $1 port, $2 limit (s), then the server argv. Prints DIR/PID/READY lines.
@@ -152,28 +151,32 @@ def judge(run: PairRun, th: Thresholds) -> Finding:
     return judge_pair(run, parse_pair_output(run.tool, run.client_text), parse_pair_output(run.tool, run.server_text), th)
 
 
-def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], run: FabricRun,
-                   exps: dict[str, FabricExpectations], *, pair_mode: str | None = None) -> None:
+def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts: dict[str, NodeFabricFacts],
+                   exps: dict[str, FabricExpectations], *, pair_mode: str | None = None
+                   ) -> tuple[list[Finding], dict[str, Any]]:
+    """The pair tests between the reachable nodes (`facts`): their findings, in report order, and the
+    matrix summary (`pairs` of `check fabric --json`)."""
     settings = profile.fabric.pingpong
     by_name = {n.name: n for n in nodes}
-    infos = {n.name: node_endpoints(n, run.facts[n.name], exps[n.name]) for n in nodes if n.name in run.facts}
+    out: list[Finding] = []
+    infos = {n.name: node_endpoints(n, facts[n.name], exps[n.name]) for n in nodes if n.name in facts}
     usable = {name: [i.endpoint for i in eps] for name, eps in infos.items() if eps}
     mode = pair_mode or settings.pairs
     names = [n.name for n in nodes]
     pairs = select_pairs(mode, [n.name for n in nodes if n.has_role(Role.PREFILL)],
                          [n.name for n in nodes if n.has_role(Role.DECODE)], names, settings.explicit_pairs)
     if not pairs:
-        run.findings.append(Finding.warn(
+        out.append(Finding.warn(
             "fabric.pingpong", "fleet", "pairs", f"no node pairs to test in mode {mode!r} among the selected nodes",
             remedy="select prefill and decode nodes, use --pairs mesh, or fill fabric.pingpong.explicit_pairs"))
     for node in sorted({x for p in pairs for x in p} - set(usable)):
-        why = "not reachable" if node not in run.facts else "no ACTIVE device with a RoCE v2 GID"
-        run.findings.append(Finding.fail("fabric.pingpong", node, node, f"{node} cannot take part in pair tests: {why}",
+        why = "not reachable" if node not in facts else "no ACTIVE device with a RoCE v2 GID"
+        out.append(Finding.fail("fabric.pingpong", node, node, f"{node} cannot take part in pair tests: {why}",
                                          remedy="fix the node findings above (fabric.devices/port_state/gid) first"))
     tests = schedule(pairs, usable, settings.base_port)
     tools = ["ibv_rc_pingpong"]
     for tool, wanted in (("ib_write_lat", settings.perftest), ("ib_write_bw", settings.bandwidth)):
-        if wanted and tests and all(_has(run.facts[n], tool) for n in usable):
+        if wanted and tests and all(_has(facts[n], tool) for n in usable):
             tools.append(tool)
     info_of = {(i.endpoint.node, i.endpoint.device): i for eps in infos.values() for i in eps}
     findings: list[Finding] = []
@@ -189,13 +192,13 @@ def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], run: F
                     th = Thresholds(settings.max_rtt_us, settings.min_bw_fraction, slower_rate(a, b))
                     futures.append((pool.submit(run_one, fleet, by_name, t2, tool, flags, settings.timeout_s), th))
                 findings += [judge(f.result(), th) for f, th in futures]
-    run.findings += findings
     matrix = pair_matrix(findings)
-    run.pairs = {
+    summary = {
         "mode": mode, "tools": tools,
         "rows": sorted({k[0] for k in matrix}, key=names.index), "columns": sorted({k[1] for k in matrix}, key=names.index),
         "cells": [{"server": k[0], "client": k[1], "status": v.status.value, "text": v.text} for k, v in matrix.items()],
     }
+    return out + findings, summary
 
 
 def _has(facts: NodeFabricFacts, tool: str) -> bool:
