@@ -1,8 +1,8 @@
 """`nvidia-smi -q -x`, `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e`: the commands and pure parsers.
 
 This is the fallback when NVML bindings are absent on a node (the NVML gatherer is preferred). Element
-names drift between drivers, so every field is looked up under each name it has
-had; `N/A`, `[N/A]`, `Not Supported` and NVML error strings read as "not reported".
+names drift between drivers (docs/reference/tool-output-formats.md), so every field is looked up under
+each name it has had; `N/A`, `[N/A]`, `Not Supported` and NVML error strings read as "not reported".
 """
 
 from __future__ import annotations

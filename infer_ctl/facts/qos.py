@@ -1,6 +1,7 @@
 """RoCE QoS facts of a netdev: PFC per priority and trust mode (`mlnx_qos` or `dcb`), global pause
 (`ethtool -a`). Formats: mlnx_qos's `pretty_print()` (Mellanox mlnx-tools, python/mlnx_qos), iproute2
-`dcb` (dcb/ and dcb-pfc(8), dcb-app(8), dcb-apptrust(8)), ethtool's `-a`/`--json -a`/`-S` output.
+`dcb` (dcb/ and dcb-pfc(8), dcb-app(8), dcb-apptrust(8)), ethtool's `-a`/`--json -a`/`-S` output;
+summarised with versions in docs/reference/tool-output-formats.md.
 
 `mlnx_qos` (MLNX_OFED mlnx-tools) is preferred when installed because it shows PFC and trust in one
 call; upstream systems have iproute2's `dcb` instead (`dcb -j pfc show` + `dcb apptrust show`, or the

@@ -1,7 +1,8 @@
 """Outputs of the pair tests: `ibv_rc_pingpong` (rdma-core) and perftest's `ib_write_lat`/`ib_write_bw`.
 
 Formats are the printf strings of rdma-core libibverbs/examples/rc_pingpong.c and of perftest's
-src/perftest_parameters.h (RESULT_FMT_LAT/REPORT_FMT_LAT, RESULT_FMT(_G)/REPORT_FMT). rc_pingpong's
+src/perftest_parameters.h (RESULT_FMT_LAT/REPORT_FMT_LAT, RESULT_FMT(_G)/REPORT_FMT; versions and the
+strings themselves in docs/reference/tool-output-formats.md). rc_pingpong's
 usec/iter is one full round trip (ping + pong); perftest's write latency is half the round trip.
 perftest rows contain tabs, so rows are split on whitespace and columns are found from the header
 text (older perftest printed fewer latency columns). `--out_json` files are used only when they are

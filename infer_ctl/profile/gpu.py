@@ -1,5 +1,5 @@
-"""GPU health expectations and thresholds (defaults follow DCGM health watches; see
-../shared/reference/health-checks.md)."""
+"""GPU health expectations and thresholds (defaults follow DCGM health watches; the anchors, their
+upstream sources and versions are in docs/reference/gpu-thresholds.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from infer_ctl.profile.base import StrictModel
 
-# XIDs DCGM treats as fatal / needing a GPU reset or node drain (health-checks.md §1.2).
+# XIDs DCGM/gpud treat as fatal / needing a GPU reset or node drain (docs/reference/gpu-thresholds.md, XIDs).
 DEFAULT_FATAL_XIDS: tuple[int, ...] = (48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140, 143)
 DEFAULT_WARN_XIDS: tuple[int, ...] = (13, 31, 32, 43, 45, 68, 154)
 

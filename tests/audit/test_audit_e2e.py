@@ -23,7 +23,7 @@ H100_REMAP = FIX / "nvidia-smi-qx" / "HAND-EDITED-h100x8-580.105.08-gpu3-remap-p
 # the real H100 capture's per-GPU format (`nvidia-smi nvlink -s`, 18 links), repeated for 8 GPUs
 NVLINK_ONE = (FIX / "nvidia-smi-nvlink" / "s-nvgpuexp-h100-80gb-hbm3-590.48.01-18links.txt").read_text()
 NVLINK_8 = "".join(NVLINK_ONE.replace("GPU 0:", f"GPU {i}:") for i in range(8))
-# a real XID 79 line format (gpud regex; health-checks.md §1.2) for GPU2 of the H100 capture (PCI 75:00)
+# a real XID 79 line format (gpud regex; docs/reference/gpu-thresholds.md) for GPU2 of the H100 capture (PCI 75:00)
 XID79 = (
     "2025-03-01T10:00:00+0000 node kernel: NVRM: Xid (PCI:0000:75:00): 79, pid=1234, name=python3, "
     "GPU has fallen off the bus.\n"

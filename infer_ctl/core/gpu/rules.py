@@ -1,7 +1,8 @@
 """GPU health rules: pure functions from `NodeGpuFacts` + `GpuPolicy` to findings.
 
 One rule, one stable check id, and the remedy travels with the finding. Thresholds follow DCGM health
-watches (NVIDIA's own PASS/WARN/FAIL), with gpud/aznhc where DCGM is silent.
+watches (NVIDIA's own PASS/WARN/FAIL), with gpud/aznhc where DCGM is silent; the anchors and their
+versions are in docs/reference/gpu-thresholds.md.
 A rule whose fact was not reported (None: old driver, `N/A`, unsupported GPU) says nothing rather
 than guessing; a node whose GPUs could not be read at all gets one UNKNOWN (or FAIL) `gpu.driver`.
 """
