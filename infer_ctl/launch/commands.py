@@ -158,6 +158,8 @@ def launch(
         return report  # refuse: a server with these arguments would fail minutes into loading
     timeout = timeout_s if timeout_s is not None else profile.sglang.lifecycle.start_timeout_s
     steps = rolling_plan.plan(insts, every, max_unavailable) if rolling else rolling_plan.at_once(insts)
+    if rolling:
+        report.data["rolling_steps"] = [[i.name for i in step.instances] for step in steps]
     applied: list[Applied] = []
     readiness: list[Readiness] = []
     notifier = RouterNotifier.for_profile(profile) if rolling else None

@@ -194,7 +194,10 @@ def stop(conn: Connector, instance: Instance, supervisor: Supervisor, *, sudo: b
 _STRAYS_STOP = r"""
 timeout_ds=$1; shift
 # each argument is PID:GROUP (GROUP 0: signal the pid alone)
-alive() { for t in "$@"; do p=${t%%:*}; kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+# a zombie still answers kill -0 until its parent reaps it; it no longer runs
+alive() { for t in "$@"; do p=${t%%:*}
+  kill -0 "$p" 2>/dev/null && [ "$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | cut -c1)" != Z ] && return 0
+done; return 1; }
 sig() { for t in "$@"; do p=${t%%:*}; g=${t#*:}
   if [ "$g" != 0 ]; then kill -s "$S" -- "-$g" 2>/dev/null || kill -s "$S" "$p" 2>/dev/null; else kill -s "$S" "$p" 2>/dev/null; fi
 done; }

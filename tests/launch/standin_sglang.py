@@ -3,6 +3,13 @@
 inferctl simulated worker (infer_ctl.sim) with the same host, port, role, bootstrap port, model path and
 speculative steps, so /health, /server_info and /v1/loads answer like SGLang's. Like SGLang it fails at
 start-up, with an error on stderr, when the model path does not exist.
+
+A server over several nodes (`--nnodes N --node-rank r --dist-init-addr host:port`) forms its group the
+way torch.distributed's TCP store does: rank 0 listens on the dist-init address and serves HTTP only
+once every other rank has joined it; a rank > 0 retries connecting until rank 0 answers. A rank whose
+peer goes away behaves as a real one whose process group died: rank 0 exits with an error (NCCL's
+watchdog aborts it), a rank > 0 hangs (serving nothing, never rejoining) until it is stopped. So a new
+rank 0 next to an old rank 1 never becomes healthy.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--disaggregation-mode", default="null")
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", default=None)
     # reported back in /server_info as SGLang would, so `check servers` judges what was launched rather
     # than the simulator's fixed defaults (tp 8, EAGLE3, topk 1)
     for flag in REPORTED:
@@ -82,20 +92,84 @@ def main(argv: list[str]) -> int:
         def _server_args(self) -> dict[str, object]:
             return {**super()._server_args(), **_as_sglang_reports(launched)}
 
-    async def serve() -> None:
-        worker = LaunchedWorker(spec)
-        await worker.start()
-        print(f"standin sglang {role} ready on {worker.url}", flush=True)
+    async def serve() -> int:
         done = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, done.set)
-        await done.wait()
+        if ns.nnodes > 1 and ns.node_rank > 0:
+            await _follower(ns, done)
+            return 0
+        lost = asyncio.Event()
+        server = await _rendezvous(ns, lost, done) if ns.nnodes > 1 else None
+        if done.is_set():
+            return 0  # stopped while waiting for its peers
+        worker = LaunchedWorker(spec)
+        await worker.start()
+        print(f"standin sglang {role} ready on {worker.url}", flush=True)
+        stop = asyncio.ensure_future(done.wait())
+        peer = asyncio.ensure_future(lost.wait())
+        await asyncio.wait({stop, peer}, return_when=asyncio.FIRST_COMPLETED)
+        if lost.is_set() and not done.is_set():
+            print("standin sglang: a peer rank left the process group; aborting (NCCL watchdog)", flush=True)
+            os._exit(1)
         print("standin sglang: SIGTERM, shutting down", flush=True)
         await worker.stop()
+        if server is not None:
+            server.close()
+        return 0
 
-    asyncio.run(serve())
-    return 0
+    return asyncio.run(serve())
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+async def _rendezvous(ns: argparse.Namespace, lost: asyncio.Event, done: asyncio.Event) -> asyncio.Server:
+    """Rank 0: wait until ranks 1..n-1 joined on the dist-init address; `lost` is set if one leaves."""
+    host, port = _split(ns.dist_init_addr)
+    joined: set[int] = set()
+    all_in = asyncio.Event()
+
+    async def on_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readline()
+        rank = int(line.split()[1]) if line.startswith(b"rank ") else -1
+        joined.add(rank)
+        print(f"standin sglang: rank {rank} joined", flush=True)
+        if len(joined) >= ns.nnodes - 1:
+            all_in.set()
+        await reader.read()  # EOF: the peer is gone
+        lost.set()
+
+    server = await asyncio.start_server(on_peer, host, port)
+    print(f"standin sglang: rank 0 waiting for {ns.nnodes - 1} peer(s) on {host}:{port}", flush=True)
+    waits = {asyncio.ensure_future(all_in.wait()), asyncio.ensure_future(done.wait())}
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    return server
+
+
+async def _follower(ns: argparse.Namespace, done: asyncio.Event) -> None:
+    host, port = _split(ns.dist_init_addr)
+    while not done.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            break
+        except OSError:
+            await asyncio.sleep(0.2)
+    else:
+        return
+    writer.write(f"rank {ns.node_rank}\n".encode())
+    await writer.drain()
+    print(f"standin sglang: rank {ns.node_rank} joined rank 0 at {host}:{port}", flush=True)
+    eof = asyncio.ensure_future(reader.read())
+    stop = asyncio.ensure_future(done.wait())
+    await asyncio.wait({eof, stop}, return_when=asyncio.FIRST_COMPLETED)
+    if not done.is_set():
+        print("standin sglang: lost rank 0; hanging like a rank whose process group died", flush=True)
+        await done.wait()
+    writer.close()
 
 
 if __name__ == "__main__":
