@@ -25,6 +25,7 @@ from infer_ctl.cli.common import (
     session,
 )
 from infer_ctl.errors import UsageError
+from infer_ctl.output.terminal_text import safe_cell, terminal_safe
 from infer_ctl.remote.base import Command
 
 if TYPE_CHECKING:
@@ -97,7 +98,8 @@ def to_command(words: list[str]) -> Command:
 
 
 def _preview(text: str) -> str:
-    lines = text.rstrip("\n").splitlines()
+    # split on LF only: str.splitlines would also break at \r, \x1c.., which terminal_safe shows instead
+    lines = terminal_safe(text).rstrip("\n").split("\n") if text.strip("\n") else []
     shown = "\n".join(escape(line[:200]) for line in lines[:_PREVIEW_LINES])
     return shown + (
         f"\n[dim]… {len(lines) - _PREVIEW_LINES} more lines[/dim]" if len(lines) > _PREVIEW_LINES else ""
@@ -115,10 +117,16 @@ def render_exec(console: Console, results: list[dict[str, Any]]) -> None:
         if r["stderr"].strip():
             body += ("\n" if body else "") + f"[yellow]{_preview(r['stderr'])}[/yellow]"
         if r["error"]:
-            body += ("\n" if body else "") + f"[red]{escape(r['error'])}[/red]"
+            body += ("\n" if body else "") + f"[red]{escape(terminal_safe(r['error']))}[/red]"
             if r.get("remedy"):
-                body += f"\n  → {escape(r['remedy'])}"
-        table.add_row(r["node"], r["host"], f"[{style}]{code}[/{style}]", f"{r['duration_s']:.2f}s", body)
+                body += f"\n  → {escape(terminal_safe(r['remedy']))}"
+        table.add_row(
+            safe_cell(r["node"], multiline=False),
+            safe_cell(r["host"], multiline=False),
+            f"[{style}]{code}[/{style}]",
+            f"{r['duration_s']:.2f}s",
+            body,
+        )
     console.print(table)
     bad = sum(not r["ok"] for r in results)
     console.print(

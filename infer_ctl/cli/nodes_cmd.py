@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from infer_ctl.cli.common import (
     AcceptNewHostKeysOpt,
@@ -23,6 +24,7 @@ from infer_ctl.cli.common import (
     open_fleet,
     session,
 )
+from infer_ctl.output.terminal_text import safe_cell, terminal_safe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -104,25 +106,27 @@ def render_nodes(console: Console, infos: list[NodeInfo]) -> None:
                 col, no_wrap=True, overflow="ellipsis", max_width=24 if col in ("os", "kernel") else None
             )
     for i in infos:
-        values: dict[str, str]
+        values: dict[str, str | Text]
+        # everything but our own markup is text from the profile or the node: safe_cell (no control
+        # sequences reach the terminal, no `[...]` is read as markup)
         if not i.reachable:
             values = {
-                "node": i.node,
-                "host": i.host,
+                "node": safe_cell(i.node, multiline=False),
+                "host": safe_cell(i.host, multiline=False),
                 "reach": "[red]no[/red]",
                 "sudo": "[red]see below[/red]",
             }
         else:
             values = {
-                "node": i.node,
-                "host": i.host,
+                "node": safe_cell(i.node, multiline=False),
+                "host": safe_cell(i.host, multiline=False),
                 "reach": "[green]yes[/green]",
                 "connect": f"{i.connect_s:.2f}s",
-                "user": i.user or "?",
-                "sudo": i.sudo or "?",
-                "python3": i.python3 or "[yellow]missing[/yellow]",
-                "kernel": i.kernel or "?",
-                "os": i.os or "?",
+                "user": safe_cell(i.user or "?", multiline=False),
+                "sudo": safe_cell(i.sudo or "?", multiline=False),
+                "python3": safe_cell(i.python3, multiline=False) if i.python3 else "[yellow]missing[/yellow]",
+                "kernel": safe_cell(i.kernel or "?", multiline=False),
+                "os": safe_cell(i.os or "?", multiline=False),
                 "uptime": f"{i.uptime_s / 86400:.1f}d" if i.uptime_s is not None else "?",
             }
         table.add_row(*(values.get(col, "") for col in cols))
@@ -133,7 +137,8 @@ def render_nodes(console: Console, infos: list[NodeInfo]) -> None:
             error = i.error or "unknown error"
             if not error.startswith(f"{i.node}:"):
                 error = f"{i.node}: {error}"
-            console.print(f"[red]{escape(error)}[/red]" + (f"\n  → {escape(i.remedy)}" if i.remedy else ""))
+            remedy = f"\n  → {escape(terminal_safe(i.remedy))}" if i.remedy else ""
+            console.print(f"[red]{escape(terminal_safe(error))}[/red]" + remedy)
     down = sum(not i.reachable for i in infos)
     console.print(
         f"{len(infos) - down}/{len(infos)} reachable" + (f", [red]{down} unreachable[/red]" if down else "")

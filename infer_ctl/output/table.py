@@ -1,4 +1,5 @@
-"""Rich tables for findings and per-node results."""
+"""Rich tables for findings and per-node results. Every cell of text that may come from a node goes
+through output.terminal_text.safe_cell (no control sequences, no rich markup)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.text import Text
 
 from infer_ctl.core.findings import Finding, Status
 from infer_ctl.core.report import Report
+from infer_ctl.output.terminal_text import safe_cell
 
 STATUS_STYLE = {
     Status.OK: "green",
@@ -50,7 +52,13 @@ class FindingsView:
         table.add_column("subject", overflow="fold", max_width=24)
         table.add_column("message", overflow="fold", ratio=1)
         for f in self.findings:
-            table.add_row(status_text(f.status), f.check, f.node, f.subject, self._message(f))
+            table.add_row(
+                status_text(f.status),
+                safe_cell(f.check, multiline=False),
+                safe_cell(f.node, multiline=False),
+                safe_cell(f.subject, multiline=False),
+                safe_cell(self._message(f)),
+            )
         return table
 
     def _blocks(self) -> list[Text | Padding]:
@@ -59,9 +67,15 @@ class FindingsView:
             out.append(Text(self.title, style="bold"))
         for f in self.findings:
             out.append(
-                Text.assemble(status_text(f.status), " ", (f.check, "bold"), f"  {f.node}  {f.subject}")
+                Text.assemble(
+                    status_text(f.status),
+                    " ",
+                    safe_cell(f.check, multiline=False, style="bold"),
+                    "  ",
+                    safe_cell(f"{f.node}  {f.subject}", multiline=False),
+                )
             )
-            out.append(Padding(Text(self._message(f)), (0, 0, 0, 6)))
+            out.append(Padding(safe_cell(self._message(f)), (0, 0, 0, 6)))
         return out
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
