@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from infer_ctl.sim.spec_adaptive import launch_steps
+from infer_ctl.sim.spec_workload import SpecWorkload
 from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, resolve_timing
 
 Role = Literal["prefill", "decode", "mixed"]
@@ -40,6 +42,14 @@ class WorkerSpec:
     spec_alpha: float | None = None
     spec_gamma: int | None = None
     spec_cost_ratio: float | None = None
+    #: per-domain alpha, drift, a mismatched draft tokenizer (docs/simulator.md "Speculative decoding");
+    #: one object per worker, kept by a restart (dataclasses.replace shares it)
+    spec_workload: SpecWorkload = field(default_factory=SpecWorkload)
+    #: SGLang's --speculative-adaptive / --speculative-adaptive-config (a JSON path, or the dict itself)
+    spec_adaptive: bool = False
+    spec_adaptive_config: str | dict[str, Any] | None = None
+    #: SGLang's --decode-log-interval: the speculative gauges are recomputed every this many decode batches
+    decode_log_interval: int = 40
     prefill_mfu: float | None = None
     bandwidth_efficiency: float | None = None
     step_overhead_s: float | None = None
@@ -56,6 +66,10 @@ class WorkerSpec:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {self.time_scale}")
+        if self.decode_log_interval < 1:
+            raise ValueError(f"decode_log_interval must be >= 1, got {self.decode_log_interval}")
+        if self.spec_adaptive:
+            launch_steps(self.spec_gamma, self.spec_adaptive_config)  # SGLang refuses a non-candidate
 
     def timing(self) -> TimingModel:
         return resolve_timing(
@@ -66,7 +80,9 @@ class WorkerSpec:
             max_running_requests=self.max_running_requests,
             chunked_prefill_size=self.chunked_prefill_size,
             spec_alpha=self.spec_alpha,
-            spec_gamma=self.spec_gamma,
+            spec_gamma=launch_steps(self.spec_gamma, self.spec_adaptive_config)
+            if self.spec_adaptive
+            else self.spec_gamma,
             spec_cost_ratio=self.spec_cost_ratio,
             prefill_mfu=self.prefill_mfu,
             bandwidth_efficiency=self.bandwidth_efficiency,

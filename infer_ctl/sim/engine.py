@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 from infer_ctl.sim.metrics import WorkerMetrics
 from infer_ctl.sim.radix import Node, RadixCache
-from infer_ctl.sim.timing import TimingModel, draw_accepted
+from infer_ctl.sim.spec_decode import SpecDecoder
+from infer_ctl.sim.spec_workload import DEFAULT_DOMAIN, SpecWorkload
+from infer_ctl.sim.timing import TimingModel
 from infer_ctl.sim.tokenizer import WORDS
 
 
@@ -52,6 +54,10 @@ class SimRequest:
     output_ids: list[int] = field(default_factory=list)
     verify_ct: int = 0
     accepted_drafts: int = 0
+    #: index k = verify steps that accepted k drafts (SGLang's spec_correct_drafts_histogram)
+    spec_histogram: list[int] = field(default_factory=list)
+    #: the workload domain its acceptance follows (spec_workload.SpecWorkload.resolve)
+    domain: str = DEFAULT_DOMAIN
     arrived: float = 0.0  # loop.time() at submission (uvloop's clock differs from time.monotonic)
     started: float | None = None  # left the waiting queue
     first_token_at: float | None = None
@@ -77,7 +83,14 @@ class SimRequest:
 
 class Engine:
     def __init__(
-        self, role: str, timing: TimingModel, cache: RadixCache, *, time_scale: float, seed: int
+        self,
+        role: str,
+        timing: TimingModel,
+        cache: RadixCache,
+        *,
+        time_scale: float,
+        seed: int,
+        spec: SpecDecoder | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
@@ -86,7 +99,11 @@ class Engine:
         self.cache = cache
         self.time_scale = time_scale
         self.seed = seed
-        self.metrics = WorkerMetrics()
+        self.metrics = spec.metrics if spec is not None else WorkerMetrics()
+        #: speculative decoding (None = off); by default every request at the preset's alpha
+        self.spec = spec
+        if spec is None and timing.spec_alpha is not None:
+            self.spec = SpecDecoder(timing, SpecWorkload(), self.metrics, time_scale=time_scale)
         self.prefill_queue: deque[SimRequest] = deque()
         self.decode_waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -260,29 +277,27 @@ class Engine:
                 used += need
 
     async def _decode_step(self, loop: asyncio.AbstractEventLoop) -> None:
-        t = self.timing
+        t, spec = self.timing, self.spec
         batch = list(self.running)
         context = sum(r.prompt_tokens + len(r.output_ids) for r in batch)
-        model_s = t.decode_step_seconds(len(batch), context)
+        steps = spec.steps_for_batch(len(batch)) if spec is not None else None
+        model_s = t.decode_step_seconds(len(batch), context, steps)
         end = await self._busy(loop, model_s)
         produced = 0
+        correct: list[int] = []
         for req in batch:
             if req.finished or req not in self.running:
                 continue
             left = req.max_new_tokens - len(req.output_ids)
             n = 1
-            if t.spec_alpha is not None:
-                accepted = min(draw_accepted(req.rng, t.spec_alpha, t.spec_gamma), left - 1)
-                n = accepted + 1
-                req.verify_ct += 1
-                req.accepted_drafts += accepted
-                m = self.metrics
-                m.spec_verify_calls += 1
-                m.spec_accepted_tokens += n
-                m.spec_correct += accepted
-                m.spec_proposed += t.spec_gamma
+            if spec is not None and steps is not None:
+                accepted = spec.draw(req, steps)
+                correct.append(accepted)
+                n = min(accepted + 1, left)  # tokens past max_new_tokens are verified, not emitted
             produced += n
             self._emit(req, [req.rng.randrange(len(WORDS)) for _ in range(n)], end)
+        if spec is not None and correct:
+            spec.verify_done(correct)
         self.last_gen_throughput = produced / model_s if model_s else 0.0
         self.running = [r for r in self.running if not r.finished]
 
@@ -300,5 +315,6 @@ class Engine:
 
     def _finish(self, req: SimRequest, at: float) -> None:
         req.finished_at = at
+        self.metrics.spec_verify_calls += req.verify_ct  # SGLang counts them as a request finishes
         self.metrics.e2e.observe(self.model_seconds(at - req.arrived))
         req.updates.put_nowait(None)

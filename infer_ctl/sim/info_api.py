@@ -42,8 +42,30 @@ def server_args(state: WorkerState) -> dict[str, Any]:
         "speculative_num_steps": t.spec_gamma if spec_on else None,
         "speculative_eagle_topk": 1 if spec_on else None,
         "speculative_num_draft_tokens": t.spec_gamma + 1 if spec_on else None,
+        "speculative_adaptive": bool(spec_on and s.spec_adaptive),
+        "speculative_adaptive_config": s.spec_adaptive_config if isinstance(s.spec_adaptive_config, str) else None,
         "random_seed": s.seed,
     }
+
+
+def internal_state(state: WorkerState) -> dict[str, Any]:
+    """`/server_info` internal_states[0]: the scheduler's view (SGLang's internal_state.py). Its
+    speculative_num_steps / _num_draft_tokens are live (the adaptive controller overrides them on each
+    switch); avg_spec_accept_length is absent until the first decode log interval completed."""
+    e = state.running_engine()
+    st: dict[str, Any] = {
+        "last_gen_throughput": e.last_gen_throughput,
+        "memory_usage": {"token_capacity": state.timing.kv_capacity_tokens},
+        "effective_max_running_requests_per_dp": state.timing.max_running_requests,
+        "disaggregation_mode": state.mode,
+    }
+    if e.spec is not None:
+        st["speculative_num_steps"] = e.spec.current_steps
+        st["speculative_num_draft_tokens"] = e.spec.current_draft_tokens
+        st["speculative_adaptive"] = e.spec.adaptive is not None
+        if (avg := e.metrics.spec_avg_accept_length) is not None:
+            st["avg_spec_accept_length"] = avg
+    return st
 
 
 class InfoApi:
@@ -61,7 +83,7 @@ class InfoApi:
 
     async def server_info(self, request: web.Request) -> web.Response:
         st = self.state
-        e, spec = st.running_engine(), st.spec
+        spec = st.spec
         info = {
             **self.server_args(),
             "launch_command": f"inferctl sim serve --role {spec.role} --port {st.port}",
@@ -69,15 +91,7 @@ class InfoApi:
             "startup_time": st.start_time,
             "frontend": "inferctl-sim",
             "kv_events": None,
-            "internal_states": [
-                {
-                    "last_gen_throughput": e.last_gen_throughput,
-                    "avg_spec_accept_length": e.metrics.spec_accept_length,
-                    "memory_usage": {"token_capacity": st.timing.kv_capacity_tokens},
-                    "effective_max_running_requests_per_dp": st.timing.max_running_requests,
-                    "disaggregation_mode": st.mode,
-                }
-            ],
+            "internal_states": [internal_state(st)],
             "sim": {
                 "role": spec.role,
                 "preset": spec.preset,
@@ -124,7 +138,12 @@ class InfoApi:
         return web.json_response({"object": "list", "data": [model]})
 
     async def loads(self, request: web.Request) -> web.Response:
-        load = load_snapshot(self.state)
+        raw = request.query.get("include")
+        include = {p.strip() for p in raw.split(",")} if raw else None
+        try:
+            load = load_snapshot(self.state, include)
+        except ValueError as exc:  # SGLang: HTTPException(400, detail=...)
+            return web.json_response({"detail": str(exc)}, status=400)
         if request.query.get("format") == "prometheus":
             return web.Response(text=metrics_text(self.state), content_type="text/plain")
         return web.json_response({"timestamp": time.time(), "dp_rank_count": 1, "loads": [load]})

@@ -63,10 +63,18 @@ class WorkerMetrics:
     num_aborted: int = 0
     bootstrap_failed: int = 0
     transfer_failed: int = 0
+    #: sglang:spec_verify_calls_total: each finished request adds its spec_verify_ct
     spec_verify_calls: int = 0
-    spec_accepted_tokens: int = 0  # accepted drafts + bonus tokens, summed over verifications
-    spec_proposed: int = 0
-    spec_correct: int = 0
+    #: the speculative gauges, set every decode_log_interval decode batches from that interval only
+    #: (SGLang's metrics_reporter.report_decode_stats; `spec_decode.SpecDecoder` sets them)
+    spec_accept_length: float = 0.0
+    spec_accept_rate: float = 0.0
+    spec_num_steps: int = 0
+    spec_num_draft_tokens: int = 0
+    #: accepted tokens (drafts + bonus) and request-steps of the completed intervals since start: the
+    #: /v1/loads accept_length and /server_info avg_spec_accept_length
+    spec_total_accept_tokens: int = 0
+    spec_total_forward_ct: int = 0
     kv_transfer_latency_ms: float = 0.0
 
     @property
@@ -74,12 +82,20 @@ class WorkerMetrics:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
-    def spec_accept_length(self) -> float:
-        return self.spec_accepted_tokens / self.spec_verify_calls if self.spec_verify_calls else 0.0
+    def spec_avg_accept_length(self) -> float | None:
+        """None until the first interval completed (SGLang then omits the field)."""
+        if not self.spec_total_forward_ct:
+            return None
+        return self.spec_total_accept_tokens / self.spec_total_forward_ct
 
-    @property
-    def spec_accept_rate(self) -> float:
-        return self.spec_correct / self.spec_proposed if self.spec_proposed else 0.0
+
+#: SGLang 0.5.23's own help texts (observability/metrics_collector.py, SchedulerMetricsCollector)
+GAUGE_HELP = {
+    "spec_accept_length": "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
+    "spec_accept_rate": "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
+    "spec_num_steps": "Currently active speculative_num_steps.",
+    "spec_num_draft_tokens": "Currently active speculative_num_draft_tokens (decouples from steps under topk>1).",
+}
 
 
 def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -> str:
@@ -113,7 +129,7 @@ def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -
         "num_aborted_requests_total": (m.num_aborted, "Number of requests aborted."),
         "num_bootstrap_failed_reqs_total": (m.bootstrap_failed, "Number of bootstrap failed requests."),
         "num_transfer_failed_reqs_total": (m.transfer_failed, "Number of transfer failed requests."),
-        "spec_verify_calls_total": (m.spec_verify_calls, "Number of speculative verification calls."),
+        "spec_verify_calls_total": (m.spec_verify_calls, "Number of speculative decoding verification calls."),
     }
     for name, (count, help_) in counters.items():
         family(name, "counter", help_)
@@ -122,10 +138,12 @@ def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -
         "cache_hit_rate": m.cache_hit_rate,
         "spec_accept_length": m.spec_accept_length,
         "spec_accept_rate": m.spec_accept_rate,
+        "spec_num_steps": m.spec_num_steps,
+        "spec_num_draft_tokens": m.spec_num_draft_tokens,
         "kv_transfer_latency_ms": m.kv_transfer_latency_ms,
         **gauges,
     }
     for name, value in all_gauges.items():
-        family(name, "gauge", f"The {name.replace('_', ' ')}.")
+        family(name, "gauge", GAUGE_HELP.get(name, f"The {name.replace('_', ' ')}."))
         out.append(f"sglang:{name}{{{lab}}} {format_value(value)}")
     return "\n".join(out) + "\n"

@@ -17,6 +17,7 @@ from aiohttp import web
 from infer_ctl.sim import protocol as proto
 from infer_ctl.sim.protocol import GenRequest, RequestError
 from infer_ctl.sim.runner import RequestRunner, Result
+from infer_ctl.sim.spec_workload import CUSTOM_LABELS_HEADER, labels_from_header
 from infer_ctl.sim.state import WorkerState
 from infer_ctl.sim.wire import SSE_DONE, SSE_HEADERS, read_json, sse
 
@@ -36,6 +37,8 @@ class OpenAIApi:
         runner = self.runner
         try:
             req = proto.parse_openai(await read_json(request), self.state.tokenizer, chat)
+            # SGLang's OpenAI endpoints take per-request labels from this header (serving_base.py)
+            req.custom_labels = req.custom_labels or labels_from_header(request.headers.get(CUSTOM_LABELS_HEADER))
             runner.validate(req)
         except RequestError as exc:
             return web.json_response(proto.openai_error(exc), status=exc.status)

@@ -69,6 +69,15 @@ class GenRequest:
     #: OpenAI-only bits
     model: str | None = None
     include_usage: bool = False
+    #: SGLang's per-request metric labels (`custom_labels`); the simulator reads the workload domain there
+    custom_labels: dict[str, str] | None = None
+
+
+def _labels(value: Any) -> dict[str, str] | None:
+    """`custom_labels` when it is a string map (SGLang's Dict[str, str]); anything else is not a label set."""
+    if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return dict(value)
+    return None
 
 
 def _int_field(value: Any, name: str, minimum: int | None = None) -> int:
@@ -205,7 +214,8 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
             )
         )
-    return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), parallel=copies)
+    return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), parallel=copies,
+                      custom_labels=_labels(body.get("custom_labels")))
 
 
 def _openai_int(body: dict[str, Any], key: str) -> int | None:
@@ -279,6 +289,7 @@ def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
         parallel=copies,
         model=body.get("model"),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+        custom_labels=_labels(body.get("custom_labels")),
     )
 
 

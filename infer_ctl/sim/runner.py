@@ -21,6 +21,7 @@ from infer_ctl.sim.engine import SimRequest
 from infer_ctl.sim.logprobs import meta_logprobs
 from infer_ctl.sim.protocol import GenItem, GenRequest, RequestError
 from infer_ctl.sim.rooms import RoomError
+from infer_ctl.sim.spec_workload import DEFAULT_DOMAIN, domain_of
 from infer_ctl.sim.state import WorkerState
 
 Result = dict[str, Any]
@@ -102,6 +103,7 @@ class RequestRunner:
             if item.return_logprob
             else None,
             skip_cache_insert=item.pd.host == FAKE_BOOTSTRAP_HOST,
+            domain=e.spec.domain_of(domain_of(req.custom_labels)) if e.spec is not None else DEFAULT_DOMAIN,
         )
         try:
             if spec.role == "prefill":
@@ -211,18 +213,10 @@ class RequestRunner:
 
     def _result(self, sreq: SimRequest, new_ids: list[int], final: bool, item: GenItem) -> Result:
         st = self.state
-        e, timing = st.running_engine(), st.timing
+        e = st.running_engine()
         finish = proto.finish_reason(len(sreq.output_ids)) if final else None
-        spec = None
-        if final and timing.spec_alpha is not None and sreq.verify_ct:
-            g = timing.spec_gamma
-            spec = {
-                "spec_verify_ct": sreq.verify_ct,
-                "spec_accept_length": len(sreq.output_ids) / sreq.verify_ct,
-                "spec_accept_rate": sreq.accepted_drafts / (sreq.verify_ct * g),
-                "spec_num_correct_drafts": sreq.accepted_drafts,
-                "spec_num_proposed_drafts": sreq.verify_ct * g,
-            }
+        # SGLang adds the speculative fields to the finishing chunk only
+        spec = e.spec.request_fields(sreq) if final and e.spec is not None else None
         e2e = None
         if final and sreq.finished_at is not None:
             e2e = e.model_seconds(sreq.finished_at - sreq.arrived)

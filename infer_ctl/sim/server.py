@@ -18,12 +18,12 @@ from aiohttp import web
 from infer_ctl.errors import InferctlError
 from infer_ctl.sim.bootstrap import BootstrapServer, KvReceiver
 from infer_ctl.sim.config import WorkerSpec
-from infer_ctl.sim.engine import Engine
 from infer_ctl.sim.info_api import InfoApi, server_args
 from infer_ctl.sim.native_api import NativeApi
 from infer_ctl.sim.openai_api import OpenAIApi
 from infer_ctl.sim.rooms import RoomTable
 from infer_ctl.sim.runner import RequestRunner
+from infer_ctl.sim.spec_api import SpecApi
 from infer_ctl.sim.state import WorkerState
 
 #: aiohttp logs every malformed request with a traceback; sglang-router probes each worker with an
@@ -51,6 +51,7 @@ class SimWorker(WorkerState):
         self.info_api = InfoApi(self, self._server_args)
         self.native_api = NativeApi(self, runner)
         self.openai_api = OpenAIApi(self, runner)
+        self.spec_api = SpecApi(self)
         self.bootstrap_server = BootstrapServer(self)
         self._runners: list[web.AppRunner] = []
         #: connections with a request in flight (both apps): stop() aborts them as a killed process would
@@ -64,9 +65,7 @@ class SimWorker(WorkerState):
     async def start(self) -> None:
         self.cache.reset()
         self.rooms = RoomTable()
-        self.engine = Engine(
-            self.spec.role, self.timing, self.cache, time_scale=self.spec.time_scale, seed=self.spec.seed
-        )
+        self.engine = self.make_engine()
         self.engine.start()
         self.kv.open()
         self.port = await self._serve(self._app(), self.port)
@@ -148,6 +147,8 @@ class SimWorker(WorkerState):
         r.add_put("/generate", native.generate)
         r.add_post("/v1/completions", openai.completions)
         r.add_post("/v1/chat/completions", openai.chat_completions)
+        r.add_get("/sim/spec", self.spec_api.show)
+        r.add_post("/sim/spec/alpha", self.spec_api.shift_alpha)
         return app
 
     def _bootstrap_app(self) -> web.Application:

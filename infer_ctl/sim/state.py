@@ -13,6 +13,7 @@ from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.engine import Engine
 from infer_ctl.sim.radix import RadixCache
 from infer_ctl.sim.rooms import RoomTable
+from infer_ctl.sim.spec_decode import spec_decoder_for
 from infer_ctl.sim.tokenizer import make_tokenizer
 
 
@@ -37,6 +38,18 @@ class WorkerState:
     def mode(self) -> str:
         """SGLang's disaggregation_mode as it reports it ("null" on a mixed worker)."""
         return "null" if self.spec.role == "mixed" else self.spec.role
+
+    def make_engine(self) -> Engine:
+        """A fresh engine for a start: queues, counters and the adaptive controller begin anew."""
+        s = self.spec
+        return Engine(
+            s.role,
+            self.timing,
+            self.cache,
+            time_scale=s.time_scale,
+            seed=s.seed,
+            spec=spec_decoder_for(s, self.timing),
+        )
 
     def running_engine(self) -> Engine:
         assert self.engine is not None, "worker not started"

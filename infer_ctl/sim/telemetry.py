@@ -12,13 +12,23 @@ from typing import Any
 from infer_ctl.sim.metrics import render as render_metrics
 from infer_ctl.sim.state import WorkerState
 
+#: /v1/loads ?include= names of the sections the simulator has (SGLang: managers/load_snapshot.py)
+LOAD_SECTIONS = {"speculative": "spec", "disaggregation": "disagg"}
+LOAD_INCLUDES = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
-def load_snapshot(state: WorkerState) -> dict[str, Any]:
-    """One dp rank's entry of SGLang's load snapshot (`/v1/loads` "loads")."""
+
+def load_snapshot(state: WorkerState, include: set[str] | None = None) -> dict[str, Any]:
+    """One dp rank's entry of SGLang's load snapshot (`/v1/loads` "loads"); `include` selects sections
+    as `LoadSnapshot.to_dict` does (None or "all": every section; core fields always). Raises ValueError
+    for an unknown section name."""
+    if include is not None and not include <= LOAD_INCLUDES:
+        raise ValueError(
+            f"Invalid include sections: {include - LOAD_INCLUDES}. Valid options: {sorted(LOAD_INCLUDES)}"
+        )
     e, t, rooms = state.running_engine(), state.timing, state.rooms
     used = state.cache.size + sum(r.prompt_tokens + len(r.output_ids) for r in e.running)
     waiting = [*e.prefill_queue, *e.decode_waiting]
-    return {
+    load: dict[str, Any] = {
         "dp_rank": 0,
         "num_running_reqs": len(e.running),
         "num_waiting_reqs": len(waiting),
@@ -30,10 +40,11 @@ def load_snapshot(state: WorkerState) -> dict[str, Any]:
         "gen_throughput": e.last_gen_throughput,
         "cache_hit_rate": e.metrics.cache_hit_rate,
         "utilization": len(e.running) / t.max_running_requests,
-        "speculative": {
-            "accept_length": e.metrics.spec_accept_length,
-            "accept_rate": e.metrics.spec_accept_rate,
-        },
+        # SGLang: totals of the completed log intervals, and the last interval's rate; no section before
+        # the first interval completed (load_inquirer.py) or without speculation
+        "speculative": None
+        if (avg := e.metrics.spec_avg_accept_length) is None
+        else {"accept_length": avg, "accept_rate": e.metrics.spec_accept_rate},
         "disaggregation": {
             "prefill_bootstrap_queue_reqs": rooms.waiting_for_decode,
             "prefill_inflight_queue_reqs": rooms.inflight,
@@ -43,6 +54,10 @@ def load_snapshot(state: WorkerState) -> dict[str, Any]:
             "kv_transfer_latency_ms": e.metrics.kv_transfer_latency_ms,
         },
     }
+    for key, name in LOAD_SECTIONS.items():
+        if load[key] is None or (include is not None and "all" not in include and name not in include):
+            del load[key]
+    return load
 
 
 def metrics_text(state: WorkerState) -> str:

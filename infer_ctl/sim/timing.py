@@ -94,12 +94,14 @@ class TimingModel:
         bytes_moved = self.weights_bytes + context_tokens * self.kv_bytes_per_token
         return self.step_overhead_s + bytes_moved / self.decode_bandwidth_bytes_s
 
-    def decode_step_seconds(self, batch: int, context_tokens: int) -> float:
-        """A decode step; with speculation a draft of gamma steps plus one verification."""
+    def decode_step_seconds(self, batch: int, context_tokens: int, steps: int | None = None) -> float:
+        """A decode step; with speculation `steps` draft steps (default: the launch gamma; the adaptive
+        controller picks others) plus one verification, i.e. (steps x c + 1) target steps."""
         base = self.target_step_seconds(batch, context_tokens)
         if self.spec_alpha is None:
             return base
-        return base * (self.spec_gamma * self.spec_cost_ratio + 1.0)
+        gamma = self.spec_gamma if steps is None else steps
+        return base * (gamma * self.spec_cost_ratio + 1.0)
 
     def transfer_seconds(self, tokens: int) -> float:
         nbytes = tokens * self.kv_bytes_per_token

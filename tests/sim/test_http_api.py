@@ -54,6 +54,8 @@ def test_v1_models(mixed: str) -> None:
 
 
 def test_v1_loads_has_core_spec_and_disagg_fields(mixed: str) -> None:
+    # SGLang adds the speculative section once a decode log interval (40 batches) has completed
+    httpx.post(mixed + "/generate", json={"text": "warm the counters", "sampling_params": {"max_new_tokens": 400}})
     (load,) = httpx.get(mixed + "/v1/loads").json()["loads"]
     for key in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens",
                 "token_usage", "gen_throughput", "cache_hit_rate", "utilization"):
