@@ -4,8 +4,15 @@ Modelled on SGLang's `mem_cache/radix_cache.py`: edges hold token runs, a node's
 `priority` of the requests that inserted or matched through it and never decreases, only unlocked
 leaves are evicted, and the `priority` policy evicts the lowest (priority, last_access) first while
 `lru` evicts the least recently used. Access times are a logical counter, so eviction is deterministic.
-Tokens enter and leave the tree only in `insert`, `evict` and `reset` (where KV events or a host tier
-would attach; see docs/simulator.md "Modules").
+
+As in SGLang, the tree holds whole pages (`page_size` tokens; a key is cut to whole pages before it is
+matched or inserted, `RadixKey.page_aligned`), and an EAGLE worker's tree is keyed by bigrams (token i,
+token i+1; `RadixKey.maybe_to_bigram_view`), so n prompt tokens are n - 1 keys. Lengths the cache
+reports are in keys, each one token's KV. Bigrams are packed into one int each (`kv_hash.pack_bigrams`).
+
+Tokens enter and leave the tree only in `insert`, `evict` and `reset`: there a `KvEventRecorder` (when
+the worker publishes KV events, `kv_events.py`) records `BlockStored`, `BlockRemoved` and
+`AllBlocksCleared`, and a host tier would attach (docs/simulator.md "Modules").
 """
 
 from __future__ import annotations
@@ -14,19 +21,28 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from infer_ctl.sim.kv_hash import DIGEST_LEN, pack_bigrams
+
+if TYPE_CHECKING:
+    from infer_ctl.sim.kv_events import KvEventRecorder
 
 EvictionPolicy = Literal["lru", "priority"]
+#: a child's first key (page_size 1) or its first page of keys
+ChildKey = int | tuple[int, ...]
 
 
 @dataclass(eq=False)
 class Node:
     key: list[int]
     parent: Node | None
-    children: dict[int, Node] = field(default_factory=dict)
+    children: dict[ChildKey, Node] = field(default_factory=dict)
     priority: int = 0
     last_access: int = 0
     lock_ref: int = 0
+    #: its pages' SHA-256 chain (kv_hash.page_digests), computed when KV events are recorded
+    digests: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -35,9 +51,11 @@ class MatchResult:
     node: Node
 
 
-def _common_len(key: list[int], tokens: Sequence[int], start: int) -> int:
-    """Length of the common prefix of key and tokens[start:]; slice compares run at C speed."""
+def _common_len(key: list[int], tokens: Sequence[int], start: int, page_size: int = 1) -> int:
+    """Length of the common prefix of key and tokens[start:], in whole pages; slice compares run at C speed."""
     n = min(len(key), len(tokens) - start)
+    if page_size > 1:
+        return _common_len(key, tokens, start) // page_size * page_size
     if key[:n] == list(tokens[start : start + n]):
         return n
     lo, hi = 0, n  # key[:lo] matches, key[:hi] does not
@@ -51,13 +69,27 @@ def _common_len(key: list[int], tokens: Sequence[int], start: int) -> int:
 
 
 class RadixCache:
-    def __init__(self, capacity_tokens: int, policy: EvictionPolicy = "lru") -> None:
+    def __init__(
+        self,
+        capacity_tokens: int,
+        policy: EvictionPolicy = "lru",
+        *,
+        page_size: int = 1,
+        bigram: bool = False,
+        events: KvEventRecorder | None = None,
+    ) -> None:
         if capacity_tokens <= 0:
             raise ValueError(f"cache capacity must be positive, got {capacity_tokens}")
         if policy not in ("lru", "priority"):
             raise ValueError(f"unknown eviction policy {policy!r}; known: lru, priority")
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {page_size}")
         self.capacity = capacity_tokens
         self.policy = policy
+        self.page_size = page_size
+        self.bigram = bigram
+        #: records KV events at the mutation points (None: the worker publishes none)
+        self.events = events
         self._clock = itertools.count(1)
         self.reset()
 
@@ -66,16 +98,36 @@ class RadixCache:
         self.size = 0  # tokens held by the tree
         self.locked = 0  # tokens on paths in use by running requests
         self.evicted_total = 0
+        if self.events is not None:  # SGLang's reset records it; the scheduler's next step publishes it
+            self.events.record_all_cleared()
+            self.events.flush()
+
+    def keys(self, tokens: Sequence[int]) -> Sequence[int]:
+        """The tree's keys for `tokens`: bigrams on an EAGLE tree, cut to whole pages."""
+        units = pack_bigrams(tokens) if self.bigram else tokens
+        if self.page_size > 1:
+            units = units[: len(units) // self.page_size * self.page_size]
+        return units
+
+    def _child_key(self, units: Sequence[int], pos: int) -> ChildKey:
+        """Children are told apart by their first page (SGLang's `RadixKey.child_key`)."""
+        if self.page_size == 1:
+            return units[pos]
+        return tuple(units[pos : pos + self.page_size])
 
     # -- lookup -------------------------------------------------------------------------------------
     def match_prefix(self, tokens: Sequence[int], priority: int = 0) -> MatchResult:
-        """Longest cached prefix of `tokens`; touches (and raises the priority of) the matched path."""
+        """Longest cached prefix of `tokens` (in keys); touches (and raises the priority of) the matched path."""
+        return self._match(self.keys(tokens), priority)
+
+    def _match(self, tokens: Sequence[int], priority: int) -> MatchResult:
         node, pos, now = self.root, 0, next(self._clock)
+        ps = self.page_size
         while pos < len(tokens):
-            child = node.children.get(tokens[pos])
+            child = node.children.get(self._child_key(tokens, pos))
             if child is None:
                 break
-            n = _common_len(child.key, tokens, pos)
+            n = _common_len(child.key, tokens, pos, ps)
             if n < len(child.key):
                 if n == 0:
                     break
@@ -96,26 +148,32 @@ class RadixCache:
             last_access=child.last_access,
             lock_ref=child.lock_ref,
         )
-        parent.children[head.key[0]] = head
+        parent.children[self._child_key(head.key, 0)] = head
         child.key = child.key[n:]
         child.parent = head
-        head.children[child.key[0]] = child
+        head.children[self._child_key(child.key, 0)] = child
+        if child.digests is not None:  # the chain is unchanged, only cut between the two nodes
+            cut = n // self.page_size * DIGEST_LEN
+            head.digests, child.digests = child.digests[:cut], child.digests[cut:]
         return head
 
     # -- insert / evict ---------------------------------------------------------------------------
     def insert(self, tokens: Sequence[int], priority: int = 0) -> int:
-        """Insert `tokens`; returns how many new tokens were added (then evicts down to capacity)."""
-        match = self.match_prefix(tokens, priority)
-        added = len(tokens) - match.length
+        """Insert `tokens`; returns how many new keys were added (then evicts down to capacity)."""
+        units = self.keys(tokens)
+        match = self._match(units, priority)
+        added = len(units) - match.length
         if added:
             leaf = Node(
-                key=list(tokens[match.length :]),
+                key=list(units[match.length :]),
                 parent=match.node,
                 priority=priority,
                 last_access=next(self._clock),
             )
-            match.node.children[leaf.key[0]] = leaf
+            match.node.children[self._child_key(leaf.key, 0)] = leaf
             self.size += added
+            if self.events is not None:
+                self.events.record_store(leaf)
         if self.size > self.capacity:
             self.evict(self.size - self.capacity)
         return added
@@ -129,8 +187,10 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
-            del parent.children[leaf.key[0]]
+            del parent.children[self._child_key(leaf.key, 0)]
             freed += len(leaf.key)
+            if self.events is not None:
+                self.events.record_remove(leaf)
             self.size -= len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (self._rank(parent), id(parent), parent))

@@ -1,0 +1,115 @@
+"""Block hashes of KV-cache pages, computed as SGLang 0.5.23 computes them for its KV events. Pure.
+
+SGLang hashes a radix node's pages as a SHA-256 chain (`get_hash_str` in sglang/srt/mem_cache/utils.py,
+the C++ kernel in sglang/srt/mem_cache/cpp_utils/hash_binding.cpp):
+
+    digest(page) = SHA-256(digest(previous page) || page bytes)     (no prefix for the first page)
+
+where the page bytes are its token ids as little-endian uint32, or, when a page holds an id that does not
+fit in 32 bits, the byte 0xff followed by the ids as little-endian uint64. An EAGLE worker keys its tree
+by bigrams (token i, token i+1), hashed as the two ids in a row. The published block hash is the first
+8 bytes of a page's digest read as a big-endian signed int64 (`hash_str_to_int64`).
+
+The simulator's radix tree keys nodes by *units*: a token id, or on a bigram tree the pair packed into
+one int (`pack_bigrams`), so the tree compares plain ints either way. A node keeps its pages' digests
+as one `bytes` of 32 bytes per page: the chain continues from the last one, a split slices it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from collections.abc import Sequence
+
+DIGEST_LEN = 32
+_U32 = 0xFFFFFFFF
+_U64 = (1 << 64) - 1
+_WIDE_TAG = b"\xff"  # SGLang: an odd byte count tells wide (uint64) pages from uint32 ones
+_LITTLE = sys.byteorder == "little"
+
+
+def pack_bigrams(tokens: Sequence[int]) -> list[int]:
+    """The bigram units of `tokens` (len - 1 of them): (a, b) as a | b << 32, so that a unit's 8
+    little-endian bytes are a and b as uint32, exactly a bigram page's bytes. Ids outside uint32 (never
+    produced by a tokenizer) are kept as a tuple, which `unit_pair` and the wide hash path understand."""
+    out: list[int] = []
+    append = out.append
+    prev = None
+    for tok in tokens:
+        if prev is not None:
+            if 0 <= prev <= _U32 and 0 <= tok <= _U32:
+                append(prev | tok << 32)
+            else:
+                append((prev, tok))  # type: ignore[arg-type]
+        prev = tok
+    return out
+
+
+def unit_pair(unit: int | tuple[int, int]) -> tuple[int, int]:
+    """The (token, next token) pair of one bigram unit, as SGLang publishes it in `token_ids`."""
+    if isinstance(unit, tuple):
+        return unit
+    return unit & _U32, unit >> 32
+
+
+def _le_bytes(words: Sequence[int], code: str) -> bytes:
+    arr = array(code, words)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _page_bytes(units: Sequence[int], bigram: bool) -> bytes:
+    """One page as SGLang feeds it to SHA-256."""
+    if bigram:
+        words: list[int] = []
+        for u in units:
+            words.extend(unit_pair(u))
+    else:
+        words = list(units)
+    if all(0 <= w <= _U32 for w in words):
+        return _le_bytes(words, "I")
+    # SGLang refuses negative ids; the simulator must never fail in its scheduler, so it hashes
+    # their two's complement on the wide path instead (no real SGLang stream to agree with here)
+    return _WIDE_TAG + _le_bytes([w & _U64 for w in words], "Q")
+
+
+def page_digests(units: Sequence[int], page_size: int, prior: bytes | None, *, bigram: bool = False) -> bytes:
+    """The chained digests of `units` cut into pages of `page_size` (the last one may be shorter),
+    continuing from `prior` (the parent node's last page digest; None at the root)."""
+    if page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    width = 8 if bigram else 4
+    try:  # fast path: every unit packs as-is; pages are then slices of one buffer
+        buf = _le_bytes(units, "Q" if bigram else "I")
+    except (OverflowError, TypeError):
+        buf = b""
+    out = bytearray()
+    sha = hashlib.sha256
+    step = page_size * width
+    for start in range(0, len(units), page_size):
+        if buf:
+            data = buf[start * width : start * width + step]
+        else:
+            data = _page_bytes(units[start : start + page_size], bigram)
+        prior = sha(prior + data).digest() if prior is not None else sha(data).digest()
+        out += prior
+    return bytes(out)
+
+
+def block_hash(digests: bytes, page: int) -> int:
+    """The published int64 block hash of page `page` of a node's digests."""
+    off = page * DIGEST_LEN
+    return int.from_bytes(digests[off : off + 8], "big", signed=True)
+
+
+def block_hashes(digests: bytes) -> list[int]:
+    return [block_hash(digests, i) for i in range(len(digests) // DIGEST_LEN)]
+
+
+def last_digest(digests: bytes | None) -> bytes | None:
+    """Where a child's chain continues from (None for an empty node, e.g. the root)."""
+    if not digests:
+        return None
+    return digests[-DIGEST_LEN:]
