@@ -14,8 +14,6 @@ from infer_ctl.core.provision.desired import ManagedFile, backup_path
 from infer_ctl.provision.errors import ProvisionError
 from infer_ctl.remote.base import Command, CommandResult, Connector
 
-_READ = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
-_STAT = '[ -e "$1" ] || exit 3; exec stat -c "%a %U %G" -- "$1"'
 # one round trip for both: the stat line, then the content
 _READ_WITH_STAT = '[ -e "$1" ] || exit 3; stat -c "%a %U %G" -- "$1" && exec cat -- "$1"'
 MISSING = 3
@@ -33,19 +31,6 @@ def run_checked(conn: Connector, command: Command, *, sudo: bool, what: str, tim
     return result
 
 
-def read_file(conn: Connector, path: str, *, sudo: bool) -> bytes | None:
-    """The file's bytes, or None when it does not exist."""
-    result = conn.run(Command("sh", "-c", _READ, "sh", path), sudo=sudo, timeout=60)
-    if result.exit_code == MISSING:
-        return None
-    if not result.ok:
-        raise ProvisionError(
-            f"cannot read {path} on {conn.node_name}: {result.err.strip() or result.exit_code}",
-            remedy="check that the provisioning user can read it (ssh.sudo: true for root-owned files)",
-        )
-    return result.stdout
-
-
 def read_file_and_stat(conn: Connector, path: str, *, sudo: bool) -> tuple[bytes | None, str | None]:
     """(content, `<octal mode> <user> <group>`), or (None, None) when the file does not exist."""
     result = conn.run(Command("sh", "-c", _READ_WITH_STAT, "sh", path), sudo=sudo, timeout=60)
@@ -58,16 +43,6 @@ def read_file_and_stat(conn: Connector, path: str, *, sudo: bool) -> tuple[bytes
         )
     stat_line, _, content = result.stdout.partition(b"\n")
     return content, stat_line.decode().strip()
-
-
-def stat_file(conn: Connector, path: str, *, sudo: bool) -> str | None:
-    """`<octal mode> <user> <group>` of the file, or None when missing."""
-    result = conn.run(Command("sh", "-c", _STAT, "sh", path), sudo=sudo, timeout=60)
-    if result.exit_code == MISSING:
-        return None
-    if not result.ok:
-        raise ProvisionError(f"cannot stat {path} on {conn.node_name}: {result.err.strip()}")
-    return result.out.strip()
 
 
 def expected_stat(file: ManagedFile) -> str:

@@ -169,10 +169,6 @@ class RcPingPongOutput:
     #: a "remote address" line was printed: the TCP exchange of the QP numbers finished
     exchanged: bool = False
 
-    @property
-    def complete(self) -> bool:
-        return self.usec_per_iter is not None and not self.errors
-
 
 @dataclass(frozen=True)
 class PerftestLatRow:
@@ -275,12 +271,6 @@ class NodeFabricFacts:
         if self.sysfs and device in self.sysfs.devices:
             return [p for _, p in sorted(self.sysfs.devices[device].ports.items())]
         return []
-
-    def devinfo_port(self, device: str, port: int) -> DevinfoPort | None:
-        for d in self.devinfo or []:
-            if d.name == device:
-                return d.ports.get(port)
-        return None
 
     def netdevs_of(self, device: str) -> list[str]:
         from_links = [lk.netdev for lk in self.links or [] if lk.device == device and lk.netdev]

@@ -80,10 +80,6 @@ def select_pairs(
     raise UsageError(f"unknown pair mode {mode!r}", remedy="use prefill-decode, mesh or explicit")
 
 
-def rails(server_devices: Sequence[str], client_devices: Sequence[str]) -> list[tuple[str, str]]:
-    return list(zip(server_devices, client_devices, strict=False))
-
-
 def schedule(
     pairs: Sequence[tuple[str, str]],
     endpoints: Mapping[str, Sequence[Endpoint]],

@@ -20,7 +20,6 @@ from infer_ctl.profile.gpu import GpuPolicy
 HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 # DCGM: uncorrectable row remaps >= 512 is a WARN (Ampere+); retired pages SBE+DBE >= 63 is a FAIL.
 ROW_REMAP_UNC_WARN = 512
-FAILING_RECOVERY = {"gpu_reset", "node_reboot", "drain_and_reset", "bus_reset", "system_reboot"}
 WARNING_RECOVERY = {"drain_p2p", "recover_imex_domain"}
 
 RMA = "drain the node and open an RMA with the GPU's serial number"

@@ -8,7 +8,7 @@ failed). `--apply` executes CHANGE entries only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -137,6 +137,3 @@ def fleet_exit_code(plans: Iterable[NodePlan]) -> ExitCode:
         return ExitCode.WARN
     return ExitCode.OK
 
-
-def entries_of_kind(entries: Sequence[PlanEntry], *kinds: EntryKind) -> list[PlanEntry]:
-    return [e for e in entries if e.kind in kinds]
