@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from infer_ctl.sim.kv_config import parse_kv_events_config
 from infer_ctl.sim.spec_adaptive import launch_steps
 from infer_ctl.sim.spec_workload import SpecWorkload
 from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, resolve_timing
@@ -60,12 +61,19 @@ class WorkerSpec:
     waiting_timeout_s: float = 30.0
     #: fill usage.prompt_tokens_details.cached_tokens (SGLang: --enable-cache-report, default off)
     enable_cache_report: bool = True
+    #: SGLang's --page-size: the radix tree holds whole pages, KV events carry one block per page
+    page_size: int = 1
+    #: SGLang's --kv-events-config JSON (kv_config.py); None: no KV events
+    kv_events_config: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {self.time_scale}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {self.page_size}")
+        parse_kv_events_config(self.kv_events_config)  # refused here, as SGLang refuses it at start-up
         if self.decode_log_interval < 1:
             raise ValueError(f"decode_log_interval must be >= 1, got {self.decode_log_interval}")
         if self.spec_adaptive:

@@ -145,10 +145,13 @@ class Engine:
 
     def submit_prefill(self, req: SimRequest) -> None:
         """Queue a prompt for prefill; on a prefill worker `req.prefill_done` resolves afterwards."""
-        match = self.cache.match_prefix(req.input_ids, req.priority)
-        req.cached_tokens = min(match.length, max(0, req.prompt_tokens - 1))  # >= 1 token is computed
+        # SGLang matches at most input_len - 1 tokens (one is computed), fewer when input logprobs are
+        # asked for (Req._compute_max_prefix_len), and the tree then cuts that to whole pages / bigrams
+        limit = max(0, req.prompt_tokens - 1)
         if req.max_prefix is not None:
-            req.cached_tokens = min(req.cached_tokens, req.max_prefix)
+            limit = max(0, min(limit, req.max_prefix))
+        match = self.cache.match_prefix(req.input_ids[:limit], req.priority)
+        req.cached_tokens = match.length
         req.remaining_prefill = req.prompt_tokens - req.cached_tokens
         self.cache.lock(match.node)
         req.lock_node = match.node
@@ -243,6 +246,7 @@ class Engine:
                 self._first_token(req, end)
                 if not req.finished:
                     self.decode_waiting.append(req)
+        self.cache.end_step()  # SGLang publishes a step's KV events as one batch once the step is done
 
     def _release_lock_only(self, req: SimRequest) -> None:
         if req.lock_node is not None:

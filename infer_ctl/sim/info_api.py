@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from infer_ctl.sim.config import DEFAULT_BOOTSTRAP_PORT, SGLANG_VERSION
+from infer_ctl.sim.kv_config import describe
 from infer_ctl.sim.state import WorkerState
 from infer_ctl.sim.telemetry import load_snapshot, metrics_text
 
@@ -33,7 +34,7 @@ def server_args(state: WorkerState) -> dict[str, Any]:
         "max_total_tokens": t.kv_capacity_tokens,
         "chunked_prefill_size": t.chunked_prefill_size,
         "context_length": s.context_length,
-        "page_size": 1,
+        "page_size": s.page_size,
         "tp_size": 8,
         "dp_size": 1,
         "radix_eviction_policy": s.eviction_policy,
@@ -45,6 +46,7 @@ def server_args(state: WorkerState) -> dict[str, Any]:
         "speculative_adaptive": bool(spec_on and s.spec_adaptive),
         "speculative_adaptive_config": s.spec_adaptive_config if isinstance(s.spec_adaptive_config, str) else None,
         "random_seed": s.seed,
+        "kv_events_config": s.kv_events_config,
     }
 
 
@@ -90,7 +92,8 @@ class InfoApi:
             "version": SGLANG_VERSION,
             "startup_time": st.start_time,
             "frontend": "inferctl-sim",
-            "kv_events": None,
+            # SGLang: describe_kv_events_publisher (block_size = page_size x dcp_size, 1 here)
+            "kv_events": describe(st.kv_events, block_size=spec.page_size),
             "internal_states": [internal_state(st)],
             "sim": {
                 "role": spec.role,

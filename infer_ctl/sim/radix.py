@@ -102,6 +102,11 @@ class RadixCache:
             self.events.record_all_cleared()
             self.events.flush()
 
+    def end_step(self) -> None:
+        """A scheduler step is over: its KV events go out as one batch."""
+        if self.events is not None:
+            self.events.flush()
+
     def keys(self, tokens: Sequence[int]) -> Sequence[int]:
         """The tree's keys for `tokens`: bigrams on an EAGLE tree, cut to whole pages."""
         units = pack_bigrams(tokens) if self.bigram else tokens

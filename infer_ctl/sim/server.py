@@ -63,7 +63,8 @@ class SimWorker(WorkerState):
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.cache.reset()
+        self.open_kv_events()
+        self.cache.reset()  # with KV events: AllBlocksCleared, seq 0 of the new publisher
         self.rooms = RoomTable()
         self.engine = self.make_engine()
         self.engine.start()
@@ -114,6 +115,7 @@ class SimWorker(WorkerState):
             await runner.cleanup()
         self._runners.clear()
         await self.kv.close()
+        self.close_kv_events()
 
     # -- apps -------------------------------------------------------------------------------------
     @web.middleware

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.engine import Engine
+from infer_ctl.sim.kv_config import parse_kv_events_config
+from infer_ctl.sim.kv_events import KvEventRecorder
+from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import RadixCache
 from infer_ctl.sim.rooms import RoomTable
 from infer_ctl.sim.spec_decode import spec_decoder_for
@@ -22,7 +25,21 @@ class WorkerState:
         self.spec = spec
         self.timing = spec.timing()
         self.tokenizer = make_tokenizer(spec.tokenizer_path)
-        self.cache = RadixCache(self.timing.kv_capacity_tokens, spec.eviction_policy)
+        self.kv_events = parse_kv_events_config(spec.kv_events_config)
+        #: SGLang keys an EAGLE worker's tree by bigrams (the simulator's speculative algorithm is EAGLE3)
+        bigram = self.timing.spec_alpha is not None
+        # A decode runs without a radix cache unless told otherwise (SGLang's handle_pd_disaggregation),
+        # and a disabled cache records no KV events: its publisher binds but never sends.
+        records = self.kv_events is not None and self.kv_events.enabled and spec.role != "decode"
+        self.kv_recorder = KvEventRecorder(spec.page_size, bigram=bigram) if records else None
+        self.kv_publisher: ZmqKvPublisher | None = None
+        self.cache = RadixCache(
+            self.timing.kv_capacity_tokens,
+            spec.eviction_policy,
+            page_size=spec.page_size,
+            bigram=bigram,
+            events=self.kv_recorder,
+        )
         self.rooms = RoomTable()
         self.engine: Engine | None = None
         self.port = spec.port
@@ -50,6 +67,22 @@ class WorkerState:
             seed=s.seed,
             spec=spec_decoder_for(s, self.timing),
         )
+
+    def open_kv_events(self) -> None:
+        """Start of a process: a new publisher (its seq starts at 0); what the recorder holds from before is dropped."""
+        if self.kv_events is None or not self.kv_events.enabled:
+            return
+        self.kv_publisher = ZmqKvPublisher(self.kv_events)
+        if self.kv_recorder is not None:
+            self.kv_recorder.take()
+            self.kv_recorder.sink = self.kv_publisher.publish
+
+    def close_kv_events(self) -> None:
+        if self.kv_recorder is not None:
+            self.kv_recorder.sink = None
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
+            self.kv_publisher = None
 
     def running_engine(self) -> Engine:
         assert self.engine is not None, "worker not started"
