@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -68,6 +69,29 @@ class Lifecycle(StrictModel):
     user: str | None = None
 
 
+class KvEvents(StrictModel):
+    """SGLang 0.5.23's `KVEventsConfig` (sglang/srt/disaggregation/kv_events.py), field for field. SGLang's
+    own defaults apply to what is left out, and only what is set is rendered; note `publisher` defaults
+    to "null" there, which publishes nothing."""
+
+    publisher: Literal["null", "zmq"] = "null"
+    #: the PUB socket; DP rank r of a server publishes on this port + r
+    endpoint: str = "tcp://*:5557"
+    #: bind (true) or connect (false) the PUB socket; unset: bind a wildcard host, connect a concrete one
+    bind: bool | None = None
+    #: the ROUTER socket answering replay requests (rank r: this port + r)
+    replay_endpoint: str | None = None
+    buffer_steps: Annotated[int, Field(ge=0)] = 10_000
+    hwm: Annotated[int, Field(ge=0)] = 100_000
+    max_queue_size: Annotated[int, Field(ge=0)] = 100_000
+    topic: str = ""
+    format: Literal["default", "dynamo"] = "default"
+
+    def to_json(self) -> str:
+        """The --kv-events-config value: the keys the profile sets, sorted, compact."""
+        return json.dumps(self.model_dump(exclude_unset=True), sort_keys=True, separators=(",", ":"))
+
+
 class SglangSettings(StrictModel):
     version: Annotated[str, Field(pattern=r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")] = "0.5.23"
     #: directory holding versioned venvs (`<venv>/<version>/bin/python`) and the `current` symlink
@@ -83,8 +107,8 @@ class SglangSettings(StrictModel):
     #: extra environment for the servers (no secrets: values land in env files on the nodes)
     env: dict[str, str] = Field(default_factory=dict)
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
-    #: passed to --kv-events-config as JSON when set
-    kv_events: dict[str, str | int | float | bool] | None = None
+    #: passed to every server as --kv-events-config (the keys set here, as JSON) when set
+    kv_events: KvEvents | None = None
     #: server log files of the process supervisor (`{node}` is replaced by the node name)
     log_dir: str = "/var/log/inferctl"
     #: --enable-metrics (/metrics; `check servers` reads queue gauges from it)

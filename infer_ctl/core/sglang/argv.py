@@ -173,12 +173,10 @@ def profile_options(profile: Profile, instance: Instance) -> list[Option]:
         # pinned prefixes are warmed with a high request priority; only the priority policy honours it
         add(Option("--radix-eviction-policy", "priority"))
     if profile.sglang.kv_events is not None:
-        add(
-            Option(
-                "--kv-events-config",
-                json.dumps(profile.sglang.kv_events, sort_keys=True, separators=(",", ":")),
-            )
-        )
+        # the same JSON on every server, prefill and decode (a decode without a radix cache binds but
+        # sends nothing); SGLang moves the ports per DP rank itself, and two servers of one node that
+        # would bind the same ports are a launch.kv_events FAIL (consistency.py), not rewritten here
+        add(Option("--kv-events-config", profile.sglang.kv_events.to_json()))
     return opts
 
 
