@@ -11,8 +11,10 @@ from rich.syntax import Syntax
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, session
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.report import Report
+from infer_ctl.core.sglang.consistency import launch_problems
 from infer_ctl.errors import ProfileError
 from infer_ctl.output.json_doc import dumps
+from infer_ctl.output.table import render_findings_report
 from infer_ctl.profile import load_profile, resolve_profile_path
 
 app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
@@ -40,9 +42,16 @@ def validate(profile: ProfileOpt = None, json: JsonOpt = False) -> None:
     report.profile = prof.name
     roles = {r: len(prof.nodes_with_role(r)) for r in ("prefill", "decode")}
     report.findings = [Finding.ok("profile.schema", "-", str(path), "profile is valid")]
+    # launch-plan FAILs too (e.g. prefill and decode disagreeing on --page-size): servers with these
+    # arguments would fail at start-up or at the first transfer (docs/launch.md, "Checks before launch")
+    plan_fails = [f for f in launch_problems(prof) if f.status.value == "fail"]
+    report.findings += plan_fails
     report.data = {"path": str(path), "nodes": len(prof.nodes), "roles": roles, "collocated": prof.collocated}
 
     def render(console: Console) -> None:
+        if plan_fails:
+            render_findings_report(console, report, show_ok=False)
+            return
         mode = "collocated" if prof.collocated else f"{roles['prefill']} prefill + {roles['decode']} decode"
         console.print(
             f"[green]valid[/green]: {path} — profile {prof.name!r}, {len(prof.nodes)} nodes ({mode})"

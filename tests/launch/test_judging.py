@@ -60,12 +60,73 @@ def test_sound_profile_has_no_problems() -> None:
          "--speculative-num-steps is 5 here but 3 on pf-01-prefill"),
         ({"prefill": ["--host", "127.0.0.1"]}, "launch.host:pf-01-prefill", "fail",
          "decodes on 10.0.0.21 cannot reach its bootstrap server"),
+        # SGLang's decode raises "Page size mismatch" / "KV cache dtype mismatch" at the first transfer
+        ({"decode": ["--page-size", "64"]}, "launch.pd_agreement:dc-01-decode", "fail",
+         "--page-size is 64 here but None on pf-01-prefill"),
+        ({"prefill": ["--page-size", "32"], "decode": ["--page-size", "64"]}, "launch.pd_agreement:dc-01-decode",
+         "fail", "--page-size is 64 here but 32 on pf-01-prefill"),
+        ({"decode": ["--kv-cache-dtype", "fp8_e4m3"]}, "launch.pd_agreement:dc-01-decode", "fail",
+         "--kv-cache-dtype is fp8_e4m3 here but auto on pf-01-prefill"),
+        ({"prefill": ["--kv-cache-dtype", "bf16"], "decode": ["--kv-cache-dtype", "bfloat16"]},
+         "launch.pd_agreement:dc-01-decode", "fail", "--kv-cache-dtype is bfloat16 here but bf16"),
+        # a server's role is the profile's, not an extra arg's
+        ({"prefill": ["--disaggregation-mode", "decode"]}, "launch.role:pf-01-prefill", "fail",
+         "extra args set --disaggregation-mode decode on a prefill server"),
+        ({"decode": ["--disaggregation-mode", "null"]}, "launch.role:dc-01-decode", "fail",
+         "set --disaggregation-mode null on a decode server (the profile makes it decode)"),
+        # a bootstrap port only this server would know: refused for the profile's settings
+        ({"prefill": ["--disaggregation-bootstrap-port", "9100"]}, "launch.bootstrap_port:pf-01-prefill",
+         "fail", "extra args set --disaggregation-bootstrap-port 9100, but the profile gives 8998"),
+        ({"decode": ["--disaggregation-bootstrap-port=9100"]}, "launch.bootstrap_port:dc-01-decode",
+         "fail", "the router and the decodes use"),
     ],
 )  # fmt: skip
 def test_extra_args_problems(extra: dict, key: str, status: str, fragment: str) -> None:
     found = _problems(extra_args=extra)
     assert key in found, found
     assert found[key][0] == status and fragment in found[key][1]
+
+
+def test_agreeing_page_size_and_kv_dtype_and_the_default_spelled_out_are_fine() -> None:
+    assert _problems(extra_args={"prefill": ["--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"],
+                                 "decode": ["--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"]}) == {}
+    assert _problems(extra_args={"decode": ["--kv-cache-dtype", "auto"]}) == {}  # auto is the default
+    assert _problems(extra_args={"prefill": ["--disaggregation-bootstrap-port", "8998"]}) == {}  # no change
+
+
+def test_role_and_bootstrap_overrides_are_fails_not_override_warnings() -> None:
+    found = _problems(extra_args={"prefill": ["--disaggregation-mode", "decode", "--disaggregation-bootstrap-port", "9"]})
+    assert {k: v[0] for k, v in found.items()} == {
+        "launch.role:pf-01-prefill": "fail", "launch.bootstrap_port:pf-01-prefill": "fail",
+    }  # fmt: skip
+
+
+def test_a_collocated_server_made_a_prefill_by_extra_args_fails() -> None:
+    p = validate_profile_data({
+        "name": "t", "collocated": True,
+        "nodes": [{"name": "n-01", "host": "10.0.0.11", "roles": ["prefill", "decode"]}],
+        "models": {"target": {"path": "/m"}},
+        "sglang": {"extra_args": {"collocated": ["--disaggregation-mode", "prefill"]}},
+    })  # fmt: skip
+    (f,) = launch_problems(p)
+    assert (f.check, f.status.value) == ("launch.role", "fail")
+    assert "--disaggregation-mode prefill on a collocated server (the profile makes it null)" in f.message
+
+
+def test_dry_run_and_check_args_fail_on_a_page_size_mismatch(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    bad = tmp_path / "pages.yaml"
+    bad.write_text(
+        "name: pages\nnodes:\n  - {name: pf-01, host: 10.9.9.1, roles: [prefill]}\n"
+        "  - {name: dc-01, host: 10.9.9.2, roles: [decode]}\nmodels: {target: {path: /m}}\n"
+        "sglang: {extra_args: {prefill: [--page-size, '1'], decode: [--page-size, '64']}}\n"
+    )
+    for mode in ("--dry-run", "--check-args"):
+        assert main(["launch", "-p", str(bad), mode, "--json"]) == 2, mode
+        doc = json.loads(capsys.readouterr().out)
+        fails = [f["message"] for f in doc["findings"] if f["status"] == "fail"]
+        assert "--page-size is 64 here but 1 on pf-01-prefill; prefill and decode must agree" in fails, doc
 
 
 def test_drift_names_the_setting_and_normalises_aliases() -> None:
@@ -117,3 +178,19 @@ def test_cli_dry_run_json_and_launch_refuses_a_failing_plan(
     assert doc["launched"] is False and doc["findings"][0]["check"] == "launch.args"
     assert main(["launch", "-p", str(bad), "--role", "router"]) == 64
     assert main(["logs", "nope", "-p", str(bad)]) == 64
+
+
+def test_profile_validate_fails_on_a_launch_plan_fail(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    bad = tmp_path / "dtype.yaml"
+    bad.write_text(
+        "name: dtype\nnodes:\n  - {name: pf-01, host: 10.9.9.1, roles: [prefill]}\n"
+        "  - {name: dc-01, host: 10.9.9.2, roles: [decode]}\nmodels: {target: {path: /m}}\n"
+        "sglang: {extra_args: {decode: [--kv-cache-dtype, fp8_e5m2]}}\n"
+    )
+    assert main(["profile", "validate", "-p", str(bad), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert [(f["check"], f["status"]) for f in doc["findings"]] == [
+        ("profile.schema", "ok"), ("launch.pd_agreement", "fail")
+    ]
+    assert main(["profile", "validate", "-p", str(bad)]) == 2
+    assert "--kv-cache-dtype is fp8_e5m2 here but auto on pf-01-prefill" in capsys.readouterr().out

@@ -18,16 +18,25 @@ from infer_ctl.core.sglang.flags import flag_table
 from infer_ctl.core.sglang.instance import Instance, instances
 from infer_ctl.profile import Profile
 
-#: settings prefill and decode must agree on (SGLang: "launch P and D with the same spec flags")
+#: settings prefill and decode must agree on (SGLang: "launch P and D with the same spec flags"). Page
+#: size and KV cache dtype: the decode raises "Page size mismatch" / "KV cache dtype mismatch" at its
+#: first transfer when the prefill's bootstrap info differs (SGLang 0.5.23
+#: sglang/srt/disaggregation/common/conn.py, the sanity checks after fetching the prefill's info).
 PD_AGREEMENT = (
     "--model-path",
     "--disaggregation-transfer-backend",
+    "--page-size",
+    "--kv-cache-dtype",
     "--speculative-algorithm",
     "--speculative-draft-model-path",
     "--speculative-num-steps",
     "--speculative-eagle-topk",
     "--speculative-num-draft-tokens",
 )
+#: extra args that would make a server something other than what launch, the router and the decodes
+#: take it for: refused (FAIL), not merely reported as an override
+ROLE_FLAG = "--disaggregation-mode"
+BOOTSTRAP_FLAG = "--disaggregation-bootstrap-port"
 _SPEC_NUMBERS = ("--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens")
 
 
@@ -164,6 +173,50 @@ def _host_findings(inst: Instance, args: dict[str, str | None], decode_hosts: se
     return []
 
 
+def _role_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]:
+    """The effective --disaggregation-mode must be the instance's role (null for a collocated server): an
+    extra arg changing it makes a prefill node serve as a decode (or a plain server), which neither the
+    router's pool nor the other role expects."""
+    want = inst.role if inst.role in ("prefill", "decode") else "null"
+    got = args.get(ROLE_FLAG) or "null"
+    if got == want:
+        return []
+    return [
+        Finding.fail(
+            "launch.role",
+            inst.node,
+            inst.name,
+            f"extra args set {ROLE_FLAG} {got} on a {inst.role} server (the profile makes it {want})",
+            details={"flag": ROLE_FLAG, "profile": want, "extra": got},
+            remedy=f"drop {ROLE_FLAG} from the extra args; change the node's roles in the profile instead",
+        )
+    ]
+
+
+def _bootstrap_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]:
+    """A bootstrap port set in extra args reaches this server only: the router (which tells decodes
+    where each prefill's bootstrap server is) and the decodes' default keep the profile's port, so every
+    transfer would fail to connect. Refused in favour of the profile settings every side reads."""
+    if inst.bootstrap_port is None or args.get(BOOTSTRAP_FLAG) == str(inst.bootstrap_port):
+        return []
+    where = (
+        "nodes[].overrides.bootstrap_port (this prefill) or sglang.prefill.bootstrap_port"
+        if inst.role == "prefill"
+        else "sglang.prefill.bootstrap_port (a decode assumes it for prefills that report none)"
+    )
+    return [
+        Finding.fail(
+            "launch.bootstrap_port",
+            inst.node,
+            inst.name,
+            f"extra args set {BOOTSTRAP_FLAG} {args.get(BOOTSTRAP_FLAG)}, but the profile gives "
+            f"{inst.bootstrap_port}, which the router and the decodes use; transfers would not connect",
+            details={"flag": BOOTSTRAP_FLAG, "profile": inst.bootstrap_port, "extra": args.get(BOOTSTRAP_FLAG)},
+            remedy=f"drop {BOOTSTRAP_FLAG} from the extra args and set {where}",
+        )
+    ]
+
+
 def launch_problems(profile: Profile, selected: list[Instance] | None = None) -> list[Finding]:
     """Every problem of the launch plan as findings (warn/fail); empty when it is sound."""
     every = instances(profile)
@@ -172,8 +225,13 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
     args = {name: effective_args(r.argv) for name, r in rendered.items()}
     decode_hosts = {i.host for i in every if i.role == "decode"}
     out: list[Finding] = []
+    table = flag_table()
     for inst in chosen:
         for ov in rendered[inst.name].overrides:
+            spec = table.lookup(ov.flag)
+            canonical = spec.canonical if spec else ov.flag
+            if canonical in (ROLE_FLAG, BOOTSTRAP_FLAG):
+                continue  # judged below as FAILs
             out.append(
                 Finding.warn(
                     "launch.override",
@@ -187,6 +245,8 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
         out.extend(_flag_findings(inst, rendered[inst.name].argv))
         out.extend(_spec_findings(inst, args[inst.name]))
         out.extend(_host_findings(inst, args[inst.name], decode_hosts))
+        out.extend(_role_findings(inst, args[inst.name]))
+        out.extend(_bootstrap_findings(inst, args[inst.name]))
     out.extend(_pd_agreement(every, chosen, args))
     out.extend(_ib_map_findings(profile, chosen))
     out.extend(_kv_events_findings(every, chosen, args))
@@ -270,6 +330,17 @@ def _kv_events_findings(
     return out
 
 
+def _with_default(flag: str, args: dict[str, str | None]) -> str | None:
+    """The value as SGLang holds it: unset means the flag's default (--kv-cache-dtype: auto). A default
+    of None (--page-size: resolved from the attention backend) stays None: unset on one side and set on
+    the other is reported, since the backend may resolve another size."""
+    if flag in args:
+        return args[flag]
+    spec = flag_table().lookup(flag)
+    default = spec.default if spec else None
+    return None if default in (None, "", "None") else default
+
+
 def _pd_agreement(
     every: list[Instance], chosen: list[Instance], args: dict[str, dict[str, str | None]]
 ) -> list[Finding]:
@@ -282,9 +353,9 @@ def _pd_agreement(
         if inst.role not in ("prefill", "decode") or inst is ref:
             continue
         diffs = {
-            f: (args[ref.name].get(f), args[inst.name].get(f))
+            f: (_with_default(f, args[ref.name]), _with_default(f, args[inst.name]))
             for f in PD_AGREEMENT
-            if args[ref.name].get(f) != args[inst.name].get(f)
+            if _with_default(f, args[ref.name]) != _with_default(f, args[inst.name])
         }
         for flag, (want, got) in diffs.items():
             out.append(
