@@ -16,6 +16,7 @@ from infer_ctl.errors import UsageError
 from infer_ctl.sim.cluster import start_cluster
 from infer_ctl.sim.config import Role, WorkerSpec
 from infer_ctl.sim.from_profile import specs_from_profile
+from infer_ctl.sim.kv_ports import assign_kv_event_ports
 from infer_ctl.sim.specparse import parse_worker
 
 app = typer.Typer(help="SGLang-compatible simulated workers (no GPU needed).", no_args_is_help=True)
@@ -36,6 +37,8 @@ def serve(
     eviction_policy: Annotated[str, typer.Option("--eviction-policy", help="lru or priority.")] = "lru",
     no_spec: Annotated[bool, typer.Option("--no-spec", help="Disable speculative decoding.")] = False,
     spec_alpha: Annotated[float | None, typer.Option("--spec-alpha", help="Per-token draft acceptance rate.")] = None,
+    kv_events_config: Annotated[str | None, typer.Option("--kv-events-config", help="SGLang's KV events JSON, e.g. '{\"publisher\":\"zmq\"}'; worker i publishes on the endpoint/replay ports + i.")] = None,
+    page_size: Annotated[int | None, typer.Option("--page-size", help="Tokens per KV page (SGLang's --page-size; KV event block size).")] = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
     json_: JsonOpt = False,
@@ -44,7 +47,7 @@ def serve(
     sess = session(json_)
     knobs: dict[str, Any] = {k: v for k, v in {"time_scale": time_scale, "cache_capacity_tokens": cache_tokens,
                                "eviction_policy": eviction_policy, "spec_alpha": spec_alpha, "tokenizer_path": tokenizer,
-                               "preset": preset, "model": model, "speculative": False if no_spec else None}.items()
+                               "preset": preset, "model": model, "page_size": page_size, "speculative": False if no_spec else None}.items()
              if v is not None}
     try:
         specs = specs_from_profile(get_profile(profile), seed=seed, **knobs) if from_profile else []
@@ -52,6 +55,7 @@ def serve(
         counts: list[tuple[Role, int]] = [("prefill", prefill), ("decode", decode), ("mixed", mixed)]
         for role, count in counts:
             specs += [WorkerSpec(role, seed=seed + len(specs) + i, **knobs) for i in range(count)]
+        specs = assign_kv_event_ports(specs, kv_events_config)
     except ValueError as exc:
         raise UsageError(str(exc), remedy="see `inferctl sim serve --help`") from None
     if not specs:
@@ -65,17 +69,18 @@ def serve(
 
 async def _serve(specs: list[WorkerSpec], sess: Session, json_mode: bool) -> None:
     cluster = await start_cluster(specs)
-    rows = [{"role": w.spec.role, "url": w.url, "bootstrap_port": w.bootstrap_port if w.spec.role == "prefill" else None}
+    rows = [{"role": w.spec.role, "url": w.url, "bootstrap_port": w.bootstrap_port if w.spec.role == "prefill" else None,
+             "kv_events": w.kv_events.endpoint if w.kv_events is not None and w.kv_events.enabled else None}
             for w in cluster.workers]
     if json_mode:
         # one line, printed once the workers listen: a supervising script reads it and proceeds
         print(json.dumps({"command": "sim serve", "status": "ok", "exit_code": 0, "workers": rows}), flush=True)
     else:
         table = Table(title=f"inferctl sim: {len(rows)} simulated SGLang workers (Ctrl-C to stop)")
-        for col in ("role", "url", "bootstrap"):
+        for col in ("role", "url", "bootstrap", "kv events"):
             table.add_column(col)
         for r in rows:
-            table.add_row(str(r["role"]), str(r["url"]), str(r["bootstrap_port"] or "-"))
+            table.add_row(str(r["role"]), str(r["url"]), str(r["bootstrap_port"] or "-"), str(r["kv_events"] or "-"))
         sess.out.print(table)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()

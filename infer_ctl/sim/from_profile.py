@@ -35,6 +35,8 @@ def specs_from_profile(profile: Profile, **knobs: Any) -> list[WorkerSpec]:
     base = {"preset": sim_preset_for(target.preset, draft is not None), "model": model, **spec_knobs}
     if target.context_length:
         base["context_length"] = target.context_length
+    if profile.sglang.kv_events is not None:
+        base["kv_events_config"] = profile.sglang.kv_events.to_json()  # what launch renders
     seed = int(knobs.pop("seed", 0))
     specs: list[WorkerSpec] = []
     for node in profile.nodes:
@@ -47,8 +49,26 @@ def specs_from_profile(profile: Profile, **knobs: Any) -> list[WorkerSpec]:
         if "decode" in ports:
             roles.append(("decode", ports["decode"], None))
         for role, port, boot in roles:
+            server_role = "collocated" if role == "mixed" else role
+            extra = [*getattr(profile.sglang.extra_args, server_role), *node.overrides.extra_args]
+            page = _flag_value(extra, "--page-size")
+            paged: dict[str, Any] = {"page_size": int(page)} if page and page.isdigit() else {}
+            kv = _flag_value(extra, "--kv-events-config")  # an extra arg replaces the profile's, as in launch
+            if kv is not None:
+                paged["kv_events_config"] = kv
             specs.append(
                 WorkerSpec(role, host=node.host, port=port, bootstrap_port=boot, seed=seed + len(specs),
-                           **{**base, **knobs})
+                           **{**base, **paged, **knobs})
             )
     return specs
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The last value given to `flag` in an extra-args list (`--flag V` or `--flag=V`), as argparse reads it."""
+    value = None
+    for i, tok in enumerate(args):
+        if tok == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif tok.startswith(flag + "="):
+            value = tok.split("=", 1)[1]
+    return value

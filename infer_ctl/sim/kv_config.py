@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 PUBLISHERS = ("null", "zmq")
@@ -41,9 +41,6 @@ class KvEventsConfig:
     @property
     def enabled(self) -> bool:
         return self.publisher == "zmq"
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
 
     def should_bind(self) -> bool:
         """SGLang's rule (ZmqEventPublisher._socket_setup): `bind` if set, else bind an endpoint that
