@@ -25,6 +25,8 @@ Design choices, measured on the 2-core build machine:
 - `sshd_prefix` runs sshd under a wrapper (e.g. `["unshare", "--mount", "--", "/path/wrapper"]`) so
   provisioning tests can give a node private bind mounts. `extra_sshd_config` lines override the
   defaults (they are placed first, since sshd keeps the first value); a `Match` block goes last.
+  `node_sshd_config={"node-02": "MaxSessions 1"}` does the same for single nodes (before the cluster's
+  extra lines). `sftp_subsystem=None` serves no sftp subsystem (`"/bin/false"`: one that fails to start).
 
 The profile from `profile_data()` sets `ssh.sudo` to false when the tests run as root (root needs no
 sudo, and the build image has no sudo binary); tests of sudo behaviour set it explicitly. inferctl runs
@@ -189,6 +191,8 @@ class SshCluster:
         extra_sshd_config: str = "",
         sshd_prefix: list[str] | None = None,
         host_key_types: tuple[str, ...] | list[str] = ("ed25519",),
+        node_sshd_config: dict[str, str] | None = None,
+        sftp_subsystem: str | None = "internal-sftp",
     ) -> None:
         if names is not None:
             n_nodes = len(names)
@@ -200,6 +204,10 @@ class SshCluster:
         if len(self.roles) != n_nodes:
             raise ValueError("roles needs one entry per node")
         self.extra_sshd_config = extra_sshd_config
+        self.node_sshd_config = dict(node_sshd_config or {})
+        if unknown := set(self.node_sshd_config) - set(self.names):
+            raise ValueError(f"node_sshd_config names unknown nodes: {sorted(unknown)}")
+        self.sftp_subsystem = sftp_subsystem
         self.sshd_prefix = list(sshd_prefix or [])
         if not host_key_types or any(t not in HOST_KEY_TYPES for t in host_key_types):
             raise ValueError(f"host_key_types: one or more of {HOST_KEY_TYPES}")
@@ -362,18 +370,23 @@ class SshCluster:
             "LoginGraceTime 30",
             "UseDNS no",
             "LogLevel VERBOSE",
-            "Subsystem sftp internal-sftp",
+            *([f"Subsystem sftp {self.sftp_subsystem}"] if self.sftp_subsystem else []),
             # SHLVL=1 keeps bash (run by sshd) from sourcing ~/.bashrc, which on build machines prepends
             # its own PATH entries (pyenv, cargo) and costs ~0.1 s per command.
             f"SetEnv PATH={node_dir / 'bin'}:{STANDARD_PATH} SHLVL=1 INFERCTL_TEST_NODE={name}",
         ]
         # sshd keeps the FIRST value of a keyword, so extra lines go before our defaults to override
         # them; a Match block must come last, so everything from the first `Match` goes at the end.
-        extra = self.extra_sshd_config.splitlines()
-        cut = next(
-            (i for i, line in enumerate(extra) if line.strip().lower().startswith("match ")), len(extra)
-        )
-        lines = extra[:cut] + lines + extra[cut:]
+        first: list[str] = []
+        last: list[str] = []
+        for text in (self.node_sshd_config.get(name, ""), self.extra_sshd_config):  # the node's win
+            extra = text.splitlines()
+            cut = next(
+                (i for i, line in enumerate(extra) if line.strip().lower().startswith("match ")), len(extra)
+            )
+            first += extra[:cut]
+            last += extra[cut:]
+        lines = first + lines + last
         (node_dir / "sshd_config").write_text("\n".join(lines) + "\n")
 
     def _start_node(self, name: str, host: str, port: int | None = None) -> HarnessNode:

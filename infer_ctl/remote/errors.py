@@ -31,6 +31,10 @@ class ConnectionLostError(UnreachableError):
     """The transport died after it was established (node rebooted, network cut)."""
 
 
+class SessionRefusedError(ConnectionLostError):
+    """sshd refused one more session channel on a live connection (MaxSessions): that step did not run."""
+
+
 class AuthError(RemoteError):
     """No offered key was accepted."""
 

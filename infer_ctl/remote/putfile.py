@@ -1,4 +1,5 @@
-"""Atomic file writes shared by the connectors: temp file in the target's directory, then rename."""
+"""File transfer over a plain exec channel, shared by the connectors: atomic writes (temp file in the
+target's directory, then rename) for sudo and for nodes without SFTP, and reads with `cat`."""
 
 from __future__ import annotations
 
@@ -34,13 +35,44 @@ def put_file_error(node: str, path: str, reason: str) -> TransferError:
     )
 
 
+# Run as `sh -c SCRIPT inferctl-get PATH`: the file's bytes on stdout (exact: stdout is not decoded).
+GET_SCRIPT = r"""[ -d "$1" ] && exit 3
+[ -e "$1" ] || exit 4
+exec cat -- "$1"
+"""
+
+
 def put_file_via_sudo(conn: Connector, remote_path: str, data: bytes, mode: int, owner: str | None) -> None:
     """Write through `sudo -n sh -c SUDO_PUT_SCRIPT` with the bytes on stdin: SFTP (or our own process)
     cannot write root-owned paths, a root shell writing a temp file next to the target can."""
+    put_file_via_shell(conn, remote_path, data, mode, owner, sudo=True)
+
+
+def put_file_via_shell(
+    conn: Connector, remote_path: str, data: bytes, mode: int, owner: str | None, *, sudo: bool = False
+) -> None:
+    """The same atomic write over a plain exec channel: for sudo, and where the node serves no SFTP."""
     result = conn.run(
         Command("sh", "-c", SUDO_PUT_SCRIPT, "inferctl-put", remote_path, f"{mode:o}", owner or ""),
-        sudo=True,
+        sudo=sudo,
         stdin=data,
     )
     if not result.ok:
         raise put_file_error(conn.node_name, remote_path, result.err)
+
+
+def get_file_via_shell(conn: Connector, remote_path: str) -> bytes:
+    """Read a file over a plain exec channel (`cat`), where the node serves no SFTP."""
+    result = conn.run(Command("sh", "-c", GET_SCRIPT, "inferctl-get", remote_path))
+    if result.ok:
+        return result.stdout
+    if result.exit_code == 3:
+        raise TransferError(f"{conn.node_name}: {remote_path} is a directory", remedy="name a file")
+    if result.exit_code == 4:
+        raise TransferError(
+            f"{conn.node_name}: {remote_path} does not exist", remedy="check the path on the node"
+        )
+    reason = result.err.strip().splitlines()[-1] if result.err.strip() else f"exit {result.exit_code}"
+    raise TransferError(
+        f"{conn.node_name}: cannot read {remote_path}: {reason}", remedy="check permissions on the node"
+    )

@@ -1,7 +1,7 @@
 """The paramiko SSH connector: one transport per node, one channel per command.
 
 Connecting (host key check, auth, jump hosts) lives in `connect_ssh`; `SshConnector` only runs
-commands and moves files over an established transport. All paramiko/socket exceptions are
+commands over an established transport, and moves files through remote.transfer.SftpFiles. All paramiko/socket exceptions are
 translated here into remote.errors classes with a plain reason and a next step.
 """
 
@@ -13,12 +13,10 @@ import secrets
 import select
 import shlex
 import socket
-import stat
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import paramiko
 
@@ -39,18 +37,21 @@ from infer_ctl.remote.errors import (
     ConnectionRefusedRemoteError,
     ConnectTimeoutError,
     DnsError,
-    TransferError,
+    SessionRefusedError,
     UnreachableError,
 )
 from infer_ctl.remote.hostkeys import HostKeyStore, negotiable_key_types
-from infer_ctl.remote.putfile import put_file_error, put_file_via_sudo
+from infer_ctl.remote.putfile import put_file_via_sudo
 from infer_ctl.remote.target import SshTarget, default_key_files
+from infer_ctl.remote.transfer import SftpFiles
 
 _CHUNK = 1 << 20
 #: tenths of a second the abort script waits between TERM and KILL
 ABORT_GRACE_DS = 15
 #: how long abort() waits for the abort script (its grace plus a round trip or two)
 ABORT_WAIT_S = ABORT_GRACE_DS / 10 + 2.0
+#: how long after one of our channels closed a refused session is retried (sshd frees it lazily)
+_SLOT_FREE_GRACE_S = 1.0
 
 # paramiko logs transport-thread failures (e.g. "Error reading SSH protocol banner") with a traceback
 # at ERROR level. Without a handler, Python's last-resort handler would print that traceback on the
@@ -359,11 +360,12 @@ class SshConnector:
         self._connect_timeout = connect_timeout
         self._command_timeout = command_timeout
         self._lock = threading.Lock()
+        self._channel_closed = threading.Condition(self._lock)  # a session slot may have come free
         self._channels: set[paramiko.Channel] = set()
+        self._slot_freed_at = 0.0  # when a channel of ours last closed (see _open_channel)
         self._sudo_in_flight = 0
         self._aborted = False
-        self._sftp: paramiko.SFTPClient | None = None
-        self._sftp_lock = threading.Lock()
+        self._files = SftpFiles(self, transport, self._lost)
 
     # ---- commands ------------------------------------------------------------------------------
     def run(
@@ -406,11 +408,13 @@ class SshConnector:
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise self._lost(exc) from None
         finally:
+            chan.close()
             with self._lock:
                 self._channels.discard(chan)
                 if sudo:
                     self._sudo_in_flight -= 1
-            chan.close()
+                self._slot_freed_at = time.monotonic()
+                self._channel_closed.notify_all()
         duration = time.monotonic() - started
         timed_out = timed_out or is_remote_timeout(exit_code, duration, limit)
         result = CommandResult(exit_code, bytes(out), bytes(err), duration, timed_out, command=cmd.shell())
@@ -419,20 +423,51 @@ class SshConnector:
         return result
 
     def _open_channel(self) -> paramiko.Channel:
-        if not self._transport.is_active():
-            raise self._lost(None)
-        try:
-            chan = self._transport.open_session(timeout=self._connect_timeout)
-        except paramiko.ChannelException as exc:
-            raise ConnectionLostError(
-                f"{self.node_name}: the server refused a new session channel ({exc.text})",
-                remedy="too many concurrent commands on one node? raise MaxSessions in the node's sshd_config",
-            ) from None
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise self._lost(exc) from None
-        with self._lock:
-            self._channels.add(chan)
-        return chan
+        """A session channel. When sshd refuses one (MaxSessions reached), an idle SFTP channel is given
+        back, or a command of this connection that is still running gets up to connect_timeout_s to
+        finish and free its slot; only then is the refusal an error (SessionRefusedError)."""
+        deadline = time.monotonic() + self._connect_timeout
+        while True:
+            if not self._transport.is_active():
+                raise self._lost(None)
+            try:
+                chan = self._transport.open_session(timeout=self._connect_timeout)
+            except (paramiko.ChannelException, paramiko.SSHException) as exc:
+                if not self._is_refusal(exc):
+                    raise self._lost(exc) from None
+                if self._files.release_idle():
+                    with self._lock:
+                        self._slot_freed_at = time.monotonic()
+                    continue
+                with self._lock:
+                    in_flight = len(self._channels)
+                    # sshd frees a closed session's slot a moment after the close (its channel garbage
+                    # collection runs after the request that follows): retry briefly after one closed
+                    freed_lately = time.monotonic() - self._slot_freed_at < _SLOT_FREE_GRACE_S
+                    if (in_flight or freed_lately) and time.monotonic() < deadline:
+                        wait = 0.5 if in_flight else 0.02
+                        self._channel_closed.wait(timeout=min(wait, max(0.0, deadline - time.monotonic())))
+                        continue
+                reason = exc.text if isinstance(exc, paramiko.ChannelException) else "refused"
+                raise SessionRefusedError(
+                    f"{self.node_name}: sshd refused another session channel ({reason}) with {in_flight} "
+                    f"command(s) of this run still running on the node",
+                    remedy="the node allows fewer concurrent sessions per connection than inferctl uses: raise "
+                    "MaxSessions in the node's sshd_config (OpenSSH's default is 10)",
+                ) from None
+            except (EOFError, OSError) as exc:
+                raise self._lost(exc) from None
+            with self._lock:
+                self._channels.add(chan)
+            return chan
+
+    def _is_refusal(self, exc: Exception) -> bool:
+        """sshd said no to the channel. paramiko keeps ONE pending exception per transport: when several
+        threads are refused at once, all but one see a bare "Unable to open channel." while the
+        transport is still up -- the same refusal."""
+        if isinstance(exc, paramiko.ChannelException):
+            return True
+        return "Unable to open channel" in str(exc) and self._transport.is_active()
 
     def _lost(self, exc: BaseException | None) -> ConnectionLostError:
         reason = f": {exc}" if exc else ""
@@ -473,20 +508,6 @@ class SshConnector:
                 return out, err, False
 
     # ---- files -------------------------------------------------------------------------------
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        if self._sftp is None:
-            try:
-                client = paramiko.SFTPClient.from_transport(self._transport)
-            except (paramiko.SSHException, EOFError, OSError) as exc:
-                raise TransferError(
-                    f"{self.node_name}: cannot start SFTP: {exc}",
-                    remedy="enable the sftp subsystem in the node's sshd_config",
-                ) from None
-            if client is None:
-                raise self._lost(None)
-            self._sftp = client
-        return self._sftp
-
     def put_file(
         self,
         remote_path: str,
@@ -499,49 +520,10 @@ class SshConnector:
         if sudo and self.sudo_mode.enabled:
             put_file_via_sudo(self, remote_path, data, mode, owner)
             return
-        path = PurePosixPath(remote_path)
-        tmp = str(path.with_name(f".{path.name}.inferctl-{uuid.uuid4().hex[:12]}.tmp"))
-        with self._sftp_lock:
-            sftp = self._sftp_client()
-            try:
-                with sftp.open(tmp, "wb") as fh:
-                    fh.set_pipelined(True)
-                    fh.write(data)
-                sftp.chmod(tmp, mode)
-                if owner:
-                    result = self.run(Command("chown", owner, tmp), timeout=30)
-                    if not result.ok:
-                        raise put_file_error(self.node_name, remote_path, result.err)
-                sftp.posix_rename(tmp, remote_path)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    sftp.remove(tmp)
-                raise put_file_error(self.node_name, remote_path, str(exc)) from None
-            except Exception:
-                with contextlib.suppress(Exception):
-                    sftp.remove(tmp)
-                raise
+        self._files.put(remote_path, data, mode, owner)
 
     def get_file(self, remote_path: str) -> bytes:
-        with self._sftp_lock:
-            sftp = self._sftp_client()
-            try:
-                if stat.S_ISDIR(sftp.stat(remote_path).st_mode or 0):
-                    raise TransferError(
-                        f"{self.node_name}: {remote_path} is a directory", remedy="name a file"
-                    )
-                with sftp.open(remote_path, "rb") as fh:
-                    fh.prefetch()
-                    return fh.read()
-            except FileNotFoundError:
-                raise TransferError(
-                    f"{self.node_name}: {remote_path} does not exist", remedy="check the path on the node"
-                ) from None
-            except OSError as exc:
-                raise TransferError(
-                    f"{self.node_name}: cannot read {remote_path}: {exc}",
-                    remedy="check permissions on the node",
-                ) from None
+        return self._files.get(remote_path)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def abort(self) -> None:
@@ -578,8 +560,5 @@ class SshConnector:
             chan.close()
 
     def close(self) -> None:
-        if self._sftp is not None:
-            with contextlib.suppress(Exception):
-                self._sftp.close()
-            self._sftp = None
+        self._files.close()
         self._transport.close()
