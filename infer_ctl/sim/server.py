@@ -69,11 +69,15 @@ class SimWorker(WorkerState):
         self.engine = self.make_engine()
         self.engine.start()
         self.kv.open()
-        self.port = await self._serve(self._app(), self.port)
-        if self.spec.role == "prefill":
-            self.bootstrap_port = await self._serve(self._bootstrap_app(), self.spec.bootstrap_port or 0)
-        else:
-            self.bootstrap_port = self.spec.bootstrap_port
+        try:
+            self.port = await self._serve(self._app(), self.port)
+            if self.spec.role == "prefill":
+                self.bootstrap_port = await self._serve(self._bootstrap_app(), self.spec.bootstrap_port or 0)
+            else:
+                self.bootstrap_port = self.spec.bootstrap_port
+        except BaseException:
+            self.close_kv_events()  # a worker that never listened must not keep its KV event ports
+            raise
         self.start_time = time.time()
         self.ready = True
 
