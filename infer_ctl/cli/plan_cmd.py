@@ -1,18 +1,36 @@
-"""`inferctl plan kv|spec|transfer|roofline`: sizing math (pure functions in core.sizing)."""
+"""`inferctl plan kv|spec|transfer|roofline`: sizing math (pure functions in core.sizing).
+
+What the subcommands share lives in cli/plan_common.py.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, finish, session
+from infer_ctl.cli.common import JsonOpt, finish, get_profile, session
+from infer_ctl.cli.plan_common import (
+    DtypeOpt,
+    HeadDimOpt,
+    KvHeadsOpt,
+    KvLoraRankOpt,
+    LayersOpt,
+    ModelOpt,
+    RopeDimOpt,
+    guard,
+    human_bytes,
+    kv_shape,
+    kv_table,
+    shape_dict,
+)
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
-from infer_ctl.core.sizing.kv import kv_bytes_per_token, plan_kv
+from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment, kv_page_alignment
+from infer_ctl.core.sizing.kv import capacity
 from infer_ctl.core.sizing.roofline import plan_roofline
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
@@ -20,65 +38,9 @@ from infer_ctl.errors import UsageError
 from infer_ctl.output.json_doc import dumps
 
 app = typer.Typer(
-    help="Sizing math: KV footprint, speculative speedup, KV transfer time, roofline.", no_args_is_help=True
+    help="Sizing math: KV footprint and page alignment, speculative speedup, KV transfer time, roofline.",
+    no_args_is_help=True,
 )
-
-ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model preset (see --list-presets).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="KV cache dtype: fp16, bf16, fp8, fp32.")]
-LayersOpt = Annotated[int | None, typer.Option("--layers", help="Transformer layers.")]
-KvHeadsOpt = Annotated[int | None, typer.Option("--kv-heads", help="KV heads (GQA groups).")]
-HeadDimOpt = Annotated[int | None, typer.Option("--head-dim", help="Head dimension.")]
-
-
-def _guard(fn, *args: Any, **kwargs: Any) -> Any:
-    """Core raises ValueError for impossible inputs; that is a usage error (exit 64)."""
-    try:
-        return fn(*args, **kwargs)
-    except ValueError as exc:
-        raise UsageError(
-            str(exc), remedy="see the ranges in `inferctl plan <kv|spec|transfer|roofline> --help`"
-        ) from None
-
-
-def _arch(
-    model: str | None, layers: int | None, kv_heads: int | None, head_dim: int | None, *, needed_by: str = ""
-):
-    preset = _guard(presets.model_preset, model) if model else None
-    resolved = {
-        "layers": layers or (preset.layers if preset else None),
-        "kv_heads": kv_heads or (preset.kv_heads if preset else None),
-        "head_dim": head_dim or (preset.head_dim if preset else None),
-    }
-    missing = [f"--{k.replace('_', '-')}" for k, v in resolved.items() if v is None]
-    if missing:
-        raise UsageError(
-            f"{needed_by + ' needs the model shape: ' if needed_by else ''}missing {', '.join(missing)}",
-            remedy="give --model PRESET or all of --layers --kv-heads --head-dim",
-        )
-    return preset, resolved
-
-
-def _kv_table(rows: dict[str, Any], title: str) -> Table:
-    table = Table(title=title, show_header=False)
-    table.add_column("quantity", style="bold")
-    table.add_column("value", justify="right")
-    for key, value in rows.items():
-        table.add_row(
-            key,
-            value if isinstance(value, str) else f"{value:,}" if isinstance(value, int) else f"{value:.6g}",
-        )
-    return table
-
-
-def _human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{n:,} B ({value:.2f} {unit})" if unit != "B" else f"{n:,} B"
-        value /= 1024
-    return f"{n:,} B"
 
 
 @app.command("kv")
@@ -87,6 +49,8 @@ def kv(
     layers: LayersOpt = None,
     kv_heads: KvHeadsOpt = None,
     head_dim: HeadDimOpt = None,
+    kv_lora_rank: KvLoraRankOpt = None,
+    rope_dim: RopeDimOpt = None,
     dtype: DtypeOpt = "bf16",
     context: Annotated[int, typer.Option("--context", "-c", help="Tokens per request.")] = 8192,
     hbm_gb: Annotated[
@@ -98,52 +62,96 @@ def kv(
     mem_fraction: Annotated[
         float, typer.Option("--mem-fraction", help="Share of HBM the server may use.")
     ] = 1.0,
+    tp: Annotated[
+        int | None, typer.Option("--tp", help="Tensor-parallel ranks, for the page per rank (default: 1, "
+                                 "or the profile's models.target.tp).")
+    ] = None,
+    page_size: Annotated[
+        int, typer.Option("--page-size", help="SGLang --page-size (its default is 1; 64 with HiCache storage).")
+    ] = 1,
+    mtu: Annotated[
+        int | None, typer.Option("--mtu", help=f"RDMA path MTU in bytes (default: the profile's fabric.mtu, "
+                                 f"else {DEFAULT_MTU}).")
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="Take --mtu and --tp from this profile.")
+    ] = None,
     list_presets: Annotated[
         bool, typer.Option("--list-presets", help="List model presets and exit.")
     ] = False,
     json: JsonOpt = False,
 ) -> None:
-    """KV-cache bytes per token and per request, and how many requests fit in HBM."""
+    """KV-cache bytes per token and per request, how many requests fit in HBM, and whether a KV page
+    fills whole RDMA packets and cache lines."""
     sess = session(json)
     if list_presets:
         _list_presets(sess.out, json)
-    preset, arch = _arch(model, layers, kv_heads, head_dim)
-    dbytes = _guard(presets.dtype_bytes, dtype)
+    preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
+    dbytes = guard(presets.dtype_bytes, dtype)
     weights = (
         int(weights_gb * 1e9)
         if weights_gb is not None
         else (preset.params * 2 if preset and hbm_gb else None)
     )
     hbm = int(hbm_gb * 1e9) if hbm_gb is not None else None
-    plan = _guard(
-        plan_kv,
-        dtype_bytes=dbytes,
+    plan = guard(
+        capacity,
+        guard(shape.bytes_per_token, dbytes),
         context=context,
         hbm_bytes=hbm,
         weights_bytes=weights,
         mem_fraction=mem_fraction,
-        **arch,
     )
+    prof = get_profile(profile) if profile else None
+    mtu_source = "--mtu" if mtu is not None else "profile fabric.mtu" if prof else "default"
+    mtu = mtu if mtu is not None else (prof.fabric.mtu if prof else DEFAULT_MTU)
+    if tp is None:
+        tp = prof.models.target.tp if prof and prof.models else 1
+    align = guard(kv_page_alignment, shape, dbytes, tp=tp, page_size=page_size, mtu=mtu)
     report = Report(
         "plan kv",
-        None,
-        data={"model": preset.name if preset else None, "dtype": dtype, **arch, **asdict(plan)},
+        profile=prof.name if prof else None,
+        data={
+            "model": preset.name if preset else None,
+            "dtype": dtype,
+            **shape_dict(shape),
+            **asdict(plan),
+            "tp": tp,
+            "mtu_source": mtu_source,
+            "alignment": {**asdict(align), "aligned": align.aligned},
+        },
     )
     rows = {
-        "KV bytes per token": _human_bytes(plan.kv_bytes_per_token),
-        f"KV bytes per request ({context:,} tokens)": _human_bytes(plan.kv_bytes),
-        "weights": _human_bytes(plan.weights_bytes),
-        "KV budget": _human_bytes(plan.kv_budget_bytes),
+        "KV bytes per token": human_bytes(plan.kv_bytes_per_token),
+        f"KV bytes per request ({context:,} tokens)": human_bytes(plan.kv_bytes),
+        "weights": human_bytes(plan.weights_bytes),
+        "KV budget": human_bytes(plan.kv_budget_bytes),
         "max tokens in KV pool": "-" if plan.max_tokens is None else f"{plan.max_tokens:,}",
         "max concurrent full-context requests": "-"
         if plan.max_concurrent is None
         else f"{plan.max_concurrent:,}",
+        **_alignment_rows(align, shape.is_mla, tp),
     }
     finish(
         sess,
         report,
-        lambda c: c.print(_kv_table(rows, f"KV footprint — {preset.name if preset else 'custom'}, {dtype}")),
+        lambda c: c.print(kv_table(rows, f"KV footprint — {preset.name if preset else 'custom'}, {dtype}")),
     )
+
+
+def _alignment_rows(a: PageAlignment, mla: bool, tp: int) -> dict[str, str]:
+    what = "latent" if mla else "K (V the same, separate buffer)"
+    sizes = ", ".join(str(p) for p in a.aligned_page_sizes) or f"multiples of {a.min_aligned_page}"
+    return {
+        f"page bytes per layer per rank ({a.page_size} tok x {a.row_bytes:,} B {what}, TP {tp})": f"{a.page_bytes:,} B",
+        f"RDMA packets per page (MTU {a.mtu:,})": f"{a.packets:,}"
+        + ("" if a.fills_mtu else f" (last {a.last_packet_bytes:,} B: partial)"),
+        "fills whole MTU packets": "yes" if a.fills_mtu else f"no (needs page size a multiple of {a.min_page_for_mtu})",
+        f"fills whole {a.cache_line}-byte cache lines": "yes"
+        if a.fills_cache_lines
+        else f"no (needs page size a multiple of {a.min_page_for_cache_line})",
+        "aligned page sizes": sizes,
+    }
 
 
 def _list_presets(out: Console, json: bool) -> None:
@@ -177,11 +185,11 @@ def spec(
 ) -> None:
     """Expected tokens per step E[N] = (1-a^(g+1))/(1-a) and speedup S = E[N]/(g*c+1)."""
     sess = session(json)
-    plan = _guard(plan_spec, alpha, gamma, cost_ratio)
+    plan = guard(plan_spec, alpha, gamma, cost_ratio)
     report = Report("plan spec", None, data=asdict(plan))
     if table:
         alphas, gammas = [round(0.5 + 0.05 * i, 2) for i in range(10)], list(range(1, 9))
-        grid = _guard(speedup_table, alphas, gammas, cost_ratio)
+        grid = guard(speedup_table, alphas, gammas, cost_ratio)
         report.data["table"] = {"alphas": alphas, "gammas": gammas, "speedup": grid}
     rows = {
         "alpha": alpha,
@@ -195,7 +203,7 @@ def spec(
     }
 
     def render(console: Console) -> None:
-        console.print(_kv_table(rows, "speculative decoding"))
+        console.print(kv_table(rows, "speculative decoding"))
         if table:
             grid_table = Table(
                 "alpha \\ gamma",
@@ -235,20 +243,20 @@ def transfer(
                 "give --bytes, or a model (--model or --layers/--kv-heads/--head-dim) and --prompt-tokens",
                 remedy="e.g. inferctl plan transfer --model llama-3.1-70b --prompt-tokens 8192",
             )
-        _, arch = _arch(model, layers, kv_heads, head_dim)
-        nbytes = _guard(
-            plan_kv, dtype_bytes=_guard(presets.dtype_bytes, dtype), context=prompt_tokens, **arch
+        _, shape = kv_shape(model, layers, kv_heads, head_dim)
+        nbytes = guard(
+            capacity, guard(shape.bytes_per_token, guard(presets.dtype_bytes, dtype)), context=prompt_tokens
         ).kv_bytes
-    plan = _guard(plan_transfer, nbytes, bandwidth_gbps, latency_us, links)
+    plan = guard(plan_transfer, nbytes, bandwidth_gbps, latency_us, links)
     report = Report("plan transfer", None, data={**asdict(plan), "prompt_tokens": prompt_tokens})
     rows = {
-        "bytes": _human_bytes(plan.bytes),
+        "bytes": human_bytes(plan.bytes),
         "bandwidth": f"{bandwidth_gbps:g} Gb/s x {links}",
         "latency": f"{latency_us:g} us",
         "wire time": f"{plan.wire_seconds * 1e3:.4f} ms",
         "handoff time": f"{plan.seconds * 1e3:.4f} ms",
     }
-    finish(sess, report, lambda c: c.print(_kv_table(rows, "KV transfer")))
+    finish(sess, report, lambda c: c.print(kv_table(rows, "KV transfer")))
 
 
 @app.command("roofline")
@@ -276,7 +284,7 @@ def roofline(
 ) -> None:
     """Machine balance and bandwidth-bound decode tokens/s (with --context: plus the KV read per step)."""
     sess = session(json)
-    preset = _guard(presets.model_preset, model) if model else None
+    preset = guard(presets.model_preset, model) if model else None
     if params_b is not None:
         if params_b <= 0:
             raise UsageError(f"--params-b must be > 0, got {params_b:g}", remedy="e.g. --params-b 70")
@@ -288,7 +296,7 @@ def roofline(
             "give --model PRESET or --params-b N",
             remedy="e.g. --model llama-3.1-70b (see plan kv --list-presets)",
         )
-    acc = _guard(presets.accelerator_preset, accelerator) if accelerator else None
+    acc = guard(presets.accelerator_preset, accelerator) if accelerator else None
     # `is not None`, not `or`: an explicit --tflops 0 is a usage error, not "use the preset"
     peak = tflops if tflops is not None else (acc.fp16_tflops if acc else None)
     bw = tb_s if tb_s is not None else (acc.hbm_tb_s if acc else None)
@@ -299,12 +307,12 @@ def roofline(
     kvpt = 0
     if context:
         # the KV shape comes from the preset or --layers/--kv-heads/--head-dim, the bytes from plan kv's formula
-        _, arch = _arch(model, layers, kv_heads, head_dim, needed_by="--context (KV read per step)")
-        kvpt = _guard(kv_bytes_per_token, dtype_bytes=_guard(presets.dtype_bytes, kv_dtype), **arch)
-    plan = _guard(
+        _, shape = kv_shape(model, layers, kv_heads, head_dim, needed_by="--context (KV read per step)")
+        kvpt = guard(shape.bytes_per_token, guard(presets.dtype_bytes, kv_dtype))
+    plan = guard(
         plan_roofline,
         params=params,
-        weight_dtype_bytes=_guard(presets.dtype_bytes, weight_dtype),
+        weight_dtype_bytes=guard(presets.dtype_bytes, weight_dtype),
         peak_tflops=peak,
         hbm_tb_s=bw,
         gpus=gpus,
@@ -325,7 +333,7 @@ def roofline(
     )
     rows = {
         "machine balance (FLOP/byte)": plan.machine_balance,
-        "bytes per decode step": _human_bytes(plan.bytes_per_step),
+        "bytes per decode step": human_bytes(plan.bytes_per_step),
         "arithmetic intensity (FLOP/byte)": plan.arithmetic_intensity,
         "bound": plan.bound,
         "step time (ms)": plan.step_seconds * 1e3,
@@ -335,5 +343,5 @@ def roofline(
     finish(
         sess,
         report,
-        lambda c: c.print(_kv_table(rows, f"roofline — {acc.name if acc else 'custom'} x{gpus}")),
+        lambda c: c.print(kv_table(rows, f"roofline — {acc.name if acc else 'custom'} x{gpus}")),
     )

@@ -1,8 +1,9 @@
 """Architecture numbers of common models and peak numbers of common accelerators.
 
 Model numbers come from each model's published config.json (num_hidden_layers, num_key_value_heads,
-hidden_size / num_attention_heads). Accelerator numbers are the vendors' datasheet peak dense
-FP16/BF16 (no sparsity) and HBM bandwidth.
+hidden_size / num_attention_heads, max_position_embeddings; for MLA models kv_lora_rank,
+qk_rope_head_dim, qk_nope_head_dim, v_head_dim). Accelerator numbers are the vendors' datasheet peak
+dense FP16/BF16 (no sparsity) and HBM bandwidth.
 """
 
 from __future__ import annotations
@@ -29,6 +30,22 @@ class ModelPreset:
     head_dim: int
     params: int  # parameter count, for weight bytes and FLOPs per token
     attention_heads: int
+    context_length: int | None = None  # max_position_embeddings
+    # Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one latent of
+    # kv_lora_rank + qk_rope_head_dim values per token per layer instead of K and V per KV head.
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_head_dim: int | None = None  # query/key width per head when it differs from head_dim (MLA: nope + rope)
+    active_params: int | None = None  # parameters used per token (MoE); None = all of them
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def flops_params(self) -> int:
+        """Parameters one token's forward pass multiplies by (all of a dense model, the active ones of an MoE)."""
+        return self.active_params if self.active_params is not None else self.params
 
 
 @dataclass(frozen=True)
@@ -43,16 +60,40 @@ MODELS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         ModelPreset(
-            "llama-2-7b", layers=32, kv_heads=32, head_dim=128, params=6_738_415_616, attention_heads=32
+            "llama-2-7b",
+            layers=32,
+            kv_heads=32,
+            head_dim=128,
+            params=6_738_415_616,
+            attention_heads=32,
+            context_length=4096,
         ),
         ModelPreset(
-            "llama-2-70b", layers=80, kv_heads=8, head_dim=128, params=68_976_648_192, attention_heads=64
+            "llama-2-70b",
+            layers=80,
+            kv_heads=8,
+            head_dim=128,
+            params=68_976_648_192,
+            attention_heads=64,
+            context_length=4096,
         ),
         ModelPreset(
-            "llama-3.1-8b", layers=32, kv_heads=8, head_dim=128, params=8_030_261_248, attention_heads=32
+            "llama-3.1-8b",
+            layers=32,
+            kv_heads=8,
+            head_dim=128,
+            params=8_030_261_248,
+            attention_heads=32,
+            context_length=131072,
         ),
         ModelPreset(
-            "llama-3.1-70b", layers=80, kv_heads=8, head_dim=128, params=70_553_706_496, attention_heads=64
+            "llama-3.1-70b",
+            layers=80,
+            kv_heads=8,
+            head_dim=128,
+            params=70_553_706_496,
+            attention_heads=64,
+            context_length=131072,
         ),
         ModelPreset(
             "llama-3.1-405b",
@@ -61,12 +102,42 @@ MODELS: dict[str, ModelPreset] = {
             head_dim=128,
             params=405_853_388_800,
             attention_heads=128,
+            context_length=131072,
+        ),
+        # DeepSeek-V3 (config.json: 61 layers, 128 heads, kv_lora_rank 512, qk_rope_head_dim 64,
+        # qk_nope_head_dim 128, v_head_dim 128, max_position_embeddings 163840). params counts the
+        # main model from that config (MTP module excluded): 671,026,419,200; active per token
+        # (8 of 256 routed experts + 1 shared, embeddings and lm_head included): 37,552,297,472.
+        ModelPreset(
+            "deepseek-v3",
+            layers=61,
+            kv_heads=128,
+            head_dim=128,
+            params=671_026_419_200,
+            attention_heads=128,
+            context_length=163840,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_head_dim=192,
+            active_params=37_552_297_472,
         ),
         ModelPreset(
-            "mistral-large-2", layers=88, kv_heads=8, head_dim=128, params=122_610_069_504, attention_heads=96
+            "mistral-large-2",
+            layers=88,
+            kv_heads=8,
+            head_dim=128,
+            params=122_610_069_504,
+            attention_heads=96,
+            context_length=131072,
         ),
         ModelPreset(
-            "qwen2.5-72b", layers=80, kv_heads=8, head_dim=128, params=72_706_203_648, attention_heads=64
+            "qwen2.5-72b",
+            layers=80,
+            kv_heads=8,
+            head_dim=128,
+            params=72_706_203_648,
+            attention_heads=64,
+            context_length=32768,
         ),
     )
 }
