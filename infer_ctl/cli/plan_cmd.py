@@ -1,6 +1,7 @@
-"""`inferctl plan kv|spec|transfer|roofline`: sizing math (pure functions in core.sizing).
+"""`inferctl plan kv|spec|transfer|roofline|tiers`: sizing math (pure functions in core.sizing).
 
-What the subcommands share lives in cli/plan_common.py.
+kv, spec, transfer and roofline live here; tiers in cli/plan_tiers.py; what they share in
+cli/plan_common.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from infer_ctl.cli.plan_common import (
     kv_table,
     shape_dict,
 )
+from infer_ctl.cli.plan_tiers import tiers
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
 from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment, kv_page_alignment
@@ -38,9 +40,10 @@ from infer_ctl.errors import UsageError
 from infer_ctl.output.json_doc import dumps
 
 app = typer.Typer(
-    help="Sizing math: KV footprint and page alignment, speculative speedup, KV transfer time, roofline.",
+    help="Sizing math: KV footprint, alignment and tiers, speculative speedup, KV transfer time, roofline.",
     no_args_is_help=True,
 )
+app.command("tiers")(tiers)
 
 
 @app.command("kv")

@@ -74,3 +74,21 @@ def plan_roofline(
         tokens_per_s=batch / step,
         tokens_per_s_per_stream=1.0 / step,
     )
+
+
+def prefill_flops(
+    *, params: int, tokens: int, layers: int = 0, qk_dim: int = 0, v_dim: int = 0
+) -> int:
+    """FLOPs to prefill `tokens` tokens from scratch (causal attention), exact integers.
+
+    Weights: 2 x params per token (one multiply-add per parameter; `params` = the active ones of an MoE),
+    the decode step's count above. Attention: token i attends to i keys, 2 x i x qk_dim for the logits
+    and 2 x i x v_dim for the weighted sum per layer (Hoffmann et al. 2022, "Training Compute-Optimal
+    Large Language Models", appendix F, counted causally), summed over i = 1..N:
+    layers x (qk_dim + v_dim) x N x (N + 1). qk_dim / v_dim are heads x per-head width.
+    """
+    for name, value in (("params", params), ("tokens", tokens), ("layers", layers),
+                        ("qk_dim", qk_dim), ("v_dim", v_dim)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    return 2 * params * tokens + layers * (qk_dim + v_dim) * tokens * (tokens + 1)
