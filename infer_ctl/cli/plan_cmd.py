@@ -1,7 +1,7 @@
-"""`inferctl plan kv|spec|transfer|roofline|tiers`: sizing math (pure functions in core.sizing).
+"""`inferctl plan kv|spec|transfer|roofline|tiers|cost`: sizing math (pure functions in core.sizing).
 
-kv, spec, transfer and roofline live here; tiers in cli/plan_tiers.py; what they share in
-cli/plan_common.py.
+kv, spec, transfer and roofline live here; tiers and cost in cli/plan_tiers.py and cli/plan_cost.py;
+what they share in cli/plan_common.py.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from infer_ctl.cli.plan_common import (
     kv_table,
     shape_dict,
 )
+from infer_ctl.cli.plan_cost import cost
 from infer_ctl.cli.plan_tiers import tiers
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
@@ -40,10 +41,11 @@ from infer_ctl.errors import UsageError
 from infer_ctl.output.json_doc import dumps
 
 app = typer.Typer(
-    help="Sizing math: KV footprint, alignment and tiers, speculative speedup, KV transfer time, roofline.",
+    help="Sizing math: KV footprint and tiers, speculative speedup, KV transfer time, roofline, cost.",
     no_args_is_help=True,
 )
 app.command("tiers")(tiers)
+app.command("cost")(cost)
 
 
 @app.command("kv")
