@@ -245,7 +245,7 @@ def _apply_step(
             continue  # a rank's node failed: its findings say so; the other ranks are left as they are
         why = refusal(preps)
         if why:
-            out.extend(Applied(p.instance, p.supervisor, "refused", p.changed, why) for p in preps)
+            out.extend(Applied(p.instance, p.supervisor, "refused", p.changed, why[1], why[0]) for p in preps)
         elif force or any(p.needs_start for p in preps):
             restart.extend(preps)
         else:
@@ -349,15 +349,22 @@ def _launch_results(applied: list[Applied], readiness: list[Readiness]) -> list[
     return rows
 
 
+_REFUSAL_REMEDY = {
+    "launch.port_in_use": "stop that process (`inferctl stop` stops an SGLang server it finds on the port), "
+    "or move this instance to another port; then rerun `inferctl launch`",
+    "launch.gid_index": "run `inferctl check fabric` on the node; fix the HCA (RoCE v2 GID of the "
+    "profile's fabric.gid_family), or pin nodes[].rdma.gid_index",
+}
+
+
 def _refusal_findings(applied: list[Applied]) -> list[Finding]:
     return [
         Finding.fail(
-            "launch.port_in_use",
+            a.refused_check or "launch.refused",
             a.instance.node,
             a.instance.name,
             f"not started: {a.error}",
-            remedy="stop that process (`inferctl stop` stops an SGLang server it finds on the port), or "
-            "move this instance to another port; then rerun `inferctl launch`",
+            remedy=_REFUSAL_REMEDY.get(a.refused_check or "", "see `inferctl launch --dry-run`"),
         )
         for a in applied
         if a.action == "refused" and a.instance.is_leader

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances, unit_name, unit_path
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch import ports, probe, supervisor
+from infer_ctl.launch import gid, ports, probe, supervisor
 from infer_ctl.launch.render import render_env_file, render_unit
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
@@ -35,8 +35,10 @@ def select_instances(profile: Profile, nodes: list[Node], role: str | None) -> l
     return [i for i in instances(profile) if i.node in names and (role is None or i.role == role)]
 
 
-def desired_files(profile: Profile, inst: Instance, sup: supervisor.Supervisor) -> dict[str, str]:
-    files = {env_file_path(inst): render_env_file(profile, inst)}
+def desired_files(
+    profile: Profile, inst: Instance, sup: supervisor.Supervisor, *, gid_index: int | None = None
+) -> dict[str, str]:
+    files = {env_file_path(inst): render_env_file(profile, inst, gid_index=gid_index)}
     if sup == "systemd":
         files[unit_path(inst)] = render_unit(profile, inst)
     else:
@@ -70,6 +72,8 @@ class Prepared:
     changed: list[str]
     #: listeners on the instance's ports held by something other than its own running server
     foreign: list[ports.Listener] = field(default_factory=list)
+    #: the RoCE GID index read on the node (None: not probed, the profile's is used)
+    gid: gid.GidDecision | None = None
 
     @property
     def needs_start(self) -> bool:
@@ -82,8 +86,9 @@ class Applied:
     supervisor: supervisor.Supervisor
     action: str  # started | restarted | unchanged | refused
     changed_files: list[str] = field(default_factory=list)
-    #: why a server was refused (a foreign process on its port, a rank that could not be prepared)
+    #: why a server was refused, and the finding's check (launch.port_in_use, launch.gid_index)
     error: str | None = None
+    refused_check: str | None = None
 
 
 def prepare_node(conn: Connector, profile: Profile, insts: list[Instance]) -> list[Prepared]:
@@ -92,9 +97,16 @@ def prepare_node(conn: Connector, profile: Profile, insts: list[Instance]) -> li
     sup = supervisor.detect_supervisor(conn, profile)
     out: list[Prepared] = []
     for inst in insts:
+        node = profile.node(inst.node)
+        decision = gid.probe(conn, profile, node, inst) if gid.needs_probe(profile, node, inst) else None
+        if decision is not None and decision.error:
+            # never write an env file without the index on RoCE: Mooncake would silently use GID 3
+            out.append(Prepared(inst, sup, False, [], gid=decision))
+            continue
         supervisor.ensure_dirs(conn, inst, sudo=sudo)
         changed = []
-        for path, text in desired_files(profile, inst, sup).items():
+        gid_index = decision.index if decision else None
+        for path, text in desired_files(profile, inst, sup, gid_index=gid_index).items():
             if supervisor.read_file(conn, path, sudo=sudo) != text:
                 # put_file writes a temp file beside the target and renames it: never half a file
                 conn.put_file(path, text.encode(), mode=_file_mode(path), sudo=sudo)
@@ -106,7 +118,7 @@ def prepare_node(conn: Connector, profile: Profile, insts: list[Instance]) -> li
             listening = ports.listeners(conn, [p for _, p in ports.instance_ports(inst)], sudo=sudo)
             owner = owner_of(inst, sup, pid) if up else None
             found = ports.foreign(ports.on_instance_ports(listening, inst), owner)
-        out.append(Prepared(inst, sup, up, changed, found))
+        out.append(Prepared(inst, sup, up, changed, found, decision))
     return out
 
 
@@ -130,8 +142,12 @@ def start_node(conn: Connector, profile: Profile, preps: list[Prepared]) -> list
     return out
 
 
-def refusal(server: Sequence[Prepared]) -> str | None:
-    """Why a server must not be (re)started: a foreign process holds one of its ports."""
+def refusal(server: Sequence[Prepared]) -> tuple[str, str] | None:
+    """(check, why) a server must not be (re)started: its RoCE GID index is unknown, or a foreign process
+    holds one of its ports."""
+    for p in server:
+        if p.gid is not None and p.gid.error:
+            return "launch.gid_index", f"{p.instance.name}: MC_GID_INDEX cannot be determined: {p.gid.error}"
     held = [ln for p in server for ln in p.foreign]
     if not held:
         return None
@@ -140,7 +156,7 @@ def refusal(server: Sequence[Prepared]) -> str | None:
         if any(supervisor.LAUNCH_MODULE_MARK in h.command for ln in held for h in ln.holders)
         else ""
     )
-    return "port in use: " + "; ".join(ln.describe() for ln in held) + hint
+    return "launch.port_in_use", "port in use: " + "; ".join(ln.describe() for ln in held) + hint
 
 
 # ---- readiness ------------------------------------------------------------------------------------

@@ -195,3 +195,45 @@ def test_stop_with_a_stale_pid_file_stops_the_server_still_on_the_port(
         assert standin_servers(port) == []
     finally:
         run_cli(capsys, "stop", "-p", p, "--json")
+
+
+def test_launch_reads_the_roce_gid_index_and_refuses_a_node_without_one(
+    pd_cluster: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mooncake uses GID index 3 unless told: pf-01's RoCE v2 IPv4 GID is at 1 (Intel E810 layout), so
+    its env file must say MC_GID_INDEX=1; dc-01's HCA has RoCE v1 GIDs only, so its decode must not
+    start. The node's sysfs is a tree in the kernel's formats (INFERCTL_SYSFS_ROOT, as `check fabric`)."""
+    from tests.fabric.sysfs_tree import Hca, Netdev, build
+
+    prof, data = pd_cluster
+    p = str(prof)
+    e810 = [(0, "fe80::3efd:feff:fe9d:1a2b", "IB/RoCE v1"), (1, "::ffff:10.0.0.11", "RoCE v2")]
+    build(tmp_path / "sysfs" / "pf-01", [Hca(gids=e810)], [Netdev()])
+    build(tmp_path / "sysfs" / "dc-01", [Hca(gids=[(0, "::ffff:10.0.0.21", "IB/RoCE v1")])], [Netdev()])
+    monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(tmp_path / "sysfs" / "{node}"))
+    for node in data["nodes"]:
+        node["rdma"] = {"devices": ["mlx5_0"]}
+    write_yaml(prof, data)
+    try:
+        code, doc, err = run_cli(capsys, "launch", "-p", p, "--json")
+        assert code == 2, (doc, err)
+        rows = {r["instance"]: r for r in doc["results"]}
+        assert (rows["pf-01-prefill"]["action"], rows["pf-01-prefill"]["state"]) == ("started", "ready")
+        env = (tmp_path / "pf-01" / "etc" / "sglang-prefill.env").read_text()
+        assert "MC_GID_INDEX=1\n" in env
+        assert rows["dc-01-decode"]["state"] == "refused"
+        (fail,) = [f for f in doc["findings"] if f["status"] == "fail"]
+        assert (fail["check"], fail["subject"]) == ("launch.gid_index", "dc-01-decode")
+        assert "MC_GID_INDEX cannot be determined: mlx5_0/1 has no RoCE v2 ipv4 GID" in fail["message"]
+        assert not (tmp_path / "dc-01" / "etc" / "sglang-decode.env").exists()
+        assert standin_servers(_ports(data)["dc-01-decode"]) == []
+
+        # pinned in the profile: used as is, no probe
+        data["nodes"][1]["rdma"]["gid_index"] = 0
+        write_yaml(prof, data)
+        code, doc, err = run_cli(capsys, "launch", "-p", p, "--json", "--nodes", "dc-01")
+        assert code == 0, (doc, err)
+        assert "MC_GID_INDEX=0\n" in (tmp_path / "dc-01" / "etc" / "sglang-decode.env").read_text()
+    finally:
+        run_cli(capsys, "stop", "-p", p, "--json")
