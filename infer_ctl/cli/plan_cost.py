@@ -6,15 +6,16 @@ from __future__ import annotations
 import json as jsonlib
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, finish, session
+from infer_ctl.cli.common import JsonOpt, finish, get_profile, session
 from infer_ctl.cli.plan_common import guard
 from infer_ctl.core.report import Report
+from infer_ctl.core.sizing import presets
 from infer_ctl.core.sizing.cost import (
     ROLES,
     SCENARIOS,
@@ -30,6 +31,9 @@ from infer_ctl.core.sizing.cost import (
     with_workload,
 )
 from infer_ctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from infer_ctl.profile import Profile
 
 _PRESETS = [n for n in SCENARIOS if n != "custom"]
 _POOL_KEYS = ("nodes", "gpus", "node_hour", "gpu_hour", "accelerator", "tp")
@@ -101,6 +105,34 @@ def _with_pools(s: Scenario, pools: list[tuple[str, dict[str, Any]]], *, strict:
         else:
             current[idx] = _apply_pool(current[idx], role, fields)
     return replace(s, pools=tuple(current))
+
+
+def profile_scenario(prof: Profile, priced: set[str]) -> Scenario:
+    """The pools of a profile (nodes per role, GPUs per node, the `gpu` label as accelerator, the target
+    model's preset and tp); prices are not in a profile, so every role needs a --pool price."""
+    groups: dict[tuple[str, int, str], int] = {}
+    for node in prof.nodes:
+        if prof.collocated:
+            role = "collocated"
+        elif len(node.roles) == 1:
+            role = str(node.roles[0])
+        else:
+            raise _usage(f"profile {prof.name}: node {node.name} has roles {', '.join(map(str, node.roles))} "
+                         "but the profile is not collocated", remedy="give the deployment with --pool instead")
+        label = node.labels.get("gpu", "h100-sxm")
+        accel = label if label in presets.ACCELERATORS else "h100-sxm"
+        key = (role, node.gpus, accel)
+        groups[key] = groups.get(key, 0) + 1
+    unpriced = sorted({role for role, _, _ in groups} - priced)
+    if unpriced:
+        raise _usage(f"profile {prof.name} has no prices: give --pool ROLE:node_hour=USD (or gpu_hour=USD) for "
+                     f"{', '.join(unpriced)}", remedy=f"e.g. --pool {unpriced[0]}:gpu_hour=2.5")
+    target = prof.models.target if prof.models else None
+    tp = target.tp if target else 8
+    pools = tuple(Pool(role, nodes=n, gpus_per_node=gpus, node_hour_usd=0.0, accelerator=accel, tp=tp)
+                  for (role, gpus, accel), n in groups.items())
+    return Scenario(f"profile:{prof.name}", prof.description or f"the nodes of profile {prof.name}", pools=pools,
+                    model=target.preset if target else None)
 
 
 def read_bench(path: str) -> Throughput:
@@ -193,20 +225,33 @@ def cost(
     prefill_share: Annotated[
         float | None, typer.Option("--prefill-share", help="Collocated: share of GPU time in prefill.")
     ] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="Pools from this profile's nodes (prices via --pool).")
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Cost per million input (cached discounted) and output tokens, per deployment scenario."""
     sess = session(json)
+    if profile and scenario_name not in ("all", "profile"):
+        raise _usage("--profile builds its own scenario: leave out --scenario", remedy="e.g. -p prod.yaml")
+    if profile:
+        scenario_name = "profile"
     names = _PRESETS if scenario_name == "all" else [scenario_name]
     if scenario_name == "all" and (bench or output_tps is not None or input_tps is not None):
         raise _usage("a measured or given throughput belongs to one deployment: give --scenario too",
                      remedy=f"e.g. --scenario disaggregated (one of {', '.join(SCENARIOS)})")
     pools = [parse_pool(p) for p in pool or []]
+    prof = get_profile(profile) if profile else None
     measured = read_bench(bench) if bench else None
     rows = []
     for name in names:
-        s = guard(scenario, name)
-        s = _with_pools(s, pools, strict=scenario_name != "all")
+        if prof is not None:
+            priced = {role for role, f in pools if "node_hour" in f or "gpu_hour" in f}
+            s = profile_scenario(prof, priced)
+            s = _with_pools(s, pools, strict=True)
+        else:
+            s = guard(scenario, name)
+            s = _with_pools(s, pools, strict=scenario_name != "all")
         s = with_workload(s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                           cache_hit_rate=cache_hit_rate, batch=batch)
         given: dict[str, Any] = {
@@ -218,7 +263,7 @@ def cost(
         guard(check_scenario, s)
         tp = _throughput(s, measured, input_tps, output_tps, prefill_share)
         rows.append((s, tp, guard(plan_cost, s, tp)))
-    report = Report("plan cost", None, data={"scenarios": [_doc(s, tp, c) for s, tp, c in rows]})
+    report = Report("plan cost", prof.name if prof else None, data={"scenarios": [_doc(s, tp, c) for s, tp, c in rows]})
     finish(sess, report, lambda c: _render(c, rows))
 
 

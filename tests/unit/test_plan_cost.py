@@ -86,6 +86,24 @@ def test_pool_overrides_change_only_what_they_name(capsys: pytest.CaptureFixture
     assert s["cost"]["hourly_usd"] == 40 + 3 * 32
 
 
+def test_pools_from_a_profile_prices_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _doc(["-p", "builtin:reference-h100-h200", "--pool", "prefill:gpu_hour=2.5",
+                "--pool", "decode:gpu_hour=3.5", "--output-tps", "10000", "--input-tps", "40000", "-u", "1"], capsys)
+    assert doc["profile"] == "prod-a" and len(doc["scenarios"]) == 1
+    s = doc["scenarios"][0]
+    pools = {p["role"]: p for p in s["inputs"]["pools"]}
+    # the profile: pf-01..02 (8 GPUs, gpu: h100-sxm), dc-01..06 (8 GPUs, gpu: h200), Llama-3.1-70B at tp 8
+    assert (pools["prefill"]["nodes"], pools["prefill"]["accelerator"], pools["prefill"]["tp"]) == (2, "h100-sxm", 8)
+    assert (pools["decode"]["nodes"], pools["decode"]["accelerator"]) == (6, "h200")
+    assert s["inputs"]["model"] == "llama-3.1-70b"
+    assert s["cost"]["hourly_usd"] == 208.0 and s["cost"]["usd_per_m_output"] == pytest.approx(168 / 36, rel=1e-12)
+    # a collocated profile is one collocated pool: box-01, 8 GPUs, Llama-3.1-8B at tp 1 (8 replicas)
+    s = _one(["-p", "builtin:single-node-collocated", "--pool", "collocated:gpu_hour=2.5"], capsys)
+    (pool,) = s["inputs"]["pools"]
+    assert (pool["role"], pool["nodes"], pool["gpus"], pool["tp"], pool["replicas"]) == ("collocated", 1, 8, 1, 8)
+    assert s["cost"]["hourly_usd"] == 20.0 and s["inputs"]["model"] == "llama-3.1-8b"
+
+
 # ---- measured throughput: a real `bench` run against a simulated worker --------------------------------
 
 
@@ -210,6 +228,9 @@ def test_table_output(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
         (["--spec-alpha", "1.5"], "--spec-alpha must be in [0, 1], got 1.5"),
         (["--spec-gamma", "-1"], "--spec-gamma must be >= 0, got -1"),
         (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["-p", "builtin:reference-h100-h200", "--pool", "decode:gpu_hour=3"],
+         "profile prod-a has no prices: give --pool ROLE:node_hour=USD (or gpu_hour=USD) for prefill"),
+        (["-p", "builtin:reference-h100-h200", "--scenario", "collocated"], "--profile builds its own scenario"),
     ],
 )
 def test_bad_input_exits_64_with_one_line(args: list[str], message: str,
