@@ -86,8 +86,7 @@ def kv(
     ] = False,
     json: JsonOpt = False,
 ) -> None:
-    """KV-cache bytes per token and per request, how many requests fit in HBM, and whether a KV page
-    fills whole RDMA packets and cache lines."""
+    """KV bytes per token and request, how many requests fit in HBM, and KV page vs MTU / cache line."""
     sess = session(json)
     if list_presets:
         _list_presets(sess.out, json)

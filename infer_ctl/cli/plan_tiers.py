@@ -198,9 +198,9 @@ def _render(c: Console, plan: TierPlan, inp: TierInputs, name: str, dtype: str) 
         f"KV bytes per token per rank (TP {inp.tp})": human_bytes(plan.kv_bytes_per_token_per_rank),
         "page size": plan.page_size,
         "prefill compute (FLOP/s, peak x GPUs x efficiency)": inp.compute.flops_per_s,
-    }, f"KV tiers — {name}, {dtype}"))
+    }, f"KV tiers — {name}, KV {dtype}"))
     cap = Table("tier", "tokens", "per rank", "replica", f"sessions @ {inp.context:,}",
-                "prefix tokens", title="capacity (per replica; a rank holds its shard of every token)")
+                "prefix tokens", title="capacity (per replica: every rank holds its part of each cached token)")
     for t in plan.capacities:
         cap.add_row(t.tier, f"{t.tokens:,}", _gib(t.bytes_per_rank), _gib(t.bytes_total),
                     f"{t.sessions:,}", f"{t.prefix_tokens:,}")
