@@ -17,7 +17,7 @@ from infer_ctl.sim.cluster import start_cluster
 from infer_ctl.sim.config import Role, WorkerSpec
 from infer_ctl.sim.from_profile import specs_from_profile
 from infer_ctl.sim.kv_ports import assign_kv_event_ports
-from infer_ctl.sim.specparse import parse_worker
+from infer_ctl.sim.specparse import fresh_workloads, parse_worker, spec_knobs
 
 app = typer.Typer(help="SGLang-compatible simulated workers (no GPU needed).", no_args_is_help=True)
 
@@ -37,6 +37,14 @@ def serve(
     eviction_policy: Annotated[str, typer.Option("--eviction-policy", help="lru or priority.")] = "lru",
     no_spec: Annotated[bool, typer.Option("--no-spec", help="Disable speculative decoding.")] = False,
     spec_alpha: Annotated[float | None, typer.Option("--spec-alpha", help="Per-token draft acceptance rate.")] = None,
+    spec_steps: Annotated[int | None, typer.Option("--speculative-num-steps", help="Draft steps per verification (gamma).")] = None,
+    spec_domain: Annotated[list[str] | None, typer.Option("--spec-domain", help="DOMAIN=ALPHA: a workload domain's acceptance (requests name it in custom_labels.domain), repeatable.")] = None,
+    spec_default_domain: Annotated[str | None, typer.Option("--spec-default-domain", help="Domain of requests that name none (default: --spec-alpha).")] = None,
+    spec_drift: Annotated[list[str] | None, typer.Option("--spec-drift", help="SECONDS:DOMAIN=ALPHA: at that model second the domain's alpha changes, repeatable.")] = None,
+    draft_mismatch: Annotated[bool, typer.Option("--draft-tokenizer-mismatch", help="Simulate a draft whose tokenizer differs from the target's (~0 acceptance).")] = False,
+    spec_adaptive: Annotated[bool, typer.Option("--speculative-adaptive", help="SGLang's adaptive step count (EMA of accepted drafts).")] = False,
+    spec_adaptive_config: Annotated[str | None, typer.Option("--speculative-adaptive-config", help="SGLang's adaptive config JSON file.")] = None,
+    decode_log_interval: Annotated[int | None, typer.Option("--decode-log-interval", help="Decode batches per speculative gauge update (SGLang: 40).")] = None,
     kv_events_config: Annotated[str | None, typer.Option("--kv-events-config", help="SGLang's KV events JSON, e.g. '{\"publisher\":\"zmq\"}'; worker i publishes on the endpoint/replay ports + i.")] = None,
     page_size: Annotated[int | None, typer.Option("--page-size", help="Tokens per KV page (SGLang's --page-size; KV event block size).")] = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
@@ -50,11 +58,16 @@ def serve(
                                "preset": preset, "model": model, "page_size": page_size, "speculative": False if no_spec else None}.items()
              if v is not None}
     try:
+        knobs.update(spec_knobs(domains=spec_domain, default_domain=spec_default_domain, drift=spec_drift,
+                                draft_tokenizer_mismatch=draft_mismatch, adaptive=spec_adaptive,
+                                adaptive_config=spec_adaptive_config, gamma=spec_steps,
+                                decode_log_interval=decode_log_interval))
         specs = specs_from_profile(get_profile(profile), seed=seed, **knobs) if from_profile else []
         specs += [parse_worker(w, seed=seed + len(specs) + i, **knobs) for i, w in enumerate(worker or [])]
         counts: list[tuple[Role, int]] = [("prefill", prefill), ("decode", decode), ("mixed", mixed)]
         for role, count in counts:
             specs += [WorkerSpec(role, seed=seed + len(specs) + i, **knobs) for i in range(count)]
+        fresh_workloads(specs)
         specs = assign_kv_event_ports(specs, kv_events_config)
     except ValueError as exc:
         raise UsageError(str(exc), remedy="see `inferctl sim serve --help`") from None

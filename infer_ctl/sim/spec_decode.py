@@ -15,8 +15,9 @@ totals then feed `/v1/loads` and `avg_spec_accept_length`.
 
 from __future__ import annotations
 
+import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infer_ctl.sim.metrics import WorkerMetrics
 from infer_ctl.sim.spec_adaptive import AdaptiveSpeculativeParams
@@ -25,10 +26,20 @@ from infer_ctl.sim.timing import TimingModel, draw_accepted
 
 if TYPE_CHECKING:
     from infer_ctl.sim.config import WorkerSpec
-    from infer_ctl.sim.engine import SimRequest
 
 #: SGLang's --decode-log-interval default
 DECODE_LOG_INTERVAL = 40
+
+
+class SpecRequest(Protocol):
+    """What the decoder reads and counts on a request (`engine.SimRequest` is one)."""
+
+    rng: random.Random
+    domain: str
+    verify_ct: int
+    accepted_drafts: int
+    spec_histogram: list[int]
+    output_ids: list[int]
 
 
 class SpecDecoder:
@@ -77,7 +88,7 @@ class SpecDecoder:
         now = time.monotonic() if now is None else now
         return self.workload.alpha(domain, self.base_alpha, now, self.time_scale)
 
-    def draw(self, req: SimRequest, steps: int, now: float | None = None) -> int:
+    def draw(self, req: SpecRequest, steps: int, now: float | None = None) -> int:
         """One verify of `req` with `steps` drafts: the drafts it accepted (the verify result)."""
         accepted = draw_accepted(req.rng, self.alpha_now(req.domain, now), steps) if steps > 0 else 0
         req.verify_ct += 1
@@ -114,7 +125,7 @@ class SpecDecoder:
         m.spec_total_forward_ct += self._win_forward
         self._win_accept_tokens = self._win_correct = self._win_forward = 0
 
-    def request_fields(self, req: SimRequest) -> dict[str, Any] | None:
+    def request_fields(self, req: SpecRequest) -> dict[str, Any] | None:
         """The meta_info fields of a finished request, in the order SGLang writes them
         (`tokenizer_manager._calculate_spec_decoding_metrics`); None when it never verified. The
         proposed count uses the launch step count: SGLang computes it in the tokenizer process, which
