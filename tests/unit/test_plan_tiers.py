@@ -188,6 +188,12 @@ def test_a_fast_remote_store_pays_above_its_break_even(capsys: pytest.CaptureFix
     assert be == 640
 
 
+def test_storage_load_without_its_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _doc(["-m", "llama-3.1-70b", "--storage-gbs", "3"], capsys)
+    assert [t["tier"] for t in doc["capacities"]] == ["hbm"]
+    assert _tier(doc, "loads", "storage")["pays"] is False
+
+
 def test_fabric_caps_the_read(capsys: pytest.CaptureFixture[str]) -> None:
     fast = _tier(_sglang_26305(capsys, "--storage-gbs", "100"), "loads", "storage")["load_seconds_per_token"]
     capped = _tier(_sglang_26305(capsys, "--storage-gbs", "100", "--fabric-gbps", "100"), "loads",

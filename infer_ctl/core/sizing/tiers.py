@@ -289,7 +289,7 @@ def plan_tiers(shape: KvShape, dtype_bytes: int, inp: TierInputs) -> TierPlan:
     host_hop = plan_transfer(per_rank, inp.pcie_bytes_s * 8 / 1e9)
     # (the host row needs no host capacity: PCIe alone decides whether a host hit pays)
     loads = [_load("hbm", inp, 0.0, 0.0), _load("host", inp, host_hop.wire_seconds, inp.pcie_latency_s)]
-    if inp.storage_bytes is not None and inp.storage_read_bytes_s is not None:
+    if inp.storage_read_bytes_s is not None:  # the load needs the bandwidth, not the capacity
         read_bps = inp.storage_read_bytes_s
         if inp.fabric_bytes_s is not None:
             read_bps = min(read_bps, inp.fabric_bytes_s)
