@@ -174,10 +174,13 @@ def launch(
                 # said, not warned: with one server of a role there is no restart without a pause
                 alone_notes.update({i.name: f"the only {step.role} server: none served while it restarted"
                                     for i in out})  # fmt: skip
+            settled, restart = _prepare_step(fleet, profile, step, force=rolling, findings=report.findings)
+            # out of the router's pool only what will really go down (a refused server stays as it was)
+            going = [p.instance for p in restart if p.instance.is_leader]
             if notifier:
-                for leader in out:
+                for leader in going:
                     router_notes[leader.name] = notifier.take_out(leader)
-            step_applied = _apply_step(fleet, profile, step, force=rolling, findings=report.findings)
+            step_applied = settled + _restart(fleet, profile, restart, report.findings)
             applied.extend(step_applied)
             step_ready: list[Readiness] = []
             if wait:
@@ -190,7 +193,7 @@ def launch(
             }
             back_ok = True
             if notifier:
-                for leader in out:
+                for leader in going:
                     # back in the pool only once healthy (--no-wait: once started); a failed one stays out
                     note = notifier.put_back(leader) if leader.name in ok else None
                     if note:
@@ -222,22 +225,23 @@ def launch(
     return report
 
 
-def _apply_step(
+def _prepare_step(
     fleet: Fleet, profile: Profile, step: rolling_plan.Step, *, force: bool, findings: list[Finding]
-) -> list[Applied]:
-    """Bring one step's servers to the profile: write files and read states everywhere, then stop every
-    rank of each server to restart, then start them (a multi-node server's ranks stop, and start,
-    together), refusing servers whose ports a foreign process holds."""
+) -> tuple[list[Applied], list[Prepared]]:
+    """Write one step's files and read states and port holders everywhere; returns the servers settled
+    without a restart (unchanged, or refused: a foreign process on a port, no GID index) and the
+    instances to restart (every rank of a server, when any rank needs it or `force`)."""
     by_node: dict[str, list[Instance]] = {}
     for i in step.instances:
         by_node.setdefault(i.node, []).append(i)
     prepared: dict[str, Prepared] = {}
-    for o in fleet.map([profile.node(n) for n in by_node], lambda c, n: prepare_node(c, profile, by_node[n.name])):
+    nodes = [profile.node(n) for n in by_node]
+    for o in fleet.map(nodes, lambda c, n: prepare_node(c, profile, by_node[n.name])):
         if o.error is not None:
             findings.extend(_node_failure(o.node.name, by_node[o.node.name], o.error))
         else:
             prepared.update((p.instance.name, p) for p in o.value or [])
-    out: list[Applied] = []
+    settled: list[Applied] = []
     restart: list[Prepared] = []
     for server in step.servers:
         preps = [prepared[i.name] for i in server if i.name in prepared]
@@ -245,17 +249,24 @@ def _apply_step(
             continue  # a rank's node failed: its findings say so; the other ranks are left as they are
         why = refusal(preps)
         if why:
-            out.extend(Applied(p.instance, p.supervisor, "refused", p.changed, why[1], why[0]) for p in preps)
+            settled.extend(Applied(p.instance, p.supervisor, "refused", p.changed, why[1], why[0]) for p in preps)
         elif force or any(p.needs_start for p in preps):
             restart.extend(preps)
         else:
-            out.extend(Applied(p.instance, p.supervisor, "unchanged") for p in preps)
+            settled.extend(Applied(p.instance, p.supervisor, "unchanged") for p in preps)
+    return settled, restart
+
+
+def _restart(fleet: Fleet, profile: Profile, restart: list[Prepared], findings: list[Finding]) -> list[Applied]:
+    """Stop every running rank to restart (all nodes in parallel), then start them: a multi-node server's
+    ranks stop together and start together. A server with a rank that could not be stopped is not
+    started."""
     stopped = _per_node(fleet, profile, [p for p in restart if p.up], stop_node_for_restart, findings)
     failed_stop = {p.instance.name for p in restart if p.up} - {p.instance.name for p in stopped}
-    bad_servers = {prepared[n].instance.group or n for n in failed_stop}
+    bad_servers = {p.instance.group or p.instance.name for p in restart if p.instance.name in failed_stop}
     to_start = [p for p in restart if (p.instance.group or p.instance.name) not in bad_servers]
-    out.extend(_per_node(fleet, profile, to_start, start_node, findings))
-    return out
+    started: list[Applied] = _per_node(fleet, profile, to_start, start_node, findings)
+    return started
 
 
 def _per_node(
