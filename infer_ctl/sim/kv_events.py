@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from infer_ctl.sim.kv_hash import block_hashes, last_digest, page_digests, unit_pair
+from infer_ctl.sim.kv_hash import bigram_pairs, block_hashes, last_digest, page_digests
 
 #: SGLang's StorageMedium.GPU: every block of this simulator lives in (simulated) device memory
 MEDIUM_GPU = "GPU"
@@ -84,7 +84,7 @@ class KvEventRecorder:
         parent_hash = None
         if parent is not None and parent.key:  # the root contributes no link
             parent_hash = block_hashes(last_digest(self.node_digests(parent)) or b"")[0]
-        tokens: list[Any] = [unit_pair(u) for u in node.key] if self.bigram else list(node.key)
+        tokens: list[Any] = bigram_pairs(node.key) if self.bigram else list(node.key)
         ps = self.page_size
         if len(tokens) % ps:  # SGLang's pages are page-aligned; a short last page only under tests
             for i, h in enumerate(hashes):
