@@ -13,8 +13,9 @@ so absolute numbers depend on it; the ratios are the result.
 <commit>`), measured in the same repetitions as this checkout's, so both see the same machine load.
 `--calls N` counts instead of timing: Python function calls per request of both routers (cProfile).
 
-Each repetition measures every target once (the order rotates between repetitions, so no target always
-runs first after a quiet or busy spell); the table shows the median over repetitions, and the load
+Each repetition measures every target once (the order rotates between repetitions and is reversed every
+other one, so no target always runs first after a quiet or busy spell, or always right after the same
+neighbour; use an even --repeat with --baseline); the table shows the median over repetitions, and the load
 average of the machine before and after, because on a shared machine it moves every number.
 """
 
@@ -293,6 +294,10 @@ def main() -> None:
             wrk(url + "/generate", 4, 1, 1, str(script))  # warm-up
         for rep in range(args.repeat):
             order = names[rep % len(names):] + names[:rep % len(names)]
+            if rep % 2:
+                # rotation alone keeps neighbours in the same order (this checkout's router always right before
+                # the baseline's); reversing every other repetition measures each pair both ways round
+                order.reverse()
             for name in order:
                 url, proc = targets[name]
                 c1 = wrk(url + "/generate", 1, 1, args.duration, str(script))
