@@ -8,35 +8,44 @@ merged into one (stores only when the new one continues the previous one's chain
 the queue once per step and publishes it as one batch; here the engine does that after each prefill
 forward (`flush`), and a reset publishes at once.
 
+The work is split in two so the simulated scheduler does none of it: `KvEventRecorder`, called by the
+radix cache, only appends what happened (store, split, remove, clear: O(1), no hashing) to the step's
+log; `KvEventBuilder`, run by the publisher's thread on each step's log in order, keeps every node's
+page digests (kv_hash.py: SGLang's SHA-256 chain), follows the splits and turns the log into SGLang's
+events. A node's key list is never changed in place (a split gives both halves new lists), so the log
+can hold the very list a store saw.
+
 Events are the plain maps msgspec writes for SGLang's tagged structs (`type` first, then the fields in
 their declared order, optional fields left at None omitted): the encoded bytes are the same, which
-tests/sim/test_kv_events_sglang.py checks by decoding with SGLang's own classes. This simulator has no
-LoRA adapters and no `cache_salt`, so `lora_id` is always null and the "dynamo" format (namespaced
-hashes, `lora_name`) publishes exactly what "default" does.
+tests/sim/test_kv_events_sglang.py checks against SGLang's own recorder. This simulator has no LoRA
+adapters and no `cache_salt`, so `lora_id` is always null and the "dynamo" format (namespaced hashes,
+`lora_name`) publishes exactly what "default" does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from infer_ctl.sim.kv_hash import bigram_pairs, block_hashes, last_digest, page_digests
+from infer_ctl.sim.kv_hash import DIGEST_LEN, bigram_pairs, block_hashes, last_digest, page_digests
 
 #: SGLang's StorageMedium.GPU: every block of this simulator lives in (simulated) device memory
 MEDIUM_GPU = "GPU"
 
 Event = dict[str, Any]
-Sink = Callable[[list[Event]], None]
+#: one entry of a step's log: ("store", node, parent or None at the root, key), ("split", child, head,
+#: keys in head), ("remove", node), ("clear",)
+Op = tuple[Any, ...]
+Sink = Callable[[list[Op]], None]
 
 
-class HashedNode(Protocol):
+class TreeNode(Protocol):
     """What the recorder reads of a radix node (infer_ctl.sim.radix.Node)."""
 
     key: list[int]
-    digests: bytes | None
 
     @property
-    def parent(self) -> HashedNode | None: ...
+    def parent(self) -> TreeNode | None: ...
 
 
 def stored(hashes: list[int], parent: int | None, token_ids: list[Any], block_size: int) -> Event:
@@ -60,73 +69,98 @@ def cleared() -> Event:
 
 
 class KvEventRecorder:
-    def __init__(self, page_size: int, *, bigram: bool = False, sink: Sink | None = None) -> None:
+    """The radix cache's side: a log of the step's tree changes, handed to `sink` at the step's end."""
+
+    def __init__(self, *, sink: Sink | None = None) -> None:
+        #: where `flush` hands a step's log (the publisher); None: it is only kept for `take`
+        self.sink = sink
+        self._ops: list[Op] = []
+
+    def record_store(self, node: TreeNode) -> None:
+        parent = node.parent
+        self._ops.append(("store", node, parent if parent is not None and parent.key else None, node.key))
+
+    def record_split(self, child: TreeNode, head: TreeNode) -> None:
+        self._ops.append(("split", child, head, len(head.key)))
+
+    def record_remove(self, node: TreeNode) -> None:
+        self._ops.append(("remove", node))
+
+    def record_all_cleared(self) -> None:
+        self._ops.append(("clear",))
+
+    def take(self) -> list[Op]:
+        ops, self._ops = self._ops, []
+        return ops
+
+    def flush(self) -> None:
+        """End of a scheduler step: hand its log to the sink as one batch."""
+        if self._ops and self.sink is not None:
+            self.sink(self.take())
+
+
+class KvEventBuilder:
+    """The publisher's side: every live node's page digests, and SGLang's events for a step's log."""
+
+    def __init__(self, page_size: int, *, bigram: bool = False) -> None:
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
         self.page_size = page_size
         self.bigram = bigram
-        #: where `flush` hands a step's events (the publisher); None: they are only kept for `take`
-        self.sink = sink
-        self._queue: list[Event] = []
+        self._digests: dict[Any, bytes] = {}  # node (by identity) -> 32 bytes per page
 
-    # -- what the radix cache calls -----------------------------------------------------------------
-    def node_digests(self, node: HashedNode) -> bytes:
-        """The node's page digests, computed once (chained from its parent's) and kept on the node."""
-        if node.digests is None:
-            parent = node.parent
-            prior = last_digest(self.node_digests(parent)) if parent is not None and parent.key else None
-            node.digests = page_digests(node.key, self.page_size, prior, bigram=self.bigram)
-        return node.digests
+    def build(self, ops: Sequence[Op]) -> list[Event]:
+        events: list[Event] = []
+        for op in ops:
+            kind = op[0]
+            if kind == "store":
+                self._store(events, op[1], op[2], op[3])
+            elif kind == "split":
+                _, child, head, n = op
+                digests = self._digests.pop(child, b"")
+                cut = n // self.page_size * DIGEST_LEN
+                self._digests[head], self._digests[child] = digests[:cut], digests[cut:]
+            elif kind == "remove":
+                hashes = block_hashes(self._digests.pop(op[1], b""))
+                if hashes:
+                    _enqueue(events, removed(hashes))
+            else:
+                self._digests.clear()
+                _enqueue(events, cleared())
+        return events
 
-    def record_store(self, node: HashedNode) -> None:
-        hashes = block_hashes(self.node_digests(node))
-        parent = node.parent
-        parent_hash = None
-        if parent is not None and parent.key:  # the root contributes no link
-            parent_hash = block_hashes(last_digest(self.node_digests(parent)) or b"")[0]
-        tokens: list[Any] = bigram_pairs(node.key) if self.bigram else list(node.key)
+    def _store(self, events: list[Event], node: Any, parent: Any, key: list[int]) -> None:
+        prior = last_digest(self._digests.get(parent)) if parent is not None else None
+        digests = page_digests(key, self.page_size, prior, bigram=self.bigram)
+        self._digests[node] = digests
+        hashes = block_hashes(digests)
+        parent_hash = block_hashes(prior)[0] if prior is not None else None  # the root contributes no link
+        tokens: list[Any] = bigram_pairs(key) if self.bigram else list(key)
         ps = self.page_size
         if len(tokens) % ps:  # SGLang's pages are page-aligned; a short last page only under tests
             for i, h in enumerate(hashes):
                 page = tokens[i * ps : (i + 1) * ps]
-                self._enqueue(stored([h], parent_hash, page, len(page)))
+                _enqueue(events, stored([h], parent_hash, page, len(page)))
                 parent_hash = h
             return
-        self._enqueue(stored(hashes, parent_hash, tokens, ps))
+        _enqueue(events, stored(hashes, parent_hash, tokens, ps))
 
-    def record_remove(self, node: HashedNode) -> None:
-        hashes = block_hashes(self.node_digests(node))
-        if hashes:
-            self._enqueue(removed(hashes))
 
-    def record_all_cleared(self) -> None:
-        self._enqueue(cleared())
-
-    # -- the step boundary --------------------------------------------------------------------------
-    def take(self) -> list[Event]:
-        events, self._queue = self._queue, []
-        return events
-
-    def flush(self) -> None:
-        """End of a scheduler step: hand what it recorded to the sink as one batch."""
-        if self._queue and self.sink is not None:
-            self.sink(self.take())
-
-    def _enqueue(self, event: Event) -> None:
-        """SGLang's coalescing: a remove joins a remove; a store joins a store it continues."""
-        if self._queue:
-            tail = self._queue[-1]
-            kind = event["type"]
-            if kind == tail["type"] == "BlockRemoved":
-                tail["block_hashes"].extend(event["block_hashes"])
-                return
-            if (
-                kind == tail["type"] == "BlockStored"
-                and tail["block_size"] == event["block_size"]
-                and tail["block_hashes"]
-                and event["parent_block_hash"] == tail["block_hashes"][-1]
-            ):
-                tail["block_hashes"].extend(event["block_hashes"])
-                tail["token_ids"].extend(event["token_ids"])
-                return
-        self._queue.append(event)
+def _enqueue(events: list[Event], event: Event) -> None:
+    """SGLang's coalescing: a remove joins a remove; a store joins a store it continues."""
+    if events:
+        tail = events[-1]
+        kind = event["type"]
+        if kind == tail["type"] == "BlockRemoved":
+            tail["block_hashes"].extend(event["block_hashes"])
+            return
+        if (
+            kind == tail["type"] == "BlockStored"
+            and tail["block_size"] == event["block_size"]
+            and tail["block_hashes"]
+            and event["parent_block_hash"] == tail["block_hashes"][-1]
+        ):
+            tail["block_hashes"].extend(event["block_hashes"])
+            tail["token_ids"].extend(event["token_ids"])
+            return
+    events.append(event)

@@ -11,9 +11,10 @@ Wire format, as SGLang 0.5.23's `ZmqEventPublisher` (sglang/srt/disaggregation/k
   (`buffer_steps` of them) whose seq >= start_seq, each as `["", topic, seq, payload]`, then the end
   marker `["", "", -1 as 8 signed big-endian bytes, ""]`; a request of any other shape is ignored.
 
-The engine's step hands its events to `publish`, which only timestamps and queues them: encoding,
-sending, buffering and replay happen on this publisher's own thread, as in SGLang, so the simulated
-scheduler never waits for a socket. The thread sleeps in `zmq.Poller` on the replay socket and on a pipe
+The engine's step hands its log of tree changes to `publish`, which only timestamps and queues it: turning
+it into events (`KvEventBuilder`: hashing every new page), encoding, sending, buffering and replay happen
+on this publisher's own thread, so the simulated scheduler never waits for a hash or a socket (SGLang
+hashes in its scheduler, in C++, and publishes from a thread like this one). The thread sleeps in `zmq.Poller` on the replay socket and on a pipe
 that `publish` writes one byte to, so an idle worker costs no wake-ups and a replay request is answered
 at once.
 """
@@ -26,11 +27,12 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from infer_ctl.errors import InferctlError
 from infer_ctl.sim.kv_config import KvEventsConfig
-from infer_ctl.sim.kv_events import Event
+from infer_ctl.sim.kv_events import Event, Op
 
 log = logging.getLogger("infer_ctl.sim.kv_events")
 
@@ -47,13 +49,17 @@ class KvEventsBindError(InferctlError):
 
 
 class ZmqKvPublisher:
-    def __init__(self, cfg: KvEventsConfig, *, dp_rank: int = 0) -> None:
+    def __init__(
+        self, cfg: KvEventsConfig, *, dp_rank: int = 0, build: Callable[[list[Op]], list[Event]] | None = None
+    ) -> None:
         self.cfg = cfg
         self.dp_rank = dp_rank
+        #: turns what `publish` is given into a batch's events, on the thread (None: it is the events)
+        self._build = build
         self._topic = cfg.topic.encode()
         # Queue(0) is unbounded, as SGLang's max_queue_size 0 would be; a full queue makes publish wait,
         # as SGLang's scheduler does (the thread drains it whatever the engine does)
-        self._queue: queue.Queue[tuple[float, list[Event]] | None] = queue.Queue(cfg.max_queue_size)
+        self._queue: queue.Queue[tuple[float, list[Any]] | None] = queue.Queue(cfg.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -70,8 +76,9 @@ class ZmqKvPublisher:
             raise KvEventsBindError(*self._error)
 
     # -- the engine's side --------------------------------------------------------------------------
-    def publish(self, events: list[Event]) -> None:
-        self._queue.put((time.time(), events))
+    def publish(self, items: list[Any]) -> None:
+        """One step's log (or, without `build`, its events): one batch, stamped now."""
+        self._queue.put((time.time(), items))
         self._poke()
 
     def close(self, timeout: float = 1.0) -> None:
@@ -166,7 +173,14 @@ class ZmqKvPublisher:
                     if item is _STOP:
                         stop = True
                         break
-                    ts, events = item
+                    ts, items = item
+                    try:
+                        events = self._build(items) if self._build is not None else items
+                    except Exception:  # never lose the thread; the stream then misses this step
+                        log.exception("KV events: building a batch failed")
+                        continue
+                    if not events:  # a step that only split nodes: SGLang publishes nothing either
+                        continue
                     payload = encode([ts, events, self.dp_rank])
                     seq_bytes = seq.to_bytes(8, "big")
                     try:

@@ -11,8 +11,9 @@ token i+1; `RadixKey.maybe_to_bigram_view`), so n prompt tokens are n - 1 keys. 
 reports are in keys, each one token's KV. Bigrams are packed into one int each (`kv_hash.pack_bigrams`).
 
 Tokens enter and leave the tree only in `insert`, `evict` and `reset`: there a `KvEventRecorder` (when
-the worker publishes KV events, `kv_events.py`) records `BlockStored`, `BlockRemoved` and
-`AllBlocksCleared`, and a host tier would attach (docs/simulator.md "Modules").
+the worker publishes KV events, `kv_events.py`) logs the stores, removals and clears (and `_split` its
+splits, which change no block) that become `BlockStored`, `BlockRemoved` and `AllBlocksCleared`, and a
+host tier would attach (docs/simulator.md "Modules").
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from infer_ctl.sim.kv_hash import DIGEST_LEN, pack_bigrams
+from infer_ctl.sim.kv_hash import pack_bigrams
 
 if TYPE_CHECKING:
     from infer_ctl.sim.kv_events import KvEventRecorder
@@ -41,8 +42,6 @@ class Node:
     priority: int = 0
     last_access: int = 0
     lock_ref: int = 0
-    #: its pages' SHA-256 chain (kv_hash.page_digests), computed when KV events are recorded
-    digests: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -157,9 +156,8 @@ class RadixCache:
         child.key = child.key[n:]
         child.parent = head
         head.children[self._child_key(child.key, 0)] = child
-        if child.digests is not None:  # the chain is unchanged, only cut between the two nodes
-            cut = n // self.page_size * DIGEST_LEN
-            head.digests, child.digests = child.digests[:cut], child.digests[cut:]
+        if self.events is not None:  # no event: the blocks are the same, cut between two nodes
+            self.events.record_split(child, head)
         return head
 
     # -- insert / evict ---------------------------------------------------------------------------

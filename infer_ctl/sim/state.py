@@ -12,7 +12,7 @@ from __future__ import annotations
 from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.engine import Engine
 from infer_ctl.sim.kv_config import parse_kv_events_config
-from infer_ctl.sim.kv_events import KvEventRecorder
+from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import RadixCache
 from infer_ctl.sim.rooms import RoomTable
@@ -31,7 +31,7 @@ class WorkerState:
         # A decode runs without a radix cache unless told otherwise (SGLang's handle_pd_disaggregation),
         # and a disabled cache records no KV events: its publisher binds but never sends.
         records = self.kv_events is not None and self.kv_events.enabled and spec.role != "decode"
-        self.kv_recorder = KvEventRecorder(spec.page_size, bigram=bigram) if records else None
+        self.kv_recorder = KvEventRecorder() if records else None
         self.kv_publisher: ZmqKvPublisher | None = None
         self.cache = RadixCache(
             self.timing.kv_capacity_tokens,
@@ -72,7 +72,8 @@ class WorkerState:
         """Start of a process: a new publisher (its seq starts at 0); what the recorder holds from before is dropped."""
         if self.kv_events is None or not self.kv_events.enabled:
             return
-        self.kv_publisher = ZmqKvPublisher(self.kv_events)
+        build = KvEventBuilder(self.spec.page_size, bigram=self.cache.bigram).build
+        self.kv_publisher = ZmqKvPublisher(self.kv_events, build=build)
         if self.kv_recorder is not None:
             self.kv_recorder.take()
             self.kv_recorder.sink = self.kv_publisher.publish

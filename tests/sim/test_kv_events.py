@@ -15,7 +15,7 @@ import pytest
 
 from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.kv_config import describe, offset_endpoint, parse_kv_events_config
-from infer_ctl.sim.kv_events import KvEventRecorder
+from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.kv_hash import block_hashes, pack_bigrams, page_digests
 from infer_ctl.sim.kv_ports import assign_kv_event_ports
 from infer_ctl.sim.radix import RadixCache
@@ -59,9 +59,16 @@ def test_bigram_pages_hash_each_pair_in_a_row() -> None:
 
 
 def _recording(capacity: int = 1000, page_size: int = 1, bigram: bool = False) -> tuple[RadixCache, list[Any]]:
+    """A cache whose step logs are built into events at once (the publisher thread's job)."""
     batches: list[Any] = []
-    rec = KvEventRecorder(page_size, bigram=bigram, sink=batches.append)
-    cache = RadixCache(capacity, page_size=page_size, bigram=bigram, events=rec)
+    builder = KvEventBuilder(page_size, bigram=bigram)
+
+    def sink(ops: list[Any]) -> None:
+        events = builder.build(ops)
+        if events:
+            batches.append(events)
+
+    cache = RadixCache(capacity, page_size=page_size, bigram=bigram, events=KvEventRecorder(sink=sink))
     assert batches == [[{"type": "AllBlocksCleared"}]]  # the reset of a new tree
     batches.clear()
     return cache, batches
@@ -139,10 +146,28 @@ def test_an_eagle_tree_is_keyed_and_published_by_bigrams() -> None:
     assert cache.match_prefix([10, 11, 12, 13]).length == 2  # 3 bigrams -> 1 whole page
 
 
-def test_without_a_recorder_the_tree_keeps_no_digests() -> None:
-    cache = RadixCache(100)
+def test_a_step_that_only_splits_publishes_nothing() -> None:
+    cache, batches = _recording()
+    cache.insert([1, 2, 3, 4])
+    cache.end_step()
+    cache.match_prefix([1, 2, 9])  # splits [1, 2, 3, 4]: the blocks stay the same
+    cache.end_step()
+    assert len(batches) == 1
+    cache.insert([1, 2, 7])  # the split head's digests continue the chain
+    cache.end_step()
+    assert batches[1][0]["parent_block_hash"] == batches[0][0]["block_hashes"][1]
+
+
+def test_the_recorder_only_logs_on_the_schedulers_path() -> None:
+    rec = KvEventRecorder()
+    cache = RadixCache(100, events=rec)
+    rec.take()
     cache.insert([1, 2, 3])
-    assert all(n.digests is None for n in cache.root.children.values())
+    cache.insert([1, 9])
+    (store, split, store2) = rec.take()
+    assert store[0] == "store" and store[2] is None and store[3] == [1, 2, 3]  # a child of the root
+    assert split[0] == "split" and split[3] == 1
+    assert store2[0] == "store" and store2[2] is split[2] and store2[3] == [9]
 
 
 # -- --kv-events-config --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from infer_ctl.launch.argcheck import sglang_available
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.kv_config import describe, offset_endpoint, parse_kv_events_config
-from infer_ctl.sim.kv_events import KvEventRecorder
+from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.kv_hash import block_hashes, page_digests
 from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import Node, RadixCache
@@ -73,13 +73,15 @@ class _SglNode:
 
 
 class TwinRecorder(KvEventRecorder):
-    """Records as the simulator does and, for every call, has SGLang's recorder record the same node
+    """Logs as the simulator does and, for every call, has SGLang's recorder record the same node
     (rebuilt from the simulator's tree, its hashes computed by SGLang's own functions)."""
 
     def __init__(self, page_size: int, bigram: bool, dynamo: bool, utils: Any) -> None:
         from sglang.srt.mem_cache.events import KVCacheEventRecorder
 
-        super().__init__(page_size, bigram=bigram)
+        super().__init__()
+        self.page_size, self.bigram = page_size, bigram
+        self.builder = KvEventBuilder(page_size, bigram=bigram)
         self.utils = utils
         self.sgl = KVCacheEventRecorder(enabled=True, page_size=page_size, dynamo_format=dynamo)
 
@@ -136,7 +138,7 @@ def test_the_same_tree_operations_record_the_same_events_as_sglangs_recorder(
             cache.insert(prompt)
         if step % 25 == 24:
             cache.reset()
-        ours, theirs = twin.take(), twin.sgl.take()
+        ours, theirs = twin.builder.build(twin.take()), twin.sgl.take()
         assert msgspec.msgpack.encode(ours) == msgspec.msgpack.encode(theirs), f"step {step}"
     assert cache.evicted_total > 0
 
