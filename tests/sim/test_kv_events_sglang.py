@@ -25,7 +25,7 @@ from infer_ctl.launch.argcheck import sglang_available
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.kv_config import describe, offset_endpoint, parse_kv_events_config
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
-from infer_ctl.sim.kv_hash import block_hashes, page_digests
+from infer_ctl.sim.kv_hash import block_hashes, pack_bigrams, page_digests
 from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import Node, RadixCache
 from tests.sim.kv_client import Subscriber, free_port, kv_config, replay
@@ -153,6 +153,9 @@ def test_block_hashes_are_sglangs_for_the_same_tokens(sglang_hash: Any) -> None:
     wide = [5, 2**40, 7]  # an id past uint32: SGLang's wide page encoding
     theirs = [u.hash_str_to_int64(h) for h in u.get_hash_str(wide, None, page_size=2)]
     assert block_hashes(page_digests(wide, 2, None)) == theirs
+    for raw in (tokens[:50], [5, 2**40, 7, 8, 9]):  # bigram pages, also with a wide id
+        theirs = [u.hash_str_to_int64(h) for h in u.get_hash_str(_SglKey(raw, bigram=True), None, page_size=2)]
+        assert block_hashes(page_digests(pack_bigrams(raw), 2, None, bigram=True)) == theirs
 
 
 # -- a live worker's stream, decoded by SGLang's classes -----------------------------------------------
