@@ -8,6 +8,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from infer_ctl.core.finding_codes import code_for
 from infer_ctl.exitcodes import ExitCode
 
 
@@ -98,9 +99,15 @@ class Finding:
     def skip(cls, check: str, node: str, subject: str, message: str, **kw: Any) -> Finding:
         return cls.make(Status.SKIP, check, node, subject, message, **kw)
 
+    @property
+    def code(self) -> str | None:
+        """The check's stable code (core/finding_codes.py), e.g. IC-GPU-018 for every gpu.xid finding."""
+        return code_for(self.check)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "check": self.check,
+            "code": self.code,
             "node": self.node,
             "subject": self.subject,
             "status": self.status.value,

@@ -88,6 +88,8 @@ def findings_families(
     counts = MetricFamily(f"{prefix}_findings", "Number of findings of the last run, by status")
     for f in findings:
         labels = {"check": f.check, "node": f.node, "subject": f.subject}
+        if f.code is not None:  # the stable code (core/finding_codes.py): alerts can route on it
+            labels = {"check": f.check, "code": f.code, "node": f.node, "subject": f.subject}
         status.add(STATUS_CODES[f.status], **labels)
         ok.add(1 if f.status in (Status.OK, Status.SKIP) else 0, **labels)
     for st in Status:

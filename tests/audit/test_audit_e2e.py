@@ -104,8 +104,8 @@ def test_audit_mixed_fleet(fleet, tmp_path: Path, capsys: pytest.CaptureFixture[
     assert gone["status"] == "unknown" and "not gathered" in gone["message"]
     # textfile: atomic, node_exporter format
     text = prom.read_text()
-    assert 'inferctl_check_status{check="gpu.row_remap",node="pf-02",subject="GPU3"} 2' in text
-    assert 'inferctl_check_status{check="gpu.facts",node="dc-03",subject="node"} 3' in text
+    assert 'inferctl_check_status{check="gpu.row_remap",code="IC-GPU-009",node="pf-02",subject="GPU3"} 2' in text
+    assert 'inferctl_check_status{check="gpu.facts",code="IC-GPU-001",node="dc-03",subject="node"} 3' in text
     assert "inferctl_audit_status 2" in text and "inferctl_last_run_timestamp_seconds " in text
     assert 'inferctl_node_status{node="pf-01"} 0' in text
     assert not [p for p in prom.parent.iterdir() if p.name.endswith(".tmp")]

@@ -107,8 +107,8 @@ def test_textfile_content_and_atomic_write(tmp_path: Path) -> None:
     path = A.write_audit_textfile(tmp_path / "inferctl.prom", res, run_timestamp=1700000000.0)
     text = path.read_text()
     for line in (
-        'inferctl_check_status{check="gpu.xid",node="a",subject="GPU0"} 2',
-        'inferctl_check_ok{check="gpu.count",node="b",subject="node"} 1',
+        'inferctl_check_status{check="gpu.xid",code="IC-GPU-018",node="a",subject="GPU0"} 2',
+        'inferctl_check_ok{check="gpu.count",code="IC-GPU-003",node="b",subject="node"} 1',
         'inferctl_findings{status="fail"} 1',
         "inferctl_last_run_timestamp_seconds 1700000000",
         "inferctl_audit_status 2",

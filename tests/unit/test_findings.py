@@ -43,7 +43,7 @@ def test_finding_is_frozen_and_serializable() -> None:
         f.status = S.OK  # type: ignore[misc]
     with pytest.raises(TypeError):
         f.details["dbe"] = 0  # type: ignore[index]
-    assert f.to_dict() == {"check": "gpu.ecc", "node": "pf-01", "subject": "GPU3", "status": "fail",
+    assert f.to_dict() == {"check": "gpu.ecc", "code": None, "node": "pf-01", "subject": "GPU3", "status": "fail",
                            "message": "2 volatile DBE", "details": {"dbe": 2, "pages": [1, 2]},
                            "remedy": "drain the node"}
     assert Finding("a", "b", "c", "warn", "m").status is S.WARN  # type: ignore[arg-type]
