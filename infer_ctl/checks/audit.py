@@ -5,7 +5,14 @@ the changes since the previous run.
 History line (one per run, appended):
     {"ts": "2025-01-01T00:00:00Z", "profile": "prod-a", "status": "fail", "exit_code": 2,
      "duration_s": 3.2, "families": ["gpu"], "nodes": ["pf-01", ...],
-     "findings": [["gpu.xid", "pf-01", "GPU3", "fail", "XID 79 ..."], ...]}
+     "findings": [["gpu.xid", "pf-01", "GPU3", "fail", "XID 79 ..."], ...],
+     "not_checked": [["gpu.row_remap", "pf-02", "GPU1", "fail", "row remap pending"], ...],
+     "memory": {"gpu.pcie_replay": {"pf-01": {"GPU0": {...}}}, ...}}
+
+`not_checked` carries the last known state of problems whose facts this run could not gather (node
+unreachable, a fact UNKNOWN): they are neither current findings nor recovered, and the next run compares
+against them. `memory` holds what rules asked to keep between runs (a finding's `details["memory"]`:
+counters for rates, XIDs of earlier boots); a family reads the previous run's as `ctx.options["memory"]`.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +40,8 @@ if TYPE_CHECKING:
 
 Key = tuple[str, str, str]  # (check, node, subject)
 _RANK = {Status.OK: 0, Status.SKIP: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.FAIL: 3}
+#: statuses that say something is wrong (an UNKNOWN says only that it could not be told)
+_KNOWN_PROBLEM = (Status.WARN, Status.FAIL)
 
 
 @dataclass
@@ -100,7 +110,14 @@ def write_audit_textfile(path: str | os.PathLike[str], result: AuditResult, *, r
 
 
 # ---- history ---------------------------------------------------------------------------------------
-def history_record(result: AuditResult, profile_name: str, *, pingpong: bool = False) -> dict[str, Any]:
+def history_record(
+    result: AuditResult,
+    profile_name: str,
+    *,
+    pingpong: bool = False,
+    not_checked: Sequence[Sequence[str]] = (),
+    memory: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
         "ts": result.started_at.isoformat(timespec="seconds").replace("+00:00", "Z"),
         "profile": profile_name,
@@ -112,7 +129,32 @@ def history_record(result: AuditResult, profile_name: str, *, pingpong: bool = F
         # runs with and without the fabric pair tests are different kinds of run (see read_last_run)
         "pingpong": pingpong,
         "findings": [[f.check, f.node, f.subject, f.status.value, f.message] for f in result.findings],
+        "not_checked": [list(row) for row in not_checked],
+        "memory": memory if memory is not None else remembered(result.findings),
     }
+
+
+# ---- what rules keep between runs ---------------------------------------------------------------------
+def remembered(findings: Sequence[Finding], previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """{check: {node: {subject: value}}} of every finding's `details["memory"]`, on top of the previous
+    run's memory: a node this run did not reach keeps what the last run that reached it remembered."""
+    memory: dict[str, Any] = {check: {node: dict(subjects) for node, subjects in nodes.items()}
+                              for check, nodes in ((previous or {}).get("memory") or {}).items()
+                              if isinstance(nodes, dict)}
+    for f in findings:
+        value = f.details.get("memory")
+        if value is not None:
+            memory.setdefault(f.check, {}).setdefault(f.node, {})[f.subject] = _plain(value)
+    return memory
+
+
+def _plain(value: Any) -> Any:
+    """A frozen details value (read-only mappings, tuples) as plain JSON-able data."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def append_history(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
@@ -152,7 +194,7 @@ def read_last_run(
 # ---- changes since the last run ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Change:
-    kind: str  # new | worse | better | recovered
+    kind: str  # new | worse | better | recovered | not_checked
     check: str
     node: str
     subject: str
@@ -165,15 +207,78 @@ class Change:
                 "from": self.before, "to": self.after, "message": self.message}
 
 
+Scope = tuple[tuple[str, ...], str, str]  # (check patterns, node pattern, why)
+
+
+def unchecked_scopes(findings: Sequence[Finding]) -> list[Scope]:
+    """Where this run could not see: checks (fnmatch patterns, `!pattern` excludes) per node whose facts
+    were not gathered. A finding says so with `details["not_gathered"]` (e.g. gpu.facts of an unreachable
+    node: `["gpu.*"]`); any UNKNOWN finding covers its own check id on its node (the kernel log was not
+    readable: earlier gpu.xid findings of that node were not checked); a family that did not run
+    (`<family>.internal` on the controller) covers the whole family on every node."""
+    scopes: list[Scope] = []
+    for f in findings:
+        why = f.message
+        patterns = f.details.get("not_gathered")
+        if patterns:
+            scopes.append((tuple(patterns), f.node, why))
+        if f.status is Status.UNKNOWN:
+            family, _, rest = f.check.partition(".")
+            if rest == "internal" and f.node == "controller":
+                scopes.append(((f"{family}.*",), "*", why))
+            else:
+                scopes.append(((f.check,), f.node, why))
+    return scopes
+
+
+def _not_checked_because(scopes: Sequence[Scope], check: str, node: str) -> str | None:
+    for patterns, node_pattern, why in scopes:
+        if node_pattern not in ("*", node):
+            continue
+        hits = [p for p in patterns if not p.startswith("!") and fnmatchcase(check, p)]
+        if hits and not any(fnmatchcase(check, p[1:]) for p in patterns if p.startswith("!")):
+            return why
+    return None
+
+
+def _previous_problems(previous: dict[str, Any] | None) -> dict[Key, tuple[Status, str, bool]]:
+    """(status, message, carried) of every problem of the previous run, including the ones it carried
+    as not checked (their last known state)."""
+    out: dict[Key, tuple[Status, str, bool]] = {}
+    for rows, carried in (((previous or {}).get("not_checked") or [], True), ((previous or {}).get("findings") or [], False)):
+        for check, node, subject, status, message in rows:
+            out[(check, node, subject)] = (Status(status), message, carried)
+    return out
+
+
+def carry_unchecked(previous: dict[str, Any] | None, result: AuditResult) -> list[list[str]]:
+    """The previous run's problems (its findings and what it carried) that this run did not check: the
+    rows of the new record's `not_checked`."""
+    scopes = unchecked_scopes(result.findings)
+    now = {(f.check, f.node, f.subject): f for f in result.findings}
+    rows = []
+    for key, (status, message, _) in _previous_problems(previous).items():
+        current = now.get(key)
+        if status not in _KNOWN_PROBLEM or (current is not None and current.status is not Status.UNKNOWN):
+            continue
+        if _not_checked_because(scopes, key[0], key[1]) is not None:
+            rows.append([*key, status.value, message])
+    return rows
+
+
 def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[list[Change], list[Finding]]:
     """Changes against the previous run, and the findings to report for them (the current finding for
     new/worse/better problems, an OK 'recovered' finding for problems that went away). Only keys of
     nodes and families checked in both runs are compared, so `--nodes` subsets do not fake recoveries;
-    findings of pseudo-nodes outside the fleet ("controller", "fleet", "local") follow their family."""
-    before: dict[Key, tuple[Status, str]] = {}
-    if previous:
-        for check, node, subject, status, message in previous.get("findings", []):
-            before[(check, node, subject)] = (Status(status), message)
+    findings of pseudo-nodes outside the fleet ("controller", "fleet", "local") follow their family.
+
+    A problem whose facts this run could not gather (unchecked_scopes: the node unreachable, the fact
+    UNKNOWN) is `not_checked`, never `recovered`: an alert pipeline must not resolve an RMA alert because
+    the node died. It is reported once, when it stops being checked (an UNKNOWN finding "not checked");
+    the history carries its last known state until the node is checked again."""
+    problems = _previous_problems(previous)
+    before: dict[Key, tuple[Status, str]] = {k: (v[0], v[1]) for k, v in problems.items()}
+    scopes = unchecked_scopes(result.findings)
     prev_nodes = set((previous or {}).get("nodes", []))
     prev_families = set((previous or {}).get("families", []))
     now = {(f.check, f.node, f.subject): f for f in result.findings}
@@ -188,6 +293,11 @@ def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[lis
                 report.append(finding)
             continue
         old_rank = _RANK[old[0]]
+        if old[0] in _KNOWN_PROBLEM and finding.status is Status.UNKNOWN and _not_checked_because(scopes, *key[:2]):
+            if not problems[key][2]:  # reported when it stopped being checked, not on every run since
+                changes.append(Change("not_checked", *key, old[0].value, finding.status.value, finding.message))
+                report.append(_not_checked(key, old, finding.message))
+            continue
         if rank != old_rank:
             kind = "worse" if rank > old_rank else ("recovered" if rank == 0 else "better")
             changes.append(Change(kind, *key, old[0].value, finding.status.value, finding.message))
@@ -206,9 +316,23 @@ def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[lis
             continue
         if family not in families or family not in prev_families:
             continue
+        why = _not_checked_because(scopes, check, node) if status in _KNOWN_PROBLEM else None
+        if why is not None:
+            if not problems[key][2]:
+                changes.append(Change("not_checked", *key, status.value, None, f"not checked: {why}"))
+                report.append(_not_checked(key, (status, message), why))
+            continue
         changes.append(Change("recovered", *key, status.value, None, f"no longer reported (was: {message})"))
         report.append(Finding.ok(check, node, subject, f"recovered: no longer reported (was {status.value}: {message})"))
     return changes, report
+
+
+def _not_checked(key: Key, old: tuple[Status, str], why: str) -> Finding:
+    check, node, subject = key
+    return Finding.unknown(check, node, subject, f"not checked: {why} (last known {old[0].value}: {old[1]})",
+                           details={"last_status": old[0].value, "last_message": old[1], "not_checked": True},
+                           remedy="the last known problem stands until the node is checked again: make it "
+                                  "reachable (inferctl nodes), then rerun the audit")
 
 
 # ---- one audit run, as the CLI does it -----------------------------------------------------------------
@@ -237,9 +361,10 @@ class AuditOptions:
     #: the fabric family runs its pair tests (ibv_rc_pingpong/perftest) only when asked: they take time
     pingpong: bool = False
 
-    def family_options(self) -> dict[str, Any]:
-        """What families see as `ctx.options` (they ignore keys they do not know)."""
-        return {"pingpong": self.pingpong}
+    def family_options(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What families see as `ctx.options` (they ignore keys they do not know): `memory` is what the
+        previous run's rules kept (see `remembered`)."""
+        return {"pingpong": self.pingpong, "memory": (previous or {}).get("memory") or {}}
 
 
 def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], opts: AuditOptions) -> Report:
@@ -261,9 +386,11 @@ def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], 
         raise UsageError(f"--history {opts.history}: cannot read it: {exc.strerror or exc}",
                          remedy="point --history at a readable JSON-lines file (it is created if missing)") from None
     with Fleet(profile, accept_new_host_keys=opts.accept_new_host_keys, parallel=opts.parallel) as fleet:
-        result = run_families(profile, fleet, nodes, families, opts.family_options())
+        result = run_families(profile, fleet, nodes, families, opts.family_options(previous))
     finished = time.time()
-    record = history_record(result, profile.name, pingpong=opts.pingpong)
+    record = history_record(result, profile.name, pingpong=opts.pingpong,
+                            not_checked=carry_unchecked(previous, result),
+                            memory=remembered(result.findings, previous))
     try:
         if opts.textfile:
             write_audit_textfile(opts.textfile, result, run_timestamp=finished)

@@ -13,7 +13,6 @@ A node may also set INFERCTL_SYSFS_ROOT in its own environment. Unset means /sys
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,12 +43,12 @@ from infer_ctl.facts.qos import (
 )
 from infer_ctl.facts.rdma_link import RDMA_LINK_JSON, parse_rdma_link
 from infer_ctl.facts.rdma_sysfs import (
-    SYSFS_ROOT_ENV,
     counter_deltas,
     counters_command,
     parse_counters_dump,
     parse_sysfs_dump,
     sysfs_command,
+    sysfs_root_for,
 )
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
@@ -69,11 +68,6 @@ class FabricRun:
     facts: dict[str, NodeFabricFacts] = field(default_factory=dict)
     #: pair-test summary for the matrix (filled by checks.pingpong)
     pairs: dict[str, Any] = field(default_factory=dict)
-
-
-def sysfs_root_for(node: str) -> str | None:
-    template = os.environ.get(SYSFS_ROOT_ENV)
-    return template.replace("{node}", node) if template else None
 
 
 def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interval_s: float | None = None) -> NodeFabricFacts:
@@ -202,6 +196,7 @@ def _dcb(conn: Connector, name: str) -> tuple[QosFacts | None, str | None, str |
 
 def unreachable(node: str, error: InferctlError) -> Finding:
     return Finding.unknown("fabric.node", node, "ssh", f"fabric facts not gathered: {error.message}",
+                           details={"not_gathered": ["fabric.*"]},
                            remedy=error.remedy or "check the node is reachable with `inferctl nodes`")
 
 

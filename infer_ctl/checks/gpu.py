@@ -60,9 +60,15 @@ def _expected_count(node: Node, policy: GpuPolicy) -> int:
     return policy.expected_count if policy.expected_count is not None else node.gpus
 
 
+#: what a gpu.facts finding did not check: every GPU rule of the node (audit --since-last reports earlier
+#: problems there as "not checked", never as recovered)
+NOT_GATHERED = ("gpu.*",)
+
+
 def _unreachable(node: Node, message: str, remedy: str | None) -> Finding:
     return Finding.unknown(
         "gpu.facts", node.name, "node", f"GPU facts not gathered: {message}",
+        details={"not_gathered": list(NOT_GATHERED)},
         remedy=remedy or "check the node with `inferctl nodes`, then rerun the check",
     )
 
@@ -85,6 +91,7 @@ def check_gpu(fleet: Fleet, nodes: Sequence[Node], profile: Profile) -> list[Fin
             findings.append(
                 Finding.unknown(
                     "gpu.facts", node.name, "node", facts.error or "no python3",
+                    details={"not_gathered": list(NOT_GATHERED)},
                     remedy="install python3 on the node, or point `gpu.python` at an interpreter "
                     "(e.g. the provisioned venv's bin/python)",
                 )

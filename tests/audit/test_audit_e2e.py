@@ -165,3 +165,35 @@ def test_check_gpu_table_lists_problems_only_unless_all(fleet, capsys: pytest.Ca
     # JSON is unchanged: every finding
     rc, doc = run_cli(capsys, "check", "gpu", "-p", str(profile), "--json", "--nodes", "pf-01")
     assert rc == 0 and sum(f["check"] == "gpu.nvlink" for f in doc["findings"]) == 8
+
+
+def test_since_last_never_reports_an_unreachable_nodes_problems_as_recovered(  # type: ignore[no-untyped-def]
+    fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pf-02 fails (row remap pending), then its sshd dies: the RMA alert must not resolve."""
+    cluster, profile = fleet
+    hist, prom = tmp_path / "audit.jsonl", tmp_path / "inferctl.prom"
+    args = ("audit", "-p", str(profile), "--json", "--only", "gpu", "--history", str(hist), "--since-last",
+            "--nodes", "pf-01,pf-02")
+    rc, _ = run_cli(capsys, *args)
+    assert rc == 2
+    cluster.stop("pf-02")
+    rc, doc = run_cli(capsys, *args, "--textfile", str(prom))
+    assert rc == 3  # nothing checked failed; pf-02 could not be checked
+    changes = {(c["check"], c["node"], c["subject"]): c["change"] for c in doc["changes"]}
+    assert changes[("gpu.row_remap", "pf-02", "GPU3")] == "not_checked"
+    assert changes[("gpu.facts", "pf-02", "node")] == "new"
+    assert "recovered" not in changes.values(), changes
+    (row,) = [f for f in doc["findings"] if f["check"] == "gpu.row_remap"]
+    assert row["status"] == "unknown" and "last known fail: row remap pending" in row["message"]
+    assert json.loads(hist.read_text().splitlines()[-1])["not_checked"] == [
+        ["gpu.row_remap", "pf-02", "GPU3", "fail", "row remap pending"]]
+    # still away: nothing new to say
+    rc, doc = run_cli(capsys, *args)
+    assert rc == 3 and doc["changes"] == []
+    # back, and its GPU was reset meanwhile: now it recovers
+    standin_gpu_node(cluster, "pf-02", H100)
+    cluster.start("pf-02")
+    rc, doc = run_cli(capsys, *args)
+    changes = {(c["check"], c["node"], c["subject"]): c["change"] for c in doc["changes"]}
+    assert rc == 0 and changes[("gpu.row_remap", "pf-02", "GPU3")] == "recovered"

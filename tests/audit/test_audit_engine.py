@@ -194,3 +194,81 @@ def test_only_imports_just_the_named_families() -> None:
              "print([f.name for f in families({'gpu'})], sorted(m for m in sys.modules if m.startswith('infer_ctl.checks.')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
     assert out.strip() == "['gpu'] ['infer_ctl.checks.family_names', 'infer_ctl.checks.gpu', 'infer_ctl.checks.registry']", out
+
+
+# ---- facts not gathered are "not checked", never "recovered" (issue 14, defect 3) ------------------
+def _unreachable(node: str) -> Finding:
+    return Finding.unknown("gpu.facts", node, "node", "GPU facts not gathered: connection refused",
+                           details={"not_gathered": ["gpu.*"]})
+
+
+def _run_after(previous: dict | None, now: A.AuditResult) -> tuple[list, list, dict]:  # type: ignore[type-arg]
+    changes, report = A.diff_runs(previous, now)
+    record = A.history_record(now, "p", not_checked=A.carry_unchecked(previous, now))
+    return changes, report, json.loads(json.dumps(record))
+
+
+def test_problems_of_a_node_that_became_unreachable_are_not_checked_never_recovered() -> None:
+    prev = A.history_record(_result([
+        Finding.fail("gpu.row_remap", "b", "GPU3", "row remap pending"),
+        Finding.fail("gpu.xid", "b", "GPU1", "XID 79"),
+        Finding.ok("gpu.count", "b", "node", "8 GPUs"),
+        Finding.fail("gpu.xid", "a", "GPU0", "XID 48"),
+    ]), "p")
+    changes, report, rec = _run_after(prev, _result([_unreachable("b"), Finding.ok("gpu.xid", "a", "node", "none")]))
+    kinds = {(c.check, c.node, c.subject): c.kind for c in changes}
+    assert kinds == {("gpu.row_remap", "b", "GPU3"): "not_checked", ("gpu.xid", "b", "GPU1"): "not_checked",
+                     ("gpu.facts", "b", "node"): "new", ("gpu.xid", "a", "GPU0"): "recovered"}
+    unchecked = {(f.check, f.subject): f for f in report if f.details.get("not_checked")}
+    assert set(unchecked) == {("gpu.row_remap", "GPU3"), ("gpu.xid", "GPU1")}
+    assert all(f.status is Status.UNKNOWN for f in unchecked.values())
+    assert "last known fail: row remap pending" in unchecked[("gpu.row_remap", "GPU3")].message
+    # the history carries the last known state, without reporting it again while the node stays away
+    assert sorted(rec["not_checked"]) == [["gpu.row_remap", "b", "GPU3", "fail", "row remap pending"],
+                                         ["gpu.xid", "b", "GPU1", "fail", "XID 79"]]
+    changes, report, rec2 = _run_after(rec, _result([_unreachable("b")]))
+    assert changes == [] and report == [] and rec2["not_checked"] == rec["not_checked"]
+    # the node is back: what is fixed recovers, what is not stays (no change to report)
+    changes, report, rec3 = _run_after(rec2, _result([Finding.fail("gpu.row_remap", "b", "GPU3", "row remap pending"),
+                                                      Finding.ok("gpu.xid", "b", "node", "no XIDs")]))
+    assert sorted((c.check, c.kind) for c in changes) == [("gpu.facts", "recovered"), ("gpu.xid", "recovered")]
+    assert rec3["not_checked"] == []
+    (xid,) = [f for f in report if f.check == "gpu.xid"]
+    assert xid.status is Status.OK and "was fail: XID 79" in xid.message
+
+
+def test_an_unknown_fact_leaves_that_checks_earlier_problems_not_checked() -> None:
+    prev = A.history_record(_result([Finding.fail("gpu.xid", "a", "GPU3", "XID 79"),
+                                     Finding.fail("gpu.row_remap", "a", "GPU1", "pending")]), "p")
+    now = _result([Finding.unknown("gpu.xid", "a", "node", "kernel log not readable: permission denied"),
+                   Finding.ok("gpu.row_remap", "a", "GPU1", "no pending")])
+    changes, _ = A.diff_runs(prev, now)
+    assert {(c.check, c.kind) for c in changes} == {("gpu.xid", "not_checked"), ("gpu.row_remap", "recovered"),
+                                                   ("gpu.xid", "new")}
+    # a finding that turns UNKNOWN on the same key is not checked either, not "better"
+    changes, _report = A.diff_runs(prev, _result([Finding.unknown("gpu.xid", "a", "GPU3", "kernel log not readable")]))
+    assert [(c.check, c.subject, c.kind) for c in changes if c.subject == "GPU3"] == [("gpu.xid", "GPU3", "not_checked")]
+
+
+def test_gpu_facts_not_read_cover_every_gpu_rule_but_the_kernel_log() -> None:
+    prev = A.history_record(_result([Finding.fail("gpu.row_remap", "a", "GPU1", "pending"),
+                                     Finding.fail("gpu.xid", "a", "GPU1", "XID 79")]), "p")
+    now = _result([Finding.unknown("gpu.driver", "a", "node", "nvidia-smi did not answer",
+                                   details={"not_gathered": ["gpu.*", "!gpu.xid", "!gpu.sxid", "!gpu.driver"]}),
+                   Finding.ok("gpu.xid", "a", "node", "no XIDs since boot")])
+    kinds = {c.check: c.kind for c in A.diff_runs(prev, now)[0]}
+    assert kinds == {"gpu.row_remap": "not_checked", "gpu.xid": "recovered", "gpu.driver": "new"}
+
+
+def test_a_family_that_did_not_run_leaves_all_its_problems_not_checked() -> None:
+    prev = A.history_record(_result([Finding.fail("gpu.xid", "a", "GPU3", "XID 79")]), "p")
+    now = _result([Finding.unknown("gpu.internal", "controller", "gpu", "gpu checks crashed: boom")])
+    assert [(c.check, c.kind) for c in A.diff_runs(prev, now)[0]] == [("gpu.internal", "new"), ("gpu.xid", "not_checked")]
+
+
+def test_memory_of_unreached_nodes_is_kept() -> None:
+    prev = A.history_record(_result([Finding.ok("gpu.pcie_replay", "a", "GPU0", "x", details={"memory": {"replays": 5}}),
+                                     Finding.ok("gpu.pcie_replay", "b", "GPU0", "x", details={"memory": {"replays": 7}})]), "p")
+    now = _result([Finding.ok("gpu.pcie_replay", "a", "GPU0", "x", details={"memory": {"replays": 9}}), _unreachable("b")])
+    mem = A.remembered(now.findings, json.loads(json.dumps(prev)))
+    assert mem == {"gpu.pcie_replay": {"a": {"GPU0": {"replays": 9}}, "b": {"GPU0": {"replays": 7}}}}

@@ -30,7 +30,10 @@ def judge_gather_error(node: str, facts: NodeGpuFacts, expected: int) -> list[Fi
     """The node's GPUs could not be read at all."""
     if facts.error is None:
         return []
-    details = {"error_kind": facts.error_kind, "source": facts.source}
+    # no GPU was read: every per-GPU rule of this node went unchecked (the kernel log is read apart and
+    # judged by gpu.xid/gpu.sxid, which say UNKNOWN themselves when it was not read)
+    details = {"error_kind": facts.error_kind, "source": facts.source,
+               "not_gathered": ["gpu.*", "!gpu.xid", "!gpu.sxid", "!gpu.driver"]}
     kind = facts.error_kind
     if kind == "no_driver":
         if expected == 0:
