@@ -117,12 +117,6 @@ def page_digests(units: Sequence[int], page_size: int, prior: bytes | None, *, b
     return b"".join(chain)
 
 
-def block_hash(digests: bytes, page: int) -> int:
-    """The published int64 block hash of page `page` of a node's digests."""
-    off = page * DIGEST_LEN
-    return int.from_bytes(digests[off : off + 8], "big", signed=True)
-
-
 def block_hashes(digests: bytes) -> list[int]:
     """Every page's block hash, at C speed: the digests read as int64s, every 4th one, byte-swapped."""
     words = array("q")

@@ -66,7 +66,6 @@ class ZmqKvPublisher:
         self._fds: tuple[int, ...] = (self._wake_r, self._wake_w)
         self._ready = threading.Event()
         self._error: tuple[str, Exception] | None = None
-        self.published = 0  # batches sent (read by tests)
         self._thread = threading.Thread(target=self._run, name="sim-kv-events", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -91,6 +90,8 @@ class ZmqKvPublisher:
             self._close_pipe()
 
     def _poke(self) -> None:
+        if not self._fds:  # closed: the descriptor may already be another file's
+            return
         try:
             os.write(self._wake_w, b"\0")
         except (BlockingIOError, OSError):  # the pipe is full (the thread is awake anyway) or closed
@@ -147,7 +148,9 @@ class ZmqKvPublisher:
 
         try:
             pub, replay = self._open()
-        except zmq.ZMQError:
+        except Exception as exc:  # the constructor is waiting: it raises what happened
+            if self._error is None:
+                self._error = (self.cfg.endpoint, exc)
             self._ready.set()
             return
         self._ready.set()
@@ -189,7 +192,6 @@ class ZmqKvPublisher:
                         log.warning("KV events: sending batch %d failed: %s", seq, exc)
                     self._buffer.append((seq, payload))
                     seq += 1
-                    self.published += 1
                 if stop:
                     break
         finally:

@@ -180,3 +180,28 @@ def test_a_worker_that_cannot_listen_releases_its_kv_event_ports() -> None:
             start_cluster_in_thread([WorkerSpec("mixed", port=port, time_scale=FAST, kv_events_config=cfg)])
     with start_cluster_in_thread([WorkerSpec("mixed", time_scale=FAST, kv_events_config=cfg)]) as ok:
         assert ok.workers[0].kv_publisher is not None
+
+
+def test_a_concrete_host_is_connected_to_as_sglang_does() -> None:
+    """endpoint tcp://host:port without bind: the PUB socket connects, to a collector that binds."""
+    import zmq
+
+    from infer_ctl.sim.kv_config import parse_kv_events_config
+    from infer_ctl.sim.kv_publisher import ZmqKvPublisher
+
+    collector = zmq.Context.instance().socket(zmq.SUB)
+    port = collector.bind_to_random_port("tcp://127.0.0.1")
+    collector.setsockopt(zmq.SUBSCRIBE, b"")
+    cfg = parse_kv_events_config(json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}))
+    assert cfg is not None and not cfg.should_bind()
+    publisher = ZmqKvPublisher(cfg)
+    try:
+        for _ in range(50):  # the connection lands asynchronously; PUB drops what it sends before
+            publisher.publish([{"type": "AllBlocksCleared"}])
+            if collector.poll(100):
+                break
+        _topic, _seq, payload = collector.recv_multipart()
+        assert msgspec.msgpack.decode(payload)[1] == [{"type": "AllBlocksCleared"}]
+    finally:
+        publisher.close()
+        collector.close(linger=0)
