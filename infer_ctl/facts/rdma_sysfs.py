@@ -11,6 +11,7 @@ argument of `sysfs_command`, so tests point the gatherer at a directory tree bui
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,14 @@ from infer_ctl.core.fabric.facts import GidEntry, NetdevSysfs, RdmaDevice, RdmaP
 from infer_ctl.remote.base import Command
 
 SYSFS_ROOT_ENV = "INFERCTL_SYSFS_ROOT"
+
+
+def sysfs_root_for(node: str) -> str | None:
+    """The sysfs root to read on `node` (test seam shared by `check fabric` and launch's GID probe):
+    `$INFERCTL_SYSFS_ROOT` on the controller, `{node}` replaced by the node name; None: the node's
+    own default (its `$INFERCTL_SYSFS_ROOT`, else /sys)."""
+    template = os.environ.get(SYSFS_ROOT_ENV)
+    return template.replace("{node}", node) if template else None
 
 # Tools whose presence decides which facts can be gathered (and what the remedy says).
 TOOLS = ("ibv_devinfo", "rdma", "mlnx_qos", "dcb", "ethtool", "ibv_rc_pingpong", "ib_write_lat", "ib_write_bw")

@@ -13,7 +13,6 @@ not started.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ from infer_ctl.core.fabric.gid import Family
 from infer_ctl.core.fabric.rules import gid_choice, port_views
 from infer_ctl.core.sglang import Instance
 from infer_ctl.core.sglang.argv import sglang_ib_devices
-from infer_ctl.facts.rdma_sysfs import SYSFS_ROOT_ENV, parse_sysfs_dump, sysfs_command
+from infer_ctl.facts.rdma_sysfs import parse_sysfs_dump, sysfs_command, sysfs_root_for
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
 
@@ -76,13 +75,6 @@ def decide(facts: NodeFabricFacts, devices: Sequence[str], prefer: Family) -> Gi
         return GidDecision(None, f"the HCAs choose different GID indexes ({per}); MC_GID_INDEX is one "
                            "value per server")  # fmt: skip
     return GidDecision(indexes[0], None, f"GID index {indexes[0]} (RoCE v2, {prefer}) on {', '.join(sorted(chosen))}")
-
-
-def sysfs_root_for(node: str) -> str | None:
-    """The sysfs root override (test seam shared with `check fabric`): $INFERCTL_SYSFS_ROOT, `{node}`
-    replaced by the node name. The same as checks/fabric.py's, which launch does not import."""
-    template = os.environ.get(SYSFS_ROOT_ENV)
-    return template.replace("{node}", node) if template else None
 
 
 def probe(conn: Connector, profile: Profile, node: Node, inst: Instance) -> GidDecision:

@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances, unit_name, unit_path
+from infer_ctl.core.sglang import Instance, instances, unit_name, unit_path
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch import gid, ports, probe, supervisor
-from infer_ctl.launch.render import render_env_file, render_unit
+from infer_ctl.launch import deploy, gid, ports, probe, supervisor
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Connector
 
@@ -33,27 +32,6 @@ class NodeConnectors(Protocol):
 def select_instances(profile: Profile, nodes: list[Node], role: str | None) -> list[Instance]:
     names = {n.name for n in nodes}
     return [i for i in instances(profile) if i.node in names and (role is None or i.role == role)]
-
-
-def desired_files(
-    profile: Profile, inst: Instance, sup: supervisor.Supervisor, *, gid_index: int | None = None
-) -> dict[str, str]:
-    files = {env_file_path(inst): render_env_file(profile, inst, gid_index=gid_index)}
-    if sup == "systemd":
-        files[unit_path(inst)] = render_unit(profile, inst)
-    else:
-        files[supervisor.run_file_path(inst)] = supervisor.render_run_script(
-            build_argv(profile, inst).argv, inst
-        )
-    return files
-
-
-def _file_mode(path: str) -> int:
-    if path.endswith(".run"):
-        return 0o755
-    # sglang.env may carry tokens (HF_TOKEN) a user put there despite the advice; only the owner (root
-    # for systemd's EnvironmentFile, the launching user for the process supervisor) reads it
-    return 0o600 if path.endswith(".env") else 0o644
 
 
 def owner_of(inst: Instance, sup: supervisor.Supervisor, pid: int | None) -> ports.Owner | None:
@@ -97,20 +75,18 @@ def prepare_node(conn: Connector, profile: Profile, insts: list[Instance]) -> li
     sup = supervisor.detect_supervisor(conn, profile)
     out: list[Prepared] = []
     for inst in insts:
-        node = profile.node(inst.node)
-        decision = gid.probe(conn, profile, node, inst) if gid.needs_probe(profile, node, inst) else None
-        if decision is not None and decision.error:
+        plan = deploy.deployment(conn, profile, inst, sup)
+        if plan.refused:
             # never write an env file without the index on RoCE: Mooncake would silently use GID 3
-            out.append(Prepared(inst, sup, False, [], gid=decision))
+            out.append(Prepared(inst, sup, False, [], gid=plan.gid))
             continue
         supervisor.ensure_dirs(conn, inst, sudo=sudo)
         changed = []
-        gid_index = decision.index if decision else None
-        for path, text in desired_files(profile, inst, sup, gid_index=gid_index).items():
-            if supervisor.read_file(conn, path, sudo=sudo) != text:
+        for f in plan.files:
+            if supervisor.read_file(conn, f.path, sudo=sudo) != f.text:
                 # put_file writes a temp file beside the target and renames it: never half a file
-                conn.put_file(path, text.encode(), mode=_file_mode(path), sudo=sudo)
-                changed.append(path)
+                conn.put_file(f.path, f.text.encode(), mode=f.mode, sudo=sudo)
+                changed.append(f.path)
         state, pid = supervisor.process_state(conn, inst, sup, sudo=sudo)
         up = state in ("running", "activating")
         found: list[ports.Listener] = []
@@ -118,7 +94,7 @@ def prepare_node(conn: Connector, profile: Profile, insts: list[Instance]) -> li
             listening = ports.listeners(conn, [p for _, p in ports.instance_ports(inst)], sudo=sudo)
             owner = owner_of(inst, sup, pid) if up else None
             found = ports.foreign(ports.on_instance_ports(listening, inst), owner)
-        out.append(Prepared(inst, sup, up, changed, found, decision))
+        out.append(Prepared(inst, sup, up, changed, found, plan.gid))
     return out
 
 

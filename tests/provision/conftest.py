@@ -84,10 +84,13 @@ class ProvisionCluster:
 
     def profile(self, path: Path | None = None, **overrides: Any) -> Path:
         data = self.cluster.profile_data()
+        # the GID index is pinned: these nodes have no RDMA devices to read it from (the units step reads
+        # the GID table when none is pinned: test_units_env.py)
         nodes = [
-            {**n, "gpus": 2, "roles": ["prefill", "decode"], "rdma": {"devices": ["mlx5_0"], "netdev": NETDEV}}
+            {**n, "gpus": 2, "roles": ["prefill", "decode"],
+             "rdma": {"devices": ["mlx5_0"], "netdev": NETDEV, "gid_index": 3}}
             for n in data["nodes"]
-        ]
+        ]  # fmt: skip
         base: dict[str, Any] = {
             "nodes": nodes,
             "fabric": {"apply_qos": True},

