@@ -106,7 +106,7 @@ def check_args(profile: Profile, nodes: str | None, role: str | None) -> Report:
                 "sglang",
                 "SGLang is not importable here, so its own parser could not check the arguments "
                 "(the flag table of SGLang 0.5.23 was still checked)",
-                remedy="pip install torch==2.13.0 && pip install --no-deps sglang==0.5.23 && "
+                remedy="pip install 'torch==2.13.0+cpu' && pip install --no-deps sglang==0.5.23 && "
                 "pip install 'inferctl[sglang]'",
             )
         )
