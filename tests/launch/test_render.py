@@ -349,3 +349,39 @@ def test_kv_events_on_a_node_with_both_roles_collide() -> None:
     assert not [f for f in launch_problems(moved) if f.check == "launch.kv_events"]
     # the default publisher ("null") binds nothing
     assert not [f for f in launch_problems(_box(full, kv_events={"topic": "x"})) if f.check == "launch.kv_events"]
+
+
+def _wide(**sglang: Any) -> Profile:
+    rdma = {"devices": ["mlx5_0", "mlx5_1"], "netdev": "ens1f0np0", "gid_index": 3}
+    return _profile(nodes=[
+        {"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"], "gpus": 8, "rdma": rdma},
+        {"name": "pf-02", "host": "10.0.0.12", "roles": ["prefill"], "gpus": 8,
+         "rdma": {"device_map": {"0": "mlx5_2,mlx5_3", "1": "mlx5_4"}, "netdev": "ens2f0np0"}},
+        {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"], "gpus": 8, "rdma": rdma},
+    ], models={"target": {"path": "/m", "tp": 16}}, sglang={"decode": {"tp": 8}, **sglang})  # fmt: skip
+
+
+def _env(p: Profile, name: str, gid_index: int | None = None) -> dict[str, str]:
+    text = render_env_file(p, find_instance(p, name), gid_index=gid_index)
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def test_multinode_server_gets_nccl_and_gloo_env_from_the_node_rdma_settings() -> None:
+    p = _wide()
+    env = _env(p, "pf-01-prefill")
+    assert {k: env[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX")} == {
+        "NCCL_SOCKET_IFNAME": "=ens1f0np0", "GLOO_SOCKET_IFNAME": "ens1f0np0",
+        "NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_IB_GID_INDEX": "3"}  # fmt: skip
+    # the GID index read on the node (launch's probe) is the one NCCL and Mooncake both get
+    assert _env(p, "pf-01-prefill", gid_index=1)["NCCL_IB_GID_INDEX"] == "1" == _env(p, "pf-01-prefill", 1)["MC_GID_INDEX"]
+    # rank 1 uses its own node's netdev and HCAs (from its device map); no index pinned or read: none
+    rank1 = _env(p, "pf-02-prefill")
+    assert (rank1["NCCL_SOCKET_IFNAME"], rank1["NCCL_IB_HCA"]) == ("=ens2f0np0", "=mlx5_2,mlx5_3,mlx5_4")
+    assert "NCCL_IB_GID_INDEX" not in rank1
+    # a single-node server keeps NCCL's own choices (NVLink/PCIe collectives)
+    assert not {k for k in _env(p, "dc-01-decode") if k.startswith(("NCCL_", "GLOO_"))}
+
+
+def test_sglang_env_overrides_the_rendered_nccl_settings() -> None:
+    env = _env(_wide(env={"NCCL_SOCKET_IFNAME": "bond0", "NCCL_IB_GID_INDEX": "5"}), "pf-01-prefill")
+    assert (env["NCCL_SOCKET_IFNAME"], env["NCCL_IB_GID_INDEX"], env["GLOO_SOCKET_IFNAME"]) == ("bond0", "5", "ens1f0np0")

@@ -56,6 +56,9 @@ def env_vars(profile: Profile, instance: Instance, *, gid_index: int | None = No
         env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] = _num(dis.heartbeat_interval_s)
         env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] = str(dis.heartbeat_max_failure)
         env.update(_mooncake_env(profile, instance, gid_index))
+    if instance.nnodes > 1:
+        env.update(multinode_env(profile, instance, gid_index))
+    # the user's settings come last: they override what is rendered above (e.g. NCCL_SOCKET_IFNAME)
     for name, value in profile.sglang.env.items():
         if not _NAME.match(name):
             raise ProfileError(
@@ -84,6 +87,47 @@ def _mooncake_env(profile: Profile, instance: Instance, gid_index: int | None) -
         env["MC_GID_INDEX"] = str(gid)
     env["MC_MTU"] = str(profile.fabric_policy_for(node).mtu)
     return env
+
+
+def multinode_env(profile: Profile, instance: Instance, gid_index: int | None) -> dict[str, str]:
+    """NCCL and gloo settings of a server spanning nodes (`--nnodes` > 1), from the node's
+    `nodes[].rdma`. Their tensor-parallel collectives cross the fabric, and the libraries' own choices
+    go wrong on a multi-NIC RoCE host (NCCL env reference:
+    https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html; gloo: torch.distributed's
+    GLOO_SOCKET_IFNAME):
+    - NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME = `rdma.netdev`: the interface for NCCL's bootstrap and
+      socket fallback and for torch's gloo CPU groups. Left alone, both take the first non-loopback
+      interface (docker0, a management NIC) that the peer may not reach. `=` makes NCCL match the name
+      exactly (its default is a prefix match: `ens1f0` would also match `ens1f0v1`).
+    - NCCL_IB_HCA = the node's HCAs (`rdma.devices`, else the `device_map` values), exact match (`=`):
+      otherwise NCCL uses every RDMA device it finds, including ones not on the fabric.
+    - NCCL_IB_GID_INDEX = the GID index Mooncake gets as MC_GID_INDEX (pinned, or read on the node at
+      launch): on RoCE the GID decides RoCE v1 vs v2 and IPv4 vs IPv6, and NCCL's default (or its own
+      pick) need not be the one the switches' PFC/ECN setup expects. Not set when no index is known
+      (InfiniBand needs none).
+    Not rendered for a single-node server: its collectives stay on NVLink/PCIe. `sglang.env` overrides
+    any of them."""
+    rdma = profile.node(instance.node).rdma
+    if rdma is None:
+        return {}
+    env: dict[str, str] = {}
+    if rdma.netdev:
+        env["NCCL_SOCKET_IFNAME"] = f"={rdma.netdev}"
+        env["GLOO_SOCKET_IFNAME"] = rdma.netdev
+    hcas = list(dict.fromkeys([*rdma.devices, *_map_devices(rdma.device_map)]))
+    if hcas:
+        env["NCCL_IB_HCA"] = "=" + ",".join(hcas)
+    gid = gid_index if gid_index is not None else rdma.gid_index
+    if gid is not None and hcas:
+        env["NCCL_IB_GID_INDEX"] = str(gid)
+    return env
+
+
+def _map_devices(device_map: dict[str, str] | None) -> list[str]:
+    names: list[str] = []
+    for value in (device_map or {}).values():
+        names.extend(v.strip() for v in value.split(",") if v.strip())
+    return names
 
 
 def env_lines(profile: Profile, instance: Instance, *, gid_index: int | None = None) -> list[str]:
