@@ -8,7 +8,8 @@ the fleet is still checked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding
@@ -73,7 +74,12 @@ def _unreachable(node: Node, message: str, remedy: str | None) -> Finding:
     )
 
 
-def check_gpu(fleet: Fleet, nodes: Sequence[Node], profile: Profile) -> list[Finding]:
+def check_gpu(
+    fleet: Fleet, nodes: Sequence[Node], profile: Profile, memory: Mapping[str, Any] | None = None
+) -> list[Finding]:
+    """`memory`: what earlier audits remembered ({check: {node: {subject: value}}}, checks/audit.py):
+    XIDs of earlier boots, PCIe replay counters; `check gpu` alone has none."""
+    memory = memory or {}
     outcomes = fleet.map(
         list(nodes), lambda conn, node: gather_gpu_facts(conn, node, profile.gpu_policy_for(node))
     )
@@ -98,13 +104,14 @@ def check_gpu(fleet: Fleet, nodes: Sequence[Node], profile: Profile) -> list[Fin
             )
             continue
         gathered.append((node.name, facts))
-        findings.extend(judge_node(node.name, facts, policy, _expected_count(node, policy)))
+        mine = {check: by_node.get(node.name) or {} for check, by_node in memory.items() if isinstance(by_node, Mapping)}
+        findings.extend(judge_node(node.name, facts, policy, _expected_count(node, policy), mine))
     findings.extend(judge_fleet(gathered))
     return findings
 
 
 def _run(ctx: AuditContext) -> list[Finding]:
-    return check_gpu(ctx.fleet, ctx.nodes, ctx.profile)
+    return check_gpu(ctx.fleet, ctx.nodes, ctx.profile, ctx.options.get("memory"))
 
 
 FAMILY = CheckFamily(

@@ -2,7 +2,7 @@
 
 Like NHC/aznhc's codes (aznhc's `NHC2007` ...), a code names *what was checked*, not its outcome: the
 status travels next to it. The scheme is `IC-<AREA>-<NNN>`: IC = inferctl, AREA = the check id's first
-part (GPU, FAB fabric, SRV servers, TOK tokenizer, LCH launch/status/stop, PRF profile, PLN plan), NNN a
+part (GPU, FAB fabric, SRV servers, TOK tokenizer, LCH launch/status/stop, PRF profile, PLN plan, SPC speculative decoding), NNN a
 number assigned once. `NNN = 000` is the area's "the checks did not run" (`<family>.internal`).
 
 Rules (tests/audit/test_finding_codes.py holds them): a code is never reused or renumbered, also after
@@ -118,6 +118,8 @@ CODES: dict[str, str] = {
     "profile.schema": "IC-PRF-001",
     "plan.tiers.host_fit": "IC-PLN-001",
     "plan.tiers.host_small": "IC-PLN-002",
+    # ---- speculative decoding -------------------------------------------------------------------
+    "spec.acceptance": "IC-SPC-001",
 }
 
 

@@ -18,10 +18,9 @@ from infer_ctl.core.gpu.facts import (
     GpuProcess,
     NodeGpuFacts,
     NvLink,
-    XidEvent,
     reasons_from_mask,
 )
-from infer_ctl.facts.kernel_log import parse_xids
+from infer_ctl.facts.kernel_log import parse_sxids, parse_xids
 from infer_ctl.facts.nvidia_smi import (
     EXIT_CODES,
     NvidiaSmiParseError,
@@ -108,11 +107,19 @@ def _nvml_failure(err: dict[str, Any] | None) -> tuple[str, str] | None:
     return None
 
 
-def _klog(doc: dict[str, Any]) -> tuple[tuple[XidEvent, ...] | None, str | None, str | None]:
+def _klog(doc: dict[str, Any]) -> dict[str, Any]:
+    """The NodeGpuFacts fields that come from the kernel log (XIDs, SXids, boot time)."""
     klog = doc.get("klog") or {}
+    boot = klog.get("boot_time")
+    boot_time = float(boot) if isinstance(boot, int | float) else None
+    now = klog.get("now")
+    common: dict[str, Any] = {"boot_time": boot_time, "gathered_at": float(now) if isinstance(now, int | float) else None}
     if klog.get("source") is None:
-        return None, klog.get("error") or "the kernel log was not read", None
-    return tuple(parse_xids(klog.get("out") or "")), None, klog["source"]
+        return {**common, "xids": None, "sxids": None, "xid_source": None,
+                "xid_error": klog.get("error") or "the kernel log was not read"}
+    text = klog.get("out") or ""
+    return {**common, "xids": tuple(parse_xids(text, boot_time)), "sxids": tuple(parse_sxids(text, boot_time)),
+            "xid_error": None, "xid_source": klog["source"]}
 
 
 def parse_gatherer_output(text: str) -> NodeGpuFacts:
@@ -122,8 +129,7 @@ def parse_gatherer_output(text: str) -> NodeGpuFacts:
         raise GathererOutputError(f"the GPU gatherer printed no JSON ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("version") != 1:
         raise GathererOutputError("the GPU gatherer printed an unexpected document")
-    xids, xid_error, xid_source = _klog(doc)
-    common: dict[str, Any] = {"xids": xids, "xid_error": xid_error, "xid_source": xid_source}
+    common = _klog(doc)
     nvml = doc.get("nvml")
     if nvml is not None:
         return NodeGpuFacts(

@@ -213,22 +213,37 @@ def gather_nvml(nv):
     return doc
 
 
+def boot_time():
+    # /proc/stat btime: the boot as Unix time on this node's clock; XIDs since then decide "now"
+    try:
+        with open("/proc/stat") as fh:
+            for line in fh:
+                if line.startswith("btime "):
+                    return int(line.split()[1])
+    except (IOError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def kernel_log(window_min):
     j = run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso", "--since=-%dmin" % window_min], left())
     # Without the adm/systemd-journal group journalctl exits 0 but shows only the user's own messages
     # (no kernel lines) and says so on stderr: that is "not readable", not "no XIDs".
     if j["rc"] == 0 and "not seeing messages" in (j["err"] or ""):
         j = {"rc": 1, "out": "", "err": "journalctl: the SSH user may not read the system journal"}
+    stamps = {"boot_time": boot_time(), "now": time.time()}
     if j["rc"] == 0:
         src, body = "journalctl", j["out"]
     else:
+        # dmesg has no window and stamps lines with seconds since boot: the controller converts them
+        # with boot_time and applies the window itself
         d = run(["dmesg"], left())
         if d["rc"] != 0:
             why = (j["err"] or "").strip().splitlines()[-1:] + (d["err"] or "").strip().splitlines()[-1:]
-            return {"source": None, "out": "", "error": "; ".join(why) or "cannot read the kernel log"}
+            return dict(stamps, source=None, out="", error="; ".join(why) or "cannot read the kernel log")
         src, body = "dmesg", d["out"]
-    lines = [ln for ln in body.splitlines() if "NVRM" in ln]
-    return {"source": src, "out": "\n".join(lines[-5000:]), "error": None}
+    lines = [ln for ln in body.splitlines() if "NVRM" in ln or "SXid" in ln]
+    return dict(stamps, source=src, out="\n".join(lines[-5000:]), error=None)
 
 
 def main():

@@ -9,9 +9,15 @@ from pydantic import Field, model_validator
 
 from infer_ctl.profile.base import StrictModel
 
-# XIDs DCGM/gpud treat as fatal / needing a GPU reset or node drain (docs/reference/gpu-thresholds.md, XIDs).
-DEFAULT_FATAL_XIDS: tuple[int, ...] = (48, 61, 62, 63, 64, 69, 74, 79, 92, 94, 95, 119, 120, 140, 143)
-DEFAULT_WARN_XIDS: tuple[int, ...] = (13, 31, 32, 43, 45, 68, 154)
+# The default XID severities: DCGM's health watch where it classifies an XID (FAIL -> fatal, WARN -> warn:
+# DCGM modules/health/DcgmHealthWatch.cpp BuildXidMappings), gpud's XID catalog where DCGM is silent
+# (fatal event type -> fatal; gpud components/accelerator/nvidia/xid/xid.go). docs/reference/gpu-thresholds.md
+# lists every XID with both anchors. 61/62/63/94 are DCGM warnings: the thermal micro-controller XIDs, a
+# pending remap (gpu.row_remap judges the remap itself) and a contained ECC error (restart the application).
+DEFAULT_FATAL_XIDS: tuple[int, ...] = (48, 64, 68, 69, 74, 79, 95, 119, 120, 140, 143)
+DEFAULT_WARN_XIDS: tuple[int, ...] = (
+    13, 31, 32, 38, 39, 42, 43, 45, 54, 56, 57, 58, 60, 61, 62, 63, 67, 73, 78, 92, 94, 121, 137, 154,
+)
 
 
 class GpuPolicy(StrictModel):
@@ -25,19 +31,22 @@ class GpuPolicy(StrictModel):
     max_temp_c: Annotated[int, Field(ge=30, le=120)] = 85
     #: warn this many degrees below the GPU's own slowdown threshold
     slowdown_margin_c: Annotated[int, Field(ge=0, le=50)] = 5
-    # How an XID found in the kernel log is judged (core/gpu/rules.py xid_rule), first match wins:
+    # How an XID found in the kernel log is judged (core/gpu/xids.py xid_rule), first match wins:
     #   xid_overrides[xid] -> ignore_xids (not reported) -> fatal_xids (FAIL: drain/reset) ->
     #   warn_xids (WARN) -> any other XID: WARN, with a remedy asking to classify it in one of the lists
     #   (an XID NVIDIA adds later should be looked at, but must not drain a node by default).
-    # Giving only some of the lists moves XIDs out of the others' defaults: `warn_xids: [94]` alone makes
-    # XID 94 a warning (it leaves the default fatal list). Listing one XID in both fatal_xids and
+    # Giving only some of the lists moves XIDs out of the others' defaults: `warn_xids: [79]` alone makes
+    # XID 79 a warning (it leaves the default fatal list). Listing one XID in both fatal_xids and
     # warn_xids yourself is an error: say which you mean, or use xid_overrides (in nodes[i].overrides.gpu
     # the fleet's lists count as given, so move single XIDs there with xid_overrides).
     fatal_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_FATAL_XIDS))
     warn_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_WARN_XIDS))
     ignore_xids: list[int] = Field(default_factory=list)
-    #: look back this far in the kernel log for XIDs
+    #: look back this far in the kernel log for XIDs; only XIDs since the node's last boot count "now"
     xid_window_h: Annotated[float, Field(gt=0)] = 24.0
+    #: a fatal XID seen again on the same GPU after this many earlier boots with it is escalated from
+    #: "reboot" to "inspect the hardware" (gpud's rebootThreshold, whose default is 2)
+    xid_reboot_threshold: Annotated[int, Field(ge=1)] = 1
     max_retired_pages: Annotated[int, Field(ge=0)] = 60
     expected_mig: Literal["disabled", "enabled", "any"] = "disabled"
     #: memory used on a GPU that should be idle, above which a stray process is reported
@@ -62,7 +71,7 @@ class GpuPolicy(StrictModel):
     @classmethod
     def _defaults_yield_to_given_xid_lists(cls, data: Any) -> Any:
         """A list left at its default drops the XIDs the user put into another list, so moving one XID
-        takes one line (`warn_xids: [94]`) instead of restating the whole fatal list."""
+        takes one line (`warn_xids: [79]`) instead of restating the whole fatal list."""
         if not isinstance(data, dict):
             return data
         given = {

@@ -9,6 +9,8 @@ textfile and history files. What is a stand-in: `nvidia-smi` and `journalctl` on
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,10 +25,11 @@ H100_REMAP = FIX / "nvidia-smi-qx" / "HAND-EDITED-h100x8-580.105.08-gpu3-remap-p
 # the real H100 capture's per-GPU format (`nvidia-smi nvlink -s`, 18 links), repeated for 8 GPUs
 NVLINK_ONE = (FIX / "nvidia-smi-nvlink" / "s-nvgpuexp-h100-80gb-hbm3-590.48.01-18links.txt").read_text()
 NVLINK_8 = "".join(NVLINK_ONE.replace("GPU 0:", f"GPU {i}:") for i in range(8))
-# a real XID 79 line format (gpud regex; docs/reference/gpu-thresholds.md) for GPU2 of the H100 capture (PCI 75:00)
+# a real XID 79 line format (gpud regex; docs/reference/gpu-thresholds.md) for GPU2 of the H100 capture (PCI 75:00),
+# stamped like `journalctl -o short-iso` a minute ago: since this machine's (the node's) last boot
 XID79 = (
-    "2025-03-01T10:00:00+0000 node kernel: NVRM: Xid (PCI:0000:75:00): 79, pid=1234, name=python3, "
-    "GPU has fallen off the bus.\n"
+    datetime.fromtimestamp(time.time() - 60, UTC).strftime("%Y-%m-%dT%H:%M:%S+0000")
+    + " node kernel: NVRM: Xid (PCI:0000:75:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
 )
 NAMES = ["pf-01", "pf-02", "dc-01", "dc-02", "dc-03"]
 
@@ -197,3 +200,49 @@ def test_since_last_never_reports_an_unreachable_nodes_problems_as_recovered(  #
     rc, doc = run_cli(capsys, *args)
     changes = {(c["check"], c["node"], c["subject"]): c["change"] for c in doc["changes"]}
     assert rc == 0 and changes[("gpu.row_remap", "pf-02", "GPU3")] == "recovered"
+
+
+def _btime() -> int:
+    """The boot time of this machine, which the node-side gatherer reads from /proc/stat."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return int(line.split()[1])
+    raise AssertionError("no btime in /proc/stat")
+
+
+def _xid79_at(epoch: float) -> str:
+    """XID79 with another journal stamp."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S+0000") + " " + XID79.split(" ", 1)[1]
+
+
+def test_xid_before_the_last_boot_is_ok_and_one_that_recurs_after_a_reboot_is_escalated(  # type: ignore[no-untyped-def]
+    fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node was rebooted as the XID 79 remedy says: its journal still shows the XID (persistent journal)
+    but from the boot before, so it is not a failure now. When the XID comes back after the reboot (here:
+    the audit history remembers it from a run in an earlier boot), the remedy becomes hardware inspection."""
+    cluster, profile = fleet
+    boot = _btime()
+    standin_gpu_node(cluster, "dc-01", H100, klog=_xid79_at(boot - 600))
+    rc, doc = run_cli(capsys, "check", "gpu", "-p", str(profile), "--json", "--nodes", "dc-01")
+    xid = by_key(doc)[("gpu.xid", "dc-01", "GPU2")]
+    assert rc == 0 and xid["status"] == "ok" and "before the last boot" in xid["message"]
+    assert xid["details"]["boot_time"] == boot
+
+    # the XID is back in this boot; an earlier audit (in the boot before) saw it too
+    standin_gpu_node(cluster, "dc-01", H100, klog=XID79)
+    hist = tmp_path / "audit.jsonl"
+    args = ("audit", "-p", str(profile), "--json", "--only", "gpu", "--nodes", "dc-01", "--history", str(hist))
+    rc, doc = run_cli(capsys, *args)
+    first = by_key(doc)[("gpu.xid", "dc-01", "GPU2")]
+    assert rc == 2 and "recurred" not in first["message"]  # nothing known of earlier boots yet
+    record = json.loads(hist.read_text())
+    assert record["memory"]["gpu.xid"]["dc-01"]["GPU2"]["boots"] == {"GPU2": {"79": [boot]}}
+    record["memory"]["gpu.xid"]["dc-01"]["GPU2"]["boots"]["GPU2"]["79"] = [boot - 86400]  # seen in the boot before
+    hist.write_text(json.dumps(record) + "\n")
+    rc, doc = run_cli(capsys, *args)
+    again = by_key(doc)[("gpu.xid", "dc-01", "GPU2")]
+    assert rc == 2 and again["status"] == "fail" and "recurred after a reboot: XID 79" in again["message"]
+    assert "inspect the hardware" in again["remedy"]
+    assert json.loads(hist.read_text().splitlines()[-1])["memory"]["gpu.xid"]["dc-01"]["GPU2"]["boots"] == {
+        "GPU2": {"79": [boot - 86400, boot]}}

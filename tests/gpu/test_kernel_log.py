@@ -48,3 +48,16 @@ def test_unrelated_lines_yield_nothing() -> None:
 def test_split_source() -> None:
     assert split_source("#source dmesg\nline\n") == ("dmesg", "line\n")
     assert split_source("line\n") == (None, "line\n")
+
+
+def test_sxids_of_a_real_nvswitch_capture() -> None:
+    """gpud's sxid README capture: fatal SXid 20034 on three NVSwitches; continuation lines are no events."""
+    from infer_ctl.facts.kernel_log import parse_sxids
+
+    text = (KX / "gpud-sxid-readme-xid79-sxid20034-nvswitch.txt").read_text()
+    events = parse_sxids(text, boot_time=1_000_000.0)
+    assert [(e.pci, e.sxid, e.severity) for e in events] == [
+        ("0000:06:00.0", 20034, "fatal"), ("0000:05:00.0", 20034, "fatal"),
+        ("0000:07:00.0", 20034, "fatal"), ("0000:05:00.0", 20034, "fatal")]
+    assert events[0].message == "Link 48 LTSSM Fault Up" and events[0].epoch == 1_000_000.0 + 6781753.400584
+    assert [e.xid for e in parse_xids(text)] == [79]  # the GPU's own line is an XID, not an SXid

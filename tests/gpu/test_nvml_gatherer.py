@@ -208,3 +208,32 @@ def test_journalctl_without_journal_access_is_not_read_as_no_xids(tmp_path: Path
     assert facts.xids is None and "may not read the system journal" in (facts.xid_error or "")
     finding = judge_xids("n1", facts, GpuPolicy())[0]
     assert finding.status == Status.UNKNOWN and "systemd-journal" in (finding.remedy or "")
+
+
+def _btime() -> int:
+    return next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime "))
+
+
+def test_the_gatherer_reports_the_boot_time_and_its_clock(tmp_path: Path) -> None:
+    before = time.time()
+    facts = parse_gatherer_output(run_gatherer(tmp_path, {"devices": _gpus(1)}))
+    assert facts.boot_time == _btime() and facts.gathered_at is not None
+    assert before - 1 <= facts.gathered_at <= time.time() + 1
+
+
+def test_dmesg_seconds_since_boot_become_unix_time_and_sxid_lines_are_kept(tmp_path: Path) -> None:
+    """journalctl refused: the dmesg fallback (real fixture, `[ 1843.308145]` stamps) plus SXid lines."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _standin(bin_dir, "nvidia-smi", "exit 9")
+    _standin(bin_dir, "journalctl", 'echo "No journal files were found." >&2; exit 1')
+    dmesg = (FIXTURES / "kernel-xid" / "nvsentinel-issue155-fallen-off-bus-no-xid-570.txt").read_text()
+    dmesg += "[ 1900.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n"
+    (tmp_path / "dmesg.txt").write_text(dmesg)
+    _standin(bin_dir, "dmesg", f"cat {tmp_path / 'dmesg.txt'}")
+    facts = parse_gatherer_output(_run_script(tmp_path, bin_dir)[0])
+    assert facts.xid_source == "dmesg" and facts.xids is not None and facts.sxids is not None
+    (fallen,) = facts.xids
+    assert fallen.xid == 79 and fallen.epoch == pytest.approx(_btime() + 1843.308145)
+    (sxid,) = facts.sxids
+    assert (sxid.sxid, sxid.severity, sxid.pci) == (20034, "fatal", "0000:06:00.0")

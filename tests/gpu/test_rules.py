@@ -187,6 +187,16 @@ def test_nvml_error_remedy_names_the_gpu_index() -> None:
 XID_POLICY_CASES = [
     ({}, 79, Status.FAIL, "fatal_xids"),
     ({}, 13, Status.WARN, "warn_xids"),
+    # DCGM's health watch warns on these (DcgmHealthWatch.cpp BuildXidMappings); XID 94's own remedy is
+    # "restart the application", 63 is a pending remap that gpu.row_remap judges
+    ({}, 61, Status.WARN, "warn_xids"),
+    ({}, 62, Status.WARN, "warn_xids"),
+    ({}, 63, Status.WARN, "warn_xids"),
+    ({}, 94, Status.WARN, "warn_xids"),
+    ({}, 92, Status.WARN, "warn_xids"),  # DCGM silent, gpud: warning
+    ({}, 68, Status.FAIL, "fatal_xids"),  # DCGM silent, gpud: fatal
+    ({}, 38, Status.WARN, "warn_xids"),  # DCGM PCIe watch
+    ({}, 140, Status.FAIL, "fatal_xids"),
     ({}, 999, Status.WARN, "unlisted"),  # in no list: warns (documented in profile/gpu.py)
     ({"warn_xids": [94]}, 94, Status.WARN, "warn_xids"),  # moved out of the default fatal list
     ({"warn_xids": [94]}, 79, Status.FAIL, "fatal_xids"),  # the rest of the fatal defaults stay

@@ -126,6 +126,23 @@ class XidEvent:
     timestamp: str | None = None
     #: "fallen off the bus" lines carry no XID number; they are reported as XID 79
     synthetic: bool = False
+    #: Unix time of the line on the node's clock (journal ISO stamps; dmesg's seconds since boot plus the
+    #: boot time); None when the stamp has no zone or is missing (judged as "since the last boot")
+    epoch: float | None = None
+
+
+@dataclass(frozen=True)
+class SxidEvent:
+    """An NVSwitch error line: `nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 48 ...`."""
+
+    sxid: int
+    #: the NVSwitch's PCI address, lower-case
+    pci: str | None
+    #: "fatal" | "non-fatal", as the driver printed it
+    severity: str
+    message: str
+    timestamp: str | None = None
+    epoch: float | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,11 @@ class NodeGpuFacts:
     xids: tuple[XidEvent, ...] | None = None
     xid_error: str | None = None
     xid_source: str | None = None
+    #: NVSwitch SXid lines of the same kernel log (None when it was not read)
+    sxids: tuple[SxidEvent, ...] | None = None
+    #: the node's boot time and its clock when the facts were read (Unix seconds), for "since the last boot"
+    boot_time: float | None = None
+    gathered_at: float | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def gpu_for_pci(self, pci: str | None) -> GpuFacts | None:

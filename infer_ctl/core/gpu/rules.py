@@ -1,6 +1,7 @@
 """GPU health rules: pure functions from `NodeGpuFacts` + `GpuPolicy` to findings.
 
-One rule, one stable check id, and the remedy travels with the finding. Thresholds follow DCGM health
+One rule, one stable check id, and the remedy travels with the finding. XIDs and SXids (the kernel
+log) are judged in core/gpu/xids.py. Thresholds follow DCGM health
 watches (NVIDIA's own PASS/WARN/FAIL), with gpud/aznhc where DCGM is silent; the anchors and their
 versions are in docs/reference/gpu-thresholds.md.
 A rule whose fact was not reported (None: old driver, `N/A`, unsupported GPU) says nothing rather
@@ -14,15 +15,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.gpu.facts import GpuFacts, NodeGpuFacts, XidEvent, normalise_pci
+from infer_ctl.core.gpu.facts import GpuFacts, NodeGpuFacts
+from infer_ctl.core.gpu.xids import RMA, judge_sxids, judge_xids, xid_rule
 from infer_ctl.profile.gpu import GpuPolicy
 
 HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 # DCGM: uncorrectable row remaps >= 512 is a WARN (Ampere+); retired pages SBE+DBE >= 63 is a FAIL.
 ROW_REMAP_UNC_WARN = 512
 WARNING_RECOVERY = {"drain_p2p", "recover_imex_domain"}
-
-RMA = "drain the node and open an RMA with the GPU's serial number"
 
 
 # ---- node-level ------------------------------------------------------------------------------------
@@ -478,106 +478,27 @@ PER_GPU_RULES: tuple[GpuRule, ...] = (
 )
 
 
-# ---- XIDs --------------------------------------------------------------------------------------------
-def xid_rule(xid: int, policy: GpuPolicy) -> tuple[str, str]:
-    """(severity, the profile field that decided it): fatal | warn | ignore. First match wins:
-    xid_overrides, ignore_xids, fatal_xids, warn_xids; an XID in none of them warns ("unlisted")."""
-    if xid in policy.xid_overrides:
-        return policy.xid_overrides[xid], "xid_overrides"
-    if xid in policy.ignore_xids:
-        return "ignore", "ignore_xids"
-    if xid in policy.fatal_xids:
-        return "fatal", "fatal_xids"
-    if xid in policy.warn_xids:
-        return "warn", "warn_xids"
-    return "warn", "unlisted"
-
-
-_XID_REMEDY = {
-    79: f"the GPU fell off the bus: drain the node and reboot it; if it recurs, reseat or {RMA}",
-    48: "double-bit ECC error: drain the node and reset the GPU; check `gpu.row_remap`",
-    63: "row remap/page retirement pending: drain the node and reset the GPU",
-    64: f"row remapping failed: {RMA}",
-    74: "NVLink error: drain the node, reset the GPUs and check the NVLink/fabric manager",
-    92: "high single-bit ECC rate: watch `gpu.ecc_errors`; plan a reset",
-    94: "contained ECC error: restart the affected application; reset the GPU when drained",
-    95: "uncontained ECC error: drain the node and reset the GPU",
-    119: "GSP RPC timeout: drain the node and reset the GPU or reboot; update the driver if it recurs",
-    120: "GSP error: drain the node and reset the GPU or reboot; update the driver if it recurs",
-}
-
-
-def judge_xids(node: str, facts: NodeGpuFacts, policy: GpuPolicy) -> list[Finding]:
-    window = f"{policy.xid_window_h:g} h"
-    if facts.xids is None:
-        # when the whole gathering failed (timeout, crash) the kernel log was never tried: point at that
-        # failure instead of at journal permissions
-        whole = facts.error is not None and facts.xid_error == facts.error
-        return [
-            Finding.unknown(
-                "gpu.xid", node, "node",
-                f"kernel log not read: {facts.xid_error}" if whole else f"kernel log not readable: {facts.xid_error}",
-                remedy="see this node's gpu.driver finding: GPU facts were not gathered at all" if whole else
-                "add the SSH user to the `adm` or `systemd-journal` group (journalctl -k), or allow "
-                "dmesg (sysctl kernel.dmesg_restrict=0)",
-            )
-        ]
-    by_subject: dict[str, list[XidEvent]] = {}
-    for event in facts.xids:
-        gpu = facts.gpu_for_pci(event.pci)
-        subject = gpu.subject if gpu else f"PCI:{normalise_pci(event.pci) or event.pci or '?'}"
-        by_subject.setdefault(subject, []).append(event)
-    findings: list[Finding] = []
-    for subject, events in sorted(by_subject.items()):
-        rules_of = {e.xid: xid_rule(e.xid, policy) for e in events}
-        counted = [(e, rules_of[e.xid][0]) for e in events]
-        relevant = [(e, s) for e, s in counted if s != "ignore"]
-        if not relevant:
-            continue
-        fatal = [e for e, s in relevant if s == "fatal"]
-        worst_events = fatal or [e for e, _ in relevant]
-        last = worst_events[-1]
-        counts = Counter(e.xid for e, _ in relevant)
-        details = {
-            "xids": {str(k): v for k, v in sorted(counts.items())},
-            "last": {"xid": last.xid, "message": last.message, "timestamp": last.timestamp, "pci": last.pci},
-            "source": facts.xid_source,
-            "window_h": policy.xid_window_h,
-            # which profile field made each XID fatal/warn (`unlisted`: in none of the lists)
-            "classified_by": {str(k): rules_of[k][1] for k in sorted(counts)},
-        }
-        listing = ", ".join(f"XID {k}" + (f" x{v}" if v > 1 else "") for k, v in sorted(counts.items()))
-        remedy = _XID_REMEDY.get(last.xid, "look the XID up in NVIDIA's XID catalog; restart the affected "
-                                 "application, reset the GPU if it repeats")
-        unlisted = sorted(k for k in counts if rules_of[k][1] == "unlisted")
-        if unlisted:
-            names = ", ".join(map(str, unlisted))
-            remedy += (f". XID {names} is in none of gpu.fatal_xids/warn_xids/ignore_xids, so it only warns: "
-                       "add it to the list it belongs in")
-        if fatal:
-            findings.append(Finding.fail("gpu.xid", node, subject, f"{listing} in the last {window}: {last.message}",
-                                         details=details, remedy=remedy))
-        else:
-            findings.append(Finding.warn("gpu.xid", node, subject, f"{listing} in the last {window}",
-                                         details=details, remedy=remedy))
-    if not findings:
-        findings.append(Finding.ok("gpu.xid", node, "node", f"no XIDs in the last {window}",
-                                   details={"source": facts.xid_source, "ignored": len(facts.xids)}))
-    return findings
-
-
 # ---- everything for one node --------------------------------------------------------------------------
-def judge_node(node: str, facts: NodeGpuFacts, policy: GpuPolicy, expected_count: int) -> list[Finding]:
-    """All GPU findings of one node, in a stable order."""
+def judge_node(
+    node: str, facts: NodeGpuFacts, policy: GpuPolicy, expected_count: int,
+    memory: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Finding]:
+    """All GPU findings of one node, in a stable order. `memory`: what earlier audits remembered for this
+    node, per check id then subject (checks/audit.py `remembered`)."""
+    memory = memory or {}
     findings = judge_gather_error(node, facts, expected_count)
     if facts.error is None:
         findings.append(judge_count(node, facts, expected_count))
         findings.append(judge_driver(node, facts, policy))
         for gpu in facts.gpus:
             findings.extend(f for rule in PER_GPU_RULES if (f := rule(node, gpu, policy)) is not None)
-    findings.extend(judge_xids(node, facts, policy))
+    findings.extend(judge_xids(node, facts, policy, (memory.get("gpu.xid") or {}).values()))
+    findings.extend(judge_sxids(node, facts, policy))
     return findings
 
 
 def judge_fleet(results: Iterable[tuple[str, NodeGpuFacts]]) -> list[Finding]:
     return judge_fleet_consistency({n: (f.driver_version, f.cuda_version) for n, f in results if f.error is None})
+
+
+__all__ = ["judge_fleet", "judge_node", "judge_sxids", "judge_xids", "xid_rule"]
