@@ -112,11 +112,27 @@ def check_args(profile: Profile, nodes: str | None, role: str | None) -> Report:
         )
         return report
     version = argcheck.sglang_version()
+    wanted = profile.sglang.version
     for res in argcheck.check_instances([(i, build_argv(profile, i).argv) for i in insts]):
-        if res.ok:
+        hooks = f" and its resolution hooks ({', '.join(res.hooks)})" if res.hooks else ""
+        if version != wanted:
+            # another version's parser says nothing reliable about this one's flags: not "accepted"
+            verdict = "accepts" if res.ok else f"rejects ({res.error})"
+            report.findings.append(
+                Finding.unknown(
+                    "launch.sglang_parser",
+                    res.node,
+                    res.instance,
+                    f"not checked: the SGLang here is {version or 'of unknown version'}, the profile runs "
+                    f"{wanted} (SGLang {version}'s parser {verdict})",
+                    details={"sglang_here": version, "sglang_profile": wanted, "parsed_ok": res.ok},
+                    remedy=f"pip install --no-deps sglang=={wanted} on this machine, then rerun",
+                )
+            )
+        elif res.ok:
             report.findings.append(
                 Finding.ok(
-                    "launch.sglang_parser", res.node, res.instance, f"accepted by SGLang {version}'s parser"
+                    "launch.sglang_parser", res.node, res.instance, f"accepted by SGLang {version}'s parser{hooks}"
                 )
             )
         else:

@@ -15,6 +15,7 @@ from infer_ctl.profile.models import Models
 from infer_ctl.profile.nodes import Node, NodeName, Role
 from infer_ctl.profile.router import RouterSettings
 from infer_ctl.profile.sglang import SglangSettings
+from infer_ctl.profile.speculative import SpeculativeSettings
 from infer_ctl.profile.ssh import SshSettings
 
 
@@ -47,6 +48,7 @@ class Profile(StrictModel):
     models: Models | None = None
     sglang: SglangSettings = Field(default_factory=SglangSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
+    speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
 
     #: directory of the profile file, for resolving relative paths (prefix files, probes)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -123,9 +125,63 @@ class Profile(StrictModel):
                         ("router", "prefixes", k, "name"), f"duplicate prefix name {prefix.name!r}"
                     )
                 )
+        problems.extend(self._speculative_problems())
         return problems
 
-    def _override_problems(self, i: int, node: Node) -> list[CrossFieldError]:
+    def _speculative_problems(self) -> list[CrossFieldError]:
+        """docs/speculative.md: pools name decode nodes (once), steps ranges are ordered, the pool settings
+        are ones SGLang runs as written, and `act` has a router to drain through and measure at."""
+        spec = self.speculative
+        out: list[CrossFieldError] = []
+        if spec.min_steps > spec.max_steps:
+            out.append(CrossFieldError(("speculative", "min_steps"),
+                                       f"min_steps {spec.min_steps} is above max_steps {spec.max_steps}"))
+        if spec.control == "act" and "router" not in self.model_fields_set:
+            out.append(CrossFieldError(
+                ("speculative", "control"),
+                "act needs a router: the controller measures acceptance at the router and drains each decode "
+                "from it before the relaunch; add a `router:` section (and run `inferctl router serve`), or use "
+                "control: advise"))
+        server_role = "collocated" if self.collocated else "decode"
+        servers = {n.name for n in self.nodes if self.collocated or n.has_role(Role.DECODE)}
+        draft = self.models.draft if self.models else None
+        owner: dict[str, str] = {}
+        for i, pool in enumerate(spec.pools):
+            loc = ("speculative", "pools", i)
+            for j, name in enumerate(pool.nodes):
+                if name not in servers:
+                    known = "no such node" if name not in {n.name for n in self.nodes} else f"it runs no {server_role} server"
+                    out.append(CrossFieldError((*loc, "nodes", j), f"{name!r}: {known}; a pool lists {server_role} nodes"))
+                elif name in owner:
+                    out.append(CrossFieldError((*loc, "nodes", j), f"{name!r} is already in pool {owner[name]!r}"))
+                owner.setdefault(name, pool.name)
+            lo, hi = pool.min_steps or spec.min_steps, pool.max_steps or spec.max_steps
+            if lo > hi:
+                out.append(CrossFieldError((*loc, "min_steps" if pool.min_steps else "max_steps"),
+                                           f"min_steps {lo} is above max_steps {hi}"))
+            if (pool.num_steps or pool.adaptive_steps) and (draft is None or draft.algorithm.value == "NGRAM"):
+                out.append(CrossFieldError((*loc, "num_steps" if pool.num_steps else "adaptive_steps"),
+                                           "needs an EAGLE-family draft in models.draft"))
+                continue
+            if pool.adaptive_steps is not None and draft is not None:
+                if draft.algorithm.value not in ("EAGLE", "EAGLE3") or draft.eagle_topk not in (None, 1):
+                    out.append(CrossFieldError(
+                        (*loc, "adaptive_steps"),
+                        f"SGLang runs --speculative-adaptive for EAGLE/EAGLE3 with eagle_topk 1 only (this draft: "
+                        f"{draft.algorithm.value}, topk {draft.eagle_topk}); it would warn and run static steps"))
+                launch = pool.num_steps or draft.num_steps
+                if launch is not None and launch not in pool.adaptive_steps:
+                    out.append(CrossFieldError(
+                        (*loc, "adaptive_steps"),
+                        f"the launch step count {launch} is not a candidate {sorted(set(pool.adaptive_steps))}; "
+                        "SGLang refuses to start (set num_steps to one of them)"))
+        names = Counter(p.name for p in spec.pools)
+        for i, pool in enumerate(spec.pools):
+            if names[pool.name] > 1:
+                out.append(CrossFieldError(("speculative", "pools", i, "name"), f"duplicate pool name {pool.name!r}"))
+        return out
+
+def _override_problems(self, i: int, node: Node) -> list[CrossFieldError]:
         problems = []
         for section, model in (("gpu", GpuPolicy), ("fabric", FabricPolicy)):
             overrides = getattr(node.overrides, section)

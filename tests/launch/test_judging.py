@@ -14,7 +14,17 @@ from infer_ctl.core.sglang.judge import expected_server_args, judge_drift, judge
 from infer_ctl.profile.load import validate_profile_data
 
 
+#: a sound EAGLE decode sets --max-running-requests (else SGLang caps it at 48: launch.spec WARN)
+SOUND_DECODE = ["--max-running-requests", "128"]
+
+
 def _profile(**sglang: Any) -> Any:
+    extra = dict(sglang.get("extra_args") or {})
+    extra["decode"] = [*SOUND_DECODE, *extra.get("decode", [])]
+    return _bare_profile(**{**sglang, "extra_args": extra})
+
+
+def _bare_profile(**sglang: Any) -> Any:
     return validate_profile_data(
         {
             "name": "t",
@@ -194,3 +204,48 @@ def test_profile_validate_fails_on_a_launch_plan_fail(capsys: pytest.CaptureFixt
     ]
     assert main(["profile", "validate", "-p", str(bad)]) == 2
     assert "--kv-cache-dtype is fp8_e5m2 here but auto on pf-01-prefill" in capsys.readouterr().out
+
+
+def _spec(profile: Any) -> dict[str, tuple[str, str]]:
+    return {f"{f.subject}": (f.status.value, f.message) for f in launch_problems(profile) if f.check == "launch.spec"}
+
+
+def test_eagle_without_max_running_requests_warns_of_sglangs_silent_cap_of_48() -> None:
+    found = _spec(_bare_profile())
+    assert list(found) == ["dc-01-decode"]  # the decode's batch; the prefill is not warned
+    assert found["dc-01-decode"][0] == "warn"
+    assert "EAGLE3 without --max-running-requests: SGLang caps it at 48 running requests" in found["dc-01-decode"][1]
+    assert _spec(_bare_profile(extra_args={"decode": ["--max-running-requests=256"]})) == {}
+    # NGRAM is not resolved by SGLang's EAGLE handler: no cap
+    ngram = validate_profile_data({"name": "t", "nodes": [{"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"]},
+                                                          {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"]}],
+                                   "models": {"target": {"path": "/m"}, "draft": {"algorithm": "NGRAM"}}})  # fmt: skip
+    assert _spec(ngram) == {}
+
+
+def _topk4(**extra: list[str]) -> Any:
+    p = _profile(extra_args=extra)
+    data = p.model_dump(mode="json", exclude_unset=True)
+    data["models"]["draft"].update(num_steps=3, eagle_topk=4, num_draft_tokens=8)
+    return validate_profile_data(data)
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    ({"prefill": ["--attention-backend", "trtllm_mha"]}, "--attention-backend trtllm_mha with eagle_topk 4: SGLang refuses it"),
+    ({"decode": ["--decode-attention-backend", "trtllm_mha"]}, "--decode-attention-backend trtllm_mha with eagle_topk 4"),
+    ({"prefill": ["--page-size", "64", "--attention-backend", "flashmla"],
+      "decode": ["--page-size", "64", "--attention-backend", "flashmla"]},
+     "eagle_topk 4 with --page-size 64 needs attention backend flashinfer, fa3, triton, not flashmla"),
+])  # fmt: skip
+def test_eagle_topk_above_one_backend_rules(extra: dict[str, list[str]], fragment: str) -> None:
+    found = _spec(_topk4(**extra))
+    assert any(status == "fail" and fragment in msg for status, msg in found.values()), found
+
+
+@pytest.mark.parametrize("extra", [
+    {"prefill": ["--page-size", "64", "--attention-backend", "fa3"], "decode": ["--page-size", "64", "--attention-backend", "fa3"]},
+    {"prefill": ["--page-size", "64"], "decode": ["--page-size", "64"]},  # SGLang's default backend for topk > 1
+    {"prefill": ["--attention-backend", "flashmla"], "decode": ["--attention-backend", "flashmla"]},  # page size 1
+])  # fmt: skip
+def test_eagle_topk_above_one_accepted_combinations(extra: dict[str, list[str]]) -> None:
+    assert _spec(_topk4(**extra)) == {}

@@ -16,6 +16,7 @@ from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args, visible_device_map
 from infer_ctl.core.sglang.flags import flag_table
 from infer_ctl.core.sglang.instance import Instance, instances
+from infer_ctl.core.spec.pools import decode_steps_may_differ, server_override
 from infer_ctl.profile import Profile
 
 #: settings prefill and decode must agree on (SGLang: "launch P and D with the same spec flags"). Page
@@ -247,7 +248,7 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
         out.extend(_host_findings(inst, args[inst.name], decode_hosts))
         out.extend(_role_findings(inst, args[inst.name]))
         out.extend(_bootstrap_findings(inst, args[inst.name]))
-    out.extend(_pd_agreement(every, chosen, args))
+    out.extend(_pd_agreement(every, chosen, args, pool_step_args(profile, chosen)))
     out.extend(_ib_map_findings(profile, chosen))
     out.extend(_kv_events_findings(every, chosen, args))
     return out
@@ -341,8 +342,20 @@ def _with_default(flag: str, args: dict[str, str | None]) -> str | None:
     return None if default in (None, "", "None") else default
 
 
+def pool_step_args(profile: Profile, insts: list[Instance]) -> dict[str, dict[str, str]]:
+    """Per decode of a pool with its own step count (speculative.pools): the step flags it renders."""
+    out: dict[str, dict[str, str]] = {}
+    for inst in insts:
+        pool = server_override(profile, inst.node, inst.role, inst.config_dir)
+        if pool is not None and inst.role == "decode":
+            out[inst.name] = {"--speculative-num-steps": str(pool.num_steps),
+                              "--speculative-num-draft-tokens": str(pool.num_draft_tokens)}
+    return out
+
+
 def _pd_agreement(
-    every: list[Instance], chosen: list[Instance], args: dict[str, dict[str, str | None]]
+    every: list[Instance], chosen: list[Instance], args: dict[str, dict[str, str | None]],
+    pool_steps: dict[str, dict[str, str]],
 ) -> list[Finding]:
     prefills = [i for i in every if i.role == "prefill" and i.is_leader]
     if not prefills:
@@ -356,6 +369,9 @@ def _pd_agreement(
             f: (_with_default(f, args[ref.name]), _with_default(f, args[inst.name]))
             for f in PD_AGREEMENT
             if _with_default(f, args[ref.name]) != _with_default(f, args[inst.name])
+            # a decode pool's own step count, as its pool renders it (speculative.pools, core/spec/pools.py)
+            and not (f in pool_steps.get(inst.name, {}) and args[inst.name].get(f) == pool_steps[inst.name][f]
+                     and decode_steps_may_differ(args[inst.name]))
         }
         for flag, (want, got) in diffs.items():
             out.append(
