@@ -87,6 +87,9 @@ def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False
         c.print(f"router {doc['listen']}: mode {doc['mode']}, policy {doc['policy']}, "
                 f"workers {w['available']}/{w['total']} available, {doc['active_requests']} in flight, "
                 f"index {doc['index']['blocks']} blocks, prefixes {doc['prefixes']['active']} active")
+        spec = doc.get("speculative") or {}
+        for url, d in (spec.get("decodes") or {}).items():
+            c.print(f"  speculative {url}: {_spec_cells(d)}", highlight=False)
 
     _done(json, "router status", {"router": doc}, render, code)
 
@@ -103,7 +106,8 @@ def workers(
     client = _client(url, profile)
     if action == "list":
         doc = client.call("GET", "/admin/workers")
-        _done(json, "router workers", doc, lambda c: c.print(_workers_table(doc["workers"])))
+        doc["speculative"] = _spec_doc(client)
+        _done(json, "router workers", doc, lambda c: c.print(_workers_table(doc["workers"], doc["speculative"])))
     elif action in ("add", "remove") and worker_url:
         if action == "add" and role not in ("prefill", "decode", "mixed"):
             raise UsageError("workers add needs --role prefill|decode|mixed", remedy="e.g. --role decode")
@@ -131,12 +135,68 @@ def _worker_state(w: dict[str, Any]) -> str:
     return "ok" if cb == "closed" else f"[yellow]cb {cb}[/yellow]"
 
 
-def _workers_table(rows: list[dict[str, Any]]) -> Table:
-    t = _table(["worker", "role", "state", "inflight", "reqs", "errors", "restarts"], [w["url"] for w in rows])
+def _workers_table(rows: list[dict[str, Any]], spec: dict[str, Any] | None = None) -> Table:
+    by_url = {d["url"]: d for d in (spec or {}).get("decodes", [])}
+    cols = ["worker", "role", "state", "inflight", "reqs", "errors", "restarts"]
+    t = _table(cols + (["spec (window)"] if by_url else []), [w["url"] for w in rows])
     for w in rows:
-        t.add_row(w["url"], w["role"], _worker_state(w), str(w["inflight"]), str(w["requests"]), str(w["errors"]),
-                  str(w["restarts"]))
+        cells = [w["url"], w["role"], _worker_state(w), str(w["inflight"]), str(w["requests"]), str(w["errors"]),
+                 str(w["restarts"])]
+        d = by_url.get(w["url"])
+        if by_url:
+            cells.append(_spec_cells({"num_steps": d["num_steps"], "adaptive": d["adaptive"], **d["window"]})
+                         if d else "-")
+        t.add_row(*cells)
     return t
+
+
+def _spec_doc(client: Any) -> dict[str, Any] | None:
+    """The router's /admin/spec, or None from a router that predates it."""
+    from infer_ctl.errors import InferctlError
+
+    try:
+        return dict(client.call("GET", "/admin/spec"))
+    except InferctlError:
+        return None
+
+
+def _num(v: Any, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _spec_cells(d: dict[str, Any]) -> str:
+    """One decode's window as SGLang names it: alpha (estimated), accept length, accept rate, steps."""
+    steps = f"{d.get('num_steps')} steps" + (" (adaptive)" if d.get("adaptive") else "") if d.get("num_steps") is not None else "steps ?"
+    return (f"alpha {_num(d.get('alpha'))}, accept length {_num(d.get('accept_length'))}, accept rate "
+            f"{_num(d.get('accept_rate'))}, {d.get('requests', 0)} reqs, {steps}")
+
+
+@app.command("spec")
+def spec(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) -> None:
+    """Speculative acceptance per decode and workload label (rolling window and EMA), per draft/target
+    pair, and the controller's recent actions."""
+    client = _client(url, profile)
+    doc = client.call("GET", "/admin/spec")
+
+    def render(c: Console) -> None:
+        t = _table(["decode", "label", "reqs", "alpha", "ema", "acc len", "acc rate", "steps"],
+                   [d["url"] for d in doc["decodes"]])
+        for d in doc["decodes"]:
+            steps = "-" if d["num_steps"] is None else f"{d['num_steps']}{' a' if d['adaptive'] else ''}"
+            for label, r in (("all", d), *d["labels"].items()):
+                win = r["window"]
+                t.add_row(d["url"] if label == "all" else "", label, str(win["requests"]), _num(win["alpha"]),
+                          _num(r["ema"]["alpha"]), _num(win["accept_length"]), _num(win["accept_rate"]),
+                          steps if label == "all" else "")
+        c.print(t)
+        for p in doc["pairs"]:
+            c.print(f"pair target {p['target']} / draft {p['draft']}: {p['requests']} reqs, alpha {_num(p['alpha'])}, "
+                    f"accept length {_num(p['accept_length'])}", highlight=False, markup=False)
+        for a in doc["actions"][-5:]:
+            c.print(f"action {a.get('ts', '')} {a['pool']} {a['action']}: {a.get('message', '')}",
+                    highlight=False, markup=False)
+
+    _done(json, "router spec", {"speculative": doc}, render)
 
 
 @app.command("prefixes")

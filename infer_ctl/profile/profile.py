@@ -181,7 +181,7 @@ class Profile(StrictModel):
                 out.append(CrossFieldError(("speculative", "pools", i, "name"), f"duplicate pool name {pool.name!r}"))
         return out
 
-def _override_problems(self, i: int, node: Node) -> list[CrossFieldError]:
+    def _override_problems(self, i: int, node: Node) -> list[CrossFieldError]:
         problems = []
         for section, model in (("gpu", GpuPolicy), ("fabric", FabricPolicy)):
             overrides = getattr(node.overrides, section)

@@ -3,7 +3,9 @@ rule that refuses a non-loopback listener without one)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
 import re
 from typing import Any
 
@@ -15,6 +17,10 @@ from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
 from infer_ctl.router.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.warmer import PrefixWarmer
+
+log = logging.getLogger("infer_ctl.router")
+#: what the speculative controller reports (docs/speculative.md)
+SPEC_ACTIONS = ("alert", "advise", "relaunch", "restore", "failed")
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -31,6 +37,19 @@ def _integer(v: Any) -> bool:
 
 def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _norm(url: Any) -> str:
+    url = str(url or "").rstrip("/")
+    return url if not url or "://" in url else "http://" + url
+
+
+def _spec_summary(snap: dict[str, Any]) -> dict[str, Any]:
+    """Per decode: the window's alpha, accept length and rate, and its live step count."""
+    return {"window_requests": snap["window_requests"],
+            "decodes": {d["url"]: {"num_steps": d["num_steps"], "adaptive": d["adaptive"], **d["window"]}
+                        for d in snap["decodes"]},
+            "actions": len(snap["actions"])}
 
 
 def authorized(token: str | None, header: str) -> bool:
@@ -56,6 +75,9 @@ class Admin:
         r.add_get("/admin/workers", g(self.workers))
         r.add_post("/admin/workers", g(self.add_worker))
         r.add_post("/admin/workers/remove", g(self.remove_worker))
+        r.add_post("/admin/workers/drain", g(self.drain_worker))
+        r.add_get("/admin/spec", g(self.spec))
+        r.add_post("/admin/spec/actions", g(self.spec_action))
         r.add_get("/admin/prefixes", g(self.prefixes))
         r.add_post("/admin/prefixes", g(self.add_prefix))
         r.add_post("/admin/prefixes/{name}/expire", g(self.expire_prefix))
@@ -102,6 +124,7 @@ class Admin:
             "chars_per_token": round(router.chars_per_token, 3),
             "prefixes": {"active": sum(r.state.value == "active" for r in router.prefixes.records()),
                          "total": len(router.prefixes.records())},
+            "speculative": _spec_summary(router.spec.snapshot()),
         }
 
     async def status(self, request: web.Request) -> web.Response:
@@ -143,11 +166,50 @@ class Admin:
         if url not in self.router.workers.by_url:
             return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
         self.router.workers.remove(url)
+        self.router.spec.drop(url)
         self.router.index.drop_worker(url)
         self.router.prefixes.drop_worker(url)
         self.router.upstreams.drop(url)
         self.warmer.poke()
         return _json({"removed": url})
+
+    async def drain_worker(self, request: web.Request) -> web.Response:
+        """Stop routing new requests to a worker and wait (up to `timeout_s`, default 30) until its
+        in-flight requests finished; `"drain": false` undoes it. The caller removes it afterwards."""
+        body = await self._body(request)
+        url = _norm(body.get("url"))
+        w = self.router.workers.by_url.get(url)
+        if w is None:
+            return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
+        timeout = body.get("timeout_s", 30.0)
+        if not _number(timeout) or not 0 <= timeout <= 3600:
+            return _err(400, "timeout_s must be a number of seconds in 0..3600")
+        if body.get("drain") is False:
+            w.draining = False
+            return _json({"worker": url, "draining": False, "inflight": w.inflight})
+        w.draining = True
+        deadline = self.router.clock() + timeout
+        while w.inflight > 0 and self.router.clock() < deadline and not w.removed:
+            await asyncio.sleep(0.02)
+        log.warning("worker drained" if w.inflight == 0 else "worker drain timed out",
+                    extra={"worker": url, "inflight": w.inflight})
+        return _json({"worker": url, "draining": True, "drained": w.inflight == 0, "inflight": w.inflight})
+
+    async def spec(self, request: web.Request) -> web.Response:
+        return _json(self.router.spec.snapshot())
+
+    async def spec_action(self, request: web.Request) -> web.Response:
+        """The speculative controller reports what it did (or advised): logged, counted, kept for status."""
+        body = await self._body(request)
+        pool, action = body.get("pool"), body.get("action")
+        if not isinstance(pool, str) or not pool or action not in SPEC_ACTIONS:
+            return _err(400, f"give pool (a name) and action ({', '.join(SPEC_ACTIONS)})")
+        record = {k: v for k, v in body.items() if isinstance(k, str)}
+        self.router.spec.record_action(record)
+        self.router.metrics.spec_actions.labels(pool, action).inc()
+        log.warning("speculative controller action", extra={"pool": pool, "action": action,
+                                                             "detail": body.get("message")})
+        return _json({"recorded": record}, 201)
 
     async def prefixes(self, request: web.Request) -> web.Response:
         now = self.router.clock()

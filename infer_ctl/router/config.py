@@ -78,6 +78,10 @@ class RouterConfig:
     pin_priority: int = 1_000_000
     model_name: str | None = None
     log_requests: bool = False
+    #: speculative acceptance (router/spec_stats.py): rolling window per decode and label, in requests,
+    #: and the number of workload labels kept per decode (more are counted as "other")
+    spec_window_requests: int = 200
+    spec_max_labels: int = 16
 
     @property
     def mode(self) -> str:
@@ -199,5 +203,6 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
         balance_rel=rs.balance_rel, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s,
+        spec_window_requests=profile.speculative.window_requests,
     )
     return cfg

@@ -13,6 +13,7 @@ from typing import Any
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.metrics import RouterMetrics
+from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.usage import token_counts
 from infer_ctl.router.workers import WorkerState
 
@@ -21,8 +22,10 @@ log = logging.getLogger("infer_ctl.router")
 
 class Feedback:
     def __init__(self, prefixes: PrefixRegistry, *, clock: Callable[[], float], metrics: RouterMetrics,
-                 log_requests: bool) -> None:
+                 log_requests: bool, spec: SpecStats | None = None) -> None:
         self.prefixes = prefixes
+        #: speculative acceptance per decode and workload label (router/spec_stats.py)
+        self.spec = spec
         self.clock = clock
         self.metrics = metrics
         self.log_requests = log_requests
@@ -46,6 +49,9 @@ class Feedback:
             self.prefixes.record_response(ctx.named, pre.url, predicted_tokens=predicted, prompt_tokens=prompt_tokens or 0,
                                           cached_tokens=cached, prefix_tokens=int(len(ctx.named.text) / cpt),
                                           now=self.clock())
+        if self.spec is not None:  # the worker that generated the answer: the decode, or the collocated one
+            self.spec.answered(ctx.decode or pre.url, ctx.body, ctx.request.headers,
+                               ctx.named.name if ctx.named else None, obj)
         if self.log_requests:
             log.info("request done", extra={"rid": ctx.rid, "endpoint": ctx.endpoint, "prefill": ctx.prefill,
                                             "decode": ctx.decode, "reason": ctx.reason, "attempts": ctx.attempts,

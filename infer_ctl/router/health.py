@@ -88,6 +88,8 @@ class HealthChecker:
                             info_doc = loads(info)
                             instance, prio = _instance(info_doc)
                             self._bootstrap_port(w, info_doc)
+                            if w.role != "prefill":
+                                self.router.spec.observe_server_info(w.url, info_doc)
                         s3, ld = await up.fetch(w.url, "GET", "/v1/loads")
                         if s3 == 200:
                             load = _loads(loads(ld))
@@ -130,6 +132,7 @@ class HealthChecker:
                 if w.instance is not None and instance != w.instance:
                     w.restarts += 1
                     self._forget(w, "restarted")
+                    router.spec.reset(w.url)  # its acceptance was measured on the process that is gone
                 w.instance = instance
             w.radix_priority = prio
             if load is not None:

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.workers import WorkerRegistry
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -34,6 +35,8 @@ class RouterState(Protocol):
     def prefixes(self) -> PrefixRegistry: ...
     @property
     def active(self) -> int: ...
+    @property
+    def spec(self) -> SpecStats: ...
 
 
 class RouterMetrics:
@@ -66,7 +69,11 @@ class RouterMetrics:
                                      registry=r)
         self.stream_errors = Counter("inferctl_router_stream_errors_total",
                                      "Streams ended with an error event after the first byte", registry=r)
+        self.spec_actions = Counter("inferctl_router_spec_actions_total",
+                                    "Speculative-decoding controller actions (advise, relaunch, restore) by pool",
+                                    ["pool", "action"], registry=r)
         r.register(_StateCollector(router))
+        r.register(_SpecCollector(router))
         # labelled children looked up once: .labels() costs a lock and a dict build per call
         self._req_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._decision_children: dict[str, Any] = {}
@@ -135,3 +142,41 @@ class _StateCollector(Collector):
                 act.add_metric([rec.name], rec.stats.actual_cached_tokens)
                 hit.add_metric([rec.name], rec.stats.hit_rate)
         yield from (state, warm, reqs, pred, act, hit)
+
+
+class _SpecCollector(Collector):
+    """Acceptance per decode and workload label over the rolling window (router/spec_stats.py)."""
+
+    def __init__(self, router: RouterState) -> None:
+        self.router = router
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["decode", "label"]
+        rate = GaugeMetricFamily("inferctl_router_spec_accept_rate",
+                                 "Correct / proposed drafts over the window (SGLang's spec_accept_rate)", labels=labels)
+        length = GaugeMetricFamily("inferctl_router_spec_accept_length",
+                                   "Completion tokens / verify steps over the window (SGLang's spec_accept_length)",
+                                   labels=labels)
+        alpha = GaugeMetricFamily("inferctl_router_spec_alpha",
+                                  "Estimated per-draft acceptance probability over the window", labels=labels)
+        ema = GaugeMetricFamily("inferctl_router_spec_alpha_ema",
+                                "Estimated per-draft acceptance probability, exponentially weighted", labels=labels)
+        reqs = GaugeMetricFamily("inferctl_router_spec_window_requests", "Requests in the window", labels=labels)
+        steps = GaugeMetricFamily("inferctl_router_spec_num_steps",
+                                  "The decode's live speculative step count (/server_info internal_states)",
+                                  labels=["decode", "target", "draft"])
+        for d in self.router.spec.decodes.values():
+            if d.num_steps is not None:
+                steps.add_metric([d.url, d.target or "", d.draft or ""], d.num_steps)
+            for name, roll in (("all", d.overall), *d.labels.items()):
+                r = roll.as_dict()
+                key = [d.url, name]
+                reqs.add_metric(key, r["window"]["requests"])
+                for fam, value in ((rate, r["window"]["accept_rate"]), (length, r["window"]["accept_length"]),
+                                   (alpha, r["window"]["alpha"]), (ema, r["ema"]["alpha"])):
+                    if value is not None:
+                        fam.add_metric(key, value)
+        yield from (rate, length, alpha, ema, reqs, steps)

@@ -36,6 +36,7 @@ from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.picker import PairPicker
 from infer_ctl.router.relay import StreamRelay
 from infer_ctl.router.retry import RetriesExhausted, with_retries
+from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.upstream import Upstreams
 from infer_ctl.router.workers import WorkerRegistry
 
@@ -62,7 +63,9 @@ class Router:
         self.metrics = RouterMetrics(self)
         self.picker = PairPicker(self.workers, self.index, self.policy, rng=self.rng, clock=clock, metrics=self.metrics)
         self.calls = WorkerCalls(self.upstreams, clock=clock, metrics=self.metrics)
-        self.feedback = Feedback(self.prefixes, clock=clock, metrics=self.metrics, log_requests=cfg.log_requests)
+        self.spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.spec_max_labels, clock=clock)
+        self.feedback = Feedback(self.prefixes, clock=clock, metrics=self.metrics, log_requests=cfg.log_requests,
+                                 spec=self.spec)
         relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
         self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
                                       request_timeout_s=cfg.request_timeout_s)

@@ -37,6 +37,11 @@ class WorkerState:
     errors: int = 0
     restarts: int = 0
     removed: bool = False
+    #: taken out of service by an operator (POST /admin/workers/drain): no new requests, the ones in
+    #: flight finish; it stays registered (health checks go on) until undrained or removed
+    draining: bool = False
+    #: taken out of new routing decisions while its in-flight requests finish (POST /admin/workers/drain)
+    draining: bool = False
 
     @property
     def url(self) -> str:
@@ -47,7 +52,7 @@ class WorkerState:
         return self.spec.role
 
     def available(self, now: float) -> bool:
-        return self.healthy and not self.removed and self.breaker.allows(now)
+        return self.healthy and not self.removed and not self.draining and self.breaker.allows(now)
 
     def view(self, now: float) -> WorkerView:
         return WorkerView(self.spec.url, self.inflight, self.external, self.available(now))
@@ -58,6 +63,7 @@ class WorkerState:
             "healthy": self.healthy,
             "available": self.available(now),
             "circuit_breaker": self.breaker.state.value,
+            "draining": self.draining,
             "inflight": self.inflight,
             "queued": self.queued,
             "external": self.external,
@@ -67,6 +73,7 @@ class WorkerState:
             "requests": self.requests,
             "errors": self.errors,
             "restarts": self.restarts,
+            "draining": self.draining,
             "last_error": self.last_error,
         }
 

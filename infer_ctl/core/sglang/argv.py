@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from infer_ctl.core.sglang.flags import flag_table
 from infer_ctl.core.sglang.instance import Instance
+from infer_ctl.core.spec.pools import server_override
 from infer_ctl.profile import Profile, SpecAlgorithm
 
 LAUNCH_MODULE = "sglang.launch_server"
@@ -164,7 +165,7 @@ def profile_options(profile: Profile, instance: Instance) -> list[Option]:
             add(Option("--dist-init-addr", instance.dist_init_addr))
     if instance.engine_info_port is not None:
         add(Option("--engine-info-bootstrap-port", str(instance.engine_info_port)))
-    opts.extend(speculative_options(profile))
+    opts.extend(speculative_options(profile, instance))
     if profile.sglang.enable_metrics:
         add(Option("--enable-metrics"))
     if profile.sglang.enable_cache_report:
@@ -180,19 +181,26 @@ def profile_options(profile: Profile, instance: Instance) -> list[Option]:
     return opts
 
 
-def speculative_options(profile: Profile) -> list[Option]:
-    """Identical on prefill and decode: SGLang requires P and D to run the same speculative setup."""
+def speculative_options(profile: Profile, instance: Instance | None = None) -> list[Option]:
+    """The same draft on prefill and decode (SGLang requires P and D to run the same speculative setup);
+    a decode pool may run its own step count or SGLang's adaptive mode (`speculative.pools`,
+    core/spec/pools.py says why the prefills need not follow)."""
     draft = profile.models.draft if profile.models else None
     if draft is None:
         return []
     opts = [Option("--speculative-algorithm", draft.algorithm.value)]
     if draft.path:
         opts.append(Option("--speculative-draft-model-path", draft.path))
+    pool = (server_override(profile, instance.node, instance.role, instance.config_dir)
+            if instance is not None else None)
     numbers = (
-        ("--speculative-num-steps", draft.num_steps),
-        ("--speculative-eagle-topk", draft.eagle_topk),
-        ("--speculative-num-draft-tokens", draft.num_draft_tokens),
+        ("--speculative-num-steps", pool.num_steps if pool else draft.num_steps),
+        ("--speculative-eagle-topk", pool.eagle_topk if pool else draft.eagle_topk),
+        ("--speculative-num-draft-tokens", pool.num_draft_tokens if pool else draft.num_draft_tokens),
     )
+    if pool is not None and pool.adaptive_config is not None:
+        opts.append(Option("--speculative-adaptive"))
+        opts.append(Option("--speculative-adaptive-config", pool.adaptive_config[0]))
     for flag, value in numbers:
         if value is not None:
             opts.append(Option(flag, str(value)))

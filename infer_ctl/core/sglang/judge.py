@@ -11,6 +11,7 @@ from typing import Any
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang.consistency import effective_args
 from infer_ctl.core.sglang.instance import Instance
+from infer_ctl.core.spec.pools import decode_steps_may_differ
 
 #: /server_info keys compared with the profile: a canonical flag's name with dashes as underscores
 DRIFT_KEYS = (
@@ -108,10 +109,16 @@ def judge_pd_agreement(infos: Mapping[Instance, Mapping[str, Any]]) -> list[Find
     for inst, info in infos.items():
         if inst is ref or inst.role not in ("prefill", "decode"):
             continue
+        # a decode pool may run its own step count (speculative.pools; core/spec/pools.py says why)
+        own_steps = inst.role == "decode" and decode_steps_may_differ({
+            "--speculative-algorithm": str(info.get("speculative_algorithm") or ""),
+            "--speculative-eagle-topk": None if info.get("speculative_eagle_topk") is None
+            else str(info.get("speculative_eagle_topk"))})
         bad = [
             (k, normalise(k, infos[ref].get(k)), normalise(k, info.get(k)))
             for k in PD_KEYS
             if k in info and k in infos[ref] and normalise(k, info[k]) != normalise(k, infos[ref][k])
+            and not (own_steps and k in ("speculative_num_steps", "speculative_num_draft_tokens"))
         ]
         for key, want, got in bad:
             out.append(
