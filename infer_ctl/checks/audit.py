@@ -186,6 +186,8 @@ def read_last_run(
             continue
         if not isinstance(record, dict) or (profile_name is not None and record.get("profile") != profile_name):
             continue
+        if record.get("kind", "audit") != "audit":  # another line kind, e.g. a spec controller action
+            continue
         if pingpong is None or bool(record.get("pingpong", False)) == pingpong:
             return record
     return None
@@ -364,7 +366,8 @@ class AuditOptions:
     def family_options(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
         """What families see as `ctx.options` (they ignore keys they do not know): `memory` is what the
         previous run's rules kept (see `remembered`)."""
-        return {"pingpong": self.pingpong, "memory": (previous or {}).get("memory") or {}}
+        return {"pingpong": self.pingpong, "memory": (previous or {}).get("memory") or {},
+                "history": self.history}
 
 
 def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], opts: AuditOptions) -> Report:
