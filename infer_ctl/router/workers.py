@@ -37,9 +37,6 @@ class WorkerState:
     errors: int = 0
     restarts: int = 0
     removed: bool = False
-    #: taken out of service by an operator (POST /admin/workers/drain): no new requests, the ones in
-    #: flight finish; it stays registered (health checks go on) until undrained or removed
-    draining: bool = False
     #: taken out of new routing decisions while its in-flight requests finish (POST /admin/workers/drain)
     draining: bool = False
 
@@ -63,7 +60,6 @@ class WorkerState:
             "healthy": self.healthy,
             "available": self.available(now),
             "circuit_breaker": self.breaker.state.value,
-            "draining": self.draining,
             "inflight": self.inflight,
             "queued": self.queued,
             "external": self.external,
