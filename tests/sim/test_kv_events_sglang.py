@@ -44,7 +44,8 @@ def sglang_hash() -> Any:
 
         utils.get_hash_str([1, 2], None, page_size=1)
     except Exception as exc:  # the kernel needs torch and a C++ compiler
-        pytest.skip(f"SGLang's page hash kernel is not available here: {type(exc).__name__}: {exc}")
+        cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+        pytest.skip(f"SGLang's page hash kernel is not available here: {type(exc).__name__}: {exc}{cause}")
     return utils
 
 
