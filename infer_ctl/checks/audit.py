@@ -89,7 +89,8 @@ def run_families(
 
 
 # ---- textfile --------------------------------------------------------------------------------------
-def textfile_text(result: AuditResult, *, run_timestamp: float) -> str:
+def textfile_text(result: AuditResult, *, run_timestamp: float, extra: Sequence[MetricFamily] = ()) -> str:
+    """`extra`: families other parts of the run add (audit --remediate's counters)."""
     families = findings_families(result.findings, run_timestamp=run_timestamp, duration_s=result.duration_s)
     overall = MetricFamily("inferctl_audit_status", "Overall audit status: 0 ok, 1 warn, 2 fail, 3 unknown")
     overall.add(STATUS_CODES[result.status])
@@ -102,11 +103,12 @@ def textfile_text(result: AuditResult, *, run_timestamp: float) -> str:
         by_node.setdefault(f.node, []).append(f.status)
     for node, statuses in sorted(by_node.items()):
         per_node.add(STATUS_CODES[worst(statuses)], node=node)
-    return render([*families, overall, per_family, per_node])
+    return render([*families, overall, per_family, per_node, *extra])
 
 
-def write_audit_textfile(path: str | os.PathLike[str], result: AuditResult, *, run_timestamp: float) -> Path:
-    return write_textfile(path, textfile_text(result, run_timestamp=run_timestamp))
+def write_audit_textfile(path: str | os.PathLike[str], result: AuditResult, *, run_timestamp: float,
+                         extra: Sequence[MetricFamily] = ()) -> Path:
+    return write_textfile(path, textfile_text(result, run_timestamp=run_timestamp, extra=extra))
 
 
 # ---- history ---------------------------------------------------------------------------------------
@@ -362,6 +364,8 @@ class AuditOptions:
     parallel: int | None = None
     #: the fabric family runs its pair tests (ibv_rc_pingpong/perftest) only when asked: they take time
     pingpong: bool = False
+    #: take nodes whose findings say "drain" out of service (profile `remediation:`; checks/remediate.py)
+    remediate: bool = False
 
     def family_options(self, previous: dict[str, Any] | None = None) -> dict[str, Any]:
         """What families see as `ctx.options` (they ignore keys they do not know): `memory` is what the
@@ -375,6 +379,12 @@ def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], 
     the whole run (also with --since-last, where `findings` holds only the changes)."""
     from infer_ctl.remote.fleet import Fleet  # imported here: registry/audit tests need no SSH stack
 
+    if opts.remediate and (opts.history is None or not profile.remediation.enabled):
+        raise UsageError("--remediate needs --history PATH (drained nodes and recovery windows are kept there)"
+                         if opts.history is None else "--remediate: remediation.enabled is false in the profile",
+                         remedy="e.g. inferctl audit --remediate --history /var/lib/inferctl/audit.jsonl"
+                         if opts.history is None else "add `remediation: {enabled: true}` to the profile "
+                         "(docs/runbooks/cron-audit.md, Remediation)")
     if opts.since_last and opts.history is None:
         raise InferctlError("--since-last needs --history PATH (the previous runs are read from it)",
                             remedy="e.g. inferctl audit --history /var/lib/inferctl/audit.jsonl --since-last",
@@ -390,13 +400,22 @@ def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], 
                          remedy="point --history at a readable JSON-lines file (it is created if missing)") from None
     with Fleet(profile, accept_new_host_keys=opts.accept_new_host_keys, parallel=opts.parallel) as fleet:
         result = run_families(profile, fleet, nodes, families, opts.family_options(previous))
+    from infer_ctl.checks.remediation_state import audit_step, textfile_families
+
+    acted, remediation = audit_step(profile, result.findings, opts.history, act=opts.remediate,
+                                    now=result.started_at.isoformat(timespec="seconds").replace("+00:00", "Z"))
+    result.findings.extend(acted)
     finished = time.time()
     record = history_record(result, profile.name, pingpong=opts.pingpong,
                             not_checked=carry_unchecked(previous, result),
                             memory=remembered(result.findings, previous))
+    if remediation is not None:
+        record["remediation"] = remediation
+    extra = textfile_families(remediation, {n.name: [r.value for r in n.roles] for n in profile.nodes}) \
+        if remediation is not None else []
     try:
         if opts.textfile:
-            write_audit_textfile(opts.textfile, result, run_timestamp=finished)
+            write_audit_textfile(opts.textfile, result, run_timestamp=finished, extra=extra)
         if opts.history:
             append_history(opts.history, record)
     except OSError as exc:  # disk full, permissions changed during the run, ...

@@ -33,6 +33,7 @@ def audit_cmd(
     since_last: Annotated[bool, typer.Option("--since-last", help="Report only changes since the last run in --history.")] = False,
     only: Annotated[str | None, typer.Option("--only", help="Comma-separated families, e.g. gpu,fabric.")] = None,
     pingpong: Annotated[bool, typer.Option("--pingpong", help="Fabric family: also run the RDMA pair tests (fabric.pingpong).")] = False,
+    remediate: Annotated[bool, typer.Option("--remediate", help="Drain nodes whose findings say so from the router, return them after clean audits (profile remediation:, needs --history).")] = False,
     select: NodesOpt = None,
     role: RoleOpt = None,
     show_all: AllOpt = False,
@@ -50,6 +51,7 @@ def audit_cmd(
         raise UsageError(f"--only {only!r} names no check family", remedy="e.g. --only gpu,fabric")
     chosen_families = families(wanted)
     opts = AuditOptions(only=wanted, textfile=textfile, history=history, since_last=since_last,
-                        accept_new_host_keys=accept_new_host_keys, parallel=parallel, pingpong=pingpong)
+                        accept_new_host_keys=accept_new_host_keys, parallel=parallel, pingpong=pingpong,
+                        remediate=remediate)
     report = audit(prof, select_nodes(prof, select, role), chosen_families, opts)
     finish(sess, report, lambda console: render_problems(console, report, show_all=show_all))

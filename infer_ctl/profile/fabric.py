@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from infer_ctl.profile.base import Port, StrictModel
+from infer_ctl.profile.fabric_diag import GdrSettings, NcclSettings
 
 
 class PingPongSettings(StrictModel):
@@ -43,3 +44,6 @@ class FabricPolicy(StrictModel):
     #: seconds between the two samples of error counters
     counter_interval_s: Annotated[float, Field(ge=0)] = 2.0
     pingpong: PingPongSettings = Field(default_factory=PingPongSettings)
+    #: active diagnostics, run only when asked (`check fabric --gdr` / `--nccl`)
+    gdr: GdrSettings = Field(default_factory=GdrSettings)
+    nccl: NcclSettings = Field(default_factory=NcclSettings)

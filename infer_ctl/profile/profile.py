@@ -13,6 +13,7 @@ from infer_ctl.profile.fabric import FabricPolicy
 from infer_ctl.profile.gpu import GpuPolicy
 from infer_ctl.profile.models import Models
 from infer_ctl.profile.nodes import Node, NodeName, Role
+from infer_ctl.profile.remediation import RemediationSettings
 from infer_ctl.profile.router import RouterSettings
 from infer_ctl.profile.sglang import SglangSettings
 from infer_ctl.profile.speculative import SpeculativeSettings
@@ -49,6 +50,8 @@ class Profile(StrictModel):
     sglang: SglangSettings = Field(default_factory=SglangSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    #: `audit --remediate` (off by default; profile/remediation.py)
+    remediation: RemediationSettings = Field(default_factory=RemediationSettings)
 
     #: directory of the profile file, for resolving relative paths (prefix files, probes)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
