@@ -6,4 +6,6 @@ Family `NAME` lives in `infer_ctl/checks/NAME.py` (exposes `FAMILY`) and `infer_
 (adds `inferctl check NAME`). The order is the order families run in and are reported in.
 """
 
-FAMILY_NAMES: tuple[str, ...] = ("gpu", "fabric", "servers", "tokenizer")
+FAMILY_NAMES: tuple[str, ...] = ("gpu", "fabric", "servers", "tokenizer", "spec")
+#: other names `--only` accepts: `spec` is the speculative-decoding family (`inferctl check spec`)
+FAMILY_ALIASES: dict[str, str] = {"speculative": "spec"}

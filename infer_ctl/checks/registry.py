@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infer_ctl.checks.family_names import FAMILY_NAMES
+from infer_ctl.checks.family_names import FAMILY_ALIASES, FAMILY_NAMES
 from infer_ctl.core.findings import Finding
 from infer_ctl.errors import UsageError
 from infer_ctl.profile import Node, Profile
@@ -79,6 +79,7 @@ def families(only: set[str] | None = None, *, modules: Iterable[str] | None = No
     listed = list(FAMILY_MODULES if modules is None else modules)
     if not only:
         return all_families(listed)
+    only = {FAMILY_ALIASES.get(name, name) for name in only}
     known = {family_name_of(m) for m in listed}
     unknown = sorted(only - known)
     if unknown:

@@ -5,4 +5,4 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(help="Run one family of health checks (gpu, fabric, tokenizer, servers).", no_args_is_help=True)
+app = typer.Typer(help="Run one family of health checks (gpu, fabric, tokenizer, servers, spec).", no_args_is_help=True)

@@ -112,16 +112,17 @@ def _pct(x: float) -> str:
 
 def acceptance_finding(node: str, subject: str, a: Assessment, *, requests: int, pair: str = "",
                        tokenizer_hint: str | None = None, source: str = "router") -> Finding:
-    """The `spec.acceptance` finding of one decode (or pool) from its assessment."""
+    """The `spec.acceptance` finding of one decode (or pool) from its assessment: the verdict first, then
+    the numbers behind it (alpha, requests, steps, speedup, break-even), then the draft/target pair."""
     be = "never" if a.break_even_alpha is None else _pct(a.break_even_alpha)
-    where = f" ({pair})" if pair else ""
-    numbers = (f"alpha {_pct(a.alpha)} over {requests} requests{where}, {a.steps} steps: speedup "
-               f"{a.speedup:.2f}x (break-even alpha {be}")
+    numbers = (f"alpha {_pct(a.alpha)} over {requests} requests at {a.steps} steps: speedup {a.speedup:.2f}x, "
+               f"break-even alpha {be}")
+    tail = f"; {pair}" if pair else ""
     details = {**a.as_dict(), "requests": requests, "pair": pair, "source": source}
     rec = a.recommended_steps
     if a.near_zero:
-        msg = (f"{numbers}): the draft agrees with the target only by accident, the signature of a tokenizer "
-               "or special-token mismatch between draft and target")
+        msg = (f"the draft agrees with the target only by accident ({numbers}), the signature of a tokenizer or "
+               f"special-token mismatch between draft and target{tail}")
         if tokenizer_hint:
             msg += f"; last tokenizer check: {tokenizer_hint}"
         return Finding.fail(CHECK, node, subject, msg, details=details,
@@ -129,20 +130,19 @@ def acceptance_finding(node: str, subject: str, a: Assessment, *, requests: int,
                                    "disable speculation or change the draft")
     if a.status == "fail":
         pays = a.recommended_speedup > 1.0 and rec != a.steps
-        fix = (f"set num_steps {rec} (expected {a.recommended_speedup:.2f}x), or " if pays else "")
-        return Finding.fail(CHECK, node, subject, f"{numbers}): speculation is now slower than none",
+        fix = f"set num_steps {rec} (expected {a.recommended_speedup:.2f}x), or " if pays else ""
+        return Finding.fail(CHECK, node, subject, f"speculation is now slower than none: {numbers}{tail}",
                             details=details, remedy=f"{fix}disable speculation or change the draft")
     if a.status == "warn":
         if rec != a.steps:
             advice = f"recommended gamma {rec} (num_steps {rec}: expected {a.recommended_speedup:.2f}x)"
+            remedy = (f"lower the lookahead to num_steps {rec} (with speculative.control: advise, `inferctl spec "
+                      "control` prints the profile change and the command), or find what shifted the workload")
         else:
             advice = f"gamma {rec} is already the best allowed step count"
-        return Finding.warn(CHECK, node, subject, f"{numbers}) is below the alert threshold "
-                            f"{a.alert_threshold:g}; {advice}", details=details,
-                            remedy=f"lower the lookahead to num_steps {rec} (`inferctl spec control` with "
-                                   "speculative.control: advise prints the change), or find what shifted the "
-                                   "workload's domain" if rec != a.steps else
-                                   "the draft no longer fits this traffic: consider another draft")
-    return Finding.ok(CHECK, node, subject, f"{numbers}); best allowed gamma {rec} ({a.recommended_speedup:.2f}x)",
-                      details=details)
-
+            remedy = "the draft no longer fits this traffic: consider another draft"
+        return Finding.warn(CHECK, node, subject,
+                            f"alpha below the alert threshold {a.alert_threshold:g}, {advice}: {numbers}{tail}",
+                            details=details, remedy=remedy)
+    return Finding.ok(CHECK, node, subject,
+                      f"{numbers}; best allowed gamma {rec} ({a.recommended_speedup:.2f}x){tail}", details=details)

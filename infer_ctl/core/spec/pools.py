@@ -56,6 +56,13 @@ def cost_ratio(profile: Profile, pool: SpecPool | None = None) -> float:
     return DEFAULT_COST_RATIO if c is None else c
 
 
+def base_limits(profile: Profile) -> SpecLimits:
+    """The section's limits (a pool's unset keys, and decodes the profile does not describe)."""
+    spec = profile.speculative
+    return SpecLimits(alert_threshold=spec.alert_threshold, cost_ratio=cost_ratio(profile),
+                      min_steps=spec.min_steps, max_steps=spec.max_steps)
+
+
 def _server_nodes(profile: Profile) -> list[str]:
     return [n.name for n in profile.nodes if profile.collocated or n.has_role("decode")]
 
@@ -77,8 +84,7 @@ def pools(profile: Profile) -> list[Pool]:
         steps = p.num_steps or (draft.num_steps if draft else None)
         out.append(Pool(p.name, nodes, role, limits, i, steps,
                         tuple(sorted(set(p.adaptive_steps))) if p.adaptive_steps else None))
-    base = SpecLimits(alert_threshold=spec.alert_threshold, cost_ratio=cost_ratio(profile),
-                      min_steps=spec.min_steps, max_steps=spec.max_steps)
+    base = base_limits(profile)
     for name in servers:
         if name not in listed:
             out.append(Pool(name, (name,), role, base, None, draft.num_steps if draft else None, None))
