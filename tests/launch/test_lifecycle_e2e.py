@@ -57,6 +57,8 @@ def cluster_profile(ssh_cluster: Any, tmp_path: Path) -> tuple[Any, Path, dict[s
             "log_dir": str(tmp_path / "{node}" / "log"),
             "prefill": {"port": free_port(host), "bootstrap_port": free_port(host)},
             "decode": {"port": free_port(cluster.node("dc-01").host)},
+            # an EAGLE decode without it is capped at 48 by SGLang (launch.spec WARN)
+            "extra_args": {"decode": ["--max-running-requests", "128"]},
             "lifecycle": {"config_dir": str(tmp_path / "{node}" / "etc"), "start_timeout_s": 40,
                           "stop_timeout_s": 10},
         },

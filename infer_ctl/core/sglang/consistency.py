@@ -109,10 +109,11 @@ def _spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]
                 remedy="set all three of num_steps, eagle_topk, num_draft_tokens, or none of them",
             )
         ]
+    out = _eagle_family_findings(inst, algo, args, topk)
     if steps is None or topk is None or ndt is None:
-        return []
+        return out
     if topk == 1 and ndt != steps + 1:
-        return [
+        out.append(
             Finding.warn(
                 "launch.spec",
                 inst.node,
@@ -122,9 +123,9 @@ def _spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]
                 details={"num_steps": steps, "eagle_topk": topk, "num_draft_tokens": ndt},
                 remedy=f"set num_draft_tokens to {steps + 1} so the profile says what runs",
             )
-        ]
-    if ndt > topk * steps + 1:
-        return [
+        )
+    elif ndt > topk * steps + 1:
+        out.append(
             Finding.fail(
                 "launch.spec",
                 inst.node,
@@ -132,9 +133,9 @@ def _spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]
                 f"num_draft_tokens {ndt} exceeds the draft tree size eagle_topk*num_steps+1 = {topk * steps + 1}",
                 remedy="lower num_draft_tokens or raise eagle_topk/num_steps",
             )
-        ]
-    if "--enable-pd-role-switch" in args:
-        return [
+        )
+    elif "--enable-pd-role-switch" in args:
+        out.append(
             Finding.fail(
                 "launch.spec",
                 inst.node,
@@ -142,8 +143,80 @@ def _spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]
                 "--enable-pd-role-switch cannot be combined with speculative decoding",
                 remedy="drop --enable-pd-role-switch from the extra args",
             )
-        ]
-    return []
+        )
+    return out
+
+
+#: algorithms SGLang 0.5.23 resolves with `_handle_eagle_family` (sglang/srt/arg_groups/
+#: speculative_hook.py; NEXTN is an alias of EAGLE, STANDALONE shares the handler)
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+#: the only attention backends with the two-pass page-tree draft decode that eagle_topk > 1 needs at
+#: page_size > 1 (`_PAGE_TREE_SPEC_BACKENDS` in `_handle_eagle_family`)
+PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
+#: SGLang's cap on --max-running-requests for EAGLE-family speculative decoding when it is not set
+SPEC_DEFAULT_MAX_RUNNING = 48
+_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
+
+
+def _eagle_family_findings(
+    inst: Instance, algo: str, args: dict[str, str | None], topk: int | None
+) -> list[Finding]:
+    """SGLang 0.5.23's model-independent EAGLE rules (`_handle_eagle_family`), judged before launch
+    because SGLang applies them only once the model is loading (or silently):
+    - no --max-running-requests: SGLang sets 48 ("Max running requests is reset to 48 for speculative
+      decoding"), a silent cap on a decode's batch;
+    - eagle_topk > 1 with the trtllm_mha backend (Blackwell's default for topk 1): "trtllm_mha backend
+      only supports topk = 1 for speculative decoding";
+    - eagle_topk > 1 with page_size > 1 on a backend other than flashinfer/fa3/triton: "speculative_eagle_topk
+      > 1 with page_size > 1 is only supported on ...". An unset backend is SGLang's per-GPU default,
+      which for topk > 1 is one of those three on CUDA (`get_default_attn_backend`)."""
+    if algo not in EAGLE_FAMILY:
+        return []
+    out: list[Finding] = []
+    if args.get("--max-running-requests") is None and inst.role in ("decode", "collocated"):
+        out.append(
+            Finding.warn(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                f"{algo} without --max-running-requests: SGLang caps it at {SPEC_DEFAULT_MAX_RUNNING} "
+                "running requests for speculative decoding, silently limiting the decode batch",
+                details={"flag": "--max-running-requests", "sglang_default": SPEC_DEFAULT_MAX_RUNNING},
+                remedy="set --max-running-requests in sglang.extra_args (SGLang's PD example runs decodes "
+                "with 128; size it to the KV pool and the CUDA-graph batch sizes)",
+            )
+        )
+    if topk is None or topk <= 1:
+        return out
+    base = args.get("--attention-backend")
+    backends = {f: args.get(f) or base for f in _BACKEND_FLAGS[1:]}
+    if "trtllm_mha" in backends.values():
+        flag = next(f for f in _BACKEND_FLAGS if args.get(f) == "trtllm_mha")
+        out.append(
+            Finding.fail(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                f"{flag} trtllm_mha with eagle_topk {topk}: SGLang refuses it (trtllm_mha supports "
+                "topk = 1 only)",
+                details={"flag": flag, "eagle_topk": topk},
+                remedy="set eagle_topk 1, or choose another attention backend (flashinfer, fa3, triton)",
+            )
+        )
+    page = _int(args.get("--page-size"))
+    if page is not None and page > 1 and base is not None and base not in PAGE_TREE_SPEC_BACKENDS:
+        out.append(
+            Finding.fail(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                f"eagle_topk {topk} with --page-size {page} needs attention backend "
+                f"{', '.join(PAGE_TREE_SPEC_BACKENDS)}, not {base}; SGLang refuses to start",
+                details={"eagle_topk": topk, "page_size": page, "attention_backend": base},
+                remedy="use --page-size 1, eagle_topk 1, or one of those attention backends",
+            )
+        )
+    return out
 
 
 def _is_loopback(host: str) -> bool:
