@@ -18,7 +18,7 @@ from infer_ctl.core.sglang.judge import (
     judge_loads,
     judge_pd_agreement,
 )
-from infer_ctl.launch import probe
+from infer_ctl.launch import probe, supervisor
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Command, Connector
 
@@ -116,16 +116,21 @@ def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[se
     for i in insts:
         by_node.setdefault(i.node, []).append(i)
 
-    def gather(conn: Connector, node: Node) -> set[str]:
+    def gather(conn: Connector, node: Node) -> tuple[set[str], dict[str, supervisor.UnitResult]]:
         paths = [env_file_path(i) for i in by_node[node.name]]
         res = conn.run(
             Command("sh", "-c", 'for f; do [ -f "$f" ] && echo "$f"; done; true', "inferctl", *paths)
         )
-        return set(res.out.split())
+        found = set(res.out.split())
+        units: dict[str, supervisor.UnitResult] = {}
+        if found and supervisor.detect_supervisor(conn, profile) == "systemd":
+            units = {i.name: supervisor.unit_result(conn, i) for i in by_node[node.name] if env_file_path(i) in found}
+        return found, units
 
     deployed: set[str] = set()
     findings: list[Finding] = []
     for o in fleet.map([profile.node(n) for n in by_node], gather):
+        found, units = o.value or (set(), {})
         for i in by_node[o.node.name]:
             if o.error is not None:
                 findings.append(
@@ -133,8 +138,10 @@ def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[se
                         "servers.deployed", i.node, i.name, o.error.message, remedy=o.error.remedy
                     )
                 )
-            elif env_file_path(i) in (o.value or set()):
+            elif env_file_path(i) in found:
                 deployed.add(i.name)
+                if i.name in units and units[i.name].start_limit_hit:
+                    findings.append(supervisor.start_limit_finding("servers.start_limit", i, units[i.name]))
             else:
                 findings.append(
                     Finding.skip(

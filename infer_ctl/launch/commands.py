@@ -468,7 +468,11 @@ def status(profile: Profile, nodes: str | None, role: str | None) -> Report:
                 )
             else:
                 rows.extend(o.value or [])
+    by_name = {i.name: i for i in insts}
     for row in rows:
+        if row.get("systemd_result") == supervisor.START_LIMIT_HIT:
+            res = supervisor.UnitResult(row["systemd_result"], row.get("restarts"))
+            report.findings.append(supervisor.start_limit_finding("status.start_limit", by_name[row["instance"]], res))
         if row.get("process") not in ("running", "unknown") or (row.get("health") not in (None, "ok")):
             report.findings.append(
                 Finding.fail(

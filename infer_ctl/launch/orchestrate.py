@@ -267,6 +267,10 @@ def status_of(conn: Connector, profile: Profile, insts: list[Instance]) -> list[
                 "pid": pid,
                 "health": None,
             }
+            if sup == "systemd":
+                unit = supervisor.unit_result(conn, inst)
+                row["systemd_result"] = unit.result
+                row["restarts"] = unit.restarts
             if inst.is_leader and state in ("running", "activating"):
                 row.update(_http_status(http, inst))
             rows.append(row)

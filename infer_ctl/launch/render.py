@@ -64,6 +64,18 @@ def render_env_file(profile: Profile, instance: Instance, *, gid_index: int | No
     )
 
 
+def start_limit_interval_s(profile: Profile) -> int:
+    """StartLimitIntervalSec: long enough to hold `restart_limit_burst` starts that each fail as late
+    as the start timeout allows (plus RestartSec), so the limit is reached even by a server that runs
+    out of memory only at the end of a long model load."""
+    lifecycle = profile.sglang.lifecycle
+    return int(lifecycle.restart_limit_burst * (lifecycle.start_timeout_s + lifecycle.restart_sec)) + 1
+
+
+def _seconds(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
 def render_unit(profile: Profile, instance: Instance) -> str:
     lifecycle = profile.sglang.lifecycle
     argv = render_argv(profile, instance)
@@ -79,5 +91,8 @@ def render_unit(profile: Profile, instance: Instance) -> str:
             start_timeout_s=int(lifecycle.start_timeout_s),
             stop_timeout_s=int(lifecycle.stop_timeout_s),
             limit_nofile=lifecycle.limit_nofile,
+            start_limit_burst=lifecycle.restart_limit_burst,
+            start_limit_interval_s=start_limit_interval_s(profile),
+            restart_sec=_seconds(lifecycle.restart_sec),
         )
     )

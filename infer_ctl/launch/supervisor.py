@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Literal
 
+from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang import Instance, env_file_path, log_file_path, pid_file_path, unit_name
 from infer_ctl.errors import RemoteError
 from infer_ctl.profile import Profile
@@ -101,6 +102,44 @@ def process_state(
     return ("stopped" if words[0] == "stopped" else "dead"), None
 
 
+START_LIMIT_HIT = "start-limit-hit"
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """systemd's verdict on a unit's last run (`systemctl show`): Result= ("success", "exit-code",
+    "oom-kill", "start-limit-hit", ...) and NRestarts= (automatic restarts since it was started)."""
+
+    result: str | None
+    restarts: int | None
+
+    @property
+    def start_limit_hit(self) -> bool:
+        return self.result == START_LIMIT_HIT
+
+
+def unit_result(conn: Connector, instance: Instance) -> UnitResult:
+    _, out, _ = _sh(conn, 'systemctl show -p Result -p NRestarts -- "$1" || true', unit_name(instance), sudo=False)
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    restarts = props.get("NRestarts", "")
+    return UnitResult(props.get("Result") or None, int(restarts) if restarts.isdigit() else None)
+
+
+def start_limit_finding(check: str, instance: Instance, res: UnitResult) -> Finding:
+    """FAIL: systemd gave up restarting the server (its start limit: sglang.lifecycle.restart_limit_burst)."""
+    tries = f" after {res.restarts} automatic restart(s)" if res.restarts is not None else ""
+    return Finding.fail(
+        check,
+        instance.node,
+        instance.name,
+        f"systemd stopped restarting {unit_name(instance)}{tries}: start limit hit (the server keeps "
+        "failing at start, e.g. out of memory while loading)",
+        details={"unit": unit_name(instance), "result": res.result, "restarts": res.restarts},
+        remedy=f"read why it fails (`inferctl logs {instance.name}`), fix it, then `inferctl launch --nodes "
+        f"{instance.node}` (it clears the start limit with systemctl reset-failed)",
+    )
+
+
 _PROCESS_START = r"""
 set -e
 env_file=$1; run_file=$2; log=$3; pidf=$4
@@ -118,9 +157,11 @@ def start(
 ) -> None:
     if supervisor == "systemd":
         unit = unit_name(instance)
+        # reset-failed first: a unit that hit its start limit refuses `restart` ("Start request
+        # repeated too quickly") until its failure state is cleared
         script = (
             "systemctl daemon-reload && " if unit_changed else ""
-        ) + 'systemctl enable -q -- "$1" && systemctl restart -- "$1"'
+        ) + 'systemctl enable -q -- "$1" && { systemctl reset-failed -- "$1" 2>/dev/null; systemctl restart -- "$1"; }'
         code, _, err = _sh(conn, script, unit, sudo=sudo, timeout=120)
     else:
         code, _, err = _sh(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from infer_ctl.profile.base import Port, StrictModel
 
@@ -13,6 +13,25 @@ from infer_ctl.profile.base import Port, StrictModel
 #: prefill's bootstrap server listens on --host) and distinct per node, so several nodes on one
 #: machine (the loopback test harness, the local demo) do not collide on 0.0.0.0.
 BindHost = str | None
+
+
+def _node_path(value: str) -> str:
+    """A directory on the nodes, written into units and env files: absolute (systemd refuses a relative
+    EnvironmentFile= and ExecStart=, and launch would resolve it against the SSH user's home), and
+    without whitespace, control characters or `%` (EnvironmentFile= cannot quote them; `%` starts a
+    systemd specifier). `{node}` is replaced by the node name."""
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path on the nodes, got {value!r} (starting with /)")
+    bad = sorted({c for c in value if c.isspace() or ord(c) < 32 or ord(c) == 127 or c == "%"})
+    if bad:
+        raise ValueError(f"{value!r} contains {', '.join(repr(c) for c in bad)}, which systemd units cannot carry")
+    return value
+
+
+#: an absolute directory on the nodes (see _node_path)
+NodePath = Annotated[str, AfterValidator(_node_path)]
+#: a user name as useradd(8) takes it (lowercase, digits, `_` and `-`, not starting with a digit or `-`)
+UnixUser = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
 
 
 class _ServerBase(StrictModel):
@@ -59,14 +78,22 @@ class Lifecycle(StrictModel):
     supervisor: Literal["auto", "systemd", "process"] = "auto"
     #: where env files (and, for the process supervisor, pid files) live on the nodes; `{node}` is
     #: replaced by the node name (for nodes sharing a filesystem)
-    config_dir: str = "/etc/inferctl"
+    config_dir: NodePath = "/etc/inferctl"
     #: model loading and CUDA-graph capture can take many minutes
     start_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
     #: graceful stop (SIGTERM) before SIGKILL; RDMA registrations leak on kill -9
     stop_timeout_s: Annotated[float, Field(gt=0)] = 120.0
     limit_nofile: Annotated[int, Field(ge=1024)] = 1048576
-    #: run the servers as this user (systemd User=); None: the unit's default (root)
-    user: str | None = None
+    #: systemd runs the servers as this user (User=/Group=), which `inferctl provision` creates (a
+    #: system user with a home for torch/triton caches); "root" is the opt-in to run them as root. The
+    #: process supervisor (no systemd) runs them as the SSH user.
+    user: UnixUser = "inferctl-sglang"
+    #: systemd restarts a server that fails (Restart=on-failure) at most this many times within
+    #: restart_limit_burst x (start_timeout_s + restart_sec), then stops trying (start limit hit):
+    #: a server that runs out of memory while loading is not restarted forever
+    restart_limit_burst: Annotated[int, Field(ge=1, le=100)] = 3
+    #: systemd's pause before such a restart (RestartSec=)
+    restart_sec: Annotated[float, Field(gt=0)] = 15.0
 
 
 class KvEvents(StrictModel):
@@ -95,7 +122,7 @@ class KvEvents(StrictModel):
 class SglangSettings(StrictModel):
     version: Annotated[str, Field(pattern=r"^\d+\.\d+(\.\d+)?([a-z0-9.+-]*)$")] = "0.5.23"
     #: directory holding versioned venvs (`<venv>/<version>/bin/python`) and the `current` symlink
-    venv: str = "/opt/inferctl/venvs"
+    venv: NodePath = "/opt/inferctl/venvs"
     #: a local wheelhouse directory for air-gapped installs
     wheelhouse: str | None = None
     python: str = "python3"
@@ -110,7 +137,7 @@ class SglangSettings(StrictModel):
     #: passed to every server as --kv-events-config (the keys set here, as JSON) when set
     kv_events: KvEvents | None = None
     #: server log files of the process supervisor (`{node}` is replaced by the node name)
-    log_dir: str = "/var/log/inferctl"
+    log_dir: NodePath = "/var/log/inferctl"
     #: --enable-metrics (/metrics; `check servers` reads queue gauges from it)
     enable_metrics: bool = True
     #: --enable-cache-report (cached_tokens in OpenAI usage; the router and bench read it)

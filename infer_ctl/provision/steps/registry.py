@@ -1,16 +1,18 @@
 """The ordered list of steps. Order matters: the venv needs its wheelhouse; inferctl shares the venvs directory; units come last so a server
-that a restart brings up finds its venv, limits and sysctls already in place."""
+that a restart brings up finds its venv, limits, sysctls and its user already in place."""
 
 from __future__ import annotations
 
 from infer_ctl.provision.steps.base import Step
 from infer_ctl.provision.steps.driver import DriverStep
 from infer_ctl.provision.steps.firewall import FirewallStep
+from infer_ctl.provision.steps.logrotate import LogrotateStep
 from infer_ctl.provision.steps.memlock import MemlockStep
 from infer_ctl.provision.steps.peermem import PeermemStep
 from infer_ctl.provision.steps.persistence import PersistenceStep
 from infer_ctl.provision.steps.qos import QosStep
 from infer_ctl.provision.steps.selfinstall import InferctlStep
+from infer_ctl.provision.steps.serveruser import ServerUserStep
 from infer_ctl.provision.steps.sysctl import SysctlStep
 from infer_ctl.provision.steps.timesync import TimeSyncStep
 from infer_ctl.provision.steps.units import UnitsStep
@@ -30,6 +32,8 @@ def all_steps() -> list[Step]:
         WheelhouseStep(),
         VenvStep(),
         InferctlStep(),
+        ServerUserStep(),
+        LogrotateStep(),
         UnitsStep(),
     ]
 
