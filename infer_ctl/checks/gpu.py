@@ -116,6 +116,6 @@ def _run(ctx: AuditContext) -> list[Finding]:
 
 FAMILY = CheckFamily(
     name="gpu",
-    description="GPU count, driver, ECC, row remap, XIDs, temperature, throttling, PCIe, NVLink, MIG",
+    description="GPU count, driver, ECC, row remap, XIDs and SXids, temperature (core, HBM), throttling, PCIe (link, replay rate), NVLink, NVSwitch fabric, MIG, power limit, InfoROM, VBIOS",
     run=_run,
 )

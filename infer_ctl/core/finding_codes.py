@@ -2,7 +2,8 @@
 
 Like NHC/aznhc's codes (aznhc's `NHC2007` ...), a code names *what was checked*, not its outcome: the
 status travels next to it. The scheme is `IC-<AREA>-<NNN>`: IC = inferctl, AREA = the check id's first
-part (GPU, FAB fabric, SRV servers, TOK tokenizer, LCH launch/status/stop, PRF profile, PLN plan, SPC speculative decoding), NNN a
+part (GPU, FAB fabric, SRV servers, TOK tokenizer, LCH launch/status/stop, PRF profile, PLN plan, SPC speculative
+decoding, RMD remediation), NNN a
 number assigned once. `NNN = 000` is the area's "the checks did not run" (`<family>.internal`).
 
 Rules (tests/audit/test_finding_codes.py holds them): a code is never reused or renumbered, also after
@@ -41,6 +42,7 @@ CODES: dict[str, str] = {
     "gpu.vbios_consistency": "IC-GPU-024",
     "gpu.sxid": "IC-GPU-025",
     "gpu.inforom": "IC-GPU-026",
+    "gpu.diag": "IC-GPU-027",
     # ---- fabric ---------------------------------------------------------------------------------
     "fabric.internal": "IC-FAB-000",
     "fabric.node": "IC-FAB-001",
@@ -64,6 +66,8 @@ CODES: dict[str, str] = {
     "fabric.write_lat": "IC-FAB-019",
     "fabric.write_bw": "IC-FAB-020",
     "fabric.nic_pcie": "IC-FAB-021",
+    "fabric.gdr": "IC-FAB-022",
+    "fabric.nccl": "IC-FAB-023",
     # ---- servers --------------------------------------------------------------------------------
     "servers.internal": "IC-SRV-000",
     "servers.deployed": "IC-SRV-001",
@@ -72,6 +76,7 @@ CODES: dict[str, str] = {
     "servers.drift": "IC-SRV-004",
     "servers.pd_agreement": "IC-SRV-005",
     "servers.queues": "IC-SRV-006",
+    "servers.start_limit": "IC-SRV-007",
     # ---- tokenizer ------------------------------------------------------------------------------
     "tokenizer.internal": "IC-TOK-000",
     "tokenizer.profile": "IC-TOK-001",
@@ -111,6 +116,7 @@ CODES: dict[str, str] = {
     "launch.sglang_parser": "IC-LCH-017",
     "launch.start": "IC-LCH-018",
     "status.instance": "IC-LCH-101",
+    "status.start_limit": "IC-LCH-102",
     "stop.forced": "IC-LCH-201",
     "stop.port_in_use": "IC-LCH-202",
     "stop.stray": "IC-LCH-203",
@@ -119,7 +125,16 @@ CODES: dict[str, str] = {
     "plan.tiers.host_fit": "IC-PLN-001",
     "plan.tiers.host_small": "IC-PLN-002",
     # ---- speculative decoding -------------------------------------------------------------------
+    "spec.internal": "IC-SPC-000",
     "spec.acceptance": "IC-SPC-001",
+    "spec.source": "IC-SPC-002",
+    # ---- remediation (audit --remediate) --------------------------------------------------------
+    "remediation.drain": "IC-RMD-001",
+    "remediation.held": "IC-RMD-002",
+    "remediation.router": "IC-RMD-003",
+    "remediation.recovery": "IC-RMD-004",
+    "remediation.returned": "IC-RMD-005",
+    "remediation.hook": "IC-RMD-006",
 }
 
 

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from infer_ctl.core.gpu.facts import GpuFacts, GpuProcess, NvLink
+from infer_ctl.core.gpu.facts import GpuFacts, GpuProcess, NvLink, normalise_pci
 from infer_ctl.remote.base import Command
 
 NVIDIA_SMI_XML = Command("nvidia-smi", "-q", "-x")
@@ -72,6 +72,17 @@ def _int(value: str | None) -> int | None:
         return None
     m = _INT.match(value)
     return int(m.group(1)) if m else None
+
+
+def _watts(value: str | None) -> float | None:
+    """'700.00 W' -> 700.0."""
+    m = re.match(r"^\s*(-?\d+(?:\.\d+)?)", value or "")
+    return float(m.group(1)) if m else None
+
+
+def _state(value: str | None) -> str | None:
+    """'In Progress' -> 'in_progress'."""
+    return None if value is None else re.sub(r"[^a-z0-9]+", "_", value.lower()).strip("_")
 
 
 def _yes(value: str | None) -> bool | None:
@@ -202,6 +213,15 @@ def _parse_gpu(index: int, gpu: ET.Element) -> GpuFacts:
         memory_total_mib=_int(_find(gpu, "fb_memory_usage/total")),
         processes=_processes(gpu),
         errors=_nvml_errors(gpu),
+        vbios_version=_find(gpu, "vbios_version"),
+        fabric_state=_state(_find(gpu, "fabric/state")),
+        fabric_status=_state(_find(gpu, "fabric/status")),
+        # v13 (driver >= ~535 on newer GPUs): gpu_power_readings/current_power_limit; older: power_readings
+        power_limit_w=_watts(_find(gpu, "gpu_power_readings/current_power_limit", "power_readings/enforced_power_limit",
+                                   "power_readings/power_limit")),
+        default_power_limit_w=_watts(_find(gpu, "gpu_power_readings/default_power_limit",
+                                           "power_readings/default_power_limit")),
+        mem_max_temp_c=_int(_find(gpu, "temperature/gpu_temp_max_mem_threshold")),
     )
 
 
@@ -211,11 +231,27 @@ class SmiDocument:
     cuda_version: str | None
     attached_gpus: int | None
     gpus: tuple[GpuFacts, ...] = field(default_factory=tuple)
+    #: PCI addresses nvidia-smi warned "infoROM is corrupted at gpu ..." for (it then exits 14)
+    inforom_corrupted: tuple[str, ...] = ()
+
+
+# nvidia-smi prints this line around its output (and exits 14) for a GPU whose InfoROM checksum fails
+_INFOROM_WARNING = re.compile(r"^WARNING: infoROM is corrupted at gpu ([0-9A-Fa-f:.]+)\s*$", re.M)
+_XML_START = re.compile(r"<\?xml|<!DOCTYPE|<nvidia_smi_log")
 
 
 def parse_nvidia_smi_xml(text: str) -> SmiDocument:
     """Parse `nvidia-smi -q -x` output (DTD v10..v13). GPUs are indexed in document order, which is
-    nvidia-smi's index order (PCI bus order unless CUDA_DEVICE_ORDER is set)."""
+    nvidia-smi's index order (PCI bus order unless CUDA_DEVICE_ORDER is set). Warning lines around the
+    XML (a corrupted InfoROM) are read and removed first."""
+    corrupted = tuple(m.group(1).lower() for m in _INFOROM_WARNING.finditer(text))
+    text = _INFOROM_WARNING.sub("", text)
+    start = _XML_START.search(text)
+    if start is not None:
+        text = text[start.start():]
+    end = text.find("</nvidia_smi_log>")
+    if end >= 0:
+        text = text[: end + len("</nvidia_smi_log>")]
     # The DOCTYPE names an external DTD that is never fetched; ElementTree ignores it.
     try:
         root = ET.fromstring(text.strip().encode("utf-8"))
@@ -224,11 +260,14 @@ def parse_nvidia_smi_xml(text: str) -> SmiDocument:
     if root.tag != "nvidia_smi_log":
         raise NvidiaSmiParseError(f"not nvidia-smi XML: root element is <{root.tag}>")
     gpus = tuple(_parse_gpu(i, g) for i, g in enumerate(root.findall("gpu")))
+    bad = {normalise_pci(p) for p in corrupted}
+    gpus = tuple(g.with_(inforom_valid=False) if normalise_pci(g.pci_bus_id) in bad else g for g in gpus)
     return SmiDocument(
         driver_version=_find(root, "driver_version"),
         cuda_version=_find(root, "cuda_version"),
         attached_gpus=_int(_find(root, "attached_gpus")),
         gpus=gpus,
+        inforom_corrupted=corrupted,
     )
 
 

@@ -36,6 +36,8 @@ SOURCES = ("auto", "nvml", "nvidia-smi")
 _NVML_NO_DRIVER = {9, 12}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
 _NVML_MISMATCH = 18  # LIB_RM_VERSION_MISMATCH
 _NVML_NO_PERMISSION = 4
+#: nvidia-smi's exit code for a corrupted infoROM (NHC csc_nvidia_smi.nhc)
+_SMI_INFOROM_CORRUPTED = 14
 
 
 class GathererOutputError(ValueError):
@@ -59,9 +61,22 @@ def gather_command(
     return Command(*argv)
 
 
+#: NVML_GPU_FABRIC_STATE_* (0 = not supported: no fabric, no fact)
+_FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
+
+
+def _fabric(info: Any) -> dict[str, str | None]:
+    if not isinstance(info, dict) or info.get("state") not in _FABRIC_STATES:
+        return {}
+    status = info.get("status")
+    return {"fabric_state": _FABRIC_STATES[info["state"]],
+            "fabric_status": "success" if status == 0 else f"NVML error {status}"}
+
+
 def _gpu_from_nvml(dev: dict[str, Any]) -> GpuFacts:
     known = set(GpuFacts.__dataclass_fields__)
     plain = {k: v for k, v in dev.items() if k in known and k not in {"processes", "nvlinks", "errors"}}
+    plain.update(_fabric(dev.get("fabric")))
     mask = dev.get("clock_reasons_mask")
     code = dev.get("recovery_action_code")
     procs = dev.get("processes")
@@ -147,12 +162,17 @@ def parse_gatherer_output(text: str) -> NodeGpuFacts:
         kind, msg = fatal or ("no_driver", f"NVML unavailable: {(nvml_err or {}).get('message')}")
         return NodeGpuFacts(source="none", error=msg, error_kind=kind, **common)
     qx = smi.get("qx") or {}
-    if qx.get("rc") != 0:
+    # exit 14 is "a GPU's infoROM is corrupted": nvidia-smi still prints the document, and the GPU's
+    # InfoROM is judged per GPU (gpu.inforom) instead of the whole node failing
+    if qx.get("rc") != 0 and not (qx.get("rc") == _SMI_INFOROM_CORRUPTED and (qx.get("out") or "").strip()):
         kind, msg = _smi_failure(qx)
         return NodeGpuFacts(source="none", error=msg, error_kind=kind, **common)
     try:
-        parsed = parse_nvidia_smi_xml(qx.get("out") or "")
+        parsed = parse_nvidia_smi_xml((qx.get("out") or "") + "\n" + (qx.get("err") or ""))
     except NvidiaSmiParseError as exc:
+        if qx.get("rc") != 0:
+            kind, msg = _smi_failure(qx)
+            return NodeGpuFacts(source="none", error=msg, error_kind=kind, **common)
         return NodeGpuFacts(source="none", error=str(exc), error_kind="tool_failed", **common)
     status = errors = None
     nvs = smi.get("nvlink_s")

@@ -134,12 +134,22 @@ def gpu_facts(nv, index):
         facts["retired_dbe"] = None if dbe is None else len(dbe)
         pend = r.call(["nvmlDeviceGetRetiredPagesPendingStatus"], h)
         facts["retired_pending"] = None if pend is None else bool(pend)
-    fields = r.call(["nvmlDeviceGetFieldValues"], h, [230])
-    if fields is not None and len(fields) and getattr(fields[0], "nvmlReturn", 1) == 0:
-        facts["recovery_action_code"] = int(fields[0].value.uiVal)
+    # 230 = NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 82 = NVML_FI_DEV_MEMORY_TEMP (HBM), in one call
+    fields = r.call(["nvmlDeviceGetFieldValues"], h, [230, 82])
+    for i, key in enumerate(("recovery_action_code", "mem_temp_c")):
+        fv = fields[i] if fields is not None and len(fields) > i else None
+        if fv is not None and getattr(fv, "nvmlReturn", 1) == 0:
+            facts[key] = int(fv.value.uiVal)
     facts["temp_c"] = r.call(["nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"], h, 0)
-    for key, which in (("shutdown_temp_c", 0), ("slowdown_temp_c", 1), ("gpu_max_temp_c", 3)):
+    for key, which in (("shutdown_temp_c", 0), ("slowdown_temp_c", 1), ("mem_max_temp_c", 2), ("gpu_max_temp_c", 3)):
         facts[key] = r.call(["nvmlDeviceGetTemperatureThreshold"], h, which)
+    facts["vbios_version"] = text(r.call(["nvmlDeviceGetVbiosVersion"], h))
+    for key, names in (("power_limit_w", ["nvmlDeviceGetEnforcedPowerLimit"]),
+                       ("default_power_limit_w", ["nvmlDeviceGetPowerManagementDefaultLimit"])):
+        mw = r.call(names, h)
+        facts[key] = None if mw is None else mw / 1000.0
+    facts["fabric"] = fabric_info(nv, h)
+    facts["inforom_valid"] = inforom_valid(nv, h)
     mask = r.call(["nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"], h)
     facts["clock_reasons_mask"] = mask
     facts["pcie_gen_current"] = r.call(["nvmlDeviceGetCurrPcieLinkGeneration"], h)
@@ -165,6 +175,39 @@ def gpu_facts(nv, index):
     facts["nvlinks"] = nvlinks(nv, r, h)
     facts["errors"] = r.errors
     return facts
+
+
+def fabric_info(nv, h):
+    """NVSwitch fabric registration: {"state": 0..3, "status": nvmlReturn} or None. 0 = not supported,
+    1 = not started, 2 = in progress, 3 = completed (NVML_GPU_FABRIC_STATE_*). Not a GPU error when absent."""
+    import ctypes
+
+    for fn_name, struct_name in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                                 ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+        fn, cls = getattr(nv, fn_name, None), getattr(nv, struct_name, None)
+        if fn is None or cls is None:
+            continue
+        info = cls()
+        try:
+            fn(h, ctypes.byref(info))
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) == 13:  # FUNCTION_NOT_FOUND: an older driver, try the older call
+                continue
+            return None
+        return {"state": int(info.state), "status": int(info.status)}
+    return None
+
+
+def inforom_valid(nv, h):
+    """nvmlDeviceValidateInforom: True valid, False corrupted (NVML_ERROR_CORRUPTED_INFOROM), None unknown."""
+    fn = getattr(nv, "nvmlDeviceValidateInforom", None)
+    if fn is None:
+        return None
+    try:
+        fn(h)
+        return True
+    except nv.NVMLError as exc:
+        return False if getattr(exc, "value", None) == 14 else None
 
 
 def mib(value):

@@ -60,6 +60,10 @@ class GpuPolicy(StrictModel):
     expected_pcie_width: Annotated[int, Field(ge=1, le=32)] | None = None
     #: GPU utilisation (%) above which the PCIe generation is judged (it drops legitimately at idle)
     pcie_gen_load_pct: Annotated[int, Field(ge=0, le=100)] = 50
+    #: an enforced power limit below this fraction of the board's default warns (1.0: any lowering)
+    min_power_limit_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    #: HBM temperature limit when the GPU reports none of its own (nvidia-smi v13 reports a T.Limit margin only)
+    max_memory_temp_c: Annotated[int, Field(ge=50, le=120)] = 95
     #: how GPU facts are read on the node: NVML first with nvidia-smi fallback, or only one of them
     facts_source: Literal["auto", "nvml", "nvidia-smi"] = "auto"
     #: interpreter that runs the gatherer on the node (the provisioned venv's python also works)

@@ -246,3 +246,38 @@ def test_xid_before_the_last_boot_is_ok_and_one_that_recurs_after_a_reboot_is_es
     assert "inspect the hardware" in again["remedy"]
     assert json.loads(hist.read_text().splitlines()[-1])["memory"]["gpu.xid"]["dc-01"]["GPU2"]["boots"] == {
         "GPU2": {"79": [boot - 86400, boot]}}
+
+
+def test_board_checks_over_real_sshd_and_the_replay_rate_from_the_history(  # type: ignore[no-untyped-def]
+    fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pf-01 prints the HAND-EDITED capture (one fault per GPU) and a corrupted-InfoROM warning (exit 14)."""
+    cluster, profile = fleet
+    xml = FIX / "nvidia-smi-qx" / "HAND-EDITED-h100x8-580.105.08-fabric-power-hbm-vbios.xml"
+    standin_gpu_node(cluster, "pf-01", xml)
+    bin_dir = cluster.bin_dir("pf-01")
+    cluster.add_executable("pf-01", "nvidia-smi", (
+        f'case "$1 $2" in\n  "-q -x") cat {xml}; echo "WARNING: infoROM is corrupted at gpu 0000:53:00.0"; exit 14 ;;\n'
+        f'  "nvlink -s") cat {bin_dir / "nvlink-s.txt"} ;;\n  *) : ;;\nesac\n'))
+    hist = tmp_path / "audit.jsonl"
+    args = ("audit", "-p", str(profile), "--json", "--only", "gpu", "--nodes", "pf-01", "--history", str(hist))
+    rc, doc = run_cli(capsys, *args)
+    f = by_key(doc)
+    assert rc == 2
+    # In Progress: a warning while the fabric manager may still be training, a failure long after boot
+    settling = time.time() - _btime() < 600
+    assert f[("gpu.fabric", "pf-01", "GPU1")]["status"] == ("warn" if settling else "fail")
+    assert f[("gpu.power_limit", "pf-01", "GPU2")]["status"] == "warn"
+    assert f[("gpu.memory_temp", "pf-01", "GPU4")]["status"] == "fail"
+    assert f[("gpu.vbios", "pf-01", "node")]["status"] == "warn"
+    assert f[("gpu.inforom", "pf-01", "GPU0")]["status"] == "warn" and f[("gpu.inforom", "pf-01", "GPU0")]["code"] == "IC-GPU-026"
+    assert f[("gpu.pcie_replay", "pf-01", "GPU0")]["status"] == "ok"  # no earlier audit: no rate yet
+    # the previous audit's sample, as if it had been taken a minute ago with no replays yet
+    record = json.loads(hist.read_text())
+    sample = record["memory"]["gpu.pcie_replay"]["pf-01"]["GPU0"]
+    assert sample["replays"] == 150 and sample["boot_time"] == _btime()
+    sample.update({"replays": 0, "at": sample["at"] - 60})
+    hist.write_text(json.dumps(record) + "\n")
+    rc, doc = run_cli(capsys, *args)
+    replay = by_key(doc)[("gpu.pcie_replay", "pf-01", "GPU0")]
+    assert replay["status"] == "warn" and "above 31/min for Gen5 x16" in replay["message"]

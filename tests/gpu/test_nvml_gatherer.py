@@ -237,3 +237,39 @@ def test_dmesg_seconds_since_boot_become_unix_time_and_sxid_lines_are_kept(tmp_p
     assert fallen.xid == 79 and fallen.epoch == pytest.approx(_btime() + 1843.308145)
     (sxid,) = facts.sxids
     assert (sxid.sxid, sxid.severity, sxid.pci) == (20034, "fatal", "0000:06:00.0")
+
+
+def test_nvml_board_facts_fabric_power_hbm_vbios_inforom(tmp_path: Path) -> None:
+    """The board facts read through NVML (fake library boundary): fabric registration in progress
+    (NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2), a lowered enforced limit (mW), HBM temperature (field 82) and
+    its limit (threshold 2), VBIOS, a corrupted InfoROM (NVML_ERROR_CORRUPTED_INFOROM = 14)."""
+    scenario = {"devices": _gpus(
+        2,
+        gpu0={"values": {"fabric": {"state": 2, "status": 0}, "nvmlDeviceGetEnforcedPowerLimit": 500000,
+                         "memory_temp": 93}},
+        gpu1={"values": {"inforom_error": 14, "nvmlDeviceGetVbiosVersion": "96.00.74.00.01"}},
+    )}
+    facts = parse_gatherer_output(run_gatherer(tmp_path, scenario))
+    g0, g1 = facts.gpus
+    assert (g0.fabric_state, g0.fabric_status, g1.fabric_state) == ("in_progress", "success", "completed")
+    assert (g0.power_limit_w, g0.default_power_limit_w) == (500.0, 700.0)
+    assert (g0.mem_temp_c, g0.mem_max_temp_c) == (93, 95)
+    assert (g0.vbios_version, g1.vbios_version) == ("96.00.99.00.01", "96.00.74.00.01")
+    assert (g0.inforom_valid, g1.inforom_valid) == (True, False) and not g1.errors  # not a GPU read error
+
+
+def test_nvidia_smi_exit_14_is_a_corrupted_inforom_not_a_dead_node(tmp_path: Path) -> None:
+    """nvidia-smi prints its document, then `WARNING: infoROM is corrupted at gpu ...`, and exits 14."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    xml = FIXTURES / "nvidia-smi-qx" / "k8stestinfra-h100x8-580.105.08.xml"
+    _standin(bin_dir, "nvidia-smi", f'[ "$1" = "-q" ] || exit 0\ncat {xml}\n'
+             'echo "WARNING: infoROM is corrupted at gpu 0000:75:00.0"\nexit 14')
+    _standin(bin_dir, "journalctl", ":")
+    facts = parse_gatherer_output(_run_script(tmp_path, bin_dir)[0])
+    assert facts.error is None and facts.source == "nvidia-smi" and len(facts.gpus) == 8
+    assert [g.index for g in facts.gpus if g.inforom_valid is False] == [2]
+    # exit 14 without a document stays a node-level hardware error
+    _standin(bin_dir, "nvidia-smi", 'echo "WARNING: infoROM is corrupted at gpu 0000:75:00.0"; exit 14')
+    facts = parse_gatherer_output(_run_script(tmp_path, bin_dir)[0])
+    assert facts.error_kind == "hardware" and "infoROM" in (facts.error or "")

@@ -106,6 +106,19 @@ class GpuFacts:
     nvlinks: tuple[NvLink, ...] | None = None
     #: why links are absent: "all links inactive", "not supported in MIG mode", "no NVLink"
     nvlink_note: str | None = None
+    vbios_version: str | None = None
+    #: NVSwitch/NVLink fabric registration (fabric manager): "completed" | "in_progress" | "not_started";
+    #: None on GPUs without a fabric ("Not Supported", N/A)
+    fabric_state: str | None = None
+    #: "success", or the error the registration ended with
+    fabric_status: str | None = None
+    #: enforced power limit and the board's default, in W
+    power_limit_w: float | None = None
+    default_power_limit_w: float | None = None
+    #: HBM temperature limit (NVML threshold MEM_MAX; nvidia-smi gpu_temp_max_mem_threshold)
+    mem_max_temp_c: int | None = None
+    #: InfoROM checksums valid (nvmlDeviceValidateInforom); False = corrupted; None = not checked
+    inforom_valid: bool | None = None
     #: NVML errors hit while reading this GPU ("GPU is lost", "GPU requires reset", ...)
     errors: tuple[str, ...] = ()
 

@@ -10,12 +10,21 @@ than guessing; a node whose GPUs could not be read at all gets one UNKNOWN (or F
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from infer_ctl.core.findings import Finding
+from infer_ctl.core.gpu.board import (
+    judge_fabric,
+    judge_inforom,
+    judge_memory_temp,
+    judge_power_limit,
+    judge_vbios,
+    node_vbios,
+)
 from infer_ctl.core.gpu.facts import GpuFacts, NodeGpuFacts
+from infer_ctl.core.gpu.fleet import judge_driver_consistency, judge_vbios_consistency
+from infer_ctl.core.gpu.replay import judge_pcie_replay
 from infer_ctl.core.gpu.xids import RMA, judge_sxids, judge_xids, xid_rule
 from infer_ctl.profile.gpu import GpuPolicy
 
@@ -131,35 +140,6 @@ def judge_driver(node: str, facts: NodeGpuFacts, policy: GpuPolicy) -> Finding:
             details=details, remedy=upgrade,
         )
     return Finding.ok("gpu.driver", node, "node", f"driver {driver}, CUDA {cuda or '?'}", details=details)
-
-
-def judge_fleet_consistency(versions: Mapping[str, tuple[str | None, str | None]]) -> list[Finding]:
-    """Driver and CUDA versions across nodes: mixed versions break NCCL/NIXL and make bugs node-specific.
-    `versions` maps node -> (driver, cuda) for nodes whose facts were read."""
-    known = {n: v for n, v in versions.items() if v[0]}
-    if len(known) < 2:
-        return []
-    majority, count = Counter(known.values()).most_common(1)[0]
-    findings = []
-    for node, (driver, cuda) in sorted(known.items()):
-        details = {"driver_version": driver, "cuda_version": cuda, "fleet_majority": list(majority)}
-        if (driver, cuda) == majority:
-            findings.append(
-                Finding.ok("gpu.driver_consistency", node, "node", f"driver {driver} like the fleet", details=details)
-            )
-        else:
-            findings.append(
-                Finding.warn(
-                    "gpu.driver_consistency",
-                    node,
-                    "node",
-                    f"driver {driver} (CUDA {cuda}) differs from the fleet's most common driver "
-                    f"{majority[0]} (CUDA {majority[1]}, {count} of {len(known)} nodes)",
-                    details=details,
-                    remedy="pin one driver version in `gpu.driver_version` and provision every node to it",
-                )
-            )
-    return findings
 
 
 # ---- per GPU ---------------------------------------------------------------------------------------
@@ -475,6 +455,9 @@ PER_GPU_RULES: tuple[GpuRule, ...] = (
     judge_nvlink,
     judge_mig,
     judge_stray_memory,
+    judge_power_limit,
+    judge_memory_temp,
+    lambda n, g, p: judge_inforom(n, g),
 )
 
 
@@ -486,19 +469,32 @@ def judge_node(
     """All GPU findings of one node, in a stable order. `memory`: what earlier audits remembered for this
     node, per check id then subject (checks/audit.py `remembered`)."""
     memory = memory or {}
+    replays = memory.get("gpu.pcie_replay") or {}
     findings = judge_gather_error(node, facts, expected_count)
     if facts.error is None:
         findings.append(judge_count(node, facts, expected_count))
         findings.append(judge_driver(node, facts, policy))
+        findings.extend(judge_vbios(node, facts))
         for gpu in facts.gpus:
             findings.extend(f for rule in PER_GPU_RULES if (f := rule(node, gpu, policy)) is not None)
+            previous = replays.get(gpu.subject)
+            replay = judge_pcie_replay(node, gpu, facts, previous if isinstance(previous, Mapping) else None)
+            if replay is not None:
+                findings.append(replay)
+        findings.extend(judge_fabric(node, facts))
     findings.extend(judge_xids(node, facts, policy, (memory.get("gpu.xid") or {}).values()))
     findings.extend(judge_sxids(node, facts, policy))
     return findings
 
 
 def judge_fleet(results: Iterable[tuple[str, NodeGpuFacts]]) -> list[Finding]:
-    return judge_fleet_consistency({n: (f.driver_version, f.cuda_version) for n, f in results if f.error is None})
+    read = [(n, f) for n, f in results if f.error is None]
+    return [*judge_driver_consistency({n: (f.driver_version, f.cuda_version) for n, f in read}),
+            *judge_vbios_consistency({n: node_vbios(f) for n, f in read})]
+
+
+#: kept under its old name: tests and callers judge driver consistency alone
+judge_fleet_consistency = judge_driver_consistency
 
 
 __all__ = ["judge_fleet", "judge_node", "judge_sxids", "judge_xids", "xid_rule"]

@@ -14,6 +14,7 @@ driven by a JSON scenario in $FAKE_NVML_SCENARIO:
 Everything the real node-side gatherer does with the results is real.
 """
 
+import ctypes
 import json
 import os
 from types import SimpleNamespace
@@ -59,7 +60,15 @@ _DEFAULTS = {
     "recovery_action": 0,
     "nvmlDeviceGetTemperatureV": 35,
     "nvmlDeviceGetTemperature": 35,
-    "thresholds": {"0": 92, "1": 89, "3": 87},
+    "thresholds": {"0": 92, "1": 89, "2": 95, "3": 87},
+    "memory_temp": 40,
+    "nvmlDeviceGetVbiosVersion": "96.00.99.00.01",
+    "nvmlDeviceGetEnforcedPowerLimit": 700000,
+    "nvmlDeviceGetPowerManagementDefaultLimit": 700000,
+    # NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS
+    "fabric": {"state": 3, "status": 0},
+    # None: valid; an NVMLError code (14 = CORRUPTED_INFOROM) to raise
+    "inforom_error": None,
     "nvmlDeviceGetCurrentClocksEventReasons": 0x1,
     "nvmlDeviceGetCurrentClocksThrottleReasons": 0x1,
     "nvmlDeviceGetCurrPcieLinkGeneration": 5,
@@ -187,6 +196,8 @@ def nvmlDeviceGetFieldValues(h, field_ids):
                     value=SimpleNamespace(uiVal=0 if code else _value(h, "recovery_action")),
                 )
             )
+        elif fid == 82:  # NVML_FI_DEV_MEMORY_TEMP
+            out.append(SimpleNamespace(fieldId=fid, nvmlReturn=0, value=SimpleNamespace(uiVal=_value(h, "memory_temp"))))
         else:
             out.append(SimpleNamespace(fieldId=fid, nvmlReturn=NVML_ERROR_NOT_SUPPORTED, value=None))
     return out
@@ -201,7 +212,43 @@ def nvmlDeviceGetTemperature(h, sensor):
 
 
 def nvmlDeviceGetTemperatureThreshold(h, which):
-    return _value(h, "thresholds")[str(which)]
+    thresholds = _value(h, "thresholds")
+    if str(which) not in thresholds:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return thresholds[str(which)]
+
+
+def nvmlDeviceGetVbiosVersion(h):
+    return _value(h, "nvmlDeviceGetVbiosVersion")
+
+
+def nvmlDeviceGetEnforcedPowerLimit(h):
+    return _value(h, "nvmlDeviceGetEnforcedPowerLimit")
+
+
+def nvmlDeviceGetPowerManagementDefaultLimit(h):
+    return _value(h, "nvmlDeviceGetPowerManagementDefaultLimit")
+
+
+def nvmlDeviceValidateInforom(h):
+    code = _value(h, "inforom_error")
+    if code:
+        raise NVMLError(code)
+
+
+class c_nvmlGpuFabricInfoV_t(ctypes.Structure):
+    # the fields inferctl reads, in the real struct's order (clusterUuid, status, cliqueId, state, ...)
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8), ("healthMask", ctypes.c_uint32)]
+
+
+def nvmlDeviceGetGpuFabricInfoV(h, info_ref):
+    # the real binding passes `byref(struct)` to the C library, which fills it in
+    fabric = _value(h, "fabric")
+    if fabric is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    info = info_ref._obj
+    info.state, info.status = fabric["state"], fabric["status"]
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(h):
