@@ -42,7 +42,11 @@ def sglang_hash() -> Any:
     try:
         from sglang.srt.mem_cache import utils
 
-        utils.get_hash_str([1, 2], None, page_size=1)
+        # torch's extension loader imports setuptools; once another test has imported the stdlib's
+        # distutils, setuptools' own-distutils shim asserts unless told to use the stdlib's
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("SETUPTOOLS_USE_DISTUTILS", "stdlib")
+            utils.get_hash_str([1, 2], None, page_size=1)
     except Exception as exc:  # the kernel needs torch and a C++ compiler
         cause = f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
         pytest.skip(f"SGLang's page hash kernel is not available here: {type(exc).__name__}: {exc}{cause}")
