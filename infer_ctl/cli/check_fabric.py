@@ -28,6 +28,8 @@ from infer_ctl.core.report import Report
 from infer_ctl.output.table import STATUS_STYLE, render_findings_report
 
 PingpongOpt = Annotated[bool, typer.Option("--pingpong", help="Also run ibv_rc_pingpong (+ perftest) between node pairs.")]
+GdrOpt = Annotated[bool, typer.Option("--gdr", help="Also run ib_write_bw --use_cuda (GPUDirect RDMA) between the node pairs (fabric.gdr).")]
+NcclOpt = Annotated[bool, typer.Option("--nccl", help="Also run nccl-tests all_reduce_perf over the selected nodes (fabric.nccl).")]
 PairsOpt = Annotated[
     str | None, typer.Option("--pairs", help="prefill-decode (default), mesh, or explicit (fabric.pingpong.explicit_pairs).")
 ]
@@ -43,24 +45,39 @@ def check_fabric_cmd(
     pairs: PairsOpt = None,
     parallel: ParallelOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    gdr: GdrOpt = False,
+    nccl: NcclOpt = False,
 ) -> None:
     """Devices, link state/rate, GID choice, MTU, PFC/trust/ECN, global pause, counters. Exit 0/1/2/3."""
     from infer_ctl.checks.fabric import check_fabric  # imported here so `--help` stays fast
 
     sess, prof = session(json_out), get_profile(profile)
     chosen, fleet = open_fleet(prof, select, role, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
+    extra: dict[str, Any] = {}
     with fleet, \
             status_line(sess, "checking the fabric" + (" and running pair tests" if pingpong else "")):
         result = check_fabric(prof, fleet, chosen, pingpong=pingpong, pair_mode=pairs)
+        if gdr or nccl:  # active diagnostics (checks/diag.py): after the configuration they depend on
+            from infer_ctl.checks.diag import run_gdr, run_nccl
+            from infer_ctl.core.fabric.expectations import expectations
+
+            if gdr:
+                found, extra["gdr"] = run_gdr(prof, fleet, chosen, result.facts,
+                                              {n.name: expectations(prof, n) for n in chosen}, pair_mode=pairs)
+                result.findings += found
+            if nccl:
+                result.findings += run_nccl(prof, fleet, chosen)
     report = Report("check fabric", prof.name, findings=result.findings,
-                    data={"pairs": result.pairs} if pingpong else {})
-    finish(sess, report, lambda console: render_fabric(console, report, result.pairs))
+                    data={**({"pairs": result.pairs} if pingpong else {}), **extra})
+    finish(sess, report, lambda console: render_fabric(console, report, result.pairs, extra.get("gdr")))
 
 
-def render_fabric(console: Console, report: Report, pairs: dict[str, Any]) -> None:
+def render_fabric(console: Console, report: Report, pairs: dict[str, Any], gdr: dict[str, Any] | None = None) -> None:
     render_findings_report(console, report, show_ok=False)
     if pairs.get("cells"):
         console.print(pair_table(pairs))
+    if gdr and gdr.get("cells"):
+        console.print(pair_table(gdr))
 
 
 def pair_table(pairs: dict[str, Any]) -> Table:

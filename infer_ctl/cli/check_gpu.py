@@ -5,6 +5,10 @@ The checks, the fleet (paramiko) and the profile models are imported inside the 
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from infer_ctl.cli.check_cmd import app
 from infer_ctl.cli.common import (
     AcceptNewHostKeysOpt,
@@ -30,6 +34,8 @@ def check_gpu_cmd(
     show_all: AllOpt = False,
     parallel: ParallelOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
+    diag: Annotated[int | None, typer.Option("--diag", min=1, max=4, help="Also run DCGM's active diagnostic `dcgmi diag -r N -j` (1 quick, 2 medium, 3 long, 4 extended; loads the GPUs: drain them first).")] = None,
+    diag_timeout: Annotated[float | None, typer.Option("--diag-timeout", min=1, help="Seconds --diag may run per node (default by level: 300/900/3600/10800).")] = None,
 ) -> None:
     """Driver, count, ECC, row remap, XIDs, temperature, throttling, PCIe, NVLink, MIG. Exit 0/1/2/3.
 
@@ -41,5 +47,9 @@ def check_gpu_cmd(
     chosen, fleet = open_fleet(prof, select, role, parallel=parallel, accept_new_host_keys=accept_new_host_keys)
     with fleet:
         findings = check_gpu(fleet, chosen, prof)
+        if diag is not None:
+            from infer_ctl.checks.diag import run_dcgm
+
+            findings += run_dcgm(fleet, chosen, diag, diag_timeout)
     report = Report("check gpu", prof.name, findings=findings)
     finish(sess, report, lambda console: render_problems(console, report, show_all=show_all))

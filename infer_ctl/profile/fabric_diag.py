@@ -16,9 +16,7 @@ class GdrSettings(StrictModel):
     #: which GPU (CUDA index) each HCA reads from and writes to; unset devices use their rail position
     #: (the i-th tested HCA of a node uses GPU i: rail-aligned HGX boards put NIC i next to GPU i)
     gpu_for_device: dict[str, Annotated[int, Field(ge=0, le=63)]] = Field(default_factory=dict)
-    #: perftest's --use_cuda_dmabuf (open kernel modules without nvidia-peermem)
-    dmabuf: bool = False
-    message_size: Annotated[int, Field(ge=1)] = 1 << 20
+    #: ib_write_bw iterations of 64 KiB (at least 5000, as the ordinary bandwidth pair test)
     iters: Annotated[int, Field(ge=1)] = 5000
 
 

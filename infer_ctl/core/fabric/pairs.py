@@ -31,6 +31,8 @@ class Endpoint:
     #: local sgid index (-g / -x); None on InfiniBand, where no GRH is needed
     gid_index: int | None
     ib_port: int = 1
+    #: perftest reads and writes this GPU's memory (--use_cuda=N: GPUDirect RDMA, `check fabric --gdr`)
+    cuda_device: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ def perftest_argv(
         argv += ["-s", "2", "-n", str(flags.iters)]
     if ep.gid_index is not None:
         argv += ["-x", str(ep.gid_index)]
+    if ep.cuda_device is not None:
+        argv.append(f"--use_cuda={ep.cuda_device}")
     if server_host:
         argv.append(server_host)
     return argv
