@@ -11,7 +11,7 @@ forward (`flush`), and a reset publishes at once.
 The work is split in two so the simulated scheduler does none of it: `KvEventRecorder`, called by the
 radix cache, only appends what happened (store, split, remove, clear: O(1), no hashing) to the step's
 log; `KvEventBuilder`, run by the publisher's thread on each step's log in order, keeps every node's
-page digests (kv_hash.py: SGLang's SHA-256 chain), follows the splits and turns the log into SGLang's
+page digests (core/kvevents/hashing.py: SGLang's SHA-256 chain), follows the splits and turns the log into SGLang's
 events. A node's key list is never changed in place (a split gives both halves new lists), so the log
 can hold the very list a store saw.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from infer_ctl.sim.kv_hash import DIGEST_LEN, bigram_pairs, block_hashes, last_digest, page_digests
+from infer_ctl.core.kvevents.hashing import DIGEST_LEN, bigram_pairs, block_hashes, last_digest, page_digests
 
 #: SGLang's StorageMedium.GPU: every block of this simulator lives in (simulated) device memory
 MEDIUM_GPU = "GPU"

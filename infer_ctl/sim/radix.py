@@ -8,7 +8,7 @@ leaves are evicted, and the `priority` policy evicts the lowest (priority, last_
 As in SGLang, the tree holds whole pages (`page_size` tokens; a key is cut to whole pages before it is
 matched or inserted, `RadixKey.page_aligned`), and an EAGLE worker's tree is keyed by bigrams (token i,
 token i+1; `RadixKey.maybe_to_bigram_view`), so n prompt tokens are n - 1 keys. Lengths the cache
-reports are in keys, each one token's KV. Bigrams are packed into one int each (`kv_hash.pack_bigrams`).
+reports are in keys, each one token's KV. Bigrams are packed into one int each (`core.kvevents.hashing.pack_bigrams`).
 
 Tokens enter and leave the tree only in `insert`, `evict` and `reset`: there a `KvEventRecorder` (when
 the worker publishes KV events, `kv_events.py`) logs the stores, removals and clears (and `_split` its
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from infer_ctl.sim.kv_hash import pack_bigrams
+from infer_ctl.core.kvevents.hashing import pack_bigrams
 
 if TYPE_CHECKING:
     from infer_ctl.sim.kv_events import KvEventRecorder

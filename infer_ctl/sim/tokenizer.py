@@ -8,21 +8,12 @@ are drawn from a small fixed word list whose ids decode back to text.
 
 from __future__ import annotations
 
-import re
-import zlib
 from typing import Protocol
 
-_PIECE = re.compile(r" ?\w+| ?[^\w\s]|\s+")
+# the built-in tokenizer and the chat template live in core so a router tokenizes as a simulated worker does
+from infer_ctl.core.kvevents.sim_tokenizer import VOCAB_SIZE, WORDS, BuiltinTokenizer, render_chat
 
-#: Output vocabulary: ids 0..len-1 decode to these words (with a leading space).
-_WORD_LIST = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which "
-    "but have an they you were her she there one all we their has been if more when will would "
-    "who so no cache token prefill decode router model server request batch latency queue draft "
-    "accept verify system prompt tenant policy answer support example data"
-)
-WORDS: tuple[str, ...] = tuple(_WORD_LIST.split())
-VOCAB_SIZE = 128_256  # Llama-3's vocabulary size; ids of input pieces land above the word list
+__all__ = ["VOCAB_SIZE", "WORDS", "BuiltinTokenizer", "FileTokenizer", "Tokenizer", "make_tokenizer", "render_chat"]
 
 
 class Tokenizer(Protocol):
@@ -31,36 +22,6 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
-
-
-class BuiltinTokenizer:
-    name = "builtin"
-
-    def __init__(self) -> None:
-        self._memo: dict[str, int] = {}
-        self._reverse: dict[int, str] = {}
-
-    def _id(self, piece: str) -> int:
-        tid = self._memo.get(piece)
-        if tid is None:
-            tid = len(WORDS) + zlib.crc32(piece.encode()) % (VOCAB_SIZE - len(WORDS))
-            if len(self._memo) < 1_000_000:  # bounded: a long-running server must not grow forever
-                self._memo[piece] = tid
-                self._reverse.setdefault(tid, piece)
-        return tid
-
-    def encode(self, text: str) -> list[int]:
-        ids = self._id
-        return [ids(p) for p in _PIECE.findall(text)]
-
-    def decode(self, ids: list[int]) -> str:
-        out = []
-        for tid in ids:
-            if 0 <= tid < len(WORDS):
-                out.append(" " + WORDS[tid])
-            else:
-                out.append(self._reverse.get(tid, f"<{tid}>"))
-        return "".join(out)
 
 
 class FileTokenizer:
@@ -86,14 +47,3 @@ class FileTokenizer:
 def make_tokenizer(path: str | None) -> Tokenizer:
     return FileTokenizer(path) if path else BuiltinTokenizer()
 
-
-def render_chat(messages: list[dict[str, object]]) -> str:
-    """Llama-3-style chat template, so a shared system prompt is a shared token prefix."""
-    parts = ["<|begin_of_text|>"]
-    for msg in messages:
-        content = msg.get("content", "")
-        if isinstance(content, list):  # OpenAI content parts: keep the text parts
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        parts.append(f"<|start_header_id|>{msg.get('role', 'user')}<|end_header_id|>\n\n{content}<|eot_id|>")
-    parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
-    return "".join(parts)

@@ -16,7 +16,7 @@ import pytest
 from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.kv_config import describe, offset_endpoint, parse_kv_events_config
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
-from infer_ctl.sim.kv_hash import block_hashes, pack_bigrams, page_digests
+from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.sim.kv_ports import assign_kv_event_ports
 from infer_ctl.sim.radix import RadixCache
 
@@ -26,7 +26,7 @@ def _h64(digest: bytes) -> int:
 
 
 def _chain(pages: list[bytes]) -> list[int]:
-    """The SHA-256 chain written out by hand from the format's description (kv_hash docstring)."""
+    """The SHA-256 chain written out by hand from the format's description (core.kvevents.hashing docstring)."""
     out, prior = [], b""
     for data in pages:
         prior = hashlib.sha256(prior + data).digest()

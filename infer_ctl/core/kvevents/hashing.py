@@ -1,5 +1,8 @@
 """Block hashes of KV-cache pages, computed as SGLang 0.5.23 computes them for its KV events. Pure.
 
+One function for both sides: the simulator hashes the pages it publishes with it, and the router hashes
+the prompts it routes with it, so a prompt's blocks are found under the hashes a worker published.
+
 SGLang hashes a radix node's pages as a SHA-256 chain (`get_hash_str` in sglang/srt/mem_cache/utils.py,
 the C++ kernel in sglang/srt/mem_cache/cpp_utils/hash_binding.cpp):
 
