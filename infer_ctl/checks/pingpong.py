@@ -15,16 +15,16 @@ Rounds run one after the other; the tests of one round (disjoint HCAs, distinct 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from infer_ctl.checks.pair_hosts import resolved_hosts
 from infer_ctl.core.fabric.endpoints import node_endpoints, path_mtu, slower_rate
 from infer_ctl.core.fabric.expectations import FabricExpectations
 from infer_ctl.core.fabric.facts import NodeFabricFacts
 from infer_ctl.core.fabric.judge import PairRun, Thresholds, judge_pair, pair_matrix
+from infer_ctl.core.fabric.matrix import pair_summary
 from infer_ctl.core.fabric.pairs import (
-    Endpoint,
     PairFlags,
     PairTest,
     perftest_argv,
@@ -36,7 +36,7 @@ from infer_ctl.core.fabric.pairs import (
 from infer_ctl.core.findings import Finding
 from infer_ctl.errors import InferctlError
 from infer_ctl.facts.rdma_pingpong import parse_pair_output
-from infer_ctl.profile import Node, PingPongSettings, Profile, Role
+from infer_ctl.profile import Node, Profile, Role
 from infer_ctl.remote.base import Command, Connector
 
 if TYPE_CHECKING:
@@ -106,11 +106,13 @@ def _finish(conn: Connector, d: str, polls: int) -> tuple[int | None, str, bool]
     return rc, output, "KILLED" in head
 
 
-def run_one(fleet: Fleet, nodes: dict[str, Node], test: PairTest, tool: str, flags: PairFlags, timeout_s: float) -> PairRun:
+def run_one(fleet: Fleet, nodes: dict[str, Node], test: PairTest, tool: str, flags: PairFlags, timeout_s: float,
+            address_source: str | None = None) -> PairRun:
     s, c = test.server, test.client
     build = rc_pingpong_argv if tool == "ibv_rc_pingpong" else (lambda ep, fl, p, h=None: perftest_argv(tool, ep, fl, p, h))
+    # the client is given the server's data-plane address (core/fabric/endpoints.py), not the profile's host
     server_argv, client_argv = build(s, flags, test.tcp_port), build(c, flags, test.tcp_port, s.host)
-    run = PairRun(test, tool, False, None, "", None, "")
+    run = PairRun(test, tool, False, None, "", None, "", server_address_source=address_source)
     d: str | None = None
     try:
         sconn = fleet.connector(nodes[s.node])
@@ -154,22 +156,16 @@ def judge(run: PairRun, th: Thresholds) -> Finding:
 
 
 def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts: dict[str, NodeFabricFacts],
-                   exps: dict[str, FabricExpectations], *, pair_mode: str | None = None,
-                   only_tools: Sequence[str] | None = None, settings: PingPongSettings | None = None,
-                   endpoint_hook: Callable[[Endpoint, int], Endpoint] | None = None,
-                   judge_fn: Callable[[PairRun, Thresholds], Finding] | None = None,
+                   exps: dict[str, FabricExpectations], *, pair_mode: str | None = None
                    ) -> tuple[list[Finding], dict[str, Any]]:
     """The pair tests between the reachable nodes (`facts`): their findings, in report order, and the
-    matrix summary (`pairs` of `check fabric --json`). `only_tools`, `settings`, `endpoint_hook` (each
-    node's i-th endpoint -> the one to test, e.g. with a GPU for --use_cuda) and `judge_fn` let an active
-    diagnostic (checks/diag.py, `check fabric --gdr`) run its own tool over the same schedule."""
-    settings = settings or profile.fabric.pingpong
+    matrix summary (`pairs` of `check fabric --json`)."""
+    settings = profile.fabric.pingpong
     by_name = {n.name: n for n in nodes}
     out: list[Finding] = []
-    infos = {n.name: node_endpoints(n, facts[n.name], exps[n.name]) for n in nodes if n.name in facts}
-    if endpoint_hook is not None:
-        infos = {name: [replace(i, endpoint=endpoint_hook(i.endpoint, k)) for k, i in enumerate(eps)]
-                 for name, eps in infos.items()}
+    resolved = resolved_hosts(profile, nodes)
+    infos = {n.name: node_endpoints(n, facts[n.name], exps[n.name], resolved.get(n.name))
+             for n in nodes if n.name in facts}
     usable = {name: [i.endpoint for i in eps] for name, eps in infos.items() if eps}
     mode = pair_mode or settings.pairs
     names = [n.name for n in nodes]
@@ -179,8 +175,10 @@ def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts:
         out.append(Finding.warn(
             "fabric.pingpong", "fleet", "pairs", f"no node pairs to test in mode {mode!r} among the selected nodes",
             remedy="select prefill and decode nodes, use --pairs mesh, or fill fabric.pingpong.explicit_pairs"))
+    why_not: dict[str, str] = {}
     for node in sorted({x for p in pairs for x in p} - set(usable)):
         why = "not reachable" if node not in facts else "no ACTIVE device with a RoCE v2 GID"
+        why_not[node] = f"{node} {why}"
         out.append(Finding.fail("fabric.pingpong", node, node, f"{node} cannot take part in pair tests: {why}",
                                          remedy="fix the node findings above (fabric.devices/port_state/gid) first"))
     tests = schedule(pairs, usable, settings.base_port)
@@ -188,8 +186,6 @@ def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts:
     for tool, wanted in (("ib_write_lat", settings.perftest), ("ib_write_bw", settings.bandwidth)):
         if wanted and tests and all(_has(facts[n], tool) for n in usable):
             tools.append(tool)
-    if only_tools is not None:  # run these whether or not the node reported them: a missing one says so
-        tools = list(only_tools)
     info_of = {(i.endpoint.node, i.endpoint.device): i for eps in infos.values() for i in eps}
     findings: list[Finding] = []
     for tool_index, tool in enumerate(tools):
@@ -202,15 +198,10 @@ def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts:
                     a, b = info_of[(t.server.node, t.server.device)], info_of[(t.client.node, t.client.device)]
                     flags = PairFlags(settings.size, settings.iters, path_mtu(profile.fabric.mtu, a, b))
                     th = Thresholds(settings.max_rtt_us, settings.min_bw_fraction, slower_rate(a, b))
-                    futures.append((pool.submit(run_one, fleet, by_name, t2, tool, flags, settings.timeout_s), th))
-                findings += [(judge_fn or judge)(f.result(), th) for f, th in futures]
-    matrix = pair_matrix(findings)
-    summary = {
-        "mode": mode, "tools": tools,
-        "rows": sorted({k[0] for k in matrix}, key=names.index), "columns": sorted({k[1] for k in matrix}, key=names.index),
-        "cells": [{"server": k[0], "client": k[1], "status": v.status.value, "text": v.text} for k, v in matrix.items()],
-    }
-    return out + findings, summary
+                    futures.append((pool.submit(run_one, fleet, by_name, t2, tool, flags, settings.timeout_s,
+                                                a.address_source), th))
+                findings += [judge(f.result(), th) for f, th in futures]
+    return out + findings, pair_summary(mode, tools, names, pairs, pair_matrix(findings), why_not)
 
 
 def _has(facts: NodeFabricFacts, tool: str) -> bool:

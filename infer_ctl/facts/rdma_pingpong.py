@@ -33,7 +33,9 @@ _ITERS = re.compile(r"^(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter")
 _REMOTE = "remote address"
 # Lines rdma-core examples print on failure ("Failed status ...", "Couldn't ...", "Failed to ...").
 _ERROR = re.compile(r"^(Failed .*|Couldn't .*|Unable to .*|.*: No such .*|client read: .*|server read: .*|"
-                    r"No IB devices found.*|Failed to get IB devices list.*|IB device \S+ not found.*)$")
+                    r"No IB devices found.*|Failed to get IB devices list.*|IB device \S+ not found.*|"
+                    # getaddrinfo() failing in pp_client_exch_dest: "<gai_strerror> for <host>:<port>"
+                    r".+ for \S+:\d+)$")
 
 
 def parse_rc_pingpong(text: str) -> RcPingPongOutput:
@@ -57,7 +59,9 @@ def parse_rc_pingpong(text: str) -> RcPingPongOutput:
 _LAT_KEYS = ("t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p999")
 _PERFTEST_ERR = re.compile(
     r"^(Couldn't .*|Unable to .*|Failed .*|Error: .*|.*Did not detect devices.*|"
-    r".*check if driver is up.*|Unable to find the Infiniband/RoCE device.*|.*[Cc]ompletion with error.*)$"
+    r".*check if driver is up.*|Unable to find the Infiniband/RoCE device.*|.*[Cc]ompletion with error.*|"
+    # check_add_port(): "<gai_strerror> for ai_family: %x service: <host> port: %d", then the next line
+    r".+ for ai_family: .*|Problem in resolving basic address and port)$"
 )
 
 

@@ -50,6 +50,18 @@ def setup_node(cluster: Any, sysfs_root: Path, name: str, spec: FabricNode) -> N
         install_standin(bin_dir, tool, "standin-ibv_rc_pingpong")
     table = {str(i): g for i, g, _ in gids}
     (bin_dir / "standin-rdma.json").write_text(json.dumps({"devices": {hca.name: table}, "mode": spec.mode}))
+    if spec.ipv4:
+        add_route(cluster, spec.ipv4, cluster.node(name).host)
+
+
+def add_route(cluster: Any, address: str, via: str) -> None:
+    """The simulated data-plane network: a pair-test client given `address` (the server's RoCE GID IPv4)
+    reaches the node whose sshd listens on `via` (all nodes are this machine, on loopback addresses).
+    One table per cluster, read by every node's stand-in (standin-ibv_rc_pingpong)."""
+    routes_file = Path(cluster.root) / "standin-routes.json"
+    routes = json.loads(routes_file.read_text()) if routes_file.exists() else {}
+    routes[address] = via
+    routes_file.write_text(json.dumps(routes))
 
 
 def free_port_range(n: int = 64) -> int:
@@ -107,4 +119,4 @@ def pp_dirs() -> set[str]:
     return {p.name for p in Path("/tmp").glob("inferctl-pp.*")}
 
 
-__all__ = ["FabricNode", "fabric_profile", "free_port_range", "leftovers", "pp_dirs", "setup_node"]
+__all__ = ["FabricNode", "add_route", "fabric_profile", "free_port_range", "leftovers", "pp_dirs", "setup_node"]

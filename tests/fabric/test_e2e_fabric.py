@@ -86,7 +86,10 @@ def test_healthy_and_misconfigured_nodes_with_pair_matrix(
     # both ends got the same flags (-d/-g are each side's own; the client adds the server's address)
     server_args = (cluster.bin_dir("pf-01") / "ibv_rc_pingpong.args").read_text().split("\n")[0].split()
     client_args = (cluster.bin_dir("dc-01") / "ibv_rc_pingpong.args").read_text().split("\n")[0].split()
-    assert client_args[:-1] == server_args and client_args[-1] == cluster.node("pf-01").host
+    # the client connects to the server's data-plane address: its RoCE v2 GID's IPv4, not the profile's host
+    assert client_args[:-1] == server_args and client_args[-1] == "10.0.0.11"
+    assert by_client["dc-01"]["details"]["server_address"] == "10.0.0.11"
+    assert by_client["dc-01"]["details"]["server_address_source"] == "gid"
     assert server_args[server_args.index("-g") + 1] == "3" and server_args[server_args.index("-m") + 1] == "4096"
     # the servers were stopped and their temp dirs removed
     assert leftovers(cluster.root) == [] and pp_dirs() - before == set()
@@ -184,3 +187,69 @@ def test_write_bandwidth_pair_test_end_to_end(
     code, table = _cli(capsys, "--pingpong", "-p", str(profile))
     flat = " ".join(table.replace("│", " ").split())  # the title wraps in a narrow terminal
     assert code == 0 and "pair tests (prefill-decode:" in flat and "pf-01" in flat and "dc-01" in flat and " us" in flat
+
+
+def _alias_profile(cluster: Any, tmp_path: Path, base_port: int, **pingpong: Any) -> Path:
+    """The profile names every node by a ~/.ssh/config alias (`pf-01.ic`), as a fleet whose ssh config
+    maps short names to management addresses does; only the controller knows the aliases."""
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(
+        f"Host {n.name}.ic\n  HostName {n.host}\n  Port {n.port}\n" for n in cluster.nodes))
+    path = fabric_profile(cluster, tmp_path / "p.yaml", base_port, pingpong=pingpong)
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data["ssh"]["config_file"] = str(config)
+    for node in data["nodes"]:
+        node["host"], node["port"] = f"{node['name']}.ic", None
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_pair_tests_with_ssh_config_aliases_use_the_data_plane_address_and_show_every_pair(
+    ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before issue 14 the client got the alias (`pf-01.ic`): every pair failed with 'Name or service not
+    known' and the remedy blamed GID/PFC/MTU. The client now gets the server's RoCE v2 GID's IPv4; an
+    unreachable decode node is a 'not run' cell in the matrix, with its reason."""
+    cluster = ssh_cluster(names=["pf-01", "dc-01", "dc-02"], roles=[["prefill"], ["decode"], ["decode"]])
+    sysfs = tmp_path / "sysfs"
+    for name, ip in (("pf-01", "10.0.0.11"), ("dc-01", "10.0.0.21"), ("dc-02", "10.0.0.22")):
+        setup_node(cluster, sysfs, name, FabricNode(ipv4=ip))
+    monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(sysfs / "{node}"))
+    profile = _alias_profile(cluster, tmp_path, free_port_range(), perftest=True)
+    cluster.stop("dc-02")
+    code, out = _cli(capsys, "--pingpong", "--json", "-p", str(profile))
+    doc = json.loads(out)
+    pairs = {(f["check"], f["details"]["client"]): f for f in doc["findings"] if "client" in f["details"]}
+    for check in ("fabric.pingpong", "fabric.write_lat"):
+        f = pairs[(check, "dc-01")]
+        assert f["status"] == "ok", f
+        assert f["details"]["server_address"] == "10.0.0.11" and f["details"]["server_address_source"] == "gid"
+    client_args = (cluster.bin_dir("dc-01") / "ibv_rc_pingpong.args").read_text().split()
+    assert client_args[-1] == "10.0.0.11" and "pf-01.ic" not in client_args
+    cells = {(c["server"], c["client"]): c for c in doc["pairs"]["cells"]}
+    assert doc["pairs"]["rows"] == ["pf-01"] and doc["pairs"]["columns"] == ["dc-01", "dc-02"]
+    assert cells[("pf-01", "dc-01")]["status"] == "ok"
+    assert cells[("pf-01", "dc-02")] == {"server": "pf-01", "client": "dc-02", "status": "unknown",
+                                         "text": "not run", "reason": "dc-02 not reachable"}
+    assert code == 2  # dc-02 cannot take part (fabric.pingpong FAIL on dc-02), the rest passed
+    # the table shows the cell too
+    code, table = _cli(capsys, "--pingpong", "-p", str(profile))
+    assert "not run" in " ".join(table.replace("│", " ").split())
+
+
+def test_a_server_without_an_ipv4_gid_is_reached_at_its_ssh_config_hostname(
+    ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = ssh_cluster(names=["pf-01", "dc-01"], roles=[["prefill"], ["decode"]])
+    sysfs = tmp_path / "sysfs"
+    for name, ip6 in (("pf-01", "2001:db8::11"), ("dc-01", "2001:db8::21")):
+        setup_node(cluster, sysfs, name, FabricNode(ipv4=None, ipv6=ip6))
+    monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(sysfs / "{node}"))
+    profile = _alias_profile(cluster, tmp_path, free_port_range(), pairs="prefill-decode")
+    code, out = _cli(capsys, "--pingpong", "--json", "-p", str(profile), "--pairs", "prefill-decode")
+    (pair,) = [f for f in json.loads(out)["findings"] if f["check"] == "fabric.pingpong"]
+    assert pair["status"] == "ok", pair
+    assert pair["details"]["server_address"] == cluster.node("pf-01").host
+    assert pair["details"]["server_address_source"] == "ssh_config" and code == 0

@@ -83,3 +83,40 @@ def test_matrix_takes_worst_status_and_rtt() -> None:
     good, slow = _judge(_run(OK_CLIENT, OK_SERVER), Thresholds(8.0)), _judge(_run(OK_CLIENT, OK_SERVER), Thresholds())
     cell = pair_matrix([good, slow])[("pf-01", "dc-01")]
     assert cell.status is Status.WARN and cell.text == "6.78 us"
+
+
+def test_perftest_failed_status_12_gets_the_retry_exceeded_remedy() -> None:
+    """perftest before 2025-07 prints only the number: `Failed status 12` is IBV_WC_RETRY_EXC_ERR."""
+    run = _run(_text("perftest", "FROM-FORMAT-ib_write_bw-client-failed-status-12-perftest-4.5.txt"), "",
+               tool="ib_write_bw", cx=1, sx=None)
+    f = _judge(run, Thresholds(link_gbps=400))
+    assert f.status is Status.FAIL and "Failed status 12" in f.message
+    assert f.remedy and "transport retry counter exceeded" in f.remedy and "GID index" in f.remedy and "PFC" in f.remedy
+    # the newer wording carries the same number
+    newer = _run(" Completion with error at client\n Failed status-transport retry counter exceeded (12): wr_id 0 "
+                 "syndrom 0x81\n scnt=128, ccnt=0\n", "", tool="ib_write_bw", cx=1, sx=None)
+    assert "transport retry counter exceeded" in (_judge(newer, Thresholds()).remedy or "")
+    rnr = _run(" Completion with error at client\n Failed status 13: wr_id 0 syndrom 0x88\n", "", tool="ib_write_bw", cx=1)
+    assert "RNR" in (_judge(rnr, Thresholds()).remedy or "")
+
+
+@pytest.mark.parametrize(("tool", "client"), [
+    ("ibv_rc_pingpong", "Name or service not known for pf-01.ic:18515\n"),  # rc_pingpong's pp_client_exch_dest
+    ("ib_write_lat", _text("perftest", "FROM-FORMAT-ib_write_lat-client-name-not-known.txt")),
+])
+def test_a_name_the_client_cannot_resolve_is_not_blamed_on_the_fabric(tool: str, client: str) -> None:
+    alias = PairTest(Endpoint("pf-01", "pf-01.ic", "mlx5_0", 3), Endpoint("dc-01", "10.0.0.21", "mlx5_0", 3), 18515, 0)
+    f = _judge(PairRun(alias, tool, True, None, "", 1, client, server_address_source="profile"), Thresholds())
+    assert f.status is Status.FAIL and f.remedy
+    assert "dc-01 cannot resolve 'pf-01.ic'" in f.remedy and "ssh/config aliases" in f.remedy
+    assert "PFC" not in f.remedy and "MTU" not in f.remedy
+    assert f.details["server_address"] == "pf-01.ic" and f.details["server_address_source"] == "profile"
+
+
+def test_a_tcp_connect_failure_names_the_address_and_port() -> None:
+    f = _judge(_run("Couldn't connect to 10.0.0.11:18515\n", "", cx=1, sx=None), Thresholds())
+    assert f.remedy and "could not open TCP 10.0.0.11:18515" in f.remedy and "firewall" in f.remedy
+    assert "PFC" not in f.remedy
+    # RTR failures also say "Couldn't connect" (to the remote QP): still the QP remedy
+    rtr = _judge(_run("Failed to modify QP to RTR\nCouldn't connect to remote QP\n", "", cx=1, sx=None), Thresholds())
+    assert rtr.remedy and "GID index" in rtr.remedy

@@ -11,6 +11,7 @@ and passes the result in; the raw text travels in `PairRun` only to be quoted (l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,8 @@ class PairRun:
     server_timed_out: bool = False
     #: an inferctl-side failure (node unreachable mid-test, ...)
     error: str | None = None
+    #: where the server address the client was given came from (core.fabric.endpoints: gid | ssh_config | profile)
+    server_address_source: str | None = None
 
 
 def _finding(status: Status, run: PairRun, message: str, remedy: str | None, **details: Any) -> Finding:
@@ -59,6 +62,7 @@ def _finding(status: Status, run: PairRun, message: str, remedy: str | None, **d
         "server_device": t.server.device, "client_device": t.client.device,
         "server_gid_index": t.server.gid_index, "client_gid_index": t.client.gid_index,
         "tcp_port": t.tcp_port, "round": t.round, "tool": run.tool,
+        "server_address": t.server.host, "server_address_source": run.server_address_source,
     }
     return Finding.make(status, CHECK_BY_TOOL.get(run.tool, "fabric.pingpong"), t.server.node, t.label,
                         message, details={**base, **details}, remedy=remedy)
@@ -105,8 +109,8 @@ def _failure(run: PairRun, errors: list[str], connected: bool, ends: str) -> Fin
         return _finding(Status.FAIL, run, f"{run.tool} between {ends} timed out ({side})", cause,
                         errors=errors, client_output=_tail(run.client_text), server_output=_tail(run.server_text))
     if errors or run.client_exit != 0 or run.server_exit not in (0, None):
-        message = errors[0] if errors else f"client exit {run.client_exit}, server exit {run.server_exit}"
-        return _finding(Status.FAIL, run, f"{run.tool} between {ends} failed: {message}", _remedy_for(errors, t.tcp_port),
+        message = _headline(errors) if errors else f"client exit {run.client_exit}, server exit {run.server_exit}"
+        return _finding(Status.FAIL, run, f"{run.tool} between {ends} failed: {message}", _remedy_for(errors, run),
                         errors=errors, client_exit=run.client_exit, server_exit=run.server_exit,
                         client_output=_tail(run.client_text), server_output=_tail(run.server_text))
     return None
@@ -153,17 +157,61 @@ def _judge_perftest(run: PairRun, client: PerftestOutput, server: PerftestOutput
     return _latency(run, 2 * row.t_typical, th, ends, details)
 
 
-def _remedy_for(errors: Sequence[str], port: int) -> str:
+# Work completion status numbers (rdma-core libibverbs/verbs.h, enum ibv_wc_status). perftest before
+# commit c7f9e40 (2025-08) prints only the number ("Failed status 12: wr_id 0 syndrom 0x81"), later
+# versions and rc_pingpong print ibv_wc_status_str() with the number in parentheses.
+WC_RETRY_EXC_ERR = 12
+WC_RNR_RETRY_EXC_ERR = 13
+_WC_STATUS = re.compile(r"failed status[ -](?:[^(:]*\((\d+)\)|(\d+))")
+# getaddrinfo() failing, as rc_pingpong ("<gai_strerror> for <host>:<port>") and perftest ("<gai_strerror> for
+# ai_family: ... service: <host> port: <n>", then "Problem in resolving basic address and port") print it
+_RESOLUTION = ("name or service not known", "temporary failure in name resolution", "no address associated with",
+               "problem in resolving basic address")
+
+
+def wc_status(errors: Sequence[str]) -> int | None:
+    """The first work completion status number in a tool's error lines."""
+    for line in errors:
+        if m := _WC_STATUS.search(line.lower()):
+            return int(m.group(1) or m.group(2))
+    return None
+
+
+def _remedy_for(errors: Sequence[str], run: PairRun) -> str:
+    t = run.test
+    port, server, client, addr = t.tcp_port, t.server.node, t.client.node, t.server.host
     text = " ".join(errors).lower()
-    if "retry counter exceeded" in text or "retry exceeded" in text:
-        return f"packets are not delivered on the RDMA path; check {_LIKELY}"
+    status = wc_status(errors)
+    if any(r in text for r in _RESOLUTION):
+        return (f"{client} cannot resolve {addr!r}, the address it was given for {server} (from "
+                f"{run.server_address_source or 'the profile'}): the TCP exchange before the RDMA test needs a name "
+                f"or address {client} can resolve. Give {server}'s RoCE netdev an IPv4 address (its RoCE v2 GID's "
+                f"IPv4 is used first), or make the name resolvable on the nodes (DNS, /etc/hosts); ~/.ssh/config "
+                f"aliases exist only on the controller")
+    if "retry counter exceeded" in text or "retry exceeded" in text or status == WC_RETRY_EXC_ERR:
+        return f"packets are not delivered on the RDMA path (transport retry counter exceeded); check {_LIKELY}"
+    if status == WC_RNR_RETRY_EXC_ERR:
+        return ("the receiver had no receive posted (RNR retry exceeded): both ends must run the same test with the "
+                "same flags (-s, -n, -m); rerun, and check the server side's output")
     if "rtr" in text or "rts" in text:
         return "the QP could not be connected: the GID index (-g) is empty or not RoCE v2, or -m exceeds the active MTU"
-    if "couldn't connect" in text or "read remote address" in text or "client read" in text:
+    if "couldn't connect to " in text and "remote qp" not in text:
+        return (f"{client} could not open TCP {addr}:{port} on {server} (refused, unreachable or filtered): the QP "
+                f"numbers are exchanged over TCP with the server's data-plane address; open the TCP ports from "
+                f"fabric.pingpong.base_port between the nodes (firewall) and check the route from {client} to {addr}")
+    if "read remote address" in text or "client read" in text or "server read" in text:
         return f"the TCP exchange failed: open TCP port {port} between the nodes and check both sides use the same flags"
     if "ib devices" in text or "not found" in text or "did not detect" in text:
         return "the RDMA device is missing on one end; run `inferctl check fabric` without --pingpong to see which"
     return f"rerun by hand with the same flags on both ends; check {_LIKELY}"
+
+
+def _headline(errors: Sequence[str]) -> str:
+    """The error line to show: perftest's "Completion with error at client" says little without the
+    status line that follows it."""
+    if errors[0].lower().startswith("completion with error") and len(errors) > 1:
+        return f"{errors[0]}: {errors[1]}"
+    return errors[0]
 
 
 def _tail(text: str, lines: int = 8) -> str:
