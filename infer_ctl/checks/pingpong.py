@@ -15,7 +15,8 @@ Rounds run one after the other; the tests of one round (disjoint HCAs, distinct 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from infer_ctl.checks.pair_hosts import resolved_hosts
@@ -25,6 +26,7 @@ from infer_ctl.core.fabric.facts import NodeFabricFacts
 from infer_ctl.core.fabric.judge import PairRun, Thresholds, judge_pair, pair_matrix
 from infer_ctl.core.fabric.matrix import pair_summary
 from infer_ctl.core.fabric.pairs import (
+    Endpoint,
     PairFlags,
     PairTest,
     perftest_argv,
@@ -36,7 +38,7 @@ from infer_ctl.core.fabric.pairs import (
 from infer_ctl.core.findings import Finding
 from infer_ctl.errors import InferctlError
 from infer_ctl.facts.rdma_pingpong import parse_pair_output
-from infer_ctl.profile import Node, Profile, Role
+from infer_ctl.profile import Node, PingPongSettings, Profile, Role
 from infer_ctl.remote.base import Command, Connector
 
 if TYPE_CHECKING:
@@ -156,16 +158,24 @@ def judge(run: PairRun, th: Thresholds) -> Finding:
 
 
 def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts: dict[str, NodeFabricFacts],
-                   exps: dict[str, FabricExpectations], *, pair_mode: str | None = None
+                   exps: dict[str, FabricExpectations], *, pair_mode: str | None = None,
+                   only_tools: Sequence[str] | None = None, settings: PingPongSettings | None = None,
+                   endpoint_hook: Callable[[Endpoint, int], Endpoint] | None = None,
+                   judge_fn: Callable[[PairRun, Thresholds], Finding] | None = None,
                    ) -> tuple[list[Finding], dict[str, Any]]:
     """The pair tests between the reachable nodes (`facts`): their findings, in report order, and the
-    matrix summary (`pairs` of `check fabric --json`)."""
-    settings = profile.fabric.pingpong
+    matrix summary (`pairs` of `check fabric --json`). `only_tools`, `settings`, `endpoint_hook` (each
+    node's i-th endpoint -> the one to test, e.g. with a GPU for --use_cuda) and `judge_fn` let an active
+    diagnostic (checks/diag.py, `check fabric --gdr`) run its own tool over the same schedule."""
+    settings = settings or profile.fabric.pingpong
     by_name = {n.name: n for n in nodes}
     out: list[Finding] = []
     resolved = resolved_hosts(profile, nodes)
     infos = {n.name: node_endpoints(n, facts[n.name], exps[n.name], resolved.get(n.name))
              for n in nodes if n.name in facts}
+    if endpoint_hook is not None:
+        infos = {name: [replace(i, endpoint=endpoint_hook(i.endpoint, k)) for k, i in enumerate(eps)]
+                 for name, eps in infos.items()}
     usable = {name: [i.endpoint for i in eps] for name, eps in infos.items() if eps}
     mode = pair_mode or settings.pairs
     names = [n.name for n in nodes]
@@ -186,6 +196,8 @@ def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts:
     for tool, wanted in (("ib_write_lat", settings.perftest), ("ib_write_bw", settings.bandwidth)):
         if wanted and tests and all(_has(facts[n], tool) for n in usable):
             tools.append(tool)
+    if only_tools is not None:  # run these whether or not the node reported them: a missing one says so
+        tools = list(only_tools)
     info_of = {(i.endpoint.node, i.endpoint.device): i for eps in infos.values() for i in eps}
     findings: list[Finding] = []
     for tool_index, tool in enumerate(tools):
@@ -200,7 +212,7 @@ def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts:
                     th = Thresholds(settings.max_rtt_us, settings.min_bw_fraction, slower_rate(a, b))
                     futures.append((pool.submit(run_one, fleet, by_name, t2, tool, flags, settings.timeout_s,
                                                 a.address_source), th))
-                findings += [judge(f.result(), th) for f, th in futures]
+                findings += [(judge_fn or judge)(f.result(), th) for f, th in futures]
     return out + findings, pair_summary(mode, tools, names, pairs, pair_matrix(findings), why_not)
 
 
