@@ -112,6 +112,7 @@ VERBS: dict[str, tuple[str, Attach]] = {
     "audit": ("infer_ctl.cli.audit_cmd", _command("audit", "audit_cmd")),
     "launch": ("infer_ctl.cli.launch_cmd", _launch_verbs),  # also status, stop, logs
     "router": ("infer_ctl.cli.router_cmd", _typer("router")),
+    "spec": ("infer_ctl.cli.spec_cmd", _typer("spec")),
     "plan": ("infer_ctl.cli.plan_cmd", _typer("plan")),
     "sim": ("infer_ctl.cli.sim_cmd", _typer("sim")),
     "bench": ("infer_ctl.cli.bench_cmd", _command("bench", "bench")),
@@ -169,7 +170,7 @@ def _print_error(exc: InferctlError) -> None:
         typer.echo(f"  hint: {exc.remedy}", err=True)
 
 
-_GROUPS = {"profile", "plan", "check", "router", "sim", "provision"}
+_GROUPS = {"profile", "plan", "check", "router", "sim", "provision", "spec"}
 
 
 def _command_name(args: Sequence[str]) -> str:

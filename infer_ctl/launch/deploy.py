@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infer_ctl.core.sglang import Instance, build_argv, env_file_path, unit_path
+from infer_ctl.core.spec.pools import server_override
 from infer_ctl.launch import gid, supervisor
 from infer_ctl.launch.render import render_env_file, render_unit
 from infer_ctl.profile import Profile
@@ -63,6 +64,9 @@ def rendered_files(
     else:
         script = supervisor.render_run_script(build_argv(profile, inst).argv, inst)
         files.append(DeployedFile(supervisor.run_file_path(inst), script, RUN_FILE_MODE))
+    pool = server_override(profile, inst.node, inst.role, inst.config_dir)
+    if pool is not None and pool.adaptive_config is not None:  # read by SGLang's --speculative-adaptive-config
+        files.append(DeployedFile(*pool.adaptive_config, UNIT_FILE_MODE))
     return files
 
 

@@ -4,9 +4,11 @@ back (POST /admin/workers, with the url, role and bootstrap port it was register
 healthy, so no new request is routed to a server that is going down. Best effort: a router that is not
 running, or does not know the server, is left alone (the rolling restart itself still proceeds).
 
-The router's remove closes its connections to that worker at once; requests in flight there fail and
-are retried on another pair (before their first byte reaches the client). There is no drain endpoint
-that lets them finish first.
+Before the remove, the router drains the server (`POST /admin/workers/drain`: no new requests, the
+in-flight ones finish, up to `DRAIN_TIMEOUT_S`), so a restart neither fails a request in flight nor
+breaks a stream. A router without that endpoint (an older one) is simply asked to remove it: its
+remove closes its connections to that worker at once, and requests in flight there fail and are retried
+on another pair (before their first byte reaches the client).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from infer_ctl.core.sglang import Instance
 from infer_ctl.errors import InferctlError
 from infer_ctl.profile import Profile
 from infer_ctl.router.client import AdminClient
+
+#: how long a server's in-flight requests may take to finish before it is taken out anyway
+DRAIN_TIMEOUT_S = 60.0
 
 
 def router_url(profile: Profile) -> str:
@@ -34,6 +39,8 @@ class RouterNotifier:
     removed: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: why the router is not being notified (None: it is)
     unavailable: str | None = None
+    #: worker url -> how its drain before the remove went (drained | timed out ... | unsupported)
+    drained: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def for_profile(cls, profile: Profile, timeout_s: float = 3.0) -> RouterNotifier:
@@ -59,6 +66,7 @@ class RouterNotifier:
             known = self._registered().get(inst.url)
             if known is None:
                 return "not registered with the router"
+            self.drained[inst.url] = self._drain(inst)
             self.client.call("POST", "/admin/workers/remove", {"url": inst.url})
         except InferctlError as exc:
             return f"router not notified: {exc.message}"
@@ -67,6 +75,14 @@ class RouterNotifier:
             spec["bootstrap_port"] = known["bootstrap_port"]
         self.removed[inst.url] = spec
         return "removed from the router"
+
+    def _drain(self, inst: Instance) -> str:
+        """What the drain did: drained, timed out (with requests in flight), or unsupported."""
+        try:
+            doc = self.client.call("POST", "/admin/workers/drain", {"url": inst.url, "timeout_s": DRAIN_TIMEOUT_S})
+        except InferctlError:
+            return "unsupported"
+        return "drained" if doc.get("drained") else f"timed out with {doc.get('inflight')} in flight"
 
     def put_back(self, inst: Instance) -> str | None:
         spec = self.removed.get(inst.url)

@@ -1,7 +1,8 @@
 """STAND-IN for SGLang's `python -m sglang.launch_server` (no GPUs here), installed by the tests as
 `<venv>/<version>/bin/python` on the "nodes". It reads the same flags the real server gets and starts an
 inferctl simulated worker (infer_ctl.sim) with the same host, port, role, bootstrap port, model path and
-speculative steps, so /health, /server_info and /v1/loads answer like SGLang's. Like SGLang it fails at
+speculative steps (static, or SGLang's --speculative-adaptive with its --speculative-adaptive-config file),
+so /health, /server_info and /v1/loads answer like SGLang's. Like SGLang it fails at
 start-up, with an error on stderr, when the model path does not exist.
 
 A server over several nodes (`--nnodes N --node-rank r --dist-init-addr host:port`) forms its group the
@@ -60,6 +61,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--disaggregation-mode", default="null")
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     p.add_argument("--speculative-num-steps", type=int, default=None)
+    # SGLang's adaptive mode: the simulator runs SGLang's own controller (infer_ctl/sim/spec_adaptive.py)
+    # with the candidates of the config file launch wrote next to the env file
+    p.add_argument("--speculative-adaptive", action="store_true")
+    p.add_argument("--speculative-adaptive-config", default=None)
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--dist-init-addr", default=None)
@@ -83,7 +88,9 @@ def main(argv: list[str]) -> int:
         bootstrap_port=ns.disaggregation_bootstrap_port,
         model=ns.model_path,
         time_scale=0.01,
-        spec_gamma=ns.speculative_num_steps or 3,
+        spec_gamma=ns.speculative_num_steps or (None if ns.speculative_adaptive else 3),
+        spec_adaptive=ns.speculative_adaptive,
+        spec_adaptive_config=ns.speculative_adaptive_config,
     )
 
     launched = {k: v for k, v in vars(ns).items() if k in _REPORTED_KEYS and v is not None}

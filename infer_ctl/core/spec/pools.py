@@ -131,3 +131,37 @@ def server_override(profile: Profile, node: str, role: str, config_dir: str) -> 
     if cands and adaptive_applies(draft.algorithm.value, topk):
         config = (adaptive_config_path(config_dir, role), adaptive_config_text(cands))
     return SpecOverride(steps, topk, ndt, config)
+
+
+def with_pool_setting(profile: Profile, pool: Pool, num_steps: int, adaptive_steps: tuple[int, ...] | None) -> Profile:
+    """The profile with `pool` running `num_steps` (and SGLang's adaptive mode among `adaptive_steps`):
+    what the controller relaunches the pool from (the operator's file is not rewritten)."""
+    spec = profile.speculative
+    cands = list(adaptive_steps) if adaptive_steps else None
+    new_pools = list(spec.pools)
+    if pool.index is not None:
+        new_pools[pool.index] = spec.pools[pool.index].model_copy(
+            update={"num_steps": num_steps, "adaptive_steps": cands})
+    else:
+        new_pools.append(SpecPool(name=pool.name, nodes=list(pool.nodes), num_steps=num_steps, adaptive_steps=cands))
+    derived = profile.model_copy(update={"speculative": spec.model_copy(update={"pools": new_pools})})
+    return derived.with_base_dir(profile.base_dir)
+
+
+def pool_change_yaml(pool: Pool, num_steps: int, adaptive_steps: tuple[int, ...] | None) -> str:
+    """The profile change that makes `pool` run this setting, as YAML to paste (core renders no YAML
+    library: the snippet is small and fixed in shape)."""
+    where = (f"# in speculative.pools[{pool.index}] ({pool.name}):" if pool.index is not None
+             else f"# add to speculative.pools (decode node {pool.name} has no pool entry yet):")
+    lines = [where, "speculative:", "  pools:", f"    - name: {pool.name}",
+             f"      nodes: [{', '.join(pool.nodes)}]", f"      num_steps: {num_steps}"]
+    if adaptive_steps:
+        lines.append(f"      adaptive_steps: [{', '.join(map(str, adaptive_steps))}]")
+    elif pool.adaptive_steps:
+        lines.append("      # and remove adaptive_steps")
+    return "\n".join(lines) + "\n"
+
+
+def apply_command(profile_ref: str, pool: Pool) -> str:
+    """The one command that applies a pool's profile change: a rolling relaunch of its servers only."""
+    return f"inferctl launch -p {profile_ref} --rolling --role {pool.role} --nodes {','.join(pool.nodes)}"

@@ -1,0 +1,79 @@
+"""`inferctl spec control`: the speculative-decoding controller (docs/speculative.md, "The controller").
+
+With `speculative.control: advise` it prints, per pool that needs it, the exact profile change and the
+one command that applies it; with `act` it applies the change itself (a rolling relaunch of that pool
+only) and records it. `--once` runs one round (cron); otherwise it loops every `--interval` seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
+from infer_ctl.core.report import Report
+from infer_ctl.errors import UsageError
+from infer_ctl.exitcodes import ExitCode
+
+app = typer.Typer(help="Speculative decoding in operation: the acceptance controller.", no_args_is_help=True)
+
+
+def _render(console: Console, records: list[dict[str, Any]]) -> None:
+    for r in records:
+        console.print(f"[bold]{r['action']}[/bold] pool {r['pool']}: {r.get('message', '')}", highlight=False)
+        if r.get("profile_change"):
+            console.print(r["profile_change"].rstrip(), markup=False, highlight=False)
+        if r.get("command"):
+            console.print(f"apply with: {r['command']}", markup=False, highlight=False)
+        if r.get("result"):
+            console.print(f"  result: {r['result']['message']}", markup=False, highlight=False)
+
+
+@app.command("control")
+def control(
+    profile: ProfileOpt = None,
+    router: Annotated[str | None, typer.Option("--router", help="Router URL (default: the profile's router.listen).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="One round, then exit (for cron).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between rounds.")] = 30.0,
+    history: Annotated[Path | None, typer.Option("--history", help="Append every action to this audit history (JSON lines).")] = None,
+    advise: Annotated[bool, typer.Option("--advise", help="Only advise, whatever speculative.control says.")] = False,
+    state: Annotated[Path | None, typer.Option("--state", help="Controller state file (default: the state directory).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Watch the router's acceptance per decode pool; advise or act (speculative.control). Exit 0 nothing to
+    do, 1 advice given or a pool changed, 2 a relaunch failed, 3 the router is unreachable."""
+    from infer_ctl.launch.router_hook import router_url
+    from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path
+    from infer_ctl.launch.spec_relaunch import SshRelauncher
+
+    sess, prof = session(json_out), get_profile(profile)
+    mode = "advise" if advise else prof.speculative.control
+    if mode == "off":
+        raise UsageError("speculative.control is off: the controller has nothing to do",
+                         remedy="set speculative.control: advise (or act) in the profile, or pass --advise")
+    if interval <= 0:
+        raise UsageError(f"--interval must be positive, got {interval:g}", remedy="e.g. --interval 30")
+    actuator = SshRelauncher(prof, console=None if json_out else sess.err) if mode == "act" else None
+    loop = SpecControlLoop(prof, router_url=router or router_url(prof), mode=mode, actuator=actuator,
+                           history=history, profile_ref=profile or "PROFILE",
+                           state_path=state or default_state_path(prof),
+                           say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {m}[/dim]"))
+    records: list[dict[str, Any]] = []
+    if once:
+        records = loop.tick()
+    else:
+        def show(batch: list[dict[str, Any]]) -> None:
+            records.extend(batch)
+            if not json_out:
+                _render(sess.out, batch)
+
+        try:
+            loop.run(interval, on_records=show)
+        except KeyboardInterrupt:
+            pass
+    code = (ExitCode.FAIL if any(r["action"] == "failed" for r in records) else
+            ExitCode.WARN if records else ExitCode.OK)
+    report = Report("spec control", prof.name, data={"mode": mode, "actions": records}, exit_code_override=code)
+    finish(sess, report, lambda c: _render(c, records) if once else None)

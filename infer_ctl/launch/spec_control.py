@@ -1,0 +1,233 @@
+"""The speculative controller loop: observe the pools' acceptance at the router, decide with
+core/spec/controller.py, then advise (print the profile change and the command) or act (a rolling
+relaunch of that pool, through an `Actuator`), and record every action.
+
+It runs as its own process (`inferctl spec control`, docs/speculative.md says why not inside the router):
+the router is where the acceptance is measured and where a decode is drained, both reached over its
+admin API; the relaunch needs SSH, which the router's data plane never holds. The same loop drives the
+`spec-drift` demo with an actuator that restarts simulated workers instead.
+
+Every action is recorded three times: the router logs it and counts it
+(`POST /admin/spec/actions` -> `inferctl_router_spec_actions_total{pool,action}`), a line of kind
+`spec_action` is appended to the audit history (`--history`; the audit's own diff skips that kind),
+and the loop returns it (the CLI prints it). The controller's timers and its last change are kept in a
+state file, so a restarted controller still honours the cool-down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from infer_ctl.atomicfile import write_atomic
+from infer_ctl.core.sglang import instances
+from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolChange, PoolObservation, PoolState
+from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, pools
+from infer_ctl.errors import InferctlError
+from infer_ctl.paths import state_dir
+from infer_ctl.profile import Profile
+from infer_ctl.router.client import AdminClient
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Actuator(Protocol):
+    """Applies one pool change: a rolling relaunch of the pool's servers, one at a time, each drained
+    from the router first."""
+
+    def apply(self, pool: Pool, change: PoolChange) -> ActionResult: ...
+
+
+def settings_of(profile: Profile) -> ControlSettings:
+    spec = profile.speculative
+    draft = profile.models.draft if profile.models else None
+    return ControlSettings(hysteresis=spec.hysteresis, sustain_s=spec.sustain_s, cooldown_s=spec.cooldown_s,
+                           min_requests=spec.min_requests, min_gain=spec.min_gain, adaptive=spec.adaptive,
+                           algorithm=draft.algorithm.value if draft else None,
+                           eagle_topk=draft.eagle_topk if draft else None)
+
+
+def pool_by_url(profile: Profile) -> dict[str, str]:
+    """Decode (or collocated) server URL -> its pool's name."""
+    role = "collocated" if profile.collocated else "decode"
+    names = {n: p.name for p in pools(profile) for n in p.nodes}
+    return {i.url: names[i.node] for i in instances(profile) if i.role == role and i.is_leader and i.node in names}
+
+
+def observations(doc: dict[str, Any], url_to_pool: dict[str, str]) -> list[PoolObservation]:
+    """The router's /admin/spec per pool: alpha weighted by verify steps over the pool's decodes."""
+    acc: dict[str, dict[str, Any]] = {}
+    for d in doc.get("decodes") or []:
+        pool = url_to_pool.get(str(d.get("url")))
+        win = d.get("window") or {}
+        if pool is None or win.get("alpha") is None:
+            continue
+        a = acc.setdefault(pool, {"w": 0.0, "sum": 0.0, "requests": 0, "steps": set(), "adaptive": False})
+        weight = float(win.get("verify_ct") or win.get("requests") or 0)
+        a["w"] += weight
+        a["sum"] += weight * float(win["alpha"])
+        a["requests"] += int(win.get("requests") or 0)
+        a["steps"].add(d.get("num_steps"))
+        a["adaptive"] = a["adaptive"] or bool(d.get("adaptive"))
+    out = []
+    for pool, a in acc.items():
+        steps = [s for s in a["steps"] if isinstance(s, int)]
+        out.append(PoolObservation(pool, a["sum"] / a["w"] if a["w"] else None, a["requests"],
+                                   min(steps) if steps else None, a["adaptive"]))
+    return out
+
+
+def append_action(history: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """One JSON line, appended with one write (the audit history's own way, checks/audit.py)."""
+    target = Path(history)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def default_state_path(profile: Profile) -> Path:
+    return state_dir() / f"spec-control-{profile.name}.json"
+
+
+class SpecControlLoop:
+    def __init__(self, profile: Profile, *, router_url: str, mode: str, actuator: Actuator | None = None,
+                 history: str | os.PathLike[str] | None = None, profile_ref: str = "PROFILE",
+                 state_path: str | os.PathLike[str] | None = None, url_to_pool: dict[str, str] | None = None,
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _m: None) -> None:
+        if mode not in ("advise", "act"):
+            raise ValueError(f"mode must be advise or act, got {mode!r}")
+        if mode == "act" and actuator is None:
+            raise ValueError("act needs an actuator")
+        self.profile = profile
+        self.mode = mode
+        self.actuator = actuator
+        self.history = history
+        self.profile_ref = profile_ref
+        self.clock = clock
+        self.say = say
+        self.client = AdminClient(router_url, profile.router.admin_token_env, timeout=10.0)
+        self.url_to_pool = url_to_pool if url_to_pool is not None else pool_by_url(profile)
+        self.pools = {p.name: p for p in pools(profile)}
+        self.controller = Controller(list(self.pools.values()), settings_of(profile))
+        self.state_path = Path(state_path) if state_path is not None else None
+        #: pools below their threshold at the last round (an alert is recorded on the way down only)
+        self.alerting: set[str] = set()
+        #: pool -> the setting last advised (advice is given once per setting)
+        self.advised: dict[str, tuple[int, tuple[int, ...] | None]] = {}
+        self._load_state()
+
+    # ---- state that outlives the process ---------------------------------------------------------
+    def _load_state(self) -> None:
+        if self.state_path is None or not self.state_path.exists():
+            return
+        try:
+            doc = json.loads(self.state_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        self.controller.last_change_at = doc.get("last_change_at")
+        for name, st in (doc.get("pools") or {}).items():
+            if name in self.pools and isinstance(st, dict):
+                changed = st.get("changed")
+                self.controller.states[name] = PoolState(
+                    st.get("below_since"), st.get("above_since"),
+                    (changed[0], tuple(changed[1]) if changed[1] else None) if changed else None)
+
+    def _save_state(self) -> None:
+        if self.state_path is None:
+            return
+        doc = {"last_change_at": self.controller.last_change_at,
+               "pools": {k: asdict(v) for k, v in self.controller.states.items()}}
+        write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n")
+
+    # ---- one round ---------------------------------------------------------------------------------
+    def observe(self) -> list[PoolObservation]:
+        return observations(self.client.call("GET", "/admin/spec"), self.url_to_pool)
+
+    def tick(self) -> list[dict[str, Any]]:
+        """Observe, decide, advise or act; returns the actions recorded this round."""
+        now = self.clock()
+        obs = self.observe()
+        records = self._alerts(obs)
+        for change in self.controller.step(obs, now):
+            pool = self.pools[change.pool]
+            if self.mode == "advise":
+                if self.advised.get(change.pool) != (change.num_steps, change.adaptive_steps):
+                    self.advised[change.pool] = (change.num_steps, change.adaptive_steps)
+                    records.append(self._record("advise", change, pool))
+                continue
+            assert self.actuator is not None
+            self.say(f"{change.action} pool {change.pool}: {change.reason}")
+            try:
+                result = self.actuator.apply(pool, change)
+            except InferctlError as exc:
+                result = ActionResult(False, exc.message)
+            self.controller.applied(change, now)  # also after a failure: no retry storm within the cool-down
+            records.append(self._record(change.action if result.ok else "failed", change, pool, result))
+        self._save_state()
+        return records
+
+    def _alerts(self, obs: list[PoolObservation]) -> list[dict[str, Any]]:
+        out = []
+        for o in obs:
+            pool = self.pools.get(o.pool)
+            if pool is None or o.alpha is None or o.requests < self.controller.settings.min_requests:
+                continue
+            below = o.alpha < pool.limits.alert_threshold
+            if below and o.pool not in self.alerting:
+                out.append(self._post({"pool": o.pool, "action": "alert", "alpha": round(o.alpha, 4),
+                                       "num_steps": o.num_steps, "requests": o.requests,
+                                       "message": f"alpha {o.alpha:.2f} fell below the alert threshold "
+                                                  f"{pool.limits.alert_threshold:g} over {o.requests} requests"}))
+            if below:
+                self.alerting.add(o.pool)
+            elif o.alpha >= pool.limits.alert_threshold + self.controller.settings.hysteresis:
+                self.alerting.discard(o.pool)
+        return out
+
+    def _record(self, action: str, change: PoolChange, pool: Pool, result: ActionResult | None = None
+                ) -> dict[str, Any]:
+        rec: dict[str, Any] = {**change.as_dict(), "action": action, "nodes": list(pool.nodes)}
+        if action == "advise" or (result is not None and change.action == "relaunch"):
+            rec["profile_change"] = pool_change_yaml(pool, change.num_steps, change.adaptive_steps)
+            rec["command"] = apply_command(self.profile_ref, pool)
+        if result is not None:
+            rec["result"] = {"ok": result.ok, "message": result.message, **result.details}
+            if result.ok and change.action == "relaunch":
+                rec["message"] += ("; the profile still says the old setting: persist the change above, or the "
+                                   "next `inferctl launch` puts it back")
+        return self._post(rec)
+
+    def _post(self, rec: dict[str, Any]) -> dict[str, Any]:
+        rec = {"ts": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"), **rec}
+        try:
+            self.client.call("POST", "/admin/spec/actions", rec)
+        except InferctlError as exc:  # the router went away: the history and the output still have it
+            rec["router_error"] = exc.message
+        if self.history is not None:
+            append_action(self.history, {"kind": "spec_action", "profile_name": self.profile.name, **rec})
+        return rec
+
+    def run(self, interval_s: float, *, rounds: int | None = None, stop: Callable[[], bool] = lambda: False,
+            on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None) -> None:
+        n = 0
+        while not stop() and (rounds is None or n < rounds):
+            started = time.monotonic()
+            on_records(self.tick())
+            n += 1
+            if rounds is not None and n >= rounds:
+                break
+            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
