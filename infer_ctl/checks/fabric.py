@@ -3,7 +3,8 @@ infer_ctl.facts), judge them with core.fabric.rules, and (with `pingpong`) run t
 checks.pingpong.
 
 Per node the gatherer costs a few round trips: the sysfs script (devices, GIDs, netdevs, counters,
-tool presence), `ibv_devinfo -v`, one QoS tool and `ethtool -a` per RoCE netdev, and the second
+tool presence), the NICs' PCIe links (facts/nic_pcie.py), `ibv_devinfo -v`, one QoS tool and
+`ethtool -a` per RoCE netdev, and the second
 counter sample `counter_interval_s` after the first.
 
 Test seam: `INFERCTL_SYSFS_ROOT` in inferctl's own environment is forwarded to the nodes' gatherer
@@ -24,6 +25,7 @@ from infer_ctl.core.fabric.rules import gid_families, judge_gid_families, judge_
 from infer_ctl.core.findings import Finding
 from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.facts.ibv_devinfo import IBV_DEVINFO_V, devinfo_error, parse_ibv_devinfo
+from infer_ctl.facts.nic_pcie import nic_pcie_command, parse_nic_pcie
 from infer_ctl.facts.qos import (
     QosParseError,
     dcb_app_command,
@@ -84,6 +86,9 @@ def gather_node(conn: Connector, node: Node, exp: FabricExpectations, *, interva
     facts.devinfo = parse_ibv_devinfo(res.out) if facts.devinfo_error is None else []
     if not facts.device_names():
         return facts
+    if facts.sysfs is not None and facts.sysfs.devices:
+        res = conn.run(nic_pcie_command(root), timeout=TOOL_TIMEOUT_S)
+        facts.nic_pcie = parse_nic_pcie(res.out) if res.ok else None
     tools = facts.sysfs.tools if facts.sysfs else {}
     if facts.sysfs is not None and not facts.sysfs.devices and "rdma" in tools:
         _links_fallback(conn, facts, exp, root)
@@ -235,7 +240,7 @@ def _family_run(ctx: AuditContext) -> list[Finding]:
 
 FAMILY = CheckFamily(
     name="fabric",
-    description="RDMA/RoCE fabric: devices, link state, GIDs, PFC/trust/ECN, MTU, pause, counters (+ pair tests)",
+    description="RDMA/RoCE fabric: devices, link state, NIC PCIe link, GIDs, PFC/trust/ECN, MTU, pause, counters (+ pair tests)",
     run=_family_run,
 )
 

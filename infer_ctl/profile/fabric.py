@@ -41,6 +41,10 @@ class FabricPolicy(StrictModel):
     gid_family: Literal["ipv4", "ipv6"] = "ipv4"
     #: let `provision` configure trust/PFC/ECN with mlnx_qos or dcb
     apply_qos: bool = False
+    #: PCIe lanes / GT/s the platform gives the RDMA NICs; None: each NIC's own maximum (a platform
+    #: that wires x8 or a Gen4 slot for a Gen5 NIC sets these so the check judges against the slot)
+    nic_pcie_width: Annotated[int, Field(ge=1, le=32)] | None = None
+    nic_pcie_speed_gts: Annotated[float, Field(gt=0)] | None = None
     #: seconds between the two samples of error counters
     counter_interval_s: Annotated[float, Field(ge=0)] = 2.0
     pingpong: PingPongSettings = Field(default_factory=PingPongSettings)

@@ -29,6 +29,11 @@ class Hca:
     gids: list[tuple[int, str, str]] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=lambda: {"link_downed": 0, "symbol_error": 0, "port_rcv_errors": 0})
     hw_counters: dict[str, int] = field(default_factory=lambda: {"out_of_sequence": 0, "packet_seq_err": 0, "np_cnp_sent": 0})
+    #: the NIC's PCI function files (drivers/pci/pci-sysfs.c formats): current/max link width and speed;
+    #: a ConnectX-7 at Gen5 x16 by default
+    pcie: dict[str, str] | None = field(default_factory=lambda: {
+        "current_link_width": "16", "max_link_width": "16",
+        "current_link_speed": "32.0 GT/s PCIe", "max_link_speed": "32.0 GT/s PCIe"})
 
 
 def mlx5_gids(ipv4: str = "10.0.0.11", mac_suffix: str = "0ac0:ebff:fef0:28b2") -> list[tuple[int, str, str]]:
@@ -57,6 +62,8 @@ def build(root: Path, hcas: list[Hca], netdevs: list[Netdev]) -> Path:
         _w(dev / "fw_ver", "28.39.1002")
         _w(dev / "node_type", "1: CA")
         (dev / "device" / "net" / h.netdev).mkdir(parents=True, exist_ok=True)
+        for name, value in (h.pcie or {}).items():
+            _w(dev / "device" / name, value)
         port = dev / "ports" / "1"
         _w(port / "state", h.state)
         _w(port / "phys_state", h.phys_state)

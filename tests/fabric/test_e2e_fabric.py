@@ -253,3 +253,23 @@ def test_a_server_without_an_ipv4_gid_is_reached_at_its_ssh_config_hostname(
     assert pair["status"] == "ok", pair
     assert pair["details"]["server_address"] == cluster.node("pf-01").host
     assert pair["details"]["server_address_source"] == "ssh_config" and code == 0
+
+
+def test_a_nic_trained_narrower_than_its_slot_fails_over_real_sshd(
+    ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The NIC's PCI function files in the node's sysfs tree (kernel formats): dc-01's ConnectX trained at
+    x8 of x16, pf-01's at the full Gen5 x16."""
+    cluster = ssh_cluster(names=["pf-01", "dc-01"], roles=[["prefill"], ["decode"]])
+    sysfs = tmp_path / "sysfs"
+    setup_node(cluster, sysfs, "pf-01", FabricNode(ipv4="10.0.0.11"))
+    narrow = {"current_link_width": "8", "max_link_width": "16",
+              "current_link_speed": "32.0 GT/s PCIe", "max_link_speed": "32.0 GT/s PCIe"}
+    setup_node(cluster, sysfs, "dc-01", FabricNode(ipv4="10.0.0.21", hca={"pcie": narrow}))
+    monkeypatch.setenv("INFERCTL_SYSFS_ROOT", str(sysfs / "{node}"))
+    profile = fabric_profile(cluster, tmp_path / "p.yaml", free_port_range())
+    code, out = _cli(capsys, "--json", "-p", str(profile))
+    nic = {f["node"]: f for f in json.loads(out)["findings"] if f["check"] == "fabric.nic_pcie"}
+    assert nic["pf-01"]["status"] == "ok" and nic["pf-01"]["message"] == "PCIe x16 at 32 GT/s"
+    assert nic["dc-01"]["status"] == "fail" and "x8 of x16" in nic["dc-01"]["message"]
+    assert nic["dc-01"]["code"] == "IC-FAB-021" and code == 2

@@ -127,3 +127,30 @@ def test_gid_family_must_match_across_nodes() -> None:
     assert status == {"pf-01": Status.OK, "dc-01": Status.OK, "dc-02": Status.FAIL, "dc-03": Status.FAIL}
     assert "differs from the fleet's ipv4" in next(f.message for f in findings if f.node == "dc-02")
     assert judge_gid_families({}) == []
+
+
+# ---- the NIC's own PCIe link (issue 14) -------------------------------------------------------------
+def test_nic_pcie_parser_reads_the_kernel_formats() -> None:
+    from infer_ctl.facts.nic_pcie import parse_nic_pcie
+
+    text = ("mlx5_0 current_link_width 8\nmlx5_0 max_link_width 16\nmlx5_0 current_link_speed 32.0 GT/s PCIe\n"
+            "mlx5_0 max_link_speed 32.0 GT/s PCIe\nmlx5_1 current_link_speed 8 GT/s\nmlx5_1 max_link_speed Unknown\n")
+    got = parse_nic_pcie(text)
+    assert (got["mlx5_0"].width, got["mlx5_0"].max_width, got["mlx5_0"].speed_gts) == (8, 16, 32.0)
+    assert (got["mlx5_1"].speed_gts, got["mlx5_1"].max_speed_gts, got["mlx5_1"].width) == (8.0, None, None)
+
+
+@pytest.mark.parametrize(("pcie", "policy", "status", "text"), [
+    (dict(width=16, max_width=16, speed_gts=32.0, max_speed_gts=32.0), {}, Status.OK, "PCIe x16 at 32 GT/s"),
+    (dict(width=8, max_width=16, speed_gts=32.0, max_speed_gts=32.0), {}, Status.FAIL, "x8 of x16"),
+    (dict(width=8, max_width=16, speed_gts=32.0, max_speed_gts=32.0), {"nic_pcie_width": 8}, Status.OK, "x8"),
+    (dict(width=16, max_width=16, speed_gts=16.0, max_speed_gts=32.0), {}, Status.WARN, "16 GT/s, it supports 32"),
+    (dict(width=16, max_width=16, speed_gts=16.0, max_speed_gts=32.0), {"nic_pcie_speed_gts": 16}, Status.OK, "16 GT/s"),
+])
+def test_nic_pcie_rule(pcie: dict, policy: dict, status: Status, text: str) -> None:  # type: ignore[type-arg]
+    from infer_ctl.core.fabric.facts import NicPcie
+    from infer_ctl.core.fabric.rules import judge_nic_pcie
+
+    f = judge_nic_pcie("n1", "mlx5_0", NicPcie(**pcie), FabricPolicy(**policy))
+    assert f is not None and f.status is status and text in f.message and f.check == "fabric.nic_pcie"
+    assert (f.remedy is not None) == (status is not Status.OK)

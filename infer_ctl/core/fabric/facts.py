@@ -70,6 +70,18 @@ class SysfsSnapshot:
     tools: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NicPcie:
+    """The PCIe link of an RDMA NIC (sysfs `device/current_link_*`, `max_link_*`)."""
+
+    width: int | None = None
+    max_width: int | None = None
+    #: GT/s per lane: 2.5, 5, 8, 16, 32, 64 (Gen1..Gen6)
+    speed_gts: float | None = None
+    max_speed_gts: float | None = None
+    speed_text: str | None = None
+
+
 # ---- ibv_devinfo -v ------------------------------------------------------------------------------
 @dataclass
 class DevinfoPort:
@@ -257,6 +269,8 @@ class NodeFabricFacts:
     counter_interval_s: float = 0.0
     #: `rdma link show`, read only when sysfs shows no device but ibv_devinfo does (e.g. containers)
     links: list[RdmaLink] | None = None
+    #: per RDMA device, its NIC's PCIe link; None when not read
+    nic_pcie: dict[str, NicPcie] | None = None
 
     def device_names(self) -> list[str]:
         names: list[str] = []

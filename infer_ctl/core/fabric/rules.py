@@ -2,7 +2,7 @@
 
 Check ids: fabric.devices, fabric.port_state, fabric.rate, fabric.link_layer, fabric.mtu, fabric.gid,
 fabric.netdev_mtu, fabric.pfc, fabric.trust, fabric.ecn, fabric.pause, fabric.counters,
-fabric.sglang_ib_device (per node) and fabric.gid_family (across nodes). The QoS rules apply to
+fabric.sglang_ib_device, fabric.nic_pcie (per node) and fabric.gid_family (across nodes). The QoS rules apply to
 RoCE (Ethernet link layer) only.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from infer_ctl.core.fabric.expectations import FabricExpectations
-from infer_ctl.core.fabric.facts import GidEntry, NetdevFacts, NodeFabricFacts, pause_priority
+from infer_ctl.core.fabric.facts import GidEntry, NetdevFacts, NicPcie, NodeFabricFacts, pause_priority
 from infer_ctl.core.fabric.gid import Family, GidChoice, choose_gid, describe
 from infer_ctl.core.findings import Finding
 from infer_ctl.profile.fabric import FabricPolicy
@@ -357,6 +357,31 @@ def judge_counters(node: str, port: str, grown: Mapping[str, int], interval_s: f
     return Finding.ok("fabric.counters", node, port, f"no error counter grew in {interval_s:g}s", details=details)
 
 
+def judge_nic_pcie(node: str, device: str, pcie: NicPcie, policy: FabricPolicy) -> Finding | None:
+    """fabric.nic_pcie: the NIC's own PCIe link against its maximum (or the profile's platform values).
+    Fewer lanes is a FAIL (a badly seated card or riser: GCM fails on sysfs width below the manifest);
+    a lower speed is a WARN (often a slot a generation older than the NIC: set fabric.nic_pcie_speed_gts)."""
+    want_width = policy.nic_pcie_width or pcie.max_width
+    want_speed = policy.nic_pcie_speed_gts or pcie.max_speed_gts
+    if pcie.width is None and pcie.speed_gts is None:
+        return None
+    details = {"width": pcie.width, "max_width": pcie.max_width, "speed_gts": pcie.speed_gts,
+               "max_speed_gts": pcie.max_speed_gts, "expected_width": policy.nic_pcie_width,
+               "expected_speed_gts": policy.nic_pcie_speed_gts}
+    shown = f"PCIe x{pcie.width} at {pcie.speed_gts:g} GT/s" if pcie.speed_gts else f"PCIe x{pcie.width}"
+    if pcie.width is not None and want_width and pcie.width < want_width:
+        return Finding.fail("fabric.nic_pcie", node, device, f"NIC trained at x{pcie.width} of x{want_width}: "
+                            f"its PCIe link is a fraction of what the port needs", details=details,
+                            remedy=f"reseat the NIC ({device}) and its riser, check the slot (`lspci -vv` LnkSta "
+                                   "vs LnkCap); if the platform wires it narrower, set fabric.nic_pcie_width")
+    if pcie.speed_gts is not None and want_speed and pcie.speed_gts < want_speed:
+        return Finding.warn("fabric.nic_pcie", node, device, f"NIC link at {pcie.speed_gts:g} GT/s, it supports "
+                            f"{want_speed:g} GT/s", details=details,
+                            remedy="check the slot generation and BIOS PCIe settings (a Gen5 NIC in a Gen4 slot "
+                                   "runs at 16 GT/s); if that is the platform, set fabric.nic_pcie_speed_gts")
+    return Finding.ok("fabric.nic_pcie", node, device, shown, details=details)
+
+
 def judge_sglang_devices(node: str, facts: NodeFabricFacts, names: Sequence[str]) -> list[Finding]:
     found = facts.device_names()
     out = []
@@ -383,6 +408,9 @@ def judge_node(facts: NodeFabricFacts, exp: FabricExpectations) -> list[Finding]
     for dev in checked_devices(facts, exp):
         if dev not in present:
             continue
+        pcie = (facts.nic_pcie or {}).get(dev)
+        if pcie is not None and (f := judge_nic_pcie(node, dev, pcie, policy)) is not None:
+            out.append(f)
         for v in port_views(facts, dev):
             out += judge_port(node, v, policy)
             if v.roce:
