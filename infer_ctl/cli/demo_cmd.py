@@ -10,6 +10,7 @@ from infer_ctl.bench.demo import ROUTERS, DemoOptions, run_demo
 from infer_ctl.bench.report import render
 from infer_ctl.cli.common import JsonOpt, finish, get_profile, session, status_line
 from infer_ctl.core.report import Report
+from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
 
 
@@ -20,12 +21,23 @@ def demo(
     time_scale: Annotated[float, typer.Option("--time-scale", help="Wall s per model s (0.5 = twice as fast).")] = 1.0,
     router: Annotated[str, typer.Option("--router", help=f"Front: {', '.join(ROUTERS)}.")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and the workers.")] = 0,
+    scenario: Annotated[str, typer.Option("--scenario", help="shared-prefix (the bench) or spec-drift (speculative acceptance, alert, controller).")] = "shared-prefix",
+    control: Annotated[str, typer.Option("--control", help="spec-drift: the controller's mode, off, advise or act.")] = "act",
     json_: JsonOpt = False,
 ) -> None:
     """Start the profile's cluster as simulated SGLang workers, route a shared-prefix bench through the
-    router, print the results and shut everything down."""
+    router, print the results and shut everything down. `--scenario spec-drift`: the workload's domain
+    shifts mid-run; shows alpha falling, the alert, the recommendation and (control act) the relaunch of
+    the drifted pool and the recovered throughput."""
     sess = session(json_)
     prof = get_profile(profile)
+    if scenario == "spec-drift":
+        from infer_ctl.cli.demo_spec import spec_drift
+
+        spec_drift(sess, prof, control=control, seed=seed, json_=json_)
+        return
+    if scenario != "shared-prefix":
+        raise UsageError(f"unknown scenario {scenario!r}", remedy="use shared-prefix or spec-drift")
     opts = DemoOptions(requests=requests, concurrency=concurrency, time_scale=time_scale, router=router, seed=seed)
     with status_line(sess, "running the demo (simulated cluster + router + bench)"):
         outcome = run_demo(prof, opts, log=lambda m: sess.err.print(f"[dim]demo: {m}[/dim]") if not json_ else None)
