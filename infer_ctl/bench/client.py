@@ -18,6 +18,13 @@ import aiohttp
 
 from infer_ctl.bench.stats import RequestResult
 from infer_ctl.bench.workloads import BenchRequest
+from infer_ctl.core.routing.spec_fields import (
+    META_CORRECT_DRAFTS_HISTOGRAM,
+    META_VERIFY_CT,
+    SpecFieldError,
+    decode_meta_info,
+    decode_openai_response,
+)
 
 APIS = ("generate", "chat")
 
@@ -30,6 +37,9 @@ class LoadSpec:
     api: str = "generate"
     time_scale: float = 1.0
     timeout_s: float = 600.0
+    #: SGLang's per-request label (`custom_labels: {"domain": ...}`): the router and SGLang's metrics
+    #: account each request to it
+    domain: str | None = None
 
 
 async def detect_time_scale(url: str, timeout_s: float = 5.0) -> float:
@@ -56,7 +66,8 @@ async def detect_time_scale(url: str, timeout_s: float = 5.0) -> float:
         return 1.0
 
 
-def _payload(req: BenchRequest, api: str) -> tuple[str, dict[str, Any]]:
+def _payload(req: BenchRequest, api: str, domain: str | None = None) -> tuple[str, dict[str, Any]]:
+    labels = {"custom_labels": {"domain": domain}} if domain else {}
     if api == "chat":
         return "/v1/chat/completions", {
             "model": "default",
@@ -65,11 +76,13 @@ def _payload(req: BenchRequest, api: str) -> tuple[str, dict[str, Any]]:
             "stream": True,
             "stream_options": {"include_usage": True},
             "ignore_eos": True,
+            **labels,
         }
     return "/generate", {
         "text": req.text,
         "sampling_params": {"max_new_tokens": req.max_new_tokens, "ignore_eos": True},
         "stream": True,
+        **labels,
     }
 
 
@@ -78,7 +91,7 @@ async def send_one(
 ) -> RequestResult:
     loop = asyncio.get_running_loop()
     scale = load.time_scale
-    path, body = _payload(req, load.api)
+    path, body = _payload(req, load.api, load.domain)
     t0 = loop.time()
     res = RequestResult(index=req.index, tenant=req.tenant, ok=False, start=t0 - t_run)
     last: float | None = None
@@ -111,7 +124,12 @@ async def send_one(
                     res.prompt_tokens = int(meta.get("prompt_tokens", 0))
                     res.cached_tokens = int(meta.get("cached_tokens", 0))
                     res.completion_tokens = seen = int(meta.get("completion_tokens", seen))
-                elif obj.get("usage"):
+                    if META_VERIFY_CT in meta or META_CORRECT_DRAFTS_HISTOGRAM in meta:  # the finishing chunk
+                        res.spec = _spec(decode_meta_info, meta)
+                elif obj.get("sglext"):  # SGLang's SpecTokensDetails (return_spec_tokens_details)
+                    found = _spec(decode_openai_response, obj)
+                    res.spec = found[0] if found else None
+                if load.api == "chat" and obj.get("usage"):
                     u = obj["usage"]
                     res.prompt_tokens = int(u.get("prompt_tokens", 0))
                     res.completion_tokens = int(u.get("completion_tokens", 0))
@@ -132,6 +150,14 @@ async def send_one(
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
         res.error = f"{type(exc).__name__}: {exc}"[:300]
     return res
+
+
+def _spec(decode: Any, obj: Any) -> Any:
+    """Decoded speculative fields; a malformed set is left out of the report, not an error of the request."""
+    try:
+        return decode(obj)
+    except SpecFieldError:
+        return None
 
 
 def _tokens_in_chunk(obj: dict[str, Any], api: str, seen: int) -> int:

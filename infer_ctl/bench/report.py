@@ -45,6 +45,13 @@ def totals_table(s: dict[str, Any]) -> Table:
         f"{s['goodput']:.2f} ({s['slo_attainment']:.0%})",
     )
     t.add_row("cache hit rate (cached / prompt tokens)", f"{s['cache_hit_rate']:.1%}")
+    spec = s.get("speculative")
+    if spec:  # as SGLang's bench_serving prints it ("Accept length:"), plus the rate and the alpha behind it
+        t.add_row("Accept length (completion tokens / verify steps)", f"{spec['accept_length']:.2f}")
+        if spec.get("accept_rate") is not None:
+            t.add_row("Accept rate (correct / proposed drafts)", f"{spec['accept_rate']:.2f}")
+        if spec.get("alpha") is not None:
+            t.add_row("alpha (per-draft acceptance, estimated)", f"{spec['alpha']:.2f}")
     for err, n in list(s.get("errors", {}).items())[:3]:
         t.add_row(f"error x{n}", err[:80])
     return t

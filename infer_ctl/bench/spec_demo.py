@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from infer_ctl.core.spec.adaptive import adaptive_config
 from infer_ctl.core.spec.controller import PoolChange
 from infer_ctl.core.spec.judge import acceptance_finding, assess
 from infer_ctl.core.spec.pools import Pool, pools
@@ -158,10 +159,10 @@ class SimRelauncher:
 
     async def _restart(self, i: int, change: PoolChange) -> None:
         old = self.cluster.workers[i]
-        adaptive = bool(change.adaptive_steps)
+        cands = change.adaptive_steps
         spec = dataclasses.replace(
-            old.spec, port=old.port, spec_gamma=change.num_steps, spec_adaptive=adaptive,
-            spec_adaptive_config={"1": {"candidate_steps": list(change.adaptive_steps)}} if adaptive else None)
+            old.spec, port=old.port, spec_gamma=change.num_steps, spec_adaptive=bool(cands),
+            spec_adaptive_config=adaptive_config(cands) if cands else None)
         await old.stop()
         worker = SimWorker(spec)
         await worker.start()

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from infer_ctl.core.routing.spec_fields import SpecFields, SpecTally
+
 
 @dataclass
 class RequestResult:
@@ -20,6 +22,8 @@ class RequestResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    #: SGLang's speculative fields of the finishing chunk (core/routing/spec_fields.py), when it had them
+    spec: SpecFields | None = None
 
     @property
     def tpot(self) -> float | None:
@@ -95,7 +99,19 @@ def summarize(results: list[RequestResult], duration_s: float, slo: Slo, time_sc
         "completion_tokens": completion,
         "cache_hit_rate": cached / prompt if prompt else 0.0,
         "errors": errors,
+        "speculative": speculative_summary(ok),
     }
+
+
+def speculative_summary(ok: list[RequestResult]) -> dict[str, Any] | None:
+    """Accept length (completion tokens / verify steps) and accept rate (correct / proposed drafts) over
+    the run, as SGLang reports them, and the estimated per-draft alpha; None when no answer carried them."""
+    tally = SpecTally()
+    tally.extend(r.spec for r in ok)
+    if not tally.requests:
+        return None
+    return {"requests": tally.requests, "verify_ct": tally.verify_ct, "accept_length": tally.accept_length,
+            "accept_rate": tally.accept_rate, "alpha": tally.alpha}
 
 
 def hit_rate_over_time(results: list[RequestResult], bins: int = 20) -> list[tuple[float, float]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -31,6 +32,7 @@ def bench(
     slo_ttft_ms: Annotated[float, typer.Option("--slo-ttft-ms", help="Goodput SLO on time to first token.")] = 2000.0,
     slo_tpot_ms: Annotated[float, typer.Option("--slo-tpot-ms", help="Goodput SLO on time per output token.")] = 100.0,
     time_scale: Annotated[float | None, typer.Option("--time-scale", help="Wall s per model s (default: the simulator's, else 1).")] = None,
+    domain: Annotated[str | None, typer.Option("--domain", help="Label every request with SGLang's custom_labels domain (e.g. code, chat).")] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write the JSON summary + per-request results here.")] = None,
     plot_path: Annotated[str | None, typer.Option("--plot", help="Write latency CDFs and hit rate over time (PNG).")] = None,
     json_: JsonOpt = False,
@@ -39,13 +41,14 @@ def bench(
     sess = session(json_)
     try:
         wl = WorkloadSpec(name=workload, requests=requests, seed=seed, max_new_tokens=max_new_tokens)
-        load = LoadSpec(concurrency=None if rate else concurrency, rate=rate, seed=seed, api=api)
+        load = LoadSpec(concurrency=None if rate else concurrency, rate=rate, seed=seed, api=api, domain=domain)
         outcome = run_bench(url, wl, load, Slo(slo_ttft_ms / 1000, slo_tpot_ms / 1000), time_scale=time_scale)
     except ValueError as exc:
         raise UsageError(str(exc), remedy="see `inferctl bench --help`") from None
     s = outcome.summary
     if out:
-        doc = {"summary": s, "results": [r.__dict__ | {"tpot": r.tpot} for r in outcome.results]}
+        doc = {"summary": s, "results": [r.__dict__ | {"tpot": r.tpot, "spec": asdict(r.spec) if r.spec else None}
+                                         for r in outcome.results]}
         write_atomic(out, json.dumps(doc, indent=2) + "\n")
     if plot_path:
         plot(outcome.results, plot_path)
