@@ -45,6 +45,10 @@ _NEGOTIATED_AS = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")}
 
 
 def known_hosts_name(host: str, port: int) -> str:
+    """The name a host's keys are recorded under. Lowercased as OpenSSH does before it matches or hashes
+    (ssh.c lowercases the host name when it does not canonicalize it): a hashed entry (HashKnownHosts,
+    ssh-keygen -H) is the HMAC of the lowercased name, so `GPU-01` must be looked up as `gpu-01`."""
+    host = host.lower()
     return host if port == 22 else f"[{host}]:{port}"
 
 
@@ -258,11 +262,22 @@ class HostKeyStore:
                     return
                 if recorded:
                     raise _changed(name, key_type, fingerprint(key_blob), recorded, racing=True)
+                # a last line without its newline (hand-edited) would swallow the new entry and both
+                # lines would be unparsable: both hosts unknown again, trusted anew on the next run
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() and not self._ends_with_newline():
+                    fh.write("\n")
                 fh.write(f"{name} {key_type} {base64.b64encode(key_blob).decode()}\n")
                 fh.flush()
                 os.fsync(fh.fileno())
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.accepted_file, "rb") as raw:
+            raw.seek(-1, os.SEEK_END)
+            return raw.read(1) == b"\n"
 
 
 def _changed(

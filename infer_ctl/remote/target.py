@@ -18,6 +18,7 @@ import paramiko
 
 from infer_ctl.errors import ProfileError
 from infer_ctl.profile import Node, Profile
+from infer_ctl.remote.ssh_config_include import read_with_includes
 
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 #: OpenSSH's default GlobalKnownHostsFile (ssh_config(5)): read, never written
@@ -47,8 +48,9 @@ def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
     full = Path(path).expanduser()
     if not full.is_file():
         return paramiko.SSHConfig()
+    text = read_with_includes(full)  # paramiko reads no Include itself
     try:
-        return paramiko.SSHConfig.from_path(str(full))
+        return paramiko.SSHConfig.from_text(text)
     except Exception as exc:  # paramiko raises plain exceptions for bad config lines
         raise ProfileError(
             f"cannot parse SSH config {full}: {exc}", remedy="fix the file, or set ssh.config_file: null"
