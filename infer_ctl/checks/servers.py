@@ -1,7 +1,9 @@
 """`check servers`: every SGLang instance is healthy and runs what the profile says.
 
-Gathers over HTTP (from the controller: /health, /server_info, /v1/loads) and over SSH (a TCP connect
-from each decode node to each prefill's bootstrap port), then judges with core.sglang.judge.
+Gathers over HTTP (from the controller: /health, /server_info, /v1/loads) and over SSH (the deployed
+files and the running process of each instance, systemd's verdict on its unit, a TCP connect from each
+decode node to each prefill's bootstrap port), then judges with core.sglang.judge and
+core.sglang.deployed.
 """
 
 from __future__ import annotations
@@ -10,15 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances
+from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances, server_args
+from infer_ctl.core.sglang.deployed import judge_files, judge_restart_pending, parse_env_file
 from infer_ctl.core.sglang.judge import (
     expected_server_args,
     judge_bootstrap,
     judge_drift,
+    judge_env_drift,
     judge_loads,
     judge_pd_agreement,
 )
-from infer_ctl.launch import probe, supervisor
+from infer_ctl.launch import deploy, probe, running, supervisor
 from infer_ctl.profile import Node, Profile
 from infer_ctl.remote.base import Command, Connector
 
@@ -67,8 +71,9 @@ def _http_findings(profile: Profile, leaders: list[Instance]) -> tuple[list[Find
                 )  # fmt: skip
             else:
                 infos[inst] = info.data
-                expected = expected_server_args(inst, build_argv(profile, inst).argv)
-                findings.extend(judge_drift(inst, expected, info.data))
+                argv = build_argv(profile, inst).argv
+                expected = expected_server_args(inst, argv)
+                findings.extend(judge_drift(inst, expected, info.data, launch_args=server_args(argv)))
             ld = probe.loads(http, inst)
             if ld.ok:
                 findings.extend(judge_loads(inst, ld.data))
@@ -116,21 +121,20 @@ def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[se
     for i in insts:
         by_node.setdefault(i.node, []).append(i)
 
-    def gather(conn: Connector, node: Node) -> tuple[set[str], dict[str, supervisor.UnitResult]]:
+    def gather(conn: Connector, node: Node) -> tuple[set[str], dict[str, list[Finding]]]:
         paths = [env_file_path(i) for i in by_node[node.name]]
         res = conn.run(
             Command("sh", "-c", 'for f; do [ -f "$f" ] && echo "$f"; done; true', "inferctl", *paths)
         )
         found = set(res.out.split())
-        units: dict[str, supervisor.UnitResult] = {}
-        if found and supervisor.detect_supervisor(conn, profile) == "systemd":
-            units = {i.name: supervisor.unit_result(conn, i) for i in by_node[node.name] if env_file_path(i) in found}
-        return found, units
+        mine = [i for i in by_node[node.name] if env_file_path(i) in found]
+        sup = supervisor.detect_supervisor(conn, profile) if mine else "process"
+        return found, {i.name: _node_findings(conn, profile, i, sup) for i in mine}
 
     deployed: set[str] = set()
     findings: list[Finding] = []
     for o in fleet.map([profile.node(n) for n in by_node], gather):
-        found, units = o.value or (set(), {})
+        found, per_instance = o.value or (set(), {})
         for i in by_node[o.node.name]:
             if o.error is not None:
                 findings.append(
@@ -140,8 +144,7 @@ def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[se
                 )
             elif env_file_path(i) in found:
                 deployed.add(i.name)
-                if i.name in units and units[i.name].start_limit_hit:
-                    findings.append(supervisor.start_limit_finding("servers.start_limit", i, units[i.name]))
+                findings.extend(per_instance.get(i.name, []))
             else:
                 findings.append(
                     Finding.skip(
@@ -153,6 +156,40 @@ def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[se
                     )
                 )
     return deployed, findings
+
+
+def _node_findings(conn: Connector, profile: Profile, inst: Instance, sup: supervisor.Supervisor) -> list[Finding]:
+    """On the node of a deployed instance: systemd's start limit; the deployed files against what the
+    profile renders now (with the GID index read from the node, as launch does); the running process
+    against the deployed files (restart pending) and its environment against the profile's (drift)."""
+    out: list[Finding] = []
+    if sup == "systemd":
+        unit = supervisor.unit_result(conn, inst)
+        if unit.start_limit_hit:
+            out.append(supervisor.start_limit_finding("servers.start_limit", inst, unit))
+    view = running.inspect(conn, inst, sup, sudo=profile.ssh.sudo)
+    plan = deploy.deployment(conn, profile, inst, sup)
+    if plan.refused:
+        out.append(
+            Finding.fail(
+                "servers.files",
+                inst.node,
+                inst.name,
+                f"the profile's env file cannot be rendered: MC_GID_INDEX cannot be determined: {plan.refused}",
+                remedy="run `inferctl check fabric` on the node; fix the HCA, or pin nodes[].rdma.gid_index",
+            )
+        )
+    else:
+        out.extend(judge_files(inst, [(f.path, f.text) for f in plan.files], view.files))
+    if view.running is None:
+        return out  # not running: servers.health says so (rank 0), or there is nothing to compare
+    env_path, command_path = env_file_path(inst), running.command_file_path(inst, sup)
+    out.extend(judge_restart_pending(inst, env_path, view.files.get(env_path), command_path,
+                                     view.files.get(command_path), view.running))  # fmt: skip
+    if not plan.refused and view.running.environ is not None:
+        rendered_env = parse_env_file(next(f.text for f in plan.files if f.path == env_path))
+        out.extend(judge_env_drift(inst, rendered_env, view.running.environ))
+    return out
 
 
 def check_servers(profile: Profile, fleet: Fleet, nodes: list[Node]) -> list[Finding]:

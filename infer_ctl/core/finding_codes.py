@@ -77,6 +77,8 @@ CODES: dict[str, str] = {
     "servers.pd_agreement": "IC-SRV-005",
     "servers.queues": "IC-SRV-006",
     "servers.start_limit": "IC-SRV-007",
+    "servers.files": "IC-SRV-011",
+    "servers.restart_pending": "IC-SRV-012",
     # ---- tokenizer ------------------------------------------------------------------------------
     "tokenizer.internal": "IC-TOK-000",
     "tokenizer.profile": "IC-TOK-001",

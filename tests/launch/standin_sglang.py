@@ -17,36 +17,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
 
-REPORTED = (
-    "--tp-size",
-    "--dp-size",
-    "--disaggregation-transfer-backend",
-    "--speculative-algorithm",
-    "--speculative-draft-model-path",
-    "--speculative-eagle-topk",
-    "--speculative-num-draft-tokens",
-    "--radix-eviction-policy",
-)
-_REPORTED_KEYS = {f[2:].replace("-", "_") for f in REPORTED}
+
+def _typed(value: str) -> object:
+    """A value as SGLang's resolved ServerArgs holds it: switches as booleans, numbers as numbers, the
+    rest (paths, choices, JSON configs) as text."""
+    if value in ("True", "False"):
+        return value == "True"
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
-def _as_sglang_reports(launched: dict[str, str]) -> dict[str, object]:
-    """Values as SGLang 0.5.23's /server_info shows them: ints as ints, NEXTN resolved to EAGLE,
-    mooncake_tcp rewritten to mooncake (+ MC_FORCE_TCP)."""
+def _as_sglang_reports(args: list[str]) -> dict[str, object]:
+    """/server_info as SGLang 0.5.23 builds it (build_server_info in sglang/srt/utils/common.py): every
+    resolved ServerArgs field of what was given, with resolution's rewrites (NEXTN -> EAGLE, an upper-case
+    algorithm, mooncake_tcp -> mooncake without an IB device, num_draft_tokens = num_steps + 1 at topk 1),
+    plus `launch_command`, the arguments as given, space-joined."""
+    from infer_ctl.core.sglang.settings import command_settings, dest
+
     out: dict[str, object] = {}
-    for key, value in launched.items():
-        if key in ("tp_size", "dp_size", "speculative_eagle_topk", "speculative_num_draft_tokens"):
-            out[key] = int(value)
-        elif key == "speculative_algorithm":
-            out[key] = "EAGLE" if value.upper() == "NEXTN" else value.upper()
-        elif key == "disaggregation_transfer_backend":
-            out[key] = "mooncake" if value == "mooncake_tcp" else value
-        else:
-            out[key] = value
+    for flag, value in command_settings(args).items():
+        if flag.startswith("--"):
+            out[dest(flag)] = _typed(value)
+    algo = out.get("speculative_algorithm")
+    if isinstance(algo, str):
+        out["speculative_algorithm"] = "EAGLE" if algo.upper() == "NEXTN" else algo.upper()
+    if out.get("disaggregation_transfer_backend") == "mooncake_tcp":
+        out["disaggregation_transfer_backend"] = "mooncake"
+        out["disaggregation_ib_device"] = None
+    if out.get("speculative_eagle_topk") == 1 and isinstance(out.get("speculative_num_steps"), int):
+        out["speculative_num_draft_tokens"] = int(out["speculative_num_steps"]) + 1  # type: ignore[call-overload]
+    out["launch_command"] = " ".join(args)
     return out
 
 
@@ -68,16 +77,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--dist-init-addr", default=None)
-    # reported back in /server_info as SGLang would, so `check servers` judges what was launched rather
-    # than the simulator's fixed defaults (tp 8, EAGLE3, topk 1)
-    for flag in REPORTED:
-        p.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None)
     ns, _unknown = p.parse_known_args(argv[2:])
     if not os.path.isdir(ns.model_path):
         print(f"OSError: model path {ns.model_path} is not a directory (standin sglang)", file=sys.stderr)
         return 1
 
+    from aiohttp import web
+
     from infer_ctl.sim.config import WorkerSpec
+    from infer_ctl.sim.info_api import InfoApi
     from infer_ctl.sim.server import SimWorker
 
     role = {"prefill": "prefill", "decode": "decode"}.get(ns.disaggregation_mode, "mixed")
@@ -93,11 +101,23 @@ def main(argv: list[str]) -> int:
         spec_adaptive_config=ns.speculative_adaptive_config,
     )
 
-    launched = {k: v for k, v in vars(ns).items() if k in _REPORTED_KEYS and v is not None}
+    # every flag reported back in /server_info as SGLang would, so `check servers` judges what was
+    # launched rather than the simulator's fixed defaults (tp 8, EAGLE3, topk 1)
+    reported = _as_sglang_reports(argv[2:])
+
+    class LaunchedInfo(InfoApi):
+        async def server_info(self, request: web.Request) -> web.Response:
+            # the simulator names its own command line in launch_command; this one is SGLang's
+            doc = json.loads((await super().server_info(request)).text or "{}")
+            return web.json_response({**doc, **reported})
 
     class LaunchedWorker(SimWorker):
+        def __init__(self, spec: WorkerSpec) -> None:
+            super().__init__(spec)
+            self.info_api = LaunchedInfo(self, self._server_args)
+
         def _server_args(self) -> dict[str, object]:
-            return {**super()._server_args(), **_as_sglang_reports(launched)}
+            return {**super()._server_args(), **reported}
 
     async def serve() -> int:
         done = asyncio.Event()

@@ -9,29 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.sglang.consistency import effective_args
+from infer_ctl.core.sglang.argv import server_args
 from infer_ctl.core.sglang.instance import Instance
+from infer_ctl.core.sglang.settings import canonical_value, command_settings, dest
 from infer_ctl.core.spec.pools import decode_steps_may_differ
 
-#: /server_info keys compared with the profile: a canonical flag's name with dashes as underscores
-DRIFT_KEYS = (
-    "model_path",
-    "served_model_name",
-    "tp_size",
-    "dp_size",
-    "port",
-    "context_length",
-    "mem_fraction_static",
-    "disaggregation_mode",
-    "disaggregation_transfer_backend",
-    "disaggregation_bootstrap_port",
-    "speculative_algorithm",
-    "speculative_draft_model_path",
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-    "radix_eviction_policy",
-)
+#: settings prefill and decode must agree on, by their /server_info keys
 PD_KEYS = (
     "model_path",
     "disaggregation_transfer_backend",
@@ -40,62 +23,100 @@ PD_KEYS = (
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
 )
+#: SGLang's defaults of settings the profile leaves unset but whose running value still matters
 _SGLANG_DEFAULTS = {"disaggregation_mode": "null", "radix_eviction_policy": "lru"}
 
 
 def expected_server_args(instance: Instance, argv: list[str]) -> dict[str, str]:
-    """What /server_info should report, as strings, from the effective command line."""
-    args = effective_args(argv)
-    out: dict[str, str] = {}
-    for key in DRIFT_KEYS:
-        flag = "--" + key.replace("_", "-")
-        if flag in args and args[flag] is not None:
-            out[key] = str(args[flag])
-        elif key in _SGLANG_DEFAULTS:
-            out[key] = _SGLANG_DEFAULTS[key]
+    """What /server_info should report, as canonical text, for EVERY flag of the effective command line
+    (keys are ServerArgs fields: `--tp-size` -> `tp_size`), with SGLang's resolution of them applied
+    where it rewrites what it was given: `canonical_value`'s aliases, and num_draft_tokens =
+    num_steps + 1 when eagle_topk is 1 (`_handle_eagle_family`)."""
+    settings = command_settings(server_args(argv))
+    out = {dest(flag): canonical_value(dest(flag), value) for flag, value in settings.items() if flag.startswith("--")}
+    for key, default in _SGLANG_DEFAULTS.items():
+        out.setdefault(key, default)
+    if out.get("speculative_eagle_topk") == "1" and str(out.get("speculative_num_steps", "")).isdigit():
+        out["speculative_num_draft_tokens"] = str(int(out["speculative_num_steps"]) + 1)
     if instance.role != "prefill":
         out.pop("disaggregation_bootstrap_port", None)  # only the prefill's is a served port
-    return {k: normalise(k, v) for k, v in out.items()}
+    if settings.get("--disaggregation-transfer-backend") == "mooncake_tcp":
+        out.pop("disaggregation_ib_device", None)  # SGLang clears it for TCP
+    return out
 
 
 def normalise(key: str, value: Any) -> str:
-    text = "None" if value is None else str(value)
-    if key == "speculative_algorithm":
-        text = text.upper()
-        return "EAGLE" if text == "NEXTN" else text  # SGLang resolves the NEXTN alias to EAGLE
-    if key == "disaggregation_transfer_backend" and text == "mooncake_tcp":
-        return "mooncake"  # SGLang rewrites mooncake_tcp to mooncake + MC_FORCE_TCP
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return text
+    return canonical_value(key, value)
 
 
-def judge_drift(instance: Instance, expected: Mapping[str, str], info: Mapping[str, Any]) -> list[Finding]:
-    diffs = {
-        key: (want, normalise(key, info[key]))
-        for key, want in expected.items()
-        if key in info and normalise(key, info[key]) != want
-    }
+def _drift_fail(instance: Instance, key: str, want: str | None, got: str | None, source: str) -> Finding:
+    if want is None:
+        message = f"{key} is {got} on the running server but the profile does not set it"
+    elif got is None:
+        message = f"{key} is not set on the running server but the profile says {want}"
+    else:
+        message = f"{key} is {got} but the profile says {want}"
+    return Finding.fail(
+        "servers.drift",
+        instance.node,
+        instance.name,
+        message,
+        details={"setting": key, "expected": want, "actual": got, "source": source},
+        remedy=f"run `inferctl launch --nodes {instance.node}` to restart it with the profile's settings, "
+        "or update the profile to what runs",
+    )
+
+
+def judge_drift(
+    instance: Instance,
+    expected: Mapping[str, str],
+    info: Mapping[str, Any],
+    *,
+    launch_args: list[str] | None = None,
+) -> list[Finding]:
+    """Every setting of the running server against the profile. SGLang 0.5.23's /server_info carries
+    `launch_command`, the server arguments as given (space-joined; sglang/srt/entrypoints/
+    http_server.py `server_info`): with `launch_args` (the profile's server arguments) the two command
+    lines are compared flag by flag, including flags only one side sets. Without it (an older server)
+    each flag of the profile's command line is compared with the resolved value /server_info reports for
+    it; a flag it does not report is left out."""
+    launched = info.get("launch_command")
+    # SGLang's is its server arguments (`--model-path ...`); a simulated worker names its own command
+    if launch_args is not None and isinstance(launched, str) and launched.startswith("-"):
+        # split both the same way: SGLang joined its argv with spaces, so a value holding one is split there too
+        want = command_settings(" ".join(launch_args).split(" "))
+        got = command_settings(launched.split(" "))
+        keys = [*want, *(f for f in got if f not in want)]
+        diffs = [
+            (dest(f) if f.startswith("--") else f, want.get(f), got.get(f))
+            for f in keys
+            if canonical_value(dest(f), want.get(f)) != canonical_value(dest(f), got.get(f))
+        ]
+        compared, source = len(keys), "launch_command"
+    else:
+        reported = [k for k in expected if k in info]
+        diffs = [(k, expected[k], canonical_value(k, info[k])) for k in reported
+                 if canonical_value(k, info[k]) != expected[k]]  # fmt: skip
+        compared, source = len(reported), "server_args"
     if not diffs:
         return [
             Finding.ok(
                 "servers.drift",
                 instance.node,
                 instance.name,
-                f"running settings match the profile ({len([k for k in expected if k in info])} compared)",
+                f"running settings match the profile ({compared} compared, from /server_info {source})",
             )
         ]
+    return [_drift_fail(instance, key, want, got, source) for key, want, got in diffs]
+
+
+def judge_env_drift(instance: Instance, rendered: Mapping[str, str], running: Mapping[str, str]) -> list[Finding]:
+    """The environment of the running server (its /proc/PID/environ) against the env file the profile
+    renders for it now (MC_GID_INDEX, NCCL_*, CUDA_VISIBLE_DEVICES, ...): one FAIL per variable."""
     return [
-        Finding.fail(
-            "servers.drift",
-            instance.node,
-            instance.name,
-            f"{key} is {got} but the profile says {want}",
-            details={"setting": key, "expected": want, "actual": got},
-            remedy=f"run `inferctl launch --nodes {instance.node}` to restart it with the profile's settings, "
-            "or update the profile to what runs",
-        )
-        for key, (want, got) in diffs.items()
+        _drift_fail(instance, f"env {name}", want, running.get(name), "environ")
+        for name, want in rendered.items()
+        if running.get(name) != want
     ]
 
 
