@@ -8,7 +8,9 @@ script run against a fake `pynvml`, and on real nvidia-smi fixtures).
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from importlib import resources
 from typing import Any
 
@@ -55,7 +57,7 @@ def gather_command(
     kernel log, so a hung nvidia-smi still leaves the XIDs readable. Pass less than the remote timeout."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
-    argv = [python, "-", "--source", source, "--window-min", str(max(1, int(window_h * 60)))]
+    argv = [python, "-", "--source", source, "--window-min", str(max(1, int(window_h * 60))), "--compress"]
     if budget_s is not None:
         argv += ["--budget", f"{max(1.0, budget_s):g}"]
     return Command(*argv)
@@ -137,9 +139,19 @@ def _klog(doc: dict[str, Any]) -> dict[str, Any]:
             "xid_error": None, "xid_source": klog["source"]}
 
 
+def _document(line: str) -> Any:
+    """The gatherer's last line: its JSON document, plain or `Z1 <base64 of zlib>` (--compress)."""
+    if line.startswith("Z1 "):
+        try:
+            line = zlib.decompress(base64.b64decode(line[3:], validate=True)).decode("utf-8")
+        except (ValueError, zlib.error) as exc:  # binascii.Error is a ValueError
+            raise GathererOutputError(f"the GPU gatherer's compressed document is damaged ({exc})") from exc
+    return json.loads(line)
+
+
 def parse_gatherer_output(text: str) -> NodeGpuFacts:
     try:
-        doc = json.loads(text.strip().splitlines()[-1]) if text.strip() else None
+        doc = _document(text.strip().splitlines()[-1]) if text.strip() else None
     except (json.JSONDecodeError, IndexError) as exc:
         raise GathererOutputError(f"the GPU gatherer printed no JSON ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("version") != 1:

@@ -1,15 +1,19 @@
 # mypy: ignore-errors
-# inferctl node-side GPU fact gatherer. Sent over SSH on stdin to `python3 - [--source S] [--window-min N]`
+# inferctl node-side GPU fact gatherer. Sent over SSH on stdin to `python3 - [--source S] [--window-min N] [--compress]`
 # and run ON THE NODE; prints ONE JSON document on stdout. Standard library + pynvml (nvidia-ml-py) only,
 # and Python 3.6-compatible: nodes run whatever python3 their distribution ships. It never judges; the
 # controller parses (infer_ctl/facts/nvml_gatherer.py) and judges (infer_ctl/core/gpu/rules.py).
 # ruff: noqa: UP004, UP024, UP031, SIM108, SIM401  (kept Python-3.6-compatible on purpose)
+import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+import zlib
 
 NOT_SUPPORTED = (3, 13, 26)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, DEPRECATED: "this GPU/driver lacks it"
 GPU_FATAL = {15: "GPU is lost", 16: "GPU requires reset"}
@@ -32,6 +36,23 @@ def arg(name, default):
         if i + 1 < len(sys.argv):
             return sys.argv[i + 1]
     return default
+
+
+def in_parallel(jobs):
+    """{key: fn()} of zero-argument callables, each in its own thread: the node's tools are slow on real
+    GPUs (nvidia-smi -q -x takes seconds on 8 GPUs) and independent, so their waits overlap. Each run()
+    enforces its own timeout, so joining cannot hang."""
+    results = {}
+
+    def one(key, fn):
+        results[key] = fn()
+
+    threads = [threading.Thread(target=one, args=(k, fn)) for k, fn in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 def run(argv, timeout=60):
@@ -289,6 +310,25 @@ def kernel_log(window_min):
     return dict(stamps, source=src, out="\n".join(lines[-5000:]), error=None)
 
 
+# Sections of `nvidia-smi -q -x` no rule reads: <supported_clocks> alone is over half of an H100's
+# document (every memory x graphics clock pair), so it is dropped here rather than shipped and parsed.
+UNREAD_XML = re.compile(r"<supported_clocks>.*?</supported_clocks>", re.S)
+
+
+def drop_unread(xml):
+    return UNREAD_XML.sub("", xml)
+
+
+def emit(doc, compress):
+    text = json.dumps(doc, separators=(",", ":"))
+    if compress:
+        # one line "Z1 <base64 of zlib>": a 8-GPU document shrinks ~20x, so 32 nodes' answers cost the
+        # controller's SSH transport (decrypting in-process) far less
+        text = "Z1 " + base64.b64encode(zlib.compress(text.encode("utf-8"), 6)).decode("ascii")
+    sys.stdout.write(text)
+    sys.stdout.write("\n")
+
+
 def main():
     source = arg("--source", "auto")
     window_min = int(arg("--window-min", "1440"))
@@ -296,6 +336,11 @@ def main():
     if budget is not None:
         DEADLINE[0] = time.time() + float(budget)
     doc = {"version": 1, "nvml": None, "nvml_error": None, "smi": None, "klog": None}
+    # the kernel log is read while the GPUs are: it needs nothing from them (and a hung driver, the case
+    # where XIDs matter most, then cannot delay it)
+    klog = {}
+    klog_thread = threading.Thread(target=lambda: klog.update(kernel_log(window_min)))
+    klog_thread.start()
     if source in ("auto", "nvml"):
         try:
             import pynvml as nv
@@ -317,14 +362,19 @@ def main():
                     except nv.NVMLError:
                         pass
     if doc["nvml"] is None and source in ("auto", "nvidia-smi"):
-        qx = run(["nvidia-smi", "-q", "-x"], left(KLOG_RESERVE))
-        doc["smi"] = {"qx": qx}
-        if qx["rc"] == 0:
-            doc["smi"]["nvlink_s"] = run(["nvidia-smi", "nvlink", "-s"], left(KLOG_RESERVE))
-            doc["smi"]["nvlink_e"] = run(["nvidia-smi", "nvlink", "-e"], left(KLOG_RESERVE))
-    doc["klog"] = kernel_log(window_min)
-    sys.stdout.write(json.dumps(doc))
-    sys.stdout.write("\n")
+        budget = left(KLOG_RESERVE)
+        smi = in_parallel({
+            "qx": lambda: run(["nvidia-smi", "-q", "-x"], budget),
+            "nvlink_s": lambda: run(["nvidia-smi", "nvlink", "-s"], budget),
+            "nvlink_e": lambda: run(["nvidia-smi", "nvlink", "-e"], budget),
+        })
+        qx = smi["qx"]
+        qx["out"] = drop_unread(qx["out"])
+        # the NVLink views only count when the main query worked (the same driver answers all three)
+        doc["smi"] = {"qx": qx} if qx["rc"] not in (0, 14) else smi
+    klog_thread.join()
+    doc["klog"] = klog
+    emit(doc, "--compress" in sys.argv)
 
 
 if __name__ == "__main__":

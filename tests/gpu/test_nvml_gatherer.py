@@ -273,3 +273,21 @@ def test_nvidia_smi_exit_14_is_a_corrupted_inforom_not_a_dead_node(tmp_path: Pat
     _standin(bin_dir, "nvidia-smi", 'echo "WARNING: infoROM is corrupted at gpu 0000:75:00.0"; exit 14')
     facts = parse_gatherer_output(_run_script(tmp_path, bin_dir)[0])
     assert facts.error_kind == "hardware" and "infoROM" in (facts.error or "")
+
+
+def test_the_document_travels_compressed_and_without_the_unread_clock_tables(tmp_path: Path) -> None:
+    """--compress (what the check sends): one `Z1 <base64 zlib>` line; nvidia-smi's <supported_clocks>
+    (over half an H100 document, read by no rule) is dropped on the node."""
+    import base64
+    import zlib
+
+    xml = FIXTURES / "nvidia-smi-qx" / "k8stestinfra-h100x8-580.105.08.xml"
+    assert "<supported_clocks>" in xml.read_text()
+    out = run_gatherer(tmp_path, {"init_error": 12}, smi_xml=xml)
+    assert out.startswith("Z1 ") and len(out) < len(xml.read_text()) / 10
+    doc = json.loads(zlib.decompress(base64.b64decode(out[3:])))
+    assert "<supported_clocks>" not in doc["smi"]["qx"]["out"] and "<fabric>" in doc["smi"]["qx"]["out"]
+    facts = parse_gatherer_output(out)
+    assert facts.source == "nvidia-smi" and len(facts.gpus) == 8 and facts.gpus[0].pcie_replays == 150
+    with pytest.raises(GathererOutputError, match="damaged"):
+        parse_gatherer_output("Z1 bm90IHpsaWI=\n")
