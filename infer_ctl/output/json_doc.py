@@ -8,6 +8,7 @@ from typing import Any, TextIO
 
 from infer_ctl.core.report import Report
 
+_orjson: Any
 try:
     import orjson as _orjson
 
