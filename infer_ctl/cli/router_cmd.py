@@ -96,18 +96,25 @@ def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False
 
 @app.command("workers")
 def workers(
-    action: Annotated[str, typer.Argument(help="list, add or remove.")] = "list",
-    worker_url: Annotated[str | None, typer.Argument(metavar="URL", help="Worker URL (add/remove).")] = None,
+    action: Annotated[str, typer.Argument(help="list, add, remove, drain or undrain.")] = "list",
+    worker_url: Annotated[str | None, typer.Argument(metavar="URL", help="Worker URL (add/remove/drain/undrain).")] = None,
     role: Annotated[str | None, typer.Option("--role", help="prefill, decode or mixed (add).")] = None,
     bootstrap_port: Annotated[int | None, typer.Option("--bootstrap-port", help="Prefill bootstrap port (add).")] = None,
     url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False,
 ) -> None:
-    """List the router's workers, or add/remove one at runtime."""
+    """List the router's workers (and the prefill x decode pairs it avoids), or add/remove/drain/undrain
+    one at runtime (drain: no new requests, the ones in flight finish)."""
     client = _client(url, profile)
     if action == "list":
         doc = client.call("GET", "/admin/workers")
         doc["speculative"] = _spec_doc(client)
-        _done(json, "router workers", doc, lambda c: c.print(_workers_table(doc["workers"], doc["speculative"])))
+        doc["pairs"] = _pairs_doc(client)
+        _done(json, "router workers", doc, lambda c: _render_workers(c, doc))
+    elif action in ("drain", "undrain") and worker_url:
+        body = {"url": worker_url, "timeout_s": 0} if action == "drain" else {"url": worker_url, "drain": False}
+        doc = client.call("POST", "/admin/workers/drain", body)
+        _done(json, f"router workers {action}", doc,
+              lambda c: c.print(f"{action}: {worker_url} ({doc.get('inflight', 0)} in flight)"))
     elif action in ("add", "remove") and worker_url:
         if action == "add" and role not in ("prefill", "decode", "mixed"):
             raise UsageError("workers add needs --role prefill|decode|mixed", remedy="e.g. --role decode")
@@ -115,7 +122,32 @@ def workers(
         doc = client.call("POST", "/admin/workers" if action == "add" else "/admin/workers/remove", body)
         _done(json, f"router workers {action}", doc, lambda c: c.print(f"{action}: {worker_url}"))
     else:
-        raise UsageError(f"bad workers action {action!r}", remedy="use: workers [list | add URL --role R | remove URL]")
+        raise UsageError(f"bad workers action {action!r}",
+                         remedy="use: workers [list | add URL --role R | remove URL | drain URL | undrain URL]")
+
+
+def _pairs_doc(client: Any) -> list[dict[str, Any]]:
+    """The router's /admin/pairs, or [] from a router that predates pair health."""
+    from infer_ctl.errors import InferctlError
+
+    try:
+        return list(client.call("GET", "/admin/pairs").get("pairs", []))
+    except InferctlError:
+        return []
+
+
+def _render_workers(c: Console, doc: dict[str, Any]) -> None:
+    c.print(_workers_table(doc["workers"], doc["speculative"]))
+    bad = [p for p in doc.get("pairs") or [] if p.get("degraded")]
+    if bad:
+        c.print(f"degraded pairs ({len(bad)}, avoided by the router):")
+        for p in bad:  # one line each: two worker URLs and a reason do not fit a table in 80 columns
+            why = p["reason"] + (f" ({p['pair_test_reason']})" if p.get("pair_test_reason") else "")
+            kv = (f"; last KV transfer {_num(p.get('kv_transfer_speed_gb_s'))} GB/s, "
+                  f"{_num(p.get('kv_transfer_latency_ms'), '.1f')} ms" if p.get("kv_transfer_speed_gb_s") is not None else "")
+            probe = "back after a pair test passes" if p["reason"] == "pair_test" else \
+                f"probe in {_num(p.get('probe_in_s'), '.0f')} s"
+            c.print(f"  {p['prefill']} x {p['decode']}: {why}{kv}; {probe}", markup=False)
 
 
 def _table(headers: list[str], first: list[str]) -> Table:
@@ -131,6 +163,8 @@ def _table(headers: list[str], first: list[str]) -> Table:
 def _worker_state(w: dict[str, Any]) -> str:
     if not w["healthy"]:
         return "[red]unhealthy[/red]"
+    if w.get("draining"):
+        return "[yellow]draining[/yellow]"
     cb = w["circuit_breaker"]
     return "ok" if cb == "closed" else f"[yellow]cb {cb}[/yellow]"
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
+from infer_ctl.profile.pair_health import PairHealthSettings
 
 #: also enforced by the admin API: names travel in URL paths (/admin/prefixes/NAME/expire)
 PREFIX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -61,6 +62,8 @@ class RouterSettings(StrictModel):
     cb_failures: Annotated[int, Field(ge=1)] = 5
     cb_open_s: Annotated[float, Field(gt=0)] = 10.0
     prefixes: list[NamedPrefix] = Field(default_factory=list)
+    #: avoid prefill x decode pairs whose pair test failed or whose KV transfers degrade
+    pair_health: PairHealthSettings = Field(default_factory=PairHealthSettings)
 
     @field_validator("listen")
     @classmethod

@@ -78,6 +78,8 @@ class Admin:
         r.add_post("/admin/workers/drain", g(self.drain_worker))
         r.add_get("/admin/spec", g(self.spec))
         r.add_post("/admin/spec/actions", g(self.spec_action))
+        r.add_get("/admin/pairs", g(self.pairs))
+        r.add_post("/admin/pairs", g(self.push_pair))
         r.add_get("/admin/prefixes", g(self.prefixes))
         r.add_post("/admin/prefixes", g(self.add_prefix))
         r.add_post("/admin/prefixes/{name}/expire", g(self.expire_prefix))
@@ -166,6 +168,7 @@ class Admin:
         if url not in self.router.workers.by_url:
             return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
         self.router.workers.remove(url)
+        self.router.pairs.forget(url)
         self.router.spec.drop(url)
         self.router.index.drop_worker(url)
         self.router.prefixes.drop_worker(url)
@@ -210,6 +213,28 @@ class Admin:
         log.warning("speculative controller action", extra={"pool": pool, "action": action,
                                                              "detail": body.get("message")})
         return _json({"recorded": record}, 201)
+
+    async def pairs(self, request: web.Request) -> web.Response:
+        """Every prefill x decode pair the router knows something about (router/pair_health.py)."""
+        tracker = self.router.pairs
+        return _json({"pairs": tracker.health.snapshot(self.router.clock()), "avoided": tracker.avoided,
+                      "fallbacks": tracker.fallbacks})
+
+    async def push_pair(self, request: web.Request) -> web.Response:
+        """A pair test's verdict (the audit pushes its P x D results): {prefill, decode, status: ok|fail,
+        reason}. A failed pair is avoided until a later push says it passed."""
+        body = await self._body(request)
+        pre, dec, status = _norm(body.get("prefill")), _norm(body.get("decode")), body.get("status")
+        by_url = self.router.workers.by_url
+        if status not in ("ok", "fail") or pre not in by_url or dec not in by_url:
+            return _err(400, "give prefill and decode (registered worker URLs) and status ok or fail; see "
+                        "`inferctl router workers`")
+        if by_url[pre].role != "prefill" or by_url[dec].role != "decode":
+            return _err(400, f"{pre} and {dec} are not a prefill and a decode")
+        reason = body.get("reason")
+        st = self.router.pairs.health.push(pre, dec, status, str(reason) if reason else None, self.router.clock())
+        log.warning("pair test verdict", extra={"prefill": pre, "decode": dec, "status": status, "reason": reason})
+        return _json({"pair": st.as_dict(self.router.clock())})
 
     async def prefixes(self, request: web.Request) -> web.Response:
         now = self.router.clock()

@@ -81,6 +81,12 @@ class RouterConfig:
     #: speculative acceptance (router/spec_stats.py): rolling window per decode and label, in requests,
     #: and the number of workload labels kept per decode (more are counted as "other")
     spec_window_requests: int = 200
+    #: pair health (core/routing/pair_health.py): KV floors, runs that degrade a pair, probe wait
+    pair_min_kv_speed_gb_s: float | None = None
+    pair_max_kv_latency_ms: float | None = None
+    pair_bad_samples: int = 3
+    pair_max_failures: int = 3
+    pair_probe_after_s: float = 60.0
     spec_max_labels: int = 16
 
     @property
@@ -204,5 +210,8 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         balance_rel=rs.balance_rel, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s,
         spec_window_requests=profile.speculative.window_requests,
+        pair_min_kv_speed_gb_s=rs.pair_health.min_kv_speed_gb_s, pair_max_kv_latency_ms=rs.pair_health.max_kv_latency_ms,
+        pair_bad_samples=rs.pair_health.bad_samples, pair_max_failures=rs.pair_health.max_transfer_failures,
+        pair_probe_after_s=rs.pair_health.probe_after_s,
     )
     return cfg

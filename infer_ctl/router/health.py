@@ -92,7 +92,9 @@ class HealthChecker:
                                 self.router.spec.observe_server_info(w.url, info_doc)
                         s3, ld = await up.fetch(w.url, "GET", "/v1/loads")
                         if s3 == 200:
-                            load = _loads(loads(ld))
+                            load_doc = loads(ld)
+                            load = _loads(load_doc)
+                            self.router.pairs.kv_poll(w, load_doc)  # a prefill's last KV transfer
             except (UpstreamError, TimeoutError, ValueError) as exc:
                 w.last_error = f"health check: {exc or type(exc).__name__}"
                 ok = ok and isinstance(exc, ValueError)

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.workers import WorkerRegistry
 
@@ -37,6 +38,8 @@ class RouterState(Protocol):
     def active(self) -> int: ...
     @property
     def spec(self) -> SpecStats: ...
+    @property
+    def pairs(self) -> PairTracker: ...
 
 
 class RouterMetrics:
@@ -74,6 +77,7 @@ class RouterMetrics:
                                     ["pool", "action"], registry=r)
         r.register(_StateCollector(router))
         r.register(_SpecCollector(router))
+        r.register(_PairCollector(router))
         # labelled children looked up once: .labels() costs a lock and a dict build per call
         self._req_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._decision_children: dict[str, Any] = {}
@@ -142,6 +146,43 @@ class _StateCollector(Collector):
                 act.add_metric([rec.name], rec.stats.actual_cached_tokens)
                 hit.add_metric([rec.name], rec.stats.hit_rate)
         yield from (state, warm, reqs, pred, act, hit)
+
+
+class _PairCollector(Collector):
+    """Pair health (router/pair_health.py): degraded pairs and the last KV transfer attributed to each."""
+
+    def __init__(self, router: RouterState) -> None:
+        self.router = router
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        tracker = self.router.pairs
+        degraded = GaugeMetricFamily("inferctl_router_pair_degraded",
+                                     "1 while the router avoids the prefill x decode pair, by reason",
+                                     labels=["prefill", "decode", "reason"])
+        speed = GaugeMetricFamily("inferctl_router_pair_kv_transfer_speed_gb_s",
+                                  "Last KV transfer speed SGLang reported for the pair (GB/s)", labels=["prefill", "decode"])
+        latency = GaugeMetricFamily("inferctl_router_pair_kv_transfer_latency_ms",
+                                    "Last KV transfer latency SGLang reported for the pair (ms)", labels=["prefill", "decode"])
+        failed = CounterMetricFamily("inferctl_router_pair_kv_transfers_failed",
+                                     "Requests whose KV transfer failed on the pair", labels=["prefill", "decode"])
+        for st in tracker.health.pairs.values():
+            labels = [st.prefill, st.decode]
+            if st.reason is not None:
+                degraded.add_metric([*labels, st.reason], 1)
+            if st.speed_gb_s is not None:
+                speed.add_metric(labels, st.speed_gb_s)
+            if st.latency_ms is not None:
+                latency.add_metric(labels, st.latency_ms)
+            failed.add_metric(labels, st.transfers_failed)
+        yield from (degraded, speed, latency, failed)
+        yield CounterMetricFamily("inferctl_router_pair_avoided", "Routing decisions that left out a degraded pair",
+                                  value=tracker.avoided)
+        yield CounterMetricFamily("inferctl_router_pair_fallbacks",
+                                  "Routing decisions with every pair of the prefill degraded (one used anyway)",
+                                  value=tracker.fallbacks)
 
 
 class _SpecCollector(Collector):

@@ -17,18 +17,21 @@ from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig, choose_decode, choose_prefill
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.metrics import RouterMetrics
+from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.workers import WorkerRegistry, WorkerState
 
 
 class PairPicker:
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
-                 clock: Callable[[], float], metrics: RouterMetrics) -> None:
+                 clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
         self.workers = workers
         self.index = index
         self.policy = policy
         self.rng = rng
         self.clock = clock
         self.metrics = metrics
+        #: degraded prefill x decode pairs are avoided (router/pair_health.py); None: no pair health
+        self.pairs = pairs
         #: decision counter: round-robin position and tie-breaks
         self.seq = 0
 
@@ -39,8 +42,17 @@ class PairPicker:
         now = self.clock()
         workers = self.workers
         pd = bool(workers.role("prefill", "decode"))
-        pre = self._choose(ctx, workers.role("prefill") if pd else workers.prefill_like(), excluded, now, True, pd)
-        dec = self._choose(ctx, workers.role("decode"), excluded, now, False, pd) if pd else None
+        prefills = workers.role("prefill") if pd else workers.prefill_like()
+        pairs = self.pairs if pd else None
+        dec: WorkerState | None
+        if pairs is not None and pairs.active:
+            decodes = workers.role("decode")
+            pre = self._choose(ctx, pairs.prefills(prefills, decodes, now), excluded, now, True, pd)
+            dec = self._choose(ctx, pairs.decodes(pre.url, decodes, now), excluded, now, False, pd)
+            pairs.chosen(pre.url, dec.url, now)
+        else:
+            pre = self._choose(ctx, prefills, excluded, now, True, pd)
+            dec = self._choose(ctx, workers.role("decode"), excluded, now, False, pd) if pd else None
         if ctx.hashes:
             self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
         ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""

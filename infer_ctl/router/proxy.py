@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.pair_health import PairFloor
 from infer_ctl.core.routing.pd import wants_logprobs
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
@@ -33,6 +34,7 @@ from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
 from infer_ctl.router.jsonio import DecodeError, error_body, loads
 from infer_ctl.router.metrics import RouterMetrics
+from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.picker import PairPicker
 from infer_ctl.router.relay import StreamRelay
 from infer_ctl.router.retry import RetriesExhausted, with_retries
@@ -61,7 +63,10 @@ class Router:
         self.upstreams = Upstreams()
         self.admission = Admission(cfg.max_concurrent, cfg.max_queue, cfg.queue_timeout_s)
         self.metrics = RouterMetrics(self)
-        self.picker = PairPicker(self.workers, self.index, self.policy, rng=self.rng, clock=clock, metrics=self.metrics)
+        self.pairs = PairTracker(PairFloor(cfg.pair_min_kv_speed_gb_s, cfg.pair_max_kv_latency_ms, cfg.pair_bad_samples,
+                                           cfg.pair_max_failures, cfg.pair_probe_after_s), clock)
+        self.picker = PairPicker(self.workers, self.index, self.policy, rng=self.rng, clock=clock, metrics=self.metrics,
+                                 pairs=self.pairs)
         self.calls = WorkerCalls(self.upstreams, clock=clock, metrics=self.metrics)
         self.spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.spec_max_labels, clock=clock)
         self.feedback = Feedback(self.prefixes, clock=clock, metrics=self.metrics, log_requests=cfg.log_requests,
@@ -177,7 +182,7 @@ class Router:
             async with asyncio.timeout(cfg.request_timeout_s):
                 return await with_retries(ctx, self.picker.pick, attempts.stream if ctx.stream else attempts.unary,
                                           max_retries=cfg.max_retries, base_s=cfg.retry_base_s, rng=self.rng,
-                                          metrics=self.metrics)
+                                          metrics=self.metrics, observe=self.pairs.outcome)
         except NoWorkerAvailable as exc:
             return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "unavailable", "no_worker")
         except RetriesExhausted as out:

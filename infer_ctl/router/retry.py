@@ -30,6 +30,7 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 R = TypeVar("R")
 Pick = Callable[[RequestContext, set[str]], tuple[WorkerState, WorkerState | None]]
 Attempt = Callable[[RequestContext, WorkerState, WorkerState | None], Awaitable[R]]
+Observe = Callable[[WorkerState, WorkerState | None, "AttemptFailed | None"], None]
 
 
 class AttemptFailed(Exception):
@@ -57,10 +58,11 @@ def check_status(cause: str, worker: WorkerState, status: int, body: bytes, who:
 
 
 async def with_retries(ctx: RequestContext, pick: Pick, attempt: Attempt[R], *, max_retries: int, base_s: float,
-                       rng: random.Random, metrics: RouterMetrics) -> R:
+                       rng: random.Random, metrics: RouterMetrics, observe: Observe | None = None) -> R:
     """Run `attempt` on the pair `pick` chooses until one does not raise AttemptFailed, at most
     1 + max_retries times. Raises NoWorkerAvailable when not even the first attempt found a pair, and
-    RetriesExhausted when every attempt failed."""
+    RetriesExhausted when every attempt failed. `observe(pre, dec, failure)` hears how each attempt ended
+    (failure None: it succeeded; the pair health of router/pair_health.py)."""
     excluded: set[str] = set()
     last: AttemptFailed | None = None
     for n in range(1 + max_retries):
@@ -75,12 +77,18 @@ async def with_retries(ctx: RequestContext, pick: Pick, attempt: Attempt[R], *, 
             break
         ctx.attempts = n + 1
         try:
-            return await attempt(ctx, pre, dec)
+            result = await attempt(ctx, pre, dec)
         except AttemptFailed as failure:
+            if observe is not None:
+                observe(pre, dec, failure)
             last = failure
             excluded.add(failure.worker)
             log.warning("attempt failed", extra={"rid": ctx.rid, "attempt": n + 1, "worker": failure.worker,
                                                  "cause": failure.cause, "error": failure.message})
+            continue
+        if observe is not None:
+            observe(pre, dec, None)
+        return result
     assert last is not None
     metrics.retries.labels("exhausted").inc()
     raise RetriesExhausted(last, ctx.attempts)

@@ -59,6 +59,7 @@ class BootstrapServer:
                 str(body.get("digest")),
                 timeout,
                 decode_alive=lambda: transport is not None and not transport.is_closing(),
+                decode=str(body["decode"]) if body.get("decode") else None,
             )
         except RoomError as exc:
             return web.json_response({"error": exc.message}, status=exc.status)
@@ -113,7 +114,7 @@ class KvReceiver:
                     )
             async with self._client.post(
                 f"{base}/sim/kv/{pd.room}",
-                json={"digest": prompt_digest(item.input_ids), "timeout": timeout},
+                json={"digest": prompt_digest(item.input_ids), "timeout": timeout, "decode": self.state.url},
                 timeout=aiohttp.ClientTimeout(total=timeout + 5),
             ) as r:
                 body = await r.json()

@@ -76,6 +76,7 @@ class WorkerMetrics:
     spec_total_accept_tokens: int = 0
     spec_total_forward_ct: int = 0
     kv_transfer_latency_ms: float = 0.0
+    kv_transfer_speed_gb_s: float = 0.0
 
     @property
     def cache_hit_rate(self) -> float:

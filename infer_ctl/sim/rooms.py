@@ -38,6 +38,7 @@ class Room:
     transfer_ms: float = 0.0
     failure: str | None = None
     decode_alive: Any = None  # callable -> bool: is the decode's claim connection still open?
+    decode: str | None = None  # the claiming decode's URL (the simulator's claim names it)
 
 
 class RoomTable:
@@ -110,7 +111,8 @@ class RoomTable:
             del self.rooms[entry.room]
 
     # -- decode side (the bootstrap server's handler) -----------------------------------------------
-    async def claim(self, room: int, digest: str, timeout: float, decode_alive: Any = None) -> dict[str, Any]:
+    async def claim(self, room: int, digest: str, timeout: float, decode_alive: Any = None,
+                    decode: str | None = None) -> dict[str, Any]:
         """Wait for the prefill request of `room`, check it is the same prompt, then wait for the KV."""
         if room == 0:
             raise RoomError(400, "bootstrap_room 0 is never valid (SGLang reads room 0 as 'not yet landed')")
@@ -135,6 +137,7 @@ class RoomTable:
                 )
                 raise RoomError(409, entry.failure or "")
             entry.decode_alive = decode_alive
+            entry.decode = decode
             entry.claimed.set()
             try:
                 await asyncio.wait_for(entry.landed.wait(), max(0.0, deadline - loop.time()))

@@ -144,14 +144,24 @@ class RequestRunner:
             assert sreq.prefill_done is not None
             await sreq.prefill_done
             transfer_s = st.timing.transfer_seconds(sreq.prompt_tokens)
+            fault = st.kv_faults.get(entry.decode or "")  # sim/kv_faults.py
+            if fault:
+                transfer_s *= float(fault.get("slowdown", 1.0))
             await asyncio.sleep(transfer_s * st.spec.time_scale)
+            if fault and fault.get("fail"):
+                rooms.transfer_failed += 1
+                rooms.fail(entry, f"KV transfer failed for bootstrap_room={room}: injected (sim kv faults)")
+                raise RequestError(500, entry.failure or "")
             if entry.decode_alive is not None and not entry.decode_alive():
                 rooms.transfer_failed += 1
                 rooms.fail(entry, f"KV transfer failed for bootstrap_room={room}: the decode went away")
                 raise RequestError(500, entry.failure or "")
             if entry.failure:  # another request took the same room meanwhile (rooms.RoomTable.register)
                 raise RequestError(500, entry.failure)
+            # SGLang's last-transfer values (disaggregation/prefill.py; speed as req_time_stats.py: MiB / 1024 / s)
             e.metrics.kv_transfer_latency_ms = transfer_s * 1000
+            nbytes = sreq.prompt_tokens * st.timing.kv_bytes_per_token
+            e.metrics.kv_transfer_speed_gb_s = nbytes / 2**30 / transfer_s if transfer_s > 0 else 0.0
             rooms.land(entry, sreq.cached_tokens, transfer_s * 1000)
             sreq.finished_at = asyncio.get_running_loop().time()
         except BaseException:

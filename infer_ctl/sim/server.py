@@ -19,6 +19,7 @@ from infer_ctl.errors import InferctlError
 from infer_ctl.sim.bootstrap import BootstrapServer, KvReceiver
 from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.info_api import InfoApi, server_args
+from infer_ctl.sim.kv_faults import KvFaultsApi
 from infer_ctl.sim.native_api import NativeApi
 from infer_ctl.sim.openai_api import OpenAIApi
 from infer_ctl.sim.rooms import RoomTable
@@ -52,6 +53,7 @@ class SimWorker(WorkerState):
         self.native_api = NativeApi(self, runner)
         self.openai_api = OpenAIApi(self, runner)
         self.spec_api = SpecApi(self)
+        self.kv_faults_api = KvFaultsApi(self)
         self.bootstrap_server = BootstrapServer(self)
         self._runners: list[web.AppRunner] = []
         #: connections with a request in flight (both apps): stop() aborts them as a killed process would
@@ -155,6 +157,8 @@ class SimWorker(WorkerState):
         r.add_post("/v1/chat/completions", openai.chat_completions)
         r.add_get("/sim/spec", self.spec_api.show)
         r.add_post("/sim/spec/alpha", self.spec_api.shift_alpha)
+        r.add_get("/sim/kv/faults", self.kv_faults_api.show)
+        r.add_post("/sim/kv/faults", self.kv_faults_api.set)
         return app
 
     def _bootstrap_app(self) -> web.Application:

@@ -41,6 +41,8 @@ class WorkerState:
             events=self.kv_recorder,
         )
         self.rooms = RoomTable()
+        #: prefill: injected faults of its KV transfers per decode URL (sim/kv_faults.py); kept by restarts
+        self.kv_faults: dict[str, dict[str, float | bool]] = {}
         self.engine: Engine | None = None
         self.port = spec.port
         self.bootstrap_port: int | None = None

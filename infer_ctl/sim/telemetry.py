@@ -50,7 +50,9 @@ def load_snapshot(state: WorkerState, include: set[str] | None = None) -> dict[s
             "prefill_inflight_queue_reqs": rooms.inflight,
             "decode_prealloc_queue_reqs": len(e.decode_waiting) if state.spec.role == "decode" else 0,
             "decode_transfer_queue_reqs": 0,
-            "kv_transfer_speed_gb_s": t.nic_gbps * t.nic_links / 8,
+            # set by the prefill's last finished transfer, 0.0 on a decode (SGLang 0.5.23 reports them in
+            # PREFILL mode only: scheduler_components/metrics_reporter.py)
+            "kv_transfer_speed_gb_s": e.metrics.kv_transfer_speed_gb_s,
             "kv_transfer_latency_ms": e.metrics.kv_transfer_latency_ms,
         },
     }
