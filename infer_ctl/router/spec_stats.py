@@ -39,6 +39,8 @@ from typing import Any
 from infer_ctl.core.routing.spec_fields import (
     INTERNAL_ADAPTIVE,
     INTERNAL_NUM_STEPS,
+    META_CORRECT_DRAFTS_HISTOGRAM,
+    META_VERIFY_CT,
     SpecFieldError,
     SpecFields,
     decode_generate_response,
@@ -219,6 +221,10 @@ class SpecStats:
     def answered(self, decode: str, body: Mapping[str, Any], headers: Mapping[str, str], named: str | None,
                  obj: Any) -> None:
         """One finished answer of `decode` (the worker that generated it)."""
+        if type(obj) is dict and "sglext" not in obj:  # the common case, checked without a call chain:
+            meta = obj.get("meta_info")  # an answer without speculative fields costs two lookups
+            if type(meta) is not dict or (META_VERIFY_CT not in meta and META_CORRECT_DRAFTS_HISTOGRAM not in meta):
+                return
         found = fields_of(obj)
         if not found:
             return
