@@ -211,7 +211,7 @@ class Change:
                 "from": self.before, "to": self.after, "message": self.message}
 
 
-Scope = tuple[tuple[str, ...], str, str]  # (check patterns, node pattern, why)
+Scope = tuple[tuple[str, ...], str, str, str]  # (check patterns, node pattern, subject pattern, why)
 
 
 def unchecked_scopes(findings: Sequence[Finding]) -> list[Scope]:
@@ -219,25 +219,30 @@ def unchecked_scopes(findings: Sequence[Finding]) -> list[Scope]:
     were not gathered. A finding says so with `details["not_gathered"]` (e.g. gpu.facts of an unreachable
     node: `["gpu.*"]`); any UNKNOWN finding covers its own check id on its node (the kernel log was not
     readable: earlier gpu.xid findings of that node were not checked); a family that did not run
-    (`<family>.internal` on the controller) covers the whole family on every node."""
+    (`<family>.internal` on the controller) covers the whole family on every node. Findings keyed on
+    another node can be covered too, by subject: `details["not_gathered_subjects"]` = [[check pattern,
+    subject pattern], ...] on any node (a pair test is keyed on its server; when the client could not take
+    part, `["fabric.pingpong", "*<client>/*"]` covers it)."""
     scopes: list[Scope] = []
     for f in findings:
         why = f.message
         patterns = f.details.get("not_gathered")
         if patterns:
-            scopes.append((tuple(patterns), f.node, why))
+            scopes.append((tuple(patterns), f.node, "*", why))
+        for check_pattern, subject_pattern in f.details.get("not_gathered_subjects") or ():
+            scopes.append(((check_pattern,), "*", subject_pattern, why))
         if f.status is Status.UNKNOWN:
             family, _, rest = f.check.partition(".")
             if rest == "internal" and f.node == "controller":
-                scopes.append(((f"{family}.*",), "*", why))
+                scopes.append(((f"{family}.*",), "*", "*", why))
             else:
-                scopes.append(((f.check,), f.node, why))
+                scopes.append(((f.check,), f.node, "*", why))
     return scopes
 
 
-def _not_checked_because(scopes: Sequence[Scope], check: str, node: str) -> str | None:
-    for patterns, node_pattern, why in scopes:
-        if node_pattern not in ("*", node):
+def _not_checked_because(scopes: Sequence[Scope], check: str, node: str, subject: str) -> str | None:
+    for patterns, node_pattern, subject_pattern, why in scopes:
+        if node_pattern not in ("*", node) or not fnmatchcase(subject, subject_pattern):
             continue
         hits = [p for p in patterns if not p.startswith("!") and fnmatchcase(check, p)]
         if hits and not any(fnmatchcase(check, p[1:]) for p in patterns if p.startswith("!")):
@@ -265,7 +270,7 @@ def carry_unchecked(previous: dict[str, Any] | None, result: AuditResult) -> lis
         current = now.get(key)
         if status not in _KNOWN_PROBLEM or (current is not None and current.status is not Status.UNKNOWN):
             continue
-        if _not_checked_because(scopes, key[0], key[1]) is not None:
+        if _not_checked_because(scopes, *key) is not None:
             rows.append([*key, status.value, message])
     return rows
 
@@ -297,7 +302,7 @@ def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[lis
                 report.append(finding)
             continue
         old_rank = _RANK[old[0]]
-        if old[0] in _KNOWN_PROBLEM and finding.status is Status.UNKNOWN and _not_checked_because(scopes, *key[:2]):
+        if old[0] in _KNOWN_PROBLEM and finding.status is Status.UNKNOWN and _not_checked_because(scopes, *key):
             if not problems[key][2]:  # reported when it stopped being checked, not on every run since
                 changes.append(Change("not_checked", *key, old[0].value, finding.status.value, finding.message))
                 report.append(_not_checked(key, old, finding.message))
@@ -320,7 +325,7 @@ def diff_runs(previous: dict[str, Any] | None, result: AuditResult) -> tuple[lis
             continue
         if family not in families or family not in prev_families:
             continue
-        why = _not_checked_because(scopes, check, node) if status in _KNOWN_PROBLEM else None
+        why = _not_checked_because(scopes, check, node, subject) if status in _KNOWN_PROBLEM else None
         if why is not None:
             if not problems[key][2]:
                 changes.append(Change("not_checked", *key, status.value, None, f"not checked: {why}"))

@@ -44,6 +44,9 @@ from infer_ctl.remote.base import Command, Connector
 if TYPE_CHECKING:
     from infer_ctl.remote.fleet import Fleet
 
+#: the check ids of pair tests (their findings are keyed on the server node)
+PAIR_CHECKS = ("fabric.pingpong", "fabric.write_lat", "fabric.write_bw", "fabric.gdr")
+
 # The server start script: $1 port, $2 limit (s), then the server argv. Prints DIR/PID/READY lines.
 START = r"""
 port=$1; limit=$2; shift 2
@@ -189,8 +192,12 @@ def run_pair_tests(profile: Profile, fleet: Fleet, nodes: Sequence[Node], facts:
     for node in sorted({x for p in pairs for x in p} - set(usable)):
         why = "not reachable" if node not in facts else "no ACTIVE device with a RoCE v2 GID"
         why_not[node] = f"{node} {why}"
+        # its pairs did not run: audit --since-last reports their earlier problems as not checked, whichever
+        # end this node was (pair findings are keyed on the server, subject "server/dev <-> client/dev")
+        untested = [[check, pattern] for check in PAIR_CHECKS for pattern in (f"{node}/*", f"* <-> {node}/*")]
         out.append(Finding.fail("fabric.pingpong", node, node, f"{node} cannot take part in pair tests: {why}",
-                                         remedy="fix the node findings above (fabric.devices/port_state/gid) first"))
+                                details={"not_gathered_subjects": untested},
+                                remedy="fix the node findings above (fabric.devices/port_state/gid) first"))
     tests = schedule(pairs, usable, settings.base_port)
     tools = ["ibv_rc_pingpong"]
     for tool, wanted in (("ib_write_lat", settings.perftest), ("ib_write_bw", settings.bandwidth)):

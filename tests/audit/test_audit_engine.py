@@ -272,3 +272,17 @@ def test_memory_of_unreached_nodes_is_kept() -> None:
     now = _result([Finding.ok("gpu.pcie_replay", "a", "GPU0", "x", details={"memory": {"replays": 9}}), _unreachable("b")])
     mem = A.remembered(now.findings, json.loads(json.dumps(prev)))
     assert mem == {"gpu.pcie_replay": {"a": {"GPU0": {"replays": 9}}, "b": {"GPU0": {"replays": 7}}}}
+
+
+def test_a_pair_test_whose_client_could_not_take_part_is_not_checked() -> None:
+    """Pair findings are keyed on the server; the client dc-02 died: its pairs are not checked, not recovered."""
+    pair = "pf-01/mlx5_0 <-> dc-02/mlx5_0"
+    prev = A.history_record(_result([Finding.fail("fabric.pingpong", "pf-01", pair, "retry exceeded"),
+                                     Finding.fail("fabric.pingpong", "pf-01", "pf-01/mlx5_0 <-> dc-01/mlx5_0", "slow")],
+                                    nodes=("pf-01", "dc-01", "dc-02"), fams=("fabric",)), "p")
+    untested = [[c, p] for c in ("fabric.pingpong",) for p in ("dc-02/*", "* <-> dc-02/*")]
+    now = _result([Finding.fail("fabric.pingpong", "dc-02", "dc-02", "dc-02 cannot take part in pair tests: not reachable",
+                                details={"not_gathered_subjects": untested})],
+                  nodes=("pf-01", "dc-01", "dc-02"), fams=("fabric",))
+    kinds = {(c.subject, c.kind) for c in A.diff_runs(prev, now)[0]}
+    assert (pair, "not_checked") in kinds and ("pf-01/mlx5_0 <-> dc-01/mlx5_0", "recovered") in kinds
