@@ -6,7 +6,8 @@ finish), the audit waits up to `remediation.drain_wait_s` for them to go idle, t
 `drain_hook` runs on the controller (argv from the profile, no shell). Returning a node undrains its
 workers and runs `return_hook`. A router that cannot be reached fails the drain (reported, retried by the
 next audit), and the hook does not run: a scheduler told "drained" while the router still routes to the
-node would be worse than neither. Every step becomes a finding (`remediation.*`), a count in the history
+node would be worse than neither. A run with pair tests (`--pingpong`) also gives the router each prefill x
+decode pair's verdict (POST /admin/pairs): a failed pair is avoided until a later run's test passes. Every step becomes a finding (`remediation.*`), a count in the history
 line's `remediation.counters` and a Prometheus counter in the audit's textfile.
 """
 
@@ -188,9 +189,34 @@ def remediate(profile: Profile, findings: Sequence[Finding], previous: Mapping[s
             f"{len(urls)} worker(s) undrained", details={"workers": urls, "hook": None if hook is None else
                                                          {"ok": hook[0], "said": hook[1]}}))
         _hook_finding(out, hook, r.node, "return_hook")
+    _push_pairs(profile, router, findings, out)
     out.state = rem.next_state(previous, steps, now=now, drained_ok=drained_ok, returned_ok=returned_ok,
                                counts=out.counts)
     return out
+
+
+def _push_pairs(profile: Profile, router: RouterWorkers, findings: Sequence[Finding], out: Outcome) -> None:
+    """The run's pair-test verdicts to the router (POST /admin/pairs), so it avoids a prefill x decode pair
+    whose test failed and takes it back when one passes (router/pair_health.py)."""
+    verdicts = rem.pair_verdicts(findings)
+    if not verdicts:
+        return
+    names = {n.name for n in profile.nodes}
+    try:
+        urls: dict[str, dict[str, list[str]]] = {}
+        for node in {n for pair in verdicts for n in pair if n in names}:
+            for w in router.of_node(profile.node(node)):
+                urls.setdefault(node, {}).setdefault(str(w.get("role")), []).append(str(w["url"]))
+        for (server, client), (status, why) in sorted(verdicts.items()):
+            for pre in urls.get(server, {}).get("prefill", []):
+                for dec in urls.get(client, {}).get("decode", []):
+                    router.client.call("POST", "/admin/pairs", {"prefill": pre, "decode": dec, "status": status,
+                                                                "reason": why})
+                    out.count(f"pair_{status}", f"{server}>{client}")
+    except InferctlError as exc:
+        out.findings.append(Finding.unknown(
+            "remediation.router", "controller", "pairs", f"pair-test verdicts not given to the router: {exc.message}",
+            remedy=_REMEDY_ROUTER))
 
 
 def _reassert(router: RouterWorkers, node: Node, recorded: Sequence[str]) -> int:

@@ -211,3 +211,24 @@ def hook_argv(template: Sequence[str], *, node: str, host: str, reason: str) -> 
     if not any("{node}" in a for a in template):
         argv.append(node)
     return argv
+
+
+#: the pair tests whose verdicts the router hears (`check fabric --pingpong`, `audit --pingpong`, `--gdr`)
+PAIR_CHECKS = ("fabric.pingpong", "fabric.write_lat", "fabric.write_bw", "fabric.gdr")
+
+
+def pair_verdicts(findings: Iterable[Finding]) -> dict[tuple[str, str], tuple[str, str | None]]:
+    """(server node, client node) -> ("fail" | "ok", why) over every rail and tool of the pair: one FAIL
+    fails the pair, a WARN (slow but working) does not; a pair with only UNKNOWN results says nothing."""
+    worst_of: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        if f.check in PAIR_CHECKS and "server" in f.details and "client" in f.details:
+            worst_of.setdefault((str(f.details["server"]), str(f.details["client"])), []).append(f)
+    out: dict[tuple[str, str], tuple[str, str | None]] = {}
+    for key, fs in worst_of.items():
+        failed = [f for f in fs if f.status is Status.FAIL]
+        if failed:
+            out[key] = ("fail", f"{failed[0].check}: {failed[0].message}")
+        elif any(f.status in (Status.OK, Status.WARN) for f in fs):
+            out[key] = ("ok", None)
+    return out
