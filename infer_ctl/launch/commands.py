@@ -219,6 +219,9 @@ def launch(
                 # never take down the next server of a role while one is not back
                 report.findings.append(_rolling_stopped(step, steps))
                 break
+    if notifier:  # what an interrupted earlier launch left out of the pool and this run did not restart
+        for url, note in notifier.restore_left_over().items():
+            report.findings.append(Finding.ok("launch.router", "-", url, note))
     report.results = _launch_results(applied, readiness)
     for row in report.results:
         if row["instance"] in router_notes:
