@@ -35,6 +35,7 @@ def provision(
     wheelhouse: Annotated[Path | None, typer.Option("--wheelhouse", help="Offline wheelhouse directory.")] = None,
     hugepages: Annotated[int | None, typer.Option("--hugepages", help="vm.nr_hugepages (Mooncake Store only).")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="try-restart units whose unit/env changed.")] = False,
+    keep_backups: Annotated[int | None, typer.Option("--keep-backups", help="Backups kept per managed file (default 5).")] = None,
     rolling: Annotated[int | None, typer.Option("--rolling", help="Apply to N nodes at a time.")] = None,
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop the fleet at the first failed node.")] = False,
     parallel: Annotated[int | None, typer.Option("--parallel", help="Nodes in parallel (default ssh.parallelism).")] = None,
@@ -47,7 +48,7 @@ def provision(
     if plan and apply:
         raise typer.BadParameter("give --plan or --apply, not both")
     sess, prof = session(json), get_profile(profile)
-    options = support.make_options(skip, only, wheelhouse, hugepages, restart)
+    options = support.make_options(skip, only, wheelhouse, hugepages, restart, keep_backups)
     if apply and not yes:
         support.require_interactive(json)
 

@@ -29,6 +29,8 @@ class ProvisionOptions:
     hugepages: int | None = None
     #: try-restart SGLang units whose unit or env file changed
     restart: bool = False
+    #: backups kept per managed file (`<file>.inferctl-backup-<UTC timestamp>`); older ones are removed
+    keep_backups: int = 5
     now: Callable[[], datetime] = utc_now
 
     def runs(self, step: str) -> bool:

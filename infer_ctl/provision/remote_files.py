@@ -49,8 +49,48 @@ def expected_stat(file: ManagedFile) -> str:
     return f"{file.mode:o} {file.owner} {file.group}"
 
 
-def write_file(conn: Connector, file: ManagedFile, *, now: Callable[[], datetime]) -> str | None:
-    """Back up the current file (if any), then replace it atomically. Returns the backup path."""
+#: the temp files an atomic write leaves when it is interrupted (the process killed, the connection
+#: lost): the SFTP put's `.<name>.inferctl-<hex>.tmp`, the shell put's `.<name>.inferctl.<pid>.tmp`
+#: (remote/transfer.py, remote/putfile.py), upload_file's parts and join file (below)
+TEMP_PATTERNS = (".{name}.inferctl-*.tmp", ".{name}.inferctl.*.tmp", ".{name}.inferctl-part*", "{name}.inferctl-join.tmp")
+#: a temp file younger than this may belong to a write in progress (another inferctl run): left alone
+STALE_AFTER_MIN = 10
+
+# $1 directory, $2 age in minutes, then the name patterns; prints the stale ones, one per line
+_STALE = r"""d=$1; age=$2; shift 2
+[ -d "$d" ] || exit 0
+for pat; do find "$d" -maxdepth 1 -type f -name "$pat" -mmin +"$age" -print; done | sort -u
+"""
+# $1 path, $2 how many backups to keep: the oldest beyond that are removed (timestamps sort as text)
+_PRUNE = r"""p=$1; keep=$2
+for f in "$p".inferctl-backup-*; do [ -e "$f" ] && printf '%s\n' "$f"; done | sort |
+  awk -v k="$keep" '{a[NR]=$0} END {for (i = 1; i <= NR - k; i++) print a[i]}' |
+  while IFS= read -r f; do rm -f -- "$f"; done
+"""
+
+
+def stale_temp_files(conn: Connector, directory: str, name: str = "*") -> list[str]:
+    """Temp files of interrupted writes of `name` (any file: `*`) in `directory`, older than
+    STALE_AFTER_MIN minutes."""
+    patterns = [p.format(name=name) for p in TEMP_PATTERNS]
+    result = conn.run(Command("sh", "-c", _STALE, "sh", directory, str(STALE_AFTER_MIN), *patterns), sudo=True, timeout=60)
+    return [line for line in result.out.splitlines() if line.strip()] if result.ok else []
+
+
+def remove_files(conn: Connector, paths: list[str]) -> None:
+    if paths:
+        run_checked(conn, Command("rm", "-f", "--", *paths), sudo=True, what=f"remove {len(paths)} leftover temp file(s)")
+
+
+def prune_backups(conn: Connector, path: str, keep: int) -> None:
+    run_checked(conn, Command("sh", "-c", _PRUNE, "sh", path, str(keep)), sudo=True, what=f"prune backups of {path}")
+
+
+def write_file(
+    conn: Connector, file: ManagedFile, *, now: Callable[[], datetime], keep_backups: int | None = None
+) -> str | None:
+    """Back up the current file (if any), then replace it atomically, then remove all but the newest
+    `keep_backups` backups. Returns the backup path."""
     parent = file.path.rsplit("/", 1)[0] or "/"
     run_checked(conn, Command("mkdir", "-p", "--", parent), sudo=True, what=f"mkdir {parent}")
     backup = backup_path(file.path, now())
@@ -63,6 +103,8 @@ def write_file(conn: Connector, file: ManagedFile, *, now: Callable[[], datetime
     else:
         raise ProvisionError(f"cannot back up {file.path} on {conn.node_name}: {result.err.strip()}")
     conn.put_file(file.path, file.content, mode=file.mode, owner=f"{file.owner}:{file.group}", sudo=True)
+    if backup_made and keep_backups is not None:
+        prune_backups(conn, file.path, keep_backups)
     return backup_made
 
 

@@ -31,17 +31,32 @@ def parse_steps(value: str | None, flag: str) -> frozenset[str] | None:
     return names
 
 
+def at_least(flag: str, value: int | None, lowest: int, example: str) -> None:
+    """Every numeric option is checked before anything is planned: typer accepts any int, and
+    `--hugepages -7` would otherwise be planned as `vm.nr_hugepages = -7`."""
+    if value is not None and value < lowest:
+        raise UsageError(f"{flag} must be at least {lowest}, got {value}", remedy=f"e.g. {flag} {example}")
+
+
 def make_options(
-    skip: str | None, only: str | None, wheelhouse: Path | None, hugepages: int | None, restart: bool
+    skip: str | None,
+    only: str | None,
+    wheelhouse: Path | None,
+    hugepages: int | None,
+    restart: bool,
+    keep_backups: int | None = None,
 ) -> ProvisionOptions:
     if wheelhouse is not None and not wheelhouse.is_dir():
         raise UsageError(f"--wheelhouse {wheelhouse}: not a directory", remedy="give the directory `wheelhouse build` wrote")
+    at_least("--hugepages", hugepages, 0, "1024 (2 MiB pages; Mooncake Store/HiCache only)")
+    at_least("--keep-backups", keep_backups, 1, "5")
     return ProvisionOptions(
         skip=parse_steps(skip, "--skip") or frozenset(),
         only=parse_steps(only, "--only"),
         wheelhouse=wheelhouse,
         hugepages=hugepages,
         restart=restart,
+        **({"keep_backups": keep_backups} if keep_backups is not None else {}),
     )
 
 
@@ -70,8 +85,8 @@ def run_provision(
     confirm: Callable[[FleetPlan], bool],
 ) -> list[NodePlan]:
     """Plan; for apply, confirm (unless --yes) and execute the very plan that was confirmed."""
-    if rolling is not None and rolling < 1:
-        raise UsageError("--rolling must be at least 1", remedy="e.g. --rolling 1 for one node at a time")
+    at_least("--rolling", rolling, 1, "1 (one node at a time)")
+    at_least("--parallel", parallel, 1, "8")
     selected = select_nodes(profile, nodes, role)
     shared = shared_inputs(profile, options)
     with Fleet(profile, parallel=parallel) as fleet:
@@ -92,6 +107,7 @@ def require_interactive(json_mode: bool) -> None:
 
 
 def run_rollback(profile: Profile, nodes: str | None, role: str | None, parallel: int | None) -> list[dict[str, object]]:
+    at_least("--parallel", parallel, 1, "8")
     selected = select_nodes(profile, nodes, role)
     venvs = profile.sglang.venv
     with Fleet(profile, parallel=parallel) as fleet:

@@ -9,7 +9,14 @@ from infer_ctl.core.provision.desired import ManagedFile
 from infer_ctl.core.provision.diff import file_diff
 from infer_ctl.core.provision.model import EntryKind
 from infer_ctl.provision.context import Planned, StepContext
-from infer_ctl.provision.remote_files import expected_stat, read_file_and_stat, run_checked, write_file
+from infer_ctl.provision.remote_files import (
+    expected_stat,
+    read_file_and_stat,
+    remove_files,
+    run_checked,
+    stale_temp_files,
+    write_file,
+)
 from infer_ctl.remote.base import Command
 
 
@@ -35,12 +42,22 @@ def plan_file(
     atomically with a backup, then runs `after_write` (daemon-reload, sysctl -p, ...)."""
     current, have_stat = read_file_and_stat(ctx.conn, file.path, sudo=True)
     want_stat = expected_stat(file)
-    commands = (f"write {file.path} (mode {file.mode:o}, {file.owner}:{file.group}; backup kept)", *tuple(c.shell() for c in after_write))
+    directory, _, name = file.path.rpartition("/")
+    leftovers = stale_temp_files(ctx.conn, directory or "/", name)
+    keep = ctx.options.keep_backups
+    commands = (f"write {file.path} (mode {file.mode:o}, {file.owner}:{file.group}; the last {keep} backups kept)",
+                *tuple(c.shell() for c in after_write))  # fmt: skip
     if current == file.content and have_stat == want_stat:
-        return Planned(ctx.entry(step, file.path, EntryKind.OK, "up to date"))
+        if not leftovers:
+            return Planned(ctx.entry(step, file.path, EntryKind.OK, "up to date"))
+        # an interrupted write left its temp file beside an up-to-date file: only the cleanup is planned
+        entry = ctx.entry(step, file.path, EntryKind.CHANGE, _leftover_summary(leftovers),
+                          commands=(f"rm -f -- {' '.join(leftovers)}",), needs_sudo=True)  # fmt: skip
+        return Planned(entry, lambda: remove_files(ctx.conn, leftovers))
 
     def action() -> None:
-        write_file(ctx.conn, file, now=ctx.options.now)
+        write_file(ctx.conn, file, now=ctx.options.now, keep_backups=keep)
+        remove_files(ctx.conn, leftovers)
         for command in after_write:
             run_checked(ctx.conn, command, sudo=True, what=command.shell())
         if then is not None:
@@ -52,6 +69,8 @@ def plan_file(
         summary = "update (content differs)"
     else:
         summary = f"fix mode/owner {have_stat} -> {want_stat}"
+    if leftovers:
+        summary += f"; {_leftover_summary(leftovers)}"
     entry = ctx.entry(
         step,
         file.path,
@@ -64,6 +83,11 @@ def plan_file(
         needs_sudo=True,
     )
     return Planned(entry, action)
+
+
+def _leftover_summary(paths: list[str]) -> str:
+    names = ", ".join(p.rsplit("/", 1)[-1] for p in paths)
+    return f"remove {len(paths)} leftover temp file(s) of an interrupted write: {names}"
 
 
 def systemctl(*args: str) -> Command:

@@ -13,7 +13,7 @@ from infer_ctl.core.provision.lock import (
 from infer_ctl.core.provision.model import EntryKind
 from infer_ctl.provision.context import Planned, StepContext
 from infer_ctl.provision.errors import ProvisionError, StepFailed, WheelhouseError
-from infer_ctl.provision.remote_files import run_checked, upload_file
+from infer_ctl.provision.remote_files import remove_files, run_checked, stale_temp_files, upload_file
 from infer_ctl.provision.venv_links import installed_version, probe_venv, switch_current
 from infer_ctl.provision.wheelhouse import LocalWheelhouse
 from infer_ctl.remote.base import Command, Connector
@@ -57,6 +57,13 @@ class WheelhouseStep:
         expected = local.expected_hashes()
         have = remote_hashes(ctx.conn, remote_dir)
         stale = sorted(name for name, digest in expected.items() if have.get(name) != digest)
+        # parts and join files of an upload that was interrupted (upload_file), never hashed or used
+        leftovers = stale_temp_files(ctx.conn, remote_dir)
+        if not stale and leftovers:
+            entry = ctx.entry(self.name, remote_dir, EntryKind.CHANGE,
+                              f"{len(expected)} files verified; remove {len(leftovers)} leftover part(s) of an "
+                              "interrupted upload", commands=(f"rm -f -- {' '.join(leftovers)}",), needs_sudo=True)  # fmt: skip
+            return [Planned(entry, lambda: remove_files(ctx.conn, leftovers))]
         if not stale:
             return [Planned(ctx.entry(self.name, remote_dir, EntryKind.OK, f"{len(expected)} files verified"))]
         size = sum(local.files()[n].stat().st_size for n in stale)
@@ -64,6 +71,7 @@ class WheelhouseStep:
 
         def action() -> None:
             run_checked(ctx.conn, Command("mkdir", "-p", "--", remote_dir), sudo=True, what="mkdir wheelhouse")
+            remove_files(ctx.conn, leftovers)
             for name in stale:
                 upload_file(ctx.conn, local.files()[name], f"{remote_dir}/{name}", sudo=True)
             after = remote_hashes(ctx.conn, remote_dir)
