@@ -42,6 +42,7 @@ from infer_ctl.launch.orchestrate import (
 from infer_ctl.launch.render import render_env_file, render_unit
 from infer_ctl.launch.router_hook import RouterNotifier
 from infer_ctl.output.table import render_findings_report
+from infer_ctl.output.terminal_text import safe_cell
 from infer_ctl.profile import Node, Profile
 from infer_ctl.profile.select import select_nodes
 from infer_ctl.remote.base import Connector
@@ -448,9 +449,10 @@ def render_launch(console: Console, report: Report) -> None:
     for r in report.results or []:
         if r.get("rolling"):
             console.print(f"{r['instance']}: {r['rolling']}", markup=False, highlight=False)
-        if r.get("log_tail"):
-            console.print(f"[bold red]{r['instance']}[/]: {r['error']}; last log lines:")
-            console.print(r["log_tail"].rstrip(), markup=False, highlight=False)
+        if r.get("log_tail"):  # the server's own output: shown, never acted on by the terminal
+            console.print(safe_cell(r["instance"], style="bold red"), safe_cell(f": {r['error']}; last log lines:"),
+                          sep="")  # fmt: skip
+            console.print(safe_cell(r["log_tail"].rstrip()), highlight=False)
     render_findings_report(console, report, show_ok=False)
 
 
@@ -498,7 +500,7 @@ def render_status(console: Console, report: Report) -> None:
         # the instance name is what the user types next (`inferctl logs NAME`): never truncate it
         table.add_column(c, no_wrap=c == "instance", min_width=len(c) if c == "instance" else None)
     for r in report.results or []:
-        table.add_row(*(_fmt(r.get(c)) for c in cols))
+        table.add_row(*(safe_cell(_fmt(r.get(c)), multiline=False) for c in cols))  # /server_info's text
     console.print(table)
     render_findings_report(console, report, show_ok=False)
 
