@@ -17,6 +17,9 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+DEFAULT_KEEP_BACKUPS = 5
+
+
 @dataclass(frozen=True)
 class ProvisionOptions:
     #: step names not to run (reported as SKIP)
@@ -30,7 +33,7 @@ class ProvisionOptions:
     #: try-restart SGLang units whose unit or env file changed
     restart: bool = False
     #: backups kept per managed file (`<file>.inferctl-backup-<UTC timestamp>`); older ones are removed
-    keep_backups: int = 5
+    keep_backups: int = DEFAULT_KEEP_BACKUPS
     now: Callable[[], datetime] = utc_now
 
     def runs(self, step: str) -> bool:

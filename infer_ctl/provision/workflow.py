@@ -14,7 +14,7 @@ from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.exitcodes import ExitCode
 from infer_ctl.profile import Profile
 from infer_ctl.profile.select import select_nodes
-from infer_ctl.provision.context import ProvisionOptions
+from infer_ctl.provision.context import DEFAULT_KEEP_BACKUPS, ProvisionOptions
 from infer_ctl.provision.runner import FleetPlan, apply_fleet, plan_fleet, shared_inputs
 from infer_ctl.provision.steps.registry import step_names
 from infer_ctl.provision.venv_links import rollback
@@ -56,7 +56,7 @@ def make_options(
         wheelhouse=wheelhouse,
         hugepages=hugepages,
         restart=restart,
-        **({"keep_backups": keep_backups} if keep_backups is not None else {}),
+        keep_backups=keep_backups if keep_backups is not None else DEFAULT_KEEP_BACKUPS,
     )
 
 
