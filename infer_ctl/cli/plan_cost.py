@@ -26,6 +26,7 @@ from infer_ctl.core.sizing.cost import (
     Throughput,
     check_scenario,
     estimate_throughput,
+    node_hour_price,
     plan_cost,
     scenario,
     with_workload,
@@ -88,7 +89,8 @@ def _apply_pool(pool: Pool | None, role: str, fields: dict[str, Any]) -> Pool:
     elif "gpu_hour" in fields:
         if fields["gpu_hour"] < 0:
             raise _usage(f"--pool {role}:gpu_hour (cost per GPU-hour) must be >= 0, got {fields['gpu_hour']:g}")
-        out = replace(out, node_hour_usd=fields["gpu_hour"] * out.gpus_per_node)
+        out = replace(out, node_hour_usd=node_hour_price(gpus_per_node=out.gpus_per_node,
+                                                         gpu_hour_usd=fields["gpu_hour"]))
     elif pool is None:
         raise _usage(f"--pool {role}: a new pool needs its price: node_hour=USD or gpu_hour=USD")
     return out

@@ -18,6 +18,7 @@ from infer_ctl.profile.router import RouterSettings
 from infer_ctl.profile.sglang import SglangSettings
 from infer_ctl.profile.speculative import SpeculativeSettings
 from infer_ctl.profile.ssh import SshSettings
+from infer_ctl.profile.tenants import tenant_problems
 
 
 class CrossFieldError(ValueError):
@@ -128,6 +129,8 @@ class Profile(StrictModel):
                         ("router", "prefixes", k, "name"), f"duplicate prefix name {prefix.name!r}"
                     )
                 )
+        problems.extend(CrossFieldError(("router", "tenants", *loc), message)
+                        for loc, message in tenant_problems(self.router.tenants))
         problems.extend(self._speculative_problems())
         return problems
 

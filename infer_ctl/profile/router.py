@@ -8,6 +8,8 @@ from pydantic import Field, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.pair_health import PairHealthSettings
+from infer_ctl.profile.tenants import Pricing, Tenant
+from infer_ctl.profile.tracing import TracingSettings
 
 #: also enforced by the admin API: names travel in URL paths (/admin/prefixes/NAME/expire)
 PREFIX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -62,6 +64,13 @@ class RouterSettings(StrictModel):
     cb_failures: Annotated[int, Field(ge=1)] = 5
     cb_open_s: Annotated[float, Field(gt=0)] = 10.0
     prefixes: list[NamedPrefix] = Field(default_factory=list)
+    #: tenants with their keys and limits (profile/tenants.py); none: no tenant logic on the request path
+    tenants: list[Tenant] = Field(default_factory=list)
+    #: names the tenant when no tenant has a key (lower-case HTTP header name)
+    tenant_header: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")] = "x-inferctl-tenant"
+    #: what the workers cost: live cost per tenant (inferctl_tenant_cost_dollars_total)
+    pricing: Pricing | None = None
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     #: avoid prefill x decode pairs whose pair test failed or whose KV transfers degrade
     pair_health: PairHealthSettings = Field(default_factory=PairHealthSettings)
 

@@ -85,8 +85,13 @@ class AttemptRunner:
                     {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": new_room(self.rng)} if n is None
                     else {"bootstrap_host": [host] * n, "bootstrap_port": [port] * n,
                           "bootstrap_room": [new_room(self.rng) for _ in range(n)]})
+                if ctx.obs is not None:
+                    ctx.obs.room(fields["bootstrap_room"])
                 return raw[:-1] + (b"," if body else b"") + dumps(fields)[1:]
-        return dumps(with_bootstrap(body, ctx.endpoint, host, pre.spec.bootstrap_port, self.rng))
+        out = with_bootstrap(body, ctx.endpoint, host, pre.spec.bootstrap_port, self.rng)
+        if ctx.obs is not None:
+            ctx.obs.room(out["bootstrap_room"])
+        return dumps(out)
 
     def finish_later(self, task: asyncio.Task[Any]) -> None:
         """A prefill answer the client does not need: let it complete (closing it would make the worker
@@ -108,10 +113,12 @@ class AttemptRunner:
     # ---- non-streaming ---------------------------------------------------------------------------
     async def unary(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Reply:
         calls = self.calls
+        # with tracing or tenants, the calls go through the request's observer (a span, the share clock)
+        read = calls.read if ctx.obs is None else ctx.obs.calls(calls)[0]
         payload = self.payload(ctx, pre, dec)
         if dec is None:  # collocated: one call, awaited in this task
             try:
-                status, data, ctype = await calls.read(pre, ctx.endpoint, payload, ctx.headers)
+                status, data, ctype = await read(pre, ctx.endpoint, payload, ctx.headers)
             except UpstreamError as exc:
                 raise AttemptFailed("worker_error", pre.url, str(exc)) from None
             check_status("worker_status", pre, status, data)
@@ -125,7 +132,7 @@ class AttemptRunner:
         # with uncancel() so that a timeout or a client disconnect arriving at the same time still wins.
         task = asyncio.current_task()
         assert task is not None
-        pt = asyncio.ensure_future(calls.read(pre, ctx.endpoint, payload, ctx.headers))
+        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers))
         waiting = True
         aborted = False
 
@@ -140,7 +147,7 @@ class AttemptRunner:
         pt.add_done_callback(prefill_done)
         try:
             try:
-                status, data, ctype = await calls.read(dec, ctx.endpoint, payload, ctx.headers)
+                status, data, ctype = await read(dec, ctx.endpoint, payload, ctx.headers)
             except UpstreamError as exc:
                 raise AttemptFailed("decode_error", dec.url, str(exc)) from None
             except asyncio.CancelledError:
@@ -172,10 +179,11 @@ class AttemptRunner:
     # ---- streaming -------------------------------------------------------------------------------
     async def stream(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Reply:
         calls = self.calls
+        read, open_, release = (calls.read, calls.open, calls.done) if ctx.obs is None else ctx.obs.calls(calls)
         payload = self.payload(ctx, pre, dec)
         target = dec or pre
-        pt = asyncio.ensure_future(calls.read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
-        dt = asyncio.ensure_future(calls.open(target, ctx.endpoint, payload, ctx.headers))
+        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
+        dt = asyncio.ensure_future(open_(target, ctx.endpoint, payload, ctx.headers))
         upstream: Response | None = None
         try:
             if pt is not None:
@@ -200,11 +208,11 @@ class AttemptRunner:
         except BaseException:
             cancel(pt, dt)
             if upstream is None and dt.done() and not dt.cancelled() and dt.exception() is None:
-                calls.done(target, dt.result())  # opened concurrently with our cancellation: release it
+                release(target, dt.result())  # opened concurrently with our cancellation: release it
             raise
         finally:
             if upstream is not None:
-                calls.done(target, upstream)
+                release(target, upstream)
 
     async def _prefill_meta(self, ctx: RequestContext, pt: asyncio.Task[Answer] | None) -> Any:
         """The prefill's first event when the client wants the prompt's logprobs (merged into every

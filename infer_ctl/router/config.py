@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from infer_ctl.errors import UsageError
+from infer_ctl.router.tenants import TenantSpec, prices_from_profile, specs_from_profile
+from infer_ctl.router.tracing import TracingConfig, config_from
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile
@@ -88,6 +90,12 @@ class RouterConfig:
     pair_max_failures: int = 3
     pair_probe_after_s: float = 60.0
     spec_max_labels: int = 16
+    #: tenants (router/tenants.py: keys hashed, limits), the header naming them when none has a key,
+    #: each worker role's price in $/s (router.pricing) and tracing (router/tracing.py; None: off)
+    tenants: list[TenantSpec] = field(default_factory=list)
+    tenant_header: str = "x-inferctl-tenant"
+    worker_usd_per_s: dict[str, float] = field(default_factory=dict)
+    tracing: TracingConfig | None = None
 
     @property
     def mode(self) -> str:
@@ -214,4 +222,8 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         pair_bad_samples=rs.pair_health.bad_samples, pair_max_failures=rs.pair_health.max_transfer_failures,
         pair_probe_after_s=rs.pair_health.probe_after_s,
     )
+    cfg.tenants = specs_from_profile(profile, env)
+    cfg.tenant_header = rs.tenant_header
+    cfg.worker_usd_per_s = prices_from_profile(profile)
+    cfg.tracing = config_from(rs.tracing, env)
     return cfg

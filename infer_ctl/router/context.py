@@ -36,3 +36,6 @@ class RequestContext:
     attempts: int = 0
     #: the client stream once the relay committed to one (a timeout then ends it with an error event)
     resp: h1.StreamResponse | None = None
+    #: tracing and tenant hooks (observe.RequestObserver; not imported: observe.py reads this module);
+    #: None when the router has neither, and every hook checks this first
+    obs: Any = None

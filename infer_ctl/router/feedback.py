@@ -52,6 +52,8 @@ class Feedback:
         if self.spec is not None:  # the worker that generated the answer: the decode, or the collocated one
             self.spec.answered(ctx.decode or pre.url, ctx.body, ctx.request.headers,
                                ctx.named.name if ctx.named else None, obj)
+        if ctx.obs is not None:  # tracing and tenants: tokens, the span's usage attributes
+            ctx.obs.answered(ctx, obj, predicted)
         if self.log_requests:
             log.info("request done", extra={"rid": ctx.rid, "endpoint": ctx.endpoint, "prefill": ctx.prefill,
                                             "decode": ctx.decode, "reason": ctx.reason, "attempts": ctx.attempts,

@@ -34,6 +34,7 @@ from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
 from infer_ctl.router.jsonio import DecodeError, error_body, loads
 from infer_ctl.router.metrics import RouterMetrics
+from infer_ctl.router.observe import RequestObserver, observing
 from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.picker import PairPicker
 from infer_ctl.router.relay import StreamRelay
@@ -71,6 +72,9 @@ class Router:
         self.spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.spec_max_labels, clock=clock)
         self.feedback = Feedback(self.prefixes, clock=clock, metrics=self.metrics, log_requests=cfg.log_requests,
                                  spec=self.spec)
+        #: tracing and tenants (observe.py); None with neither configured: the request path then only checks that
+        self.observing = observing(cfg, clock=clock, registry=self.metrics.registry, workers=self.workers,
+                                   chars_per_token=lambda: self.feedback.chars_per_token)
         relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
         self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
                                       request_timeout_s=cfg.request_timeout_s)
@@ -138,13 +142,21 @@ class Router:
 
     async def handle(self, request: h1.Request, endpoint: str) -> Reply:
         rid = request.headers.get("x-request-id") or self.new_rid()
+        obs: RequestObserver | None = None
+        if self.observing is not None:
+            obs, denied = self.observing.start(request.headers, endpoint, rid)
+            if denied is not None:  # a tenant's key or limit (tenants.py): refused before taking a slot
+                self.metrics.rejected.labels(f"tenant_{denied.limit}").inc()
+                return h1.Response(denied.status, denied.body(), _JSON, {"X-Request-Id": rid, **denied.headers()})
         refusal = await self.admission.enter()
         if refusal is not None:
+            if obs is not None:
+                obs.finish(refusal.status)
             return self.error(endpoint, rid, refusal.status, refusal.message, refusal.kind, refusal.reason)
         t0 = self.clock()
         status = 500
         try:
-            resp = await self._handle(request, endpoint, rid, t0)
+            resp = await self._handle(request, endpoint, rid, t0, obs)
             status = resp.status
             return resp
         except (asyncio.CancelledError, ConnectionError):
@@ -157,8 +169,11 @@ class Router:
         finally:
             self.admission.leave()
             self.metrics.observe_request(endpoint, status, self.clock() - t0)
+            if obs is not None:
+                obs.finish(status)
 
-    async def _handle(self, request: h1.Request, endpoint: str, rid: str, t0: float) -> Reply:
+    async def _handle(self, request: h1.Request, endpoint: str, rid: str, t0: float,
+                      obs: RequestObserver | None = None) -> Reply:
         cfg = self.cfg
         if request.too_large:  # known from Content-Length (or the chunks so far): the body was not read
             return self.error(endpoint, rid, 413, f"request body over {cfg.max_body_bytes} bytes", "request_too_large",
@@ -170,6 +185,8 @@ class Router:
             return self.error(endpoint, rid, 400, f"malformed JSON body: {exc}", "invalid_request", "bad_json")
         if not isinstance(body, dict):
             return self.error(endpoint, rid, 400, "the body must be a JSON object", "invalid_request", "bad_json")
+        if obs is not None:
+            raw = obs.rewrite(endpoint, body, raw)  # the tenant's priority (and stream usage), when it has one
         text = routing_text(endpoint, body)
         ctx = RequestContext(
             rid=rid, endpoint=endpoint, request=request, raw=raw, body=body, stream=bool(body.get("stream")), text=text,
@@ -177,7 +194,11 @@ class Router:
             named=self.prefixes.match(text) if text else None, logprobs=wants_logprobs(body), started=t0,
             headers={"X-Request-Id": rid},
         )
-        attempts = self.attempts
+        attempts: Any = self.attempts
+        if obs is not None:
+            ctx.obs = obs
+            obs.started(ctx)
+            attempts = obs.attempts(attempts)  # an attempt span around each attempt, with tracing
         try:
             async with asyncio.timeout(cfg.request_timeout_s):
                 return await with_retries(ctx, self.picker.pick, attempts.stream if ctx.stream else attempts.unary,

@@ -56,8 +56,10 @@ class StreamRelay:
         splitter = sse.EventSplitter()
         last_json: Any = None
         chunk: bytes | None = first
-        t_prev = self.clock()
+        t_prev = t_first = self.clock()
         self.metrics.ttft.observe(t_prev - ctx.started)
+        if ctx.obs is not None:
+            ctx.obs.first_chunk(t_first - ctx.started)
         error: str | None = None
         while chunk is not None:
             events = splitter.feed(chunk)
@@ -96,5 +98,7 @@ class StreamRelay:
             target.breaker.record(True, self.clock())
             if last_json is not None:
                 self.feedback.answered(ctx, pre, last_json)
+            if ctx.obs is not None:
+                ctx.obs.streamed(t_first - ctx.started, t_first, t_prev)
         await resp.write_eof()
         return resp

@@ -156,6 +156,8 @@ class RouterServer:
         if self._admin_dir is not None:
             shutil.rmtree(self._admin_dir, ignore_errors=True)
         router.upstreams.close()
+        if router.observing is not None:
+            await router.observing.close()  # the spans still queued go to the collector
         log.info("router stopped")
 
     # ---- endpoints -------------------------------------------------------------------------------

@@ -24,3 +24,26 @@ def token_counts(obj: Any) -> tuple[int | None, int | None]:
 
 def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def usage_totals(obj: Any) -> tuple[int, int, int]:
+    """(prompt, cached, completion) tokens of a whole answer, summed over a /generate batch's items (the
+    tenants' accounting: every item was computed)."""
+    items = obj if isinstance(obj, list) else [obj]
+    prompt = cached = completion = 0
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        meta = item.get("meta_info")
+        if isinstance(meta, dict):
+            prompt += _int(meta.get("prompt_tokens")) or 0
+            cached += _int(meta.get("cached_tokens")) or 0
+            completion += _int(meta.get("completion_tokens")) or 0
+            continue
+        usage = item.get("usage")
+        if isinstance(usage, dict):
+            details = usage.get("prompt_tokens_details")
+            prompt += _int(usage.get("prompt_tokens")) or 0
+            cached += (_int(details.get("cached_tokens")) if isinstance(details, dict) else None) or 0
+            completion += _int(usage.get("completion_tokens")) or 0
+    return prompt, cached, completion

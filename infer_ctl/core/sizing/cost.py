@@ -46,6 +46,16 @@ class Pool:
         return self.gpus // self.tp
 
 
+def node_hour_price(*, gpus_per_node: int, node_hour_usd: float | None = None,
+                    gpu_hour_usd: float | None = None) -> float:
+    """A node's lease per hour, priced per node or per GPU: the one conversion (plan cost, the router)."""
+    if node_hour_usd is not None and gpu_hour_usd is None:
+        return node_hour_usd
+    if gpu_hour_usd is not None and node_hour_usd is None:
+        return gpu_hour_usd * gpus_per_node
+    raise ValueError("give a price per node-hour or per GPU-hour, exactly one")
+
+
 @dataclass(frozen=True)
 class Workload:
     prompt_tokens: int = 1024  # per request, cached included

@@ -1,0 +1,238 @@
+"""Per-request hooks of tracing (tracing.py) and tenants (tenants.py), behind one object.
+
+A router with neither configured has no `Observing` and its requests no observer: every hook on the
+request path is one `if ctx.obs is not None` (proxy.py, attempt.py, relay.py, feedback.py). With either,
+the observer of a request
+- resolves and admits its tenant (before the router's own admission), rewrites its body for the tenant
+  (the tenant's `priority`; `stream_options.include_usage` on OpenAI streams, so that streamed tokens are
+  counted too), drops the named prefix a tenant may not use;
+- wraps the request's upstream calls (`calls`: the same signatures as WorkerCalls.read/open/done) with
+  a span each and the worker's share clock, and its attempts with an attempt span;
+- records what the answer reported (tokens, speculative fields), the stream's timing and the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from infer_ctl.router.jsonio import dumps
+from infer_ctl.router.retry import AttemptFailed
+from infer_ctl.router.spec_stats import fields_of
+from infer_ctl.router.tenants import Tenancy, TenantRefusal, TenantState
+from infer_ctl.router.usage import usage_totals
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from infer_ctl.router.calls import WorkerCalls
+    from infer_ctl.router.config import RouterConfig
+    from infer_ctl.router.context import RequestContext
+    from infer_ctl.router.tracing import RequestTrace, Tracing
+    from infer_ctl.router.upstream import Response
+    from infer_ctl.router.workers import WorkerRegistry, WorkerState
+
+_OPENAI = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: CollectorRegistry, workers: WorkerRegistry,
+              chars_per_token: Callable[[], float]) -> Observing | None:
+    """The router's tracing and tenants, or None when it has neither (tenants, pricing, tracing)."""
+    tenancy = None
+    if cfg.tenants or cfg.worker_usd_per_s:
+        tenancy = Tenancy(cfg.tenants, header=cfg.tenant_header, worker_usd_per_s=cfg.worker_usd_per_s, clock=clock,
+                          registry=registry, worker_roles=lambda: {w.url: w.role for w in workers.all()})
+    tracing = None
+    if cfg.tracing is not None:
+        from infer_ctl.router.tracing import Tracing  # imports the OpenTelemetry SDK: only when configured
+
+        tracing = Tracing(cfg.tracing)
+    if tenancy is None and tracing is None:
+        return None
+    return Observing(tenancy, tracing, model_name=cfg.model_name, chars_per_token=chars_per_token)
+
+
+class _TracedAttempts:
+    __slots__ = ("stream", "unary")
+
+    def __init__(self, unary: Any, stream: Any) -> None:
+        self.unary, self.stream = unary, stream
+
+
+class Observing:
+    """The router's tracing and tenants; `start` makes a request's observer."""
+
+    def __init__(self, tenancy: Tenancy | None, tracing: Tracing | None, *, model_name: str | None,
+                 chars_per_token: Callable[[], float]) -> None:
+        self.tenancy = tenancy
+        self.tracing = tracing
+        self.model_name = model_name
+        self.chars_per_token = chars_per_token
+        self.priced = bool(tenancy is not None and tenancy.worker_usd_per_s)
+
+    async def close(self) -> None:
+        """Flush and stop the exporter (off the event loop: the SDK's shutdown blocks)."""
+        if self.tracing is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
+
+    def start(self, headers: Mapping[str, str], endpoint: str, rid: str) -> tuple[RequestObserver | None, TenantRefusal | None]:
+        tenant = None
+        if self.tenancy is not None:
+            tenant, refusal = self.tenancy.admit(headers)
+            if refusal is not None:
+                return None, refusal
+        trace = self.tracing.request(headers, endpoint, rid) if self.tracing is not None else None
+        return RequestObserver(self, tenant, trace), None
+
+
+class RequestObserver:
+    __slots__ = ("_calls", "_open", "completion", "ctx", "o", "tenant", "trace")
+
+    def __init__(self, o: Observing, tenant: TenantState | None, trace: RequestTrace | None) -> None:
+        self.o = o
+        self.tenant = tenant
+        self.trace = trace
+        self.ctx: RequestContext | None = None
+        self.completion: int | None = None
+        self._calls: tuple[Any, Any, Any] | None = None
+        self._open: dict[int, tuple[Any, float, Any]] = {}
+
+    # ---- the request ---------------------------------------------------------------------------
+    def rewrite(self, endpoint: str, body: dict[str, Any], raw: bytes) -> bytes:
+        """The body to send for this tenant (`body` is changed in place; `raw` re-serialised only then)."""
+        spec = self.tenant.spec if self.tenant is not None else None
+        if spec is None or self.o.tenancy is None or self.o.tenancy.anonymous:
+            return raw
+        changed = False
+        if spec.priority is not None and body.get("priority") != spec.priority:
+            body["priority"] = spec.priority  # the tenant's, never the client's own claim
+            changed = True
+        if endpoint in _OPENAI and body.get("stream"):
+            so = body.get("stream_options")
+            if not (isinstance(so, dict) and so.get("include_usage")):
+                body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
+                changed = True
+        return dumps(body) if changed else raw
+
+    def started(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+        tenant = self.tenant
+        if tenant is not None and ctx.named is not None and tenant.spec.prefixes is not None \
+                and ctx.named.name not in tenant.spec.prefixes:
+            ctx.named = None  # routed as a plain prompt: no warm replicas, not in the prefix's statistics
+        if self.trace is not None:
+            self.trace.describe(ctx.body, self.o.model_name, tenant.name if tenant is not None else None)
+
+    def finish(self, status: int) -> None:
+        if self.tenant is not None and self.o.tenancy is not None:
+            self.o.tenancy.leave(self.tenant, status)
+        if self.trace is not None:
+            self.trace.finish(status, self.ctx)
+
+    # ---- what the answer taught ----------------------------------------------------------------
+    def answered(self, ctx: RequestContext, obj: Any, predicted_tokens: int) -> None:
+        """A successful answer (feedback.py): `predicted_tokens` cached where it was routed."""
+        prompt, cached, completion = usage_totals(obj)
+        self.completion = completion
+        if self.tenant is not None and self.o.tenancy is not None:
+            self.o.tenancy.used(self.tenant, prompt, cached, completion)
+        if self.trace is not None:
+            self.trace.answered(obj, prompt, cached, completion, predicted_tokens, fields_of(obj))
+
+    def first_chunk(self, ttft_s: float) -> None:
+        if self.tenant is not None:
+            self.tenant.ttft.observe(ttft_s)
+
+    def streamed(self, ttft_s: float, first: float, last: float) -> None:
+        if self.trace is not None:
+            self.trace.streamed(ttft_s, first, last, self.completion)
+
+    def room(self, room: Any) -> None:
+        if self.trace is not None:
+            self.trace.room(room)
+
+    # ---- attempts ------------------------------------------------------------------------------
+    def attempts(self, runner: Any) -> Any:
+        """The AttemptRunner, or (with tracing) a stand-in whose unary/stream put a span around each attempt."""
+        if self.trace is None:
+            return runner
+        return _TracedAttempts(self._traced(runner.unary), self._traced(runner.stream))
+
+    def _traced(self, run: Callable[[RequestContext, WorkerState, WorkerState | None], Awaitable[Any]]) -> Any:
+        trace = self.trace
+        assert trace is not None
+        cpt = self.o.chars_per_token
+
+        async def traced(ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Any:
+            trace.attempt_start(ctx.attempts, pre, dec, ctx.reason, int(ctx.predicted_chars / (cpt() or 4.0)))
+            failure: AttemptFailed | None = None
+            try:
+                return await run(ctx, pre, dec)
+            except AttemptFailed as exc:
+                failure = exc
+                raise
+            finally:
+                trace.attempt_end(failure)
+
+        return traced
+
+    # ---- upstream calls ------------------------------------------------------------------------
+    def calls(self, calls: WorkerCalls) -> tuple[Any, Any, Any]:
+        """read, open and done with the same signatures as WorkerCalls', each call inside a span and the
+        worker's share clock."""
+        if self._calls is None:
+            self._calls = (self._reader(calls), self._opener(calls), self._closer(calls))
+        return self._calls
+
+    def _begin(self, w: WorkerState, headers: dict[str, str]) -> tuple[float, Any, dict[str, str]]:
+        mark = self.o.tenancy.enter(w.url) if self.o.priced and self.o.tenancy is not None else 0.0
+        span = None
+        if self.trace is not None:
+            span, headers = self.trace.call_start(w, headers)
+        return mark, span, headers
+
+    def _end(self, w: WorkerState, mark: float, span: Any, status: int | None, error: BaseException | None) -> None:
+        tenancy = self.o.tenancy
+        if self.o.priced and tenancy is not None and self.tenant is not None:
+            tenancy.leave_worker(self.tenant, w.url, w.role, mark)
+        if span is not None and self.trace is not None:
+            self.trace.call_end(w, span, status, error)
+
+    def _reader(self, calls: WorkerCalls) -> Any:
+        async def read(w: WorkerState, path: str, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
+            mark, span, headers = self._begin(w, headers)
+            status, error = None, None
+            try:
+                answer = await calls.read(w, path, payload, headers)
+                status = answer[0]
+                return answer
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                self._end(w, mark, span, status, error)
+
+        return read
+
+    def _opener(self, calls: WorkerCalls) -> Any:
+        async def open_(w: WorkerState, path: str, payload: bytes, headers: dict[str, str]) -> Response:
+            mark, span, headers = self._begin(w, headers)
+            try:
+                resp = await calls.open(w, path, payload, headers)
+            except BaseException as exc:
+                self._end(w, mark, span, None, exc)
+                raise
+            self._open[id(resp)] = (mark, span, resp)
+            return resp
+
+        return open_
+
+    def _closer(self, calls: WorkerCalls) -> Any:
+        def done(w: WorkerState, resp: Response) -> None:
+            calls.done(w, resp)
+            held = self._open.pop(id(resp), None)
+            if held is not None:
+                self._end(w, held[0], held[1], resp.status, None)
+
+        return done

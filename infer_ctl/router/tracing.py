@@ -1,0 +1,301 @@
+"""OpenTelemetry traces of the router's requests (docs/observability.md).
+
+One trace per client request, continuing the client's W3C `traceparent` when it sends one:
+
+    <operation> <model>        SERVER   the request at the router (admission, retries, the answer)
+      attempt                  INTERNAL one per attempt, on one prefill/decode pair (or worker)
+        prefill | decode | worker  CLIENT   the upstream call; its context goes to the worker as traceparent
+          kv_wait              INTERNAL (under decode) from the decode call until the prefill answered
+
+SGLang's prefill answers only once its KV transfer to the decode succeeded (sglang 0.5.23
+srt/disaggregation/prefill.py, process_disagg_prefill_inflight_queue: the request is released on
+KVPoll.Success), so the decode cannot produce its first token before that: the KV-wait span is the
+decode's wait for prefill + KV transfer, as the router sees it.
+
+Attributes follow OpenTelemetry's GenAI semantic conventions where one exists
+(https://github.com/open-telemetry/semantic-conventions-genai, model/gen-ai/registry.yaml: gen_ai.
+operation.name, gen_ai.provider.name, gen_ai.request.*, gen_ai.response.*, gen_ai.usage.input_tokens,
+gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens, gen_ai.response.time_to_first_chunk)
+and HTTP/server ones for the calls (http.response.status_code, server.address, server.port); the rest
+is `inferctl.*`.
+
+The OpenTelemetry SDK is imported only when tracing is configured (`Tracing.start`): a router without
+tracing never loads it, and its request path pays one `is None` check per hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from infer_ctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from infer_ctl.profile.tracing import TracingSettings
+
+log = logging.getLogger("infer_ctl.router")
+
+DEFAULT_SERVICE = "inferctl-router"
+PROTOCOLS = ("grpc", "http/protobuf")
+_OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion", "/generate": "text_completion"}
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    protocol: str
+    #: None: the exporter's own OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT (or its default)
+    endpoint: str | None
+    service_name: str | None
+    #: None: the SDK's OTEL_TRACES_SAMPLER[_ARG] (default: parent-based, always on)
+    sample_ratio: float | None
+
+
+def _truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def config_from(settings: TracingSettings | None, env: Mapping[str, str]) -> TracingConfig | None:
+    """The tracing of a router, or None when it is off: off unless `enabled` is true or an endpoint is
+    configured (the profile's, or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT);
+    OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none turn it off as they do for any OTel SDK."""
+    endpoint = settings.endpoint if settings else None
+    enabled = settings.enabled if settings else None
+    if enabled is False or _truthy(env.get("OTEL_SDK_DISABLED")) or env.get("OTEL_TRACES_EXPORTER", "").strip() == "none":
+        return None
+    env_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not enabled and not endpoint and not env_endpoint:
+        return None
+    protocol = ((settings.protocol if settings else None) or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    if protocol not in PROTOCOLS:
+        raise UsageError(f"OTLP protocol {protocol!r} is not supported by the router",
+                         remedy="use grpc or http/protobuf (router.tracing.protocol or OTEL_EXPORTER_OTLP_PROTOCOL)")
+    if endpoint and protocol == "http/protobuf" and urlsplit(endpoint).path in ("", "/"):
+        endpoint = endpoint.rstrip("/") + "/v1/traces"  # as the SDK does with OTEL_EXPORTER_OTLP_ENDPOINT
+    return TracingConfig(protocol, endpoint, settings.service_name if settings else None,
+                         settings.sample_ratio if settings else None)
+
+
+def _ns() -> int:
+    return time.time_ns()
+
+
+class Tracing:
+    """The router's tracer provider and exporter (one per router)."""
+
+    def __init__(self, cfg: TracingConfig) -> None:
+        try:
+            from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+            from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        except ImportError as exc:
+            raise UsageError(f"tracing is configured but the OpenTelemetry SDK is not installed ({exc.name})",
+                             remedy="pip install 'inferctl[otel]', or turn tracing off (router.tracing.enabled: false)") from None
+        if cfg.protocol == "grpc":
+            try:
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            except ImportError as exc:
+                raise UsageError(f"OTLP/gRPC needs {exc.name}", remedy="pip install 'inferctl[otel]'") from None
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
+        attrs = {}
+        if cfg.service_name or not os.environ.get("OTEL_SERVICE_NAME"):
+            attrs[SERVICE_NAME] = cfg.service_name or DEFAULT_SERVICE
+        sampler = None if cfg.sample_ratio is None else ParentBased(TraceIdRatioBased(cfg.sample_ratio))
+        self.provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
+        exporter = OTLPSpanExporter(endpoint=cfg.endpoint) if cfg.endpoint else OTLPSpanExporter()
+        self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        self.tracer = self.provider.get_tracer("infer_ctl.router")
+        self.propagator = TraceContextTextMapPropagator()
+        self.SERVER, self.CLIENT, self.INTERNAL = SpanKind.SERVER, SpanKind.CLIENT, SpanKind.INTERNAL
+        self.Status, self.ERROR = Status, StatusCode.ERROR
+        self.in_context = set_span_in_context
+        self.cfg = cfg
+
+    def request(self, headers: Mapping[str, str], endpoint: str, rid: str) -> RequestTrace:
+        return RequestTrace(self, headers, endpoint, rid)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        return bool(self.provider.force_flush(int(timeout_s * 1000)))
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def _sampling(body: Mapping[str, Any], endpoint: str) -> Mapping[str, Any]:
+    sp = body.get("sampling_params") if endpoint == "/generate" else body
+    return sp if isinstance(sp, Mapping) else {}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+class RequestTrace:
+    """The spans of one request. Calls arrive from the request's task and its prefill task, one at a time
+    (one event loop), so no lock."""
+
+    def __init__(self, tracing: Tracing, headers: Mapping[str, str], endpoint: str, rid: str) -> None:
+        self.t = tracing
+        parent = tracing.propagator.extract(headers) if "traceparent" in headers else None
+        self.endpoint = endpoint
+        self.operation = _OPERATIONS.get(endpoint, "text_completion")
+        self.span = tracing.tracer.start_span(self.operation, context=parent, kind=tracing.SERVER, attributes={
+            "gen_ai.operation.name": self.operation, "gen_ai.provider.name": "sglang",
+            "http.request.method": "POST", "http.route": endpoint, "inferctl.request_id": rid})
+        self.attempt: Any = None
+        self.decode_started_ns: int | None = None
+        self.decode_span: Any = None
+        self.prefill_done_ns: int | None = None
+
+    # ---- the request ---------------------------------------------------------------------------
+    def describe(self, body: Mapping[str, Any], model: str | None, tenant: str | None) -> None:
+        """The request's GenAI attributes, from its parsed body."""
+        s = self.span
+        m = body.get("model") if isinstance(body.get("model"), str) else model
+        if m:
+            s.set_attribute("gen_ai.request.model", m)
+            s.update_name(f"{self.operation} {m}")
+        sp = _sampling(body, self.endpoint)
+        mt: Any = sp.get("max_new_tokens") if self.endpoint == "/generate" else (
+            body.get("max_completion_tokens") or body.get("max_tokens"))
+        if _number(mt):
+            s.set_attribute("gen_ai.request.max_tokens", int(mt))
+        for key in ("temperature", "top_p"):
+            if _number(sp.get(key)):
+                s.set_attribute(f"gen_ai.request.{key}", float(sp[key]))
+        s.set_attribute("gen_ai.request.stream", bool(body.get("stream")))
+        if tenant:
+            s.set_attribute("inferctl.tenant", tenant)
+
+    def answered(self, obj: Any, prompt: int | None, cached: int | None, completion: int | None,
+                 predicted_tokens: int, spec: list[Any]) -> None:
+        s = self.span
+        item = obj[0] if isinstance(obj, list) and obj else obj
+        if isinstance(item, dict):
+            meta = item.get("meta_info")
+            rid = meta.get("id") if isinstance(meta, dict) else item.get("id")
+            if isinstance(rid, str):
+                s.set_attribute("gen_ai.response.id", rid)
+            if isinstance(item.get("model"), str):
+                s.set_attribute("gen_ai.response.model", item["model"])
+            reasons = _finish_reasons(item)
+            if reasons:
+                s.set_attribute("gen_ai.response.finish_reasons", reasons)
+        if prompt is not None:
+            s.set_attribute("gen_ai.usage.input_tokens", prompt)
+        if completion is not None:
+            s.set_attribute("gen_ai.usage.output_tokens", completion)
+        if cached is not None:
+            s.set_attribute("gen_ai.usage.cache_read.input_tokens", cached)
+            s.set_attribute("inferctl.cache.actual_tokens", cached)
+        s.set_attribute("inferctl.cache.predicted_tokens", predicted_tokens)
+        if spec:
+            verify = sum(f.verify_ct for f in spec)
+            proposed = sum(f.num_proposed_drafts for f in spec)
+            if verify:
+                s.set_attribute("inferctl.spec.accept_length", sum(f.completion_tokens for f in spec) / verify)
+                s.set_attribute("inferctl.spec.verify_steps", verify)
+            if proposed:
+                s.set_attribute("inferctl.spec.accept_rate", sum(f.num_correct_drafts for f in spec) / proposed)
+
+    def streamed(self, ttft_s: float, first: float, last: float, completion: int | None) -> None:
+        """A streamed answer: time to first chunk, and the mean gap per output token after the first
+        (time per output token, TPOT: (last chunk - first chunk) / (output tokens - 1))."""
+        self.span.set_attribute("gen_ai.response.time_to_first_chunk", ttft_s)
+        self.span.set_attribute("inferctl.ttft_s", ttft_s)
+        if completion and completion > 1 and last > first:
+            self.span.set_attribute("inferctl.mean_itl_s", (last - first) / (completion - 1))
+
+    def finish(self, status: int, ctx: Any) -> None:
+        s = self.span
+        s.set_attribute("http.response.status_code", status)
+        if ctx is not None:
+            s.set_attribute("inferctl.attempts", ctx.attempts)
+            if ctx.reason:
+                s.set_attribute("inferctl.routing.reason", ctx.reason)
+            if ctx.prefill:
+                s.set_attribute("inferctl.prefill", ctx.prefill)
+            if ctx.decode:
+                s.set_attribute("inferctl.decode", ctx.decode)
+        if status >= 500:
+            s.set_status(self.t.Status(self.t.ERROR, f"HTTP {status}"))
+            s.set_attribute("error.type", str(status))
+        s.end()
+
+    # ---- attempts and calls --------------------------------------------------------------------
+    def attempt_start(self, n: int, pre: Any, dec: Any, reason: str, predicted_tokens: int) -> None:
+        attrs: dict[str, Any] = {"inferctl.attempt": n, "inferctl.routing.reason": reason,
+                                 "inferctl.cache.predicted_tokens": predicted_tokens}
+        if dec is not None:
+            attrs["inferctl.prefill"], attrs["inferctl.decode"] = pre.url, dec.url
+        else:
+            attrs["inferctl.worker"] = pre.url
+        self.attempt = self.t.tracer.start_span("attempt", context=self.t.in_context(self.span), kind=self.t.INTERNAL,
+                                                attributes=attrs)
+        self.decode_started_ns = self.prefill_done_ns = None
+        self.decode_span = None
+
+    def room(self, room: Any) -> None:
+        if self.attempt is not None:
+            self.attempt.set_attribute("inferctl.bootstrap_room", room if isinstance(room, int) else str(room))
+
+    def attempt_end(self, failure: Any) -> None:
+        a = self.attempt
+        if a is None:
+            return
+        if self.decode_started_ns is not None and self.prefill_done_ns is not None \
+                and self.prefill_done_ns >= self.decode_started_ns:
+            kv = self.t.tracer.start_span("kv_wait", context=self.t.in_context(self.decode_span or a),
+                                          kind=self.t.INTERNAL, start_time=self.decode_started_ns)
+            kv.end(end_time=self.prefill_done_ns)
+        if failure is not None:
+            a.set_attribute("inferctl.retry_cause", failure.cause)
+            a.set_status(self.t.Status(self.t.ERROR, failure.message))
+        a.end()
+        self.attempt = None
+
+    def call_start(self, w: Any, headers: dict[str, str]) -> tuple[Any, dict[str, str]]:
+        """The span of one upstream call and the headers that carry its context to the worker."""
+        role = {"mixed": "worker"}.get(w.role, w.role)
+        parts = urlsplit(w.url)
+        span = self.t.tracer.start_span(role, context=self.t.in_context(self.attempt or self.span), kind=self.t.CLIENT,
+                                        attributes={"server.address": parts.hostname or "", "server.port": parts.port or 80,
+                                                    "url.full": w.url + self.endpoint, "inferctl.role": w.role})
+        out = dict(headers)
+        self.t.propagator.inject(out, context=self.t.in_context(span))
+        if w.role == "decode":
+            self.decode_started_ns, self.decode_span = _ns(), span
+        return span, out
+
+    def call_end(self, w: Any, span: Any, status: int | None, error: BaseException | None) -> None:
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(self.t.Status(self.t.ERROR, f"HTTP {status}"))
+        if error is not None:
+            span.set_attribute("error.type", type(error).__name__)
+            span.set_status(self.t.Status(self.t.ERROR, str(error) or type(error).__name__))
+        if w.role == "prefill":
+            self.prefill_done_ns = _ns()
+        span.end()
+
+
+def _finish_reasons(item: Mapping[str, Any]) -> list[str]:
+    meta = item.get("meta_info")
+    if isinstance(meta, dict):
+        fr = meta.get("finish_reason")
+        t = fr.get("type") if isinstance(fr, dict) else fr
+        return [t] if isinstance(t, str) else []
+    choices = item.get("choices")
+    if isinstance(choices, list):
+        return [c["finish_reason"] for c in choices if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
+    return []

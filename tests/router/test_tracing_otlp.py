@@ -1,0 +1,268 @@
+"""OpenTelemetry traces of the router, received by a real OTLP receiver (tests/router/otlp_receiver.py:
+OTLP/HTTP and OTLP/gRPC servers decoding with the official opentelemetry-proto classes) from the router's
+own SDK exporter, in front of simulated SGLang workers (real PD bootstrap) or header-recording stand-ins."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from infer_ctl.core.routing import spec_fields as sf
+from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.tracing import TracingConfig, config_from
+from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
+from tests.router.conftest import pd_specs
+from tests.router.otlp_receiver import GrpcReceiver, HttpReceiver
+
+pytest.importorskip("opentelemetry.sdk", reason="the otel extra: pip install 'inferctl[otel]'")
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
+SERVER, CLIENT, INTERNAL = 2, 3, 1  # opentelemetry.proto.trace.v1.Span.SpanKind
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ThreadedSimCluster]:
+    c = start_cluster_in_thread(pd_specs(1, 1))
+    yield c
+    c.stop()
+
+
+def _router(cluster: ThreadedSimCluster, tracing: TracingConfig, **kw: Any) -> Any:
+    pre = [(w.url, w.bootstrap_port) for w in cluster.workers if w.spec.role == "prefill"]
+    dec = [w.url for w in cluster.workers if w.spec.role == "decode"]
+    return start_router_in_thread(router_config(prefill=pre, decode=dec, tracing=tracing, model_name="sim-70b",
+                                                health_interval_s=0.5, **kw))
+
+
+def _tree(spans: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        by_name.setdefault(s["name"], []).append(s)
+    return by_name
+
+
+def _check_pd_trace(spans: list[dict[str, Any]], answer: Any) -> dict[str, Any]:
+    """One trace, the client's: request span (child of the client's span) > attempt > prefill, decode
+    (> kv_wait), with the answer's usage on the request span. Returns the request span."""
+    assert {s["trace_id"] for s in spans} == {TRACE_ID}
+    names = _tree(spans)
+    (req,) = [s for s in spans if s["kind"] == SERVER]
+    assert req["parent_span_id"] == CLIENT_SPAN
+    assert req["name"] == "text_completion sim-70b"
+    (attempt,) = names["attempt"]
+    assert attempt["parent_span_id"] == req["span_id"] and attempt["kind"] == INTERNAL
+    (pre,), (dec,) = names["prefill"], names["decode"]
+    for call in (pre, dec):
+        assert call["parent_span_id"] == attempt["span_id"] and call["kind"] == CLIENT
+        assert call["attributes"]["http.response.status_code"] == 200
+        assert call["attributes"]["server.address"] == "127.0.0.1"
+    (kv,) = names["kv_wait"]
+    assert kv["parent_span_id"] == dec["span_id"]
+    assert dec["start"] <= kv["start"] <= kv["end"] <= dec["end"]
+    assert kv["end"] <= pre["end"] + 1_000_000  # ends when the prefill answered (its span ends right after)
+    a = req["attributes"]
+    meta = (answer[0] if isinstance(answer, list) else answer)["meta_info"]
+    assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"] == "sim-70b"
+    assert a["gen_ai.usage.input_tokens"] == meta["prompt_tokens"]
+    assert a["gen_ai.usage.output_tokens"] == meta["completion_tokens"]
+    assert a["gen_ai.usage.cache_read.input_tokens"] == meta["cached_tokens"]
+    assert a["gen_ai.response.id"] == meta["id"]
+    assert a["inferctl.prefill"] == pre["attributes"]["url.full"].removesuffix("/generate")
+    assert a["inferctl.decode"] == dec["attributes"]["url.full"].removesuffix("/generate")
+    assert a["inferctl.routing.reason"] and a["inferctl.attempts"] == 1
+    assert "inferctl.cache.predicted_tokens" in a and a["http.response.status_code"] == 200
+    room = attempt["attributes"]["inferctl.bootstrap_room"]
+    assert isinstance(room, int) and room >= 1
+    spec = [f for f in sf.decode_generate_response(answer) if f is not None]
+    if spec:  # the simulated decode speculates: SGLang's accept length / rate of this request
+        assert a["inferctl.spec.accept_length"] == pytest.approx(spec[0].accept_length, rel=1e-3)
+        assert a["inferctl.spec.accept_rate"] == pytest.approx(spec[0].accept_rate, rel=1e-3)
+    return req
+
+
+def test_a_pd_request_is_one_trace_over_otlp_http_with_the_clients_trace_id(cluster: ThreadedSimCluster) -> None:
+    rx = HttpReceiver()
+    try:
+        router = _router(cluster, TracingConfig("http/protobuf", rx.endpoint, "router-under-test", None))
+        try:
+            r = httpx.post(router.url + "/generate", headers={"traceparent": TRACEPARENT}, timeout=30,
+                           json={"text": "trace me " * 20, "sampling_params": {"max_new_tokens": 8, "temperature": 0.5}})
+            assert r.status_code == 200, r.text
+        finally:
+            router.stop()  # flushes the batch processor
+        spans = rx.wait_for(5)
+        assert len(spans) == 5, [s["name"] for s in spans]
+        req = _check_pd_trace(spans, r.json())
+        assert req["attributes"]["gen_ai.request.max_tokens"] == 8
+        assert req["attributes"]["gen_ai.request.temperature"] == 0.5
+        assert req["attributes"]["gen_ai.request.stream"] is False
+        assert {s["service"] for s in spans} == {"router-under-test"}
+    finally:
+        rx.close()
+
+
+def test_a_streamed_request_over_otlp_grpc_carries_ttft_and_itl(cluster: ThreadedSimCluster) -> None:
+    rx = GrpcReceiver()
+    try:
+        router = _router(cluster, TracingConfig("grpc", rx.endpoint, None, None))
+        try:
+            events = []
+            with httpx.stream("POST", router.url + "/generate", headers={"traceparent": TRACEPARENT}, timeout=30,
+                              json={"text": "stream me " * 20, "stream": True,
+                                    "sampling_params": {"max_new_tokens": 12}}) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+        finally:
+            router.stop()
+        spans = rx.wait_for(5)
+        req = _check_pd_trace(spans, events[-1])
+        a = req["attributes"]
+        assert a["gen_ai.request.stream"] is True
+        assert 0 < a["gen_ai.response.time_to_first_chunk"] == a["inferctl.ttft_s"]
+        assert a["inferctl.mean_itl_s"] > 0
+    finally:
+        rx.close()
+
+
+def test_sampling_ratio_zero_records_new_traces_never_but_continues_a_sampled_client(cluster: ThreadedSimCluster) -> None:
+    rx = HttpReceiver()
+    try:
+        router = _router(cluster, TracingConfig("http/protobuf", rx.endpoint, None, 0.0))
+        try:
+            body = {"text": "sampled? " * 10, "sampling_params": {"max_new_tokens": 2}}
+            assert httpx.post(router.url + "/generate", json=body, timeout=30).status_code == 200
+            assert httpx.post(router.url + "/generate", json=body, timeout=30,
+                              headers={"traceparent": TRACEPARENT}).status_code == 200
+        finally:
+            router.stop()
+        spans = rx.wait_for(5)
+        assert {s["trace_id"] for s in spans} == {TRACE_ID}
+    finally:
+        rx.close()
+
+
+# ---- what the workers receive -------------------------------------------------------------------
+def _recording_app(role: str, seen: list[dict[str, Any]]) -> web.Application:
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append({"role": role, "headers": dict(request.headers), "body": body})
+        return web.json_response({"text": "ok", "meta_info": {
+            "id": "r1", "prompt_tokens": 5, "completion_tokens": 0 if role == "prefill" else 2, "cached_tokens": 1,
+            "finish_reason": {"type": "length", "length": 2}}})
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    for path in ("/health", "/server_info", "/v1/loads"):
+        app.router.add_get(path, ok)
+    return app
+
+
+@pytest.fixture
+def recording() -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    seen: list[dict[str, Any]] = []
+    runners: list[web.AppRunner] = []
+
+    async def start(role: str) -> str:
+        runner = web.AppRunner(_recording_app(role, seen))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    pre = asyncio.run_coroutine_threadsafe(start("prefill"), loop).result(10)
+    dec = asyncio.run_coroutine_threadsafe(start("decode"), loop).result(10)
+    yield pre, dec, seen
+    for runner in runners:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def test_both_workers_get_the_clients_trace_with_their_call_span_as_parent(recording: Any) -> None:
+    pre, dec, seen = recording
+    rx = HttpReceiver()
+    try:
+        router = start_router_in_thread(router_config(
+            prefill=[(pre, 8998)], decode=[dec], tracing=TracingConfig("http/protobuf", rx.endpoint, None, None)))
+        try:
+            r = httpx.post(router.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                           headers={"traceparent": TRACEPARENT, "tracestate": "vendor=1"}, timeout=30)
+            assert r.status_code == 200, r.text
+        finally:
+            router.stop()
+        spans = {s["name"]: s for s in rx.wait_for(5)}
+        for call in seen:
+            tp = call["headers"]["traceparent"].split("-")
+            assert tp[1] == TRACE_ID, call["role"]
+            assert tp[2] == spans[call["role"]]["span_id"], call["role"]  # the router's call span is the parent
+            assert call["headers"]["tracestate"] == "vendor=1"
+        assert sorted(c["role"] for c in seen) == ["decode", "prefill"]
+    finally:
+        rx.close()
+
+
+# ---- off unless configured ----------------------------------------------------------------------
+def test_tracing_is_off_unless_configured_and_reads_the_standard_environment() -> None:
+    from infer_ctl.profile.tracing import TracingSettings
+
+    assert config_from(TracingSettings(), {}) is None
+    assert config_from(None, {"OTEL_SERVICE_NAME": "x"}) is None
+    on = config_from(TracingSettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"})
+    assert on is not None and on.protocol == "http/protobuf" and on.endpoint is None  # the exporter reads it
+    assert config_from(TracingSettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}) is None
+    assert config_from(TracingSettings(enabled=False), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}) is None
+    grpc = config_from(TracingSettings(endpoint="http://c:4317"), {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert grpc is not None and (grpc.protocol, grpc.endpoint) == ("grpc", "http://c:4317")
+    http = config_from(TracingSettings(endpoint="http://c:4318", sample_ratio=0.25), {})
+    assert http is not None and (http.endpoint, http.sample_ratio) == ("http://c:4318/v1/traces", 0.25)
+
+
+def test_exporter_headers_come_from_the_environment_only(cluster: ThreadedSimCluster, monkeypatch: Any) -> None:
+    from pydantic import ValidationError
+
+    from infer_ctl.profile.tracing import TracingSettings
+
+    with pytest.raises(ValidationError, match="OTEL_EXPORTER_OTLP_HEADERS"):
+        TracingSettings.model_validate({"endpoint": "http://c:4318", "headers": {"api-key": "secret"}})
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-api-key=s3cret")
+    rx = HttpReceiver()
+    try:
+        router = _router(cluster, TracingConfig("http/protobuf", rx.endpoint, None, None))
+        try:
+            assert httpx.post(router.url + "/generate", json={"text": "h", "sampling_params": {"max_new_tokens": 1}},
+                              timeout=30).status_code == 200
+        finally:
+            router.stop()
+        assert rx.wait_for(5) and rx.headers[0].get("x-api-key") == "s3cret"
+    finally:
+        rx.close()
+
+
+def test_a_router_without_tracing_does_not_import_opentelemetry() -> None:
+    code = ("import sys; from infer_ctl.router.embed import router_config, start_router_in_thread; "
+            "h = start_router_in_thread(router_config(workers=['http://127.0.0.1:9'])); h.stop(); "
+            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
