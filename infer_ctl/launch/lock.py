@@ -4,11 +4,16 @@ Two launches racing on a node both started a server; one died on EADDRINUSE, its
 other's, and the survivor ran on as an orphan no pid file named. The lock makes the second run wait
 (`--lock-wait`) or fail, naming the holder.
 
-The file holds one line, `pid=... host=... user=... since=... start=... cmd=...`, describing the
-inferctl process on the CONTROLLER that holds it. Whether that process still lives can only be told on
-its own host: a lock taken from this host whose pid is gone (or is now another process: its start time
-differs) is stale, is taken over, and the run says so. A lock held from another host is never broken
-automatically; the error says how to remove it by hand.
+The file holds one line, `pid=... host=... boot_id=... pidns=... user=... since=... start=... cmd=...`,
+describing the inferctl process on the CONTROLLER that holds it. Whether that process still lives can
+only be told on its own machine, and a hostname does not name one (cloud images all boot as `ubuntu`):
+the line carries the controller's `/proc/sys/kernel/random/boot_id` (one per machine and boot) and its
+pid namespace (containers on one machine share the boot_id, not their pid numbers). A lock is stale only
+when its boot_id, pid namespace and host are this controller's and its pid is gone (or is now another
+process: its start time differs); it is then taken over, and the run says so. A lock held from any other
+machine or boot is never broken automatically (`--lock-wait` waits for it); the error names its owner
+and says how to remove it by hand. A line from an older inferctl without boot_id is judged as before: by
+hostname and pid.
 
 The read-compare-write of a take-over runs under flock(1) on `launch.lock.guard` where flock exists, so
 two runs taking over the same stale lock cannot both win; a plain acquire is atomic by itself
@@ -53,16 +58,50 @@ class Holder:
     start: str  # the process's start time in clock ticks since boot (/proc/<pid>/stat field 22)
     cmd: str
     raw: str
+    #: the holder's machine and boot (/proc/sys/kernel/random/boot_id); None: not recorded (older
+    #: inferctl, or a controller without /proc)
+    boot_id: str | None = None
+    #: the inode of the holder's pid namespace; None: not recorded
+    pidns: str | None = None
 
     @classmethod
     def parse(cls, line: str) -> Holder:
         kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
         pid = kv.get("pid", "")
         return cls(int(pid) if pid.isdigit() else None, kv.get("host", "?"), kv.get("user", "?"),
-                   kv.get("since", "?"), kv.get("start", ""), kv.get("cmd", "?"), line.strip())  # fmt: skip
+                   kv.get("since", "?"), kv.get("start", ""), kv.get("cmd", "?"), line.strip(),
+                   _known(kv.get("boot_id")), _known(kv.get("pidns")))  # fmt: skip
 
     def describe(self) -> str:
         return f"held by pid {self.pid} ({self.user}@{self.host}, inferctl {self.cmd}) since {self.since}"
+
+    def where(self) -> str:
+        """Where the holder ran, as the error's remedy says it."""
+        if self.host == socket.gethostname() and self.boot_id is not None and self.boot_id != _boot_id():
+            return (f"on another machine also named {self.host}: boot_id {self.boot_id}, this controller's "
+                    f"is {_boot_id() or 'unknown'}")  # fmt: skip
+        if self.host == socket.gethostname() and self.pidns is not None and self.pidns != _pidns():
+            return f"on {self.host} in another pid namespace (a container): pidns {self.pidns}"
+        return f"on {self.host}"
+
+
+def _known(value: str | None) -> str | None:
+    return None if value in (None, "", "-") else value
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None  # not Linux: the lock line says "-" and no other run ever breaks it
+
+
+def _pidns() -> str | None:
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    return link.partition("[")[2].rstrip("]") or None
 
 
 def _proc_start(pid: int) -> str | None:
@@ -76,13 +115,27 @@ def _proc_start(pid: int) -> str | None:
 def me(cmd: str) -> str:
     pid = os.getpid()
     since = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return (f"pid={pid} host={socket.gethostname()} user={getpass.getuser()} since={since} "
-            f"start={_proc_start(pid) or '-'} cmd={cmd}")  # fmt: skip
+    return (f"pid={pid} host={socket.gethostname()} boot_id={_boot_id() or '-'} pidns={_pidns() or '-'} "
+            f"user={getpass.getuser()} since={since} start={_proc_start(pid) or '-'} cmd={cmd}")  # fmt: skip
+
+
+def _same_process_space(holder: Holder) -> bool:
+    """Whether the holder's pid can be judged here: same host, and (when the line records them) same
+    machine boot and pid namespace. A line with a boot_id this controller cannot match (another machine,
+    another boot, or no /proc here) is never ours."""
+    if holder.host != socket.gethostname():
+        return False
+    if holder.boot_id is None:
+        return True  # an older inferctl's line: hostname only, as it was judged then
+    if holder.boot_id != _boot_id():
+        return False
+    return holder.pidns is None or _pidns() is None or holder.pidns == _pidns()
 
 
 def is_stale(holder: Holder) -> bool:
-    """True only when provably dead: taken on this host and that pid is gone or is another process."""
-    if holder.host != socket.gethostname() or holder.pid is None:
+    """True only when provably dead: taken on this machine (boot, pid namespace) and that pid is gone or
+    is another process."""
+    if holder.pid is None or not _same_process_space(holder):
         return False
     try:
         os.kill(holder.pid, 0)
@@ -158,7 +211,7 @@ def acquire(
                 f"{conn.node_name}: another inferctl launch/stop is running here: {path} is "
                 f"{holder.describe()}{waited}",
                 remedy="wait for it to finish, or pass --lock-wait SECONDS; if that process is gone "
-                f"(it ran on {holder.host}), remove {path} on {conn.node_name}",
+                f"(it ran {holder.where()}), remove {path} on {conn.node_name}",
             )
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
