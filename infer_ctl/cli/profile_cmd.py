@@ -12,17 +12,24 @@ from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, session
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.report import Report
 from infer_ctl.core.sglang.consistency import launch_problems
+from infer_ctl.core.sglang.kv_page import kv_page_findings
 from infer_ctl.errors import ProfileError
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.output.json_doc import dumps
 from infer_ctl.output.table import render_findings_report
 from infer_ctl.profile import load_profile, resolve_profile_path
+from infer_ctl.profile.model_config import local_model_config
+
+#: launch-plan warnings `profile validate` shows (the others are `launch --dry-run`'s)
+VALIDATE_WARNINGS = ("launch.hicache",)
 
 app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
 
 
 @app.command("validate")
 def validate(profile: ProfileOpt = None, json: JsonOpt = False) -> None:
-    """Check a profile: every problem is listed with its field path; exit 0 if valid, 64 if not."""
+    """Check a profile: every problem is listed with its field path; exit 0 if valid, 1 with warnings
+    (HiCache best practices, KV page alignment), 64 if not (including a launch plan that would fail)."""
     sess = session(json)
     path = resolve_profile_path(profile)
     report = Report(command="profile validate", profile=None)
@@ -43,19 +50,26 @@ def validate(profile: ProfileOpt = None, json: JsonOpt = False) -> None:
     roles = {r: len(prof.nodes_with_role(r)) for r in ("prefill", "decode")}
     report.findings = [Finding.ok("profile.schema", "-", str(path), "profile is valid")]
     # launch-plan FAILs too (e.g. prefill and decode disagreeing on --page-size): servers with these
-    # arguments would fail at start-up or at the first transfer (docs/launch.md, "Checks before launch")
-    plan_fails = [f for f in launch_problems(prof) if f.status.value == "fail"]
+    # arguments would fail at start-up or at the first transfer (docs/launch.md, "Checks before launch"),
+    # so the profile is invalid (exit 64); the HiCache and KV page warnings (best practices, alignment)
+    # are shown with exit 1
+    problems = launch_problems(prof)
+    plan_fails = [f for f in problems if f.status.value == "fail"]
     report.findings += plan_fails
+    report.findings += [f for f in problems if f.status.value == "warn" and f.check in VALIDATE_WARNINGS]
+    report.findings += kv_page_findings(prof, config=local_model_config(prof))
+    if plan_fails:
+        report.exit_code_override = ExitCode.USAGE
     report.data = {"path": str(path), "nodes": len(prof.nodes), "roles": roles, "collocated": prof.collocated}
 
     def render(console: Console) -> None:
-        if plan_fails:
+        if not plan_fails:
+            mode = "collocated" if prof.collocated else f"{roles['prefill']} prefill + {roles['decode']} decode"
+            console.print(
+                f"[green]valid[/green]: {path} — profile {prof.name!r}, {len(prof.nodes)} nodes ({mode})"
+            )
+        if any(f.status.value != "ok" for f in report.findings):
             render_findings_report(console, report, show_ok=False)
-            return
-        mode = "collocated" if prof.collocated else f"{roles['prefill']} prefill + {roles['decode']} decode"
-        console.print(
-            f"[green]valid[/green]: {path} — profile {prof.name!r}, {len(prof.nodes)} nodes ({mode})"
-        )
 
     finish(sess, report, render)
 

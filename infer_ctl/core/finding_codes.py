@@ -43,6 +43,7 @@ CODES: dict[str, str] = {
     "gpu.sxid": "IC-GPU-025",
     "gpu.inforom": "IC-GPU-026",
     "gpu.diag": "IC-GPU-027",
+    "gpu.nvlink_rate": "IC-GPU-028",
     # ---- fabric ---------------------------------------------------------------------------------
     "fabric.internal": "IC-FAB-000",
     "fabric.node": "IC-FAB-001",
@@ -68,6 +69,7 @@ CODES: dict[str, str] = {
     "fabric.nic_pcie": "IC-FAB-021",
     "fabric.gdr": "IC-FAB-022",
     "fabric.nccl": "IC-FAB-023",
+    "fabric.link_flaps": "IC-FAB-024",
     # ---- servers --------------------------------------------------------------------------------
     "servers.internal": "IC-SRV-000",
     "servers.deployed": "IC-SRV-001",
@@ -77,6 +79,9 @@ CODES: dict[str, str] = {
     "servers.pd_agreement": "IC-SRV-005",
     "servers.queues": "IC-SRV-006",
     "servers.start_limit": "IC-SRV-007",
+    "servers.hicache_host": "IC-SRV-008",
+    "servers.hicache_storage": "IC-SRV-009",
+    "servers.hicache_backup": "IC-SRV-010",
     "servers.files": "IC-SRV-011",
     "servers.restart_pending": "IC-SRV-012",
     # ---- tokenizer ------------------------------------------------------------------------------
@@ -117,6 +122,8 @@ CODES: dict[str, str] = {
     "launch.router": "IC-LCH-016",
     "launch.sglang_parser": "IC-LCH-017",
     "launch.start": "IC-LCH-018",
+    "launch.hicache": "IC-LCH-019",
+    "launch.kv_page": "IC-LCH-020",
     "status.instance": "IC-LCH-101",
     "status.start_limit": "IC-LCH-102",
     "stop.forced": "IC-LCH-201",

@@ -23,6 +23,7 @@ from infer_ctl.core.sglang import (
     unit_path,
 )
 from infer_ctl.core.sglang.consistency import launch_problems
+from infer_ctl.core.sglang.kv_page import kv_page_findings
 from infer_ctl.errors import InferctlError, UsageError
 from infer_ctl.launch import argcheck, lock, supervisor
 from infer_ctl.launch import rolling as rolling_plan
@@ -44,6 +45,7 @@ from infer_ctl.launch.router_hook import RouterNotifier
 from infer_ctl.output.table import render_findings_report
 from infer_ctl.output.terminal_text import safe_cell
 from infer_ctl.profile import Node, Profile
+from infer_ctl.profile.model_config import local_model_config
 from infer_ctl.profile.select import select_nodes
 from infer_ctl.remote.base import Connector
 from infer_ctl.remote.fleet import Fleet
@@ -64,7 +66,9 @@ def _selection(profile: Profile, nodes: str | None, role: str | None) -> list[In
 # ---- launch --dry-run / --check-args ---------------------------------------------------------------
 def dry_run(profile: Profile, nodes: str | None, role: str | None) -> Report:
     insts = _selection(profile, nodes, role)
-    report = Report("launch", profile.name, findings=launch_problems(profile, insts))
+    # + the KV page alignment warnings (core/sglang/kv_page.py), which do not block a launch
+    findings = launch_problems(profile, insts) + kv_page_findings(profile, insts, config=local_model_config(profile))
+    report = Report("launch", profile.name, findings=findings)
     report.results = [
         {
             "instance": i.name,

@@ -11,6 +11,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.fabric import FabricPolicy
 from infer_ctl.profile.gpu import GpuPolicy
+from infer_ctl.profile.hicache import hicache_problems
 from infer_ctl.profile.models import Models
 from infer_ctl.profile.nodes import Node, NodeName, Role
 from infer_ctl.profile.remediation import RemediationSettings
@@ -132,7 +133,20 @@ class Profile(StrictModel):
         problems.extend(CrossFieldError(("router", "tenants", *loc), message)
                         for loc, message in tenant_problems(self.router.tenants))
         problems.extend(self._speculative_problems())
+        problems.extend(self._hicache_problems())
         return problems
+
+    def _hicache_problems(self) -> list[CrossFieldError]:
+        """sglang.hicache: SGLang's HiCache rules (profile/hicache.py), with the roles this profile runs."""
+        hc = self.sglang.hicache
+        if hc is None:
+            return []
+        present = {"collocated"} if self.collocated else {r.value for r in Role if any(n.has_role(r) for n in self.nodes)}
+        draft = self.models.draft if self.models else None
+        found = hicache_problems(hc, collocated=self.collocated, roles_present=present,
+                                 pinned_prefixes=any(p.pin for p in self.router.prefixes),
+                                 spec_algorithm=draft.algorithm.value if draft else None)
+        return [CrossFieldError(loc, message) for loc, message in found]
 
     def _speculative_problems(self) -> list[CrossFieldError]:
         """docs/speculative.md: pools name decode nodes (once), steps ranges are ordered, the pool settings

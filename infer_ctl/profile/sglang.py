@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from infer_ctl.profile.base import Port, StrictModel
+from infer_ctl.profile.hicache import HiCache
 
 #: host None means "the node's own address" (`nodes[].host`): routable from the other nodes (the
 #: prefill's bootstrap server listens on --host) and distinct per node, so several nodes on one
@@ -125,6 +126,11 @@ class SglangSettings(StrictModel):
     venv: NodePath = "/opt/inferctl/venvs"
     #: a local wheelhouse directory for air-gapped installs
     wheelhouse: str | None = None
+    #: a lockfile pinning SGLang and every dependency by version and sha256 (`inferctl provision lock`
+    #: makes it once), on this machine, relative to the profile: every node installs exactly it, and
+    #: `provision wheelhouse build --lock` downloads exactly it. Unset: each node resolves
+    #: `sglang==<version>` from its index on its own.
+    lock_file: str | None = None
     python: str = "python3"
     transfer_backend: Literal["mooncake", "nixl", "mooncake_tcp"] = "mooncake"
     prefill: PrefillServer = Field(default_factory=PrefillServer)
@@ -136,6 +142,8 @@ class SglangSettings(StrictModel):
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None
     #: passed to every server as --kv-events-config (the keys set here, as JSON) when set
     kv_events: KvEvents | None = None
+    #: SGLang's hierarchical KV cache (host DRAM and storage tiers) per role (profile/hicache.py)
+    hicache: HiCache | None = None
     #: server log files of the process supervisor (`{node}` is replaced by the node name)
     log_dir: NodePath = "/var/log/inferctl"
     #: --enable-metrics (/metrics; `check servers` reads queue gauges from it)

@@ -197,12 +197,13 @@ def test_profile_validate_fails_on_a_launch_plan_fail(capsys: pytest.CaptureFixt
         "  - {name: dc-01, host: 10.9.9.2, roles: [decode]}\nmodels: {target: {path: /m}}\n"
         "sglang: {extra_args: {decode: [--kv-cache-dtype, fp8_e5m2]}}\n"
     )
-    assert main(["profile", "validate", "-p", str(bad), "--json"]) == 2
+    # a launch plan that would fail makes the profile invalid: exit 64, as a schema error (issue 16)
+    assert main(["profile", "validate", "-p", str(bad), "--json"]) == 64
     doc = json.loads(capsys.readouterr().out)
     assert [(f["check"], f["status"]) for f in doc["findings"]] == [
-        ("profile.schema", "ok"), ("launch.pd_agreement", "fail")
+        ("profile.schema", "ok"), ("launch.pd_agreement", "fail"), ("launch.kv_page", "skip")  # no model preset
     ]
-    assert main(["profile", "validate", "-p", str(bad)]) == 2
+    assert main(["profile", "validate", "-p", str(bad)]) == 64
     assert "--kv-cache-dtype is fp8_e5m2 here but auto on pf-01-prefill" in capsys.readouterr().out
 
 

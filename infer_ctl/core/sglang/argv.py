@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from infer_ctl.core.sglang.flags import flag_table
+from infer_ctl.core.sglang.hicache_argv import EVICTION_FLAG, hicache_flags
 from infer_ctl.core.sglang.instance import Instance
 from infer_ctl.core.spec.pools import server_override
 from infer_ctl.profile import Profile, SpecAlgorithm
@@ -170,14 +171,17 @@ def profile_options(profile: Profile, instance: Instance) -> list[Option]:
         add(Option("--enable-metrics"))
     if profile.sglang.enable_cache_report:
         add(Option("--enable-cache-report"))
-    if _pinned_prefixes(profile):
+    hicache = hicache_flags(profile, instance.role)
+    if _pinned_prefixes(profile) and not any(flag == EVICTION_FLAG for flag, _ in hicache):
         # pinned prefixes are warmed with a high request priority; only the priority policy honours it
-        add(Option("--radix-eviction-policy", "priority"))
+        # (a HiCache eviction_policy must then be priority too: profile/hicache.py)
+        add(Option(EVICTION_FLAG, "priority"))
     if profile.sglang.kv_events is not None:
         # the same JSON on every server, prefill and decode (a decode without a radix cache binds but
         # sends nothing); SGLang moves the ports per DP rank itself, and two servers of one node that
         # would bind the same ports are a launch.kv_events FAIL (consistency.py), not rewritten here
         add(Option("--kv-events-config", profile.sglang.kv_events.to_json()))
+    opts.extend(Option(flag, value) for flag, value in hicache)  # sglang.hicache (core/sglang/hicache_argv.py)
     return opts
 
 

@@ -15,6 +15,7 @@ import re
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args, visible_device_map
 from infer_ctl.core.sglang.flags import flag_table
+from infer_ctl.core.sglang.hicache_rules import hicache_findings
 from infer_ctl.core.sglang.instance import Instance, instances
 from infer_ctl.core.spec.pools import decode_steps_may_differ, server_override
 from infer_ctl.profile import Profile
@@ -324,6 +325,7 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
     out.extend(_pd_agreement(every, chosen, args, pool_step_args(profile, chosen)))
     out.extend(_ib_map_findings(profile, chosen))
     out.extend(_kv_events_findings(every, chosen, args))
+    out.extend(hicache_findings(profile, every, chosen, args))  # sglang.hicache (hicache_rules.py)
     return out
 
 
