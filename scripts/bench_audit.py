@@ -8,11 +8,15 @@ here); the node's python3 really runs the gatherer and really fails NVML init, t
 nvidia-smi, exactly as on a node without NVML bindings.
 
     python scripts/bench_audit.py --nodes 32 --repeats 5      # target: audit <= 2x exec
+    python scripts/bench_audit.py --nodes 32 --repeats 3 --baseline /tmp/before
+        # also runs the audit of another source tree (e.g. `git archive <commit> | tar -x -C /tmp/before`)
+        # interleaved on the same nodes: before/after under the same load
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -40,9 +44,11 @@ def prepare(cluster: SshCluster, name: str) -> None:
     )
 
 
-def timed(argv: list[str]) -> tuple[float, int]:
+def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, int]:
+    """Wall time of one CLI run; `cwd` runs another tree's infer_ctl (`python -m` looks in cwd first)."""
+    env = None if cwd is None else {**os.environ, "PYTHONPATH": str(cwd)}
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, check=False)
+    proc = subprocess.run(argv, capture_output=True, check=False, cwd=cwd, env=env)
     return time.perf_counter() - t0, proc.returncode
 
 
@@ -50,6 +56,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another source tree whose `audit --only gpu` runs interleaved (before/after)")
     args = ap.parse_args()
     if not sshd_available():
         print("needs /usr/sbin/sshd (Debian openssh-server)", file=sys.stderr)
@@ -66,7 +74,7 @@ def main() -> int:
             exec_cmd = [*inferctl, "exec", "-p", str(profile), "--json", "true"]
             audit_cmd = [*inferctl, "audit", "-p", str(profile), "--json", "--only", "gpu"]
             timed(exec_cmd)  # warm caches (imports, page cache) for both alike
-            exec_t, audit_t = [], []
+            exec_t, audit_t, base_t = [], [], []
             for _ in range(args.repeats):  # interleaved so drift hits both equally
                 t, rc = timed(exec_cmd)
                 assert rc == 0, f"exec true failed with {rc}"
@@ -74,12 +82,19 @@ def main() -> int:
                 t, rc = timed(audit_cmd)
                 assert rc == 0, f"audit failed with {rc} (expected a healthy fleet)"
                 audit_t.append(t)
+                if args.baseline is not None:
+                    t, rc = timed(audit_cmd, cwd=args.baseline.resolve())
+                    assert rc == 0, f"baseline audit failed with {rc}"
+                    base_t.append(t)
         finally:
             cluster.close()
     e, a = statistics.median(exec_t), statistics.median(audit_t)
-    print(f"nodes={args.nodes} repeats={args.repeats}")
+    print(f"nodes={args.nodes} repeats={args.repeats} load={os.getloadavg()[0]:.1f}")
     print(f"inferctl exec true       median {e:.2f} s  (min {min(exec_t):.2f})")
     print(f"inferctl audit --only gpu median {a:.2f} s  (min {min(audit_t):.2f})")
+    if base_t:
+        b = statistics.median(base_t)
+        print(f"baseline audit --only gpu median {b:.2f} s  (min {min(base_t):.2f})  ratio {b / e:.2f}")
     print(f"ratio audit/exec = {a / e:.2f}  (target <= 2.0)")
     return 0 if a / e <= 2.0 else 1
 
