@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from infer_ctl.checks.link_flaps import check_link_flaps
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.fabric.expectations import FabricExpectations, expectations
 from infer_ctl.core.fabric.facts import NetdevFacts, NodeFabricFacts, QosFacts
@@ -206,7 +207,7 @@ def unreachable(node: str, error: InferctlError) -> Finding:
 
 
 def check_fabric(profile: Profile, fleet: Fleet, nodes: list[Node], *, pingpong: bool = False,
-                 pair_mode: str | None = None) -> FabricRun:
+                 pair_mode: str | None = None, memory: dict[str, Any] | None = None) -> FabricRun:
     if pair_mode is not None and pair_mode not in PAIR_MODES:
         raise UsageError(f"--pairs {pair_mode!r} is not a pair mode", remedy=f"use one of: {', '.join(PAIR_MODES)}")
     run = FabricRun()
@@ -226,6 +227,8 @@ def check_fabric(profile: Profile, fleet: Fleet, nodes: list[Node], *, pingpong:
             families[o.node.name] = set(fams)
     if len(families) > 1:
         run.findings += judge_gid_families(families, profile.fabric.gid_family)
+    # links that went down, judged with what earlier audits saw (memory)
+    run.findings += check_link_flaps(profile, fleet, [n for n in nodes if n.name in run.facts], memory)
     if pingpong:
         from infer_ctl.checks.pingpong import run_pair_tests
 
@@ -235,7 +238,8 @@ def check_fabric(profile: Profile, fleet: Fleet, nodes: list[Node], *, pingpong:
 
 
 def _family_run(ctx: AuditContext) -> list[Finding]:
-    return check_fabric(ctx.profile, ctx.fleet, ctx.nodes, pingpong=bool(ctx.options.get("pingpong"))).findings
+    return check_fabric(ctx.profile, ctx.fleet, ctx.nodes, pingpong=bool(ctx.options.get("pingpong")),
+                        memory=ctx.options.get("memory")).findings
 
 
 FAMILY = CheckFamily(

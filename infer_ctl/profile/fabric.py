@@ -47,6 +47,8 @@ class FabricPolicy(StrictModel):
     nic_pcie_speed_gts: Annotated[float, Field(gt=0)] | None = None
     #: seconds between the two samples of error counters
     counter_interval_s: Annotated[float, Field(ge=0)] = 2.0
+    #: a link that went down more than once within this many hours is flapping (fabric.link_flaps, aznhc's 6 h)
+    flap_window_h: Annotated[float, Field(gt=0, le=720)] = 6.0
     pingpong: PingPongSettings = Field(default_factory=PingPongSettings)
     #: active diagnostics, run only when asked (`check fabric --gdr` / `--nccl`)
     gdr: GdrSettings = Field(default_factory=GdrSettings)

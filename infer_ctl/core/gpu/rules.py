@@ -24,6 +24,7 @@ from infer_ctl.core.gpu.board import (
 )
 from infer_ctl.core.gpu.facts import GpuFacts, NodeGpuFacts
 from infer_ctl.core.gpu.fleet import judge_driver_consistency, judge_vbios_consistency
+from infer_ctl.core.gpu.nvlink_rate import judge_nvlink_rate
 from infer_ctl.core.gpu.replay import judge_pcie_replay
 from infer_ctl.core.gpu.xids import RMA, judge_sxids, judge_xids, xid_rule
 from infer_ctl.profile.gpu import GpuPolicy
@@ -481,6 +482,10 @@ def judge_node(
             replay = judge_pcie_replay(node, gpu, facts, previous if isinstance(previous, Mapping) else None)
             if replay is not None:
                 findings.append(replay)
+            earlier = (memory.get("gpu.nvlink_rate") or {}).get(gpu.subject)
+            nvlink = judge_nvlink_rate(node, gpu, facts, earlier if isinstance(earlier, Mapping) else None)
+            if nvlink is not None:
+                findings.append(nvlink)
         findings.extend(judge_fabric(node, facts))
     findings.extend(judge_xids(node, facts, policy, (memory.get("gpu.xid") or {}).values()))
     findings.extend(judge_sxids(node, facts, policy))
