@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TextIO
 
 import typer
 
 from infer_ctl.cli.common import JsonOpt, NodesOpt, ProfileOpt, finish, get_profile, session
 from infer_ctl.launch import commands
 from infer_ctl.output.table import render_findings_report
+from infer_ctl.output.terminal_text import terminal_safe
 
 RoleOpt = Annotated[
     str | None, typer.Option("--role", "-r", help="Only this role: prefill, decode or collocated.")
@@ -108,13 +110,24 @@ def logs(
     ] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", help="How many last lines to show.")] = 100,
 ) -> None:
-    """Print an instance's server log (journal or log file)."""
-    commands.logs(get_profile(profile), instance, lines=lines, since=since, follow=follow, write=_write)
+    """Print an instance's server log (journal or log file). To a terminal, control sequences in it are
+    shown as escapes; piped or redirected, the log text is written exactly."""
+    write = log_writer(sys.stdout)
+    commands.logs(get_profile(profile), instance, lines=lines, since=since, follow=follow, write=write)
 
 
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+def log_writer(stream: TextIO) -> Callable[[str], None]:
+    """How `logs` writes a node's log to `stream`. A log holds whatever the server (or anyone who can
+    write to it) printed: to a terminal, an ESC[2J or OSC 52 in it would act on the operator's terminal,
+    so it is made `terminal_safe`, with or without --follow. Anything else (a pipe, a file, grep) gets
+    the exact text, the one way to keep its bytes."""
+    exact = not stream.isatty()
+
+    def write(text: str) -> None:
+        stream.write(text if exact else terminal_safe(text))
+        stream.flush()
+
+    return write
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,9 @@
-"""Human rendering of provisioning plans: one table per node, diffs below, a summary line."""
+"""Human rendering of provisioning plans: one table per node, diffs below, a summary line.
+
+Entries carry what the nodes sent (file contents in diffs, command output in summaries and errors):
+every such text goes through `output/terminal_text.py`, so control sequences in it are shown as escapes
+and `[...]` is never read as rich markup. The JSON plan keeps the exact text.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from infer_ctl.core.provision.model import EntryKind, NodePlan, NodeState
+from infer_ctl.output.terminal_text import safe_cell, terminal_safe
 
 KIND_STYLE = {
     EntryKind.OK: "green",
@@ -29,12 +35,18 @@ STATE_STYLE = {
 }
 
 
+def _diff_text(diff: str) -> Text:
+    """A diff made terminal-safe line by line: a CR stays visible (`\\r`), since a CRLF line end can be
+    the very change the diff shows."""
+    return Text("\n".join(terminal_safe(line, multiline=False) for line in diff.rstrip("\n").split("\n")))
+
+
 def render_plans(console: Console, plans: Sequence[NodePlan], *, title: str, show_diff: bool = True) -> None:
     for plan in plans:
         header = Text.assemble((f"{title} — {plan.node}: ", "bold"), (plan.state.value.upper(), STATE_STYLE[plan.state]))
         console.print(header)
         if plan.error:
-            console.print(Text(f"  {plan.error}", style="red"))
+            console.print(safe_cell(f"  {plan.error}", style="red"))
         if plan.entries:
             table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
             for col in ("kind", "step", "subject", "summary"):
@@ -45,13 +57,14 @@ def render_plans(console: Console, plans: Sequence[NodePlan], *, title: str, sho
                     summary += f"\n{e.before} -> {e.after}"
                 if e.remedy and e.kind not in (EntryKind.OK, EntryKind.SKIP):
                     summary += f"\n→ {e.remedy}"
-                table.add_row(Text(e.kind.value.upper(), style=KIND_STYLE[e.kind]), e.step, e.subject, summary)
+                table.add_row(Text(e.kind.value.upper(), style=KIND_STYLE[e.kind]), safe_cell(e.step),
+                              safe_cell(e.subject), safe_cell(summary))  # fmt: skip
             console.print(table)
         if show_diff:
             for e in plan.entries:
                 if e.kind is EntryKind.CHANGE and e.diff:
-                    console.print(Text(f"  {e.step} {e.subject}:", style="bold"))
-                    console.print(Text(e.diff.rstrip("\n")), highlight=False)
+                    console.print(safe_cell(f"  {e.step} {e.subject}:", style="bold"))
+                    console.print(_diff_text(e.diff), highlight=False)
     counts: dict[str, int] = {}
     for plan in plans:
         counts[plan.state.value] = counts.get(plan.state.value, 0) + 1

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from infer_ctl.cli.main import main
+from tests.launch.test_logs_terminal import HOSTILE, SHOWN, logs_on_a_tty
 from tests.sshd_harness import free_port
 
 pytest.importorskip("infer_ctl.sim.server", reason="the simulator (infer_ctl.sim) is not available")
@@ -151,6 +152,14 @@ def test_launch_status_drift_logs_stop(cluster_profile: Any, capsys: pytest.Capt
 
         code, out, _ = _run(capsys, "logs", "dc-01-decode", "-p", p, "--lines", "50")
         assert code == 0 and "standin sglang decode ready" in out and "inferctl: starting" in out
+        # a log line with terminal control sequences: piped, `logs` writes it exactly; to a terminal,
+        # as escapes (tests/launch/test_logs_terminal.py)
+        with (tmp_path / "dc-01" / "log" / "sglang-decode.log").open("a", encoding="utf-8") as log:
+            log.write(HOSTILE)
+        code, out, _ = _run(capsys, "logs", "dc-01-decode", "-p", p, "--lines", "50")
+        assert code == 0 and HOSTILE in out
+        on_tty = logs_on_a_tty("dc-01-decode", "-p", p, "--lines", "50")
+        assert SHOWN in on_tty and "standin sglang decode ready" in on_tty and "\x1b" not in on_tty
         code, _, err = _run(capsys, "logs", "dc-01-decode", "-p", p, "--since", "10m")
         assert code == 64 and "--since needs the systemd journal" in err
     finally:
