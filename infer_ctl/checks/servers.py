@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infer_ctl.checks.hicache import hicache_findings
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances, server_args
@@ -200,6 +201,7 @@ def check_servers(profile: Profile, fleet: Fleet, nodes: list[Node]) -> list[Fin
     http_findings, infos = _http_findings(profile, leaders)
     findings.extend(http_findings)
     findings.extend(judge_pd_agreement(infos))
+    findings.extend(hicache_findings(profile, list(infos)))  # HiCache tiers of the healthy servers (checks/hicache.py)
     prefills = [i for i in every if i.role == "prefill" and i.is_leader]
     decodes = [i for i in every if i.role == "decode" and i.name in deployed]
     findings.extend(_bootstrap_findings(profile, fleet, decodes, prefills))

@@ -106,6 +106,9 @@ class HiCache(HiCacheSettings):
     eviction_policy_config: dict[str, int] | None = None
     #: `--enable-session-radix-cache`
     session_cache: bool = False
+    #: the controller's environment variable holding the servers' --admin-api-key (given in extra args):
+    #: `check servers` reads GET /hicache/storage-backend with it (SGLang answers it only with a key)
+    admin_api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     prefill: HiCacheSettings | None = None
     decode: DecodeHiCache | None = None
     collocated: HiCacheSettings | None = None
