@@ -138,3 +138,23 @@ def test_pushed_pair_test_verdicts_and_the_workers_view(cluster: ThreadedSimClus
         assert not pairs(router)[(p0, d0)]["degraded"]
     finally:
         router.stop()
+
+
+def test_router_workers_drain_and_undrain(cluster: ThreadedSimCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    _p0, _p1, d0, _d1 = (w.url for w in cluster.workers)
+    router = pd_router(cluster, health_interval_s=0.5)
+    try:
+        assert main(["router", "workers", "drain", d0, "--url", router.url]) == 0
+        assert f"drain: {d0}" in capsys.readouterr().out
+        assert main(["router", "workers", "--url", router.url]) == 0
+        (row,) = [line for line in capsys.readouterr().out.splitlines() if d0 in line]
+        assert "drain" in row  # the state column (cut to the 80-column table's width)
+        before = {w["url"]: w["requests"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
+        assert [gen(router.url, i) for i in range(6)] == [200] * 6
+        after = {w["url"]: w["requests"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]}
+        assert after[d0] == before[d0]  # nothing new reached the drained decode
+        assert main(["router", "workers", "undrain", d0, "--url", router.url]) == 0
+        assert not {w["url"]: w for w in httpx.get(router.url + "/admin/workers").json()["workers"]}[d0]["draining"]
+        assert main(["router", "workers", "drain", "--url", router.url]) == 64  # no URL: usage error
+    finally:
+        router.stop()
