@@ -127,6 +127,7 @@ class Admin:
             "prefixes": {"active": sum(r.state.value == "active" for r in router.prefixes.records()),
                          "total": len(router.prefixes.records())},
             "speculative": _spec_summary(router.spec.snapshot()),
+            "kv_events": router.kv.status_doc(),
         }
 
     async def status(self, request: web.Request) -> web.Response:
@@ -134,7 +135,9 @@ class Admin:
 
     async def workers(self, request: web.Request) -> web.Response:
         now = self.router.clock()
-        return _json({"workers": [w.as_dict(now) for w in self.router.workers.all()]})
+        kv = self.router.kv
+        return _json({"workers": [{**w.as_dict(now), **(kv.worker_doc(w.url) if w.role != "decode" else {})}
+                                  for w in self.router.workers.all()]})
 
     async def add_worker(self, request: web.Request) -> web.Response:
         body = await self._body(request)
@@ -168,6 +171,7 @@ class Admin:
         if url not in self.router.workers.by_url:
             return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
         self.router.workers.remove(url)
+        self.router.kv.forget(url)
         self.router.pairs.forget(url)
         self.router.spec.drop(url)
         self.router.index.drop_worker(url)

@@ -90,6 +90,14 @@ class RouterConfig:
     pair_max_failures: int = 3
     pair_probe_after_s: float = 60.0
     spec_max_labels: int = 16
+    #: KV events (router/kv_routing.py): subscribe to the prefills that advertise them; the target
+    #: model's directory (tokenizer.json, tokenizer_config.json) to tokenize prompts as real SGLang
+    #: workers do (simulated workers name their own); stream limits (router/kv_subscriber.py)
+    kv_events: bool = True
+    tokenizer_path: str | None = None
+    kv_max_blocks: int = 4_000_000
+    kv_replay_timeout_s: float = 2.0
+    kv_max_batches_per_s: int = 5000
     #: tenants (router/tenants.py: keys hashed, limits), the header naming them when none has a key,
     #: each worker role's price in $/s (router.pricing) and tracing (router/tracing.py; None: off)
     tenants: list[TenantSpec] = field(default_factory=list)
@@ -214,6 +222,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         max_body_bytes=rs.max_body_bytes, max_retries=rs.max_retries, admin_token_env=rs.admin_token_env,
         admin_token=env.get(rs.admin_token_env) or None, prefixes=prefixes,
         model_name=profile.models.target.path if profile.models else None,
+        tokenizer_path=(profile.models.target.tokenizer_path or profile.models.target.path) if profile.models else None,
         max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
         balance_rel=rs.balance_rel, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s,

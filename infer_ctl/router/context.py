@@ -36,6 +36,14 @@ class RequestContext:
     attempts: int = 0
     #: the client stream once the relay committed to one (a timeout then ends it with an error event)
     resp: h1.StreamResponse | None = None
+    #: KV events (router/kv_routing.py): the whole prompt's anchor key, the chosen prefill's cached
+    #: prompt units at the decision (None: predicted in characters only) and whether that was exact
+    full_key: int | None = None
+    #: predicted index: when the chosen worker's deepest matched block was last used (before this
+    #: request touched it); feedback drops what is older when the worker turns out to have evicted
+    seen: float | None = None
+    predicted_tokens: int | None = None
+    exact: bool = False
     #: tracing and tenant hooks (observe.RequestObserver; not imported: observe.py reads this module);
     #: None when the router has neither, and every hook checks this first
     obs: Any = None

@@ -1,8 +1,17 @@
 """What a successful answer teaches the router: the characters-per-token ratio (index blocks are in
 characters, workers count tokens), predicted vs reported cached tokens (the index-accuracy metrics),
-the named prefix's statistics (which trigger a re-warm when it was evicted), and the per-request log
-line. The correction of the index by the reported cached tokens (`PrefixIndex.forget_beyond`) belongs
-here too."""
+the named prefix's statistics (which trigger a re-warm when it was evicted), the correction of the
+predicted index by the reported cached tokens, and the per-request log line.
+
+The ratio starts at 4.0 and is learned from the first answers at once (their mean, then a slow moving
+average), and a change is passed on (`on_ratio`) so each prefill's index capacity, which is converted
+with it, is corrected now rather than at the next health check.
+
+The correction: when a prefill reports clearly fewer cached tokens than the predicted index matched,
+it evicted (or was flushed, or filled by traffic that bypassed the router). The prompt itself is cached
+there again now (SGLang inserts it after the prefill), so what is dropped is what its LRU dropped first:
+every entry of that worker used no later than the deepest block the prediction relied on
+(`PrefixIndex.forget_older`)."""
 
 from __future__ import annotations
 
@@ -10,8 +19,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.context import RequestContext
+from infer_ctl.router.kv_routing import KvRouting
 from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.usage import token_counts
@@ -31,14 +42,26 @@ class Feedback:
         self.log_requests = log_requests
         #: learned from responses (prompt chars / prompt tokens): converts index characters to tokens
         self.chars_per_token = 4.0
+        self._ratio_seen = (0, 0)  # characters and tokens of the first answers (their mean comes first)
+        self._ratio_passed = 4.0
+        #: called with the new ratio when it moved by 10 % or more (router: index capacities)
+        self.on_ratio: Callable[[float], None] | None = None
+        #: the predicted index (corrected by reported cached tokens) and the exact index's accounting
+        self.index: PrefixIndex | None = None
+        self.kv: KvRouting | None = None
 
     def answered(self, ctx: RequestContext, pre: WorkerState, obj: Any) -> None:
         """`obj`: the answer's JSON (the last event's for a stream; None when it did not parse)."""
         prompt_tokens, cached = token_counts(obj)
         if prompt_tokens and ctx.text:
-            self.chars_per_token = 0.95 * self.chars_per_token + 0.05 * (len(ctx.text) / prompt_tokens)
+            self._learn_ratio(len(ctx.text), prompt_tokens)
         cpt = self.chars_per_token or 4.0
-        predicted = int(ctx.predicted_chars / cpt)
+        predicted = ctx.predicted_tokens if ctx.predicted_tokens is not None else int(ctx.predicted_chars / cpt)
+        if cached is not None and not ctx.exact:
+            self._correct(ctx, pre, predicted, cached, cpt)
+        if self.kv is not None:
+            self.kv.account(pre.url, exact=predicted if ctx.exact else None, predicted=predicted,
+                            prompt_tokens=prompt_tokens, reported=cached)
         m = self.metrics
         m.predicted_tokens.inc(predicted)
         if prompt_tokens:
@@ -58,3 +81,27 @@ class Feedback:
             log.info("request done", extra={"rid": ctx.rid, "endpoint": ctx.endpoint, "prefill": ctx.prefill,
                                             "decode": ctx.decode, "reason": ctx.reason, "attempts": ctx.attempts,
                                             "predicted_tokens": predicted, "cached_tokens": cached})
+
+    def _learn_ratio(self, chars: int, tokens: int) -> None:
+        n_chars, n_tokens = self._ratio_seen
+        if n_tokens < 20_000:  # the first answers: their mean, not a slow average away from the guess
+            n_chars, n_tokens = n_chars + chars, n_tokens + tokens
+            self._ratio_seen = (n_chars, n_tokens)
+            self.chars_per_token = n_chars / n_tokens
+        else:
+            self.chars_per_token = 0.95 * self.chars_per_token + 0.05 * (chars / tokens)
+        if self.on_ratio is not None and abs(self.chars_per_token / self._ratio_passed - 1.0) >= 0.1:
+            self._ratio_passed = self.chars_per_token
+            self.on_ratio(self.chars_per_token)
+
+    def _correct(self, ctx: RequestContext, pre: WorkerState, predicted: int, cached: int, cpt: float) -> None:
+        index = self.index
+        if index is None or ctx.seen is None or predicted <= 0:
+            return
+        margin = max(2 * index.block_chars / cpt, 0.1 * predicted)
+        if cached + margin < predicted:
+            dropped = index.forget_older(pre.url, ctx.seen)
+            if dropped:
+                log.info("prefill reported fewer cached tokens than predicted: dropped what its LRU evicted",
+                         extra={"worker": pre.url, "predicted_tokens": predicted, "cached_tokens": cached,
+                                "entries": dropped})

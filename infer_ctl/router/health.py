@@ -88,6 +88,8 @@ class HealthChecker:
                             info_doc = loads(info)
                             instance, prio = _instance(info_doc)
                             self._bootstrap_port(w, info_doc)
+                            if w.role != "decode":  # KV events: discovery (router/kv_routing.py)
+                                self.router.kv.configure(w.url, info_doc)
                             if w.role != "prefill":
                                 self.router.spec.observe_server_info(w.url, info_doc)
                         s3, ld = await up.fetch(w.url, "GET", "/v1/loads")
@@ -134,6 +136,7 @@ class HealthChecker:
                 if w.instance is not None and instance != w.instance:
                     w.restarts += 1
                     self._forget(w, "restarted")
+                    router.kv.restarted(w.url)  # its exact index is learned again from seq 0
                     router.spec.reset(w.url)  # its acceptance was measured on the process that is gone
                 w.instance = instance
             w.radix_priority = prio
@@ -146,6 +149,7 @@ class HealthChecker:
                     router.index.set_capacity(w.url, blocks)
             if not w.healthy and w.health_successes >= router.cfg.health_successes:
                 w.healthy = True
+                router.kv.up(w.url)
                 w.breaker.reset()
                 log.warning("worker healthy again", extra={"worker": w.url})
         else:
@@ -154,6 +158,7 @@ class HealthChecker:
             if w.healthy and w.health_failures >= router.cfg.health_failures:
                 w.healthy = False
                 self._forget(w, "unhealthy")
+                router.kv.down(w.url)  # the exact index too: what it held is unknown now
                 # Requests still waiting on it would hang until their timeout (a hung or half-dead
                 # worker never answers): close their connections so they fail now and are retried.
                 router.upstreams.drop(w.url)

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.router.kv_routing import KvRouting
 from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.workers import WorkerRegistry
@@ -38,6 +39,8 @@ class RouterState(Protocol):
     def active(self) -> int: ...
     @property
     def spec(self) -> SpecStats: ...
+    @property
+    def kv(self) -> KvRouting: ...
     @property
     def pairs(self) -> PairTracker: ...
 
@@ -75,6 +78,22 @@ class RouterMetrics:
         self.spec_actions = Counter("inferctl_router_spec_actions_total",
                                     "Speculative-decoding controller actions (advise, relaunch, restore) by pool",
                                     ["pool", "action"], registry=r)
+        self.kv_events = Counter("inferctl_router_kv_events_total", "KV events applied (SGLang's BlockStored, "
+                                 "BlockRemoved, AllBlocksCleared), by worker", ["worker"], registry=r)
+        self.kv_batches = Counter("inferctl_router_kv_batches_total", "KV event batches applied, by worker",
+                                  ["worker"], registry=r)
+        self.kv_gaps = Counter("inferctl_router_kv_gaps_total", "Sequence gaps in a worker's KV event stream",
+                               ["worker"], registry=r)
+        self.kv_replays = Counter("inferctl_router_kv_replays_total",
+                                  "Replays asked of a worker's replay socket, by result (ok, failed)",
+                                  ["worker", "result"], registry=r)
+        self.kv_rejected = Counter("inferctl_router_kv_rejected_total",
+                                   "KV event batches refused (decode, malformed, unknown_event, oversized, orphan, "
+                                   "capacity, flood, ...)", ["worker", "kind"], registry=r)
+        self.kv_untrusted = Counter("inferctl_router_kv_untrusted_total",
+                                    "Times a worker's KV event stream became untrusted", ["worker"], registry=r)
+        self.kv_restarts = Counter("inferctl_router_kv_restarts_total",
+                                   "Publisher restarts seen on a worker's KV event stream", ["worker"], registry=r)
         r.register(_StateCollector(router))
         r.register(_SpecCollector(router))
         r.register(_PairCollector(router))
@@ -96,6 +115,23 @@ class RouterMetrics:
             child = self._decision_children[reason] = self.decisions.labels(reason)
         child.inc()
         self.decision.observe(seconds)
+
+    def kv_event(self, worker: str, what: str, n: int) -> None:
+        """A KV event stream's counter (router/kv_subscriber.py `on_event`)."""
+        if what == "events":
+            self.kv_events.labels(worker).inc(n)
+        elif what == "batches":
+            self.kv_batches.labels(worker).inc(n)
+        elif what == "gap":
+            self.kv_gaps.labels(worker).inc(n)
+        elif what in ("replay_ok", "replay_failed"):
+            self.kv_replays.labels(worker, what[7:]).inc(n)
+        elif what == "untrusted":
+            self.kv_untrusted.labels(worker).inc(n)
+        elif what == "restart":
+            self.kv_restarts.labels(worker).inc(n)
+        elif what.startswith("rejected:"):
+            self.kv_rejected.labels(worker, what[9:]).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -146,6 +182,21 @@ class _StateCollector(Collector):
                 act.add_metric([rec.name], rec.stats.actual_cached_tokens)
                 hit.add_metric([rec.name], rec.stats.hit_rate)
         yield from (state, warm, reqs, pred, act, hit)
+        kv_state = GaugeMetricFamily("inferctl_router_kv_index_state",
+                                     "1 for the index a prefill is routed on (exact, replaying, predicted)",
+                                     labels=["worker", "state"])
+        kv_blocks = GaugeMetricFamily("inferctl_router_kv_blocks", "Blocks the worker's KV events say it holds",
+                                      labels=["worker"])
+        untrusted = 0
+        for url, wkv in router.kv.workers.items():
+            st = wkv.state
+            kv_state.add_metric([url, "exact" if st == "exact" else st if st == "replaying" else "predicted"], 1)
+            kv_blocks.add_metric([url], sum(len(s.blocks) for s in wkv.streams))
+            untrusted += sum(s.state == "untrusted" for s in wkv.streams)
+        yield kv_state
+        yield kv_blocks
+        yield GaugeMetricFamily("inferctl_router_kv_untrusted_streams", "KV event streams not trusted now",
+                                value=untrusted)
 
 
 class _PairCollector(Collector):

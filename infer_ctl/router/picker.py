@@ -12,16 +12,21 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig, choose_decode, choose_prefill
 from infer_ctl.router.context import RequestContext
+from infer_ctl.router.kv_routing import KvRouting
 from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.workers import WorkerRegistry, WorkerState
 
 
 class PairPicker:
+    #: the exact index from the workers' KV events (router/kv_routing.py), set by the Router; None: off
+    kv: KvRouting | None = None
+
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
         self.workers = workers
@@ -55,6 +60,8 @@ class PairPicker:
             dec = self._choose(ctx, workers.role("decode"), excluded, now, False, pd) if pd else None
         if ctx.hashes:
             self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
+            if self.kv is not None and ctx.full_key is not None:  # anchor the prompt, off the request path
+                self.kv.routed(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, ctx.full_key)
         ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""
         self.metrics.observe_decision(ctx.reason, time.perf_counter() - t)
         return pre, dec
@@ -63,14 +70,21 @@ class PairPicker:
                 pd: bool) -> WorkerState:
         # Prefer workers that have not failed this request; fall back to them rather than to nothing.
         cands = [w for w in pool if w.url not in excluded] or pool
+        exact = self._exact(ctx, cands, now) if prefill else None
         for _ in range(len(cands) + 1):
             views = [w.view(now) for w in cands]
             self.seq += 1
             if prefill:
                 choice = choose_prefill(hashes=ctx.hashes, text_chars=len(ctx.text), workers=views, index=self.index,
                                         now=now, cfg=self.policy, rng=self.rng, seq=self.seq,
-                                        replicas=ctx.named.warm_replicas() if ctx.named else None)
+                                        replicas=ctx.named.warm_replicas() if ctx.named else None,
+                                        **(exact[0] if exact else {}))
                 ctx.predicted_chars, ctx.reason = choice.matched_chars, choice.reason
+                n = choice.matched_chars // self.index.block_chars
+                ctx.seen = self.index.last_use(ctx.hashes[n - 1], choice.url) if exact is None and n else None
+                if exact is not None:  # matched in prompt units: exact where the worker's stream is trusted
+                    ctx.predicted_tokens = choice.matched_chars
+                    ctx.exact = choice.url in exact[1]
             else:
                 choice = choose_decode(views, self.rng, policy="round_robin" if self.policy.policy == "round_robin" else "load",
                                        seq=self.seq)
@@ -81,3 +95,25 @@ class PairPicker:
             if not cands:
                 break
         raise NoWorkerAvailable(f"no available {'prefill ' if prefill and pd else '' if prefill else 'decode '}worker")
+
+    def _exact(self, ctx: RequestContext, cands: list[WorkerState], now: float) -> tuple[dict[str, Any], set[str]] | None:
+        """The policy's KV-events inputs: cached prompt units per candidate, exact from the events where
+        the worker's stream is trusted, else the predicted index's match converted to tokens; and the
+        workers whose number is exact."""
+        kv = self.kv
+        if kv is None or kv.view is None or not ctx.hashes or self.policy.policy != "cache_aware":
+            return None
+        urls = [w.url for w in cands]
+        kind = kv.kind(ctx.endpoint, ctx.body)
+        cached, ctx.full_key = kv.cached(ctx.hashes, ctx.text, urls, kind, ctx.body)
+        if not cached:
+            return None
+        cpt = kv.chars_per_token() or 4.0
+        rest = [u for u in urls if u not in cached]
+        out: dict[str, int] = dict(cached)
+        if rest:
+            for url, chars in self.index.match(ctx.hashes, rest, now).items():
+                out[url] = int(chars / cpt)
+        units = kv.prompt_units(ctx.full_key, urls, kind) or max(1, int(len(ctx.text) / cpt))
+        footprint = {u: kv.footprint_chars(u, cpt) if u in cached else self.index.footprint(u) for u in urls}
+        return {"cached": out, "prompt_units": units, "queue_cost": kv.queue_cost, "footprint": footprint}, set(cached)

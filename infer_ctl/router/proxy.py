@@ -33,6 +33,8 @@ from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
 from infer_ctl.router.jsonio import DecodeError, error_body, loads
+from infer_ctl.router.kv_routing import KvRouting
+from infer_ctl.router.kv_subscriber import StreamSettings
 from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.observe import RequestObserver, observing
 from infer_ctl.router.pair_health import PairTracker
@@ -75,6 +77,16 @@ class Router:
         #: tracing and tenants (observe.py); None with neither configured: the request path then only checks that
         self.observing = observing(cfg, clock=clock, registry=self.metrics.registry, workers=self.workers,
                                    chars_per_token=lambda: self.feedback.chars_per_token)
+        # the exact index from the prefills' KV events (router/kv_routing.py); the predicted index stays
+        # the fallback for every worker whose stream is not trusted
+        self.kv = KvRouting(enabled=cfg.kv_events and cfg.policy == "cache_aware", block_chars=cfg.block_chars,
+                            tokenizer_path=cfg.tokenizer_path, metrics=self.metrics,
+                            settings=StreamSettings(max_blocks=cfg.kv_max_blocks,
+                                                    replay_timeout_s=cfg.kv_replay_timeout_s,
+                                                    max_batches_per_s=cfg.kv_max_batches_per_s))
+        self.kv.chars_per_token = lambda: self.feedback.chars_per_token
+        self.picker.kv = self.kv
+        self.feedback.kv, self.feedback.index, self.feedback.on_ratio = self.kv, self.index, self._ratio_changed
         relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
         self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
                                       request_timeout_s=cfg.request_timeout_s)
@@ -109,6 +121,13 @@ class Router:
     @property
     def chars_per_token(self) -> float:
         return self.feedback.chars_per_token
+
+    def _ratio_changed(self, cpt: float) -> None:
+        """The chars-per-token estimate moved: each prefill's index capacity (its KV tokens in index
+        characters) follows now, not at the next health check."""
+        for w in self.workers.prefill_like():
+            if w.max_total_tokens:
+                self.index.set_capacity(w.url, int(w.max_total_tokens * cpt / self.index.block_chars))
 
     def new_rid(self) -> str:
         self._rid_seq += 1

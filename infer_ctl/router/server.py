@@ -129,6 +129,7 @@ class RouterServer:
             shutil.rmtree(self._admin_dir, ignore_errors=True)
             raise UsageError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}",
                              remedy="stop the process using that address or pick another --listen") from None
+        self.router.kv.start()
         await self.health.check_all()
         self.health.start()
         self.warmer.start()
@@ -147,6 +148,7 @@ class RouterServer:
                 log.warning("drain timed out; closing with requests in flight", extra={"active": router.active})
         await self.health.stop()
         await self.warmer.stop()
+        await router.kv.stop()
         router.cancel_background()
         await self.http.close_all()
         if self._admin_pool is not None:

@@ -103,10 +103,29 @@ class PrefixIndex:
         while self._total > self.max_blocks:
             self._evict_globally_oldest()
 
-    # Not called yet: the next step wires it into the cached-token feedback (router/feedback.py).
+    def last_use(self, block: int, worker: str) -> float | None:
+        """When `worker`'s entry `block` was last used (None: not held)."""
+        entries = self._by_worker.get(worker)
+        return entries.get(block) if entries else None
+
+    def forget_older(self, worker: str, seen: float) -> int:
+        """Feedback: `worker` evicted an entry last used at `seen`. An LRU cache evicts older entries
+        first, so every entry of the worker used no later than that is gone too. Returns entries dropped."""
+        entries = self._by_worker.get(worker)
+        dropped = 0
+        while entries:
+            h, t = next(iter(entries.items()))
+            if t > seen:
+                break
+            del entries[h]
+            dropped += 1
+        self._total -= dropped
+        return dropped
+
     def forget_beyond(self, hashes: Sequence[int], worker: str, keep_chars: int) -> int:
-        """Feedback: the worker reported fewer cached characters than predicted. Drop the deeper part of
-        this path for this worker. Returns blocks dropped."""
+        """The worker holds no more of this path than `keep_chars`: drop its deeper part for this
+        worker. Returns blocks dropped. (The cached-token feedback uses `forget_older` instead: after a
+        prefill the worker holds the whole prompt again, so the path itself is not what was lost.)"""
         entries = self._by_worker.get(worker)
         if not entries:
             return 0

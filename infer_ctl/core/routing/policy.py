@@ -13,7 +13,7 @@ Decode: least loaded, ties broken at random.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from infer_ctl.core.routing.index import PrefixIndex
@@ -94,9 +94,21 @@ def choose_prefill(
     rng: random.Random,
     seq: int = 0,
     replicas: Sequence[str] | None = None,
+    cached: Mapping[str, int] | None = None,
+    prompt_units: int = 0,
+    queue_cost: float | None = None,
+    footprint: Mapping[str, int] | None = None,
 ) -> Choice:
     """Pick the prefill (or collocated) worker. `replicas`: the warm replicas of a named prefix the
-    request starts with; traffic is spread over them instead of hot-spotting the best match."""
+    request starts with; traffic is spread over them instead of hot-spotting the best match.
+
+    `cached` (the KV-events path): cached prompt units per worker, exact where the worker's KV events
+    are trusted (core/routing/anchors.py), else the predicted index's estimate in the same units;
+    `prompt_units` the prompt's length in them. Then the holders above `cache_threshold` that are not
+    overloaded are scored as Dynamo's KV router scores workers, overlap minus load: the units left to
+    compute there plus `queue_cost` units per request already on the worker (what waiting behind one
+    request costs, in prefill work; default: this prompt's length), lowest first. `footprint`: cached
+    size per worker for the fallback's tie-break (default: the predicted index's)."""
     cands = _available(workers)
     if cfg.policy == "round_robin":
         return Choice(cands[seq % len(cands)].url, "round_robin")
@@ -106,26 +118,39 @@ def choose_prefill(
         return Choice(power_of_two(cands, rng).url, "power_of_two")
 
     min_load = min(w.load for w in cands)
-    matches = index.match(hashes, [w.url for w in cands], now)
+    if cached is not None:
+        matches = {w.url: cached.get(w.url, 0) for w in cands}
+        text_chars = prompt_units
+    else:
+        matches = index.match(hashes, [w.url for w in cands], now)
     if replicas:
         named = _named_prefix(cands, matches, replicas, min_load, cfg, rng, text_chars)
         if named is not None:
             return named
 
-    ranked = sorted(cands, key=lambda w: (-matches[w.url], w.load))
-    for w in ranked:
-        m = matches[w.url]
-        if m == 0 or m < cfg.cache_threshold * max(text_chars, 1):
-            break
-        if not overloaded(w, min_load, cfg):
-            return Choice(w.url, "cache_hit", m)
+    need = cfg.cache_threshold * max(text_chars, 1)
+    if cached is not None:
+        per_request = queue_cost if queue_cost is not None else max(text_chars, 1)
+        holders = [w for w in cands if matches[w.url] > 0 and matches[w.url] >= need
+                   and not overloaded(w, min_load, cfg)]
+        if holders:
+            best = min(holders, key=lambda w: (text_chars - matches[w.url] + per_request * w.load, rng.random()))
+            return Choice(best.url, "cache_hit", matches[best.url])
+    else:
+        ranked = sorted(cands, key=lambda w: (-matches[w.url], w.load))
+        for w in ranked:
+            m = matches[w.url]
+            if m == 0 or m < need:
+                break
+            if not overloaded(w, min_load, cfg):
+                return Choice(w.url, "cache_hit", m)
+    size = footprint if footprint is not None else {w.url: index.footprint(w.url) for w in cands}
     loads = [w.load for w in cands]
     if max(loads) - min_load > cfg.balance_abs and max(loads) > min_load * cfg.balance_rel:
         least = [w for w in cands if w.load == min_load]
-        pick = min(least, key=lambda w: (index.footprint(w.url), rng.random()))
+        pick = min(least, key=lambda w: (size.get(w.url, 0), rng.random()))
         return Choice(pick.url, "balance", matches[pick.url])
-    footprint = {w.url: index.footprint(w.url) for w in cands}
-    pick = power_of_two(cands, rng, footprint)
+    pick = power_of_two(cands, rng, dict(size))
     return Choice(pick.url, "fallback", matches[pick.url])
 
 

@@ -1,0 +1,191 @@
+"""The exact index: which KV blocks each worker holds, as its own KV events say. Pure.
+
+SGLang 0.5.23 (`--kv-events-config`) publishes every change of a worker's radix cache as events
+(sglang/srt/disaggregation/kv_events.py): `BlockStored` (the block hashes of new pages, the hash of the
+page they continue, their token ids, the page size, the storage medium), `BlockRemoved` (evicted pages)
+and `AllBlocksCleared` (a flush or a start). A block hash names a page *and everything before it* (the
+page hash chain, core/kvevents/hashing.py), so "worker w holds block h" means "w has this whole prefix
+cached": a prompt is matched by hashing its pages and asking for the deepest hash a worker holds.
+
+`WorkerBlocks.apply` takes one decoded batch's events (the msgpack maps as plain Python objects) and
+refuses what it cannot trust without changing anything: a malformed or unknown event, a list longer than
+`max_event_blocks`, a store under a parent the worker never stored (the stream lost something), more
+blocks than `max_blocks` (bounded memory whatever a publisher sends). The caller then stops trusting the
+stream (router/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU, CPU, ...)
+so host tiers can be scored later; matching reads device blocks only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+#: SGLang's StorageMedium.GPU; an event without a medium (SGLang omits a None field) is on the device
+DEVICE = "GPU"
+EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+
+
+class EventRejected(Exception):
+    """A batch the index cannot apply; `kind` labels the metric (malformed, unknown_event, oversized,
+    orphan, capacity)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class BatchEffect:
+    stored: int = 0
+    removed: int = 0
+    cleared: bool = False
+    #: the page size and bigram keying seen in the stores (None: no store in the batch)
+    block_size: int | None = None
+    bigram: bool | None = None
+    #: removals of blocks the index did not hold (SGLang never sends them; counted, not fatal)
+    unknown_removed: int = 0
+
+
+def _hashes(ev: dict[str, Any], limit: int) -> list[int]:
+    hashes = ev.get("block_hashes")
+    if not isinstance(hashes, list):
+        raise EventRejected("malformed", f"{ev.get('type')}: block_hashes is not a list")
+    if len(hashes) > limit:
+        raise EventRejected("oversized", f"{ev.get('type')}: {len(hashes)} block hashes (limit {limit})")
+    for h in hashes:
+        if not isinstance(h, int) or isinstance(h, bool):
+            raise EventRejected("malformed", f"{ev.get('type')}: a block hash is not an integer")
+    return hashes
+
+
+def _medium(ev: dict[str, Any]) -> str:
+    m = ev.get("medium")
+    if m is None:
+        return DEVICE
+    if not isinstance(m, str) or len(m) > 32:
+        raise EventRejected("malformed", "medium is not a short string")
+    return m
+
+
+class WorkerBlocks:
+    """The blocks one worker holds, per storage medium."""
+
+    def __init__(self, *, max_blocks: int = 4_000_000, max_event_blocks: int = 1 << 16) -> None:
+        self.max_blocks = max_blocks
+        self.max_event_blocks = max_event_blocks
+        #: device blocks: what a prompt is matched against (a set: membership at C speed)
+        self.device: set[int] = set()
+        #: blocks on other media (host memory, storage), kept for tiered scoring
+        self.other: dict[str, set[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.device) + sum(len(s) for s in self.other.values())
+
+    def holds(self, block: int) -> bool:
+        return block in self.device
+
+    def clear(self) -> None:
+        self.device = set()
+        self.other = {}
+
+    def _set(self, medium: str) -> set[int]:
+        if medium == DEVICE:
+            return self.device
+        s = self.other.get(medium)
+        if s is None:
+            s = self.other[medium] = set()
+        return s
+
+    def apply(self, events: Any) -> BatchEffect:
+        """Apply one batch's events, all or nothing. Raises EventRejected (nothing applied)."""
+        if not isinstance(events, list):
+            raise EventRejected("malformed", "events is not a list")
+        plan = self._validate(events)
+        eff = BatchEffect()
+        for kind, medium, hashes, ev in plan:
+            if kind == "AllBlocksCleared":
+                self.clear()
+                eff.cleared = True
+            elif kind == "BlockStored":
+                target = self._set(medium)
+                target.update(hashes)
+                eff.stored += len(hashes)
+                eff.block_size = ev.get("block_size")
+                tokens = ev.get("token_ids")
+                if tokens:
+                    eff.bigram = isinstance(tokens[0], list | tuple)
+            else:
+                target = self._set(medium)
+                for h in hashes:
+                    if h in target:
+                        target.discard(h)
+                        eff.removed += 1
+                    else:
+                        eff.unknown_removed += 1
+        return eff
+
+    def _validate(self, events: list[Any]) -> list[tuple[str, str, list[int], dict[str, Any]]]:
+        """Check the whole batch before any of it is applied: stores chain to held (or earlier) blocks
+        and the worker stays within max_blocks."""
+        plan: list[tuple[str, str, list[int], dict[str, Any]]] = []
+        stored_here: set[int] = set()
+        size = len(self)
+        cleared = False
+        for ev in events:
+            if not isinstance(ev, dict):
+                raise EventRejected("malformed", "an event is not a map")
+            kind = ev.get("type")
+            if kind not in EVENT_TYPES:
+                raise EventRejected("unknown_event", f"unknown event type {str(kind)[:40]!r}")
+            if kind == "AllBlocksCleared":
+                plan.append((kind, DEVICE, [], ev))
+                stored_here = set()
+                size = 0
+                cleared = True
+                continue
+            hashes = _hashes(ev, self.max_event_blocks)
+            medium = _medium(ev)
+            if kind == "BlockStored":
+                parent = ev.get("parent_block_hash")
+                if parent is not None and (not isinstance(parent, int) or isinstance(parent, bool)):
+                    raise EventRejected("malformed", "parent_block_hash is not an integer")
+                bs = ev.get("block_size")
+                if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
+                    raise EventRejected("malformed", "block_size is not a positive integer")
+                tokens = ev.get("token_ids")
+                if not isinstance(tokens, list) or len(tokens) > bs * len(hashes):
+                    raise EventRejected("malformed", "token_ids is not a list of at most block_size per block")
+                if parent is not None and parent not in stored_here and not (
+                    not cleared and self._held_anywhere(parent)
+                ):
+                    raise EventRejected("orphan", f"BlockStored under parent {parent} the worker never stored")
+                stored_here.update(hashes)
+                size += len(hashes)
+                if size > self.max_blocks:
+                    raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
+            plan.append((kind, medium, hashes, ev))
+        return plan
+
+    def _held_anywhere(self, block: int) -> bool:
+        return block in self.device or any(block in s for s in self.other.values())
+
+    def snapshot(self) -> dict[str, int]:
+        out = {DEVICE: len(self.device)}
+        out.update({m: len(s) for m, s in self.other.items()})
+        return out
+
+
+def deepest_held(blocks: WorkerBlocks, chain: Iterable[int | None]) -> int:
+    """How many leading entries of `chain` (block hashes of a prompt's pages, in order; None: nothing
+    to hold) the worker holds. A radix cache is prefix-closed, so this is a binary search."""
+    seq = list(chain)
+    lo, hi = 0, len(seq)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        h = seq[mid - 1]
+        if h is None or blocks.holds(h):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

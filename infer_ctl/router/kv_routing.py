@@ -1,0 +1,365 @@
+"""The exact index as the router uses it: discovery, the streams, the anchors, and per-request lookups.
+
+Discovery (health.py hands every prefill's `/server_info` to `configure`): `kv_events` (SGLang 0.5.23's
+`describe_kv_events_publisher`: endpoint host and port base, replay port base, topic, block size,
+dp_size; a wildcard host is replaced by the worker URL's host, DP rank r listens on base + r),
+`page_size`, and `speculative_algorithm` (an EAGLE worker keys its radix tree by bigrams, which its
+stores also show). The first prefill's `/server_info` also chooses how prompts are tokenized
+(router/kv_prompts.py).
+
+Request path (`cached`): per exact worker, the prompt units it holds (core/routing/anchors.py): a few
+dict lookups and a binary search per worker on the block chain the predicted index computed already.
+Workers whose stream is not exact get None and are scored on the predicted index. After the decision
+(`routed`), the prompt is queued for anchoring, which runs in a background task, newest first when it
+falls behind (a prompt the queue drops is anchored the next time it comes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from infer_ctl.core.routing.anchors import AnchorTable, full_key
+from infer_ctl.router.kv_prompts import ChatKeys, PromptView, chat_layout, view_for
+from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
+
+log = logging.getLogger("infer_ctl.router.kv")
+
+#: SGLang's EAGLE family: its radix cache keys pages by bigrams (RadixKey.maybe_to_bigram_view)
+_BIGRAM_ALGOS = ("EAGLE", "EAGLE3")
+_WILDCARDS = ("*", "0.0.0.0", "::", "[::]", "")
+
+
+@dataclass
+class WorkerKv:
+    url: str
+    streams: list[KvStream]
+    page_size: int
+    bigram: bool
+    #: descriptor that made the streams (a change re-subscribes)
+    descriptor: tuple[Any, ...]
+    #: per-request accounting for `router workers`: exact and predicted cached tokens of the
+    #: requests routed here, and what the worker reported
+    requests: int = 0
+    exact_tokens: int = 0
+    predicted_tokens: int = 0
+    reported_tokens: int = 0
+
+    @property
+    def state(self) -> str:
+        states = {s.state for s in self.streams}
+        for s in ("down", "untrusted", "replaying"):
+            if s in states:
+                return s
+        return "exact"
+
+    @property
+    def exact(self) -> bool:
+        return all(s.state == "exact" for s in self.streams)
+
+    def space(self) -> tuple[int, bool]:
+        return self.page_size, self.bigram
+
+
+def _host(url: str) -> str:
+    host = urlsplit(url).hostname or "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def endpoints(url: str, desc: dict[str, Any]) -> list[tuple[str, str | None]] | None:
+    """(PUB endpoint, replay endpoint) per DP rank of a worker's `/server_info.kv_events`."""
+    host = desc.get("endpoint_host")
+    port = desc.get("endpoint_port_base")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
+        return None
+    host = _host(url) if not isinstance(host, str) or host in _WILDCARDS else host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    dp = desc.get("dp_size") or 1
+    dp = dp if isinstance(dp, int) and 1 <= dp <= 256 else 1
+    replay = desc.get("replay_endpoint_port_base")
+    replay = replay if isinstance(replay, int) and not isinstance(replay, bool) and 0 < replay <= 65535 else None
+    return [(f"tcp://{host}:{port + r}", f"tcp://{host}:{replay + r}" if replay else None) for r in range(dp)]
+
+
+class KvRouting:
+    def __init__(self, *, enabled: bool = True, block_chars: int = 64, tokenizer_path: str | None = None,
+                 settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None) -> None:
+        self.enabled = enabled
+        self.block_chars = block_chars
+        self.tokenizer_path = tokenizer_path
+        self.settings = settings or StreamSettings()
+        self.max_anchors = max_anchors
+        self.metrics = metrics
+        self.workers: dict[str, WorkerKv] = {}
+        self.tables: dict[tuple[int, bool, str], AnchorTable] = {}
+        self.view: PromptView | None = None
+        self.view_reason = "no prefill reported its tokenizer yet"
+        self._queue: deque[tuple[str, dict[str, Any], str, list[int], int]] = deque(maxlen=512)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.dropped = 0
+        self.build_seconds = 0.0
+        #: the router's chars-per-token estimate (feedback.py): predicted matches in tokens
+        self.chars_per_token: Any = lambda: 4.0
+        #: what one request already on a prefill costs a new one, in prompt units: the mean uncached
+        #: prompt tokens of recent answers (None until the first answer: the policy uses the prompt)
+        self.queue_cost: float | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.ensure_future(self._builder())
+
+    async def stop(self) -> None:
+        tasks = [self._task] if self._task else []
+        for w in self.workers.values():
+            for s in w.streams:
+                await s.stop()
+        for t in tasks:
+            t.cancel()
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    @property
+    def active(self) -> bool:
+        return any(w.exact for w in self.workers.values()) and self.view is not None
+
+    # ---- discovery (health checks) ------------------------------------------------------------------
+    def configure(self, url: str, info: Any) -> None:
+        """A prefill's /server_info: (re)subscribe when it advertises KV events."""
+        if not self.enabled or not isinstance(info, dict):
+            return
+        if self.view is None:
+            self.view, self.view_reason = view_for(info, self.tokenizer_path)
+            log.warning("KV events: prompts tokenized with " + self.view_reason if self.view else
+                        "KV events: no tokenizer, every worker routed on the predicted index: " + self.view_reason,
+                        extra={"worker": url})
+        desc = info.get("kv_events")
+        if not isinstance(desc, dict):
+            self.forget(url)
+            return
+        eps = endpoints(url, desc)
+        if not eps:
+            self.forget(url)
+            return
+        page = desc.get("block_size") or info.get("page_size") or 1
+        page = page if isinstance(page, int) and page >= 1 else 1
+        bigram = info.get("speculative_algorithm") in _BIGRAM_ALGOS
+        topic = desc.get("topic")
+        topic = topic if isinstance(topic, str) else ""
+        key = (tuple(eps), topic, page, bigram)
+        cur = self.workers.get(url)
+        if cur is not None and cur.descriptor == key:
+            return
+        self.forget(url)
+        streams = [KvStream(url, pub, rep, topic, settings=self.settings, on_event=self._on_event, rank=r)
+                   for r, (pub, rep) in enumerate(eps)]
+        self.workers[url] = WorkerKv(url, streams, page, bigram, key)
+        for s in streams:
+            s.start()
+        log.warning("KV events: subscribed", extra={"worker": url, "endpoints": [e[0] for e in eps],
+                                                    "page_size": page, "bigram": bigram})
+
+    def forget(self, url: str) -> None:
+        w = self.workers.pop(url, None)
+        if w is not None:
+            for s in w.streams:
+                s.cancel()
+
+    def restarted(self, url: str) -> None:
+        w = self.workers.get(url)
+        if w is not None:
+            for s in w.streams:
+                s.restarted()
+
+    def down(self, url: str) -> None:
+        w = self.workers.get(url)
+        if w is not None:
+            for s in w.streams:
+                s.down()
+
+    def up(self, url: str) -> None:
+        w = self.workers.get(url)
+        if w is not None:
+            for s in w.streams:
+                s.up()
+
+    def _on_event(self, stream: KvStream, what: str, n: int) -> None:
+        w = self.workers.get(stream.worker)
+        # the stores are the truth about the keying: /server_info only guessed it
+        if (w is not None and what == "batches" and stream.block_size and stream.bigram is not None
+                and (stream.block_size, stream.bigram) != w.space()):
+            log.warning("KV events: the worker's stores disagree with /server_info about its pages",
+                        extra={"worker": w.url, "page_size": stream.block_size, "bigram": stream.bigram})
+            w.page_size, w.bigram = stream.block_size, stream.bigram
+        if self.metrics is not None:
+            self.metrics.kv_event(stream.worker, what, n)
+
+    # ---- the request path ---------------------------------------------------------------------------
+    def table(self, space: tuple[int, bool], kind: str) -> AnchorTable:
+        t = self.tables.get((*space, kind))
+        if t is None:
+            t = self.tables[(*space, kind)] = AnchorTable(space[0], bigram=space[1], block_chars=self.block_chars,
+                                                          max_anchors=self.max_anchors)
+        return t
+
+    @staticmethod
+    def kind(endpoint: str, body: dict[str, Any]) -> str:
+        """Which anchors a prompt uses: a chat's routing text can start like a plain prompt's while the
+        worker sees its template around it, so each kind has its own (chat, ids, text)."""
+        if endpoint.endswith("/chat/completions"):
+            return "chat"
+        if not endpoint.endswith("/completions") and body.get("text") is None and body.get("input_ids") is not None:
+            return "ids"
+        return "text"
+
+    def keys(self, kind: str, body: dict[str, Any], hashes: Sequence[int]) -> Sequence[int]:
+        """The anchor keys of a prompt's blocks: the block chain, keyed with the roles for a chat."""
+        if kind != "chat":
+            return hashes
+        msgs = body.get("messages")
+        starts, _, _, roles = chat_layout(msgs if isinstance(msgs, list) else [])
+        return ChatKeys(hashes, starts, roles, self.block_chars)
+
+    def cached(self, hashes: Sequence[int], text: str, urls: Sequence[str], kind: str = "text",
+               body: dict[str, Any] | None = None) -> tuple[dict[str, int], int]:
+        """Exact cached prompt units per worker in `urls` whose stream is exact, and the full-prompt key."""
+        fk = full_key(hashes, text, self.block_chars)
+        hashes = self.keys(kind, body or {}, hashes)
+        out: dict[str, int] = {}
+        if self.view is None:
+            return out, fk
+        depths: dict[tuple[int, bool], int] = {}
+        for url in urls:
+            w = self.workers.get(url)
+            if w is None or not w.exact:
+                continue
+            space = (w.page_size, w.bigram)
+            t = self.tables.get((*space, kind))
+            if t is None:
+                out[url] = 0
+                continue
+            d = depths.get(space)
+            if d is None:
+                d = depths[space] = t.depth(hashes)
+            best = 0
+            for s in w.streams:
+                best = max(best, t.cached_units(hashes, fk, d, s.blocks))
+            out[url] = best
+        return out, fk
+
+    def prompt_units(self, fk: int, urls: Sequence[str], kind: str = "text") -> int | None:
+        for url in urls:
+            w = self.workers.get(url)
+            if w is not None:
+                t = self.tables.get((*w.space(), kind))
+                if t is not None:
+                    n = t.prompt_tokens(fk)
+                    if n is not None:
+                        return n
+        return None
+
+    def routed(self, endpoint: str, body: dict[str, Any], text: str, hashes: list[int], fk: int) -> None:
+        """After a routing decision: anchor this prompt off the request path (once per new text)."""
+        if self.view is None or not text or not self.workers:
+            return
+        spaces = {w.space() for w in self.workers.values()}
+        kind = self.kind(endpoint, body)
+        keys = self.keys(kind, body, hashes)
+        if all(self.table(s, kind).known(fk) and self.table(s, kind).depth(keys) == len(keys) for s in spaces):
+            return
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+        self._queue.append((endpoint, body, text, hashes, fk))
+        if self._wake is not None:
+            self._wake.set()
+
+    def footprint_chars(self, url: str, cpt: float) -> int:
+        """Cached size of a worker in routing-text characters (the fallback compares workers by it)."""
+        w = self.workers.get(url)
+        if w is None:
+            return 0
+        return int(max((len(s.blocks.device) for s in w.streams), default=0) * w.page_size * cpt)
+
+    def account(self, url: str, *, exact: int | None, predicted: int, prompt_tokens: int | None,
+                reported: int | None) -> None:
+        """One answer from a prefill: the accounting `router workers` shows, and the queue cost."""
+        if prompt_tokens and reported is not None:
+            uncached = max(0, prompt_tokens - reported)
+            self.queue_cost = uncached if self.queue_cost is None else 0.9 * self.queue_cost + 0.1 * uncached
+        w = self.workers.get(url)
+        if w is None:
+            return
+        w.requests += 1
+        w.exact_tokens += exact or 0
+        w.predicted_tokens += predicted
+        w.reported_tokens += reported or 0
+
+    async def _builder(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                item = self._queue.pop()  # newest first: the next requests most likely share it
+                try:
+                    self.build(*item)
+                except Exception:  # a prompt that cannot be anchored only costs its exactness
+                    log.exception("KV events: anchoring a prompt failed")
+                await asyncio.sleep(0)
+
+    def build(self, endpoint: str, body: dict[str, Any], text: str, hashes: list[int], fk: int) -> None:
+        view = self.view
+        if view is None:
+            return
+        t0 = time.perf_counter()
+        got = view.view(endpoint, body, text, len(hashes), self.block_chars)
+        if got is None:
+            return
+        worker_text, ends, tok = got
+        kind = self.kind(endpoint, body)
+        keys = self.keys(kind, body, hashes)
+        keys = keys.materialize() if isinstance(keys, ChatKeys) else keys
+        for space in {w.space() for w in self.workers.values()}:
+            self.table(space, kind).build(keys, fk, worker_text, tok, ends)
+        self.build_seconds += time.perf_counter() - t0
+
+    def drain_builds(self) -> None:
+        """Anchor everything queued now (tests, and the moment before a benchmark measures)."""
+        while self._queue:
+            self.build(*self._queue.pop())
+
+    # ---- views ----------------------------------------------------------------------------------------
+    def worker_doc(self, url: str) -> dict[str, Any]:
+        w = self.workers.get(url)
+        if w is None:
+            return {"index": "predicted", "index_reason": "no KV events" if self.enabled else "KV events off"}
+        if self.view is None:
+            return {"index": "predicted", "index_reason": self.view_reason}
+        state = w.state
+        return {
+            "index": "exact" if state == "exact" else state if state == "replaying" else "predicted",
+            "index_reason": next((s.reason for s in w.streams if s.state != "exact"), "in sync"),
+            "kv_blocks": sum(len(s.blocks) for s in w.streams),
+            "page_size": w.page_size, "bigram": w.bigram,
+            "cached_tokens": {"requests": w.requests, "exact": w.exact_tokens, "predicted": w.predicted_tokens,
+                              "reported": w.reported_tokens},
+            "kv_streams": [s.as_dict() for s in w.streams],
+        }
+
+    def status_doc(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "tokenizer": self.view.name if self.view else None,
+                "tokenizer_reason": self.view_reason,
+                "workers": {u: w.state for u, w in self.workers.items()},
+                "anchors": {f"{kind}/page {ps}{' bigram' if bg else ''}": len(t)
+                            for (ps, bg, kind), t in self.tables.items()},
+                "anchor_builds_dropped": self.dropped, "anchor_build_seconds": round(self.build_seconds, 3)}

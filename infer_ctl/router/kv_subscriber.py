@@ -1,0 +1,413 @@
+"""One worker's KV-event stream: a ZMQ SUB socket, the replay DEALER, and the stream's health.
+
+Wire (SGLang 0.5.23 `ZmqEventPublisher`, sglang/srt/disaggregation/kv_events.py; docs/simulator.md
+"KV events"): PUB messages `[topic, seq (8 bytes big-endian), msgpack [ts, events, attn_dp_rank]]`, seq
+from 0 per publisher; the ROUTER replay socket answers `["", start_seq]` with every buffered batch from
+start_seq as `["", topic, seq, payload]`, then `["", "", -1, ""]`.
+
+Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`):
+
+- start (and every worker restart): subscribe, then replay from seq 0, so what was published before the
+  subscription landed (ZMQ's slow joiner) is not lost. A buffer that no longer starts at 0 cannot say
+  what the worker holds: untrusted until the worker clears its cache.
+- a gap (seq jumps): replay the missing range; if the publisher cannot (no replay endpoint, the range
+  left its buffer, no answer within `kv_replay_timeout_s`), untrusted.
+- seq going backwards (or back to 0): the publisher restarted: the blocks are dropped and the stream is
+  replayed from 0.
+- a batch that does not decode, has an unknown event, an oversized list, a store under a block the
+  worker never stored, or would exceed `kv_max_blocks` (core/routing/blocks.py rejects it whole), and a
+  publisher sending more than `kv_max_batches_per_s`: counted, logged (at most once a minute per stream
+  and kind), untrusted. A flooding stream's socket is closed for `kv_flood_pause_s`.
+- untrusted is repaired by an `AllBlocksCleared` (the blocks after it are the whole truth) or a worker
+  restart; a worker that goes unhealthy is `down` (blocks dropped at once) until it is back.
+
+An untrusted or down stream routes that worker on the predicted index (router/kv_routing.py); the rest
+of the fleet stays exact. The task yields to the event loop every few messages, so a flood never stalls
+the request path, and ZMQ's receive high-water mark and maximum message size bound what it buffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
+
+log = logging.getLogger("infer_ctl.router.kv")
+
+END_SEQ = -1
+_YIELD_EVERY = 32
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    max_blocks: int = 4_000_000
+    max_event_blocks: int = 1 << 16
+    max_message_bytes: int = 16 << 20
+    rcv_hwm: int = 100_000
+    replay_timeout_s: float = 2.0
+    max_batches_per_s: int = 5000
+    flood_pause_s: float = 30.0
+
+
+@dataclass
+class StreamStats:
+    batches: int = 0
+    events: int = 0
+    stored: int = 0
+    removed: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replay_failures: int = 0
+    restarts: int = 0
+    untrusted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+
+class KvStream:
+    """The stream of one publisher (one DP rank of one worker)."""
+
+    def __init__(self, worker: str, endpoint: str, replay_endpoint: str | None, topic: str, *,
+                 settings: StreamSettings, on_event: Callable[[KvStream, str, int], None] | None = None,
+                 rank: int = 0) -> None:
+        self.worker = worker
+        self.rank = rank
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.settings = settings
+        #: metrics hook: (stream, what, count); what in batches, events, gap, replay_ok, replay_failed,
+        #: restart, untrusted, rejected:<kind>
+        self.on_event = on_event
+        self.blocks = WorkerBlocks(max_blocks=settings.max_blocks, max_event_blocks=settings.max_event_blocks)
+        self.stats = StreamStats()
+        self.state = "replaying"
+        self.reason = "starting"
+        self.last_seq: int | None = None
+        #: what the stores said: page size and bigram keys
+        self.block_size: int | None = None
+        self.bigram: bool | None = None
+        self._resync = True  # replay from 0 before trusting anything
+        self._dup_from = -1  # live seqs in (dup_from, dup_upto] were already applied from a replay
+        self._dup_upto = -1
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._flood_window = (0.0, 0)
+        self._logged: dict[str, float] = {}
+
+    # ---- control (the health checker, the admin API) ------------------------------------------------
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    def cancel(self) -> None:
+        """Stop the task (its sockets close as it ends)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    @property
+    def exact(self) -> bool:
+        return self.state == "exact"
+
+    def restarted(self, why: str = "worker restarted") -> None:
+        """The worker process is new: its cache is empty and its seq starts at 0 again."""
+        self.stats.restarts += 1
+        self._emit("restart")
+        self.blocks.clear()
+        self.state, self.reason = "replaying", why
+        self.last_seq = None
+        self._resync = True
+        if self._wake is not None:
+            self._wake.set()
+
+    def down(self, why: str = "worker unhealthy") -> None:
+        """The worker is unreachable: what it held is unknown from now on."""
+        self.blocks.clear()
+        self.state, self.reason = "down", why
+        self.last_seq = None
+
+    def up(self) -> None:
+        """The worker answers again (same process): learn its cache again from the buffer."""
+        if self.state == "down":
+            self.restarted("worker healthy again")
+
+    # ---- the task ---------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        import zmq
+        import zmq.asyncio
+
+        ctx = zmq.asyncio.Context.instance()
+        while True:
+            sub = ctx.socket(zmq.SUB)
+            try:
+                sub.setsockopt(zmq.LINGER, 0)
+                sub.setsockopt(zmq.RCVHWM, self.settings.rcv_hwm)
+                sub.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
+                if "[" in self.endpoint:
+                    sub.setsockopt(zmq.IPV6, 1)
+                sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+                sub.connect(self.endpoint)
+                await self._session(sub)
+            except asyncio.CancelledError:
+                raise
+            except _Flood:
+                self._reject("flood", f"more than {self.settings.max_batches_per_s} batches/s")
+                sub.close(linger=0)
+                await asyncio.sleep(self.settings.flood_pause_s)
+                self.restarted("flood pause over")
+                continue
+            except Exception as exc:  # never lose the task: the stream is untrusted, and tried again
+                self._untrusted("internal", f"subscriber failed: {exc}")
+                log.exception("KV events: subscriber failed", extra={"worker": self.worker})
+                await asyncio.sleep(1.0)
+            finally:
+                sub.close(linger=0)
+
+    async def _session(self, sub: Any) -> None:
+        n = 0
+        while True:
+            if self._resync and self.state != "down":
+                self._resync = False
+                await self._replay(sub, 0)
+            try:
+                frames = await asyncio.wait_for(sub.recv_multipart(), 0.5)
+            except TimeoutError:
+                continue
+            self._flood_check()
+            await self._live(sub, frames)
+            n += 1
+            if n % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a busy stream never holds the loop
+
+    def _flood_check(self) -> None:
+        now = time.monotonic()
+        start, count = self._flood_window
+        if now - start >= 1.0:
+            self._flood_window = (now, 1)
+            return
+        count += 1
+        self._flood_window = (start, count)
+        if count > self.settings.max_batches_per_s:
+            self._flood_window = (now, 0)
+            raise _Flood
+
+    async def _live(self, sub: Any, frames: list[bytes]) -> None:
+        if self.state == "down":
+            return
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self._reject("malformed", f"a message of {len(frames)} frames")
+            return
+        seq = int.from_bytes(frames[1], "big")
+        payload = frames[2]
+        if self.state == "untrusted":
+            self._repair(seq, payload)
+            return
+        last = self.last_seq
+        if last is None:
+            if seq == 0:  # a publisher that started after we subscribed
+                self._apply(seq, payload)
+            else:
+                self._untrusted("no_history", f"joined at seq {seq} and the worker has no replay endpoint")
+            return
+        if seq == last + 1:
+            self._apply(seq, payload)
+        elif seq <= last:
+            if self._dup_from < seq <= self._dup_upto:
+                return  # already applied from the replay
+            self.stats.restarts += 1
+            self._emit("restart")
+            log.warning("KV events: seq went back: the publisher restarted",
+                        extra={"worker": self.worker, "seq": seq, "last": last})
+            self.blocks.clear()
+            self.last_seq = None
+            if seq == 0:
+                self.last_seq = -1
+                self._apply(seq, payload)
+            else:
+                await self._replay(sub, 0)
+                if self.exact and self.last_seq is not None and seq == self.last_seq + 1:
+                    self._apply(seq, payload)
+        else:
+            self.stats.gaps += 1
+            self._emit("gap")
+            log.warning("KV events: sequence gap, replaying it",
+                        extra={"worker": self.worker, "expected": last + 1, "got": seq})
+            await self._replay(sub, last + 1)
+            if not self.exact or self.last_seq is None:
+                return
+            if seq == self.last_seq + 1:
+                self._apply(seq, payload)
+            elif seq > self.last_seq + 1:
+                self._untrusted("gap", f"replay did not fill seq {self.last_seq + 1}..{seq - 1}")
+
+    async def _replay(self, sub: Any, start: int) -> None:
+        """Ask the replay socket for every batch from `start` and apply them in order."""
+        import zmq
+        import zmq.asyncio
+
+        self.stats.replays += 1
+        if self.replay_endpoint is None:
+            if start == 0 and self.last_seq is None:
+                self.state, self.reason = "exact", "no replay endpoint: from the next batch on"
+                return  # the first live batch must then be seq 0 (`_live`)
+            self._replay_failed(start, "the worker has no replay endpoint")
+            return
+        self.state, self.reason = "replaying", f"replaying from seq {start}"
+        ctx = zmq.asyncio.Context.instance()
+        dealer = ctx.socket(zmq.DEALER)
+        from_seq = self.last_seq if self.last_seq is not None else -1
+        try:
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
+            if "[" in self.replay_endpoint:
+                dealer.setsockopt(zmq.IPV6, 1)
+            dealer.connect(self.replay_endpoint)
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + self.settings.replay_timeout_s
+            n = 0
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                frames = await asyncio.wait_for(dealer.recv_multipart(), left)
+                if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
+                    self._reject("malformed", f"a replay message of {len(frames)} frames")
+                    return
+                seq = int.from_bytes(frames[2], "big", signed=True)
+                if seq == END_SEQ:
+                    break
+                last = self.last_seq
+                if seq < start or (last is not None and seq <= last):
+                    continue
+                want = start if last is None else last + 1
+                if seq != want:
+                    self._replay_failed(start, f"the worker's buffer starts at seq {seq}, after {want}")
+                    return
+                if last is None:
+                    self.last_seq = seq - 1
+                self._apply(seq, frames[3])
+                if self.state == "untrusted":
+                    return
+                n += 1
+                if n % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        except TimeoutError:
+            self._replay_failed(start, f"no replay answer within {self.settings.replay_timeout_s:g}s")
+            return
+        finally:
+            dealer.close(linger=0)
+        if self.last_seq is None:
+            self.last_seq = start - 1  # nothing published yet: the next batch is `start`
+        self._dup_from, self._dup_upto = from_seq, self.last_seq
+        self._emit("replay_ok")
+        self.state, self.reason = "exact", "in sync"
+
+    def _replay_failed(self, start: int, why: str) -> None:
+        self.stats.replay_failures += 1
+        self._emit("replay_failed")
+        self._untrusted("replay", f"cannot replay from seq {start}: {why}")
+
+    # ---- applying batches ---------------------------------------------------------------------------
+    def _decode(self, payload: bytes) -> list[Any] | None:
+        import msgspec
+
+        try:
+            batch = msgspec.msgpack.decode(payload)
+        except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
+            self._reject("decode", f"undecodable batch: {exc}")
+            return None
+        if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
+            self._reject("malformed", "a batch is not [ts, events, rank]")
+            return None
+        events: list[Any] = batch[1]
+        return events
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        events = self._decode(payload)
+        if events is None:
+            return
+        try:
+            eff = self.blocks.apply(events)
+        except EventRejected as exc:
+            self._reject(exc.kind, str(exc))
+            return
+        self.last_seq = seq
+        self._count(len(events), eff)
+
+    def _repair(self, seq: int, payload: bytes) -> None:
+        """Untrusted: only a cleared cache tells the whole truth again."""
+        events = self._decode(payload) if self.state == "untrusted" else None
+        if not events:
+            return
+        clears = [i for i, ev in enumerate(events) if isinstance(ev, dict) and ev.get("type") == "AllBlocksCleared"]
+        if not clears:
+            return
+        fresh = WorkerBlocks(max_blocks=self.settings.max_blocks, max_event_blocks=self.settings.max_event_blocks)
+        try:
+            eff = fresh.apply(events[clears[-1]:])
+        except EventRejected as exc:
+            self._reject(exc.kind, str(exc))
+            return
+        self.blocks = fresh
+        self.last_seq = seq
+        self._dup_from = self._dup_upto = -1
+        self.state, self.reason = "exact", "repaired by AllBlocksCleared"
+        log.warning("KV events: stream repaired by AllBlocksCleared", extra={"worker": self.worker, "seq": seq})
+        self._count(len(events), eff)
+
+    def _count(self, n_events: int, eff: Any) -> None:
+        st = self.stats
+        st.batches += 1
+        st.events += n_events
+        st.stored += eff.stored
+        st.removed += eff.removed
+        if eff.block_size is not None:
+            self.block_size = eff.block_size
+        if eff.bigram is not None:
+            self.bigram = eff.bigram
+        self._emit("batches", 1)
+        self._emit("events", n_events)
+
+    def _reject(self, kind: str, message: str) -> None:
+        self.stats.rejected[kind] = self.stats.rejected.get(kind, 0) + 1
+        self._emit(f"rejected:{kind}")
+        self._untrusted(kind, message)
+
+    def _untrusted(self, kind: str, message: str) -> None:
+        if self.state != "untrusted":
+            self.stats.untrusted += 1
+            self._emit("untrusted")
+        self.state, self.reason = "untrusted", message
+        now = time.monotonic()
+        if now - self._logged.get(kind, -1e9) >= 60.0:
+            self._logged[kind] = now
+            log.warning("KV events: stream untrusted, worker routed on the predicted index",
+                        extra={"worker": self.worker, "kind": kind, "error": message[:300]})
+
+    def _emit(self, what: str, n: int = 1) -> None:
+        if self.on_event is not None:
+            self.on_event(self, what, n)
+
+    def as_dict(self) -> dict[str, Any]:
+        st = self.stats
+        return {"rank": self.rank, "endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint,
+                "state": self.state, "reason": self.reason, "seq": self.last_seq, "blocks": len(self.blocks),
+                "block_size": self.block_size, "bigram": self.bigram, "batches": st.batches, "events": st.events,
+                "gaps": st.gaps, "replays": st.replays, "replay_failures": st.replay_failures,
+                "restarts": st.restarts, "rejected": dict(st.rejected)}
+
+
+class _Flood(Exception):
+    pass

@@ -1,0 +1,260 @@
+"""The router's KV-events stream (router/kv_subscriber.py) against a publisher the test controls, over
+real ZMQ sockets: catch-up by replay, a gap replayed, a gap the buffer cannot fill, a publisher restart,
+and hostile publishers (bad msgpack, huge lists, unknown events, orphans, a flood), which are counted and
+make the stream untrusted without stopping the event loop; AllBlocksCleared repairs it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
+from tests.router.kv_publisher import CLEARED, TestPublisher, removed, stored
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(0.01)
+    return cond()
+
+
+def stream_for(pub: TestPublisher, **settings: Any) -> tuple[KvStream, Counter[str]]:
+    seen: Counter[str] = Counter()
+
+    def on_event(_s: KvStream, what: str, n: int) -> None:
+        seen[what] += n
+
+    s = KvStream("http://w", pub.endpoint, pub.replay_endpoint, "", settings=StreamSettings(**settings),
+                 on_event=on_event)
+    return s, seen
+
+
+async def connected(s: KvStream, pub: TestPublisher) -> None:
+    """The stream is exact and its SUB socket receives (ZMQ's slow joiner: probe until one lands)."""
+    assert await until(lambda: s.exact)
+    for _ in range(200):
+        before = s.stats.batches
+        pub.batch([stored([10_000 + pub.seq], None, [1])])
+        if await until(lambda b=before: s.stats.batches > b, 0.05):  # type: ignore[misc]
+            return
+    raise AssertionError("the subscription never landed")
+
+
+def test_catch_up_by_replay_then_live_events() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])  # seq 0, before anyone subscribed
+        pub.batch([stored([1, 2], None, [5, 6])])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            assert await until(lambda: s.exact and s.blocks.holds(2))
+            assert pub.replay_requests[0] == 0
+            await connected(s, pub)
+            pub.batch([stored([3], 2, [7]), removed([1])])
+            assert await until(lambda: s.blocks.holds(3) and not s.blocks.holds(1))
+            assert s.exact and seen["untrusted"] == 0
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_an_injected_gap_is_replayed() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            pub.batch([stored([100], None, [1])], send=False)  # lost on the live stream
+            pub.batch([stored([101], 100, [2])], send=False)
+            pub.batch([stored([102], 101, [3])])  # this one arrives: seq jumps by 3
+            assert await until(lambda: s.blocks.holds(102) and s.blocks.holds(100) and s.blocks.holds(101))
+            assert s.exact and s.stats.gaps == 1 and seen["gap"] == 1 and seen["replay_ok"] >= 2
+            assert s.last_seq is not None and pub.replay_requests[-1] == s.last_seq - 2
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_a_gap_the_buffer_cannot_fill_is_untrusted_until_all_blocks_cleared() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            lost = pub.batch([stored([200], None, [1])], send=False)
+            del pub.buffer[lost]  # gone from the replay buffer too
+            pub.batch([stored([201], None, [2])])
+            assert await until(lambda: s.state == "untrusted")
+            assert seen["replay_failed"] == 1 and "cannot replay" in s.reason
+            pub.batch([stored([202], None, [3])])  # still untrusted: stores alone cannot be trusted
+            await asyncio.sleep(0.1)
+            assert s.state == "untrusted" and not s.blocks.holds(202)
+            pub.batch([CLEARED, stored([300], None, [4])])  # the whole truth again
+            assert await until(lambda: s.exact)
+            assert s.blocks.holds(300) and not s.blocks.holds(201) and len(s.blocks) == 1
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_publisher_restart_seq_back_to_zero_drops_the_blocks() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            pub.batch([stored([400], None, [1])])
+            assert await until(lambda: s.blocks.holds(400))
+            pub.buffer.clear()
+            pub.seq = 0
+            pub.batch([CLEARED])  # a new process: seq 0
+            pub.batch([stored([401], None, [2])])
+            assert await until(lambda: s.blocks.holds(401) and not s.blocks.holds(400))
+            assert s.exact and seen["restart"] == 1
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_a_buffer_that_lost_the_start_is_untrusted() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        for i in range(5):
+            pub.batch([stored([500 + i], None, [i])])
+        del pub.buffer[0]  # the worker's buffer rolled over: what it stored first is unknown
+        s, _ = stream_for(pub)
+        s.start()
+        try:
+            assert await until(lambda: s.state == "untrusted")
+            assert "buffer starts at seq 1" in s.reason
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+HOSTILE: list[tuple[str, Callable[[TestPublisher], object]]] = [
+    ("decode", lambda p: p.raw([b"", p.seq.to_bytes(8, "big"), b"\xc1\xff\x00garbage"])),
+    ("malformed", lambda p: p.raw([b"", p.seq.to_bytes(8, "big")])),  # two frames
+    ("malformed", lambda p: p.raw([b"", p.seq.to_bytes(8, "big"), msgspec.msgpack.encode({"not": "a batch"})])),
+    ("unknown_event", lambda p: p.batch([{"type": "BlockTeleported", "block_hashes": [1]}])),
+    ("oversized", lambda p: p.batch([stored(list(range(1 << 17)), None, [])])),
+    ("malformed", lambda p: p.batch([stored(["x"], None, [1])])),  # type: ignore[list-item]
+    ("orphan", lambda p: p.batch([stored([9], 123456789, [1])])),
+]
+
+
+@pytest.mark.parametrize(("kind", "send"), HOSTILE, ids=[f"{k}-{i}" for i, (k, _) in enumerate(HOSTILE)])
+def test_hostile_batches_are_counted_and_untrust_the_stream(kind: str, send: Callable[[TestPublisher], object]) -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub)
+        s.start()
+        ticks = 0
+
+        async def ticker() -> None:  # the event loop keeps running while the stream chews on garbage
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        t = asyncio.ensure_future(ticker())
+        try:
+            await connected(s, pub)
+            held = len(s.blocks)
+            send(pub)
+            assert await until(lambda: s.state == "untrusted")
+            assert s.stats.rejected.get(kind) == 1 and seen[f"rejected:{kind}"] == 1 and seen["untrusted"] == 1
+            assert len(s.blocks) == held  # nothing of a refused batch is applied
+            before = ticks
+            await asyncio.sleep(0.1)
+            assert ticks > before + 5
+            pub.seq = max(pub.seq, s.last_seq or 0) + 1
+            pub.batch([CLEARED])
+            assert await until(lambda: s.exact)  # repaired
+        finally:
+            t.cancel()
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_a_flooding_publisher_is_cut_off_without_stalling_the_loop() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub, max_batches_per_s=200, flood_pause_s=0.3, max_blocks=10_000)
+        s.start()
+        lags: list[float] = []
+
+        async def probe() -> None:
+            while True:
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.005)
+                lags.append(time.perf_counter() - t0)
+
+        t = asyncio.ensure_future(probe())
+        try:
+            await connected(s, pub)
+            payload = msgspec.msgpack.encode([0.0, [removed([1])], 0])
+            for i in range(5000):
+                pub.raw([b"", (pub.seq + i).to_bytes(8, "big"), payload])
+            assert await until(lambda: s.stats.rejected.get("flood", 0) == 1 and s.state == "untrusted", 5)
+            assert "batches/s" in s.reason and seen["untrusted"] >= 1
+            assert max(lags) < 0.25, max(lags)  # the loop was never held for long
+            assert await until(lambda: s.exact, 5)  # after the pause: resubscribed and replayed
+        finally:
+            t.cancel()
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_bounded_blocks_per_worker() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, _ = stream_for(pub, max_blocks=100)
+        s.start()
+        try:
+            await connected(s, pub)
+            pub.batch([stored(list(range(1000, 1200)), None, list(range(200)))])
+            assert await until(lambda: s.state == "untrusted")
+            assert s.stats.rejected == {"capacity": 1} and len(s.blocks) <= 100
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
