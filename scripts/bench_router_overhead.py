@@ -12,6 +12,8 @@ so absolute numbers depend on it; the ratios are the result.
 `--baseline` adds the router of another checkout (before/after a change: `git worktree add /tmp/base
 <commit>`), measured in the same repetitions as this checkout's, so both see the same machine load.
 `--calls N` counts instead of timing: Python function calls per request of both routers (cProfile).
+`--tracing` adds this checkout's router with OpenTelemetry tracing on (every request sampled, OTLP/HTTP to a
+sink in this process that answers each export with 200), measured in the same repetitions: the cost of tracing.
 
 Each repetition measures every target once (the order rotates between repetitions and is reversed every
 other one, so no target always runs first after a quiet or busy spell, or always right after the same
@@ -165,8 +167,31 @@ def cpu_seconds(pid: int) -> float:
 
 
 INFERCTL = "inferctl router"
+TRACED = "inferctl router (tracing on)"
 SGLANG = "sglang-router 0.3.2"
 BASELINE = "inferctl router (baseline)"
+
+
+def otlp_sink() -> str:
+    """An OTLP/HTTP endpoint that accepts every export (200, empty ExportTraceServiceResponse) without
+    decoding it: the exporter's work is the router's cost, the sink's is not measured."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
 
 
 def router_source(checkout: Path) -> str:
@@ -218,6 +243,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, metavar="N",
                     help="instead of timing: count Python function calls per request (cProfile, N and 2N requests) "
                          "of this checkout's router and the --baseline one")
+    ap.add_argument("--tracing", action="store_true",
+                    help="also measure this checkout's router with tracing on (OTLP/HTTP to a local sink)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.standin:
@@ -273,6 +300,15 @@ def main() -> None:
                 [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
                  "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"],
                 cwd=checkout, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(checkout)}))
+        if args.tracing:
+            port, endpoint = free_port(), otlp_sink()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+            targets[TRACED] = (f"http://127.0.0.1:{port}", start(
+                [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
+                 "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"],
+                cwd=here, env={**env, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(here),
+                               "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+                               "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}))
         sp = free_port()
         targets[SGLANG] = (f"http://127.0.0.1:{sp}", start(
             [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill", pre, str(bp),
@@ -328,6 +364,11 @@ def main() -> None:
         doc: dict[str, object] = {"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio, "cpu_ratio_sglang_vs_inferctl": cpu_ratio,
                                   "per_repetition_ratios": sg_reps, "load_average": loads, "repeat": args.repeat,
                                   "duration_s": args.duration, "router_sources": sources}
+        if args.tracing:
+            doc["tracing_on_vs_off"] = {
+                key: {"per_repetition": (reps := per_rep(TRACED, INFERCTL, kind, key)),
+                      "median_of_ratios": statistics.median(reps)}
+                for kind, key in ((ck, "rps"), (ck, "cpu_us_per_req"), ("c1", "p50_ms"))}
         if args.baseline is not None:
             # this checkout / the baseline: per repetition (the two measured within seconds of each other, under
             # the same load), the median of those, and the ratio of the two medians
@@ -352,6 +393,12 @@ def main() -> None:
               + ", ".join(f"{x:.2f}" for x in sg_reps) + ")")
         print(f"sglang-router CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
               "(the requests/s ratio both would reach with a core each)")
+        if args.tracing:
+            tr = doc["tracing_on_vs_off"]
+            assert isinstance(tr, dict)
+            for key, label in (("rps", "requests/s"), ("cpu_us_per_req", "CPU per request"), ("p50_ms", "c1 p50")):
+                print(f"tracing on / off, {label}: median of per-repetition ratios {tr[key]['median_of_ratios']:.3f}x "
+                      "(per repetition: " + ", ".join(f"{x:.3f}" for x in tr[key]["per_repetition"]) + ")")
         if args.baseline is not None:
             vs = doc["vs_baseline"]
             assert isinstance(vs, dict)
