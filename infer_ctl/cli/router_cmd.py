@@ -67,6 +67,9 @@ def _serve_config(profile: str | None, listen: str | None, prefill: list[str], d
         import os
 
         cfg = RouterConfig(host=host, port=port, workers=specs, admin_token=os.environ.get("INFERCTL_ROUTER_TOKEN"))
+        from infer_ctl.router.tracing import config_from
+
+        cfg.tracing = config_from(None, os.environ)  # without a profile: the standard OTEL_* environment
     else:
         cfg = from_profile(get_profile(profile), listen=listen, workers=specs or None)
     if not cfg.workers:
@@ -289,3 +292,43 @@ def _prefix_table(rows: list[dict[str, Any]]) -> Table:
                   str(st["requests"]), f"{st['hit_rate']:.0%}",
                   f"{st['predicted_cached_tokens']}/{st['actual_cached_tokens']}")
     return t
+
+
+@app.command("tenants")
+def tenants(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) -> None:
+    """Per tenant: requests, in flight, input/cached/output tokens, errors, refusals by limit and cost
+    (router.tenants, router.pricing). Exit 1 when some tenant was refused by a limit."""
+    doc = _client(url, profile).call("GET", "/admin/tenants")
+    rows = doc.get("tenants") or []
+    refused = any(sum((t.get("rejected") or {}).values()) for t in rows)
+
+    def render(c: Console) -> None:
+        if doc.get("mode") == "off":
+            c.print("no tenants or pricing configured (router.tenants, router.pricing)")
+            return
+        mode = {"key": "by API key", "header": f"by header {doc.get('header')}", "none": "none (pricing only)"}
+        c.print(f"tenants {mode.get(doc['mode'], doc['mode'])}; unknown keys refused: {doc.get('unknown_rejected', 0)}")
+        t = _table(["tenant", "reqs", "now", "input", "cached", "output", "err", "cost $", "refused"],
+                   [r["tenant"] for r in rows])
+        for r in rows:
+            rej = r.get("rejected") or {}
+            t.add_row(r["tenant"], str(r["requests"]), str(r["inflight"]), str(r["input_tokens"]),
+                      str(r["cached_tokens"]), str(r["output_tokens"]), str(r["errors"]),
+                      f"{sum((r.get('cost_usd') or {}).values()):.4f}",
+                      ", ".join(f"{k} {v}" for k, v in rej.items()) or "0")
+        c.print(t)
+
+    _done(json, "router tenants", doc, render, ExitCode.WARN if refused else ExitCode.OK)
+
+
+@app.command("tenant-key")
+def tenant_key(json: JsonOpt = False) -> None:
+    """A new random API key for a tenant and its SHA-256 for router.tenants[].key_sha256 (the key is
+    printed once: give it to the tenant; the profile holds only the hash)."""
+    import hashlib
+    import secrets
+
+    key = "ick_" + secrets.token_urlsafe(32)
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    _done(json, "router tenant-key", {"key": key, "key_sha256": digest},
+          lambda c: c.print(f"key:        {key}\nkey_sha256: {digest}", highlight=False))

@@ -77,6 +77,7 @@ class Admin:
         r.add_post("/admin/workers/remove", g(self.remove_worker))
         r.add_post("/admin/workers/drain", g(self.drain_worker))
         r.add_get("/admin/spec", g(self.spec))
+        r.add_get("/admin/tenants", g(self.tenants))
         r.add_post("/admin/spec/actions", g(self.spec_action))
         r.add_get("/admin/pairs", g(self.pairs))
         r.add_post("/admin/pairs", g(self.push_pair))
@@ -201,6 +202,12 @@ class Admin:
         log.warning("worker drained" if w.inflight == 0 else "worker drain timed out",
                     extra={"worker": url, "inflight": w.inflight})
         return _json({"worker": url, "draining": True, "drained": w.inflight == 0, "inflight": w.inflight})
+
+    async def tenants(self, request: web.Request) -> web.Response:
+        """Per tenant: limits, buckets, in flight, requests, tokens, cost (router/tenants.py)."""
+        obs = self.router.observing
+        tenancy = obs.tenancy if obs is not None else None
+        return _json(tenancy.snapshot() if tenancy is not None else {"mode": "off", "tenants": []})
 
     async def spec(self, request: web.Request) -> web.Response:
         return _json(self.router.spec.snapshot())

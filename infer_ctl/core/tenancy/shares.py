@@ -11,9 +11,10 @@ from __future__ import annotations
 
 
 class ShareClock:
-    __slots__ = ("idle_s", "inflight", "last", "shared_s")
+    __slots__ = ("idle_s", "inflight", "last", "shared_s", "started")
 
     def __init__(self, now: float) -> None:
+        self.started = now
         self.inflight = 0
         self.shared_s = 0.0  # S(t): worker-seconds per request since the start
         self.idle_s = 0.0  # time with nothing in flight
