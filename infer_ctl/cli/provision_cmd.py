@@ -17,7 +17,7 @@ from infer_ctl.exitcodes import ExitCode
 from infer_ctl.provision import workflow as support
 from infer_ctl.provision.plan_table import render_plans
 from infer_ctl.provision.steps.registry import all_steps
-from infer_ctl.provision.wheelhouse import build_wheelhouse
+from infer_ctl.provision.wheelhouse import build_lock, build_wheelhouse
 
 app = typer.Typer(help="Provision nodes: plan (default) or apply host changes, idempotently.")
 wheelhouse_app = typer.Typer(help="Offline wheelhouses for air-gapped installs.", no_args_is_help=True)
@@ -88,18 +88,37 @@ def rollback_cmd(profile: ProfileOpt = None, nodes: NodesOpt = None, role: RoleO
     finish(sess, report, lambda c: c.print("\n".join(lines)))
 
 
+@app.command("lock")
+def lock_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="The lockfile to write (then set sglang.lock_file).")],
+    requirement: Annotated[list[str] | None, typer.Option("--requirement", "-r", help="A requirement (repeatable).")] = None,
+    pip_arg: Annotated[list[str] | None, typer.Option("--pip-arg", help="Extra pip argument (repeatable): the nodes' "
+                       "platform, e.g. --pip-arg=--platform=manylinux_2_28_x86_64 --pip-arg=--python-version=3.12.")] = None,
+    profile: ProfileOpt = None, json: JsonOpt = False,
+) -> None:
+    """Resolve SGLang and its whole dependency set once (pip, nothing installed) into a lockfile every node installs."""
+    sess = session(json)
+    reqs = requirement or [f"sglang=={get_profile(profile).sglang.version}"]
+    lock = build_lock(out, reqs, pip_args=pip_arg or [])
+    pins = len([line for line in lock.splitlines() if line.strip()])
+    finish(sess, Report("provision lock", None, data={"path": str(out), "packages": pins}),
+           lambda c: c.print(f"lock {out}: {pins} package(s) pinned by version and sha256; set sglang.lock_file: {out}"))
+
+
 @wheelhouse_app.command("build")
 def wheelhouse_build(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the wheelhouse into.")],
     requirement: Annotated[list[str] | None, typer.Option("--requirement", "-r", help="A requirement (repeatable).")] = None,
     pip_arg: Annotated[list[str] | None, typer.Option("--pip-arg", help="Extra pip download argument (repeatable), "
                        "e.g. --pip-arg=--platform=manylinux_2_28_x86_64 --pip-arg=--python-version=3.12.")] = None,
+    lock: Annotated[Path | None, typer.Option("--lock", help="Download exactly this lockfile's files "
+                    "(`provision lock`); it becomes the wheelhouse's requirements.lock.")] = None,
     profile: ProfileOpt = None, json: JsonOpt = False,
 ) -> None:
     """On a connected machine: download, pin (version + sha256) and manifest every wheel."""
     sess = session(json)
-    reqs = requirement or [f"sglang=={get_profile(profile).sglang.version}"]
-    wh = build_wheelhouse(out, reqs, pip_args=pip_arg or [])
+    reqs = [] if lock is not None and not requirement else requirement or [f"sglang=={get_profile(profile).sglang.version}"]
+    wh = build_wheelhouse(out, reqs, pip_args=pip_arg or [], lock_file=lock)
     data = {"path": str(out), "files": len(wh.manifest.files), "lock_sha256": wh.manifest.lock_sha256}
     finish(sess, Report("provision wheelhouse build", None, data=data),
            lambda c: c.print(f"wheelhouse {out}: {data['files']} wheel(s), lock sha256 {wh.manifest.lock_sha256[:12]}"))

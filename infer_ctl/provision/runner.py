@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infer_ctl.core.provision.lock import lock_entries
 from infer_ctl.core.provision.model import EntryKind, NodePlan, PlanEntry
 from infer_ctl.errors import InferctlError
 from infer_ctl.exitcodes import ExitCode
@@ -45,6 +46,8 @@ def shared_inputs(profile: Profile, options: ProvisionOptions) -> dict[str, obje
     shared: dict[str, object] = {}
     if options.runs("inferctl"):
         shared["node_wheels"] = node_wheels()
+    if profile.sglang.lock_file:
+        shared["lock"] = read_lock_file(profile)
     source = options.wheelhouse
     if source is None and profile.sglang.wheelhouse:
         source = Path(profile.sglang.wheelhouse).expanduser()
@@ -57,6 +60,22 @@ def shared_inputs(profile: Profile, options: ProvisionOptions) -> dict[str, obje
     except WheelhouseError as exc:
         shared["wheelhouse"] = exc
     return shared
+
+
+def read_lock_file(profile: Profile) -> str | WheelhouseError:
+    """The text of `sglang.lock_file` (relative to the profile's directory), or why it is refused."""
+    path = Path(profile.sglang.lock_file or "").expanduser()
+    if not path.is_absolute():
+        path = profile.base_dir / path
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        return WheelhouseError(f"sglang.lock_file {path}: {exc.strerror or exc}",
+                               remedy="make it with `inferctl provision lock --out FILE`")  # fmt: skip
+    if not lock_entries(text) or any(not hashes for _, hashes in lock_entries(text).values()):
+        return WheelhouseError(f"sglang.lock_file {path}: not a lock (every line `name==version --hash=sha256:...`)",
+                               remedy="make it with `inferctl provision lock --out FILE`")  # fmt: skip
+    return text
 
 
 def preflight(conn: Connector) -> tuple[bool, str | None]:

@@ -7,6 +7,7 @@ A wheelhouse whose files do not match its manifest is refused before anything is
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -18,7 +19,10 @@ from infer_ctl.core.provision.lock import (
     LOCK_NAME,
     MANIFEST_NAME,
     Manifest,
+    lock_entries,
+    lock_from_pip_report,
     make_lock,
+    parse_wheel_filename,
     sha256_hex,
     verify_files,
 )
@@ -55,6 +59,19 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _locked(lock: str, files: dict[str, str]) -> str:
+    """The lock, after checking that the downloaded files are exactly the ones it pins."""
+    entries = lock_entries(lock)
+    for filename, digest in files.items():
+        name, _ = parse_wheel_filename(filename)
+        if name not in entries or digest not in entries[name][1]:
+            raise ValueError(f"{filename} (sha256 {digest[:16]}…) is not pinned by the lock")
+    missing = sorted(set(entries) - {parse_wheel_filename(f)[0] for f in files})
+    if missing:
+        raise ValueError(f"the lock pins {', '.join(missing)}, which pip did not download")
+    return lock
+
+
 def load_wheelhouse(path: Path) -> LocalWheelhouse:
     """Read and verify a wheelhouse: every manifest file present with its sha256, lock hash matching."""
     manifest_path, lock_path = path / MANIFEST_NAME, path / LOCK_NAME
@@ -88,30 +105,62 @@ def load_wheelhouse(path: Path) -> LocalWheelhouse:
     return LocalWheelhouse(path, lock, manifest)
 
 
+def _pip(argv: list[str], what: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise WheelhouseError(
+            f"{what} failed (exit {proc.returncode}): {' / '.join(tail)}",
+            remedy="check the requirement pins, the index (--index-url/--find-links) and --platform/--python-version",
+        )
+
+
+def build_lock(
+    out: Path, requirements: Sequence[str], *, pip_args: Sequence[str] = (), python: str = sys.executable
+) -> str:
+    """Resolve `requirements` once, here, with pip (`install --dry-run --report`: nothing is installed)
+    and write the lockfile of that resolution to `out`: every package, its version and the sha256 of the
+    wheel chosen. `pip_args` select the nodes' platform (`--platform`, `--python-version`, an
+    `--extra-index-url` for CUDA builds of torch), as for `wheelhouse build`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = out.with_name(f".{out.name}.report.json")
+    argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--dry-run", "--ignore-installed",
+            "--quiet", "--only-binary=:all:", "--report", str(report), *pip_args, *requirements]  # fmt: skip
+    try:
+        _pip(argv, "pip install --dry-run --report")
+        lock = lock_from_pip_report(json.loads(report.read_text()))
+    except ValueError as exc:
+        raise WheelhouseError(str(exc), remedy="lock released packages (name==version) only") from None
+    finally:
+        report.unlink(missing_ok=True)
+    out.write_text(lock)
+    return lock
+
+
 def build_wheelhouse(
     out: Path,
     requirements: Sequence[str],
     *,
     pip_args: Sequence[str] = (),
     python: str = sys.executable,
+    lock_file: Path | None = None,
 ) -> LocalWheelhouse:
-    """Download binary wheels for `requirements` (and their dependencies) into `out`, pin them, verify."""
+    """Download binary wheels for `requirements` (and their dependencies) into `out`, pin them, verify.
+    With `lock_file` (`provision lock`): exactly the files it pins, no resolution, and the lock itself
+    becomes the wheelhouse's `requirements.lock` byte for byte, so its nodes build the same venv
+    (`<venvs>/sglang-<version>-<lockhash>`) as nodes installing from an index with that lock."""
     out.mkdir(parents=True, exist_ok=True)
     argv = [python, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:"]
+    if lock_file is not None:
+        argv += ["--no-deps", "--require-hashes", "-r", str(lock_file)]
     argv += ["-d", str(out), *pip_args, *requirements]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise WheelhouseError(
-            f"pip download failed (exit {proc.returncode}): {' / '.join(tail)}",
-            remedy="check the requirement pins, the index (--index-url/--find-links) and --platform/--python-version",
-        )
+    _pip(argv, "pip download")
     wheels = sorted(p for p in out.iterdir() if p.suffix == ".whl")
     if not wheels:
         raise WheelhouseError(f"pip downloaded no wheels into {out}", remedy="check the requirements")
     files = {p.name: file_sha256(p) for p in wheels}
     try:
-        lock = make_lock(files)
+        lock = make_lock(files) if lock_file is None else _locked(lock_file.read_text(), files)
     except ValueError as exc:
         raise WheelhouseError(str(exc), remedy="empty the output directory and build again") from None
     (out / LOCK_NAME).write_text(lock)

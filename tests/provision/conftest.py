@@ -162,6 +162,9 @@ def python_venv_standin(bin_dir: Path) -> Path:
         f'if [ "$1" = -m ] && [ "$2" = venv ] && [ $# -eq 3 ]; then\n'
         f'  {shlex.quote(sys.executable)} -m venv --without-pip "$3" || exit 1\n'
         f'  for d in "$3"/lib/python*/site-packages; do echo {shlex.quote(str(pip_home))} > "$d/_standin_pip.pth"; done\n'
+        # a test's index for the node (its private /etc): the venv's own pip.conf wins over this
+        # machine's user config, as pip reads global, then user, then the venv's file
+        '  if [ -f /etc/inferctl-test/pip.conf ]; then cp /etc/inferctl-test/pip.conf "$3/pip.conf"; fi\n'
         "  exit 0\n"
         "fi\n"
         f'exec {shlex.quote(sys.executable)} "$@"\n'

@@ -14,11 +14,14 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def build_wheel(out: Path, name: str, version: str, requires: list[str] | None = None) -> Path:
+def build_wheel(
+    out: Path, name: str, version: str, requires: list[str] | None = None, extra: dict[str, bytes] | None = None
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}/__init__.py": f"__version__ = {version!r}\n".encode(),
+        **(extra or {}),
         f"{dist}/METADATA": (
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
             + "".join(f"Requires-Dist: {r}\n" for r in requires or [])

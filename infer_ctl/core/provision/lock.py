@@ -54,6 +54,58 @@ def make_lock(files: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lock_from_pip_report(report: Mapping[str, Any]) -> str:
+    """The lockfile of a `pip install --dry-run --report` resolution (pip's installation report,
+    https://pip.pypa.io/en/stable/reference/installation-report/): every package pip would install,
+    pinned by version and the sha256 of the file it chose. Made once on one machine, it is the whole
+    dependency set every node installs (`pip install --require-hashes --no-deps -r`), so nodes do not
+    each resolve SGLang's dependencies on their own and end up with different versions."""
+    pins: dict[str, tuple[str, set[str]]] = {}
+    for item in report.get("install") or []:
+        meta = item.get("metadata") or {}
+        name, version = canonical_name(str(meta.get("name", ""))), str(meta.get("version", ""))
+        archive = (item.get("download_info") or {}).get("archive_info") or {}
+        digest = (archive.get("hashes") or {}).get("sha256")
+        if not digest and str(archive.get("hash", "")).startswith("sha256="):
+            digest = str(archive["hash"]).split("=", 1)[1]
+        if not name or not version or not digest:
+            url = (item.get("download_info") or {}).get("url", "?")
+            raise ValueError(f"{name or url}: pip's report gives no version and sha256 of a file (a local "
+                             "directory or VCS requirement?); a lock pins released files only")  # fmt: skip
+        pins.setdefault(name, (version, set()))[1].add(digest)
+    if not pins:
+        raise ValueError("pip's report lists nothing to install")
+    lines = [f"{n}=={v} " + " ".join(f"--hash=sha256:{d}" for d in sorted(ds)) for n, (v, ds) in sorted(pins.items())]
+    return "\n".join(lines) + "\n"
+
+
+def lock_entries(lock: str) -> dict[str, tuple[str, set[str]]]:
+    """name -> (version, sha256s) of a lockfile's `name==version --hash=sha256:...` lines."""
+    out: dict[str, tuple[str, set[str]]] = {}
+    for line in lock.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#") or "==" not in words[0]:
+            continue
+        name, version = words[0].split("==", 1)
+        hashes = {w.split(":", 1)[1] for w in words[1:] if w.startswith("--hash=sha256:")}
+        out[canonical_name(name)] = (version, hashes)
+    return out
+
+
+def torch_cuda_of_lock(lock: str) -> str | None:
+    """The CUDA version of the torch build a lock pins, from its local version label (`2.13.0+cu129` ->
+    "12.9"); "cpu" for a CPU build; None when the lock pins no torch or one without a label (PyPI's
+    default build, whose CUDA version is only known once installed)."""
+    entry = lock_entries(lock).get("torch")
+    if entry is None:
+        return None
+    _, _, label = entry[0].partition("+")
+    if label == "cpu":
+        return "cpu"
+    m = re.fullmatch(r"cu(\d+)(\d)", label)
+    return f"{int(m[1])}.{m[2]}" if m else None
+
+
 def online_lock(version: str) -> str:
     """Without a wheelhouse the pin is the SGLang version alone, resolved from PyPI by the node."""
     return f"sglang=={version}\n"
@@ -72,6 +124,12 @@ def wheelhouse_dir(venvs: str, lock: str) -> str:
     """Uploaded wheelhouses sit beside the venvs, keyed by lock so two versions never mix files."""
     parent = venvs.rstrip("/").rsplit("/", 1)[0] or "/"
     return f"{parent.rstrip('/')}/wheelhouse/{lock_hash(lock)}"
+
+
+def lock_path(venvs: str, lock: str) -> str:
+    """Where a node keeps the lock it installs from an index (`pip install -r` reads a file)."""
+    parent = venvs.rstrip("/").rsplit("/", 1)[0] or "/"
+    return f"{parent.rstrip('/')}/locks/{lock_hash(lock)}.lock"
 
 
 def locked_version(lock: str, package: str = "sglang") -> str | None:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from infer_ctl.core.provision.driver import torch_cuda_fit
 from infer_ctl.core.provision.lock import (
     MARKER_NAME,
+    lock_path,
     locked_version,
     online_lock,
     sha256_hex,
+    torch_cuda_of_lock,
     venv_dir,
     wheelhouse_dir,
 )
 from infer_ctl.core.provision.model import EntryKind
+from infer_ctl.facts.gpu_driver import NVIDIA_SMI_BANNER, parse_cuda_version
 from infer_ctl.provision.context import Planned, StepContext
 from infer_ctl.provision.errors import ProvisionError, StepFailed, WheelhouseError
 from infer_ctl.provision.remote_files import remove_files, run_checked, stale_temp_files, upload_file
@@ -19,6 +23,14 @@ from infer_ctl.provision.wheelhouse import LocalWheelhouse
 from infer_ctl.remote.base import Command, Connector
 
 _HASHES = 'cd -- "$1" 2>/dev/null || exit 0; for f in *; do [ -f "$f" ] && sha256sum -- "$f"; done; exit 0'
+
+
+def shared_lock(ctx: StepContext) -> str | None:
+    """The text of `sglang.lock_file` (read once per run by the runner), or None when none is set."""
+    found = ctx.shared.get("lock")
+    if isinstance(found, WheelhouseError):
+        raise found
+    return found if isinstance(found, str) else None
 
 
 def local_wheelhouse(ctx: StepContext) -> LocalWheelhouse | None:
@@ -111,9 +123,16 @@ class VenvStep:
         sg = ctx.profile.sglang
         try:
             local = local_wheelhouse(ctx)
+            locked = shared_lock(ctx)
         except WheelhouseError as exc:
-            return [Planned(ctx.entry(self.name, sg.venv, EntryKind.ERROR, "wheelhouse refused", remedy=exc.remedy))]
-        lock = local.lock if local else online_lock(sg.version)
+            what = "lock refused" if "lock_file" in exc.message else "wheelhouse refused"
+            return [Planned(ctx.entry(self.name, sg.venv, EntryKind.ERROR, f"{what}: {exc.message}", remedy=exc.remedy))]
+        if local is not None and locked is not None and local.lock != locked:
+            return [Planned(ctx.entry(self.name, sg.venv, EntryKind.ERROR,
+                                      "the wheelhouse was not built from sglang.lock_file (their locks differ)",
+                                      remedy="build it with `inferctl provision wheelhouse build --lock "
+                                      "<sglang.lock_file>`"))]  # fmt: skip
+        lock = local.lock if local else (locked or online_lock(sg.version))
         pinned = locked_version(lock)
         if pinned != sg.version:
             return [
@@ -130,7 +149,7 @@ class VenvStep:
         target = venv_dir(sg.venv, sg.version, lock)
         marker = sha256_hex(lock.encode())
         state = probe_venv(ctx.conn, sg.venv, target, sg.version)
-        planned = [self._install(ctx, target, lock, marker, state.exists, state.marker, local)]
+        planned = [self._install(ctx, target, lock, marker, state.exists, state.marker, local, locked)]
         links_ok = state.current == target and state.alias == target
         if links_ok:
             planned.append(Planned(ctx.entry(self.name, f"{sg.venv}/current", EntryKind.OK, f"-> {target}")))
@@ -154,6 +173,7 @@ class VenvStep:
                     switch,
                 )
             )
+        planned.extend(torch_cuda_entries(ctx, self.name, target, lock, built=state.marker == marker))
         return planned
 
     def _install(
@@ -165,6 +185,7 @@ class VenvStep:
         exists: bool,
         have_marker: str | None,
         local: LocalWheelhouse | None,
+        locked: str | None = None,
     ) -> Planned:
         sg = ctx.profile.sglang
         if have_marker == marker:
@@ -175,9 +196,13 @@ class VenvStep:
         else:
             reason = "incomplete (an interrupted install?)" if exists else "not built yet"
         pip = [f"{target}/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+        node_lock = lock_path(sg.venv, lock) if locked is not None and not local else None
         if local:
             remote_wh = wheelhouse_dir(sg.venv, lock)
             pip += ["--no-index", "--find-links", remote_wh, "--require-hashes", "-r", f"{remote_wh}/requirements.lock"]
+        elif node_lock:
+            # exactly the locked set, from the node's index: no resolution on the node
+            pip += ["--require-hashes", "--no-deps", "-r", node_lock]
         else:
             pip += [f"sglang=={sg.version}"]
         commands = [Command(sg.python, "-m", "venv", target), Command(*pip)]
@@ -187,6 +212,10 @@ class VenvStep:
         def action() -> None:
             if not target.startswith(sg.venv.rstrip("/") + "/sglang-"):
                 raise StepFailed(self.name, f"refusing to touch {target}: outside {sg.venv}")
+            if node_lock:
+                parent = node_lock.rsplit("/", 1)[0]
+                run_checked(ctx.conn, Command("mkdir", "-p", "--", parent), sudo=True, what=f"mkdir {parent}")
+                ctx.conn.put_file(node_lock, lock.encode(), mode=0o644, sudo=True)
             for command in commands:
                 run_checked(ctx.conn, command, sudo=True, what=" ".join(command.argv[:4]), timeout=3600)
             version = installed_version(ctx.conn, target)
@@ -203,8 +232,60 @@ class VenvStep:
                 f"build venv: {reason}",
                 before=reason,
                 after=f"sglang {sg.version}, lock {marker[:12]}",
-                commands=(*(c.shell() for c in commands), f"write {target}/{MARKER_NAME}"),
+                commands=(
+                    *([f"write {node_lock}"] if node_lock else []),
+                    *(c.shell() for c in commands),
+                    f"write {target}/{MARKER_NAME}",
+                ),
                 needs_sudo=True,
             ),
             action,
         )
+
+
+# the CUDA version torch was built for, read from its version.py without importing torch (seconds)
+_TORCH_CUDA = (
+    "import importlib.util, pathlib, re\n"
+    "s = importlib.util.find_spec('torch')\n"
+    "f = pathlib.Path(s.origin).with_name('version.py') if s and s.origin else None\n"
+    "m = re.search(r\"^cuda(?::[^=]*)?=\\s*(?:'([^']*)'|None)\", f.read_text(), re.M) if f and f.exists() else None\n"
+    "print('no-torch' if s is None else (m.group(1) or 'cpu') if m else 'unknown')\n"
+)
+
+
+def torch_cuda_entries(ctx: StepContext, step: str, target: str, lock: str, *, built: bool) -> list[Planned]:
+    """Does the torch build fit the node's driver? torch's CUDA version (from the built venv, else from
+    the lock's `+cuNNN` label) against the newest CUDA the driver supports (nvidia-smi's banner)."""
+    if ctx.node.gpus == 0:
+        return []
+    torch_cuda = None
+    if built:
+        result = ctx.conn.run(Command(f"{target}/bin/python", "-c", _TORCH_CUDA), timeout=120)
+        word = result.out.strip() if result.ok else ""
+        torch_cuda = None if word in ("", "unknown", "no-torch") else word
+    if torch_cuda is None:
+        torch_cuda = torch_cuda_of_lock(lock)
+    if torch_cuda is None or torch_cuda == "cpu":
+        return []  # no torch, or a build without CUDA: nothing to match
+    driver = parse_cuda_version(ctx.conn.run(NVIDIA_SMI_BANNER, timeout=60).out)
+    if driver is None:
+        return []  # the driver step reports a node without a working driver
+    kind, why = torch_cuda_fit(torch_cuda, driver)
+    subject = f"{target} torch CUDA"
+    if kind == "ok":
+        return [Planned(ctx.entry(step, subject, EntryKind.OK, why))]
+    return [
+        Planned(
+            ctx.entry(
+                step,
+                subject,
+                EntryKind.MANUAL if kind == "manual" else EntryKind.WARN,
+                why,
+                before=f"driver CUDA {driver}",
+                after=f"torch CUDA {torch_cuda}",
+                remedy="lock the torch build of the driver's CUDA (`inferctl provision lock` with "
+                f"--pip-arg=--extra-index-url=https://download.pytorch.org/whl/cu{driver.replace('.', '')}), "
+                "or upgrade the driver",
+            )
+        )
+    ]
