@@ -116,10 +116,10 @@ def worker_acceptance(profile: Profile, insts: Iterable[Instance]) -> tuple[list
     with probe.client(timeout=5.0) as http:
         for inst in insts:
             info = probe.server_info(http, inst)
-            if not info.ok:
-                problems.append(Finding.unknown(SOURCE_CHECK, inst.node, inst.name,
-                                                f"{inst.url}/server_info: {info.error}",
-                                                remedy="is the server up? `inferctl status`; `check servers`"))
+            if not info.ok:  # its health is `check servers`' to judge: here there is just nothing to read
+                problems.append(Finding.skip(SOURCE_CHECK, inst.node, inst.name,
+                                             f"no acceptance to read: {inst.url}/server_info: {info.error}",
+                                             remedy="`inferctl check servers` judges the server's health"))
                 continue
             try:
                 resp = http.get(inst.url + "/metrics")

@@ -175,3 +175,20 @@ def test_bad_profile_is_exit_64(tmp_path: Path, capsys: pytest.CaptureFixture[st
                                    "speculative": {"min_steps": 4, "max_steps": 2}}))
     assert main(["check", "spec", "-p", str(bad)]) == 64
     assert "speculative.min_steps" in capsys.readouterr().err
+
+
+def test_nothing_running_is_skipped_not_unknown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An audit of a cluster whose servers are down: their health is `check servers`' finding; the spec
+    family has nothing to read and says so without failing the audit a second time."""
+    data = {"name": "down", "nodes": [
+        {"name": "pf-01", "host": "127.0.0.43", "connection": "local", "roles": ["prefill"],
+         "overrides": {"prefill_port": free_port("127.0.0.43")}},
+        {"name": "dc-01", "host": "127.0.0.44", "connection": "local", "roles": ["decode"],
+         "overrides": {"decode_port": free_port("127.0.0.44")}}],
+        "models": {"target": {"path": "/m"}, "draft": {"path": "/d", "algorithm": "EAGLE3"}},
+        "router": {"listen": f"127.0.0.1:{free_port('127.0.0.1')}"}}
+    path = tmp_path / "down.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, doc = _check(capsys, "-p", str(path))
+    assert code == 0 and doc["source"] == "workers"
+    assert [(f["check"], f["status"]) for f in doc["findings"]] == [("spec.source", "skip")]
