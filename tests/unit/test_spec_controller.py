@@ -4,9 +4,10 @@ and time, one pool change per cool-down, no relaunch to the setting it already r
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 from typing import Any
 
-from infer_ctl.core.spec.controller import ControlSettings, Controller, PoolObservation
+from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolObservation
 from infer_ctl.core.spec.judge import SpecLimits
 from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, with_pool_setting
 from infer_ctl.profile.load import validate_profile_data
@@ -72,7 +73,7 @@ def test_never_flaps_around_the_threshold() -> None:
             changes.append((t, c.action, c.num_steps))
             steps = c.num_steps
     times = [t for t, _, _ in changes]
-    assert all(b - a >= 600 for a, b in zip(times, times[1:], strict=False))
+    assert all(b - a >= 600 for a, b in pairwise(times))
     assert len(changes) <= 6 * 3600 // 600
 
 
