@@ -1,7 +1,7 @@
 """Admission: whether a request may start now. Refused while draining (503); at most `max_concurrent`
 run at once and at most `max_queue` wait for a slot, each for at most `queue_timeout_s` (429 beyond
-either). One place for every "may it start" rule, so limits per tenant or per API key slot in here
-as further refusals without touching the request path."""
+either). The router-wide "may it start" rules; a tenant's own limits (key, rate, tokens, concurrency)
+are checked before these, by tenants.py through the request's observer (observe.py)."""
 
 from __future__ import annotations
 
