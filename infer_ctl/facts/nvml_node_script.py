@@ -4,7 +4,7 @@
 # and Python 3.6-compatible: nodes run whatever python3 their distribution ships. It never judges; the
 # controller parses (infer_ctl/facts/nvml_gatherer.py) and judges (infer_ctl/core/gpu/rules.py).
 # ruff: noqa: UP004, UP024, UP031, SIM108, SIM401  (kept Python-3.6-compatible on purpose)
-import base64
+import binascii
 import json
 import os
 import signal
@@ -333,7 +333,7 @@ def emit(doc, compress):
     if compress:
         # one line "Z1 <base64 of zlib>" (level 1: ~3 ms, an 8-GPU document ~20x smaller), so 32 nodes'
         # answers cost the controller's SSH transport (decrypting in-process) far less
-        text = "Z1 " + base64.b64encode(zlib.compress(text.encode("utf-8"), 1)).decode("ascii")
+        text = "Z1 " + binascii.b2a_base64(zlib.compress(text.encode("utf-8"), 1), newline=False).decode("ascii")
     sys.stdout.write(text)
     sys.stdout.write("\n")
 
