@@ -141,6 +141,14 @@ def _pairs_doc(client: Any) -> list[dict[str, Any]]:
 
 def _render_workers(c: Console, doc: dict[str, Any]) -> None:
     c.print(_workers_table(doc["workers"], doc["speculative"]))
+    for w in doc["workers"]:  # the index of each prefill: one line each, the table has no room for it
+        if w.get("index") is None or w["role"] == "decode":
+            continue
+        ct = w.get("cached_tokens")
+        acc = (f"; cached tokens over {ct['requests']} reqs: exact {ct['exact']}, predicted {ct['predicted']}, "
+               f"reported {ct['reported']}" if ct else "")
+        blocks = f", {w['kv_blocks']} blocks" if "kv_blocks" in w else ""
+        c.print(f"  {w['url']}: index {w['index']} ({w['index_reason']}){blocks}{acc}", markup=False, highlight=False)
     bad = [p for p in doc.get("pairs") or [] if p.get("degraded")]
     if bad:
         c.print(f"degraded pairs ({len(bad)}, avoided by the router):")
@@ -156,7 +164,7 @@ def _render_workers(c: Console, doc: dict[str, Any]) -> None:
 def _table(headers: list[str], first: list[str]) -> Table:
     """Compact enough for an 80-column terminal or a cron mail; identifiers (worker URLs, prefix names)
     are never truncated (a table of "http:…" rows is useless), the last column folds if it must."""
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)  # 2 spaces apart
     for i, h in enumerate(headers):
         t.add_column(h, no_wrap=i < len(headers) - 1, overflow="fold",
                      min_width=max([len(h), *map(len, first)]) if i == 0 else None)
@@ -172,13 +180,19 @@ def _worker_state(w: dict[str, Any]) -> str:
     return "ok" if cb == "closed" else f"[yellow]cb {cb}[/yellow]"
 
 
+#: the index a prefill is routed on, in a few letters (80 columns): KV events trusted, being replayed,
+#: or the predicted index
+_INDEX = {"exact": "exact", "replaying": "replay", "predicted": "pred"}
+
+
 def _workers_table(rows: list[dict[str, Any]], spec: dict[str, Any] | None = None) -> Table:
     by_url = {d["url"]: d for d in (spec or {}).get("decodes", [])}
-    cols = ["worker", "role", "state", "inflight", "reqs", "errors", "restarts"]
+    # short headers: with a 22-character URL the table must fit 80 columns without losing a column
+    cols = ["worker", "role", "state", "infl", "reqs", "err", "rst", "index"]
     t = _table(cols + (["spec (window)"] if by_url else []), [w["url"] for w in rows])
     for w in rows:
         cells = [w["url"], w["role"], _worker_state(w), str(w["inflight"]), str(w["requests"]), str(w["errors"]),
-                 str(w["restarts"])]
+                 str(w["restarts"]), _INDEX.get(w.get("index", ""), "-")]
         d = by_url.get(w["url"])
         if by_url:
             cells.append(_spec_cells({"num_steps": d["num_steps"], "adaptive": d["adaptive"], **d["window"]})
@@ -238,8 +252,8 @@ def spec(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) 
 
 @app.command("prefixes")
 def prefixes(
-    action: Annotated[str, typer.Argument(help="list, add, expire or warm.")] = "list",
-    name: Annotated[str | None, typer.Argument(help="Prefix name (add/expire/warm).")] = None,
+    action: Annotated[str, typer.Argument(help="list, add, expire, warm or remove.")] = "list",
+    name: Annotated[str | None, typer.Argument(help="Prefix name (add/expire/warm/remove).")] = None,
     text: Annotated[str | None, typer.Option("--text", help="Prefix text (add).")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Read the prefix text from a file (add).")] = None,
     ttl: Annotated[float | None, typer.Option("--ttl", help="Lifetime in seconds, 0 = none (add; default: the current version's, else none).")] = None,
@@ -248,14 +262,21 @@ def prefixes(
     chat: Annotated[bool | None, typer.Option("--chat/--text-format", help="The prefix is a chat system prompt (add; default: the current version's, else text).")] = None,
     url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False,
 ) -> None:
-    """Named shared prefixes: list them with their replicas and statistics, add (or supersede), expire, warm."""
+    """Named shared prefixes: list them with their replicas and statistics, add (or supersede), expire, warm,
+    remove (forget every version)."""
     client = _client(url, profile)
     if action == "list":
         doc = client.call("GET", "/admin/prefixes")
         _done(json, "router prefixes", doc, lambda c: c.print(_prefix_table(doc["prefixes"])))
         return
-    if action not in ("add", "expire", "warm") or not name:
-        raise UsageError(f"bad prefixes action {action!r} or missing NAME", remedy="use: prefixes [list | add NAME --text T | expire NAME | warm NAME]")
+    if action not in ("add", "expire", "warm", "remove") or not name:
+        raise UsageError(f"bad prefixes action {action!r} or missing NAME",
+                         remedy="use: prefixes [list | add NAME --text T | expire NAME | warm NAME | remove NAME]")
+    if action == "remove":
+        gone = client.call("POST", f"/admin/prefixes/{name}/remove")
+        _done(json, "router prefixes remove", gone,
+              lambda c: c.print(f"remove: {name} (versions {', '.join(map(str, gone['versions']))})"))
+        return
     if action == "add":
         if (text is None) == (file is None):
             raise UsageError("prefixes add needs exactly one of --text or --file", remedy="e.g. --file prompts/policy.txt")
@@ -287,7 +308,9 @@ def _prefix_table(rows: list[dict[str, Any]]) -> Table:
     for p in rows:
         warm = sum(r["warm"] for r in p["replicas"])
         st = p["stats"]
-        t.add_row(p["name"], str(p["version"]), p["state"], f"{warm}/{p['replicas_wanted']}",
+        # an expired or superseded version is warm nowhere any more: no "2/2" for it
+        t.add_row(p["name"], str(p["version"]), p["state"],
+                  f"{warm}/{p['replicas_wanted']}" if p["state"] == "active" else "-",
                   "yes" if p["pin"] else "no", "-" if p["expires_in_s"] is None else f"{p['expires_in_s']:.0f}s",
                   str(st["requests"]), f"{st['hit_rate']:.0%}",
                   f"{st['predicted_cached_tokens']}/{st['actual_cached_tokens']}")

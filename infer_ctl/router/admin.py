@@ -85,6 +85,7 @@ class Admin:
         r.add_post("/admin/prefixes", g(self.add_prefix))
         r.add_post("/admin/prefixes/{name}/expire", g(self.expire_prefix))
         r.add_post("/admin/prefixes/{name}/warm", g(self.warm_prefix))
+        r.add_post("/admin/prefixes/{name}/remove", g(self.remove_prefix))
 
     def _guarded(self, handler: Any) -> Any:
         async def guarded(request: web.Request) -> web.StreamResponse:
@@ -256,13 +257,14 @@ class Admin:
         name, text = body.get("name"), body.get("text")
         if not isinstance(name, str) or not re.match(PREFIX_NAME_PATTERN, name) or not isinstance(text, str) or not text:
             return _err(400, "give name (letters, digits, '.', '_', '-'; up to 128) and text (non-empty)")
-        # A new version (or a renewal) keeps the current version's settings unless the request gives
-        # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin and the TTL.
-        cur = self.router.prefixes.active(name)
-        ttl = body.get("ttl_s", cur.ttl_s if cur else None)
-        replicas = body["replicas"] if body.get("replicas") is not None else (cur.replicas if cur else 1)
-        pin = body["pin"] if body.get("pin") is not None else (cur.pin if cur else False)
-        fmt = body["format"] if body.get("format") is not None else (cur.fmt if cur else "text")
+        # A new version (or a renewal) keeps the latest version's settings unless the request gives
+        # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin and the TTL,
+        # also when that version has expired in the meantime.
+        cur = self.router.prefixes.settings(name)
+        ttl = body.get("ttl_s", cur[0] if cur else None)
+        replicas = body["replicas"] if body.get("replicas") is not None else (cur[1] if cur else 1)
+        pin = body["pin"] if body.get("pin") is not None else (cur[2] if cur else False)
+        fmt = body["format"] if body.get("format") is not None else (cur[3] if cur else "text")
         if (ttl is not None and (not _number(ttl) or ttl <= 0)) or not _integer(replicas) \
                 or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
             return _err(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer 1..{MAX_PREFIX_REPLICAS}, "
@@ -278,6 +280,15 @@ class Admin:
         except KeyError:
             return _err(404, f"no active prefix {request.match_info['name']!r}; see `inferctl router prefixes`", "not_found")
         return _json({"prefix": rec.as_dict(self.router.clock())})
+
+    async def remove_prefix(self, request: web.Request) -> web.Response:
+        """Forget a prefix altogether: every version, its placements and statistics."""
+        name = request.match_info["name"]
+        try:
+            versions = self.router.prefixes.remove(name)
+        except KeyError:
+            return _err(404, f"no prefix {name!r}; see `inferctl router prefixes`", "not_found")
+        return _json({"removed": name, "versions": [r.version for r in versions]})
 
     async def warm_prefix(self, request: web.Request) -> web.Response:
         try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.pair_health import PairFloor
-from infer_ctl.core.routing.pd import wants_logprobs
+from infer_ctl.core.routing.pd import parallel_samples, wants_logprobs
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.prompt import routing_text
@@ -206,6 +206,12 @@ class Router:
             return self.error(endpoint, rid, 400, "the body must be a JSON object", "invalid_request", "bad_json")
         if obs is not None:
             raw = obs.rewrite(endpoint, body, raw)  # the tenant's priority (and stream usage), when it has one
+        if self.mode == "pd" and (n := parallel_samples(body)) > 1:
+            # SGLang 0.5.23 gives every sample of a prompt the same bootstrap room (docs/router.md, Limits):
+            # on a PD pair that fails the transfer; refused now instead of retried into a 500
+            return self.error(endpoint, rid, 400, f"n = {n}: parallel sampling (n > 1) is not supported over "
+                              "prefill/decode disaggregation (SGLang gives every sample one bootstrap room); send "
+                              "n = 1 requests in parallel", "invalid_request", "pd_parallel_sampling")
         text = routing_text(endpoint, body)
         ctx = RequestContext(
             rid=rid, endpoint=endpoint, request=request, raw=raw, body=body, stream=bool(body.get("stream")), text=text,
@@ -227,9 +233,10 @@ class Router:
             return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "unavailable", "no_worker")
         except RetriesExhausted as out:
             last = out.last
-            if last.status is not None and last.body:
-                return h1.Response(last.status, last.body, _JSON, headers=ctx.headers)  # the worker's own answer
-            return self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}",
+            if last.status in (408, 429) and last.body:
+                return h1.Response(last.status, last.body, _JSON, headers=ctx.headers)  # "later": the worker's own
+            detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
+            return self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}",
                               "upstream_error")
         except TimeoutError:
             if ctx.resp is not None and ctx.resp.prepared:

@@ -86,3 +86,13 @@ def merge_input_logprobs(prefill: Any, decode: Any) -> Any:
 
 def wants_logprobs(body: dict[str, Any]) -> bool:
     return bool(body.get("return_logprob"))
+
+
+def parallel_samples(body: dict[str, Any]) -> int:
+    """The request's `n` (OpenAI) or `sampling_params.n` (native; the largest of a batch's): how many
+    samples SGLang draws per prompt. 1 when absent or not a number."""
+    n = body.get("n")
+    params = body.get("sampling_params")
+    ns = [n] + ([p.get("n") for p in params if isinstance(p, dict)] if isinstance(params, list)
+                else [params.get("n")] if isinstance(params, dict) else [])
+    return max([v for v in ns if isinstance(v, int) and not isinstance(v, bool)] or [1])

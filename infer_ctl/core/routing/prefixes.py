@@ -124,7 +124,8 @@ class PrefixRecord:
             "replicas": [
                 {
                     "worker": p.worker,
-                    "warm": p.warmed_at is not None,
+                    # an ended version is warmed no more and gives no affinity: none of its replicas is warm
+                    "warm": p.warmed_at is not None and self.state is PrefixState.ACTIVE,
                     "warmed_s_ago": None if p.warmed_at is None else round(now - p.warmed_at, 1),
                     "last_hit_s_ago": None if p.last_hit is None else round(now - p.last_hit, 1),
                     "warming": p.warming,
@@ -152,6 +153,8 @@ class PrefixRegistry:
         self.forget_after_s = forget_after_s
         self.max_warm_failures = max_warm_failures
         self._records: dict[str, list[PrefixRecord]] = {}
+        #: (ttl_s, replicas, pin, fmt) of names whose versions were all forgotten
+        self._settings: dict[str, tuple[float | None, int, bool, str]] = {}
 
     # ---- operator verbs -------------------------------------------------------------------------
     def register(self, name: str, text: str, *, now: float, ttl_s: float | None = None, replicas: int = 1,
@@ -191,7 +194,25 @@ class PrefixRegistry:
             p.needs_rewarm = True
         return rec
 
+    def remove(self, name: str) -> list[PrefixRecord]:
+        """Forget a prefix: every version, active or not (no more warm-ups, affinity or statistics).
+        Raises KeyError when there is none."""
+        versions = self._records.pop(name, None)
+        self._settings.pop(name, None)
+        if not versions:
+            raise KeyError(name)
+        return versions
+
     # ---- lookups --------------------------------------------------------------------------------
+    def settings(self, name: str) -> tuple[float | None, int, bool, str] | None:
+        """(ttl_s, replicas, pin, fmt) of the newest version of a prefix in any state (an expired one,
+        or one already forgotten): what a re-registration keeps unless it gives new values."""
+        versions = self._records.get(name)
+        if versions:
+            last = versions[-1]
+            return last.ttl_s, last.replicas, last.pin, last.fmt
+        return self._settings.get(name)
+
     def active(self, name: str) -> PrefixRecord | None:
         for rec in reversed(self._records.get(name, [])):
             if rec.state is PrefixState.ACTIVE:
@@ -228,7 +249,9 @@ class PrefixRegistry:
                     or now - r.ended_at < self.forget_after_s]
             if keep:
                 self._records[name] = keep
-            else:
+            else:  # listed no more, but a later `add NAME` still keeps its settings
+                last = versions[-1]
+                self._settings[name] = (last.ttl_s, last.replicas, last.pin, last.fmt)
                 del self._records[name]
         return expired
 
