@@ -12,8 +12,9 @@ so absolute numbers depend on it; the ratios are the result.
 `--baseline` adds the router of another checkout (before/after a change: `git worktree add /tmp/base
 <commit>`), measured in the same repetitions as this checkout's, so both see the same machine load.
 `--calls N` counts instead of timing: Python function calls per request of both routers (cProfile).
-`--tracing` adds this checkout's router with OpenTelemetry tracing on (every request sampled, OTLP/HTTP to a
-sink in this process that answers each export with 200), measured in the same repetitions: the cost of tracing.
+`--tracing` adds this checkout's router with OpenTelemetry tracing on (every request sampled unless
+OTEL_TRACES_SAMPLER[_ARG] say otherwise; OTLP/HTTP to a sink in this process that answers each export with
+200), measured in the same repetitions: the cost of tracing.
 
 Each repetition measures every target once (the order rotates between repetitions and is reversed every
 other one, so no target always runs first after a quiet or busy spell, or always right after the same
@@ -302,7 +303,9 @@ def main() -> None:
                 cwd=checkout, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(checkout)}))
         if args.tracing:
             port, endpoint = free_port(), otlp_sink()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+            # the OTLP settings are the bench's; a sampler given in the environment is kept (OTEL_TRACES_SAMPLER=
+            # parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01: the cost at 1 % sampling)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") or k.startswith("OTEL_TRACES_SAMPLER")}
             targets[TRACED] = (f"http://127.0.0.1:{port}", start(
                 [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
                  "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"],
