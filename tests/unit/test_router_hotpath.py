@@ -93,7 +93,9 @@ def test_prefill_server_error_is_retried_then_reported(upstreams: Any) -> None:
     with start_router_in_thread(cfg) as router:
         t = time.monotonic()
         r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
-        assert r.status_code == 503 and time.monotonic() - t < 3.0
+        # every attempt failed on a worker 5xx: the router's own 502 JSON (issue 19 (c)), naming the 503
+        assert r.status_code == 502 and time.monotonic() - t < 3.0
+        assert r.json()["error"]["type"] == "upstream_error" and "HTTP 503" in r.json()["error"]["message"]
         assert len(seen) - before == 3  # one try and two retries
         metrics = httpx.get(router.url + "/metrics").text
         assert 'inferctl_router_retries_total{cause="prefill_status"} 2.0' in metrics
