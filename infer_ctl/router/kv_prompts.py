@@ -64,6 +64,15 @@ class HfTokenizer:
         enc = self._tok.encode(text, add_special_tokens=start and self.special_tokens)
         return list(enc.ids), [e for _, e in enc.offsets]
 
+    def for_chat(self) -> HfTokenizer:
+        """The same tokenizer adding no special tokens: a chat template writes its own (SGLang tokenizes
+        the rendered conversation with HF's apply_chat_template, which adds none)."""
+        if not self.special_tokens:
+            return self
+        out = object.__new__(HfTokenizer)
+        out._tok, out.name, out.special_tokens = self._tok, self.name, False
+        return out
+
 
 class IdsTokenizer:
     """`input_ids` prompts: the routing text is the ids written as `1,2,3,` (core/routing/prompt.py)."""
@@ -181,7 +190,8 @@ class PromptView:
             worker = self.render(msgs)
             if worker is None:
                 return None
-            return worker, _chat_ends(msgs, worker, n_blocks, block_chars), self.tokenizer
+            tok = self.tokenizer.for_chat() if isinstance(self.tokenizer, HfTokenizer) else self.tokenizer
+            return worker, _chat_ends(msgs, worker, n_blocks, block_chars), tok
         if not endpoint.endswith("/completions") and body.get("text") is None and body.get("input_ids") is not None:
             return text, None, self.ids
         return text, None, self.tokenizer
@@ -204,6 +214,11 @@ def _hf_template(model_dir: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+
+    def raise_exception(message: str) -> None:  # what HF's apply_chat_template gives templates
+        raise jinja2.TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
     compiled = env.from_string(tpl)
 
     def token(name: str) -> str:
@@ -212,8 +227,11 @@ def _hf_template(model_dir: str) -> Any:
 
     bos, eos = token("bos_token"), token("eos_token")
 
-    def render(messages: list[Any]) -> str:
-        return compiled.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+    def render(messages: list[Any]) -> str | None:
+        try:
+            return compiled.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+        except jinja2.TemplateError:  # a conversation the template refuses: that prompt stays predicted
+            return None
 
     return render
 

