@@ -86,9 +86,9 @@ def _check_pd_trace(spans: list[dict[str, Any]], answer: Any) -> dict[str, Any]:
     room = attempt["attributes"]["inferctl.bootstrap_room"]
     assert isinstance(room, int) and room >= 1
     spec = [f for f in sf.decode_generate_response(answer) if f is not None]
-    if spec:  # the simulated decode speculates: SGLang's accept length / rate of this request
-        assert a["inferctl.spec.accept_length"] == pytest.approx(spec[0].accept_length, rel=1e-3)
-        assert a["inferctl.spec.accept_rate"] == pytest.approx(spec[0].accept_rate, rel=1e-3)
+    assert spec  # the simulated decode speculates (EAGLE3 on its default preset): this request's numbers
+    assert a["inferctl.spec.accept_length"] == pytest.approx(spec[0].accept_length, rel=1e-3)
+    assert a["inferctl.spec.accept_rate"] == pytest.approx(spec[0].accept_rate, rel=1e-3)
     return req
 
 
