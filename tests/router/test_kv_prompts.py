@@ -44,8 +44,9 @@ def test_chat_keys_differ_by_role() -> None:
     text = routing_text("/v1/chat/completions", {"messages": MSGS})
     hs = block_hashes(text, 64)
     as_user = [dict(m, role="user") if i == 0 else m for i, m in enumerate(MSGS)]
-    a = ChatKeys(hs, *[chat_layout(MSGS)[i] for i in (0, 3)], 64).materialize()  # type: ignore[arg-type]
-    b = ChatKeys(hs, *[chat_layout(as_user)[i] for i in (0, 3)], 64).materialize()  # type: ignore[arg-type]
+    la, lb = chat_layout(MSGS), chat_layout(as_user)
+    a = ChatKeys(hs, la[0], la[3], 64).materialize()
+    b = ChatKeys(hs, lb[0], lb[3], 64).materialize()
     assert a != b and len(a) == len(hs)  # same text, another role: another worker prompt
 
 
