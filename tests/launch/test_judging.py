@@ -13,7 +13,6 @@ from infer_ctl.core.sglang.consistency import launch_problems
 from infer_ctl.core.sglang.judge import expected_server_args, judge_drift, judge_loads, judge_pd_agreement
 from infer_ctl.profile.load import validate_profile_data
 
-
 #: a sound EAGLE decode sets --max-running-requests (else SGLang caps it at 48: launch.spec WARN)
 SOUND_DECODE = ["--max-running-requests", "128"]
 
