@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.sim.config import WorkerSpec
 from infer_ctl.sim.kv_config import describe, offset_endpoint, parse_kv_events_config
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
-from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.sim.kv_ports import assign_kv_event_ports
 from infer_ctl.sim.radix import RadixCache
 

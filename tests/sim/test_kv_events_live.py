@@ -13,8 +13,8 @@ import httpx
 import msgspec
 import pytest
 
-from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from infer_ctl.core.kvevents.hashing import block_hashes, page_digests
+from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.sim.kv_client import END_SEQ, Subscriber, kv_config, replay
 
 FAST = 0.01

@@ -21,11 +21,11 @@ import httpx
 import msgspec
 import pytest
 
+from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.launch.argcheck import sglang_available
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.kv_config import describe, offset_endpoint, parse_kv_events_config
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
-from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import Node, RadixCache
 from tests.sim.kv_client import Subscriber, free_port, kv_config, replay
