@@ -60,7 +60,7 @@ class Feedback:
         if cached is not None and not ctx.exact:
             self._correct(ctx, pre, predicted, cached, cpt)
         if self.kv is not None:
-            self.kv.account(pre.url, exact=predicted if ctx.exact else None, predicted=predicted,
+            self.kv.account(pre.url, exact=predicted if ctx.exact else None, predicted=int(ctx.predicted_chars / cpt),
                             prompt_tokens=prompt_tokens, reported=cached)
         m = self.metrics
         m.predicted_tokens.inc(predicted)

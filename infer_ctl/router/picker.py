@@ -80,11 +80,15 @@ class PairPicker:
                                         replicas=ctx.named.warm_replicas() if ctx.named else None,
                                         **(exact[0] if exact else {}))
                 ctx.predicted_chars, ctx.reason = choice.matched_chars, choice.reason
-                n = choice.matched_chars // self.index.block_chars
-                ctx.seen = self.index.last_use(ctx.hashes[n - 1], choice.url) if exact is None and n else None
                 if exact is not None:  # matched in prompt units: exact where the worker's stream is trusted
                     ctx.predicted_tokens = choice.matched_chars
                     ctx.exact = choice.url in exact[1]
+                    # what the predicted index alone says, for `router workers` (exact vs predicted)
+                    ctx.predicted_chars = self.index.match(ctx.hashes, [choice.url], now)[choice.url]
+                else:  # a retry may take the predicted path after an exact first attempt
+                    ctx.predicted_tokens, ctx.exact = None, False
+                n = ctx.predicted_chars // self.index.block_chars
+                ctx.seen = self.index.last_use(ctx.hashes[n - 1], choice.url) if n and not ctx.exact else None
             else:
                 choice = choose_decode(views, self.rng, policy="round_robin" if self.policy.policy == "round_robin" else "load",
                                        seq=self.seq)
