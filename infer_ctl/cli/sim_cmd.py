@@ -47,6 +47,14 @@ def serve(
     decode_log_interval: Annotated[int | None, typer.Option("--decode-log-interval", help="Decode batches per speculative gauge update (SGLang: 40).")] = None,
     kv_events_config: Annotated[str | None, typer.Option("--kv-events-config", help="SGLang's KV events JSON, e.g. '{\"publisher\":\"zmq\"}'; worker i publishes on the endpoint/replay ports + i.")] = None,
     page_size: Annotated[int | None, typer.Option("--page-size", help="Tokens per KV page (SGLang's --page-size; KV event block size).")] = None,
+    hicache_ratio: Annotated[float | None, typer.Option("--hicache-ratio", help="HiCache host tier: host pool / HBM pool (prefill and mixed workers).")] = None,
+    hicache_size: Annotated[float | None, typer.Option("--hicache-size", help="HiCache host tier in GB per rank (instead of --hicache-ratio).")] = None,
+    hicache_write_policy: Annotated[str | None, typer.Option("--hicache-write-policy", help="write_through, write_through_selective or write_back.")] = None,
+    hicache_host_gbs: Annotated[float | None, typer.Option("--hicache-host-gbs", help="Host <-> GPU GB/s per GPU (default 50).")] = None,
+    hicache_storage_backend: Annotated[str | None, typer.Option("--hicache-storage-backend", help="Add a storage tier under the host tier (e.g. file).")] = None,
+    hicache_storage_gb: Annotated[float | None, typer.Option("--hicache-storage-gb", help="Storage tier capacity, GB of KV per rank (default unbounded).")] = None,
+    hicache_storage_gbs: Annotated[float | None, typer.Option("--hicache-storage-gbs", help="Storage read GB/s of a server (default 5).")] = None,
+    hicache_prefetch_policy: Annotated[str | None, typer.Option("--hicache-storage-prefetch-policy", help="timeout, wait_complete or best_effort.")] = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
     json_: JsonOpt = False,
@@ -55,7 +63,13 @@ def serve(
     sess = session(json_)
     knobs: dict[str, Any] = {k: v for k, v in {"time_scale": time_scale, "cache_capacity_tokens": cache_tokens,
                                "eviction_policy": eviction_policy, "spec_alpha": spec_alpha, "tokenizer_path": tokenizer,
-                               "preset": preset, "model": model, "page_size": page_size, "speculative": False if no_spec else None}.items()
+                               "preset": preset, "model": model, "page_size": page_size, "speculative": False if no_spec else None,
+                               # HiCache tiers (sim/tiers.py)
+                               "hicache_ratio": hicache_ratio, "hicache_size_gb": hicache_size,
+                               "hicache_write_policy": hicache_write_policy, "hicache_host_gb_s": hicache_host_gbs,
+                               "hicache_storage_backend": hicache_storage_backend, "hicache_storage_gb": hicache_storage_gb,
+                               "hicache_storage_gb_s": hicache_storage_gbs,
+                               "hicache_prefetch_policy": hicache_prefetch_policy}.items()
              if v is not None}
     try:
         knobs.update(spec_knobs(domains=spec_domain, default_domain=spec_default_domain, drift=spec_drift,

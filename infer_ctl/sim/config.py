@@ -8,7 +8,8 @@ from typing import Any, Literal
 from infer_ctl.sim.kv_config import parse_kv_events_config
 from infer_ctl.sim.spec_adaptive import launch_steps
 from infer_ctl.sim.spec_workload import SpecWorkload
-from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, resolve_timing
+from infer_ctl.sim.tiers import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchPolicy, TierConfig, WritePolicy
+from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, preset, resolve_timing
 
 Role = Literal["prefill", "decode", "mixed"]
 ROLES = ("prefill", "decode", "mixed")
@@ -65,6 +66,19 @@ class WorkerSpec:
     page_size: int = 1
     #: SGLang's --kv-events-config JSON (kv_config.py); None: no KV events
     kv_events_config: str | None = None
+    #: HiCache (sim/tiers.py): a host tier of --hicache-ratio x the HBM pool, or --hicache-size GB per
+    #: rank; neither: no host tier. Prefill and mixed workers only (a decode runs no radix cache).
+    hicache_ratio: float | None = None
+    hicache_size_gb: float | None = None
+    hicache_write_policy: WritePolicy = "write_through"
+    #: host <-> GPU bandwidth per GPU (PCIe, effective; `inferctl plan tiers --pcie-gbs`'s default)
+    hicache_host_gb_s: float = 50.0
+    #: an L3 tier under the host tier (--hicache-storage-backend); capacity in GB of KV (None: unbounded)
+    hicache_storage_backend: str | None = None
+    hicache_storage_gb: float | None = None
+    #: the storage's read bandwidth for this server (GB/s; an NVMe drive gives a few)
+    hicache_storage_gb_s: float = 5.0
+    hicache_prefetch_policy: PrefetchPolicy = "timeout"
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -78,6 +92,45 @@ class WorkerSpec:
             raise ValueError(f"decode_log_interval must be >= 1, got {self.decode_log_interval}")
         if self.spec_adaptive:
             launch_steps(self.spec_gamma, self.spec_adaptive_config)  # SGLang refuses a non-candidate
+        if self.hicache_ratio is not None and self.hicache_ratio <= 0:
+            raise ValueError(f"hicache_ratio must be positive, got {self.hicache_ratio}")
+        if self.hicache_size_gb is not None and self.hicache_size_gb <= 0:
+            raise ValueError(f"hicache_size_gb must be positive, got {self.hicache_size_gb}")
+        if self.hicache_write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy must be one of {', '.join(WRITE_POLICIES)}, got {self.hicache_write_policy!r}")
+        if self.hicache_prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(f"hicache_prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, "
+                             f"got {self.hicache_prefetch_policy!r}")
+        if self.hicache_storage_backend is not None and self.hicache_ratio is None and self.hicache_size_gb is None:
+            raise ValueError("a HiCache storage backend needs a host tier (hicache_ratio or hicache_size_gb)")
+
+    @property
+    def hicache(self) -> bool:
+        """Whether this worker runs HiCache (a host tier under its radix cache)."""
+        return self.role != "decode" and (self.hicache_ratio is not None or self.hicache_size_gb is not None)
+
+    def tier_config(self, timing: TimingModel) -> TierConfig | None:
+        """The tiers of this worker, sized as SGLang sizes them (HostKVCache: --hicache-size GB per rank
+        // bytes per token per rank, else the device pool x the ratio), or None without HiCache."""
+        if not self.hicache:
+            return None
+        gpus = preset(self.preset).gpus
+        per_rank = max(1, timing.kv_bytes_per_token // gpus)
+        if self.hicache_size_gb is not None:
+            host = int(self.hicache_size_gb * 1e9 // per_rank)
+        else:
+            host = int(timing.kv_capacity_tokens * (self.hicache_ratio or 0))
+        storage = None if self.hicache_storage_gb is None else int(self.hicache_storage_gb * 1e9 // per_rank)
+        return TierConfig(
+            host_capacity_tokens=max(1, host),
+            kv_bytes_per_token=timing.kv_bytes_per_token,
+            host_bytes_s=self.hicache_host_gb_s * 1e9 * gpus,
+            write_policy=self.hicache_write_policy,
+            storage_backend=self.hicache_storage_backend,
+            storage_capacity_tokens=storage,
+            storage_bytes_s=self.hicache_storage_gb_s * 1e9,
+            prefetch_policy=self.hicache_prefetch_policy,
+        )
 
     def timing(self) -> TimingModel:
         return resolve_timing(

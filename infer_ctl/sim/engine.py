@@ -51,6 +51,11 @@ class SimRequest:
     skip_cache_insert: bool = False
     #: filled by the engine
     cached_tokens: int = 0
+    #: of cached_tokens, those loaded from host memory / storage (HiCache: meta_info cached_tokens_details)
+    cached_host: int = 0
+    cached_storage: int = 0
+    #: model seconds to load them into HBM, charged to the request's first prefill forward
+    load_seconds: float = 0.0
     output_ids: list[int] = field(default_factory=list)
     verify_ct: int = 0
     accepted_drafts: int = 0
@@ -151,7 +156,10 @@ class Engine:
         if req.max_prefix is not None:
             limit = max(0, min(limit, req.max_prefix))
         match = self.cache.match_prefix(req.input_ids[:limit], req.priority)
+        if match.host or match.storage:  # HiCache: load them back into HBM (sim/tiers.py)
+            match = self.cache.load_back(match, self.timing.prefill_seconds(match.host + match.storage))
         req.cached_tokens = match.length
+        req.cached_host, req.cached_storage, req.load_seconds = match.host, match.storage, match.load_seconds
         req.remaining_prefill = req.prompt_tokens - req.cached_tokens
         self.cache.lock(match.node)
         req.lock_node = match.node
@@ -229,7 +237,15 @@ class Engine:
                 req.started = now
                 self.metrics.queue_time.observe(self.model_seconds(now - req.arrived))
         tokens = sum(t for _, t in batch)
-        end = await self._busy(loop, self.timing.prefill_seconds(tokens))
+        model_s = self.timing.prefill_seconds(tokens)
+        # HiCache: the host/storage loads of the batch run next to its compute (SGLang loads layer by
+        # layer ahead of the forward), so the forward takes the longer; blocking write-backs add to it
+        load = sum(req.load_seconds for req, _ in batch)
+        for req, _ in batch:
+            req.load_seconds = 0.0
+        if load:
+            model_s = max(model_s, self.timing.step_overhead_s + load)
+        end = await self._busy(loop, model_s + self.cache.take_stall_seconds())
         for req, take in batch:
             req.remaining_prefill -= take
             if req.remaining_prefill > 0:

@@ -56,6 +56,7 @@ def specs_from_profile(profile: Profile, **knobs: Any) -> list[WorkerSpec]:
             kv = _flag_value(extra, "--kv-events-config")  # an extra arg replaces the profile's, as in launch
             if kv is not None:
                 paged["kv_events_config"] = kv
+            paged.update(hicache_knobs(profile, server_role))
             specs.append(
                 WorkerSpec(role, host=node.host, port=port, bootstrap_port=boot, seed=seed + len(specs),
                            **{**base, **paged, **knobs})
@@ -72,3 +73,22 @@ def _flag_value(args: list[str], flag: str) -> str | None:
         elif tok.startswith(flag + "="):
             value = tok.split("=", 1)[1]
     return value
+
+
+def hicache_knobs(profile: Profile, server_role: str) -> dict[str, Any]:
+    """The WorkerSpec fields of the profile's `sglang.hicache` for a server role (sim/tiers.py): the host
+    pool's ratio or size (SGLang's default ratio 2.0 when the profile leaves it to SGLang's auto-sizing,
+    which needs the node's RAM), write policy, storage backend and prefetch policy. A decode runs no
+    radix cache in the simulator, so it gets none."""
+    hc = profile.sglang.hicache
+    s = hc.settings_for(server_role) if hc is not None and server_role != "decode" else None
+    if s is None:
+        return {}
+    out: dict[str, Any] = {"hicache_size_gb": float(s.size_gb)} if s.size_gb else {"hicache_ratio": s.ratio or 2.0}
+    if s.write_policy is not None:
+        out["hicache_write_policy"] = s.write_policy
+    if s.storage is not None:
+        out["hicache_storage_backend"] = s.storage.backend
+        if s.storage.prefetch_policy is not None:
+            out["hicache_prefetch_policy"] = s.storage.prefetch_policy
+    return out

@@ -13,7 +13,9 @@ radix cache, only appends what happened (store, split, remove, clear: O(1), no h
 log; `KvEventBuilder`, run by the publisher's thread on each step's log in order, keeps every node's
 page digests (core/kvevents/hashing.py: SGLang's SHA-256 chain), follows the splits and turns the log into SGLang's
 events. A node's key list is never changed in place (a split gives both halves new lists), so the log
-can hold the very list a store saw.
+can hold the very list a store saw. With HiCache tiers (tiers.py) a node is stored and removed per medium
+(GPU, CPU_PINNED) as SGLang's unified tree core records it, and keeps its digests until it leaves the
+tree.
 
 Events are the plain maps msgspec writes for SGLang's tagged structs (`type` first, then the fields in
 their declared order, optional fields left at None omitted): the encoded bytes are the same, which
@@ -29,8 +31,10 @@ from typing import Any, Protocol
 
 from infer_ctl.core.kvevents.hashing import DIGEST_LEN, bigram_pairs, block_hashes, last_digest, page_digests
 
-#: SGLang's StorageMedium.GPU: every block of this simulator lives in (simulated) device memory
+#: SGLang's StorageMedium (disaggregation/kv_events.py): GPU for HBM; CPU_PINNED for HiCache's host tier
+#: (unified_tree_core.py records a host backup, a host eviction and a load back to HBM with these)
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU_PINNED"
 
 Event = dict[str, Any]
 #: one entry of a step's log: ("store", node, parent or None at the root, key), ("split", child, head,
@@ -48,7 +52,8 @@ class TreeNode(Protocol):
     def parent(self) -> TreeNode | None: ...
 
 
-def stored(hashes: list[int], parent: int | None, token_ids: list[Any], block_size: int) -> Event:
+def stored(hashes: list[int], parent: int | None, token_ids: list[Any], block_size: int,
+           medium: str = MEDIUM_GPU) -> Event:
     return {
         "type": "BlockStored",
         "block_hashes": hashes,
@@ -56,12 +61,12 @@ def stored(hashes: list[int], parent: int | None, token_ids: list[Any], block_si
         "token_ids": token_ids,
         "block_size": block_size,
         "lora_id": None,
-        "medium": MEDIUM_GPU,
+        "medium": medium,
     }
 
 
-def removed(hashes: list[int]) -> Event:
-    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM_GPU}
+def removed(hashes: list[int], medium: str = MEDIUM_GPU) -> Event:
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
 
 
 def cleared() -> Event:
@@ -76,15 +81,21 @@ class KvEventRecorder:
         self.sink = sink
         self._ops: list[Op] = []
 
-    def record_store(self, node: TreeNode) -> None:
+    def record_store(self, node: TreeNode, medium: str = MEDIUM_GPU) -> None:
         parent = node.parent
-        self._ops.append(("store", node, parent if parent is not None and parent.key else None, node.key))
+        self._ops.append(("store", node, parent if parent is not None and parent.key else None, node.key, medium))
 
     def record_split(self, child: TreeNode, head: TreeNode) -> None:
         self._ops.append(("split", child, head, len(head.key)))
 
-    def record_remove(self, node: TreeNode) -> None:
-        self._ops.append(("remove", node))
+    def record_remove(self, node: TreeNode, medium: str = MEDIUM_GPU, *, gone: bool = True) -> None:
+        """`gone`: the node leaves the tree (its digests are dropped); False: it leaves one tier only and
+        stays in another (HiCache), so a later store (a load back, a backup) reuses its digests."""
+        self._ops.append(("remove", node, medium, gone))
+
+    def record_forget(self, node: TreeNode) -> None:
+        """The node leaves the tree from a tier SGLang publishes nothing for (HiCache storage)."""
+        self._ops.append(("forget", node))
 
     def record_all_cleared(self) -> None:
         self._ops.append(("clear",))
@@ -114,25 +125,31 @@ class KvEventBuilder:
         for op in ops:
             kind = op[0]
             if kind == "store":
-                self._store(events, op[1], op[2], op[3])
+                self._store(events, op[1], op[2], op[3], op[4] if len(op) > 4 else MEDIUM_GPU)
             elif kind == "split":
                 _, child, head, n = op
                 digests = self._digests.pop(child, b"")
                 cut = n // self.page_size * DIGEST_LEN
                 self._digests[head], self._digests[child] = digests[:cut], digests[cut:]
             elif kind == "remove":
-                hashes = block_hashes(self._digests.pop(op[1], b""))
+                medium, gone = (op[2], op[3]) if len(op) > 2 else (MEDIUM_GPU, True)
+                digests = self._digests.pop(op[1], b"") if gone else self._digests.get(op[1], b"")
+                hashes = block_hashes(digests)
                 if hashes:
-                    _enqueue(events, removed(hashes))
+                    _enqueue(events, removed(hashes, medium))
+            elif kind == "forget":
+                self._digests.pop(op[1], None)
             else:
                 self._digests.clear()
                 _enqueue(events, cleared())
         return events
 
-    def _store(self, events: list[Event], node: Any, parent: Any, key: list[int]) -> None:
+    def _store(self, events: list[Event], node: Any, parent: Any, key: list[int], medium: str = MEDIUM_GPU) -> None:
         prior = last_digest(self._digests.get(parent)) if parent is not None else None
-        digests = page_digests(key, self.page_size, prior, bigram=self.bigram)
-        self._digests[node] = digests
+        digests = self._digests.get(node)  # a node stored in another tier already (HiCache) keeps its hashes
+        if digests is None:
+            digests = page_digests(key, self.page_size, prior, bigram=self.bigram)
+            self._digests[node] = digests
         hashes = block_hashes(digests)
         parent_hash = block_hashes(prior)[0] if prior is not None else None  # the root contributes no link
         tokens: list[Any] = bigram_pairs(key) if self.bigram else list(key)
@@ -140,10 +157,10 @@ class KvEventBuilder:
         if len(tokens) % ps:  # SGLang's pages are page-aligned; a short last page only under tests
             for i, h in enumerate(hashes):
                 page = tokens[i * ps : (i + 1) * ps]
-                _enqueue(events, stored([h], parent_hash, page, len(page)))
+                _enqueue(events, stored([h], parent_hash, page, len(page), medium))
                 parent_hash = h
             return
-        _enqueue(events, stored(hashes, parent_hash, tokens, ps))
+        _enqueue(events, stored(hashes, parent_hash, tokens, ps, medium))
 
 
 def _enqueue(events: list[Event], event: Event) -> None:
@@ -151,6 +168,9 @@ def _enqueue(events: list[Event], event: Event) -> None:
     if events:
         tail = events[-1]
         kind = event["type"]
+        if tail.get("medium") != event.get("medium"):  # one event per tier
+            events.append(event)
+            return
         if kind == tail["type"] == "BlockRemoved":
             tail["block_hashes"].extend(event["block_hashes"])
             return

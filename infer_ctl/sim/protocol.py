@@ -309,6 +309,7 @@ def meta_info(
     *,
     e2e_latency: float | None = None,
     spec: dict[str, Any] | None = None,
+    cached_details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": rid,
@@ -317,7 +318,9 @@ def meta_info(
         "completion_tokens": completion_tokens,
         "reasoning_tokens": 0,
         "cached_tokens": cached_tokens,
-        "cached_tokens_details": {"device": cached_tokens, "host": 0},
+        # SGLang's breakdown (scheduler_components/output_streamer.py get_cached_tokens_details): where the
+        # cached tokens came from; HiCache workers pass theirs (sim/tiers.py cached_details)
+        "cached_tokens_details": cached_details or {"device": cached_tokens, "host": 0},
         "weight_version": "default",
         "num_retractions": 0,
     }

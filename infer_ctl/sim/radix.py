@@ -12,8 +12,8 @@ reports are in keys, each one token's KV. Bigrams are packed into one int each (
 
 Tokens enter and leave the tree only in `insert`, `evict` and `reset`: there a `KvEventRecorder` (when
 the worker publishes KV events, `kv_events.py`) logs the stores, removals and clears (and `_split` its
-splits, which change no block) that become `BlockStored`, `BlockRemoved` and `AllBlocksCleared`, and a
-host tier would attach (docs/simulator.md "Modules").
+splits, which change no block) that become `BlockStored`, `BlockRemoved` and `AllBlocksCleared`; the
+HiCache tiers (host memory, storage: `tiers.HiRadixCache`) extend these points and `load_back`.
 """
 
 from __future__ import annotations
@@ -42,12 +42,23 @@ class Node:
     priority: int = 0
     last_access: int = 0
     lock_ref: int = 0
+    #: where the node's KV is (sim/tiers.py's HiCache tiers; a plain cache keeps everything on the device)
+    on_device: bool = True
+    on_host: bool = False
+    on_storage: bool = False
+    #: inserts and matches through the node (SGLang's hit_count: write_through_selective backs up at 2)
+    hit_count: int = 0
 
 
 @dataclass(frozen=True)
 class MatchResult:
     length: int
     node: Node
+    #: of `length`, the keys found only in host memory / only in storage (HiCache); the rest is in HBM
+    host: int = 0
+    storage: int = 0
+    #: model seconds to load the host and storage keys into HBM before the prefill (HiCache load-back)
+    load_seconds: float = 0.0
 
 
 def _common_len(key: list[int], tokens: Sequence[int], start: int, page_size: int = 1) -> int:
@@ -151,6 +162,10 @@ class RadixCache:
             priority=child.priority,
             last_access=child.last_access,
             lock_ref=child.lock_ref,
+            on_device=child.on_device,
+            on_host=child.on_host,
+            on_storage=child.on_storage,
+            hit_count=child.hit_count,
         )
         parent.children[self._child_key(head.key, 0)] = head
         child.key = child.key[n:]
@@ -159,6 +174,18 @@ class RadixCache:
         if self.events is not None:  # no event: the blocks are the same, cut between two nodes
             self.events.record_split(child, head)
         return head
+
+    def load_back(self, match: MatchResult, recompute_seconds: float) -> MatchResult:
+        """Make a match's host/storage part device-resident before its prefill (HiCache's load-back,
+        sim/tiers.py); one tier has nothing to load. `recompute_seconds`: what prefilling the part
+        instead would take (a best_effort storage prefetch gives up past it)."""
+        del recompute_seconds
+        return match
+
+    def take_stall_seconds(self) -> float:
+        """Model seconds of cache work that blocked the scheduler since the last call (HiCache's
+        write-back copies); charged to the next forward."""
+        return 0.0
 
     # -- insert / evict ---------------------------------------------------------------------------
     def insert(self, tokens: Sequence[int], priority: int = 0) -> int:

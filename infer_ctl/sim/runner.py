@@ -23,6 +23,7 @@ from infer_ctl.sim.protocol import GenItem, GenRequest, RequestError
 from infer_ctl.sim.rooms import RoomError
 from infer_ctl.sim.spec_workload import DEFAULT_DOMAIN, domain_of
 from infer_ctl.sim.state import WorkerState
+from infer_ctl.sim.tiers import cached_details
 
 Result = dict[str, Any]
 #: receives every stream chunk of one prompt (a cumulative result dict)
@@ -197,6 +198,7 @@ class RequestRunner:
             sreq.cached_tokens,
             {"type": "length", "length": 0},
             e2e_latency=e.model_seconds(sreq.finished_at - sreq.arrived),
+            cached_details=cached_details(self.state.cache, sreq.cached_tokens, sreq.cached_host, sreq.cached_storage),
         )
         meta.update(self._logprobs(item, []))
         result: Result = {"text": "", "output_ids": [], "meta_info": meta}
@@ -238,6 +240,7 @@ class RequestRunner:
             finish,
             e2e_latency=e2e,
             spec=spec,
+            cached_details=cached_details(st.cache, sreq.cached_tokens, sreq.cached_host, sreq.cached_storage),
         )
         meta.update(self._logprobs(item, sreq.output_ids))
         if len(sreq.output_ids) > sreq.text_upto:  # decode only the new tokens: text is cumulative

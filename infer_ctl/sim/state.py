@@ -17,6 +17,7 @@ from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import RadixCache
 from infer_ctl.sim.rooms import RoomTable
 from infer_ctl.sim.spec_decode import spec_decoder_for
+from infer_ctl.sim.tiers import HiRadixCache
 from infer_ctl.sim.tokenizer import make_tokenizer
 
 
@@ -33,8 +34,16 @@ class WorkerState:
         records = self.kv_events is not None and self.kv_events.enabled and spec.role != "decode"
         self.kv_recorder = KvEventRecorder() if records else None
         self.kv_publisher: ZmqKvPublisher | None = None
+        tiers = spec.tier_config(self.timing)
         self.cache = RadixCache(
             self.timing.kv_capacity_tokens,
+            spec.eviction_policy,
+            page_size=spec.page_size,
+            bigram=bigram,
+            events=self.kv_recorder,
+        ) if tiers is None else HiRadixCache(  # HiCache: host (and storage) tiers under HBM, sim/tiers.py
+            self.timing.kv_capacity_tokens,
+            tiers,
             spec.eviction_policy,
             page_size=spec.page_size,
             bigram=bigram,

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from infer_ctl.core.promtext import render as render_families
 from infer_ctl.sim.metrics import render as render_metrics
 from infer_ctl.sim.state import WorkerState
+from infer_ctl.sim.tiers import tier_families
 
 #: /v1/loads ?include= names of the sections the simulator has (SGLang: managers/load_snapshot.py)
 LOAD_SECTIONS = {"speculative": "spec", "disaggregation": "disagg"}
@@ -89,4 +91,6 @@ def metrics_text(state: WorkerState) -> str:
     # the room table counts PD failures on the prefill side, the KV receiver on the decode side
     e.metrics.bootstrap_failed = rooms.bootstrap_failed
     e.metrics.transfer_failed = max(e.metrics.transfer_failed, rooms.transfer_failed)
-    return render_metrics(e.metrics, labels, gauges)
+    text = render_metrics(e.metrics, labels, gauges)
+    tiers = tier_families(state.cache, labels)  # HiCache's series (sim/tiers.py), none without tiers
+    return text if not tiers else text.rstrip("\n") + "\n" + render_families(tiers)

@@ -1,0 +1,186 @@
+"""HiCache in the simulator: the host (and storage) tier under the radix cache, their write policies,
+eviction to host instead of dropping, load-backs that cost time by size, SGLang's series and
+cached_tokens_details, KV events per medium; a worker serving them, and `check servers` reading it."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from infer_ctl.checks.hicache import hicache_findings
+from infer_ctl.core.sglang import instances
+from infer_ctl.core.sglang.hicache_health import parse_metrics
+from infer_ctl.profile.load import validate_profile_data
+from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from infer_ctl.sim.from_profile import specs_from_profile
+from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
+from infer_ctl.sim.radix import RadixCache
+from infer_ctl.sim.tiers import HiRadixCache, TierConfig, WritePolicy
+
+A = list(range(1000, 1060))
+B = list(range(2000, 2060))
+C = list(range(3000, 3060))
+BYTES = 1000  # per token
+HOST_BW = 1e9  # bytes/s: 60 tokens load in 60 us
+
+
+def _cache(host: int = 300, policy: WritePolicy = "write_through", events: KvEventRecorder | None = None,
+           **kw: object) -> HiRadixCache:
+    tiers = TierConfig(host_capacity_tokens=host, kv_bytes_per_token=BYTES, host_bytes_s=HOST_BW,
+                       write_policy=policy, **kw)  # type: ignore[arg-type]
+    return HiRadixCache(100, tiers, events=events)
+
+
+def test_hbm_eviction_moves_a_prefix_to_host_and_a_hit_loads_it_back() -> None:
+    plain = RadixCache(100)
+    for p in (A, B):
+        plain.insert(p)
+    assert plain.match_prefix(A).length == 0  # one tier: evicted = gone
+    c = _cache()
+    c.insert(A)
+    c.insert(B)  # 120 > 100: A (least recent) leaves HBM, its write-through copy stays
+    assert (c.size, c.host_size, c.evicted_total) == (60, 120, 60)
+    m = c.match_prefix(A)
+    assert (m.length, m.host, m.storage) == (60, 60, 0)
+    loaded = c.load_back(m, recompute_seconds=1.0)
+    assert loaded.length == 60 and loaded.load_seconds == pytest.approx(60 * BYTES / HOST_BW)
+    assert c.size == 60 and c.match_prefix(A).host == 0  # A is in HBM again, B went to host
+    assert c.match_prefix(B).host == 60
+    assert c.counters.load_back_tokens == 60 and c.counters.backup_tokens == 120
+
+
+def test_write_back_copies_on_eviction_and_loses_what_a_full_host_cannot_take() -> None:
+    c = _cache(policy="write_back")
+    c.insert(A)
+    assert c.host_size == 0  # nothing copied before an eviction
+    c.insert(B)
+    assert c.host_size == 60 and c.counters.backup_tokens == 60
+    assert c.take_stall_seconds() == pytest.approx(60 * BYTES / HOST_BW)  # the blocking D->H copy
+    small = _cache(host=50, policy="write_back")
+    small.insert(A)
+    small.insert(B)  # A does not fit in 50 host tokens: destroyed (host_pressure)
+    assert small.counters.dropped == {"host_pressure": 60, "write_through_unbacked_eviction": 0}
+    assert small.match_prefix(A).length == 0
+
+
+def test_write_through_selective_copies_on_the_second_hit() -> None:
+    c = _cache(policy="write_through_selective")
+    c.insert(A)
+    assert c.host_size == 0
+    c.match_prefix(A)  # second hit
+    assert c.host_size == 60
+    c.insert(B)
+    c.insert(C)  # B (one hit, no copy) is dropped when HBM evicts it... after A, the older one
+    assert c.counters.dropped["write_through_unbacked_eviction"] == 60 and c.match_prefix(A).host == 60
+
+
+def test_a_full_host_pool_evicts_its_lru_and_storage_keeps_what_host_drops() -> None:
+    c = _cache(host=120)
+    for p in (A, B, C):
+        c.insert(p)  # host holds 2 x 60: A's copy is evicted for C's
+    assert c.host_size == 120 and c.match_prefix(A).length == 0
+    s = _cache(host=120, storage_backend="file", storage_bytes_s=1e8, prefetch_policy="wait_complete")
+    for p in (A, B, C):
+        s.insert(p)
+    m = s.match_prefix(A)
+    assert (m.length, m.host, m.storage) == (60, 0, 60)
+    loaded = s.load_back(m, recompute_seconds=0.0)
+    assert loaded.load_seconds == pytest.approx(60 * BYTES / 1e8 + 60 * BYTES / HOST_BW)
+    assert s.counters.storage_hit_tokens == 60 and s.counters.prefetched_tokens == 60
+
+
+def test_a_storage_prefetch_past_its_deadline_is_unfulfilled_and_computed() -> None:
+    slow = _cache(host=120, storage_backend="file", storage_bytes_s=1e3, prefetch_policy="timeout")
+    for p in (A, B, C):
+        slow.insert(p)
+    m = slow.match_prefix(A)
+    loaded = slow.load_back(m, recompute_seconds=0.01)  # 60 s at 1 kB/s > SGLang's 1 s + 0.25 s/1k tokens
+    assert (loaded.length, loaded.storage) == (0, 0) and slow.counters.storage_unfulfilled == {"deadline": 60}
+    best = _cache(host=120, storage_backend="file", storage_bytes_s=1e9, prefetch_policy="best_effort")
+    for p in (A, B, C):
+        best.insert(p)
+    assert best.load_back(best.match_prefix(A), recompute_seconds=1e-9).length == 0  # recomputing is faster
+
+
+def test_kv_events_carry_the_medium_as_sglang_records_them() -> None:
+    rec = KvEventRecorder()
+    c = _cache(events=rec)
+    rec.take()  # the reset's AllBlocksCleared
+    c.insert(A)
+    c.insert(B)
+    c.load_back(c.match_prefix(A), 1.0)
+    events = KvEventBuilder(1).build(rec.take())
+    kinds = [(e["type"], e["medium"], e["block_hashes"][0]) for e in events]
+    a, b = kinds[0][2], kinds[2][2]
+    assert kinds == [
+        ("BlockStored", "GPU", a), ("BlockStored", "CPU_PINNED", a),  # A computed, written through
+        ("BlockStored", "GPU", b), ("BlockStored", "CPU_PINNED", b),
+        ("BlockRemoved", "GPU", a),  # HBM evicts A: it stays in host (same hashes)
+        ("BlockStored", "GPU", a),  # loaded back
+        ("BlockRemoved", "GPU", b),
+    ]
+
+
+# ---- a worker with HiCache, end to end -------------------------------------------------------------------
+
+
+def _prompt(i: int, n: int = 400) -> list[int]:
+    return [i * 10_000 + t for t in range(n)]
+
+
+def _generate(url: str, ids: list[int]) -> dict[str, object]:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
+    meta: dict[str, object] = httpx.post(url + "/generate", json=body, timeout=30).json()["meta_info"]
+    return meta
+
+
+def test_a_worker_serves_host_hits_and_sglangs_hicache_series() -> None:
+    common = {"time_scale": 0.05, "cache_capacity_tokens": 1000, "speculative": False}
+    specs = [WorkerSpec("mixed", **common), WorkerSpec("mixed", hicache_ratio=3.0, **common)]  # type: ignore[arg-type]
+    with start_cluster_in_thread(specs) as c:
+        plain, tiered = c.urls
+        for url in c.urls:
+            for i in range(4):  # 4 x 400 tokens > 1,000 in HBM; fits HBM + 3,000 in host
+                _generate(url, _prompt(i))
+        again = {url: _generate(url, _prompt(0)) for url in c.urls}
+        assert again[plain]["cached_tokens"] == 0
+        assert again[plain]["cached_tokens_details"] == {"device": 0, "host": 0}
+        assert again[tiered]["cached_tokens"] == 399
+        assert again[tiered]["cached_tokens_details"] == {"device": 0, "host": 399}
+        text = httpx.get(tiered + "/metrics").text
+        m = parse_metrics(text)
+        assert m.get("sglang:hicache_host_total_tokens") == 3000 and m.total("sglang:evicted_tokens_total") > 0
+        assert m.get("sglang:hicache_backup_tokens_total") == 4 * 400  # every prompt written through once
+        assert 'sglang:load_back_tokens_total{engine_type="unified",model_name="sim-llama-3.1-70b",moe_ep_rank="0",' \
+               'pool="kv",pp_rank="0",tp_rank="0"} 399' in text
+        assert "sglang:hicache_host_used_tokens" not in httpx.get(plain + "/metrics").text
+        # `check servers` reads the simulated worker as a real one
+        port = int(tiered.rsplit(":", 1)[1])
+        profile = validate_profile_data({
+            "name": "t", "collocated": True,
+            "nodes": [{"name": "n1", "host": "127.0.0.1", "roles": ["prefill"], "overrides": {"extra_args": []}}],
+            "models": {"target": {"path": "/m"}},
+            "sglang": {"collocated": {"port": port}, "hicache": {"ratio": 3.0}},
+        })  # fmt: skip
+        found = {f.check: (f.status.value, f.message) for f in hicache_findings(profile, instances(profile))}
+        assert found["servers.hicache_host"][0] == "ok" and "of 3,000 tokens" in found["servers.hicache_host"][1]
+        assert found["servers.hicache_backup"][0] == "ok"
+
+
+def test_the_profile_gives_its_servers_their_tiers() -> None:
+    profile = validate_profile_data({
+        "name": "t",
+        "nodes": [{"name": "pf", "host": "10.0.0.1", "roles": ["prefill"]},
+                  {"name": "dc", "host": "10.0.0.2", "roles": ["decode"]}],
+        "models": {"target": {"path": "/m", "preset": "llama-3.1-70b"}},
+        "sglang": {"hicache": {"write_policy": "write_back", "storage": {"backend": "file", "prefetch_policy": "best_effort"}},
+                   "extra_args": {"prefill": ["--page-size", "64"], "decode": ["--page-size", "64"]}},
+    })  # fmt: skip
+    pre, dec = specs_from_profile(profile)
+    assert (pre.hicache_ratio, pre.hicache_write_policy, pre.hicache_storage_backend, pre.hicache_prefetch_policy) == (
+        2.0, "write_back", "file", "best_effort")  # SGLang's default ratio where the profile auto-sizes
+    assert not dec.hicache and dec.tier_config(dec.timing()) is None
+    cfg = pre.tier_config(pre.timing())
+    assert cfg is not None and cfg.host_capacity_tokens == 2 * pre.timing().kv_capacity_tokens
+    with pytest.raises(ValueError, match="hicache_write_policy must be one of"):
+        WorkerSpec("prefill", hicache_ratio=2.0, hicache_write_policy="write_around")  # type: ignore[arg-type]
