@@ -75,17 +75,21 @@ def main() -> int:
             audit_cmd = [*inferctl, "audit", "-p", str(profile), "--json", "--only", "gpu"]
             timed(exec_cmd)  # warm caches (imports, page cache) for both alike
             exec_t, audit_t, base_t = [], [], []
-            for _ in range(args.repeats):  # interleaved so drift hits both equally
+            for i in range(args.repeats):  # interleaved so drift hits both equally
                 t, rc = timed(exec_cmd)
                 assert rc == 0, f"exec true failed with {rc}"
                 exec_t.append(t)
-                t, rc = timed(audit_cmd)
-                assert rc == 0, f"audit failed with {rc} (expected a healthy fleet)"
-                audit_t.append(t)
-                if args.baseline is not None:
-                    t, rc = timed(audit_cmd, cwd=args.baseline.resolve())
-                    assert rc == 0, f"baseline audit failed with {rc}"
-                    base_t.append(t)
+                # the baseline goes first every other round: neither tree always follows the other
+                order = ["audit", "baseline"] if args.baseline is None or i % 2 == 0 else ["baseline", "audit"]
+                for which in order:
+                    if which == "audit":
+                        t, rc = timed(audit_cmd)
+                        assert rc == 0, f"audit failed with {rc} (expected a healthy fleet)"
+                        audit_t.append(t)
+                    elif args.baseline is not None:
+                        t, rc = timed(audit_cmd, cwd=args.baseline.resolve())
+                        assert rc == 0, f"baseline audit failed with {rc}"
+                        base_t.append(t)
         finally:
             cluster.close()
     e, a = statistics.median(exec_t), statistics.median(audit_t)

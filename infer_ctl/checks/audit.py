@@ -411,17 +411,19 @@ def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], 
                                     now=result.started_at.isoformat(timespec="seconds").replace("+00:00", "Z"))
     result.findings.extend(acted)
     finished = time.time()
-    record = history_record(result, profile.name, pingpong=opts.pingpong,
-                            not_checked=carry_unchecked(previous, result),
-                            memory=remembered(result.findings, previous))
-    if remediation is not None:
-        record["remediation"] = remediation
+    record: dict[str, Any] | None = None
+    if opts.history:  # thousands of findings on a large fleet: built only when it is written
+        record = history_record(result, profile.name, pingpong=opts.pingpong,
+                                not_checked=carry_unchecked(previous, result),
+                                memory=remembered(result.findings, previous))
+        if remediation is not None:
+            record["remediation"] = remediation
     extra = textfile_families(remediation, {n.name: [r.value for r in n.roles] for n in profile.nodes}) \
         if remediation is not None else []
     try:
         if opts.textfile:
             write_audit_textfile(opts.textfile, result, run_timestamp=finished, extra=extra)
-        if opts.history:
+        if opts.history and record is not None:
             append_history(opts.history, record)
     except OSError as exc:  # disk full, permissions changed during the run, ...
         raise InferctlError(f"the audit ran ({result.status.value}) but its output could not be written: {exc}",

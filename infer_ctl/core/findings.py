@@ -117,8 +117,15 @@ class Finding:
         }
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    # exact-type checks first: an audit serialises thousands of findings, and isinstance() against the
+    # Mapping ABC is the slow path
+    if type(value) in _SCALARS:
+        return value
+    if type(value) is dict or isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_jsonable(v) for v in value]

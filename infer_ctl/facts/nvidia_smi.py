@@ -47,6 +47,34 @@ class NvidiaSmiParseError(ValueError):
     """The text is not nvidia-smi XML (truncated, an error message, or another tool's output)."""
 
 
+class _Indexed:
+    """One GPU's element with every child path looked up once: `find("pci/pci_bus_id")` is a dict hit
+    instead of an ElementPath walk (a GPU has ~1000 elements and the parser asks ~100 paths of it;
+    the walks were most of the parse). The first element of a path wins, as with Element.find."""
+
+    def __init__(self, elem: ET.Element) -> None:
+        self.elem = elem
+        self.paths: dict[str, ET.Element] = {}
+        self._fill(elem, "")
+
+    def _fill(self, node: ET.Element, prefix: str) -> None:
+        for child in node:
+            path = prefix + child.tag
+            if path not in self.paths:
+                self.paths[path] = child
+            if len(child):
+                self._fill(child, path + "/")
+
+    def find(self, path: str) -> ET.Element | None:
+        return self.paths.get(path)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.elem.get(key, default)
+
+
+Tree = ET.Element | _Indexed
+
+
 def _text(elem: ET.Element | None) -> str | None:
     if elem is None:
         return None
@@ -58,7 +86,7 @@ def _text(elem: ET.Element | None) -> str | None:
     return value
 
 
-def _find(root: ET.Element, *paths: str) -> str | None:
+def _find(root: Tree, *paths: str) -> str | None:
     """The first path that exists with a real value: element names drift between drivers."""
     for path in paths:
         value = _text(root.find(path))
@@ -101,7 +129,7 @@ def _sum(values: Iterable[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def _ecc_uncorrected(gpu: ET.Element, scope: str) -> int | None:
+def _ecc_uncorrected(gpu: Tree, scope: str) -> int | None:
     base = f"ecc_errors/{scope}"
     # v12+ (A100/H100...): SRAM parity + SECDED + DRAM; v11: sram_uncorrectable; pre-Ampere: double_bit/total
     modern = [
@@ -113,7 +141,7 @@ def _ecc_uncorrected(gpu: ET.Element, scope: str) -> int | None:
     return _int(_find(gpu, f"{base}/double_bit/total"))
 
 
-def _ecc_corrected(gpu: ET.Element, scope: str) -> int | None:
+def _ecc_corrected(gpu: Tree, scope: str) -> int | None:
     base = f"ecc_errors/{scope}"
     modern = [_int(_find(gpu, f"{base}/{n}")) for n in ("sram_correctable", "dram_correctable")]
     if any(v is not None for v in modern):
@@ -121,7 +149,7 @@ def _ecc_corrected(gpu: ET.Element, scope: str) -> int | None:
     return _int(_find(gpu, f"{base}/single_bit/total"))
 
 
-def _clock_reasons(gpu: ET.Element) -> frozenset[str] | None:
+def _clock_reasons(gpu: Tree) -> frozenset[str] | None:
     for group, prefix in (
         ("clocks_event_reasons", "clocks_event_reason_"),
         ("clocks_throttle_reasons", "clocks_throttle_reason_"),
@@ -137,7 +165,7 @@ def _clock_reasons(gpu: ET.Element) -> frozenset[str] | None:
     return None
 
 
-def _processes(gpu: ET.Element) -> tuple[GpuProcess, ...] | None:
+def _processes(gpu: Tree) -> tuple[GpuProcess, ...] | None:
     elem = gpu.find("processes")
     if elem is None:
         return None
@@ -159,13 +187,14 @@ def _nvml_errors(gpu: ET.Element) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _recovery_action(gpu: ET.Element) -> str | None:
+def _recovery_action(gpu: Tree) -> str | None:
     """'None' / 'Gpu Reset' / 'Drain and Reset' -> 'none' / 'gpu_reset' / 'drain_and_reset'."""
     raw = _text(gpu.find("gpu_recovery_action"))
     return None if raw is None else re.sub(r"[^a-z0-9]+", "_", raw.lower()).strip("_")
 
 
-def _parse_gpu(index: int, gpu: ET.Element) -> GpuFacts:
+def _parse_gpu(index: int, elem: ET.Element, errors_possible: bool = True) -> GpuFacts:
+    gpu = _Indexed(elem)
     return GpuFacts(
         index=index,
         name=_find(gpu, "product_name"),
@@ -212,7 +241,7 @@ def _parse_gpu(index: int, gpu: ET.Element) -> GpuFacts:
         memory_used_mib=_int(_find(gpu, "fb_memory_usage/used")),
         memory_total_mib=_int(_find(gpu, "fb_memory_usage/total")),
         processes=_processes(gpu),
-        errors=_nvml_errors(gpu),
+        errors=_nvml_errors(elem) if errors_possible else (),
         vbios_version=_find(gpu, "vbios_version"),
         fabric_state=_state(_find(gpu, "fabric/state")),
         fabric_status=_state(_find(gpu, "fabric/status")),
@@ -244,8 +273,10 @@ def parse_nvidia_smi_xml(text: str) -> SmiDocument:
     """Parse `nvidia-smi -q -x` output (DTD v10..v13). GPUs are indexed in document order, which is
     nvidia-smi's index order (PCI bus order unless CUDA_DEVICE_ORDER is set). Warning lines around the
     XML (a corrupted InfoROM) are read and removed first."""
-    corrupted = tuple(m.group(1).lower() for m in _INFOROM_WARNING.finditer(text))
-    text = _INFOROM_WARNING.sub("", text)
+    corrupted: tuple[str, ...] = ()
+    if "infoROM is corrupted" in text:  # rare: the regexes scan the whole document
+        corrupted = tuple(m.group(1).lower() for m in _INFOROM_WARNING.finditer(text))
+        text = _INFOROM_WARNING.sub("", text)
     start = _XML_START.search(text)
     if start is not None:
         text = text[start.start():]
@@ -259,7 +290,10 @@ def parse_nvidia_smi_xml(text: str) -> SmiDocument:
         raise NvidiaSmiParseError(f"not valid nvidia-smi XML: {exc}") from exc
     if root.tag != "nvidia_smi_log":
         raise NvidiaSmiParseError(f"not nvidia-smi XML: root element is <{root.tag}>")
-    gpus = tuple(_parse_gpu(i, g) for i, g in enumerate(root.findall("gpu")))
+    # an NVML error string anywhere is rare; when none is in the text, no GPU needs the element walk
+    low = text.lower()
+    errors_possible = any(e in low for e in NVML_ERROR_TEXTS)
+    gpus = tuple(_parse_gpu(i, g, errors_possible) for i, g in enumerate(root.findall("gpu")))
     bad = {normalise_pci(p) for p in corrupted}
     gpus = tuple(g.with_(inforom_valid=False) if normalise_pci(g.pci_bus_id) in bad else g for g in gpus)
     return SmiDocument(
