@@ -139,7 +139,7 @@ def _klog(doc: dict[str, Any]) -> dict[str, Any]:
             "xid_error": None, "xid_source": klog["source"]}
 
 
-def _document(line: str) -> Any:
+def gatherer_document(line: str) -> Any:
     """The gatherer's last line: its JSON document, plain or `Z1 <base64 of zlib>` (--compress)."""
     if line.startswith("Z1 "):
         try:
@@ -151,7 +151,7 @@ def _document(line: str) -> Any:
 
 def parse_gatherer_output(text: str) -> NodeGpuFacts:
     try:
-        doc = _document(text.strip().splitlines()[-1]) if text.strip() else None
+        doc = gatherer_document(text.strip().splitlines()[-1]) if text.strip() else None
     except (json.JSONDecodeError, IndexError) as exc:
         raise GathererOutputError(f"the GPU gatherer printed no JSON ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("version") != 1:

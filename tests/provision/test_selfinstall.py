@@ -7,7 +7,6 @@ wheels with a tampered member, which it must refuse.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import zipfile
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 import infer_ctl
-from infer_ctl.facts.nvml_gatherer import gather_command, gatherer_script
+from infer_ctl.facts.nvml_gatherer import gather_command, gatherer_document, gatherer_script
 from infer_ctl.profile.load import load_profile
 from infer_ctl.provision.selfwheel import BuiltWheel, bundle_id, inferctl_wheel, make_wheel
 from infer_ctl.provision.steps.selfinstall import MARKER, installer_script
@@ -56,7 +55,7 @@ def test_inferctl_step_installs_this_code_and_is_idempotent(prov_cluster, capsys
     assert where.ok, where.err
     assert where.out.startswith(f"{VENVS}/inferctl/lib/")  # the venv's copy, not this checkout
     gathered = on_node(profile, gather_command(python, source="nvml"), stdin=gatherer_script())
-    doc_gpu = json.loads(gathered.out)
+    doc_gpu = gatherer_document(gathered.out.strip().splitlines()[-1])  # plain or --compress'd
     # pynvml imported (no driver here, so its shared library is what is missing, not the bindings)
     assert "Shared Library" in doc_gpu["nvml_error"]["message"], doc_gpu
 
