@@ -52,6 +52,9 @@ LABEL_KEY = "domain"
 LABELS_HEADER = "x-custom-labels"  # SGLang's --tokenizer-metrics-custom-labels-header default
 UNLABELLED = "unlabelled"
 OTHER = "other"
+#: the decode-wide series' label value (metrics, `router spec`): a client's own "all" must not collide
+#: with it (two series with the same labels in one scrape)
+ALL = "all"
 _MAX_LABEL_CHARS = 64
 
 # one request's counts: requests, verify steps, completion tokens, correct drafts, proposed drafts,
@@ -163,7 +166,8 @@ class DecodeSpec:
 
 def _label_value(v: Any) -> str | None:
     if isinstance(v, str) and v.strip():
-        return v.strip().lower()[:_MAX_LABEL_CHARS]
+        label = v.strip().lower()[:_MAX_LABEL_CHARS]
+        return f"{LABEL_KEY}:{ALL}" if label == ALL else label
     return None
 
 

@@ -94,6 +94,15 @@ class SpecFieldError(ValueError):
     """Speculative fields are present but not shaped as SGLang writes them."""
 
 
+# Plausibility bounds: what no real request reaches, so a hostile or corrupt answer is refused instead of
+# poisoning a window for `window` requests (or, unbounded, costing the router's event loop time).
+#: draft tokens per verify step (SGLang's speculative_num_draft_tokens - 1; EAGLE trees and n-gram drafts
+#: stay in the tens)
+MAX_DRAFTS_PER_VERIFY = 1024
+#: verify steps of one request (each yields >= 1 token, so at most its completion tokens)
+MAX_VERIFY_CT = 1 << 24
+
+
 # -- alpha --------------------------------------------------------------------------------------------
 def alpha_from_histogram(histogram: Sequence[int], drafts: int) -> float | None:
     """Maximum-likelihood per-draft acceptance for chain drafts of `drafts` tokens per verify step.
@@ -112,8 +121,13 @@ def alpha_from_histogram(histogram: Sequence[int], drafts: int) -> float | None:
 
 
 def expected_correct(alpha: float, drafts: int) -> float:
-    """E[accepted drafts per verify step] = alpha + alpha^2 + ... + alpha^drafts."""
-    return sum(alpha**i for i in range(1, drafts + 1))
+    """E[accepted drafts per verify step] = alpha + alpha^2 + ... + alpha^drafts (closed form: O(1) in
+    `drafts`, it runs on the router's request path)."""
+    if drafts <= 0:
+        return 0.0
+    if alpha >= 1.0:
+        return float(drafts)
+    return alpha * (1.0 - alpha**drafts) / (1.0 - alpha)
 
 
 def alpha_from_mean_correct(mean_correct: float, drafts: int) -> float | None:
@@ -186,7 +200,9 @@ def _histogram(meta: Mapping[str, Any]) -> tuple[int, ...]:
     if h is None:
         return ()
     if not isinstance(h, list) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in h):
-        raise SpecFieldError(f"{META_CORRECT_DRAFTS_HISTOGRAM} must be a list of counts, got {h!r}")
+        raise SpecFieldError(f"{META_CORRECT_DRAFTS_HISTOGRAM} must be a list of counts, got {h!r}"[:200])
+    if len(h) > MAX_DRAFTS_PER_VERIFY + 1:  # index k = drafts accepted in one step
+        raise SpecFieldError(f"{META_CORRECT_DRAFTS_HISTOGRAM} has {len(h)} entries, more than any draft")
     return tuple(h)
 
 
@@ -208,6 +224,8 @@ def decode_meta_info(meta: Mapping[str, Any]) -> SpecFields | None:
         if not hist:
             return None
         steps = sum(hist)
+        if len(hist) > 1 or steps > MAX_VERIFY_CT:  # 0 drafts per step: every step accepted 0
+            raise SpecFieldError(f"{META_CORRECT_DRAFTS_HISTOGRAM} without drafts must count 0-draft steps only")
         return SpecFields(steps, 1.0, 0.0, 0, 0, hist)
     verify_ct = _int(meta, META_VERIFY_CT)
     if verify_ct == 0:
@@ -223,9 +241,37 @@ def decode_meta_info(meta: Mapping[str, Any]) -> SpecFields | None:
         num_proposed_drafts=_int(meta, META_NUM_PROPOSED_DRAFTS),
         correct_drafts_histogram=hist,
     )
-    if hist and sum(hist) != verify_ct:
-        raise SpecFieldError(f"histogram counts {sum(hist)} steps, {META_VERIFY_CT} is {verify_ct}")
+    _check_consistent(fields)
     return fields
+
+
+def _check_consistent(f: SpecFields) -> None:
+    """SGLang derives these fields from one another (`_calculate_spec_decoding_metrics`; the histogram and
+    the correct-drafts count are updated together, `batch_result_processor.py`): answers that break
+    those relations, or claim what no request does, are refused rather than counted."""
+    if f.verify_ct > MAX_VERIFY_CT:
+        raise SpecFieldError(f"{META_VERIFY_CT} {f.verify_ct} is beyond any request")
+    if f.num_proposed_drafts % f.verify_ct or f.num_proposed_drafts // f.verify_ct > MAX_DRAFTS_PER_VERIFY:
+        raise SpecFieldError(f"{META_NUM_PROPOSED_DRAFTS} {f.num_proposed_drafts} is not {META_VERIFY_CT} "
+                             f"{f.verify_ct} x a draft count")
+    # a verify step yields its accepted drafts + 1; the first token may come from the prefill
+    if f.num_correct_drafts > f.verify_ct * MAX_DRAFTS_PER_VERIFY:
+        raise SpecFieldError(f"{META_NUM_CORRECT_DRAFTS} {f.num_correct_drafts} exceeds any draft")
+    if not 1.0 <= f.accept_length <= MAX_DRAFTS_PER_VERIFY + 2:
+        raise SpecFieldError(f"{META_ACCEPT_LENGTH} {f.accept_length} is outside [1, drafts + 2]")
+    if f.num_proposed_drafts:
+        rate = f.num_correct_drafts / f.num_proposed_drafts
+        if abs(f.accept_rate - rate) > 1e-6 * max(1.0, rate):
+            raise SpecFieldError(f"{META_ACCEPT_RATE} {f.accept_rate} is not {META_NUM_CORRECT_DRAFTS} / "
+                                 f"{META_NUM_PROPOSED_DRAFTS} ({rate:.6g})")
+    hist = f.correct_drafts_histogram
+    if hist:
+        if sum(hist) != f.verify_ct:
+            raise SpecFieldError(f"histogram counts {sum(hist)} steps, {META_VERIFY_CT} is {f.verify_ct}")
+        accepted = sum(k * n for k, n in enumerate(hist))
+        if accepted != f.num_correct_drafts:
+            raise SpecFieldError(f"histogram counts {accepted} accepted drafts, {META_NUM_CORRECT_DRAFTS} is "
+                                 f"{f.num_correct_drafts}")
 
 
 def decode_generate_response(body: Any) -> list[SpecFields | None]:
