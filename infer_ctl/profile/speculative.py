@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.nodes import NodeName
@@ -20,6 +20,8 @@ Steps = Annotated[int, Field(ge=1, le=32)]
 #: SGLang's adaptive candidates may include 0 (no drafting in that interval)
 CandidateSteps = Annotated[int, Field(ge=0, le=32)]
 Threshold = Annotated[float, Field(gt=0, lt=1)]
+#: seconds: finite (an infinite sustain or cool-down silently disables the controller)
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 CostRatio = Annotated[float, Field(ge=0, lt=1)]
 #: the cost ratio judged with when neither the profile nor a measurement gives one: an EAGLE3 draft
 #: head next to a 70B target (the sizing tables' figure, docs/sizing.md)
@@ -58,14 +60,28 @@ class SpeculativeSettings(StrictModel):
     min_requests: Annotated[int, Field(ge=1)] = 50
     #: alpha must stay below the threshold this long before `act` changes a pool (and above threshold +
     #: hysteresis this long before a changed pool is restored): hysteresis in time
-    sustain_s: Annotated[float, Field(ge=0)] = 120.0
+    sustain_s: Seconds = 120.0
     #: hysteresis in alpha: a changed pool is restored only above alert_threshold + hysteresis
     hysteresis: Annotated[float, Field(ge=0, lt=1)] = 0.05
     #: at most one pool change per cool-down, across all pools
-    cooldown_s: Annotated[float, Field(ge=0)] = 900.0
+    cooldown_s: Seconds = 900.0
     #: a change must promise at least this throughput ratio (1.02: 2 % better) to be worth a relaunch
     min_gain: Annotated[float, Field(ge=1.0)] = 1.02
     #: where SGLang's adaptive mode applies (EAGLE/EAGLE3, topk 1), change a pool to
     #: --speculative-adaptive with the formula's candidates instead of one fixed step count
     adaptive: bool = False
     pools: list[SpecPool] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> SpeculativeSettings:
+        """Settings under which the controller could never act, refused rather than silently idle."""
+        if self.min_requests > self.window_requests:
+            raise ValueError(f"min_requests {self.min_requests} is above window_requests {self.window_requests}: "
+                             "the window never holds enough requests to judge a pool")
+        for where, threshold in (("alert_threshold", self.alert_threshold),
+                                 *((f"pools[{i}].alert_threshold", p.alert_threshold)
+                                   for i, p in enumerate(self.pools) if p.alert_threshold is not None)):
+            if threshold + self.hysteresis >= 1:
+                raise ValueError(f"{where} {threshold} + hysteresis {self.hysteresis} is not below 1: a changed "
+                                 "pool could never be restored")
+        return self
