@@ -16,10 +16,12 @@ state file, so a restarted controller still honours the cool-down.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -157,8 +159,37 @@ class SpecControlLoop:
     def observe(self) -> list[PoolObservation]:
         return observations(self.client.call("GET", "/admin/spec"), self.url_to_pool)
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        """One round at a time per state file, across processes (a cron run overlapping the unit, a round
+        that outlasts the interval: a relaunch takes minutes): flock, which the kernel releases when the
+        holder dies, even by kill -9. Without it two rounds read the same cool-down and both relaunch."""
+        if self.state_path is None:
+            yield True
+            return
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{self.state_path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
     def tick(self) -> list[dict[str, Any]]:
-        """Observe, decide, advise or act; returns the actions recorded this round."""
+        """Observe, decide, advise or act; returns the actions recorded this round (none when another
+        controller of this state file is in its round)."""
+        with self._exclusive() as mine:
+            if not mine:
+                self.say(f"another controller holds {self.state_path}.lock: this round is skipped")
+                return []
+            self._load_state()  # what another process recorded since this one started (its cool-down)
+            return self._tick()
+
+    def _tick(self) -> list[dict[str, Any]]:
         now = self.clock()
         obs = self.observe()
         records = self._alerts(obs)
