@@ -219,9 +219,12 @@ def check_spec(profile: Profile, *, router: str | None = None, history: str | Pa
         ], {"source": why}
     found, problems = worker_acceptance(profile, _decode_instances(profile))
     findings = problems + judge_acceptance(profile, found, tokenizer_hint=hint)
-    if not found and not problems:
+    if not found:
+        # nothing measured is UNKNOWN (exit 3), never OK: a cron check must not read "fine" off a fleet it could
+        # not see. It does not fail a down cluster's audit twice: the servers' health is `check servers`' FAIL.
+        what = "no decode server answered" if problems else "no decode server to read"
         findings.append(Finding.unknown(SOURCE_CHECK, "controller", "speculative",
-                                        f"no router ({why}) and no decode server to read",
+                                        f"no acceptance could be read: no router ({why}) and {what}",
                                         remedy="start the router (`inferctl router serve`) or the servers"))
     return findings, {"source": "workers", "router_error": why or None}
 

@@ -177,9 +177,9 @@ def test_bad_profile_is_exit_64(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "speculative.min_steps" in capsys.readouterr().err
 
 
-def test_nothing_running_is_skipped_not_unknown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """An audit of a cluster whose servers are down: their health is `check servers`' finding; the spec
-    family has nothing to read and says so without failing the audit a second time."""
+def test_nothing_running_is_unknown_not_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cluster whose servers (and router) are down: each decode is a SKIP (its health is `check servers`'
+    FAIL), and the family as a whole measured nothing, which is UNKNOWN (exit 3), never OK (exit 0)."""
     data = {"name": "down", "nodes": [
         {"name": "pf-01", "host": "127.0.0.43", "connection": "local", "roles": ["prefill"],
          "overrides": {"prefill_port": free_port("127.0.0.43")}},
@@ -190,5 +190,6 @@ def test_nothing_running_is_skipped_not_unknown(tmp_path: Path, capsys: pytest.C
     path = tmp_path / "down.yaml"
     path.write_text(yaml.safe_dump(data))
     code, doc = _check(capsys, "-p", str(path))
-    assert code == 0 and doc["source"] == "workers"
-    assert [(f["check"], f["status"]) for f in doc["findings"]] == [("spec.source", "skip")]
+    assert code == 3 and doc["source"] == "workers" and doc["status"] == "unknown"
+    assert [(f["check"], f["status"]) for f in doc["findings"]] == [("spec.source", "skip"), ("spec.source", "unknown")]
+    assert "no decode server answered" in doc["findings"][1]["message"]
