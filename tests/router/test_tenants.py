@@ -203,8 +203,14 @@ def test_cost_per_tenant_plus_idle_is_the_workers_whole_lease(cluster: ThreadedS
             attributed = sum(c.get(role, 0.0) for c in costs.values())
             assert attributed > 0
             assert attributed + idle.get(role, 0.0) == pytest.approx(lease[role], rel=1e-9)
-        # team-a asked for 4x the output tokens: its share of decode time is larger
-        assert costs["team-a"]["decode"] > costs["team-b"]["decode"]
+        # alone on the workers a request's share is its whole call: one long answer costs more decode time
+        # than one short one (same prompt length, so the same prefill)
+        before = {n: c["decode"] for n, c in costs.items()}
+        for key, tokens in ((KEY_A, 96), (KEY_B, 1)):
+            assert _post(router.url, key, {"text": "alone " * 20, "sampling_params": {"max_new_tokens": tokens,
+                                                                                      "ignore_eos": True}}).status_code == 200
+        after = {n: c["decode"] for n, c in router.call(ledger())[0].items()}
+        assert after["team-a"] - before["team-a"] > after["team-b"] - before["team-b"] > 0
         metrics = httpx.get(router.url + "/metrics").text
         assert _metric(metrics, "inferctl_tenant_cost_dollars_total", tenant="team-a", role="decode") > 0
         assert _metric(metrics, "inferctl_router_idle_cost_dollars_total", role="prefill") >= 0
