@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from infer_ctl.exitcodes import ExitCode
 from infer_ctl.core.findings import Finding, Status, overall_status
+from infer_ctl.exitcodes import ExitCode
 
 _STATUS_BY_EXIT = {
     ExitCode.OK: Status.OK,
