@@ -5,14 +5,17 @@
 # controller parses (infer_ctl/facts/nvml_gatherer.py) and judges (infer_ctl/core/gpu/rules.py).
 # ruff: noqa: UP004, UP024, UP031, SIM108, SIM401  (kept Python-3.6-compatible on purpose)
 import binascii
-import json
 import os
-import signal
-import subprocess
+import select
 import sys
-import threading
 import time
 import zlib
+
+# Start-up cost matters here: this runs once per node per audit, and on a 32-node audit the nodes' python
+# start is most of what the audit adds to reaching them. `subprocess` (which pulls in locale, re, enum,
+# selectors, threading) and `json` (re) cost more than the rest of the script, so processes are spawned
+# with os.posix_spawnp (Python >= 3.8; subprocess only as the fallback) and the document is encoded by
+# `to_json` below. No module imported here starts a thread.
 
 NOT_SUPPORTED = (3, 13, 26)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, DEPRECATED: "this GPU/driver lacks it"
 GPU_FATAL = {15: "GPU is lost", 16: "GPU requires reset"}
@@ -21,6 +24,7 @@ MAX_OUT = 4 * 1024 * 1024
 # the tools get the budget minus this, so one hung tool cannot eat the whole remote timeout.
 KLOG_RESERVE = 8
 DEADLINE = [None]  # set by main() from --budget
+SIGKILL = 9  # POSIX; `import signal` would load enum
 
 
 def left(reserve=0):
@@ -37,49 +41,164 @@ def arg(name, default):
     return default
 
 
-def in_parallel(jobs):
-    """{key: fn()} of zero-argument callables, each in its own thread: the node's tools are slow on real
-    GPUs (nvidia-smi -q -x takes seconds on 8 GPUs) and independent, so their waits overlap. Each run()
-    enforces its own timeout, so joining cannot hang."""
-    results = {}
-
-    def one(key, fn):
-        results[key] = fn()
-
-    threads = [threading.Thread(target=one, args=(k, fn)) for k, fn in jobs.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
-def run(argv, timeout=60):
-    timeout = max(1, int(timeout))
+# ---- processes: start several, collect them together ---------------------------------------------
+def start(argv):
+    """A running tool in its own session (so a timeout kills its whole process group), stdout and
+    stderr on pipes; or, when it cannot start, its result dict right away."""
+    if not hasattr(os, "posix_spawnp"):  # Python < 3.8
+        return _start_subprocess(argv)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+               (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)]
     try:
-        # own session, so a timeout kills the tool's whole process group (wrappers, helpers)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions, setsid=True)
+    except OSError as exc:
+        for fd in (out_r, out_w, err_r, err_w, devnull):
+            os.close(fd)
+        return {"rc": None, "out": "", "err": "%s: %s" % (argv[0], exc.strerror or exc)}
+    for fd in (out_w, err_w, devnull):
+        os.close(fd)
+    return {"argv": argv, "pid": pid, "fds": {out_r: [], err_r: []}, "out_fd": out_r, "err_fd": err_r}
+
+
+def collect(handles, timeout):
+    """Wait for every started tool (at most `timeout` seconds in all), reading their pipes as they
+    write; a tool still running then is killed with its process group. Results in `handles` order."""
+    deadline = time.time() + max(1, int(timeout))
+    live = [h for h in handles if "pid" in h]
+    if any("proc" in h for h in handles):
+        return [_collect_subprocess(h, deadline) for h in handles]
+    poller = select.poll()
+    owner = {}
+    for h in live:
+        for fd in h["fds"]:
+            poller.register(fd, select.POLLIN | select.POLLHUP)
+            owner[fd] = h
+    while owner:
+        wait = deadline - time.time()
+        if wait <= 0:
+            break
+        for fd, _ in poller.poll(wait * 1000):
+            chunk = os.read(fd, 65536)
+            if chunk:
+                owner[fd]["fds"][fd].append(chunk)
+            else:
+                poller.unregister(fd)
+                os.close(fd)
+                del owner[fd]
+    timed_out = set()
+    for h in live:
+        if any(fd in owner for fd in h["fds"]):
+            timed_out.add(h["pid"])
+            try:
+                os.killpg(h["pid"], SIGKILL)
+            except OSError:
+                pass
+    # a tool stuck in the driver (uninterruptible sleep) survives SIGKILL and keeps its pipes open:
+    # give the killed ones a moment, never forever
+    grace = time.time() + 2
+    while owner and time.time() < grace:
+        for fd, _ in poller.poll(100):
+            if not os.read(fd, 65536):
+                poller.unregister(fd)
+                os.close(fd)
+                del owner[fd]
+    for fd in list(owner):
+        os.close(fd)
+    return [_result(h, h["pid"] in timed_out, deadline) if "pid" in h else h for h in handles]
+
+
+def _result(h, timed_out, deadline):
+    """Reap the tool. One that closed its pipes but keeps running past the deadline is killed too."""
+    status = None
+    while status is None:
+        pid, st = os.waitpid(h["pid"], os.WNOHANG)
+        if pid:
+            status = st
+        elif time.time() > deadline + 2:
+            if not timed_out:
+                timed_out = True
+                try:
+                    os.killpg(h["pid"], SIGKILL)
+                except OSError:
+                    pass
+                deadline = time.time()  # two more seconds to reap it, then leave it
+            else:
+                break
+        else:
+            time.sleep(0.005)
+    if timed_out:
+        return {"rc": None, "out": "", "err": "%s timed out" % h["argv"][0]}
+    rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+    out = b"".join(h["fds"][h["out_fd"]])
+    err = b"".join(h["fds"][h["err_fd"]])
+    return {"rc": rc, "out": out[:MAX_OUT].decode("utf-8", "replace"), "err": err[-4096:].decode("utf-8", "replace")}
+
+
+def _start_subprocess(argv):
+    import subprocess
+
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
     except OSError as exc:
         return {"rc": None, "out": "", "err": "%s: %s" % (argv[0], exc.strerror or exc)}
+    return {"argv": argv, "proc": proc}
+
+
+def _collect_subprocess(h, deadline):
+    import subprocess
+
+    if "proc" not in h:
+        return h
+    proc, name = h["proc"], h["argv"][0]
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=max(0.1, deadline - time.time()))
     except subprocess.TimeoutExpired:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, SIGKILL)
         except OSError:
             pass
-        # A tool stuck in the driver (uninterruptible sleep) survives SIGKILL and keeps its pipes
-        # open: wait briefly, never forever.
         try:
             proc.communicate(timeout=2)
         except subprocess.TimeoutExpired:
             pass
-        return {"rc": None, "out": "", "err": "%s timed out after %ss" % (argv[0], timeout)}
-    return {
-        "rc": proc.returncode,
-        "out": out[:MAX_OUT].decode("utf-8", "replace"),
-        "err": err[-4096:].decode("utf-8", "replace"),
-    }
+        return {"rc": None, "out": "", "err": "%s timed out" % name}
+    return {"rc": proc.returncode, "out": out[:MAX_OUT].decode("utf-8", "replace"),
+            "err": err[-4096:].decode("utf-8", "replace")}
+
+
+def run(argv, timeout=60):
+    return collect([start(argv)], timeout)[0]
+
+
+# ---- the document ------------------------------------------------------------------------------
+_ESCAPES = dict((i, "\\u%04x" % i) for i in range(32))
+_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+def to_json(value):
+    """JSON text of the document (dicts, lists, strings, numbers, booleans, None); non-ASCII text is
+    written as UTF-8, which is what the controller reads."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if value == value and value not in (float("inf"), float("-inf")) else "null"
+    if isinstance(value, str):
+        return '"' + value.translate(_ESCAPES) + '"'
+    if isinstance(value, dict):
+        return "{" + ",".join(to_json(str(k)) + ":" + to_json(v) for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(to_json(v) for v in value) + "]"
+    return to_json(str(value))
 
 
 class Reader(object):
@@ -288,8 +407,18 @@ def boot_time():
     return None
 
 
-def kernel_log(window_min):
-    j = run(["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso", "--since=-%dmin" % window_min], left())
+JOURNAL = ["journalctl", "-k", "-q", "--no-pager", "-o", "short-iso"]
+
+
+def start_kernel_log(window_min):
+    """Started first and collected last: the kernel log needs nothing from the GPUs, and a hung driver,
+    when XIDs matter most, then cannot delay it."""
+    return start([*JOURNAL, "--since=-%dmin" % window_min])
+
+
+def kernel_log(journal):
+    """`journal`: start_kernel_log()'s result, collected."""
+    j = journal
     # Without the adm/systemd-journal group journalctl exits 0 but shows only the user's own messages
     # (no kernel lines) and says so on stderr: that is "not readable", not "no XIDs".
     if j["rc"] == 0 and "not seeing messages" in (j["err"] or ""):
@@ -329,13 +458,15 @@ def drop_unread(xml):
 
 
 def emit(doc, compress):
-    text = json.dumps(doc, separators=(",", ":"))
+    data = to_json(doc).encode("utf-8")
     if compress:
         # one line "Z1 <base64 of zlib>" (level 1: ~3 ms, an 8-GPU document ~20x smaller), so 32 nodes'
         # answers cost the controller's SSH transport (decrypting in-process) far less
-        text = "Z1 " + binascii.b2a_base64(zlib.compress(text.encode("utf-8"), 1), newline=False).decode("ascii")
-    sys.stdout.write(text)
-    sys.stdout.write("\n")
+        data = b"Z1 " + binascii.b2a_base64(zlib.compress(data, 1), newline=False)
+    # bytes, not text: an SSH session's locale may be C/ASCII, and the document can hold any tool output
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data + b"\n")
+    sys.stdout.buffer.flush()
 
 
 def main():
@@ -345,11 +476,7 @@ def main():
     if budget is not None:
         DEADLINE[0] = time.time() + float(budget)
     doc = {"version": 1, "nvml": None, "nvml_error": None, "smi": None, "klog": None}
-    # the kernel log is read while the GPUs are: it needs nothing from them (and a hung driver, the case
-    # where XIDs matter most, then cannot delay it)
-    klog = {}
-    klog_thread = threading.Thread(target=lambda: klog.update(kernel_log(window_min)))
-    klog_thread.start()
+    journal = start_kernel_log(window_min)
     if source in ("auto", "nvml"):
         try:
             import pynvml as nv
@@ -371,18 +498,17 @@ def main():
                     except nv.NVMLError:
                         pass
     if doc["nvml"] is None and source in ("auto", "nvidia-smi"):
-        budget = left(KLOG_RESERVE)
-        smi = in_parallel({
-            "qx": lambda: run(["nvidia-smi", "-q", "-x"], budget),
-            "nvlink_s": lambda: run(["nvidia-smi", "nvlink", "-s"], budget),
-            "nvlink_e": lambda: run(["nvidia-smi", "nvlink", "-e"], budget),
-        })
+        # the three views are independent and slow on real GPUs (seconds for -q -x on 8 GPUs): together
+        keys = ("qx", "nvlink_s", "nvlink_e")
+        handles = [start(["nvidia-smi", "-q", "-x"]), start(["nvidia-smi", "nvlink", "-s"]),
+                   start(["nvidia-smi", "nvlink", "-e"])]
+        results = collect(handles, left(KLOG_RESERVE))
+        smi = dict((keys[i], results[i]) for i in range(len(keys)))
         qx = smi["qx"]
         qx["out"] = drop_unread(qx["out"])
         # the NVLink views only count when the main query worked (the same driver answers all three)
         doc["smi"] = {"qx": qx} if qx["rc"] not in (0, 14) else smi
-    klog_thread.join()
-    doc["klog"] = klog
+    doc["klog"] = kernel_log(collect([journal], left())[0])
     emit(doc, "--compress" in sys.argv)
 
 

@@ -5,6 +5,7 @@ node's tools. The JSON it prints is then parsed by the controller-side parser.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -291,3 +292,37 @@ def test_the_document_travels_compressed_and_without_the_unread_clock_tables(tmp
     assert facts.source == "nvidia-smi" and len(facts.gpus) == 8 and facts.gpus[0].pcie_replays == 150
     with pytest.raises(GathererOutputError, match="damaged"):
         parse_gatherer_output("Z1 bm90IHpsaWI=\n")
+
+
+def test_the_subprocess_fallback_of_pythons_before_3_8_reads_and_kills_alike(tmp_path: Path) -> None:
+    """Nodes with Python 3.6/3.7 have no os.posix_spawnp: the gatherer falls back to subprocess. Same
+    document from the same tools, and a hung nvidia-smi is still stopped within the budget."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    xml = FIXTURES / "nvidia-smi-qx" / "k8stestinfra-h100x8-580.105.08.xml"
+    _standin(bin_dir, "nvidia-smi", f'[ "$1" = "-q" ] && cat {xml}\nexit 0')
+    (tmp_path / "klog.txt").write_text("[ 3606.8] NVRM: Xid (PCI:0000:9b:00): 79, pid=1, GPU has fallen off the bus.\n")
+    _standin(bin_dir, "journalctl", f"cat {tmp_path / 'klog.txt'}")
+    script = tmp_path / "gatherer.py"
+    script.write_bytes(gatherer_script())
+    old_python = tmp_path / "py36.py"  # runs the gatherer as if os had no posix_spawnp
+    old_python.write_text(f"import os, sys\ndel os.posix_spawnp\nsys.argv = ['-'] + sys.argv[1:]\n"
+                          f"exec(compile(open({str(script)!r}).read(), '<stdin>', 'exec'), {{'__name__': '__main__'}})\n")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "nobind")}
+    (tmp_path / "nobind").mkdir()
+    (tmp_path / "nobind" / "pynvml.py").write_text("raise ImportError('no nvidia-ml-py here')\n")
+
+    def gather(*argv: str) -> tuple[str, float]:
+        started = time.monotonic()
+        proc = subprocess.run(list(argv), capture_output=True, env=env, timeout=30, check=False,
+                              input=gatherer_script() if argv[1] == "-" else None)
+        assert proc.returncode == 0, proc.stderr.decode()
+        return proc.stdout.decode(), time.monotonic() - started
+
+    new = parse_gatherer_output(gather(sys.executable, "-", "--source", "nvidia-smi")[0])
+    old = parse_gatherer_output(gather(sys.executable, str(old_python), "--source", "nvidia-smi")[0])
+    assert dataclasses.replace(old, gathered_at=None) == dataclasses.replace(new, gathered_at=None)
+    assert len(old.gpus) == 8 and [x.xid for x in old.xids or ()] == [79]
+    _standin(bin_dir, "nvidia-smi", "sleep 300")
+    out, took = gather(sys.executable, str(old_python), "--source", "nvidia-smi", "--budget", "10")
+    assert took < 9 and parse_gatherer_output(out).error_kind == "hung"
