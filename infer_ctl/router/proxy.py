@@ -167,7 +167,12 @@ class Router:
             if denied is not None:  # a tenant's key or limit (tenants.py): refused before taking a slot
                 self.metrics.rejected.labels(f"tenant_{denied.limit}").inc()
                 return h1.Response(denied.status, denied.body(), _JSON, {"X-Request-Id": rid, **denied.headers()})
-        refusal = await self.admission.enter()
+        try:
+            refusal = await self.admission.enter()
+        except asyncio.CancelledError:  # the client went away in the queue: its tenant slot and span end here
+            if obs is not None:
+                obs.finish(499)
+            raise
         if refusal is not None:
             if obs is not None:
                 obs.finish(refusal.status)

@@ -1,0 +1,54 @@
+"""Adversarial review of the tenants at the router: a tenant's request cancelled while it waits in the
+router's admission queue must give its tenant slot back (and end its trace)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from infer_ctl.router.tenants import TenantSpec, key_digest
+from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
+from tests.router.conftest import pd_specs
+from tests.router.test_tenants import KEY_A, KEY_B, _post, _router
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ThreadedSimCluster]:
+    c = start_cluster_in_thread(pd_specs(1, 1, time_scale=1.0))  # real-time decode: a long stream stays in flight
+    yield c
+    c.stop()
+
+SLOW = {"text": "slow " * 8, "stream": True, "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+
+
+def _inflight(url: str, name: str) -> int:
+    snap = httpx.get(url + "/admin/tenants", timeout=10).json()
+    return next(t["inflight"] for t in snap["tenants"] if t["tenant"] == name)
+
+
+def test_a_request_cancelled_in_the_admission_queue_gives_its_tenant_slot_back(cluster: ThreadedSimCluster) -> None:
+    # the router takes one request at a time; the second waits in its queue, then its client goes away
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), max_concurrency=1),
+                               TenantSpec("b", key_digest(KEY_B), max_concurrency=5)],
+                     max_concurrent=1, queue_timeout_s=30.0)
+    try:
+        with httpx.stream("POST", router.url + "/generate", json=SLOW, timeout=30,
+                          headers={"authorization": f"Bearer {KEY_B}"}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            next(lines)  # b holds the router's only slot
+            try:  # a's request is admitted by its tenant, then queued at the router; the client gives up
+                httpx.post(router.url + "/generate", json=SLOW, timeout=0.5,
+                           headers={"authorization": f"Bearer {KEY_A}"})
+            except httpx.TimeoutException:
+                pass
+            deadline = time.monotonic() + 5  # b still holds the slot: only the cancel can give a's back
+            while _inflight(router.url, "a") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _inflight(router.url, "a") == 0
+        assert _post(router.url, KEY_A).status_code == 200  # not refused by a leaked max_concurrency slot
+    finally:
+        router.stop()
