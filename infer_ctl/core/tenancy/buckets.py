@@ -5,7 +5,9 @@ when admitted (`take`). Tokens cannot be taken up front - a request's output len
 it finished - so token buckets are charged afterwards (`charge`) and may go into debt: a tenant whose
 bucket is empty or in debt is refused until the refill brings it back above zero (`wait_s`). Over a
 long run the tenant gets `rate` tokens per second whatever its request sizes, which is what a
-tokens-per-minute limit promises; a single request can overshoot by its own size, never more.
+tokens-per-minute limit promises. The overshoot is bounded by what is in flight when the bucket empties:
+up to the tenant's concurrent requests times their size (one request's size when max_concurrency is 1).
+Charging an estimate at admission (prompt + max_tokens) would bound it to one request; not done yet.
 """
 
 from __future__ import annotations
