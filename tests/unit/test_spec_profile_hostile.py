@@ -30,4 +30,7 @@ def test_unreachable_controller_settings_name_the_field(spec: dict[str, Any], fr
 
 
 def test_the_edges_that_still_work_are_accepted() -> None:
-    validate_profile_data(_with(min_requests=200, window_requests=200, alert_threshold=0.9, hysteresis=0.09))
+    profile = validate_profile_data(_with(min_requests=200, window_requests=200, alert_threshold=0.9, hysteresis=0.09))
+    spec = profile.speculative
+    assert spec is not None
+    assert (spec.min_requests, spec.window_requests, spec.alert_threshold, spec.hysteresis) == (200, 200, 0.9, 0.09)
