@@ -27,6 +27,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infer_ctl.checks.history import records_newest_first
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding, Status, overall_status, worst
 from infer_ctl.core.promtext import STATUS_CODES, MetricFamily, findings_families, render
@@ -178,16 +179,7 @@ def read_last_run(
     """The newest complete record (of this profile, and with/without pair tests, when given); None when
     there is none yet. Matching `pingpong` keeps an hourly `--pingpong` run and the 10-minute runs
     without it from reporting each other's pair-test findings as new or recovered."""
-    target = Path(path)
-    if not target.exists():
-        return None
-    for line in reversed(target.read_text(encoding="utf-8", errors="replace").splitlines()):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or (profile_name is not None and record.get("profile") != profile_name):
-            continue
+    for record in records_newest_first(path, profile_name):
         if record.get("kind", "audit") != "audit":  # another line kind, e.g. a spec controller action
             continue
         if pingpong is None or bool(record.get("pingpong", False)) == pingpong:

@@ -5,11 +5,11 @@ checks/remediate.py, which talks to the router, so an audit that does not act lo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from infer_ctl.checks.history import records_newest_first
 from infer_ctl.core import remediation as rem
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.promtext import MetricFamily
@@ -19,15 +19,8 @@ from infer_ctl.profile import Profile
 def last_state(history: str | Path, profile_name: str) -> dict[str, Any] | None:
     """The remediation state of the newest history line of this profile that has one (whatever kind of
     run wrote it: a --pingpong run between two --remediate runs carries it on)."""
-    target = Path(history)
-    if not target.exists():
-        return None
-    for line in reversed(target.read_text(encoding="utf-8", errors="replace").splitlines()):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("profile") == profile_name and isinstance(record.get("remediation"), dict):
+    for record in records_newest_first(history, profile_name):
+        if isinstance(record.get("remediation"), dict):
             return dict(record["remediation"])
     return None
 

@@ -19,7 +19,6 @@ from the audit history (`--history`). `spec.source` says when nothing could be r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from infer_ctl.checks.history import records_newest_first
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.routing.spec_fields import (
@@ -136,17 +136,8 @@ def last_tokenizer_result(history: str | Path | None, profile_name: str) -> str 
     or 'ok (<ts>)' when the last run with the tokenizer family found nothing; None without one."""
     if not history:
         return None
-    path = Path(history)
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(rec, dict) or rec.get("profile") != profile_name or rec.get("kind", "audit") != "audit":
+    for rec in records_newest_first(history, profile_name):
+        if rec.get("kind", "audit") != "audit":
             continue
         if "tokenizer" not in (rec.get("families") or []):
             continue
