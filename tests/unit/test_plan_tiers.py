@@ -299,3 +299,17 @@ def test_constants_match_sglang_source() -> None:
     init = _sglang_file("srt/mem_cache/pool_host/base.py").read_text()
     assert "int(host_size * 1e9 // self.size_per_token)" in init
     assert "self.page_num = self.size // self.page_size + 1" in init
+
+
+@pytest.mark.parametrize(("option", "value", "shown"), [
+    ("--storage-gbs", "-1", "--storage-gbs must be > 0, got -1"),
+    ("--pcie-latency-us", "-3", "--pcie-latency-us must be >= 0, got -3"),
+    ("--host-ram-gb", "-2", "--host-ram-gb must be > 0, got -2"),
+])
+def test_a_range_error_shows_the_value_in_the_options_unit(
+    option: str, value: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infer_ctl.cli.main import main
+
+    assert main(["plan", "tiers", "--model", "llama-3.1-70b", option, value]) == 64
+    assert shown in capsys.readouterr().err

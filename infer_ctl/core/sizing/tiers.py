@@ -153,6 +153,16 @@ class TierPlan:
     assumptions: list[str] = field(default_factory=list)
 
 
+# The inputs hold SI base units; an error names the option, so it shows the value in that option's unit
+# (`--storage-gbs -1` must not read "got -1e+09").
+_OPTION_UNIT = {"-gb": 1e9, "-gbs": 1e9, "-tb": 1e12, "-us": 1e-6, "-gbps": 1e9 / 8, "-gib": 1024**3}
+
+
+def _as_given(name: str, value: float) -> float:
+    scale = next((s for suffix, s in _OPTION_UNIT.items() if name.endswith(suffix)), 1.0)
+    return value / scale
+
+
 def _check(inp: TierInputs) -> None:
     for name, value, low, strict in (
         ("--tp", inp.tp, 1, False),
@@ -171,12 +181,12 @@ def _check(inp: TierInputs) -> None:
         ("prefill FLOP/s (--tflops x --tp x --efficiency)", inp.compute.flops_per_s, 0, True),
     ):
         if value < low or (strict and value == low):
-            raise ValueError(f"{name} must be {'>' if strict else '>='} {low}, got {value:g}")
+            raise ValueError(f"{name} must be {'>' if strict else '>='} {low}, got {_as_given(name, value):g}")
     for name, opt in (("--host-ram-gb", inp.host_available_bytes), ("--storage-tb", inp.storage_bytes),
                       ("--storage-gbs", inp.storage_read_bytes_s), ("--fabric-gbps", inp.fabric_bytes_s),
                       ("--hicache-ratio", inp.hicache_ratio), ("--hicache-size", inp.hicache_size_gb)):
         if opt is not None and opt <= 0:
-            raise ValueError(f"{name} must be > 0, got {opt:g}")
+            raise ValueError(f"{name} must be > 0, got {_as_given(name, opt):g}")
     if not 0 < inp.mem_fraction <= 1:
         raise ValueError(f"--mem-fraction must be in (0, 1], got {inp.mem_fraction:g}")
     if not 0 < inp.host_memory_fraction <= 1:
