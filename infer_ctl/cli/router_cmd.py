@@ -46,15 +46,20 @@ def serve(
     policy: Annotated[str | None, typer.Option("--policy", help="cache_aware, round_robin, power_of_two, random.")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning.")] = "info",
     log_requests: Annotated[bool, typer.Option("--log-requests", help="One structured log line per request.")] = False,
+    processes: Annotated[int | None, typer.Option(
+        "--processes", min=1, max=64,
+        help="Router processes on the one address (SO_REUSEPORT); default: the cores, at most 8. One without "
+             "the workers' KV events (cache_aware policy) or with tenants; the start-up log says why.")] = None,
 ) -> None:
     """Run the router in the foreground until SIGINT/SIGTERM (then drain in-flight requests)."""
-    from infer_ctl.router.run import serve_forever
+    from infer_ctl.router.procs import serve as serve_processes
 
     cfg = _serve_config(profile, listen, prefill or [], decode or [], worker or [])
     if policy:
         cfg.policy = policy
+        cfg.validate()
     cfg.log_requests = log_requests
-    raise typer.Exit(serve_forever(cfg, log_level))
+    raise typer.Exit(serve_processes(cfg, processes, log_level))
 
 
 def _serve_config(profile: str | None, listen: str | None, prefill: list[str], decode: list[str], workers: list[str]) -> Any:

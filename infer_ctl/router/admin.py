@@ -14,6 +14,7 @@ from aiohttp import web
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
+from infer_ctl.router.follow import forget_worker
 from infer_ctl.router.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.warmer import PrefixWarmer
@@ -172,13 +173,7 @@ class Admin:
             url = "http://" + url
         if url not in self.router.workers.by_url:
             return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
-        self.router.workers.remove(url)
-        self.router.kv.forget(url)
-        self.router.pairs.forget(url)
-        self.router.spec.drop(url)
-        self.router.index.drop_worker(url)
-        self.router.prefixes.drop_worker(url)
-        self.router.upstreams.drop(url)
+        forget_worker(self.router, url)
         self.warmer.poke()
         return _json({"removed": url})
 
@@ -195,14 +190,14 @@ class Admin:
             return _err(400, "timeout_s must be a number of seconds in 0..3600")
         if body.get("drain") is False:
             w.draining = False
-            return _json({"worker": url, "draining": False, "inflight": w.inflight})
+            return _json({"worker": url, "draining": False, "inflight": w.load_inflight})
         w.draining = True
         deadline = self.router.clock() + timeout
-        while w.inflight > 0 and self.router.clock() < deadline and not w.removed:
+        while w.load_inflight > 0 and self.router.clock() < deadline and not w.removed:
             await asyncio.sleep(0.02)
-        log.warning("worker drained" if w.inflight == 0 else "worker drain timed out",
-                    extra={"worker": url, "inflight": w.inflight})
-        return _json({"worker": url, "draining": True, "drained": w.inflight == 0, "inflight": w.inflight})
+        log.warning("worker drained" if w.load_inflight == 0 else "worker drain timed out",
+                    extra={"worker": url, "inflight": w.load_inflight})
+        return _json({"worker": url, "draining": True, "drained": w.load_inflight == 0, "inflight": w.load_inflight})
 
     async def tenants(self, request: web.Request) -> web.Response:
         """Per tenant: limits, buckets, in flight, requests, tokens, cost (router/tenants.py)."""

@@ -163,10 +163,12 @@ class H1Server:
         self.server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def listen(self, host: str, port: int, backlog: int = 1024) -> int:
+    async def listen(self, host: str, port: int, backlog: int = 1024, reuse_port: bool = False) -> int:
+        """`reuse_port`: SO_REUSEPORT, so several router processes bind the same address and the kernel
+        spreads new connections over them (`router serve --processes N`)."""
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: H1Connection(self), host, port, backlog=backlog,
-                                               reuse_address=True)
+                                               reuse_address=True, reuse_port=reuse_port or None)
         self._sweep()
         return int(self.server.sockets[0].getsockname()[1])
 

@@ -142,7 +142,7 @@ class HealthChecker:
             w.radix_priority = prio
             if load is not None:
                 w.queued, w.running, cap = load
-                w.external = max(0, w.queued + w.running - w.inflight)
+                w.external = max(0, w.queued + w.running - w.load_inflight)
                 if cap and w.role in ("prefill", "mixed"):
                     w.max_total_tokens = cap
                     blocks = int(cap * router.chars_per_token / router.index.block_chars)

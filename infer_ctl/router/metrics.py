@@ -153,7 +153,7 @@ class _StateCollector(Collector):
         cb = GaugeMetricFamily("inferctl_router_worker_cb_state",
                                "Circuit breaker: 0 closed, 1 open, 2 half-open", labels=["worker"])
         for w in router.workers.all():
-            inflight.add_metric([w.url, w.role], w.inflight)
+            inflight.add_metric([w.url, w.role], w.load_inflight)
             healthy.add_metric([w.url, w.role], 1 if w.healthy else 0)
             cb.add_metric([w.url], w.breaker.state.gauge)
         yield inflight

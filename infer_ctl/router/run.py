@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 
 from infer_ctl.aio import new_event_loop
 from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.follow import ProcessRole
 from infer_ctl.router.logs import setup_logging
 from infer_ctl.router.server import RouterServer
 
 
-async def _main(cfg: RouterConfig) -> int:
-    server = RouterServer(cfg)
+async def _main(cfg: RouterConfig, proc: ProcessRole | None = None) -> int:
+    server = RouterServer(cfg, proc)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -23,10 +25,13 @@ async def _main(cfg: RouterConfig) -> int:
     return 0
 
 
-def serve_forever(cfg: RouterConfig, log_level: str = "info") -> int:
-    setup_logging(log_level)
+def serve_forever(cfg: RouterConfig, log_level: str = "info", proc: ProcessRole | None = None,
+                  handler: logging.Handler | None = None) -> int:
+    """`proc`: one of several router processes (router/procs.py), whose logging is set up already."""
+    if handler is None:
+        setup_logging(log_level)
     loop = new_event_loop()
     try:
-        return loop.run_until_complete(_main(cfg))
+        return loop.run_until_complete(_main(cfg, proc))
     finally:
         loop.close()

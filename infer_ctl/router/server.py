@@ -13,6 +13,7 @@ the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -25,10 +26,12 @@ from aiohttp import web
 from infer_ctl.errors import UsageError
 from infer_ctl.router.admin import Admin, authorized
 from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.follow import Follower, ProcessRole, Publisher
 from infer_ctl.router.h1 import H1Server, Request, Response, StreamResponse
 from infer_ctl.router.health import HealthChecker
 from infer_ctl.router.jsonio import dumps, error_body
 from infer_ctl.router.proxy import Router
+from infer_ctl.router.shared_load import SharedLoad
 from infer_ctl.router.upstream import Pool, UpstreamError
 from infer_ctl.router.warmer import PrefixWarmer
 
@@ -42,9 +45,13 @@ _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "
 
 
 class RouterServer:
-    def __init__(self, cfg: RouterConfig) -> None:
+    def __init__(self, cfg: RouterConfig, proc: ProcessRole | None = None) -> None:
+        """`proc`: one of several router processes (router/procs.py; follow.py says who does what)."""
         cfg.validate()
         self.cfg = cfg
+        self.proc = proc
+        self.shared: SharedLoad | None = None
+        self.sync: Publisher | Follower | None = None
         self.router = Router(cfg)
         self.health = HealthChecker(self.router)
         self.warmer = PrefixWarmer(self.router)
@@ -115,26 +122,58 @@ class RouterServer:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._admin_dir = tempfile.mkdtemp(prefix="inferctl-router-admin-")
-        os.chmod(self._admin_dir, 0o700)
-        sock = os.path.join(self._admin_dir, "admin.sock")
-        self.runner = web.AppRunner(self.admin_app(), access_log=None, handler_cancellation=True)
-        await self.runner.setup()
-        await web.UnixSite(self.runner, sock).start()
+        proc = self.proc
+        if proc is None:
+            self._admin_dir = tempfile.mkdtemp(prefix="inferctl-router-admin-")
+            os.chmod(self._admin_dir, 0o700)
+            sock = os.path.join(self._admin_dir, "admin.sock")
+        else:  # the supervisor's private directory; only the leader serves the admin API there
+            sock = proc.admin_sock
+            self._share(proc)
+        if proc is None or proc.leader:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock)  # a leader that died left its socket behind
+            self.runner = web.AppRunner(self.admin_app(), access_log=None, handler_cancellation=True)
+            await self.runner.setup()
+            await web.UnixSite(self.runner, sock).start()
         self._admin_pool = Pool("localhost", 0, unix=sock, max_idle=4)
         try:
-            self.port = await self.http.listen(self.cfg.host, self.cfg.port)
+            self.port = await self.http.listen(self.cfg.host, self.cfg.port, reuse_port=proc is not None)
         except OSError as exc:  # includes socket.gaierror (unresolvable host)
-            await self.runner.cleanup()
-            shutil.rmtree(self._admin_dir, ignore_errors=True)
+            if self.runner is not None:
+                await self.runner.cleanup()
+            if self._admin_dir is not None:
+                shutil.rmtree(self._admin_dir, ignore_errors=True)
             raise UsageError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}",
                              remedy="stop the process using that address or pick another --listen") from None
         self.router.kv.start()
         await self.health.check_all()
         self.health.start()
-        self.warmer.start()
+        if proc is None or proc.leader:
+            self.warmer.start()
+        if self.sync is not None:
+            self.sync.start()
+        extra = {} if proc is None else {"router_process": proc.index, "processes": proc.processes}
+        if proc is not None:
+            proc.ready_file(proc.index).touch()  # the supervisor logs once every process listens
         log.info("router listening", extra={"url": self.url, "mode": self.router.mode,
-                                            "workers": len(self.router.workers.all()), "policy": self.cfg.policy})
+                                            "workers": len(self.router.workers.all()), "policy": self.cfg.policy,
+                                            **extra})
+
+    def _share(self, proc: ProcessRole) -> None:
+        """Before the first request: count in-flight load in the shared block, and take the leader's
+        state (the leader: its own last snapshot, after a restart)."""
+        self.shared = SharedLoad.attach(proc.shm_name, proc.processes, proc.slots)
+        self.router.workers.share(self.shared, proc.index)
+        if proc.leader:
+            pub = Publisher(self.router, proc.snapshot)
+            pub.adopt()
+            pub.publish()  # the supervisor starts the followers once this file exists
+            self.sync = pub
+        else:
+            fol = Follower(self.router, proc.snapshot, on_added=self.health.suspect)
+            fol.poll()
+            self.sync = fol
 
     async def stop(self, drain: bool = True) -> None:
         """Refuse new requests (503), let in-flight ones finish (up to drain_timeout_s), then close."""
@@ -148,6 +187,8 @@ class RouterServer:
                 log.warning("drain timed out; closing with requests in flight", extra={"active": router.active})
         await self.health.stop()
         await self.warmer.stop()
+        if self.sync is not None:
+            await self.sync.stop()
         await router.kv.stop()
         router.cancel_background()
         await self.http.close_all()
@@ -160,6 +201,10 @@ class RouterServer:
         router.upstreams.close()
         if router.observing is not None:
             await router.observing.close()  # the spans still queued go to the collector
+        if self.shared is not None:
+            for w in router.workers.all():
+                w.shared = None  # nothing writes into the block once it is closed
+            self.shared.close()
         log.info("router stopped")
 
     # ---- endpoints -------------------------------------------------------------------------------
@@ -172,7 +217,11 @@ class RouterServer:
         else:
             need = {"worker": any(w.available(now) for w in router.workers.role("mixed"))}
         ok = all(need.values()) and not router.draining
-        doc = {"status": "ok" if ok else "unavailable", "draining": router.draining, "available": need}
+        doc: dict[str, Any] = {"status": "ok" if ok else "unavailable", "draining": router.draining,
+                               "available": need}
+        if self.proc is not None:  # which of the router's processes answered (the kernel picks one per connection)
+            doc["process"] = {"index": self.proc.index, "pid": os.getpid(), "processes": self.proc.processes,
+                              "state_version": self.sync.version if self.sync is not None else 0}
         return Response(200 if ok else 503, dumps(doc))
 
     def proxy_get(self, path: str) -> Any:

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.policy import WorkerView
+from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, WorkerSpec
+
+if TYPE_CHECKING:
+    from infer_ctl.router.shared_load import SharedLoad
 
 
 @dataclass
 class WorkerState:
     spec: WorkerSpec
     breaker: CircuitBreaker
-    inflight: int = 0
+    #: this process's requests in flight on the worker (`inflight`); with several router processes,
+    #: also stored in this process's cell of the shared load block (router/shared_load.py)
+    own_inflight: int = 0
     healthy: bool = True
     health_failures: int = 0
     health_successes: int = 0
@@ -40,6 +46,30 @@ class WorkerState:
     #: taken out of new routing decisions while its in-flight requests finish (POST /admin/workers/drain)
     draining: bool = False
 
+    #: with several router processes: the shared block and this worker's slot and cell in it
+    shared: SharedLoad | None = None
+    slot: int | None = None
+    cell: int = 0
+
+    @property
+    def inflight(self) -> int:
+        """This process's in-flight requests (what `+= 1` / `-= 1` around an upstream call count)."""
+        return self.own_inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self.own_inflight = value
+        if self.shared is not None:
+            self.shared.cells[self.cell] = value  # one aligned 8-byte store into this process's row
+
+    @property
+    def load_inflight(self) -> int:
+        """In flight over every router process: what the policy, drains and /v1/loads accounting use."""
+        shared = self.shared
+        if shared is None:
+            return self.own_inflight
+        return sum(shared.cells[self.slot::shared.stride])
+
     @property
     def url(self) -> str:
         return self.spec.url
@@ -52,7 +82,7 @@ class WorkerState:
         return self.healthy and not self.removed and not self.draining and self.breaker.allows(now)
 
     def view(self, now: float) -> WorkerView:
-        return WorkerView(self.spec.url, self.inflight, self.external, self.available(now))
+        return WorkerView(self.spec.url, self.load_inflight, self.external, self.available(now))
 
     def as_dict(self, now: float) -> dict[str, Any]:
         return {
@@ -60,7 +90,7 @@ class WorkerState:
             "healthy": self.healthy,
             "available": self.available(now),
             "circuit_breaker": self.breaker.state.value,
-            "inflight": self.inflight,
+            "inflight": self.load_inflight,
             "queued": self.queued,
             "external": self.external,
             "running": self.running,
@@ -78,15 +108,43 @@ class WorkerRegistry:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
         self.by_url: dict[str, WorkerState] = {}
+        #: several router processes: the shared load block, this process's row, the next free slot
+        self.shared: SharedLoad | None = None
+        self.process = 0
+        self.next_slot = 0
         for spec in cfg.workers:
             self.add(spec)
 
-    def add(self, spec: WorkerSpec) -> WorkerState:
+    def share(self, shared: SharedLoad, process: int) -> None:
+        """Count in-flight requests in `shared` (row `process`): the workers so far take slots 0..n-1 in
+        their configured order, which every process computes the same way."""
+        self.shared, self.process = shared, process
+        for slot, w in enumerate(self.by_url.values()):
+            self._place(w, slot)
+        self.next_slot = len(self.by_url)
+
+    def _place(self, w: WorkerState, slot: int) -> None:
+        assert self.shared is not None
+        if slot >= self.shared.slots:
+            raise UsageError(f"no free worker slot: the router's processes share {self.shared.slots} worker slots "
+                             "and every one was used since the router started",
+                             remedy="restart the router (slots of removed workers are not reused while it runs)")
+        w.shared, w.slot, w.cell = self.shared, slot, self.shared.cell(self.process, slot)
+        w.inflight = w.own_inflight
+        self.next_slot = max(self.next_slot, slot + 1)
+
+    def add(self, spec: WorkerSpec, slot: int | None = None) -> WorkerState:
+        """Register a worker; with a shared load block it takes `slot` (a follower: the leader's
+        choice) or the next free one (the leader). Raises ValueError (a duplicate) or UsageError
+        (no free slot)."""
         if spec.url in self.by_url:
             raise ValueError(f"worker {spec.url} is already registered")
         breaker = CircuitBreaker(failure_threshold=self.cfg.cb_failures, success_threshold=self.cfg.cb_successes,
                                  open_s=self.cfg.cb_open_s)
-        state = self.by_url[spec.url] = WorkerState(spec=spec, breaker=breaker)
+        state = WorkerState(spec=spec, breaker=breaker)
+        if self.shared is not None:
+            self._place(state, self.next_slot if slot is None else slot)
+        self.by_url[spec.url] = state
         return state
 
     def remove(self, url: str) -> WorkerState:

@@ -203,6 +203,10 @@ class PrefixRegistry:
             raise KeyError(name)
         return versions
 
+    def adopt(self, records: dict[str, list[PrefixRecord]]) -> None:
+        """Take another registry's records as this one's (a follower router process: the leader's table)."""
+        self._records = records
+
     # ---- lookups --------------------------------------------------------------------------------
     def settings(self, name: str) -> tuple[float | None, int, bool, str] | None:
         """(ttl_s, replicas, pin, fmt) of the newest version of a prefix in any state (an expired one,

@@ -1,0 +1,238 @@
+"""Leader and followers of a multi-process router (`router serve --processes N`, router/procs.py).
+
+Process 0, the leader, owns what the operator changes: the worker list (add, remove, drain) and the named
+prefixes (register, warm, expire, TTL; the warmer runs there only), all through the admin API, which only
+the leader serves (every process's front relays /admin/ to the leader's unix socket). The leader writes
+that state as a versioned snapshot (`state.json` in the router's private state directory, written
+atomically: temp file, fsync, rename) whenever it changed, checked every `SYNC_S`; each follower stats the
+file every `SYNC_S` and applies a newer version. An admin change is in force in every process within
+two periods plus the write (well under 1 s). The snapshot carries neither traffic statistics nor
+per-request timestamps, so it changes only when the operator's state does, never per request.
+
+What every process keeps for itself: health checks (each process's predicted index, KV-event streams and
+upstream connections are its own, so each repairs its own), the KV-event subscriptions, the predicted
+index and the circuit breakers. Timestamps in the snapshot are `time.monotonic()`, CLOCK_MONOTONIC,
+which is one clock for every process on the machine. A leader that restarts adopts the last snapshot,
+so runtime changes survive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infer_ctl.atomicfile import write_atomic
+from infer_ctl.core.routing.prefixes import Placement, PrefixRecord, PrefixState
+from infer_ctl.router.config import WorkerSpec
+from infer_ctl.router.jsonio import dumps, loads
+from infer_ctl.router.proxy import Router
+
+log = logging.getLogger("infer_ctl.router")
+
+#: how often the leader checks for a change and a follower for a new snapshot
+SYNC_S = 0.1
+#: how often a follower expires its predicted index (the leader's warmer does it there)
+_EXPIRE_S = 0.5
+
+
+@dataclass(frozen=True)
+class ProcessRole:
+    """One router process's place among the supervisor's `processes`."""
+
+    index: int
+    processes: int
+    state_dir: str
+    shm_name: str
+    slots: int
+
+    @property
+    def leader(self) -> bool:
+        return self.index == 0
+
+    @property
+    def admin_sock(self) -> str:
+        return os.path.join(self.state_dir, "admin.sock")
+
+    @property
+    def snapshot(self) -> Path:
+        return Path(self.state_dir) / "state.json"
+
+    def ready_file(self, index: int) -> Path:
+        return Path(self.state_dir) / f"ready-{index}"
+
+    def metrics_file(self, index: int) -> Path:
+        return Path(self.state_dir) / f"metrics-{index}.prom"
+
+
+def forget_worker(router: Router, url: str) -> None:
+    """Take a worker out of every part of one process's state (the admin API's remove, a follower's
+    snapshot)."""
+    router.workers.remove(url)
+    router.kv.forget(url)
+    router.pairs.forget(url)
+    router.spec.drop(url)
+    router.index.drop_worker(url)
+    router.prefixes.drop_worker(url)
+    router.upstreams.drop(url)
+
+
+# ---- the snapshot ---------------------------------------------------------------------------------
+def _record_doc(r: PrefixRecord) -> dict[str, Any]:
+    return {"name": r.name, "text": r.text, "version": r.version, "registered_at": r.registered_at,
+            "ttl_s": r.ttl_s, "replicas": r.replicas, "pin": r.pin, "fmt": r.fmt, "tokens": r.tokens,
+            "state": r.state.value, "ended_at": r.ended_at, "avoid": sorted(r.avoid),
+            "placements": {u: {"warmed_at": p.warmed_at, "warming": p.warming, "needs_rewarm": p.needs_rewarm,
+                               "warm_failures": p.warm_failures} for u, p in r.placements.items()}}
+
+
+def _record(d: dict[str, Any]) -> PrefixRecord:
+    rec = PrefixRecord(name=d["name"], text=d["text"], version=d["version"], registered_at=d["registered_at"],
+                       ttl_s=d["ttl_s"], replicas=d["replicas"], pin=d["pin"], fmt=d["fmt"], tokens=d["tokens"],
+                       state=PrefixState(d["state"]), ended_at=d["ended_at"], avoid=set(d["avoid"]))
+    rec.placements = {u: Placement(worker=u, **p) for u, p in d["placements"].items()}
+    return rec
+
+
+def snapshot_doc(router: Router) -> dict[str, Any]:
+    """The leader's operator state (no version): worker list with slots and drain flags, named prefixes."""
+    ws = router.workers
+    return {
+        "next_slot": ws.next_slot,
+        "workers": [{"url": w.url, "role": w.role, "bootstrap_port": w.spec.bootstrap_port, "slot": w.slot,
+                     "draining": w.draining} for w in ws.all()],
+        "prefixes": [_record_doc(r) for r in router.prefixes.records()],
+    }
+
+
+def apply_snapshot(router: Router, doc: dict[str, Any], on_added: Any = None) -> None:
+    """Make one process's worker list and named prefixes the snapshot's."""
+    ws = router.workers
+    want = {d["url"]: d for d in doc["workers"]}
+    for url in [u for u in ws.by_url if u not in want]:
+        forget_worker(router, url)
+        log.info("worker removed (leader)", extra={"worker": url})
+    for url, d in want.items():
+        w = ws.by_url.get(url)
+        if w is None:
+            w = ws.add(WorkerSpec(url, d["role"], d["bootstrap_port"]), slot=d["slot"])
+            log.info("worker added (leader)", extra={"worker": url, "slot": d["slot"]})
+            if on_added is not None:
+                on_added(w)
+        w.draining = bool(d["draining"])
+    ws.next_slot = max(ws.next_slot, int(doc.get("next_slot", 0)))
+    records: dict[str, list[PrefixRecord]] = {}
+    for d in doc["prefixes"]:
+        records.setdefault(d["name"], []).append(_record(d))
+    router.prefixes.adopt(records)
+
+
+def read_snapshot(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# ---- the two loops --------------------------------------------------------------------------------
+class Publisher:
+    """The leader: writes the snapshot when the operator state changed."""
+
+    def __init__(self, router: Router, path: Path) -> None:
+        self.router = router
+        self.path = path
+        self.version = 0
+        self._last = b""
+        self._task: asyncio.Task[None] | None = None
+
+    def adopt(self) -> bool:
+        """A restarted leader: take over the last snapshot (runtime changes survive the restart)."""
+        doc = read_snapshot(self.path)
+        if doc is None:
+            return False
+        apply_snapshot(self.router, doc)
+        self.version = int(doc.get("version", 0))
+        log.warning("leader adopted the last snapshot", extra={"version": self.version})
+        return True
+
+    def publish(self) -> bool:
+        data = dumps(snapshot_doc(self.router))
+        if data == self._last:
+            return False
+        self.version += 1
+        write_atomic(self.path, b'{"version":%d,' % self.version + data[1:], mode=0o600)
+        self._last = data
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            try:
+                self.publish()
+            except OSError as exc:
+                log.warning("cannot write the router's state snapshot", extra={"error": str(exc)})
+
+    async def stop(self) -> None:
+        await _cancel(self._task)
+
+
+class Follower:
+    """A follower: applies each newer snapshot, and expires its predicted index."""
+
+    def __init__(self, router: Router, path: Path, on_added: Any = None) -> None:
+        self.router = router
+        self.path = path
+        self.on_added = on_added
+        self.version = 0
+        self._stamp: tuple[int, int] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def poll(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        stamp = (st.st_ino, st.st_mtime_ns)  # every write is a rename: a new inode
+        if stamp == self._stamp:
+            return False
+        doc = read_snapshot(self.path)
+        self._stamp = stamp
+        if doc is None or int(doc.get("version", 0)) <= self.version:
+            return False
+        apply_snapshot(self.router, doc, self.on_added)
+        self.version = int(doc["version"])
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def _loop(self) -> None:
+        last_expire = 0.0
+        while True:
+            await asyncio.sleep(SYNC_S)
+            try:
+                self.poll()
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("cannot apply the leader's state snapshot", extra={"error": str(exc)})
+            now = self.router.clock()
+            if now - last_expire >= _EXPIRE_S:
+                self.router.index.expire(now)
+                last_expire = now
+
+    async def stop(self) -> None:
+        await _cancel(self._task)
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

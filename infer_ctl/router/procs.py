@@ -1,0 +1,261 @@
+"""`router serve --processes N`: a supervisor and N router processes on one listening address.
+
+The supervisor (the `router serve` process) decides N (`plan`), creates the shared in-flight load block
+(router/shared_load.py) and a private state directory, and starts N copies of this module
+(`python -m infer_ctl.router.procs`; the config arrives pickled on stdin, so the admin token is never on a
+command line). Each binds the same host:port with SO_REUSEPORT: the kernel spreads connections over
+them by a hash of the 4-tuple. Process 0 leads (router/follow.py); the followers start once the
+leader wrote its first snapshot. A process that exits unexpectedly (a follower killed with -9, the
+leader too) has its row of the load block zeroed and is started again; its clients' connections died
+with it, the other processes' requests are not touched. SIGTERM or SIGINT to the supervisor is passed
+to every process, each drains (config.drain_timeout_s) and exits; then the supervisor removes the block
+and the directory. A router process whose supervisor dies gets SIGTERM from the kernel
+(PR_SET_PDEATHSIG), so no orphan keeps the port.
+
+Why one process without KV events (`plan`): with `policy: cache_aware`, a router that does not hear the
+prefills' KV events routes on its own *predicted* index, which it learns from its own routing decisions.
+N processes would hold N different predictions, each seeing 1/N of the traffic, and send the same prefix
+to different workers: the router would be worse at the very thing it is for. With every prefill
+publishing KV events, each process subscribes and holds the same exact view. Policies without a cache
+index (round_robin, power_of_two, random) share everything they use (in-flight load) and run N
+processes. Tenant limits (rates, concurrency) are enforced per process, so with tenants configured
+the router also runs one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.follow import ProcessRole
+
+log = logging.getLogger("infer_ctl.router")
+
+#: the default number of processes is the number of cores, at most this
+MAX_DEFAULT_PROCESSES = 8
+MAX_PROCESSES = 64
+#: worker slots beyond the configured workers, for workers added at runtime (admin API)
+SPARE_SLOTS = 64
+#: a process that exits this soon after its start counts as a crash loop
+_EARLY_EXIT_S = 2.0
+_MAX_EARLY_EXITS = 3
+
+
+def default_processes() -> int:
+    return max(1, min(os.cpu_count() or 1, MAX_DEFAULT_PROCESSES))
+
+
+def fetch_server_info(url: str, timeout: float = 3.0) -> dict[str, Any] | None:
+    """A worker's /server_info, or None when it does not answer with a JSON object."""
+    try:
+        with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:  # noqa: S310 (http:// only)
+            doc = json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def plan(cfg: RouterConfig, requested: int | None,
+         server_info: Callable[[str], dict[str, Any] | None] = fetch_server_info) -> tuple[int, str]:
+    """How many processes to run, and why (logged at start-up)."""
+    n = default_processes() if requested is None else requested
+    if n == 1:
+        return 1, "one process requested" if requested else "one core"
+    if cfg.tenants:
+        return 1, "tenant limits are enforced per process: with tenants configured the router runs one process"
+    if cfg.policy != "cache_aware":
+        return n, f"policy {cfg.policy} keeps no cache index; the processes share their in-flight load"
+    if not cfg.kv_events:
+        return 1, ("KV events are off (kv_events: false): every process would route on its own predicted cache "
+                   "index; one process keeps one view")
+    for w in cfg.workers:
+        if w.role == "decode":
+            continue
+        info = server_info(w.url)
+        if info is None:
+            return 1, (f"worker {w.url} did not answer /server_info at start-up, so it is not known to publish KV "
+                       "events; without them every process would route on its own predicted cache index")
+        if not isinstance(info.get("kv_events"), dict):
+            return 1, (f"worker {w.url} publishes no KV events (launch it with --kv-events-config); without them "
+                       "every process would route on its own predicted cache index")
+    return n, "every prefill publishes KV events: each process subscribes and holds the same exact index"
+
+
+def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None]:
+    """Port 0 means "any": bind one (SO_REUSEPORT, never listening) so that every process binds the same
+    one; the socket is held until the router stops."""
+    if port:
+        return port, None
+    fam, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    s = socket.socket(fam, kind, proto)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(addr)
+    return int(s.getsockname()[1]), s
+
+
+class Supervisor:
+    def __init__(self, cfg: RouterConfig, processes: int, log_level: str = "info") -> None:
+        self.cfg = cfg
+        self.n = processes
+        self.log_level = log_level
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * processes
+        self.started: list[float] = [0.0] * processes
+        self.early_exits = [0] * processes
+        self.restarts = 0
+        self.stopping = False
+
+    def _spawn(self, role: ProcessRole) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        proc.stdin.write(pickle.dumps((self.cfg, role, self.log_level)))
+        proc.stdin.close()
+        self.procs[role.index] = proc
+        self.started[role.index] = time.monotonic()
+        return proc
+
+    def _stop(self, *_: Any) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        from infer_ctl.router.shared_load import SharedLoad
+
+        cfg = self.cfg
+        port, holder = reserve_port(cfg.host, cfg.port)
+        cfg.port = port
+        state_dir = tempfile.mkdtemp(prefix="inferctl-router-")
+        os.chmod(state_dir, 0o700)
+        slots = len(cfg.workers) + SPARE_SLOTS
+        shared = SharedLoad.create(self.n, slots)
+        roles = [ProcessRole(i, self.n, state_dir, shared.name, slots) for i in range(self.n)]
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        rc = 0
+        try:
+            leader = self._spawn(roles[0])
+            # the followers take the leader's state from its first snapshot (follow.py)
+            while not roles[0].snapshot.exists() and leader.poll() is None and not self.stopping:
+                time.sleep(0.05)
+            if leader.poll() is not None:
+                return leader.returncode or 1
+            for role in roles[1:]:
+                self._spawn(role)
+            ready = False
+            while not self.stopping:
+                time.sleep(0.1)
+                if not ready and all(role.ready_file(role.index).exists() for role in roles):
+                    ready = True
+                    log.info("router processes ready", extra={"processes": self.n, "url": cfg.url,
+                                                              "pids": [p.pid for p in self.procs if p]})
+                for role in roles:
+                    rc = self._check(role, shared)
+                    if rc:
+                        self.stopping = True
+                        break
+        finally:
+            self._shutdown()
+            shared.close()
+            shutil.rmtree(state_dir, ignore_errors=True)
+            if holder is not None:
+                holder.close()
+        log.info("router stopped", extra={"processes": self.n, "restarts": self.restarts})
+        return rc
+
+    def _check(self, role: ProcessRole, shared: Any) -> int:
+        """Restart a process that exited; a crash loop (or a start-up error) stops the router."""
+        proc = self.procs[role.index]
+        if proc is None or proc.poll() is None or self.stopping:
+            return 0
+        early = time.monotonic() - self.started[role.index] < _EARLY_EXIT_S
+        self.early_exits[role.index] = self.early_exits[role.index] + 1 if early else 0
+        if self.early_exits[role.index] >= _MAX_EARLY_EXITS or proc.returncode == 64:
+            log.error("router process keeps failing at start-up: stopping the router",
+                      extra={"router_process": role.index, "rc": proc.returncode})
+            return proc.returncode or 1
+        shared.zero_row(role.index)  # its requests died with its sockets (shared_load.py)
+        role.ready_file(role.index).unlink(missing_ok=True)
+        self.restarts += 1
+        log.warning("router process exited: starting it again",
+                    extra={"router_process": role.index, "rc": proc.returncode, "pid": proc.pid, "leader": role.leader})
+        self._spawn(role)
+        return 0
+
+    def _shutdown(self) -> None:
+        live = [p for p in self.procs if p is not None and p.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.drain_timeout_s + 15
+        for p in live:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("router process did not stop: killing it", extra={"pid": p.pid})
+                p.kill()
+                p.wait()
+
+
+def serve(cfg: RouterConfig, requested: int | None, log_level: str = "info") -> int:
+    """`router serve`: one process in this one (run.py), or a supervisor of several."""
+    from infer_ctl.router.logs import setup_logging
+    from infer_ctl.router.run import serve_forever
+
+    setup_logging(log_level)
+    n, why = plan(cfg, requested)
+    if n == 1:
+        if requested is None or requested > 1:
+            log.warning("router runs one process: " + why, extra={"requested": requested})
+        return serve_forever(cfg, log_level)
+    log.info("router runs several processes: " + why, extra={"processes": n})
+    return Supervisor(cfg, n, log_level).run()
+
+
+# ---- one router process ---------------------------------------------------------------------------
+class _ProcessField(logging.Filter):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.router_process = self.index
+        return True
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _child() -> int:
+    from infer_ctl.errors import InferctlError
+    from infer_ctl.router.logs import setup_logging
+    from infer_ctl.router.run import serve_forever
+
+    _die_with_parent()
+    cfg, role, log_level = pickle.loads(sys.stdin.buffer.read())
+    handler = setup_logging(log_level)
+    handler.addFilter(_ProcessField(role.index))
+    try:
+        return serve_forever(cfg, log_level, proc=role, handler=handler)
+    except InferctlError as exc:
+        log.error(exc.message, extra={"remedy": exc.remedy})
+        return int(exc.exit_code)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child())

@@ -1,0 +1,265 @@
+"""`router serve --processes 2` end to end: real router processes (the CLI's supervisor) on one loopback
+port with SO_REUSEPORT, in front of simulated PD workers that publish SGLang KV events. Connections spread
+over both processes; a request in flight in one process is seen by the other (the shared load block);
+an admin change made through any process is in force in both within 1 s; a follower killed with -9 is
+started again while the leader's streams finish; without KV events the router runs one process and its
+start-up log says why."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+from tests.router.conftest import TIME_SCALE
+from tests.sim.kv_client import kv_config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(every)
+    return cond()
+
+
+class Router:
+    """`inferctl router serve --processes N` as a subprocess, its JSON log lines in a file."""
+
+    def __init__(self, cluster: ThreadedSimCluster, processes: int = 2, *extra: str) -> None:
+        self.port = free_port()
+        self.processes = processes
+        self.log = Path(tempfile.mkstemp(prefix="router-procs-", suffix=".log")[1])
+        args = [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{self.port}",
+                "--processes", str(processes), "--log-requests", *extra]
+        for w in cluster.workers:
+            args += (["--prefill", f"{w.url}@{w.bootstrap_port}"] if w.spec.role == "prefill"
+                     else ["--decode", w.url])
+        env = {k: v for k, v in os.environ.items() if k != "INFERCTL_ROUTER_TOKEN"}
+        env["PYTHONPATH"] = os.getcwd()
+        self.fh = self.log.open("wb")
+        self.proc = subprocess.Popen(args, stderr=self.fh, env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        assert wait_for(self._up, 60), self.logs()[-20:]
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the router exited: {self.logs()[-5:]}")
+        msgs = [str(d.get("msg", "")) for d in self.logs()]
+        single = any(m.startswith("router runs one process") for m in msgs) or self.processes == 1
+        return "router processes ready" in msgs or (single and "router listening" in msgs)
+
+    def logs(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.fh.close()
+        return self.proc.returncode
+
+
+def health(conn: http.client.HTTPConnection) -> dict[str, Any]:
+    conn.request("GET", "/health")
+    doc: dict[str, Any] = json.loads(conn.getresponse().read())
+    return doc
+
+
+def conn_to(port: int, index: int, tries: int = 400) -> http.client.HTTPConnection:
+    """A keep-alive connection that the kernel gave to router process `index`."""
+    for _ in range(tries):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        if health(conn)["process"]["index"] == index:
+            return conn
+        conn.close()
+    raise AssertionError(f"no connection reached process {index} in {tries} tries")
+
+
+def generate(conn: http.client.HTTPConnection, text: str, tokens: int = 2, stream: bool = False) -> tuple[int, bytes]:
+    body = json.dumps({"text": text, "stream": stream, "sampling_params": {"max_new_tokens": tokens}})
+    conn.request("POST", "/generate", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+
+@pytest.fixture(scope="module")
+def kv_cluster() -> Iterator[ThreadedSimCluster]:
+    kw: dict[str, Any] = {"time_scale": TIME_SCALE, "bootstrap_timeout_s": 10.0, "waiting_timeout_s": 10.0}
+    cluster = start_cluster_in_thread([WorkerSpec("prefill", kv_events_config=kv_config(), **kw),
+                                       WorkerSpec("prefill", kv_events_config=kv_config(), **kw),
+                                       WorkerSpec("decode", **kw)])
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def router(kv_cluster: ThreadedSimCluster) -> Iterator[Router]:
+    r = Router(kv_cluster, 2)
+    yield r
+    assert r.stop() == 0
+
+
+def test_connections_spread_over_both_processes(router: Router) -> None:
+    seen: dict[int, int] = {}
+    for _ in range(60):
+        conn = http.client.HTTPConnection("127.0.0.1", router.port, timeout=10)
+        doc = health(conn)
+        seen[doc["process"]["index"]] = doc["process"]["pid"]
+        assert generate(conn, "hello there")[0] == 200
+        conn.close()
+    assert set(seen) == {0, 1} and seen[0] != seen[1]
+    start = next(d for d in router.logs() if d.get("msg", "").startswith("router runs several processes"))
+    assert "KV events" in start["msg"]
+
+
+def test_in_flight_on_the_follower_is_seen_by_the_leader(router: Router, kv_cluster: ThreadedSimCluster) -> None:
+    conn = conn_to(router.port, 1)
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(generate(conn, "a long answer please", 3000, stream=True)[0]))
+    t.start()
+    try:
+        # /admin is answered by the leader (process 0): the follower's request shows there
+        def busy() -> dict[str, int]:
+            doc = httpx.get(router.url + "/admin/workers", timeout=5).json()
+            return {w["role"]: w["inflight"] for w in doc["workers"] if w["inflight"] > 0}
+
+        got = wait_for(busy, 10, 0.02)
+        assert got.get("decode") == 1, got
+
+        def scraped() -> bool:  # whichever process answers /metrics: the same shared count
+            metrics = httpx.get(router.url + "/metrics", timeout=5).text
+            return any(line.startswith("inferctl_router_worker_inflight{") and 'role="decode"' in line
+                       and line.endswith(" 1.0") for line in metrics.splitlines())
+
+        assert all(scraped() for _ in range(6))
+    finally:
+        t.join(60)
+    assert result == [200]
+    assert wait_for(lambda: not any(w["inflight"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]))
+
+
+def test_admin_changes_are_in_force_in_both_processes_within_a_second(router: Router,
+                                                                       kv_cluster: ThreadedSimCluster) -> None:
+    c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)
+    text = "You are the billing assistant of the cluster. Answer in one line. " * 8
+    # registered through the follower's front (relayed to the leader's admin API)
+    c1.request("POST", "/admin/prefixes", json.dumps({"name": "billing", "text": text}),
+               {"Content-Type": "application/json"})
+    resp = c1.getresponse()
+    assert resp.status == 201, resp.read()
+    resp.read()
+    t0 = time.monotonic()
+    v0 = wait_for(lambda: health(c0)["process"]["state_version"], 2, 0.01)
+    assert wait_for(lambda: health(c1)["process"]["state_version"] >= v0, 1.0, 0.01)
+    assert time.monotonic() - t0 < 1.0
+    # in force: once the leader warmed it, the follower routes the prefix's traffic as the prefix's
+    assert wait_for(lambda: any(r["warm"] for p in httpx.get(router.url + "/admin/prefixes").json()["prefixes"]
+                                for r in p["replicas"]), 20)
+    t1 = time.monotonic()
+
+    def named_on_follower() -> bool:
+        status, _ = generate(c1, text + " Q: my invoice?")
+        assert status == 200
+        return any(d.get("msg") == "request done" and d.get("router_process") == 1
+                   and str(d.get("reason", "")).startswith("named_prefix") for d in router.logs())
+
+    assert wait_for(named_on_follower, 1.0, 0.05)
+    assert time.monotonic() - t1 < 1.0
+    # a drain made through the admin API: the follower stops routing to that prefill within 1 s
+    pre = [w.url for w in kv_cluster.workers if w.spec.role == "prefill"]
+    r = httpx.post(router.url + "/admin/workers/drain", json={"url": pre[0], "timeout_s": 0}, timeout=10)
+    assert r.status_code == 200
+    time.sleep(1.0)
+    mark = len(router.logs())
+    for i in range(10):
+        assert generate(c1, f"after the drain {i}")[0] == 200
+    done = [d for d in router.logs()[mark:] if d.get("msg") == "request done" and d.get("router_process") == 1]
+    assert len(done) == 10 and all(d["prefill"] == pre[1] for d in done), done
+    assert httpx.post(router.url + "/admin/workers/drain", json={"url": pre[0], "drain": False}).status_code == 200
+    c0.close()
+    c1.close()
+
+
+def test_a_killed_follower_is_restarted_and_the_leader_loses_nothing(router: Router) -> None:
+    c1 = conn_to(router.port, 1)
+    old_pid = health(c1)["process"]["pid"]
+    leaders = [conn_to(router.port, 0) for _ in range(3)]
+    results: list[tuple[int, bytes]] = []
+    threads = [threading.Thread(target=lambda c=c: results.append(generate(c, "count to many", 200, stream=True)))
+               for c in leaders]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    os.kill(old_pid, signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    assert [s for s, _ in results] == [200, 200, 200]
+    assert all(b"[DONE]" in body for _, body in results)
+
+    def new_follower() -> int | None:
+        try:
+            conn = conn_to(router.port, 1, tries=50)
+        except (AssertionError, OSError):
+            return None
+        pid = health(conn)["process"]["pid"]
+        ok = generate(conn, "after the restart")[0] == 200
+        conn.close()
+        return pid if pid != old_pid and ok else None
+
+    assert wait_for(new_follower, 30, 0.2)
+    assert any(d.get("msg") == "router process exited: starting it again" and d.get("router_process") == 1
+               for d in router.logs())
+    # its row was zeroed: the dead process's requests no longer count as load
+    assert wait_for(lambda: not any(w["inflight"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]))
+
+
+def test_without_kv_events_the_router_runs_one_process_and_says_why() -> None:
+    kw: dict[str, Any] = {"time_scale": TIME_SCALE, "bootstrap_timeout_s": 10.0, "waiting_timeout_s": 10.0}
+    cluster = start_cluster_in_thread([WorkerSpec("prefill", **kw), WorkerSpec("decode", **kw)])
+    try:
+        r = Router(cluster, 2)
+        try:
+            for _ in range(10):
+                conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+                assert "process" not in health(conn)  # one plain router process
+                assert generate(conn, "hi")[0] == 200
+                conn.close()
+            line = next(d for d in r.logs() if d.get("msg", "").startswith("router runs one process"))
+            assert "publishes no KV events" in line["msg"] and line["requested"] == 2
+        finally:
+            assert r.stop() == 0
+    finally:
+        cluster.stop()
