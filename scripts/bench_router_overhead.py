@@ -8,6 +8,12 @@ sglang-router 0.3.2 (`--pd-disaggregation --policy cache_aware`). Everything sha
 so absolute numbers depend on it; the ratios are the result.
 
     python scripts/bench_router_overhead.py [--duration 5] [--connections 16] [--repeat 3] [--baseline CHECKOUT]
+                                            [--processes N]
+
+`--processes N` adds this checkout's router run as N processes (`router serve --processes N`), measured in
+the same repetitions as the one-process router (which is always `--processes 1`). The prefill stand-in
+then advertises SGLang's KV events in /server_info (a real ZMQ PUB socket that publishes nothing): a
+router on `cache_aware` runs several processes only for workers that publish them.
 
 `--baseline` adds the router of another checkout (before/after a change: `git worktree add /tmp/base
 <commit>`), measured in the same repetitions as this checkout's, so both see the same machine load.
@@ -52,10 +58,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def standin(port: int) -> None:
-    """A minimal SGLang-shaped worker: enough for both routers' health checks and /generate."""
+def standin(port: int, kv_port: int | None = None) -> None:
+    """A minimal SGLang-shaped worker: enough for both routers' health checks and /generate. `kv_port`: a
+    ZMQ PUB socket bound there and advertised as SGLang's `kv_events` in /server_info."""
     import uvloop
     from aiohttp import web
+
+    info: dict[str, Any] = {"status": "ok", "loads": [{"num_waiting_reqs": 0, "num_running_reqs": 0}]}
+    if kv_port:
+        import zmq
+
+        pub: Any = zmq.Context.instance().socket(zmq.PUB)
+        pub.bind(f"tcp://127.0.0.1:{kv_port}")
+        info["kv_events"] = {"endpoint_host": "127.0.0.1", "endpoint_port_base": kv_port, "topic": "",
+                             "block_size": 1, "dp_size": 1}
 
     reply = json.dumps({"text": "hi", "output_ids": [1], "meta_info": {
         "id": "x", "finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 3, "completion_tokens": 1,
@@ -66,7 +82,7 @@ def standin(port: int) -> None:
         return web.Response(body=reply, content_type="application/json")
 
     async def ok(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "loads": [{"num_waiting_reqs": 0, "num_running_reqs": 0}]})
+        return web.json_response(info)
 
     # sglang-router probes workers with HTTP/2 prior-knowledge requests, which aiohttp refuses (400) and logs
     # with a traceback; the probes' outcome does not matter here, the log noise does.
@@ -171,6 +187,7 @@ INFERCTL = "inferctl router"
 TRACED = "inferctl router (tracing on)"
 SGLANG = "sglang-router 0.3.2"
 BASELINE = "inferctl router (baseline)"
+MULTI = "inferctl router, N processes"
 
 
 def otlp_sink() -> str:
@@ -234,6 +251,9 @@ def python_calls_per_request(checkout: Path, pre: str, dec: str, bootstrap: int,
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--standin", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--kv-pub", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--processes", type=int, metavar="N",
+                    help="also measure this checkout's router as N processes (router serve --processes N)")
     ap.add_argument("--naive", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--connections", type=int, default=16)
@@ -249,7 +269,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.standin:
-        standin(args.standin)
+        standin(args.standin, args.kv_pub)
         return
     if args.naive:
         naive_proxy(int(args.naive[0]), args.naive[1], args.naive[2])
@@ -274,8 +294,8 @@ def main() -> None:
 
     try:
         pp, dp, bp = free_port(), free_port(), free_port()
-        for port in (pp, dp):
-            start([sys.executable, __file__, "--standin", str(port)])
+        start([sys.executable, __file__, "--standin", str(pp)] + (["--kv-pub", str(free_port())] if args.processes else []))
+        start([sys.executable, __file__, "--standin", str(dp)])
         pre, dec = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
         wait_http(pre + "/health")
         wait_http(dec + "/health")
@@ -299,8 +319,17 @@ def main() -> None:
             port = free_port()
             targets[name] = (f"http://127.0.0.1:{port}", start(
                 [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
-                 "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"],
+                 "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning"]
+                + (["--processes", "1"] if name == INFERCTL else []),
                 cwd=checkout, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(checkout)}))
+        if args.processes:
+            port = free_port()
+            # CPU counted over the supervisor and its router processes (cpu_seconds follows the children)
+            targets[MULTI] = (f"http://127.0.0.1:{port}", start(
+                [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
+                 "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning",
+                 "--processes", str(args.processes)],
+                cwd=here, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(here)}))
         if args.tracing:
             port, endpoint = free_port(), otlp_sink()
             # the OTLP settings are the bench's; a sampler given in the environment is kept (OTEL_TRACES_SAMPLER=
@@ -367,6 +396,10 @@ def main() -> None:
         doc: dict[str, object] = {"rows": rows, "rps_ratio_inferctl_vs_sglang": ratio, "cpu_ratio_sglang_vs_inferctl": cpu_ratio,
                                   "per_repetition_ratios": sg_reps, "load_average": loads, "repeat": args.repeat,
                                   "duration_s": args.duration, "router_sources": sources}
+        if args.processes:
+            doc["processes"] = args.processes
+            doc["rps_ratio_processes_vs_sglang"] = med(MULTI, ck, "rps") / med(SGLANG, ck, "rps")
+            doc["per_repetition_ratios_processes"] = per_rep(MULTI, SGLANG, ck, "rps")
         if args.tracing:
             doc["tracing_on_vs_off"] = {
                 key: {"per_repetition": (reps := per_rep(TRACED, INFERCTL, kind, key)),
@@ -396,6 +429,10 @@ def main() -> None:
               + ", ".join(f"{x:.2f}" for x in sg_reps) + ")")
         print(f"sglang-router CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
               "(the requests/s ratio both would reach with a core each)")
+        if args.processes:
+            print(f"inferctl with {args.processes} processes / sglang-router requests/s: "
+                  f"{doc['rps_ratio_processes_vs_sglang']:.2f}x (per repetition: "
+                  + ", ".join(f"{x:.2f}" for x in doc["per_repetition_ratios_processes"]) + ")")  # type: ignore[attr-defined]
         if args.tracing:
             tr = doc["tracing_on_vs_off"]
             assert isinstance(tr, dict)

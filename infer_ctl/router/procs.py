@@ -63,7 +63,7 @@ def default_processes() -> int:
 def fetch_server_info(url: str, timeout: float = 3.0) -> dict[str, Any] | None:
     """A worker's /server_info, or None when it does not answer with a JSON object."""
     try:
-        with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:  # noqa: S310 (http:// only)
+        with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:
             doc = json.loads(resp.read())
     except (OSError, ValueError):
         return None

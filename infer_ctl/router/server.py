@@ -30,6 +30,7 @@ from infer_ctl.router.follow import Follower, ProcessRole, Publisher
 from infer_ctl.router.h1 import H1Server, Request, Response, StreamResponse
 from infer_ctl.router.health import HealthChecker
 from infer_ctl.router.jsonio import dumps, error_body
+from infer_ctl.router.metrics_merge import ProcessMetrics
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.shared_load import SharedLoad
 from infer_ctl.router.upstream import Pool, UpstreamError
@@ -52,6 +53,7 @@ class RouterServer:
         self.proc = proc
         self.shared: SharedLoad | None = None
         self.sync: Publisher | Follower | None = None
+        self.process_metrics: ProcessMetrics | None = None
         self.router = Router(cfg)
         self.health = HealthChecker(self.router)
         self.warmer = PrefixWarmer(self.router)
@@ -153,6 +155,8 @@ class RouterServer:
             self.warmer.start()
         if self.sync is not None:
             self.sync.start()
+        if self.process_metrics is not None:
+            self.process_metrics.start()
         extra = {} if proc is None else {"router_process": proc.index, "processes": proc.processes}
         if proc is not None:
             proc.ready_file(proc.index).touch()  # the supervisor logs once every process listens
@@ -164,6 +168,8 @@ class RouterServer:
         """Before the first request: count in-flight load in the shared block, and take the leader's
         state (the leader: its own last snapshot, after a restart)."""
         self.shared = SharedLoad.attach(proc.shm_name, proc.processes, proc.slots)
+        self.process_metrics = ProcessMetrics(self.router.metrics.render, proc.index, proc.processes,
+                                              proc.metrics_file)
         self.router.workers.share(self.shared, proc.index)
         if proc.leader:
             pub = Publisher(self.router, proc.snapshot)
@@ -189,6 +195,8 @@ class RouterServer:
         await self.warmer.stop()
         if self.sync is not None:
             await self.sync.stop()
+        if self.process_metrics is not None:
+            await self.process_metrics.stop()
         await router.kv.stop()
         router.cancel_background()
         await self.http.close_all()
@@ -242,7 +250,9 @@ class RouterServer:
         return handler
 
     async def metrics(self, request: Request) -> Response:
-        return Response(200, self.router.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        # several processes: every one answers for all of them (metrics_merge.py)
+        data = self.process_metrics.scrape() if self.process_metrics is not None else self.router.metrics.render()
+        return Response(200, data, "text/plain; version=0.0.4; charset=utf-8")
 
     async def flush_cache(self, request: Request) -> Response:
         """Fan out to every worker; on success, the worker's predicted cache is empty too."""

@@ -23,6 +23,8 @@ from __future__ import annotations
 from multiprocessing import resource_tracker, shared_memory
 
 _CELL = 8
+#: blocks this process created: attaching to one of them (tests) must not unregister the creator's entry
+_CREATED: set[str] = set()
 _LINE_CELLS = 64 // _CELL
 
 
@@ -40,7 +42,9 @@ class SharedLoad:
         self.slots = slots
         self.stride = row_cells(slots)
         self.owner = owner
-        self.cells: memoryview = shm.buf.cast("q")
+        buf = shm.buf
+        assert buf is not None  # None only after close()
+        self.cells: memoryview = buf.cast("q")
         if len(self.cells) < processes * self.stride:
             raise ValueError(f"shared load block {shm.name} holds {len(self.cells)} cells, need "
                              f"{processes * self.stride}")
@@ -51,7 +55,8 @@ class SharedLoad:
             raise ValueError("processes and slots must be >= 1")
         size = processes * row_cells(slots) * _CELL
         shm = shared_memory.SharedMemory(create=True, size=size)
-        shm.buf[:size] = bytes(size)  # fresh pages are zero on Linux; say so anyway
+        shm.buf[:size] = bytes(size)  # type: ignore[index]  # fresh pages are zero on Linux; say so anyway
+        _CREATED.add(shm.name)
         return cls(shm, processes, slots, owner=True)
 
     @classmethod
@@ -60,7 +65,8 @@ class SharedLoad:
         # The supervisor owns the block. Python 3.11 registers every attach with its resource tracker,
         # which unlinks the block when this process exits (a restarted follower would take it away from
         # the others); 3.13's track=False is the same thing as this unregister.
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        if shm.name not in _CREATED:
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
         return cls(shm, processes, slots, owner=False)
 
     @property
@@ -91,3 +97,4 @@ class SharedLoad:
         self.shm.close()
         if self.owner:
             self.shm.unlink()
+            _CREATED.discard(self.shm.name)

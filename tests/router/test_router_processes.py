@@ -141,6 +141,17 @@ def test_connections_spread_over_both_processes(router: Router) -> None:
         assert generate(conn, "hello there")[0] == 200
         conn.close()
     assert set(seen) == {0, 1} and seen[0] != seen[1]
+
+    # /metrics from whichever process answers: both processes' counters, one family each
+    def both_counted() -> bool:
+        text = httpx.get(router.url + "/metrics", headers={"Connection": "close"}, timeout=5).text
+        lines = [ln for ln in text.splitlines() if ln.startswith("inferctl_router_requests_total{")]
+        assert text.count("# TYPE inferctl_router_requests_total counter") == 1
+        return {'router_process="0"' in ln for ln in lines} == {True, False} and all(
+            'router_process="' in ln for ln in lines)
+
+    time.sleep(1.2)
+    assert all(wait_for(both_counted, 3) for _ in range(8))
     start = next(d for d in router.logs() if d.get("msg", "").startswith("router runs several processes"))
     assert "KV events" in start["msg"]
 

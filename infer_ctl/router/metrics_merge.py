@@ -1,0 +1,114 @@
+"""/metrics of a multi-process router: every process answers for all of them.
+
+A scrape lands on whichever process the kernel gave the connection to; answering with that process's
+counters alone would make every scrape a different, partial view (rates that jump between processes).
+So each process writes its own exposition to the state directory every `WRITE_S` (a rename: readers see
+a whole file), and /metrics on any process merges its live exposition with the other processes' files:
+one family per metric name (Prometheus refuses a family twice in one scrape), each sample labelled
+`router_process="i"`. Sum over that label for the router's totals (`sum without (router_process)`).
+The other processes' samples are at most `WRITE_S` old; a process whose file is older than `STALE_S`
+(dead, being restarted) is left out rather than reported frozen.
+
+Families whose value is already the whole router's in every process are taken from the answering
+process only and keep no process label: the per-worker in-flight gauge reads the shared load block
+(router/shared_load.py), so adding the processes' copies would count each request N times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Metric, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+log = logging.getLogger("infer_ctl.router")
+
+WRITE_S = 1.0
+STALE_S = 10.0
+LABEL = "router_process"
+#: families that every process reports for the whole router already
+WHOLE_ROUTER = frozenset({"inferctl_router_worker_inflight"})
+
+
+def write_exposition(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)  # no fsync: a tmpfs-like scratch file, rewritten every second
+
+
+def merge(expositions: Iterable[tuple[int, str]], own: int) -> bytes:
+    """One exposition from each process's (`index`, text); `own` is the answering process."""
+    families: dict[str, Metric] = {}
+    for index, text in expositions:
+        for fam in text_string_to_metric_families(text):
+            whole = fam.name in WHOLE_ROUTER
+            if whole and index != own:
+                continue
+            merged = families.get(fam.name)
+            if merged is None:
+                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for s in fam.samples:
+                labels = s.labels if whole else {**s.labels, LABEL: str(index)}
+                merged.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Fixed:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+class ProcessMetrics:
+    """One process's side: write its exposition periodically; merge on a scrape."""
+
+    def __init__(self, render: Callable[[], bytes], index: int, processes: int,
+                 file_of: Callable[[int], Path]) -> None:
+        self.render = render
+        self.index = index
+        self.processes = processes
+        self.file_of = file_of
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                write_exposition(self.file_of(self.index), self.render())
+            except OSError as exc:
+                log.warning("cannot write this process's metrics for the others", extra={"error": str(exc)})
+            await asyncio.sleep(WRITE_S)
+
+    def scrape(self) -> bytes:
+        texts = [(self.index, self.render().decode())]
+        now = time.time()
+        for i in range(self.processes):
+            if i == self.index:
+                continue
+            path = self.file_of(i)
+            try:
+                if now - path.stat().st_mtime > STALE_S:
+                    continue
+                texts.append((i, path.read_text()))
+            except OSError:
+                continue
+        return merge(sorted(texts), self.index)

@@ -1,0 +1,131 @@
+"""The parts of `router serve --processes N` that need no running router: the shared load block, the
+process plan (why one process), the leader's snapshot applied by a follower, the metrics merge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from infer_ctl.core.routing.prefixes import Placement
+from infer_ctl.errors import UsageError
+from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.follow import apply_snapshot, snapshot_doc
+from infer_ctl.router.metrics_merge import merge
+from infer_ctl.router.procs import plan
+from infer_ctl.router.proxy import Router
+from infer_ctl.router.shared_load import SharedLoad, row_cells
+
+
+def pd_cfg(**kw: Any) -> RouterConfig:
+    return RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 9), worker("http://127.0.0.1:2", "prefill", 9),
+                                 worker("http://127.0.0.1:3", "decode")], **kw)
+
+
+@pytest.fixture
+def block() -> Any:
+    b = SharedLoad.create(2, 5)
+    yield b
+    b.close()
+
+
+def test_each_process_writes_its_row_and_the_load_is_the_column_sum(block: SharedLoad) -> None:
+    other = SharedLoad.attach(block.name, 2, 5)
+    try:
+        mine, theirs = Router(pd_cfg()), Router(pd_cfg())
+        mine.workers.share(block, 0)
+        theirs.workers.share(other, 1)
+        a, b = mine.workers.by_url["http://127.0.0.1:2"], theirs.workers.by_url["http://127.0.0.1:2"]
+        assert (a.slot, b.slot) == (1, 1) and a.cell != b.cell
+        a.inflight += 1
+        b.inflight += 1
+        b.inflight += 1
+        assert (a.inflight, b.inflight) == (1, 2)  # each process's own count
+        assert a.load_inflight == b.load_inflight == 3  # what the policy sees, in both
+        assert a.view(0.0).inflight == 3
+        assert block.row(0) == [0, 1, 0, 0, 0] and block.row(1) == [0, 2, 0, 0, 0]
+        block.zero_row(1)  # the supervisor, for a dead process
+        assert a.load_inflight == 1
+    finally:
+        other.close()
+    assert row_cells(5) == 8 and row_cells(9) == 16  # rows are whole cache lines
+
+
+def test_a_runtime_worker_takes_the_next_slot_until_none_is_left() -> None:
+    block = SharedLoad.create(1, 4)
+    try:
+        r = Router(pd_cfg())
+        r.workers.share(block, 0)
+        assert r.workers.add(worker("http://127.0.0.1:4", "decode")).slot == 3
+        with pytest.raises(UsageError, match="no free worker slot"):
+            r.workers.add(worker("http://127.0.0.1:5", "decode"))
+    finally:
+        block.close()
+
+
+def info_with_events(url: str) -> dict[str, Any]:
+    return {"kv_events": {"endpoint_port_base": 5557}}
+
+
+def test_plan_runs_one_process_without_kv_events() -> None:
+    assert plan(pd_cfg(), 2, info_with_events)[0] == 2
+    n, why = plan(pd_cfg(), 2, lambda url: {} if url.endswith(":2") else info_with_events(url))
+    assert n == 1 and "http://127.0.0.1:2 publishes no KV events" in why
+    n, why = plan(pd_cfg(), 2, lambda url: None)
+    assert n == 1 and "did not answer" in why
+    assert plan(pd_cfg(kv_events=False), 4, info_with_events)[0] == 1
+    # no cache index to disagree on: the processes share all they use
+    assert plan(pd_cfg(policy="round_robin"), 3, lambda url: None)[0] == 3
+    assert plan(pd_cfg(), 1, info_with_events) == (1, "one process requested")
+
+
+def test_a_follower_takes_the_leaders_workers_drains_and_prefixes() -> None:
+    leader, follower = Router(pd_cfg()), Router(pd_cfg())
+    blocks = [SharedLoad.create(1, 8), SharedLoad.create(1, 8)]
+    leader.workers.share(blocks[0], 0)
+    follower.workers.share(blocks[1], 0)
+    try:
+        _follow(leader, follower)
+    finally:
+        for w in [*leader.workers.all(), *follower.workers.all()]:
+            w.shared = None
+        for b in blocks:
+            b.close()
+
+
+def _follow(leader: Router, follower: Router) -> None:
+    leader.workers.add(worker("http://127.0.0.1:7", "decode"))
+    leader.workers.remove("http://127.0.0.1:2")
+    leader.workers.by_url["http://127.0.0.1:1"].draining = True
+    rec = leader.prefixes.register("sys", "You are terse.", now=1.0, ttl_s=60, replicas=2, pin=True)
+    rec.placements["http://127.0.0.1:1"] = Placement("http://127.0.0.1:1", warmed_at=2.0, needs_rewarm=False)
+    added: list[str] = []
+    apply_snapshot(follower, snapshot_doc(leader), lambda w: added.append(w.url))
+    fw = follower.workers.by_url
+    assert set(fw) == {"http://127.0.0.1:1", "http://127.0.0.1:3", "http://127.0.0.1:7"}
+    assert added == ["http://127.0.0.1:7"] and fw["http://127.0.0.1:7"].slot == 3  # the leader's slot
+    assert fw["http://127.0.0.1:1"].draining and not fw["http://127.0.0.1:3"].draining
+    got = follower.prefixes.match("You are terse. Q?")
+    assert got is not None and (got.version, got.ttl_s, got.replicas, got.pin) == (1, 60, 2, True)
+    assert got.warm_replicas() == ["http://127.0.0.1:1"]
+    assert snapshot_doc(follower) == snapshot_doc(leader)
+    # the leader expires it: gone from the follower's routing at the next snapshot
+    leader.prefixes.expire("sys", 3.0)
+    apply_snapshot(follower, snapshot_doc(leader))
+    assert follower.prefixes.match("You are terse. Q?") is None
+
+
+def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:
+    a = ('# HELP inferctl_router_requests_total r\n# TYPE inferctl_router_requests_total counter\n'
+         'inferctl_router_requests_total{status="200"} 3.0\n'
+         '# HELP inferctl_router_worker_inflight w\n# TYPE inferctl_router_worker_inflight gauge\n'
+         'inferctl_router_worker_inflight{worker="u"} 4.0\n')
+    b = a.replace(" 3.0", " 5.0")
+    text = merge([(0, a), (1, b)], own=1).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    reqs = {s.labels["router_process"]: s.value for s in fams["inferctl_router_requests"].samples}
+    assert reqs == {"0": 3.0, "1": 5.0}
+    # read from the shared block in every process: once, unlabelled, not N times
+    assert [(s.labels, s.value) for s in fams["inferctl_router_worker_inflight"].samples] == [({"worker": "u"}, 4.0)]
+    assert text.count("# TYPE inferctl_router_requests_total counter") == 1
