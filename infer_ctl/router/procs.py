@@ -41,6 +41,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.follow import ProcessRole
 
@@ -97,15 +98,23 @@ def plan(cfg: RouterConfig, requested: int | None,
 
 
 def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None]:
-    """Port 0 means "any": bind one (SO_REUSEPORT, never listening) so that every process binds the same
-    one; the socket is held until the router stops."""
+    """The port every process binds. A given port must be free: SO_REUSEPORT would otherwise let this
+    router join another one's listening group (same user) and split its traffic silently, so it is first
+    bound without SO_REUSEPORT, which fails while any socket holds it. Port 0 means "any": one is bound
+    (SO_REUSEPORT, never listening) and held until the router stops, so every process gets the same."""
+    try:
+        fam, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        s = socket.socket(fam, kind, proto)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if not port:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(addr)
+    except OSError as exc:  # includes socket.gaierror (unresolvable host)
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                         remedy="stop the process using that address or pick another --listen") from None
     if port:
+        s.close()
         return port, None
-    fam, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-    s = socket.socket(fam, kind, proto)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind(addr)
     return int(s.getsockname()[1]), s
 
 

@@ -3,6 +3,7 @@ process plan (why one process), the leader's snapshot applied by a follower, the
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.follow import apply_snapshot, snapshot_doc
 from infer_ctl.router.metrics_merge import merge
-from infer_ctl.router.procs import plan
+from infer_ctl.router.procs import plan, reserve_port
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.shared_load import SharedLoad, row_cells
 
@@ -129,3 +130,19 @@ def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:
     # read from the shared block in every process: once, unlabelled, not N times
     assert [(s.labels, s.value) for s in fams["inferctl_router_worker_inflight"].samples] == [({"worker": "u"}, 4.0)]
     assert text.count("# TYPE inferctl_router_requests_total counter") == 1
+
+
+def test_a_port_held_by_another_reuseport_listener_is_refused() -> None:
+    """SO_REUSEPORT would let a second router join the first one's group and take half its connections."""
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    try:
+        with pytest.raises(UsageError, match="cannot listen on 127.0.0.1"):
+            reserve_port("127.0.0.1", other.getsockname()[1])
+    finally:
+        other.close()
+    port, holder = reserve_port("127.0.0.1", 0)
+    assert holder is not None and port > 0
+    holder.close()
