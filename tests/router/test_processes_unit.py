@@ -139,7 +139,7 @@ def test_a_port_held_by_another_reuseport_listener_is_refused() -> None:
     other.bind(("127.0.0.1", 0))
     other.listen()
     try:
-        with pytest.raises(UsageError, match="cannot listen on 127.0.0.1"):
+        with pytest.raises(UsageError, match=r"cannot listen on 127\.0\.0\.1"):
             reserve_port("127.0.0.1", other.getsockname()[1])
     finally:
         other.close()
