@@ -274,3 +274,24 @@ def test_without_kv_events_the_router_runs_one_process_and_says_why() -> None:
             assert r.stop() == 0
     finally:
         cluster.stop()
+
+
+def test_sigterm_drains_every_process(kv_cluster: ThreadedSimCluster) -> None:
+    r = Router(kv_cluster, 2)
+    try:
+        conns = [conn_to(r.port, 0), conn_to(r.port, 1)]
+        results: list[tuple[int, bytes]] = []
+        threads = [threading.Thread(target=lambda c=c: results.append(generate(c, "drain me", 300, stream=True)))
+                   for c in conns]
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: sum(w["inflight"] for w in httpx.get(r.url + "/admin/workers").json()["workers"]
+                                    if w["role"] == "decode") == 2, 10, 0.02)
+        r.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert [s for s, _ in results] == [200, 200] and all(b"[DONE]" in b for _, b in results)
+    finally:
+        assert r.stop() == 0
+    stopped = [d for d in r.logs() if d.get("msg") == "router stopped"]
+    assert {d.get("router_process") for d in stopped} >= {0, 1}
