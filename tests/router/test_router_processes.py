@@ -257,6 +257,34 @@ def test_a_killed_follower_is_restarted_and_the_leader_loses_nothing(router: Rou
     assert wait_for(lambda: not any(w["inflight"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]))
 
 
+def test_a_killed_leader_comes_back_with_the_runtime_state(router: Router) -> None:
+    """The leader owns the admin state; a restarted one adopts its last snapshot, so a prefix registered
+    at runtime survives, and the follower serves throughout."""
+    text = "You are the on-call assistant. Keep answers short. " * 4
+    assert httpx.post(router.url + "/admin/prefixes", json={"name": "oncall", "text": text}).status_code == 201
+    c0 = conn_to(router.port, 0)
+    old = health(c0)["process"]
+    time.sleep(0.5)  # the snapshot is written within 0.1 s
+    os.kill(old["pid"], signal.SIGKILL)
+    c1 = conn_to(router.port, 1)
+    assert generate(c1, "served by the follower meanwhile")[0] == 200
+
+    def back() -> bool:
+        try:
+            conn = conn_to(router.port, 0, tries=50)
+        except (AssertionError, OSError):
+            return False
+        doc = health(conn)["process"]
+        conn.close()
+        return bool(doc["pid"] != old["pid"] and doc["state_version"] > old["state_version"])
+
+    assert wait_for(back, 30, 0.2)
+    names = wait_for(lambda: {p["name"] for p in httpx.get(router.url + "/admin/prefixes").json()["prefixes"]}
+                     >= {"oncall"}, 10)
+    assert names
+    assert any(d.get("msg") == "leader adopted the last snapshot" for d in router.logs())
+
+
 def test_without_kv_events_the_router_runs_one_process_and_says_why() -> None:
     kw: dict[str, Any] = {"time_scale": TIME_SCALE, "bootstrap_timeout_s": 10.0, "waiting_timeout_s": 10.0}
     cluster = start_cluster_in_thread([WorkerSpec("prefill", **kw), WorkerSpec("decode", **kw)])
