@@ -131,7 +131,16 @@ class Admin:
                          "total": len(router.prefixes.records())},
             "speculative": _spec_summary(router.spec.snapshot()),
             "kv_events": router.kv.status_doc(),
+            **self._processes(),
         }
+
+    def _processes(self) -> dict[str, Any]:
+        """Several router processes (router/procs.py): each one's upstream calls in flight, from the shared
+        load block; `active_requests` and `queued_requests` above are this (the leader's) process's."""
+        shared = self.router.workers.shared
+        if shared is None:
+            return {}
+        return {"processes": [{"index": i, "upstream_inflight": sum(shared.row(i))} for i in range(shared.processes)]}
 
     async def status(self, request: web.Request) -> web.Response:
         return _json(self.status_doc())

@@ -169,6 +169,9 @@ def test_in_flight_on_the_follower_is_seen_by_the_leader(router: Router, kv_clus
 
         got = wait_for(busy, 10, 0.02)
         assert got.get("decode") == 1, got
+        status = httpx.get(router.url + "/admin/status", timeout=5).json()
+        assert [p["index"] for p in status["processes"]] == [0, 1]
+        assert status["processes"][1]["upstream_inflight"] >= 1  # the follower's row, read by the leader
 
         def scraped() -> bool:  # whichever process answers /metrics: the same shared count
             metrics = httpx.get(router.url + "/metrics", timeout=5).text
