@@ -380,6 +380,7 @@ class H1Connection(asyncio.Protocol):
         try:
             while req is not None:
                 try:
+                    resp: Response | StreamResponse
                     if req.invalid is not None and not req.too_large:
                         resp = Response(400, error_body(400, req.invalid, "invalid_request"))
                     else:
