@@ -91,7 +91,7 @@ class RouterConfig:
     pair_max_failures: int = 3
     pair_probe_after_s: float = 60.0
     spec_max_labels: int = 16
-    #: KV events (router/kv_routing.py): subscribe to the prefills that advertise them; the target
+    #: KV events (router/kv_routing.py): subscribe to the workers that advertise them; the target
     #: model's directory (tokenizer.json, tokenizer_config.json) to tokenize prompts as real SGLang
     #: workers do (simulated workers name their own); stream limits (router/kv_subscriber.py); from
     #: the profile's router.kv_events and `router serve --kv-*` (router/kv_settings.py)
