@@ -79,6 +79,9 @@ class WorkerSpec:
     #: the storage's read bandwidth for this server (GB/s; an NVMe drive gives a few)
     hicache_storage_gb_s: float = 5.0
     hicache_prefetch_policy: PrefetchPolicy = "timeout"
+    #: SGLang's --admin-api-key: the admin endpoints (`/hicache/storage-backend`) answer only with it
+    #: (as a bearer token); without it they answer 400 "requires admin API key" (sim/hicache_api.py)
+    admin_api_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -26,6 +26,12 @@ storage, or in several; the device part of any path is a prefix of it, and so is
   hybrid_cache_controller.py), `best_effort` loads only what arrives within the time recomputing it
   would take; what is not loaded is `sglang:storage_prefetch_unfulfilled_tokens_total{reason="deadline"}`
   and is computed instead.
+- Runtime attach / detach of the storage tier (`attach_storage` / `detach_storage`, served by
+  sim/hicache_api.py as SGLang's `PUT` / `DELETE /hicache/storage-backend`): a detach forgets what only
+  storage held (SGLang's tree holds no storage-only nodes; an L3 hit is found by querying the backend,
+  which is gone) and stops writing to storage, so no storage hits, prefetches or backups follow; the
+  storage series stay, frozen, as SGLang's collector stays registered. An attach starts an empty
+  storage view (a file backend's files from before are not found again: a simplification).
 
 Counters and gauges are SGLang's names (`tier_families`). Sizes are in keys (tokens; bigrams on an
 EAGLE tree), each one token's KV.
@@ -68,6 +74,9 @@ class TierConfig:
     storage_capacity_tokens: int | None = None  # None: unbounded
     storage_bytes_s: float = 5e9
     prefetch_policy: PrefetchPolicy = "timeout"
+    #: the `timeout` policy's deadline (extra config `prefetch_timeout_base` / `_per_ki_token`)
+    prefetch_timeout_base_s: float = PREFETCH_TIMEOUT_BASE_S
+    prefetch_timeout_per_ki_token_s: float = PREFETCH_TIMEOUT_PER_KI_TOKEN_S
 
     def __post_init__(self) -> None:
         if self.host_capacity_tokens <= 0:
@@ -107,6 +116,11 @@ class HiRadixCache(RadixCache):
         events: KvEventRecorder | None = None,
     ) -> None:
         self.tiers = tiers
+        #: the tiers the server was launched with (a restart goes back to them: `relaunch`)
+        self.launch_tiers = tiers
+        #: the `storage_backend` label of the storage series: set once a backend was attached, kept by a
+        #: detach (SGLang's storage metrics collector stays registered, its counters stop moving)
+        self.storage_label = tiers.storage_backend
         super().__init__(capacity_tokens, policy, page_size=page_size, bigram=bigram, events=events)
 
     def reset(self) -> None:
@@ -116,6 +130,47 @@ class HiRadixCache(RadixCache):
         self.counters = TierCounters()
         #: model seconds of blocking write-back copies not yet charged to a forward
         self.stall_seconds = 0.0
+
+    def relaunch(self) -> None:
+        """A process start: the launch tiers again (a runtime attach / detach is gone); the caller resets."""
+        self.tiers = self.launch_tiers
+        self.storage_label = self.tiers.storage_backend
+
+    # -- runtime storage attach / detach (SGLang's StorageAttachment, unified_cache/storage_attachment.py)
+    def detach_storage(self) -> None:
+        """Stop the storage tier: storage-only nodes leave the tree (nothing can find them now), the rest
+        lose their storage copy, and nothing is written to storage any more."""
+        self._forget_storage()
+        self.tiers = dataclasses.replace(self.tiers, storage_backend=None)
+
+    def clear_storage(self) -> None:
+        """SGLang's `POST /hicache/storage-backend/clear`: the backend's contents are deleted."""
+        self._forget_storage()
+
+    def _forget_storage(self) -> None:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for child in list(node.children.values()):
+                if child.on_storage and not (child.on_host or child.on_device):
+                    self._drop(child)  # its subtree is storage-only too (device-or-host is a prefix)
+                else:
+                    child.on_storage = False
+                    stack.append(child)
+        self.storage_size = 0
+
+    def attach_storage(self, backend: str, *, prefetch_policy: PrefetchPolicy | None = None,
+                       write_policy: WritePolicy | None = None, timeout_base_s: float | None = None,
+                       timeout_per_ki_token_s: float | None = None) -> None:
+        """Start (or, with the backend already attached, re-tune) the storage tier; None keeps a setting."""
+        t = self.tiers
+        self.tiers = dataclasses.replace(
+            t, storage_backend=backend, prefetch_policy=prefetch_policy or t.prefetch_policy,
+            write_policy=write_policy or t.write_policy,
+            prefetch_timeout_base_s=t.prefetch_timeout_base_s if timeout_base_s is None else timeout_base_s,
+            prefetch_timeout_per_ki_token_s=t.prefetch_timeout_per_ki_token_s if timeout_per_ki_token_s is None
+            else timeout_per_ki_token_s)  # fmt: skip
+        self.storage_label = backend
 
     @property
     def host_capacity(self) -> int:
@@ -201,7 +256,7 @@ class HiRadixCache(RadixCache):
             return None
         if policy == "best_effort":
             return recompute_seconds
-        return PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024
+        return self.tiers.prefetch_timeout_base_s + self.tiers.prefetch_timeout_per_ki_token_s * tokens / 1024
 
     # -- insert and backups -----------------------------------------------------------------------
     def insert(self, tokens: Sequence[int], priority: int = 0) -> int:
@@ -402,8 +457,8 @@ def tier_families(cache: RadixCache, labels: dict[str, str]) -> list[MetricFamil
     for reason, n in c.dropped.items():
         dropped.add(n, **labels, reason=reason, pool="kv")
     fams.append(dropped)
-    if cache.tiers.storage_backend is not None:
-        store = {**labels, "storage_backend": cache.tiers.storage_backend}
+    if cache.storage_label is not None:  # attached now or before (a detach leaves the series, frozen)
+        store = {**labels, "storage_backend": cache.storage_label}
         unfulfilled = MetricFamily("sglang:storage_prefetch_unfulfilled_tokens_total",
                                    "Storage-hit tokens that did not become a usable prefetch.", "counter")
         for reason, n in c.storage_unfulfilled.items():
