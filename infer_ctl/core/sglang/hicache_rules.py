@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang.hicache_argv import (
@@ -288,3 +289,45 @@ def hicache_findings(profile: Profile, every: list[Instance], chosen: list[Insta
         out.extend(_instance_findings(profile, inst, args[inst.name]))
     out.extend(_node_findings(profile, every, {i.name for i in chosen}, args))
     return out
+
+
+def cache_compatibility_error(cfg: Mapping[str, Any]) -> str | None:
+    """The HiCache rules of SGLang 0.5.23's `handle_cache_compatibility` (arg_groups/kv_cache_hook.py,
+    lines 351-469), reproduced in its order with its messages, on a record its earlier hooks resolved:
+    `launch --check-args` runs those hooks as SGLang's own functions (launch/argcheck.py) and then this,
+    because kv_cache_hook.py imports sglang.srt.configs, which needs transformers (not in the `sglang`
+    extra). Judging the RESOLVED record is the point: `handle_pd_disaggregation` turns the radix cache off
+    on a PD decode, after which `--enable-hierarchical-cache` there is refused (line 393). None: passes."""
+    retraction = cfg.get("disaggregation_decode_retraction_backup")
+    mode = cfg.get("disaggregation_mode")
+    if retraction == "host_pool" and mode != "decode":  # kv_cache_hook.py:353
+        return "--disaggregation-decode-retraction-backup=host_pool is only supported on a PD decode server."
+    if cfg.get("radix_eviction_policy") == "tlru":  # kv_cache_hook.py:375
+        tlru = cfg.get("radix_eviction_policy_config") or {}
+        threshold, estimate = tlru.get("threshold", 0), tlru.get("next_prompt_estimate", 0)
+        if threshold < 0 or estimate < 0:
+            return ("--radix-eviction-policy tlru requires non-negative 'threshold' and 'next_prompt_estimate' in "
+                    f"--radix-eviction-policy-config, got {threshold} and {estimate}.")
+        if threshold <= estimate:
+            return ("--radix-eviction-policy tlru needs 'threshold' greater than 'next_prompt_estimate' in "
+                    f"--radix-eviction-policy-config, got {threshold} <= {estimate}; otherwise no tokens are ever "
+                    "TEL-safe and T-LRU is exactly LRU.")
+    if cfg.get("enable_hierarchical_cache") and cfg.get("disable_radix_cache"):  # kv_cache_hook.py:393
+        return ("The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot "
+                "be used at the same time. Please use only one of them.")
+    if cfg.get("disaggregation_decode_enable_offload_kvcache"):  # kv_cache_hook.py:399
+        if mode != "decode":
+            return "The argument disaggregation-decode-enable-offload-kvcache is only supported for decode side."
+        if cfg.get("hicache_storage_backend") is None:
+            return ("The argument disaggregation-decode-enable-offload-kvcache is only supported when "
+                    "hicache-storage-backend is provided.")
+        if retraction == "host_pool":
+            return ("The arguments disaggregation-decode-enable-offload-kvcache and "
+                    "disaggregation-decode-retraction-backup=host_pool are mutually exclusive: both build a decode "
+                    "host pool.")
+    if cfg.get("enable_lmcache"):  # kv_cache_hook.py:433
+        if cfg.get("enable_hierarchical_cache"):
+            return "--enable-lmcache and --enable-hierarchical-cache are mutually exclusive"
+        if cfg.get("hicache_host_memory_mode") == "buffer_only":  # kv_cache_hook.py:466
+            return "--hicache-host-memory-mode=buffer_only is a HiCache-only mode"
+    return None
