@@ -6,6 +6,7 @@ their bodies and admin-key behaviour, a detach that really stops storage hits an
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from typing import Any
@@ -155,16 +156,28 @@ def test_check_servers_fails_a_simulated_server_whose_storage_backend_was_detach
             "models": {"target": {"path": "/m"}},
             "sglang": {"collocated": {"port": int(url.rsplit(":", 1)[1])},
                        "extra_args": {"collocated": ["--page-size", "64"]},
-                       "hicache": {"ratio": 1.0, "storage": {"backend": "file"},
+                       "hicache": {"ratio": 1.0, "storage": {"backend": "file", "prefetch_policy": "wait_complete"},
                                    "admin_api_key_env": "TEST_SIM_ADMIN_KEY"}},
         })  # fmt: skip
 
-        def storage() -> tuple[str, str]:
+        def storage() -> tuple[str, str, str | None]:
             found = [f for f in hicache_findings(profile, instances(profile)) if f.check == "servers.hicache_storage"]
             assert len(found) == 1
-            return found[0].status.value, found[0].message
+            return found[0].status.value, found[0].message, found[0].remedy
 
-        assert storage() == ("ok", "storage file attached; 0 storage-hit tokens")
+        assert storage()[:2] == ("ok", "storage file attached; 0 storage-hit tokens")
         assert httpx.delete(url + EP, headers=AUTH).status_code == 200
-        assert storage() == ("fail", "storage backend detached at runtime (the profile runs file): no L3 reads or "
-                                     "writes")
+        status, message, remedy = storage()
+        assert (status, message) == ("fail", "storage backend detached at runtime (the profile runs file): no L3 "
+                                             "reads or writes")
+        body = {"hicache_storage_backend": "file", "hicache_storage_prefetch_policy": "wait_complete",
+                "hicache_write_policy": "write_through"}
+        assert remedy is not None and f"-d '{json.dumps(body)}'" in remedy and "$TEST_SIM_ADMIN_KEY" in remedy
+        # the remedy's request, as given, re-attaches it
+        assert httpx.put(url + EP, headers=AUTH, json=body).status_code == 200
+        assert storage()[0] == "ok"
+        # a runtime attach that changed a policy is drift from the launch flags
+        httpx.put(url + EP, headers=AUTH, json={"hicache_storage_backend": "file",
+                                                "hicache_storage_prefetch_policy": "timeout"})
+        assert storage()[:2] == ("warn", "storage file attached, but a runtime attach changed "
+                                         "hicache_storage_prefetch_policy timeout (launched with wait_complete)")
