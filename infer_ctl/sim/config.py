@@ -66,8 +66,12 @@ class WorkerSpec:
     page_size: int = 1
     #: SGLang's --kv-events-config JSON (kv_config.py); None: no KV events
     kv_events_config: str | None = None
+    #: SGLang's --disaggregation-decode-enable-radix-cache (decode only): the decode keeps a prefix cache
+    #: of its own, matched before each request's KV transfer, filled with finished sequences; without it
+    #: a PD decode runs no radix cache (handle_pd_disaggregation), and HiCache settings are ignored there
+    decode_radix_cache: bool = False
     #: HiCache (sim/tiers.py): a host tier of --hicache-ratio x the HBM pool, or --hicache-size GB per
-    #: rank; neither: no host tier. Prefill and mixed workers only (a decode runs no radix cache).
+    #: rank; neither: no host tier. Prefill and mixed workers, and decodes with decode_radix_cache.
     hicache_ratio: float | None = None
     hicache_size_gb: float | None = None
     hicache_write_policy: WritePolicy = "write_through"
@@ -104,13 +108,21 @@ class WorkerSpec:
         if self.hicache_prefetch_policy not in PREFETCH_POLICIES:
             raise ValueError(f"hicache_prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, "
                              f"got {self.hicache_prefetch_policy!r}")
+        if self.decode_radix_cache and self.role != "decode":
+            raise ValueError("decode_radix_cache is a decode setting (--disaggregation-decode-enable-radix-cache)")
         if self.hicache_storage_backend is not None and self.hicache_ratio is None and self.hicache_size_gb is None:
             raise ValueError("a HiCache storage backend needs a host tier (hicache_ratio or hicache_size_gb)")
 
     @property
     def hicache(self) -> bool:
         """Whether this worker runs HiCache (a host tier under its radix cache)."""
-        return self.role != "decode" and (self.hicache_ratio is not None or self.hicache_size_gb is not None)
+        tiered = self.hicache_ratio is not None or self.hicache_size_gb is not None
+        return tiered and (self.role != "decode" or self.decode_radix_cache)
+
+    @property
+    def radix_cache(self) -> bool:
+        """Whether this worker runs a radix cache at all (a PD decode only with decode_radix_cache)."""
+        return self.role != "decode" or self.decode_radix_cache
 
     def tier_config(self, timing: TimingModel) -> TierConfig | None:
         """The tiers of this worker, sized as SGLang sizes them (HostKVCache: --hicache-size GB per rank
