@@ -210,6 +210,29 @@ def test_a_sound_section_has_no_findings() -> None:
     ({"write_policy": "write_through"}, {"prefill": ["--disaggregation-decode-allocation-policy", "prefill_complete"]},
      "pf-01-prefill", ("fail", "sglang.hicache.roles: --disaggregation-decode-allocation-policy prefill_complete does "
                                "not support prefill HiCache other than L2 write_back")),
+    # decode-side HiCache: what SGLang's PD and HiCache hooks refuse or rewrite on a decode
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "offload"}, "storage": {"backend": "file"}},
+     {"decode": ["--disaggregation-decode-host-receive-threshold", "0.5", "--page-size", "64"],
+      "prefill": ["--page-size", "64"]}, "dc-01-decode",
+     ("fail", "--disaggregation-decode-host-receive-threshold in the extra args (sglang.extra_args.decode / "
+              "nodes[].overrides.extra_args): decode host receive (a threshold below 1) makes SGLang use host_pool")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix"}}, {"decode": ["--enable-hisparse"]}, "dc-01-decode",
+     ("fail", "--enable-hisparse in the extra args (sglang.extra_args.decode / nodes[].overrides.extra_args): SGLang "
+              "refuses the decode radix cache with --enable-hisparse")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix"}},
+     {"decode": ["--disaggregation-transfer-backend", "fake"]}, "dc-01-decode",
+     ("fail", "--disaggregation-transfer-backend in the extra args (sglang.extra_args.decode / "
+              "nodes[].overrides.extra_args): SGLang refuses the decode radix cache with the fake transfer backend")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix"}},
+     {"decode": ["--disaggregation-decode-host-receive-threshold", "0.5"]}, "dc-01-decode",
+     ("warn", "--disaggregation-decode-host-receive-threshold in the extra args (sglang.extra_args.decode / "
+              "nodes[].overrides.extra_args): decode host receive (--disaggregation-decode-host-receive-threshold < 1) "
+              "shares its layer_first host pool with HiCache: SGLang switches the layout to layer_first")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix", "storage": {"backend": "mooncake"}}},
+     {"decode": ["--disaggregation-decode-host-receive-threshold", "0.5", "--page-size", "64"],
+      "prefill": ["--page-size", "64"]}, "dc-01-decode",
+     ("fail", "sglang.hicache.decode.storage.backend: decode host receive (--disaggregation-decode-host-receive-threshold "
+              "< 1) needs the layer_first host layout")),
 ])  # fmt: skip
 def test_effective_command_line_rules(hicache: dict[str, Any] | None, extra: dict[str, list[str]], instance: str,
                                       expected: tuple[str, str]) -> None:
@@ -394,6 +417,15 @@ def _checked(p: Profile) -> dict[str, Any]:
      "mutually exclusive: both build a decode host pool"),
     (["--enable-hierarchical-cache", "--disaggregation-decode-enable-radix-cache", "--hicache-host-memory-fraction",
       "2"], "handle_hicache_ratio_default", "must be in (0, 1]"),
+    # host receive resolves the retraction backup to host_pool (handle_pd_disaggregation), which offload refuses
+    (["--disaggregation-decode-enable-offload-kvcache", "--hicache-storage-backend", "file",
+      "--disaggregation-decode-host-receive-threshold", "0.5"], "handle_cache_compatibility (HiCache rules)",
+     "mutually exclusive: both build a decode host pool"),
+    (["--enable-hierarchical-cache", "--disaggregation-decode-enable-radix-cache", "--hicache-storage-backend",
+      "mooncake", "--disaggregation-decode-host-receive-threshold", "0.5"], "handle_hicache",
+     "cannot share the layer_first decode host pool"),
+    (["--enable-hierarchical-cache", "--disaggregation-decode-enable-radix-cache", "--enable-hisparse"],
+     "handle_pd_disaggregation", "incompatible with --enable-hisparse"),
 ])  # fmt: skip
 def test_check_args_runs_sglangs_hicache_hooks_on_the_decode(extra: list[str], hook: str, fragment: str) -> None:
     res = _checked(_profile(None, extra_args={"decode": extra}))

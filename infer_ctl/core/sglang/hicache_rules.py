@@ -46,6 +46,8 @@ EXTRA = "--hicache-storage-backend-extra-config"
 EVICTION_CONFIG = "--radix-eviction-policy-config"
 SESSION = "--enable-session-radix-cache"
 PAGE = "--page-size"
+TRANSFER = "--disaggregation-transfer-backend"
+RECEIVE = "--disaggregation-decode-host-receive-threshold"
 #: SGLang's HiCache best practice with a storage backend: each page is one storage object (one key per
 #: page and rank), so small pages mean many small I/Os
 STORAGE_PAGE_SIZE = 64
@@ -135,7 +137,37 @@ def _instance_findings(profile: Profile, inst: Instance, args: Args) -> list[Fin
     if mode == "decode" and hicache and has(DECODE_RADIX_FLAG):
         j.add("warn", DECODE_RADIX_FLAG, "the decode radix cache is EXPERIMENTAL in SGLang 0.5.23 "
               "(handle_pd_disaggregation logs so)", "watch the decode's hit rate and errors after enabling it")
+        _decode_radix(j, storage)
     return j.out
+
+
+def _decode_radix(j: _Judge, storage: str | None) -> None:
+    """The decode radix cache's own refusals (handle_pd_disaggregation, pd_disaggregation_hook.py:98-108),
+    and the layer_first host pool that decode host receive shares with HiCache (handle_hicache,
+    hicache_hook.py:74-94)."""
+    if "--enable-hisparse" in j.args:
+        j.add("fail", "--enable-hisparse", "SGLang refuses the decode radix cache with --enable-hisparse "
+              "(handle_pd_disaggregation)", "drop --enable-hisparse or the decode radix cache")
+    if j.args.get(TRANSFER) == "fake":
+        j.add("fail", TRANSFER, "SGLang refuses the decode radix cache with the fake transfer backend "
+              "(handle_pd_disaggregation)", "use a real transfer backend, or no decode radix cache")
+    if not _host_receive(j.args):
+        return
+    if storage in ("mooncake", "npu_memcache"):
+        j.add("fail", STORAGE, f"decode host receive (--disaggregation-decode-host-receive-threshold < 1) needs the "
+              f"layer_first host layout, which SGLang switches away from for {storage}, then refuses ('cannot share "
+              "the layer_first decode host pool used by KV transfer', handle_hicache)",
+              "drop the host receive threshold on the decodes, or use another storage backend there")
+    elif (j.args.get(LAYOUT) or "page_first") != "layer_first":
+        j.add("warn", LAYOUT if LAYOUT in j.args else RECEIVE, "decode host receive "
+              "(--disaggregation-decode-host-receive-threshold < 1) shares its layer_first host pool with HiCache: "
+              "SGLang switches the layout to layer_first (handle_hicache)", f"set {LAYOUT} layer_first on the decodes")
+
+
+def _host_receive(args: Args) -> bool:
+    """--disaggregation-decode-host-receive-threshold below 1 (SGLang's default 1.0: off)."""
+    threshold = _float(args.get(RECEIVE))
+    return threshold is not None and threshold < 1
 
 
 def _eviction(j: _Judge) -> None:
@@ -165,6 +197,10 @@ def _offload(j: _Judge, mode: str, storage: str | None) -> None:
         j.add("fail", "--disaggregation-decode-retraction-backup", "host_pool retraction and decode KV offload "
               "both build a decode host pool; SGLang refuses the pair (handle_cache_compatibility)",
               "drop --disaggregation-decode-retraction-backup host_pool")
+    elif _host_receive(j.args):
+        j.add("fail", RECEIVE, "decode host receive (a threshold below 1) makes SGLang use host_pool retraction "
+              "(handle_pd_disaggregation), which decode KV offload refuses: both build a decode host pool "
+              "(handle_cache_compatibility)", "drop the host receive threshold on offloading decodes")
     if (j.args.get(EXTRA) or "").startswith("@"):
         j.add("fail", EXTRA, "the decode's offload manager reads the extra config as inline JSON only "
               "(DecodeKVCacheOffloadManager, disaggregation/decode_kvcache_offload_manager.py)",
