@@ -178,14 +178,18 @@ class Engine:
         """A request whose KV arrived from a prefill worker: it joins the decode queue. A decode with its
         own radix cache first matches the prompt there (SGLang's `_match_prefix_and_lock`,
         disaggregation/decode.py) and restores the host / storage part of the match into HBM before the
-        request's first decode step (the local restore, decode_hicache_mixin.py)."""
+        request's first decode step (the local restore, decode_hicache_mixin.py); what it holds beyond
+        the prefill's hit is added to cached_tokens, as device tokens."""
         req.cached_tokens = cached_tokens
         if self.decode_radix:
             match = self.cache.match_prefix(req.input_ids[: max(0, req.prompt_tokens - 1)], req.priority)
             if match.host or match.storage:
                 match = self.cache.load_back(match, self.timing.prefill_seconds(match.host + match.storage))
             req.decode_prefix_tokens = match.length
-            req.cached_host, req.cached_storage, req.load_seconds = match.host, match.storage, match.load_seconds
+            req.load_seconds = match.load_seconds
+            # prepare_for_prebuilt (disaggregation/decode_schedule_batch_mixin.py): the decode's own reuse
+            # beyond the prefill's reported hit adds to cached_tokens, counted as device tokens
+            req.cached_tokens += max(0, match.length - cached_tokens)
             self.cache.lock(match.node)
             req.lock_node = match.node
         self._count_prompt(req)
