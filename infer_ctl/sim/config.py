@@ -8,7 +8,14 @@ from typing import Any, Literal
 from infer_ctl.sim.kv_config import parse_kv_events_config
 from infer_ctl.sim.spec_adaptive import launch_steps
 from infer_ctl.sim.spec_workload import SpecWorkload
-from infer_ctl.sim.tiers import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchPolicy, TierConfig, WritePolicy
+from infer_ctl.sim.tiers import (
+    PREFETCH_POLICIES,
+    WRITE_POLICIES,
+    HostMemoryMode,
+    PrefetchPolicy,
+    TierConfig,
+    WritePolicy,
+)
 from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, preset, resolve_timing
 
 Role = Literal["prefill", "decode", "mixed"]
@@ -83,6 +90,8 @@ class WorkerSpec:
     #: the storage's read bandwidth for this server (GB/s; an NVMe drive gives a few)
     hicache_storage_gb_s: float = 5.0
     hicache_prefetch_policy: PrefetchPolicy = "timeout"
+    #: --hicache-host-memory-mode: cache, or buffer_only (host memory only stages to storage)
+    hicache_host_memory_mode: HostMemoryMode = "cache"
     #: SGLang's --admin-api-key: the admin endpoints (`/hicache/storage-backend`) answer only with it
     #: (as a bearer token); without it they answer 400 "requires admin API key" (sim/hicache_api.py)
     admin_api_key: str | None = None
@@ -110,6 +119,16 @@ class WorkerSpec:
                              f"got {self.hicache_prefetch_policy!r}")
         if self.decode_radix_cache and self.role != "decode":
             raise ValueError("decode_radix_cache is a decode setting (--disaggregation-decode-enable-radix-cache)")
+        if self.hicache_host_memory_mode not in ("cache", "buffer_only"):
+            raise ValueError(f"hicache_host_memory_mode must be 'cache' or 'buffer_only', got "
+                             f"{self.hicache_host_memory_mode!r}")
+        if self.hicache_host_memory_mode == "buffer_only" and self.hicache:
+            # validate_hicache_host_memory_mode (arg_groups/hicache_hook.py), SGLang's messages
+            if self.hicache_storage_backend is None:
+                raise ValueError("--hicache-host-memory-mode buffer_only requires a storage backend "
+                                 "(--hicache-storage-backend)")
+            if self.role == "decode":
+                raise ValueError("--hicache-host-memory-mode buffer_only is not supported on decode instances")
         if self.hicache_storage_backend is not None and self.hicache_ratio is None and self.hicache_size_gb is None:
             raise ValueError("a HiCache storage backend needs a host tier (hicache_ratio or hicache_size_gb)")
 
@@ -145,6 +164,7 @@ class WorkerSpec:
             storage_capacity_tokens=storage,
             storage_bytes_s=self.hicache_storage_gb_s * 1e9,
             prefetch_policy=self.hicache_prefetch_policy,
+            host_memory_mode=self.hicache_host_memory_mode,
         )
 
     def timing(self) -> TimingModel:

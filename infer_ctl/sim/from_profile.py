@@ -86,7 +86,12 @@ def hicache_knobs(profile: Profile, server_role: str) -> dict[str, Any]:
     mode = hc.decode_mode() if hc is not None and server_role == "decode" else None
     if s is None or (server_role == "decode" and mode != "radix"):
         return {}
-    out: dict[str, Any] = {"hicache_size_gb": float(s.size_gb)} if s.size_gb else {"hicache_ratio": s.ratio or 2.0}
+    buffer_only = s.host_memory_mode == "buffer_only"
+    default_ratio = 1.2 if buffer_only else 2.0  # handle_hicache_ratio_default (arg_groups/hicache_hook.py)
+    out: dict[str, Any] = ({"hicache_size_gb": float(s.size_gb)} if s.size_gb
+                           else {"hicache_ratio": s.ratio or default_ratio})  # fmt: skip
+    if buffer_only:
+        out["hicache_host_memory_mode"] = "buffer_only"
     if mode == "radix":
         out["decode_radix_cache"] = True
     if s.write_policy is not None:

@@ -12,7 +12,8 @@ storage, or in several; the device part of any path is a prefix of it, and so is
   leaves the device (`BlockRemoved` GPU) and stays matchable from host; under write_back it is copied
   first (the copy blocks the eviction: its time is charged to the next forward); a node that cannot be
   kept is destroyed with its host-only subtree and counted in `sglang:hicache_dropped_tokens_total`
-  (`host_pressure` under write_back, `write_through_unbacked_eviction` otherwise).
+  (`host_pressure` under write_back, `write_through_unbacked_eviction` under write_through in cache
+  mode; SGLang records none under write_through_selective or buffer_only).
 - Storage (optional): every host copy is also written to storage (SGLang backs up host pages to L3);
   a host eviction of a node that storage holds keeps it as storage-only (no event: SGLang publishes
   none for L3). Storage evicts its LRU storage-only leaves when full.
@@ -26,6 +27,11 @@ storage, or in several; the device part of any path is a prefix of it, and so is
   hybrid_cache_controller.py), `best_effort` loads only what arrives within the time recomputing it
   would take; what is not loaded is `sglang:storage_prefetch_unfulfilled_tokens_total{reason="deadline"}`
   and is computed instead.
+- buffer_only host memory (`--hicache-host-memory-mode buffer_only`, which needs a storage tier): host
+  memory only stages copies, the tree holds nothing there (unified_radix_cache.py); a backup goes
+  straight to storage, an HBM eviction of a stored node keeps it storage-only, a hit loads from storage;
+  a span larger than the staging buffer never reaches storage (`hicache_backup_dropped_tokens_total`);
+  write_back is write_through there, as SGLang resolves it.
 - Runtime attach / detach of the storage tier (`attach_storage` / `detach_storage`, served by
   sim/hicache_api.py as SGLang's `PUT` / `DELETE /hicache/storage-backend`): a detach forgets what only
   storage held (SGLang's tree holds no storage-only nodes; an L3 hit is found by querying the backend,
@@ -53,6 +59,7 @@ if TYPE_CHECKING:
     from infer_ctl.sim.kv_events import KvEventRecorder
 
 WritePolicy = Literal["write_through", "write_through_selective", "write_back"]
+HostMemoryMode = Literal["cache", "buffer_only"]
 PrefetchPolicy = Literal["timeout", "wait_complete", "best_effort"]
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 PREFETCH_POLICIES = ("timeout", "wait_complete", "best_effort")
@@ -77,12 +84,22 @@ class TierConfig:
     #: the `timeout` policy's deadline (extra config `prefetch_timeout_base` / `_per_ki_token`)
     prefetch_timeout_base_s: float = PREFETCH_TIMEOUT_BASE_S
     prefetch_timeout_per_ki_token_s: float = PREFETCH_TIMEOUT_PER_KI_TOKEN_S
+    #: --hicache-host-memory-mode: `cache` (host DRAM is a tier) or `buffer_only` (host memory only
+    #: stages copies between HBM and storage: the tree holds no host values, unified_radix_cache.py)
+    host_memory_mode: HostMemoryMode = "cache"
 
     def __post_init__(self) -> None:
         if self.host_capacity_tokens <= 0:
             raise ValueError(f"host capacity must be positive, got {self.host_capacity_tokens}")
         if self.host_bytes_s <= 0 or self.storage_bytes_s <= 0:
             raise ValueError("tier bandwidths must be positive")
+        if self.buffer_only and self.write_policy == "write_back":
+            # validate_hicache_host_memory_mode (hicache_hook.py): no host tier to write back to
+            object.__setattr__(self, "write_policy", "write_through")
+
+    @property
+    def buffer_only(self) -> bool:
+        return self.host_memory_mode == "buffer_only"
 
     def host_seconds(self, tokens: int) -> float:
         return tokens * self.kv_bytes_per_token / self.host_bytes_s
@@ -102,6 +119,7 @@ class TierCounters:
     storage_unfulfilled: dict[str, int] = field(default_factory=lambda: {"deadline": 0})
     prefetched_tokens: int = 0  # sglang:prefetched_tokens_total
     storage_backup_tokens: int = 0  # sglang:backuped_tokens_total
+    backup_dropped_tokens: int = 0  # sglang:hicache_backup_dropped_tokens_total (buffer_only)
 
 
 class HiRadixCache(RadixCache):
@@ -233,7 +251,7 @@ class HiRadixCache(RadixCache):
             assert parent is not None
             target = parent
         for n in [*from_host, *from_storage[:arrived]]:
-            if not n.on_host:  # a storage prefetch lands in host memory first
+            if not n.on_host and not self.tiers.buffer_only:  # a storage prefetch lands in host memory first
                 self._backup_to_host(n, count=False)
             self._to_device(n)
             self.counters.load_back_tokens += len(n.key)
@@ -291,6 +309,8 @@ class HiRadixCache(RadixCache):
 
     def _backup_to_host(self, node: Node, *, count: bool = True) -> bool:
         need = len(node.key)
+        if self.tiers.buffer_only:
+            return self._backup_through_buffer(node, need)
         if self.host_size + need > self.host_capacity:
             self._evict_host(self.host_size + need - self.host_capacity, keep=node)
         if self.host_size + need > self.host_capacity:
@@ -305,16 +325,31 @@ class HiRadixCache(RadixCache):
             self._backup_to_storage(node)
         return True
 
-    def _backup_to_storage(self, node: Node) -> None:
+    def _backup_through_buffer(self, node: Node, need: int) -> bool:
+        """buffer_only: the copy is staged in host memory and written to storage; nothing stays in host.
+        A span the staging buffer cannot hold, or storage cannot take, never reaches storage
+        (`sglang:hicache_backup_dropped_tokens_total`: admission rejected it, buffer_mode/pipeline.py)."""
+        if node.on_storage:
+            return True
+        if self.tiers.storage_backend is None:
+            return False  # detached: nothing to write to
+        self.counters.backup_tokens += need  # the D2H staging copy
+        if need > self.host_capacity or not self._backup_to_storage(node):
+            self.counters.backup_dropped_tokens += need
+            return False
+        return True
+
+    def _backup_to_storage(self, node: Node) -> bool:
         need = len(node.key)
         cap = self.tiers.storage_capacity_tokens
         if cap is not None and self.storage_size + need > cap:
             self._evict_storage(self.storage_size + need - cap, keep=node)
             if self.storage_size + need > cap:
-                return
+                return False
         node.on_storage = True
         self.storage_size += need
         self.counters.storage_backup_tokens += need
+        return True
 
     # -- eviction -----------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
@@ -333,13 +368,14 @@ class HiRadixCache(RadixCache):
             assert parent is not None
             self.size -= n
             freed += n
-            if leaf.on_host:
+            if leaf.on_host or leaf.on_storage:  # kept below HBM (buffer_only: in storage only)
                 leaf.on_device = False
                 if self.events is not None:
                     self.events.record_remove(leaf, MEDIUM_GPU, gone=False)
             else:
-                reason = "host_pressure" if self.tiers.write_policy == "write_back" else "write_through_unbacked_eviction"
-                self.counters.dropped[reason] += n
+                reason = self._drop_reason()
+                if reason is not None:
+                    self.counters.dropped[reason] += n
                 self._drop(leaf)
             if parent is not self.root and parent.on_device and parent.lock_ref == 0 and not any(
                 c.on_device for c in parent.children.values()
@@ -347,6 +383,17 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, (self._rank(parent), id(parent), parent))
         self.evicted_total += freed
         return freed
+
+    def _drop_reason(self) -> str | None:
+        """The `reason` SGLang records a device node destroyed without a backup under
+        (unified_radix_cache.py): `host_pressure` from the write-back drop fallback,
+        `write_through_unbacked_eviction` only in cache mode under write_through
+        (`_tracks_write_through_unbacked_evictions`); write_through_selective and buffer_only record none."""
+        if self.tiers.write_policy == "write_back":
+            return "host_pressure"
+        if self.tiers.write_policy == "write_through" and not self.tiers.buffer_only:
+            return "write_through_unbacked_eviction"
+        return None
 
     def _device_leaves(self) -> list[Node]:
         out, stack = [], [self.root]
@@ -472,4 +519,7 @@ def tier_families(cache: RadixCache, labels: dict[str, str]) -> list[MetricFamil
             MetricFamily("sglang:backuped_tokens_total", "Number of backuped tokens.", "counter")
             .add(c.storage_backup_tokens, **store),
         ]
+        if cache.tiers.buffer_only:
+            fams.append(MetricFamily("sglang:hicache_backup_dropped_tokens_total", "Buffer-mode backup tokens "
+                                     "that never reached L3.", "counter").add(c.backup_dropped_tokens, **store))
     return fams
