@@ -57,15 +57,16 @@ class HiCacheApi:
 
     def relaunch(self) -> None:
         """A process start: the launch flags' values, the launch tiers (the caller resets the cache)."""
-        s = self.state.spec
+        s, cache = self.state.spec, self.state.cache
+        if isinstance(cache, HiRadixCache):
+            cache.relaunch()
         self.config = {
             "hicache_storage_backend": s.hicache_storage_backend,
             "hicache_storage_backend_extra_config": None,
             "hicache_storage_prefetch_policy": s.hicache_prefetch_policy,
-            "hicache_write_policy": s.hicache_write_policy,
+            # the resolved policy (buffer_only runs write_back as write_through)
+            "hicache_write_policy": cache.tiers.write_policy if isinstance(cache, HiRadixCache) else s.hicache_write_policy,
         }
-        if isinstance(self.state.cache, HiRadixCache):
-            self.state.cache.relaunch()
 
     # -- auth -------------------------------------------------------------------------------------
     def _refused(self, request: web.Request, *, needs_key: bool = True) -> web.Response | None:
