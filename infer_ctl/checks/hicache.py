@@ -2,7 +2,8 @@
 KV offload) is read over HTTP from the controller, `/metrics` and, with a storage tier,
 `GET /hicache/storage-backend` (with the admin key from `sglang.hicache.admin_api_key_env`), and judged
 by core/sglang/hicache_health.py: host pool full and evicting, write-back / write-through losses,
-storage detached or failing prefetches."""
+storage detached at runtime (with the exact re-attach request as the remedy), another backend or other
+policies attached at runtime, failing prefetches; why the runtime state could not be read."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from infer_ctl.core.sglang.consistency import effective_args
 from infer_ctl.core.sglang.hicache_argv import DECODE_OFFLOAD_FLAG, ENABLE_FLAG
 from infer_ctl.core.sglang.hicache_health import (
     STORAGE_ENDPOINT,
+    StorageLaunch,
     judge_backup,
     judge_host,
     judge_storage,
@@ -68,5 +70,9 @@ def hicache_findings(profile: Profile, healthy: list[Instance], *, timeout: floa
             backend = args.get("--hicache-storage-backend")
             if backend:
                 code, body, _ = _get(http, inst.url + STORAGE_ENDPOINT, headers)
-                out.extend(judge_storage(inst, metrics, backend, code, _json(body) if code else None))
+                launch = StorageLaunch(  # what the command line runs, SGLang's defaults where unset
+                    backend, args.get("--hicache-storage-backend-extra-config"),
+                    args.get("--hicache-storage-prefetch-policy") or "timeout",
+                    args.get("--hicache-write-policy") or "write_through", key_env, bool(key))  # fmt: skip
+                out.extend(judge_storage(inst, metrics, launch, code, _json(body) if code else None))
     return out

@@ -46,15 +46,23 @@ def serve(
     policy: Annotated[str | None, typer.Option("--policy", help="cache_aware, round_robin, power_of_two, random.")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning.")] = "info",
     log_requests: Annotated[bool, typer.Option("--log-requests", help="One structured log line per request.")] = False,
+    kv_events: Annotated[bool | None, typer.Option("--kv-events/--no-kv-events", help="Follow the workers' KV events (default: router.kv_events.enabled, on).")] = None,
+    kv_tokenizer: Annotated[str | None, typer.Option("--kv-tokenizer", metavar="PATH", help="Target model directory (tokenizer.json) on this host, to tokenize prompts as the workers do (default: router.kv_events.tokenizer_path, else models.target).")] = None,
+    kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", min=0.001, max=300, help="Seconds a KV-event gap replay may take before the worker is routed on the predicted index (default 2).")] = None,
+    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="KV blocks kept per worker stream; more make it untrusted (default 4000000).")] = None,
+    kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
     processes: Annotated[int | None, typer.Option(
         "--processes", min=1, max=64,
         help="Router processes on the one address (SO_REUSEPORT); default: the cores, at most 8. One without "
              "the workers' KV events (cache_aware policy) or with tenants; the start-up log says why.")] = None,
 ) -> None:
     """Run the router in the foreground until SIGINT/SIGTERM (then drain in-flight requests)."""
+    from infer_ctl.router.kv_settings import apply_flags
     from infer_ctl.router.procs import serve as serve_processes
 
     cfg = _serve_config(profile, listen, prefill or [], decode or [], worker or [])
+    apply_flags(cfg, enabled=kv_events, tokenizer=kv_tokenizer, replay_timeout_s=kv_replay_timeout,
+                max_blocks=kv_max_blocks, max_batches_per_s=kv_max_batches)
     if policy:
         cfg.policy = policy
         cfg.validate()
@@ -146,8 +154,12 @@ def _pairs_doc(client: Any) -> list[dict[str, Any]]:
 
 def _render_workers(c: Console, doc: dict[str, Any]) -> None:
     c.print(_workers_table(doc["workers"], doc["speculative"]))
-    for w in doc["workers"]:  # the index of each prefill: one line each, the table has no room for it
-        if w.get("index") is None or w["role"] == "decode":
+    for w in doc["workers"]:  # the index of each worker that has one: one line each, the table has no room
+        if w.get("index") is None:
+            continue
+        if w["role"] == "decode":  # a decode's radix cache, from its KV events (docs/router.md: not routed on)
+            c.print(f"  {w['url']}: decode index {w['index']} ({w['index_reason']}), {w.get('kv_blocks', 0)} blocks",
+                    markup=False, highlight=False)
             continue
         ct = w.get("cached_tokens")
         acc = (f"; cached tokens over {ct['requests']} reqs: exact {ct['exact']}, predicted {ct['predicted']}, "
@@ -186,8 +198,8 @@ def _worker_state(w: dict[str, Any]) -> str:
 
 
 #: the index a prefill is routed on, in a few letters (80 columns): KV events trusted, being replayed,
-#: or the predicted index
-_INDEX = {"exact": "exact", "replaying": "replay", "predicted": "pred"}
+#: or the predicted index; a decode's stream (no predicted index) may also be untrusted or down
+_INDEX = {"exact": "exact", "replaying": "replay", "predicted": "pred", "untrusted": "untr", "down": "down"}
 
 
 def _workers_table(rows: list[dict[str, Any]], spec: dict[str, Any] | None = None) -> Table:

@@ -55,6 +55,8 @@ def serve(
     hicache_storage_gb: Annotated[float | None, typer.Option("--hicache-storage-gb", help="Storage tier capacity, GB of KV per rank (default unbounded).")] = None,
     hicache_storage_gbs: Annotated[float | None, typer.Option("--hicache-storage-gbs", help="Storage read GB/s of a server (default 5).")] = None,
     hicache_prefetch_policy: Annotated[str | None, typer.Option("--hicache-storage-prefetch-policy", help="timeout, wait_complete or best_effort.")] = None,
+    hicache_host_memory_mode: Annotated[str | None, typer.Option("--hicache-host-memory-mode", help="cache, or buffer_only (host memory only stages to storage).")] = None,
+    admin_api_key: Annotated[str | None, typer.Option("--admin-api-key", help="SGLang's admin key: GET/PUT/DELETE /hicache/storage-backend answer only with it.")] = None,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
     json_: JsonOpt = False,
@@ -69,7 +71,8 @@ def serve(
                                "hicache_write_policy": hicache_write_policy, "hicache_host_gb_s": hicache_host_gbs,
                                "hicache_storage_backend": hicache_storage_backend, "hicache_storage_gb": hicache_storage_gb,
                                "hicache_storage_gb_s": hicache_storage_gbs,
-                               "hicache_prefetch_policy": hicache_prefetch_policy}.items()
+                               "hicache_prefetch_policy": hicache_prefetch_policy,
+                               "hicache_host_memory_mode": hicache_host_memory_mode, "admin_api_key": admin_api_key}.items()
              if v is not None}
     try:
         knobs.update(spec_knobs(domains=spec_domain, default_domain=spec_default_domain, drift=spec_drift,

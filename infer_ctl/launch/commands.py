@@ -134,6 +134,20 @@ def check_args(profile: Profile, nodes: str | None, role: str | None) -> Report:
                     remedy=f"pip install --no-deps sglang=={wanted} on this machine, then rerun",
                 )
             )
+        elif res.ok and res.rewrites:
+            # accepted, but what would run differs from what the profile says (the profile refuses rewrites)
+            changed = "; ".join(f"{flag} {given} -> {resolved}" for flag, (given, resolved) in res.rewrites.items())
+            report.findings.append(
+                Finding.warn(
+                    "launch.sglang_parser",
+                    res.node,
+                    res.instance,
+                    f"accepted by SGLang {version}'s parser{hooks}, but its hooks rewrite {changed}",
+                    details={"rewrites": {k: list(v) for k, v in res.rewrites.items()}},
+                    remedy="set the value SGLang resolves to (see `launch.hicache`), so what runs is what the "
+                    "profile says",
+                )
+            )
         elif res.ok:
             report.findings.append(
                 Finding.ok(

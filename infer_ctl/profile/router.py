@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.pair_health import PairHealthSettings
+from infer_ctl.profile.router_kv import KvEventsRouting
 from infer_ctl.profile.tenants import Pricing, Tenant
 from infer_ctl.profile.tracing import TracingSettings
 
@@ -73,6 +74,8 @@ class RouterSettings(StrictModel):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     #: avoid prefill x decode pairs whose pair test failed or whose KV transfers degrade
     pair_health: PairHealthSettings = Field(default_factory=PairHealthSettings)
+    #: the exact index from the workers' KV events (profile/router_kv.py)
+    kv_events: KvEventsRouting = Field(default_factory=KvEventsRouting)
 
     @field_validator("listen")
     @classmethod

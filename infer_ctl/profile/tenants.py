@@ -37,7 +37,8 @@ class Tenant(StrictModel):
     #: token bucket on requests: sustained rate and burst (default: one second's worth, at least 1)
     requests_per_s: Annotated[float, Field(gt=0)] | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
-    #: token bucket on prompt + completion tokens as the workers report them, charged when a request ends
+    #: token bucket on prompt + completion tokens: an estimate reserved at admission, settled with what the
+    #: workers report when the request ends (router/tenants.py)
     tokens_per_min: Annotated[int, Field(ge=1)] | None = None
     max_concurrency: Annotated[int, Field(ge=1)] | None = None
     #: named prefixes (router.prefixes) whose warm replicas this tenant's requests may use; None: all

@@ -148,7 +148,7 @@ class Admin:
     async def workers(self, request: web.Request) -> web.Response:
         now = self.router.clock()
         kv = self.router.kv
-        return _json({"workers": [{**w.as_dict(now), **(kv.worker_doc(w.url) if w.role != "decode" else {})}
+        return _json({"workers": [{**w.as_dict(now), **kv.worker_doc(w.url, w.role)}
                                   for w in self.router.workers.all()]})
 
     async def add_worker(self, request: web.Request) -> web.Response:

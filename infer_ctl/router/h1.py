@@ -14,6 +14,9 @@ this module implements completely:
   moment and the connection closed (a lingering close, so the client sees the 413 rather than a reset);
 - malformed HTTP, a URL or headers over 64 KiB, protocol upgrades (Upgrade, CONNECT): 400 with a JSON
   body, then close;
+- a header that must appear once (`_SINGLE`: Authorization, Host) sent more than once: 400 with a JSON
+  body naming it, for every path, before the handler sees the request (the headers dict keeps one value:
+  which token was checked must not depend on which copy a later hop, such as the admin relay, reads);
 - responses in one write (`Response`) or streamed with chunked encoding (`StreamResponse`), with
   back-pressure: `write` waits while the socket's write buffer is over its high-water mark, for at most
   WRITE_TIMEOUT_S; a client that stops reading for longer is aborted like one that disconnected;
@@ -45,6 +48,9 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
 _LINGER_S = 1.0
 _MAX_HEAD = 64 * 1024
+#: headers a request may carry once (RFC 9110 11.6.2 gives Authorization one set of credentials; RFC
+#: 9112 3.2: more than one Host is a 400), lower-case
+_SINGLE = frozenset({"authorization", "host"})
 #: idle keep-alive connections are closed after this long (aiohttp's default too)
 KEEPALIVE_S = 75.0
 #: a request's head and body must arrive within this long of its first byte (slowloris: a client that
@@ -69,7 +75,8 @@ def _reason(status: int) -> bytes:
 class Request:
     """One parsed request. Header names are lower-case."""
 
-    __slots__ = ("body", "conn", "content_length", "headers", "http10", "method", "path", "query", "too_large")
+    __slots__ = ("body", "conn", "content_length", "headers", "http10", "invalid", "method", "path", "query",
+                 "too_large")
 
     def __init__(self, method: str, path: str, query: str, headers: dict[str, str], conn: H1Connection) -> None:
         self.method = method
@@ -82,6 +89,8 @@ class Request:
         self.conn = conn
         self.too_large = False
         self.http10 = False
+        #: why the request is answered 400 without reaching the handler (a repeated `_SINGLE` header)
+        self.invalid: str | None = None
 
 
 class Response:
@@ -314,6 +323,11 @@ class H1Connection(asyncio.Protocol):
             raise httptools.HttpParserError(f"Transfer-Encoding {te!r} is not supported; send chunked or Content-Length")
         req = self.cur = Request(self.parser.get_method().decode("ascii"), path, query, headers, self)
         req.http10 = self.parser.get_http_version() == "1.0"
+        if len(headers) < len(self.hdrs):  # some name repeats: a single-valued one must not
+            names = [k.decode("latin-1").lower() for k, _ in self.hdrs]
+            dup = next((n for n in names if n in _SINGLE and names.count(n) > 1), None)
+            if dup is not None:
+                req.invalid = f"more than one {dup.title()} header; send it once"
         if req.content_length is not None and req.content_length > self.srv.max_body:
             self._too_large(req)
         elif headers.get("expect", "").lower() == "100-continue" and not self.closed:
@@ -368,7 +382,11 @@ class H1Connection(asyncio.Protocol):
         try:
             while req is not None:
                 try:
-                    resp = await self.srv.handler(req)
+                    resp: Response | StreamResponse
+                    if req.invalid is not None and not req.too_large:
+                        resp = Response(400, error_body(400, req.invalid, "invalid_request"))
+                    else:
+                        resp = await self.srv.handler(req)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # the handler's own safety net failed: still answer

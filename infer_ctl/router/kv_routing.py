@@ -1,6 +1,7 @@
 """The exact index as the router uses it: discovery, the streams, the anchors, and per-request lookups.
 
-Discovery (health.py hands every prefill's `/server_info` to `configure`): `kv_events` (SGLang 0.5.23's
+Discovery (health.py hands every worker's `/server_info` to `configure`; a decode counts only when it
+keeps a radix cache, `decode_radix_cache`): `kv_events` (SGLang 0.5.23's
 `describe_kv_events_publisher`: endpoint host and port base, replay port base, topic, block size,
 dp_size; a wildcard host is replaced by the worker URL's host, DP rank r listens on base + r),
 `page_size`, and `speculative_algorithm` (an EAGLE worker keys its radix tree by bigrams, which its
@@ -67,6 +68,21 @@ class WorkerKv:
         return self.page_size, self.bigram
 
 
+def decode_radix_cache(info: dict[str, Any]) -> str | None:
+    """None when a decode's /server_info says it keeps a radix cache, else why not.
+
+    SGLang 0.5.23 forces `disable_radix_cache=True` on a decode unless it runs with
+    `--disaggregation-decode-enable-radix-cache` (python/sglang/srt/arg_groups/pd_disaggregation_hook.py);
+    a decode without a radix cache stores nothing, yet still advertises `kv_events` when given
+    --kv-events-config (runtime_context.py `describe_kv_events_publisher` looks only at that config), so
+    its empty stream would read "exact, 0 blocks" forever."""
+    if info.get("disaggregation_decode_enable_radix_cache") is not True:
+        return "decode without a radix cache (SGLang: --disaggregation-decode-enable-radix-cache is off)"
+    if info.get("disable_radix_cache") is True:
+        return "decode with --disable-radix-cache"
+    return None
+
+
 def _host(url: str) -> str:
     host = urlsplit(url).hostname or "127.0.0.1"
     return f"[{host}]" if ":" in host else host
@@ -98,6 +114,8 @@ class KvRouting:
         self.max_anchors = max_anchors
         self.metrics = metrics
         self.workers: dict[str, WorkerKv] = {}
+        #: decodes not subscribed, and why (no radix cache): `router workers` says so
+        self.skipped: dict[str, str] = {}
         self.tables: dict[tuple[int, bool, str], AnchorTable] = {}
         self.view: PromptView | None = None
         self.view_reason = "no prefill reported its tokenizer yet"
@@ -134,10 +152,18 @@ class KvRouting:
         return any(w.exact for w in self.workers.values()) and self.view is not None
 
     # ---- discovery (health checks) ------------------------------------------------------------------
-    def configure(self, url: str, info: Any) -> None:
-        """A prefill's /server_info: (re)subscribe when it advertises KV events."""
+    def configure(self, url: str, info: Any, role: str = "prefill") -> None:
+        """A worker's /server_info: (re)subscribe when it advertises KV events (a decode: only when it
+        runs a radix cache, `decode_radix_cache`)."""
         if not self.enabled or not isinstance(info, dict):
             return
+        if role == "decode":
+            why = decode_radix_cache(info)
+            if why is not None:
+                self.forget(url)
+                self.skipped[url] = why
+                return
+            self.skipped.pop(url, None)
         if self.view is None:
             self.view, self.view_reason = view_for(info, self.tokenizer_path)
             if self.view is not None:
@@ -172,6 +198,7 @@ class KvRouting:
                                                     "page_size": page, "bigram": bigram})
 
     def forget(self, url: str) -> None:
+        self.skipped.pop(url, None)
         w = self.workers.pop(url, None)
         if w is not None:
             for s in w.streams:
@@ -341,22 +368,26 @@ class KvRouting:
             self.build(*self._queue.pop())
 
     # ---- views ----------------------------------------------------------------------------------------
-    def worker_doc(self, url: str) -> dict[str, Any]:
+    def worker_doc(self, url: str, role: str = "prefill") -> dict[str, Any]:
+        """A worker's index for `router workers`. A decode has no predicted index: its `index` is its
+        streams' state (exact, replaying, untrusted, down), or absent when it is not subscribed."""
         w = self.workers.get(url)
+        decode = role == "decode"
         if w is None:
-            return {"index": "predicted", "index_reason": "no KV events" if self.enabled else "KV events off"}
-        if self.view is None:
+            why = self.skipped.get(url) or ("no KV events" if self.enabled else "KV events off")
+            return {"index_reason": why} if decode else {"index": "predicted", "index_reason": why}
+        if self.view is None and not decode:
             return {"index": "predicted", "index_reason": self.view_reason}
         state = w.state
         return {
-            "index": "exact" if state == "exact" else state if state == "replaying" else "predicted",
+            "index": state if decode else "exact" if state == "exact" else state if state == "replaying" else "predicted",
             "index_reason": next((s.reason for s in w.streams if s.state != "exact"), "in sync"),
             "kv_blocks": sum(len(s.blocks) for s in w.streams),
             "page_size": w.page_size, "bigram": w.bigram,
             "cached_tokens": {"requests": w.requests, "exact": w.exact_tokens, "predicted": w.predicted_tokens,
                               "reported": w.reported_tokens},
             "kv_streams": [s.as_dict() for s in w.streams],
-        }
+        } | ({"cached_tokens": None} if decode else {})
 
     def status_doc(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "tokenizer": self.view.name if self.view else None,

@@ -17,7 +17,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from infer_ctl.router.jsonio import dumps
+from infer_ctl.core.tenancy.estimate import request_tokens
+from infer_ctl.router.jsonio import DecodeError, dumps, loads
 from infer_ctl.router.retry import AttemptFailed
 from infer_ctl.router.spec_stats import fields_of
 from infer_ctl.router.tenants import Tenancy, TenantRefusal, TenantState
@@ -76,18 +77,29 @@ class Observing:
         if self.tracing is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
-    def start(self, headers: Mapping[str, str], endpoint: str, rid: str) -> tuple[RequestObserver | None, TenantRefusal | None]:
-        tenant = None
+    def start(self, headers: Mapping[str, str], endpoint: str, rid: str,
+              body: bytes = b"") -> tuple[RequestObserver | None, TenantRefusal | None]:
+        tenant, reserved = None, 0
         if self.tenancy is not None:
             tenant, refusal = self.tenancy.admit(headers)
             if refusal is not None:
                 return None, refusal
+            if tenant is not None and tenant.tpm is not None:
+                # tokens_per_min: reserve the estimate in the admission's step (tenants.py); the body is
+                # parsed here only for such tenants (and again by the proxy: the reservation cannot wait)
+                try:
+                    doc = loads(body) if body else None
+                except (DecodeError, ValueError, UnicodeDecodeError):
+                    doc = None  # answered 400 by the proxy: nothing reaches a worker, all is given back
+                reserved = self.tenancy.reserve(tenant, request_tokens(endpoint, doc, self.chars_per_token() or 4.0))
         trace = self.tracing.request(headers, endpoint, rid) if self.tracing is not None else None
-        return RequestObserver(self, tenant, trace), None
+        obs = RequestObserver(self, tenant, trace)
+        obs.reserved = reserved
+        return obs, None
 
 
 class RequestObserver:
-    __slots__ = ("_calls", "_open", "completion", "ctx", "o", "tenant", "trace")
+    __slots__ = ("_calls", "_open", "completion", "ctx", "o", "reported", "reserved", "sent", "tenant", "trace")
 
     def __init__(self, o: Observing, tenant: TenantState | None, trace: RequestTrace | None) -> None:
         self.o = o
@@ -97,6 +109,11 @@ class RequestObserver:
         self.completion: int | None = None
         self._calls: tuple[Any, Any, Any] | None = None
         self._open: dict[int, tuple[Any, float, Any]] = {}
+        #: tokens_per_min: reserved at admission, reported by the answers (None: no answer reported),
+        #: and whether any call reached a worker (tenants.py, settle)
+        self.reserved = 0
+        self.reported: int | None = None
+        self.sent = False
 
     # ---- the request ---------------------------------------------------------------------------
     def rewrite(self, endpoint: str, body: dict[str, Any], raw: bytes) -> bytes:
@@ -126,6 +143,9 @@ class RequestObserver:
 
     def finish(self, status: int) -> None:
         if self.tenant is not None and self.o.tenancy is not None:
+            # no report: a request that reached a worker keeps its reservation, one that did not gets it back
+            used = self.reported if self.reported is not None else self.reserved if self.sent else 0
+            self.o.tenancy.settle(self.tenant, self.reserved, used)
             self.o.tenancy.leave(self.tenant, status)
         if self.trace is not None:
             self.trace.finish(status, self.ctx)
@@ -137,6 +157,7 @@ class RequestObserver:
         self.completion = completion
         if self.tenant is not None and self.o.tenancy is not None:
             self.o.tenancy.used(self.tenant, prompt, cached, completion)
+            self.reported = (self.reported or 0) + prompt + completion
         if self.trace is not None:
             self.trace.answered(obj, prompt, cached, completion, predicted_tokens, fields_of(obj))
 
@@ -186,6 +207,7 @@ class RequestObserver:
         return self._calls
 
     def _begin(self, w: WorkerState, headers: dict[str, str]) -> tuple[float, Any, dict[str, str]]:
+        self.sent = True
         mark = self.o.tenancy.enter(w.url) if self.o.priced and self.o.tenancy is not None else 0.0
         span = None
         if self.trace is not None:

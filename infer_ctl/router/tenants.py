@@ -5,9 +5,17 @@ workers' cost.
 Identification: the bearer token's SHA-256 is compared with every configured tenant's in constant time
 (hmac.compare_digest, no early exit), so neither the answer nor its timing says which tenants exist; an
 unknown or missing key is a 401 that names none. Limits, checked before the router's own admission
-(core/tenancy/buckets.py): max concurrency, tokens per minute (charged when a request ends: a bucket in
-debt refuses), requests per second (one token per admitted request). A refusal is a 429 with
-Retry-After and a JSON error naming the limit.
+(core/tenancy/buckets.py): max concurrency, tokens per minute, requests per second (one token per
+admitted request). A refusal is a 429 with Retry-After and a JSON error naming the limit.
+
+Tokens per minute: an admitted request reserves its estimate at once (`reserve`, core/tenancy/
+estimate.py: prompt + max tokens), in the same step as the admission check, so the next request sees
+it; a bucket at or below zero refuses. When the request ends it is settled (`settle`) with the tokens
+its answer reported: the excess is charged, the rest given back. One that reached a worker and ended
+without a report (failed, cancelled, a broken stream) keeps its reservation (the worker computed
+something, and a tenant must not get tokens for free by cancelling); one that never reached a worker
+gets it all back. The overshoot is bounded by one request's reservation, plus what the estimates
+undercount (a chat request without max tokens reserves its prompt only).
 
 Cost: each worker's price per second (core/tenancy/pricing.py, from the profile's lease pricing) is
 split between the requests in flight on it by the share clock (core/tenancy/shares.py); a request's
@@ -140,6 +148,8 @@ class TenantState:
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    #: tokens reserved by the tenant's requests in flight (tokens_per_min)
+    reserved: int = 0
     cost: dict[str, float] = field(default_factory=dict)  # role -> dollars
     rejected: dict[str, int] = field(default_factory=dict)  # limit -> count
 
@@ -155,7 +165,8 @@ class TenantState:
                        "max_concurrency": s.max_concurrency,
                        "prefixes": None if s.prefixes is None else sorted(s.prefixes)},
             "buckets": {"requests": None if self.rps is None else round(self.rps.refill(now), 3),
-                        "tokens": None if self.tpm is None else round(self.tpm.refill(now), 1)},
+                        "tokens": None if self.tpm is None else round(self.tpm.refill(now), 1),
+                        "reserved_tokens": None if self.tpm is None else self.reserved},
             "inflight": self.inflight, "requests": self.requests, "errors": self.errors,
             "input_tokens": self.input_tokens, "cached_tokens": self.cached_tokens,
             "output_tokens": self.output_tokens, "cost_usd": {k: round(v, 9) for k, v in sorted(self.cost.items())},
@@ -260,13 +271,32 @@ class Tenancy:
         if status >= 500 or status == 499:
             tenant.errors += 1
 
+    def reserve(self, tenant: TenantState, units: int) -> int:
+        """Charge an admitted request's estimate to the tenant's token bucket now; what was reserved."""
+        if tenant.tpm is None or units <= 0:
+            return 0
+        tenant.tpm.charge(self.clock(), units)
+        tenant.reserved += units
+        return units
+
+    def settle(self, tenant: TenantState, reserved: int, used: int) -> None:
+        """A request that reserved `reserved` ended having used `used` tokens: charge or give back the
+        difference."""
+        if tenant.tpm is None:
+            return
+        tenant.reserved -= reserved
+        now = self.clock()
+        if used > reserved:
+            tenant.tpm.charge(now, used - reserved)
+        elif used < reserved:
+            tenant.tpm.credit(now, reserved - used)
+
     # ---- usage ---------------------------------------------------------------------------------
     def used(self, tenant: TenantState, prompt: int, cached: int, completion: int) -> None:
+        """What an answer reported (the bucket is settled when the request ends: `settle`)."""
         tenant.input_tokens += prompt
         tenant.cached_tokens += cached
         tenant.output_tokens += completion
-        if tenant.tpm is not None:
-            tenant.tpm.charge(self.clock(), prompt + completion)
 
     def enter(self, url: str) -> float:
         c = self.clocks.get(url)

@@ -8,7 +8,14 @@ from typing import Any, Literal
 from infer_ctl.sim.kv_config import parse_kv_events_config
 from infer_ctl.sim.spec_adaptive import launch_steps
 from infer_ctl.sim.spec_workload import SpecWorkload
-from infer_ctl.sim.tiers import PREFETCH_POLICIES, WRITE_POLICIES, PrefetchPolicy, TierConfig, WritePolicy
+from infer_ctl.sim.tiers import (
+    PREFETCH_POLICIES,
+    WRITE_POLICIES,
+    HostMemoryMode,
+    PrefetchPolicy,
+    TierConfig,
+    WritePolicy,
+)
 from infer_ctl.sim.timing import DEFAULT_PRESET, TimingModel, preset, resolve_timing
 
 Role = Literal["prefill", "decode", "mixed"]
@@ -66,8 +73,12 @@ class WorkerSpec:
     page_size: int = 1
     #: SGLang's --kv-events-config JSON (kv_config.py); None: no KV events
     kv_events_config: str | None = None
+    #: SGLang's --disaggregation-decode-enable-radix-cache (decode only): the decode keeps a prefix cache
+    #: of its own, matched before each request's KV transfer, filled with finished sequences; without it
+    #: a PD decode runs no radix cache (handle_pd_disaggregation), and HiCache settings are ignored there
+    decode_radix_cache: bool = False
     #: HiCache (sim/tiers.py): a host tier of --hicache-ratio x the HBM pool, or --hicache-size GB per
-    #: rank; neither: no host tier. Prefill and mixed workers only (a decode runs no radix cache).
+    #: rank; neither: no host tier. Prefill and mixed workers, and decodes with decode_radix_cache.
     hicache_ratio: float | None = None
     hicache_size_gb: float | None = None
     hicache_write_policy: WritePolicy = "write_through"
@@ -79,6 +90,11 @@ class WorkerSpec:
     #: the storage's read bandwidth for this server (GB/s; an NVMe drive gives a few)
     hicache_storage_gb_s: float = 5.0
     hicache_prefetch_policy: PrefetchPolicy = "timeout"
+    #: --hicache-host-memory-mode: cache, or buffer_only (host memory only stages to storage)
+    hicache_host_memory_mode: HostMemoryMode = "cache"
+    #: SGLang's --admin-api-key: the admin endpoints (`/hicache/storage-backend`) answer only with it
+    #: (as a bearer token); without it they answer 400 "requires admin API key" (sim/hicache_api.py)
+    admin_api_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -101,13 +117,31 @@ class WorkerSpec:
         if self.hicache_prefetch_policy not in PREFETCH_POLICIES:
             raise ValueError(f"hicache_prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, "
                              f"got {self.hicache_prefetch_policy!r}")
+        if self.decode_radix_cache and self.role != "decode":
+            raise ValueError("decode_radix_cache is a decode setting (--disaggregation-decode-enable-radix-cache)")
+        if self.hicache_host_memory_mode not in ("cache", "buffer_only"):
+            raise ValueError(f"hicache_host_memory_mode must be 'cache' or 'buffer_only', got "
+                             f"{self.hicache_host_memory_mode!r}")
+        if self.hicache_host_memory_mode == "buffer_only" and self.hicache:
+            # validate_hicache_host_memory_mode (arg_groups/hicache_hook.py), SGLang's messages
+            if self.hicache_storage_backend is None:
+                raise ValueError("--hicache-host-memory-mode buffer_only requires a storage backend "
+                                 "(--hicache-storage-backend)")
+            if self.role == "decode":
+                raise ValueError("--hicache-host-memory-mode buffer_only is not supported on decode instances")
         if self.hicache_storage_backend is not None and self.hicache_ratio is None and self.hicache_size_gb is None:
             raise ValueError("a HiCache storage backend needs a host tier (hicache_ratio or hicache_size_gb)")
 
     @property
     def hicache(self) -> bool:
         """Whether this worker runs HiCache (a host tier under its radix cache)."""
-        return self.role != "decode" and (self.hicache_ratio is not None or self.hicache_size_gb is not None)
+        tiered = self.hicache_ratio is not None or self.hicache_size_gb is not None
+        return tiered and (self.role != "decode" or self.decode_radix_cache)
+
+    @property
+    def radix_cache(self) -> bool:
+        """Whether this worker runs a radix cache at all (a PD decode only with decode_radix_cache)."""
+        return self.role != "decode" or self.decode_radix_cache
 
     def tier_config(self, timing: TimingModel) -> TierConfig | None:
         """The tiers of this worker, sized as SGLang sizes them (HostKVCache: --hicache-size GB per rank
@@ -130,6 +164,7 @@ class WorkerSpec:
             storage_capacity_tokens=storage,
             storage_bytes_s=self.hicache_storage_gb_s * 1e9,
             prefetch_policy=self.hicache_prefetch_policy,
+            host_memory_mode=self.hicache_host_memory_mode,
         )
 
     def timing(self) -> TimingModel:

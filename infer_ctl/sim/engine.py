@@ -56,6 +56,9 @@ class SimRequest:
     cached_storage: int = 0
     #: model seconds to load them into HBM, charged to the request's first prefill forward
     load_seconds: float = 0.0
+    #: a decode with its own radix cache: the prompt tokens it matched locally (device + host + storage;
+    #: SGLang's `decode_prefix_len`, sent to the prefill so it transfers only the rest)
+    decode_prefix_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     verify_ct: int = 0
     accepted_drafts: int = 0
@@ -96,6 +99,7 @@ class Engine:
         time_scale: float,
         seed: int,
         spec: SpecDecoder | None = None,
+        decode_radix: bool = False,
     ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
@@ -104,6 +108,8 @@ class Engine:
         self.cache = cache
         self.time_scale = time_scale
         self.seed = seed
+        #: a decode running its own radix cache (SGLang's --disaggregation-decode-enable-radix-cache)
+        self.decode_radix = decode_radix and role == "decode"
         self.metrics = spec.metrics if spec is not None else WorkerMetrics()
         #: speculative decoding (None = off); by default every request at the preset's alpha
         self.spec = spec
@@ -169,8 +175,23 @@ class Engine:
         self._wake.set()
 
     def submit_decode(self, req: SimRequest, cached_tokens: int) -> None:
-        """A request whose KV arrived from a prefill worker: it joins the decode queue."""
+        """A request whose KV arrived from a prefill worker: it joins the decode queue. A decode with its
+        own radix cache first matches the prompt there (SGLang's `_match_prefix_and_lock`,
+        disaggregation/decode.py) and restores the host / storage part of the match into HBM before the
+        request's first decode step (the local restore, decode_hicache_mixin.py); what it holds beyond
+        the prefill's hit is added to cached_tokens, as device tokens."""
         req.cached_tokens = cached_tokens
+        if self.decode_radix:
+            match = self.cache.match_prefix(req.input_ids[: max(0, req.prompt_tokens - 1)], req.priority)
+            if match.host or match.storage:
+                match = self.cache.load_back(match, self.timing.prefill_seconds(match.host + match.storage))
+            req.decode_prefix_tokens = match.length
+            req.load_seconds = match.load_seconds
+            # prepare_for_prebuilt (disaggregation/decode_schedule_batch_mixin.py): the decode's own reuse
+            # beyond the prefill's reported hit adds to cached_tokens, counted as device tokens
+            req.cached_tokens += max(0, match.length - cached_tokens)
+            self.cache.lock(match.node)
+            req.lock_node = match.node
         self._count_prompt(req)
         self.decode_waiting.append(req)
         self._wake.set()
@@ -302,7 +323,11 @@ class Engine:
         context = sum(r.prompt_tokens + len(r.output_ids) for r in batch)
         steps = spec.steps_for_batch(len(batch)) if spec is not None else None
         model_s = t.decode_step_seconds(len(batch), context, steps)
-        end = await self._busy(loop, model_s)
+        # a decode radix cache: local restores of newly admitted requests, and blocking write-backs
+        load = sum(r.load_seconds for r in batch)
+        for r in batch:
+            r.load_seconds = 0.0
+        end = await self._busy(loop, model_s + load + self.cache.take_stall_seconds())
         produced = 0
         correct: list[int] = []
         for req in batch:
@@ -320,6 +345,8 @@ class Engine:
             spec.verify_done(correct)
         self.last_gen_throughput = produced / model_s if model_s else 0.0
         self.running = [r for r in self.running if not r.finished]
+        if self.decode_radix:
+            self.cache.end_step()
 
     def _emit(self, req: SimRequest, tokens: list[int], at: float) -> None:
         if req.last_token_at is not None:
@@ -335,6 +362,10 @@ class Engine:
 
     def _finish(self, req: SimRequest, at: float) -> None:
         req.finished_at = at
+        if self.decode_radix and not req.skip_cache_insert:
+            # cache_finished_req: the sequence's KV stays in the decode's tree (the last token's is not computed)
+            self.cache.insert(req.input_ids + req.output_ids[:-1], req.priority)
+            self._release_lock_only(req)
         self.metrics.spec_verify_calls += req.verify_ct  # SGLang counts them as a request finishes
         self.metrics.e2e.observe(self.model_seconds(at - req.arrived))
         req.updates.put_nowait(None)

@@ -78,13 +78,22 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 def hicache_knobs(profile: Profile, server_role: str) -> dict[str, Any]:
     """The WorkerSpec fields of the profile's `sglang.hicache` for a server role (sim/tiers.py): the host
     pool's ratio or size (SGLang's default ratio 2.0 when the profile leaves it to SGLang's auto-sizing,
-    which needs the node's RAM), write policy, storage backend and prefetch policy. A decode runs no
-    radix cache in the simulator, so it gets none."""
+    which needs the node's RAM), write policy, storage backend and prefetch policy. A decode gets them
+    with `decode.mode: radix` (its own prefix cache); `offload` (finished KV written to storage for the
+    prefills to find) is not simulated: such a decode runs no radix cache, as SGLang's does."""
     hc = profile.sglang.hicache
-    s = hc.settings_for(server_role) if hc is not None and server_role != "decode" else None
-    if s is None:
+    s = hc.settings_for(server_role) if hc is not None else None
+    mode = hc.decode_mode() if hc is not None and server_role == "decode" else None
+    if s is None or (server_role == "decode" and mode != "radix"):
         return {}
-    out: dict[str, Any] = {"hicache_size_gb": float(s.size_gb)} if s.size_gb else {"hicache_ratio": s.ratio or 2.0}
+    buffer_only = s.host_memory_mode == "buffer_only"
+    default_ratio = 1.2 if buffer_only else 2.0  # handle_hicache_ratio_default (arg_groups/hicache_hook.py)
+    out: dict[str, Any] = ({"hicache_size_gb": float(s.size_gb)} if s.size_gb
+                           else {"hicache_ratio": s.ratio or default_ratio})  # fmt: skip
+    if buffer_only:
+        out["hicache_host_memory_mode"] = "buffer_only"
+    if mode == "radix":
+        out["decode_radix_cache"] = True
     if s.write_policy is not None:
         out["hicache_write_policy"] = s.write_policy
     if s.storage is not None:

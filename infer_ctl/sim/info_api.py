@@ -38,6 +38,8 @@ def server_args(state: WorkerState) -> dict[str, Any]:
         "tp_size": 8,
         "dp_size": 1,
         "radix_eviction_policy": s.eviction_policy,
+        "disaggregation_decode_enable_radix_cache": s.decode_radix_cache,
+        "enable_hierarchical_cache": s.hicache,
         "enable_cache_report": s.enable_cache_report,
         "speculative_algorithm": "EAGLE3" if spec_on else None,
         "speculative_num_steps": t.spec_gamma if spec_on else None,

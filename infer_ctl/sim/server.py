@@ -3,7 +3,8 @@
 Routes follow `sglang/srt/entrypoints/http_server.py` (0.5.23); see docs/simulator.md for what each
 returns and where it departs from SGLang. The handlers live in the modules named for their job:
 `info_api` (status and control), `native_api` (/generate), `openai_api` (/v1/...completions),
-`bootstrap` (a prefill's bootstrap server, a decode's KV fetch); `runner` runs one prompt.
+`bootstrap` (a prefill's bootstrap server, a decode's KV fetch), `hicache_api` (the runtime storage
+backend); `runner` runs one prompt.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aiohttp import web
 from infer_ctl.errors import InferctlError
 from infer_ctl.sim.bootstrap import BootstrapServer, KvReceiver
 from infer_ctl.sim.config import WorkerSpec
+from infer_ctl.sim.hicache_api import HiCacheApi
 from infer_ctl.sim.info_api import InfoApi, server_args
 from infer_ctl.sim.kv_faults import KvFaultsApi
 from infer_ctl.sim.native_api import NativeApi
@@ -54,6 +56,7 @@ class SimWorker(WorkerState):
         self.openai_api = OpenAIApi(self, runner)
         self.spec_api = SpecApi(self)
         self.kv_faults_api = KvFaultsApi(self)
+        self.hicache_api = HiCacheApi(self)
         self.bootstrap_server = BootstrapServer(self)
         self._runners: list[web.AppRunner] = []
         #: connections with a request in flight (both apps): stop() aborts them as a killed process would
@@ -66,6 +69,7 @@ class SimWorker(WorkerState):
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
         self.open_kv_events()
+        self.hicache_api.relaunch()  # a new process: the launch flags' storage backend, not a runtime attach
         self.cache.reset()  # with KV events: AllBlocksCleared, seq 0 of the new publisher
         self.rooms = RoomTable()
         self.engine = self.make_engine()
@@ -155,6 +159,11 @@ class SimWorker(WorkerState):
         r.add_put("/generate", native.generate)
         r.add_post("/v1/completions", openai.completions)
         r.add_post("/v1/chat/completions", openai.chat_completions)
+        hc = self.hicache_api  # sim/hicache_api.py
+        r.add_get("/hicache/storage-backend", hc.status)
+        r.add_put("/hicache/storage-backend", hc.attach)
+        r.add_delete("/hicache/storage-backend", hc.detach)
+        r.add_post("/hicache/storage-backend/clear", hc.clear)
         r.add_get("/sim/spec", self.spec_api.show)
         r.add_post("/sim/spec/alpha", self.spec_api.shift_alpha)
         r.add_get("/sim/kv/faults", self.kv_faults_api.show)

@@ -29,9 +29,10 @@ class WorkerState:
         self.kv_events = parse_kv_events_config(spec.kv_events_config)
         #: SGLang keys an EAGLE worker's tree by bigrams (the simulator's speculative algorithm is EAGLE3)
         bigram = self.timing.spec_alpha is not None
-        # A decode runs without a radix cache unless told otherwise (SGLang's handle_pd_disaggregation),
+        # A decode runs without a radix cache unless told otherwise (SGLang's handle_pd_disaggregation;
+        # `decode_radix_cache` tells it otherwise),
         # and a disabled cache records no KV events: its publisher binds but never sends.
-        records = self.kv_events is not None and self.kv_events.enabled and spec.role != "decode"
+        records = self.kv_events is not None and self.kv_events.enabled and spec.radix_cache
         self.kv_recorder = KvEventRecorder() if records else None
         self.kv_publisher: ZmqKvPublisher | None = None
         tiers = spec.tier_config(self.timing)
@@ -77,6 +78,7 @@ class WorkerState:
             time_scale=s.time_scale,
             seed=s.seed,
             spec=spec_decoder_for(s, self.timing),
+            decode_radix=s.decode_radix_cache,
         )
 
     def open_kv_events(self) -> None:

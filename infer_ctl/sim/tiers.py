@@ -12,7 +12,8 @@ storage, or in several; the device part of any path is a prefix of it, and so is
   leaves the device (`BlockRemoved` GPU) and stays matchable from host; under write_back it is copied
   first (the copy blocks the eviction: its time is charged to the next forward); a node that cannot be
   kept is destroyed with its host-only subtree and counted in `sglang:hicache_dropped_tokens_total`
-  (`host_pressure` under write_back, `write_through_unbacked_eviction` otherwise).
+  (`host_pressure` under write_back, `write_through_unbacked_eviction` under write_through in cache
+  mode; SGLang records none under write_through_selective or buffer_only).
 - Storage (optional): every host copy is also written to storage (SGLang backs up host pages to L3);
   a host eviction of a node that storage holds keeps it as storage-only (no event: SGLang publishes
   none for L3). Storage evicts its LRU storage-only leaves when full.
@@ -26,6 +27,17 @@ storage, or in several; the device part of any path is a prefix of it, and so is
   hybrid_cache_controller.py), `best_effort` loads only what arrives within the time recomputing it
   would take; what is not loaded is `sglang:storage_prefetch_unfulfilled_tokens_total{reason="deadline"}`
   and is computed instead.
+- buffer_only host memory (`--hicache-host-memory-mode buffer_only`, which needs a storage tier): host
+  memory only stages copies, the tree holds nothing there (unified_radix_cache.py); a backup goes
+  straight to storage, an HBM eviction of a stored node keeps it storage-only, a hit loads from storage;
+  a span larger than the staging buffer never reaches storage (`hicache_backup_dropped_tokens_total`);
+  write_back is write_through there, as SGLang resolves it.
+- Runtime attach / detach of the storage tier (`attach_storage` / `detach_storage`, served by
+  sim/hicache_api.py as SGLang's `PUT` / `DELETE /hicache/storage-backend`): a detach forgets what only
+  storage held (SGLang's tree holds no storage-only nodes; an L3 hit is found by querying the backend,
+  which is gone) and stops writing to storage, so no storage hits, prefetches or backups follow; the
+  storage series stay, frozen, as SGLang's collector stays registered. An attach starts an empty
+  storage view (a file backend's files from before are not found again: a simplification).
 
 Counters and gauges are SGLang's names (`tier_families`). Sizes are in keys (tokens; bigrams on an
 EAGLE tree), each one token's KV.
@@ -47,6 +59,7 @@ if TYPE_CHECKING:
     from infer_ctl.sim.kv_events import KvEventRecorder
 
 WritePolicy = Literal["write_through", "write_through_selective", "write_back"]
+HostMemoryMode = Literal["cache", "buffer_only"]
 PrefetchPolicy = Literal["timeout", "wait_complete", "best_effort"]
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 PREFETCH_POLICIES = ("timeout", "wait_complete", "best_effort")
@@ -68,12 +81,25 @@ class TierConfig:
     storage_capacity_tokens: int | None = None  # None: unbounded
     storage_bytes_s: float = 5e9
     prefetch_policy: PrefetchPolicy = "timeout"
+    #: the `timeout` policy's deadline (extra config `prefetch_timeout_base` / `_per_ki_token`)
+    prefetch_timeout_base_s: float = PREFETCH_TIMEOUT_BASE_S
+    prefetch_timeout_per_ki_token_s: float = PREFETCH_TIMEOUT_PER_KI_TOKEN_S
+    #: --hicache-host-memory-mode: `cache` (host DRAM is a tier) or `buffer_only` (host memory only
+    #: stages copies between HBM and storage: the tree holds no host values, unified_radix_cache.py)
+    host_memory_mode: HostMemoryMode = "cache"
 
     def __post_init__(self) -> None:
         if self.host_capacity_tokens <= 0:
             raise ValueError(f"host capacity must be positive, got {self.host_capacity_tokens}")
         if self.host_bytes_s <= 0 or self.storage_bytes_s <= 0:
             raise ValueError("tier bandwidths must be positive")
+        if self.buffer_only and self.write_policy == "write_back":
+            # validate_hicache_host_memory_mode (hicache_hook.py): no host tier to write back to
+            object.__setattr__(self, "write_policy", "write_through")
+
+    @property
+    def buffer_only(self) -> bool:
+        return self.host_memory_mode == "buffer_only"
 
     def host_seconds(self, tokens: int) -> float:
         return tokens * self.kv_bytes_per_token / self.host_bytes_s
@@ -93,6 +119,7 @@ class TierCounters:
     storage_unfulfilled: dict[str, int] = field(default_factory=lambda: {"deadline": 0})
     prefetched_tokens: int = 0  # sglang:prefetched_tokens_total
     storage_backup_tokens: int = 0  # sglang:backuped_tokens_total
+    backup_dropped_tokens: int = 0  # sglang:hicache_backup_dropped_tokens_total (buffer_only)
 
 
 class HiRadixCache(RadixCache):
@@ -107,6 +134,11 @@ class HiRadixCache(RadixCache):
         events: KvEventRecorder | None = None,
     ) -> None:
         self.tiers = tiers
+        #: the tiers the server was launched with (a restart goes back to them: `relaunch`)
+        self.launch_tiers = tiers
+        #: the `storage_backend` label of the storage series: set once a backend was attached, kept by a
+        #: detach (SGLang's storage metrics collector stays registered, its counters stop moving)
+        self.storage_label = tiers.storage_backend
         super().__init__(capacity_tokens, policy, page_size=page_size, bigram=bigram, events=events)
 
     def reset(self) -> None:
@@ -116,6 +148,47 @@ class HiRadixCache(RadixCache):
         self.counters = TierCounters()
         #: model seconds of blocking write-back copies not yet charged to a forward
         self.stall_seconds = 0.0
+
+    def relaunch(self) -> None:
+        """A process start: the launch tiers again (a runtime attach / detach is gone); the caller resets."""
+        self.tiers = self.launch_tiers
+        self.storage_label = self.tiers.storage_backend
+
+    # -- runtime storage attach / detach (SGLang's StorageAttachment, unified_cache/storage_attachment.py)
+    def detach_storage(self) -> None:
+        """Stop the storage tier: storage-only nodes leave the tree (nothing can find them now), the rest
+        lose their storage copy, and nothing is written to storage any more."""
+        self._forget_storage()
+        self.tiers = dataclasses.replace(self.tiers, storage_backend=None)
+
+    def clear_storage(self) -> None:
+        """SGLang's `POST /hicache/storage-backend/clear`: the backend's contents are deleted."""
+        self._forget_storage()
+
+    def _forget_storage(self) -> None:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for child in list(node.children.values()):
+                if child.on_storage and not (child.on_host or child.on_device):
+                    self._drop(child)  # its subtree is storage-only too (device-or-host is a prefix)
+                else:
+                    child.on_storage = False
+                    stack.append(child)
+        self.storage_size = 0
+
+    def attach_storage(self, backend: str, *, prefetch_policy: PrefetchPolicy | None = None,
+                       write_policy: WritePolicy | None = None, timeout_base_s: float | None = None,
+                       timeout_per_ki_token_s: float | None = None) -> None:
+        """Start (or, with the backend already attached, re-tune) the storage tier; None keeps a setting."""
+        t = self.tiers
+        self.tiers = dataclasses.replace(
+            t, storage_backend=backend, prefetch_policy=prefetch_policy or t.prefetch_policy,
+            write_policy=write_policy or t.write_policy,
+            prefetch_timeout_base_s=t.prefetch_timeout_base_s if timeout_base_s is None else timeout_base_s,
+            prefetch_timeout_per_ki_token_s=t.prefetch_timeout_per_ki_token_s if timeout_per_ki_token_s is None
+            else timeout_per_ki_token_s)  # fmt: skip
+        self.storage_label = backend
 
     @property
     def host_capacity(self) -> int:
@@ -178,7 +251,7 @@ class HiRadixCache(RadixCache):
             assert parent is not None
             target = parent
         for n in [*from_host, *from_storage[:arrived]]:
-            if not n.on_host:  # a storage prefetch lands in host memory first
+            if not n.on_host and not self.tiers.buffer_only:  # a storage prefetch lands in host memory first
                 self._backup_to_host(n, count=False)
             self._to_device(n)
             self.counters.load_back_tokens += len(n.key)
@@ -201,7 +274,7 @@ class HiRadixCache(RadixCache):
             return None
         if policy == "best_effort":
             return recompute_seconds
-        return PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024
+        return self.tiers.prefetch_timeout_base_s + self.tiers.prefetch_timeout_per_ki_token_s * tokens / 1024
 
     # -- insert and backups -----------------------------------------------------------------------
     def insert(self, tokens: Sequence[int], priority: int = 0) -> int:
@@ -236,6 +309,8 @@ class HiRadixCache(RadixCache):
 
     def _backup_to_host(self, node: Node, *, count: bool = True) -> bool:
         need = len(node.key)
+        if self.tiers.buffer_only:
+            return self._backup_through_buffer(node, need)
         if self.host_size + need > self.host_capacity:
             self._evict_host(self.host_size + need - self.host_capacity, keep=node)
         if self.host_size + need > self.host_capacity:
@@ -250,16 +325,31 @@ class HiRadixCache(RadixCache):
             self._backup_to_storage(node)
         return True
 
-    def _backup_to_storage(self, node: Node) -> None:
+    def _backup_through_buffer(self, node: Node, need: int) -> bool:
+        """buffer_only: the copy is staged in host memory and written to storage; nothing stays in host.
+        A span the staging buffer cannot hold, or storage cannot take, never reaches storage
+        (`sglang:hicache_backup_dropped_tokens_total`: admission rejected it, buffer_mode/pipeline.py)."""
+        if node.on_storage:
+            return True
+        if self.tiers.storage_backend is None:
+            return False  # detached: nothing to write to
+        self.counters.backup_tokens += need  # the D2H staging copy
+        if need > self.host_capacity or not self._backup_to_storage(node):
+            self.counters.backup_dropped_tokens += need
+            return False
+        return True
+
+    def _backup_to_storage(self, node: Node) -> bool:
         need = len(node.key)
         cap = self.tiers.storage_capacity_tokens
         if cap is not None and self.storage_size + need > cap:
             self._evict_storage(self.storage_size + need - cap, keep=node)
             if self.storage_size + need > cap:
-                return
+                return False
         node.on_storage = True
         self.storage_size += need
         self.counters.storage_backup_tokens += need
+        return True
 
     # -- eviction -----------------------------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
@@ -278,13 +368,14 @@ class HiRadixCache(RadixCache):
             assert parent is not None
             self.size -= n
             freed += n
-            if leaf.on_host:
+            if leaf.on_host or leaf.on_storage:  # kept below HBM (buffer_only: in storage only)
                 leaf.on_device = False
                 if self.events is not None:
                     self.events.record_remove(leaf, MEDIUM_GPU, gone=False)
             else:
-                reason = "host_pressure" if self.tiers.write_policy == "write_back" else "write_through_unbacked_eviction"
-                self.counters.dropped[reason] += n
+                reason = self._drop_reason()
+                if reason is not None:
+                    self.counters.dropped[reason] += n
                 self._drop(leaf)
             if parent is not self.root and parent.on_device and parent.lock_ref == 0 and not any(
                 c.on_device for c in parent.children.values()
@@ -292,6 +383,17 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, (self._rank(parent), id(parent), parent))
         self.evicted_total += freed
         return freed
+
+    def _drop_reason(self) -> str | None:
+        """The `reason` SGLang records a device node destroyed without a backup under
+        (unified_radix_cache.py): `host_pressure` from the write-back drop fallback,
+        `write_through_unbacked_eviction` only in cache mode under write_through
+        (`_tracks_write_through_unbacked_evictions`); write_through_selective and buffer_only record none."""
+        if self.tiers.write_policy == "write_back":
+            return "host_pressure"
+        if self.tiers.write_policy == "write_through" and not self.tiers.buffer_only:
+            return "write_through_unbacked_eviction"
+        return None
 
     def _device_leaves(self) -> list[Node]:
         out, stack = [], [self.root]
@@ -402,8 +504,8 @@ def tier_families(cache: RadixCache, labels: dict[str, str]) -> list[MetricFamil
     for reason, n in c.dropped.items():
         dropped.add(n, **labels, reason=reason, pool="kv")
     fams.append(dropped)
-    if cache.tiers.storage_backend is not None:
-        store = {**labels, "storage_backend": cache.tiers.storage_backend}
+    if cache.storage_label is not None:  # attached now or before (a detach leaves the series, frozen)
+        store = {**labels, "storage_backend": cache.storage_label}
         unfulfilled = MetricFamily("sglang:storage_prefetch_unfulfilled_tokens_total",
                                    "Storage-hit tokens that did not become a usable prefetch.", "counter")
         for reason, n in c.storage_unfulfilled.items():
@@ -417,4 +519,7 @@ def tier_families(cache: RadixCache, labels: dict[str, str]) -> list[MetricFamil
             MetricFamily("sglang:backuped_tokens_total", "Number of backuped tokens.", "counter")
             .add(c.storage_backup_tokens, **store),
         ]
+        if cache.tiers.buffer_only:
+            fams.append(MetricFamily("sglang:hicache_backup_dropped_tokens_total", "Buffer-mode backup tokens "
+                                     "that never reached L3.", "counter").add(c.backup_dropped_tokens, **store))
     return fams

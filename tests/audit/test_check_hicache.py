@@ -203,7 +203,9 @@ def test_failing_prefetches_warn_with_their_reasons(server: _Server) -> None:
 def test_runtime_state_unreadable_without_or_with_a_wrong_key(server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
     server.state = Sglang(admin_key=None, hit=100)  # the server runs without --admin-api-key: metrics only
     status, message = _found(server, STORAGE)["servers.hicache_storage"]
-    assert (status, message) == ("ok", "storage file (runtime state not read); 100 storage-hit tokens, 0% unfulfilled")
+    assert (status, message) == ("ok", "storage file (runtime state not read); 100 storage-hit tokens, 0% unfulfilled; "
+                                 "runtime state not read: the server runs without --admin-api-key, so SGLang does "
+                                 "not answer it")
     server.state = Sglang(hit=100)
     monkeypatch.setenv("TEST_SGLANG_ADMIN_KEY", "wrong")
     assert _found(server, STORAGE)["servers.hicache_storage"] == (
@@ -229,3 +231,27 @@ def test_parse_reads_one_tp_rank_and_sums_dp_ranks() -> None:
     m = parse_metrics(text)
     assert m.total("sglang:evicted_tokens_total") == 8.0
     assert m.by_reason["sglang:hicache_dropped_tokens_total"] == {"host_pressure": 2.0}
+
+
+def test_an_unset_key_variable_is_named_and_a_detach_remedy_is_the_attach_request(
+        server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TEST_SGLANG_ADMIN_KEY")
+    server.state = Sglang()
+    found = hicache_findings(_profile(server.port, STORAGE), [i for i in instances(_profile(server.port, STORAGE))
+                                                              if i.role == "prefill"])
+    storage = next(f for f in found if f.check == "servers.hicache_storage")
+    assert (storage.status.value, storage.message) == (
+        "unknown", "/hicache/storage-backend: HTTP 401: $TEST_SGLANG_ADMIN_KEY is not set in this environment")
+    assert server.seen_auth == [None]
+    monkeypatch.setenv("TEST_SGLANG_ADMIN_KEY", "s3cret")
+    server.state = Sglang(backend=None)
+    hc = {**STORAGE, "storage": {"backend": "file", "extra_config": {"file_path": "/x"}}, "write_policy": "write_back"}
+    p = _profile(server.port, hc)
+    storage = next(f for f in hicache_findings(p, [i for i in instances(p) if i.role == "prefill"])
+                   if f.check == "servers.hicache_storage")
+    assert storage.status.value == "fail" and storage.remedy is not None
+    assert storage.remedy.startswith(f"re-attach it when no request is running (SGLang refuses otherwise): curl -X PUT "
+                                     f"http://127.0.0.1:{server.port}/hicache/storage-backend -H 'Authorization: Bearer "
+                                     "$TEST_SGLANG_ADMIN_KEY'")
+    assert ('"hicache_storage_backend_extra_config_json": "{\\"file_path\\":\\"/x\\"}", '
+            '"hicache_storage_prefetch_policy": "timeout", "hicache_write_policy": "write_back"}') in storage.remedy

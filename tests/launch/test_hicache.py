@@ -210,6 +210,29 @@ def test_a_sound_section_has_no_findings() -> None:
     ({"write_policy": "write_through"}, {"prefill": ["--disaggregation-decode-allocation-policy", "prefill_complete"]},
      "pf-01-prefill", ("fail", "sglang.hicache.roles: --disaggregation-decode-allocation-policy prefill_complete does "
                                "not support prefill HiCache other than L2 write_back")),
+    # decode-side HiCache: what SGLang's PD and HiCache hooks refuse or rewrite on a decode
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "offload"}, "storage": {"backend": "file"}},
+     {"decode": ["--disaggregation-decode-host-receive-threshold", "0.5", "--page-size", "64"],
+      "prefill": ["--page-size", "64"]}, "dc-01-decode",
+     ("fail", "--disaggregation-decode-host-receive-threshold in the extra args (sglang.extra_args.decode / "
+              "nodes[].overrides.extra_args): decode host receive (a threshold below 1) makes SGLang use host_pool")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix"}}, {"decode": ["--enable-hisparse"]}, "dc-01-decode",
+     ("fail", "--enable-hisparse in the extra args (sglang.extra_args.decode / nodes[].overrides.extra_args): SGLang "
+              "refuses the decode radix cache with --enable-hisparse")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix"}},
+     {"decode": ["--disaggregation-transfer-backend", "fake"]}, "dc-01-decode",
+     ("fail", "--disaggregation-transfer-backend in the extra args (sglang.extra_args.decode / "
+              "nodes[].overrides.extra_args): SGLang refuses the decode radix cache with the fake transfer backend")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix"}},
+     {"decode": ["--disaggregation-decode-host-receive-threshold", "0.5"]}, "dc-01-decode",
+     ("warn", "--disaggregation-decode-host-receive-threshold in the extra args (sglang.extra_args.decode / "
+              "nodes[].overrides.extra_args): decode host receive (--disaggregation-decode-host-receive-threshold < 1) "
+              "shares its layer_first host pool with HiCache: SGLang switches the layout to layer_first")),
+    ({"roles": ["prefill", "decode"], "decode": {"mode": "radix", "storage": {"backend": "mooncake"}}},
+     {"decode": ["--disaggregation-decode-host-receive-threshold", "0.5", "--page-size", "64"],
+      "prefill": ["--page-size", "64"]}, "dc-01-decode",
+     ("fail", "sglang.hicache.decode.storage.backend: decode host receive (--disaggregation-decode-host-receive-threshold "
+              "< 1) needs the layer_first host layout")),
 ])  # fmt: skip
 def test_effective_command_line_rules(hicache: dict[str, Any] | None, extra: dict[str, list[str]], instance: str,
                                       expected: tuple[str, str]) -> None:
@@ -370,3 +393,80 @@ def test_sglang_rewrites_what_the_profile_refuses(flags: list[str], field: str, 
 def test_sglang_refuses_what_the_profile_refuses(flags: list[str], fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         _sglang_resolves(["--model-path", "/m", "--enable-hierarchical-cache", *flags])
+
+
+# ---- launch --check-args: SGLang's HiCache hooks, and the rules of handle_cache_compatibility ----------------
+
+
+def _checked(p: Profile) -> dict[str, Any]:
+    return {r.instance: r for r in check_instances([(i, build_argv(p, i).argv) for i in instances(p)])}
+
+
+@pytest.mark.sglang
+@needs_sglang
+@pytest.mark.parametrize(("extra", "hook", "fragment"), [
+    # a PD decode runs without a radix cache (handle_pd_disaggregation), then HiCache there is refused
+    (["--enable-hierarchical-cache"], "handle_cache_compatibility (HiCache rules)",
+     "enable-hierarchical-cache and disable-radix-cache are mutually exclusive"),
+    (["--enable-hierarchical-cache", "--disaggregation-decode-enable-radix-cache", "--hicache-host-memory-mode",
+      "buffer_only", "--hicache-storage-backend", "file"], "handle_hicache", "not supported on decode instances"),
+    (["--disaggregation-decode-enable-offload-kvcache"], "handle_cache_compatibility (HiCache rules)",
+     "only supported when hicache-storage-backend is provided"),
+    (["--disaggregation-decode-enable-offload-kvcache", "--hicache-storage-backend", "file",
+      "--disaggregation-decode-retraction-backup", "host_pool"], "handle_cache_compatibility (HiCache rules)",
+     "mutually exclusive: both build a decode host pool"),
+    (["--enable-hierarchical-cache", "--disaggregation-decode-enable-radix-cache", "--hicache-host-memory-fraction",
+      "2"], "handle_hicache_ratio_default", "must be in (0, 1]"),
+    # host receive resolves the retraction backup to host_pool (handle_pd_disaggregation), which offload refuses
+    (["--disaggregation-decode-enable-offload-kvcache", "--hicache-storage-backend", "file",
+      "--disaggregation-decode-host-receive-threshold", "0.5"], "handle_cache_compatibility (HiCache rules)",
+     "mutually exclusive: both build a decode host pool"),
+    (["--enable-hierarchical-cache", "--disaggregation-decode-enable-radix-cache", "--hicache-storage-backend",
+      "mooncake", "--disaggregation-decode-host-receive-threshold", "0.5"], "handle_hicache",
+     "cannot share the layer_first decode host pool"),
+    (["--enable-hierarchical-cache", "--disaggregation-decode-enable-radix-cache", "--enable-hisparse"],
+     "handle_pd_disaggregation", "incompatible with --enable-hisparse"),
+])  # fmt: skip
+def test_check_args_runs_sglangs_hicache_hooks_on_the_decode(extra: list[str], hook: str, fragment: str) -> None:
+    res = _checked(_profile(None, extra_args={"decode": extra}))
+    assert res["pf-01-prefill"].ok
+    bad = res["dc-01-decode"]
+    assert not bad.ok and bad.error is not None and bad.error.startswith(f"{hook}: ") and fragment in bad.error, bad
+
+
+@pytest.mark.sglang
+@needs_sglang
+def test_check_args_accepts_decode_hicache_with_the_decode_radix_cache_and_lists_the_hooks() -> None:
+    res = _checked(_profile({"roles": ["prefill", "decode"], "decode": {"mode": "radix"}}))
+    assert all(r.ok and not r.rewrites for r in res.values()), res
+    assert res["dc-01-decode"].hooks == ["handle_hicache_ratio_default", "handle_pd_disaggregation", "handle_hicache",
+                                         "handle_cache_compatibility (HiCache rules)"]
+
+
+@pytest.mark.sglang
+@needs_sglang
+def test_check_args_warns_of_a_hicache_setting_sglang_rewrites(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    res = _checked(_profile({}, extra_args={"prefill": ["--hicache-io-backend", "direct"]}))
+    assert res["pf-01-prefill"].ok and res["pf-01-prefill"].rewrites == {
+        "--hicache-mem-layout": ("page_first", "page_first_direct")}  # _resolve_layout_io_compatibility
+    path = tmp_path / "p.yaml"
+    path.write_text(json.dumps(_data({}, extra_args={"prefill": ["--hicache-io-backend", "direct"]})))
+    assert main(["launch", "--check-args", "-p", str(path), "--json"]) == 1
+    found = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["check"] == "launch.sglang_parser"]
+    pf = next(f for f in found if f["subject"] == "pf-01-prefill")
+    assert pf["status"] == "warn" and pf["message"].endswith("but its hooks rewrite --hicache-mem-layout page_first -> "
+                                                             "page_first_direct")
+
+
+def test_the_reproduced_cache_compatibility_rules_follow_sglangs_order() -> None:
+    from infer_ctl.core.sglang.hicache_rules import cache_compatibility_error
+
+    ok = {"disaggregation_mode": "null", "enable_hierarchical_cache": True, "disable_radix_cache": False}
+    assert cache_compatibility_error(ok) is None
+    assert "mutually exclusive" in (cache_compatibility_error({**ok, "disable_radix_cache": True}) or "")
+    tlru = {**ok, "radix_eviction_policy": "tlru", "radix_eviction_policy_config": {"threshold": 5,
+                                                                                   "next_prompt_estimate": 5}}
+    assert "got 5 <= 5" in (cache_compatibility_error(tlru) or "")
+    assert cache_compatibility_error({**ok, "enable_lmcache": True}) == ("--enable-lmcache and "
+                                                                        "--enable-hierarchical-cache are mutually exclusive")

@@ -94,7 +94,11 @@ def test_shipped_profiles_pass_sglangs_model_free_resolution_hooks() -> None:
     profile = load_profile("builtin:reference-h100-h200")
     results = check_instances([(i, render_argv(profile, i)) for i in instances(profile)])
     assert all(r.ok for r in results), [r for r in results if not r.ok]
-    assert results[0].hooks == ["handle_pd_disaggregation", "parse_ib_device_config", "speculative algorithm lookup"]
+    assert results[0].hooks == ["handle_hicache_ratio_default", "handle_pd_disaggregation", "parse_ib_device_config",
+                                "speculative algorithm lookup", "handle_hicache", "handle_cache_compatibility (HiCache rules)"]
+    assert all(not r.rewrites for r in results)  # the prefills run HiCache; nothing of it is rewritten
+    decode = next(r for r in results if r.instance.endswith("-decode"))
+    assert decode.hooks == ["handle_pd_disaggregation", "parse_ib_device_config", "speculative algorithm lookup"]
 
 
 @pytest.mark.parametrize(("extra", "fragment"), [

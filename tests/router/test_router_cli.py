@@ -152,6 +152,20 @@ def test_lowercase_bearer_scheme_is_accepted_over_http(mixed: ThreadedSimCluster
         assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
 
 
+@pytest.mark.parametrize(("method", "path"), [("GET", "/admin/status"), ("POST", "/flush_cache"),
+                                              ("POST", "/v1/completions"), ("GET", "/health")])
+def test_two_authorization_headers_are_a_400_on_every_path(mixed: ThreadedSimCluster, method: str, path: str) -> None:
+    """h1 kept the last copy: `wrong` then `tok` passed the admin check, and what the relay forwarded
+    depended on which copy it read."""
+    with start_router_in_thread(router_config(workers=mixed.urls[:1], admin_token="tok")) as handle:
+        two = [("Authorization", "Bearer wrong"), ("Authorization", "Bearer tok")]
+        r = httpx.request(method, handle.url + path, headers=two, json={"prompt": "hi", "max_tokens": 1})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == {"message": "more than one Authorization header; send it once",
+                                     "type": "invalid_request", "code": 400}
+        assert httpx.get(handle.url + "/admin/status", headers={"Authorization": "Bearer tok"}).status_code == 200
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/admin/prefixes", {"name": "x", "text": "t", "replicas": True}),
     ("/admin/prefixes", {"name": "x", "text": "t", "replicas": 65}),

@@ -3,6 +3,7 @@ router's admission queue must give its tenant slot back (and end its trace)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -50,5 +51,34 @@ def test_a_request_cancelled_in_the_admission_queue_gives_its_tenant_slot_back(c
                 time.sleep(0.05)
             assert _inflight(router.url, "a") == 0
         assert _post(router.url, KEY_A).status_code == 200  # not refused by a leaked max_concurrency slot
+    finally:
+        router.stop()
+
+
+def test_tokens_per_minute_reserves_at_admission_so_streams_in_flight_overshoot_by_one(
+        cluster: ThreadedSimCluster) -> None:
+    """Before, tokens were charged only when a request ended: every stream opened while the first ones
+    were still running was admitted (all 6 here, ~1,260 tokens into a 600-token minute)."""
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=600)])
+    body = {**SLOW, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}  # 10 + 200 reserved
+    try:
+        with contextlib.ExitStack() as stack:
+            codes, open_lines = [], []
+            for _ in range(6):
+                r = stack.enter_context(httpx.stream("POST", router.url + "/generate", json=body, timeout=30,
+                                                     headers={"authorization": f"Bearer {KEY_A}"}))
+                codes.append(r.status_code)
+                if r.status_code == 200:
+                    open_lines.append(r.iter_lines())  # kept: a dropped iterator closes the stream
+                    next(open_lines[-1])  # streaming: in flight, nothing reported yet
+            assert codes == [200, 200, 200, 429, 429, 429]  # 600 -> 390 -> 180 -> -30: refused from then on
+            snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
+            assert snap["buckets"]["reserved_tokens"] == 3 * 210 and snap["rejected"] == {"tokens_per_min": 3}, snap
+        deadline = time.monotonic() + 5  # the clients went away: the reservations are settled (kept: computed)
+        while _inflight(router.url, "a") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
+        assert snap["inflight"] == 0 and snap["buckets"]["reserved_tokens"] == 0
+        assert snap["buckets"]["tokens"] < 60  # 600 - 630 + the refill (10/s) while the test ran
     finally:
         router.stop()

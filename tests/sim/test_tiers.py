@@ -15,7 +15,7 @@ from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.from_profile import specs_from_profile
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.radix import RadixCache
-from infer_ctl.sim.tiers import HiRadixCache, TierConfig, WritePolicy
+from infer_ctl.sim.tiers import HiRadixCache, TierConfig, WritePolicy, tier_families
 
 A = list(range(1000, 1060))
 B = list(range(2000, 2060))
@@ -71,7 +71,14 @@ def test_write_through_selective_copies_on_the_second_hit() -> None:
     assert c.host_size == 60
     c.insert(B)
     c.insert(C)  # B (one hit, no copy) is dropped when HBM evicts it... after A, the older one
-    assert c.counters.dropped["write_through_unbacked_eviction"] == 60 and c.match_prefix(A).host == 60
+    assert c.match_prefix(B).length == 0 and c.match_prefix(A).host == 60
+    # SGLang counts write_through_unbacked_eviction under write_through only, in cache mode
+    # (_tracks_write_through_unbacked_evictions, unified_radix_cache.py)
+    assert c.counters.dropped == {"host_pressure": 0, "write_through_unbacked_eviction": 0}
+    wt = _cache(host=50)
+    wt.insert(A)  # 60 tokens do not fit a 50-token host pool: no copy
+    wt.insert(B)
+    assert wt.counters.dropped["write_through_unbacked_eviction"] == 60
 
 
 def test_a_full_host_pool_evicts_its_lru_and_storage_keeps_what_host_drops() -> None:
@@ -184,3 +191,70 @@ def test_the_profile_gives_its_servers_their_tiers() -> None:
     assert cfg is not None and cfg.host_capacity_tokens == 2 * pre.timing().kv_capacity_tokens
     with pytest.raises(ValueError, match="hicache_write_policy must be one of"):
         WorkerSpec("prefill", hicache_ratio=2.0, hicache_write_policy="write_around")  # type: ignore[arg-type]
+
+
+# ---- buffer_only host memory ------------------------------------------------------------------------------
+
+
+def test_buffer_only_keeps_nothing_in_host_and_serves_hits_from_storage() -> None:
+    c = _cache(host=100, storage_backend="file", prefetch_policy="wait_complete", host_memory_mode="buffer_only",
+               policy="write_back")  # fmt: skip
+    assert c.tiers.write_policy == "write_through"  # SGLang resolves write_back so in buffer_only
+    for p in (A, B):
+        c.insert(p)  # 120 > 100 in HBM: A leaves it, kept in storage only
+    assert c.host_size == 0 and c.storage_size == 120 and c.counters.storage_backup_tokens == 120
+    m = c.match_prefix(A)
+    assert (m.length, m.host, m.storage) == (60, 0, 60)
+    c.load_back(m, recompute_seconds=1.0)
+    assert c.host_size == 0 and c.match_prefix(A).storage == 0  # loaded through the buffer into HBM
+    small = _cache(host=50, storage_backend="file", host_memory_mode="buffer_only")
+    small.insert(A)  # a 60-token span does not fit the 50-token staging buffer: it never reaches storage
+    assert small.counters.backup_dropped_tokens == 60 and small.storage_size == 0
+    fams = {f.name: f for f in tier_families(small, {})}
+    assert "sglang:hicache_backup_dropped_tokens_total" in fams
+    assert "sglang:hicache_backup_dropped_tokens_total" not in {f.name for f in tier_families(_cache(), {})}
+
+
+def test_buffer_only_needs_storage_and_is_refused_on_decodes_as_sglang_refuses_it() -> None:
+    with pytest.raises(ValueError, match="buffer_only requires a storage backend"):
+        WorkerSpec("prefill", hicache_ratio=1.2, hicache_host_memory_mode="buffer_only")
+    with pytest.raises(ValueError, match="not supported on decode instances"):
+        WorkerSpec("decode", decode_radix_cache=True, hicache_ratio=1.2, hicache_storage_backend="file",
+                   hicache_host_memory_mode="buffer_only")
+    profile = validate_profile_data({
+        "name": "t",
+        "nodes": [{"name": "pf", "host": "10.0.0.1", "roles": ["prefill"]},
+                  {"name": "dc", "host": "10.0.0.2", "roles": ["decode"]}],
+        "models": {"target": {"path": "/m", "preset": "llama-3.1-70b"}},
+        "sglang": {"hicache": {"host_memory_mode": "buffer_only", "storage": {"backend": "file"}},
+                   "extra_args": {"prefill": ["--page-size", "64"], "decode": ["--page-size", "64"]}},
+    })  # fmt: skip
+    pre, _ = specs_from_profile(profile)
+    assert (pre.hicache_host_memory_mode, pre.hicache_ratio) == ("buffer_only", 1.2)  # SGLang's buffer_only default
+
+
+def test_a_buffer_only_worker_serves_storage_hits_and_check_servers_reads_its_dropped_backups() -> None:
+    common = {"time_scale": 0.05, "cache_capacity_tokens": 1000, "speculative": False, "hicache_storage_backend": "file",
+              "hicache_host_memory_mode": "buffer_only", "hicache_prefetch_policy": "wait_complete"}
+    specs = [WorkerSpec("mixed", hicache_ratio=1.2, **common),  # type: ignore[arg-type]
+             WorkerSpec("mixed", hicache_ratio=0.1, **common)]  # type: ignore[arg-type]  # staging < one prompt
+    with start_cluster_in_thread(specs) as c:
+        ok, starved = c.urls
+        for url in c.urls:
+            for i in range(4):
+                _generate(url, _prompt(i))
+        assert _generate(ok, _prompt(0))["cached_tokens_details"] == {"device": 0, "host": 0, "storage": 399,
+                                                                        "storage_backend": "HiCacheFile"}
+        m = parse_metrics(httpx.get(ok + "/metrics").text)
+        assert m.get("sglang:hicache_host_used_tokens") == 0 and m.total("sglang:hicache_backup_dropped_tokens_total") == 0
+        port = int(starved.rsplit(":", 1)[1])
+        profile = validate_profile_data({
+            "name": "t", "collocated": True,
+            "nodes": [{"name": "n1", "host": "127.0.0.1", "roles": ["prefill"], "overrides": {"extra_args": []}}],
+            "models": {"target": {"path": "/m"}},
+            "sglang": {"collocated": {"port": port}, "extra_args": {"collocated": ["--page-size", "64"]},
+                       "hicache": {"ratio": 0.1, "host_memory_mode": "buffer_only", "storage": {"backend": "file"}}},
+        })  # fmt: skip
+        found = {f.check: (f.status.value, f.message) for f in hicache_findings(profile, instances(profile))}
+        status, message = found["servers.hicache_backup"]
+        assert status == "warn" and message.startswith("1,600 buffer_only backup tokens never reached storage"), message

@@ -309,7 +309,5 @@ def test_constants_match_sglang_source() -> None:
 def test_a_range_error_shows_the_value_in_the_options_unit(
     option: str, value: str, shown: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infer_ctl.cli.main import main
-
     assert main(["plan", "tiers", "--model", "llama-3.1-70b", option, value]) == 64
     assert shown in capsys.readouterr().err

@@ -410,3 +410,29 @@ def test_a_handler_that_raises_still_gets_a_json_500_and_the_connection_lives_on
     assert status == 500 and headers.get("connection") is None
     assert json.loads(body) == error_doc(500, "internal router error; see the router's log", "internal_error")
     assert status2 == 200 and json.loads(body2)["path"] == "/after"
+
+
+@pytest.mark.parametrize(("head", "name"), [
+    (b"Authorization: Bearer right\r\nAuthorization: Bearer wrong\r\n", "Authorization"),
+    (b"authorization: Bearer a\r\nAUTHORIZATION: Bearer b\r\n", "Authorization"),  # names are case-insensitive
+    (b"Host: y\r\n", "Host"),  # with post()'s own Host: x
+])
+def test_a_repeated_single_header_gets_a_json_400_naming_it_and_is_never_handled(srv: Served, head: bytes,
+                                                                                 name: str) -> None:
+    """h1 used to keep the last copy; a relay or check reading another copy would see another token."""
+    before = len(srv.seen)
+    with connect(srv) as s:
+        req = post("/admin/status", b"{}").replace(b"\r\n\r\n", b"\r\n" + head + b"\r\n", 1)  # before the blank line
+        s.sendall(req + post("/after", b"{}"))
+        (status, headers, body), (status2, _, body2) = read_responses(s, 2)
+    assert status == 400 and headers.get("connection") is None  # framing is fine: the connection lives on
+    assert json.loads(body) == error_doc(400, f"more than one {name} header; send it once")
+    assert status2 == 200 and json.loads(body2)["path"] == "/after"
+    assert [p for _, p, _ in srv.seen[before:]] == ["/after"]
+
+
+def test_repeated_headers_that_may_repeat_are_still_handled(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\nAccept: a\r\nAccept: b\r\nAuthorization: Bearer t\r\n\r\n")
+        status, _, body = read_responses(s, 1)[0]
+    assert status == 200 and json.loads(body)["path"] == "/ok"

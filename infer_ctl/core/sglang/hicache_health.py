@@ -26,6 +26,7 @@ The runtime endpoint (`hicache_storage_backend_status`, sglang/srt/entrypoints/h
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,32 +199,90 @@ def judge_backup(inst: Instance, m: HiCacheMetrics) -> Finding:
                 remedy="; ".join(remedies))
 
 
-def judge_storage(inst: Instance, m: HiCacheMetrics, expected_backend: str, status: int | None,
+@dataclass(frozen=True)
+class StorageLaunch:
+    """What the server's command line says about its storage tier (SGLang's defaults where unset), and
+    how the controller reached the runtime endpoint."""
+
+    backend: str
+    extra_config: str | None = None
+    prefetch_policy: str = "timeout"
+    write_policy: str = "write_through"
+    #: the controller's variable holding the admin key (sglang.hicache.admin_api_key_env), and whether set
+    key_env: str | None = None
+    key_set: bool = False
+
+
+def _attach_remedy(inst: Instance, launch: StorageLaunch) -> str:
+    body: dict[str, str] = {"hicache_storage_backend": launch.backend}
+    if launch.extra_config is not None:
+        body["hicache_storage_backend_extra_config_json"] = launch.extra_config
+    body["hicache_storage_prefetch_policy"] = launch.prefetch_policy
+    body["hicache_write_policy"] = launch.write_policy
+    auth = f"Authorization: Bearer ${launch.key_env}" if launch.key_env else "Authorization: Bearer <admin key>"
+    return (f"re-attach it when no request is running (SGLang refuses otherwise): curl -X PUT {inst.url}"
+            f"{STORAGE_ENDPOINT} -H '{auth}' -H 'Content-Type: application/json' -d '{json.dumps(body)}'; "
+            "or restart the server with `inferctl launch --rolling`")
+
+
+def _unreadable(status: int | None, body: Any, launch: StorageLaunch) -> tuple[str, str] | None:
+    """(why, remedy) when the runtime endpoint could not be read for a reason the operator can fix."""
+    if status == 400 and isinstance(body, Mapping) and "admin API key" in str(body.get("error", "")):
+        return ("the server runs without --admin-api-key, so SGLang does not answer it",
+                "give the servers --admin-api-key (sglang.extra_args) and set sglang.hicache.admin_api_key_env")
+    if status in (401, 403):
+        if launch.key_env and not launch.key_set:
+            return (f"HTTP {status}: ${launch.key_env} is not set in this environment",
+                    f"export {launch.key_env} with the servers' --admin-api-key")
+        if not launch.key_env:
+            return (f"HTTP {status}: no admin key was sent",
+                    "set sglang.hicache.admin_api_key_env to the variable holding the servers' --admin-api-key")
+        return f"HTTP {status}, the admin key was refused", (
+            f"set ${launch.key_env} to the servers' --admin-api-key (SGLang accepts only that key here when "
+            "one is set)")
+    return None
+
+
+def judge_storage(inst: Instance, m: HiCacheMetrics, expected_backend: str | StorageLaunch, status: int | None,
                   body: Any) -> list[Finding]:
-    """The storage tier: attached (the runtime endpoint, when readable) and prefetching."""
+    """The storage tier: attached as launched (the runtime endpoint, when readable) and prefetching."""
+    launch = expected_backend if isinstance(expected_backend, StorageLaunch) else StorageLaunch(expected_backend)
+    expected = launch.backend
     out: list[Finding] = []
     check = "servers.hicache_storage"
     attached: str | None = None
+    unread_note = ""
     if status == 200 and isinstance(body, Mapping):
         attached = body.get("hicache_storage_backend")
         if attached is None:
             out.append(Finding.fail(
                 check, inst.node, inst.name,
-                f"storage backend detached at runtime (the profile runs {expected_backend}): no L3 reads or writes",
-                details={"expected": expected_backend, "runtime": body},
-                remedy="re-attach it with PUT /hicache/storage-backend (admin key; only with no requests running), "
-                "or restart the server with `inferctl launch --rolling`"))  # fmt: skip
+                f"storage backend detached at runtime (the profile runs {expected}): no L3 reads or writes",
+                details={"expected": expected, "runtime": dict(body)}, remedy=_attach_remedy(inst, launch)))  # fmt: skip
             return out
-        if attached != expected_backend:
+        if attached != expected:
             out.append(Finding.warn(
                 check, inst.node, inst.name,
-                f"storage backend {attached} attached at runtime, but the profile runs {expected_backend}",
-                details={"expected": expected_backend, "runtime": body},
-                remedy="attach the profile's backend or update the profile"))  # fmt: skip
-    elif status in (401, 403):
-        out.append(Finding.unknown(
-            check, inst.node, inst.name, f"{STORAGE_ENDPOINT}: HTTP {status}, the admin key was refused",
-            remedy="set sglang.hicache.admin_api_key_env to the variable holding the servers' --admin-api-key"))
+                f"storage backend {attached} attached at runtime, but the profile runs {expected}",
+                details={"expected": expected, "runtime": dict(body)},
+                remedy=f"detach it (DELETE {STORAGE_ENDPOINT}) and attach {expected}, or update the profile"))  # fmt: skip
+        else:
+            # a runtime attach to the same backend may change the policies (SGLang: "policies updated")
+            drift = {k: (want, body.get(k)) for k, want in (("hicache_storage_prefetch_policy", launch.prefetch_policy),
+                                                            ("hicache_write_policy", launch.write_policy))
+                     if body.get(k) is not None and body.get(k) != want}  # fmt: skip
+            if drift:
+                what = ", ".join(f"{k} {got} (launched with {want})" for k, (want, got) in drift.items())
+                out.append(Finding.warn(
+                    check, inst.node, inst.name, f"storage {attached} attached, but a runtime attach changed {what}",
+                    details={"runtime": dict(body)}, remedy=_attach_remedy(inst, launch)))  # fmt: skip
+    else:
+        unread = _unreadable(status, body, launch)
+        if unread is not None and status in (401, 403):
+            out.append(Finding.unknown(check, inst.node, inst.name, f"{STORAGE_ENDPOINT}: {unread[0]}",
+                                       remedy=unread[1]))
+        elif unread is not None:
+            unread_note = f"; runtime state not read: {unread[0]}"
     hits, unfulfilled = m.total(PREFETCH_HIT), m.total(PREFETCH_UNFULFILLED)
     reasons = dict(sorted(m.by_reason.get(PREFETCH_UNFULFILLED, {}).items(), key=lambda kv: -kv[1]))
     details = {"prefetch_hit_tokens": int(hits), "unfulfilled_tokens": int(unfulfilled),
@@ -239,8 +298,8 @@ def judge_storage(inst: Instance, m: HiCacheMetrics, expected_backend: str, stat
             f"usable ({', '.join(f'{r} {_n(reasons[r])}' for r in top)})",
             details=details, remedy=why))  # fmt: skip
     elif not out:
-        where = f"{attached} attached" if attached else f"{expected_backend} (runtime state not read)"
+        where = f"{attached} attached" if attached else f"{expected} (runtime state not read)"
         share = f", {unfulfilled / hits:.0%} unfulfilled" if hits else ""
         out.append(Finding.ok(check, inst.node, inst.name,
-                              f"storage {where}; {_n(hits)} storage-hit tokens{share}", details=details))
+                              f"storage {where}; {_n(hits)} storage-hit tokens{share}{unread_note}", details=details))
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang.hicache_argv import (
@@ -45,6 +46,8 @@ EXTRA = "--hicache-storage-backend-extra-config"
 EVICTION_CONFIG = "--radix-eviction-policy-config"
 SESSION = "--enable-session-radix-cache"
 PAGE = "--page-size"
+TRANSFER = "--disaggregation-transfer-backend"
+RECEIVE = "--disaggregation-decode-host-receive-threshold"
 #: SGLang's HiCache best practice with a storage backend: each page is one storage object (one key per
 #: page and rank), so small pages mean many small I/Os
 STORAGE_PAGE_SIZE = 64
@@ -134,7 +137,37 @@ def _instance_findings(profile: Profile, inst: Instance, args: Args) -> list[Fin
     if mode == "decode" and hicache and has(DECODE_RADIX_FLAG):
         j.add("warn", DECODE_RADIX_FLAG, "the decode radix cache is EXPERIMENTAL in SGLang 0.5.23 "
               "(handle_pd_disaggregation logs so)", "watch the decode's hit rate and errors after enabling it")
+        _decode_radix(j, storage)
     return j.out
+
+
+def _decode_radix(j: _Judge, storage: str | None) -> None:
+    """The decode radix cache's own refusals (handle_pd_disaggregation, pd_disaggregation_hook.py:98-108),
+    and the layer_first host pool that decode host receive shares with HiCache (handle_hicache,
+    hicache_hook.py:74-94)."""
+    if "--enable-hisparse" in j.args:
+        j.add("fail", "--enable-hisparse", "SGLang refuses the decode radix cache with --enable-hisparse "
+              "(handle_pd_disaggregation)", "drop --enable-hisparse or the decode radix cache")
+    if j.args.get(TRANSFER) == "fake":
+        j.add("fail", TRANSFER, "SGLang refuses the decode radix cache with the fake transfer backend "
+              "(handle_pd_disaggregation)", "use a real transfer backend, or no decode radix cache")
+    if not _host_receive(j.args):
+        return
+    if storage in ("mooncake", "npu_memcache"):
+        j.add("fail", STORAGE, f"decode host receive (--disaggregation-decode-host-receive-threshold < 1) needs the "
+              f"layer_first host layout, which SGLang switches away from for {storage}, then refuses ('cannot share "
+              "the layer_first decode host pool used by KV transfer', handle_hicache)",
+              "drop the host receive threshold on the decodes, or use another storage backend there")
+    elif (j.args.get(LAYOUT) or "page_first") != "layer_first":
+        j.add("warn", LAYOUT if LAYOUT in j.args else RECEIVE, "decode host receive "
+              "(--disaggregation-decode-host-receive-threshold < 1) shares its layer_first host pool with HiCache: "
+              "SGLang switches the layout to layer_first (handle_hicache)", f"set {LAYOUT} layer_first on the decodes")
+
+
+def _host_receive(args: Args) -> bool:
+    """--disaggregation-decode-host-receive-threshold below 1 (SGLang's default 1.0: off)."""
+    threshold = _float(args.get(RECEIVE))
+    return threshold is not None and threshold < 1
 
 
 def _eviction(j: _Judge) -> None:
@@ -164,6 +197,10 @@ def _offload(j: _Judge, mode: str, storage: str | None) -> None:
         j.add("fail", "--disaggregation-decode-retraction-backup", "host_pool retraction and decode KV offload "
               "both build a decode host pool; SGLang refuses the pair (handle_cache_compatibility)",
               "drop --disaggregation-decode-retraction-backup host_pool")
+    elif _host_receive(j.args):
+        j.add("fail", RECEIVE, "decode host receive (a threshold below 1) makes SGLang use host_pool retraction "
+              "(handle_pd_disaggregation), which decode KV offload refuses: both build a decode host pool "
+              "(handle_cache_compatibility)", "drop the host receive threshold on offloading decodes")
     if (j.args.get(EXTRA) or "").startswith("@"):
         j.add("fail", EXTRA, "the decode's offload manager reads the extra config as inline JSON only "
               "(DecodeKVCacheOffloadManager, disaggregation/decode_kvcache_offload_manager.py)",
@@ -288,3 +325,45 @@ def hicache_findings(profile: Profile, every: list[Instance], chosen: list[Insta
         out.extend(_instance_findings(profile, inst, args[inst.name]))
     out.extend(_node_findings(profile, every, {i.name for i in chosen}, args))
     return out
+
+
+def cache_compatibility_error(cfg: Mapping[str, Any]) -> str | None:
+    """The HiCache rules of SGLang 0.5.23's `handle_cache_compatibility` (arg_groups/kv_cache_hook.py,
+    lines 351-469), reproduced in its order with its messages, on a record its earlier hooks resolved:
+    `launch --check-args` runs those hooks as SGLang's own functions (launch/argcheck.py) and then this,
+    because kv_cache_hook.py imports sglang.srt.configs, which needs transformers (not in the `sglang`
+    extra). Judging the RESOLVED record is the point: `handle_pd_disaggregation` turns the radix cache off
+    on a PD decode, after which `--enable-hierarchical-cache` there is refused (line 393). None: passes."""
+    retraction = cfg.get("disaggregation_decode_retraction_backup")
+    mode = cfg.get("disaggregation_mode")
+    if retraction == "host_pool" and mode != "decode":  # kv_cache_hook.py:353
+        return "--disaggregation-decode-retraction-backup=host_pool is only supported on a PD decode server."
+    if cfg.get("radix_eviction_policy") == "tlru":  # kv_cache_hook.py:375
+        tlru = cfg.get("radix_eviction_policy_config") or {}
+        threshold, estimate = tlru.get("threshold", 0), tlru.get("next_prompt_estimate", 0)
+        if threshold < 0 or estimate < 0:
+            return ("--radix-eviction-policy tlru requires non-negative 'threshold' and 'next_prompt_estimate' in "
+                    f"--radix-eviction-policy-config, got {threshold} and {estimate}.")
+        if threshold <= estimate:
+            return ("--radix-eviction-policy tlru needs 'threshold' greater than 'next_prompt_estimate' in "
+                    f"--radix-eviction-policy-config, got {threshold} <= {estimate}; otherwise no tokens are ever "
+                    "TEL-safe and T-LRU is exactly LRU.")
+    if cfg.get("enable_hierarchical_cache") and cfg.get("disable_radix_cache"):  # kv_cache_hook.py:393
+        return ("The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot "
+                "be used at the same time. Please use only one of them.")
+    if cfg.get("disaggregation_decode_enable_offload_kvcache"):  # kv_cache_hook.py:399
+        if mode != "decode":
+            return "The argument disaggregation-decode-enable-offload-kvcache is only supported for decode side."
+        if cfg.get("hicache_storage_backend") is None:
+            return ("The argument disaggregation-decode-enable-offload-kvcache is only supported when "
+                    "hicache-storage-backend is provided.")
+        if retraction == "host_pool":
+            return ("The arguments disaggregation-decode-enable-offload-kvcache and "
+                    "disaggregation-decode-retraction-backup=host_pool are mutually exclusive: both build a decode "
+                    "host pool.")
+    if cfg.get("enable_lmcache"):  # kv_cache_hook.py:433
+        if cfg.get("enable_hierarchical_cache"):
+            return "--enable-lmcache and --enable-hierarchical-cache are mutually exclusive"
+        if cfg.get("hicache_host_memory_mode") == "buffer_only":  # kv_cache_hook.py:466
+            return "--hicache-host-memory-mode=buffer_only is a HiCache-only mode"
+    return None

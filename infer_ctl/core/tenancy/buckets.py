@@ -1,13 +1,14 @@
 """Token buckets for per-tenant limits (requests per second, tokens per minute).
 
 A bucket holds up to `capacity` units and refills at `rate` units per second. Requests take one unit
-when admitted (`take`). Tokens cannot be taken up front - a request's output length is known only when
-it finished - so token buckets are charged afterwards (`charge`) and may go into debt: a tenant whose
-bucket is empty or in debt is refused until the refill brings it back above zero (`wait_s`). Over a
-long run the tenant gets `rate` tokens per second whatever its request sizes, which is what a
-tokens-per-minute limit promises. The overshoot is bounded by what is in flight when the bucket empties:
-up to the tenant's concurrent requests times their size (one request's size when max_concurrency is 1).
-Charging an estimate at admission (prompt + max_tokens) would bound it to one request; not done yet.
+when admitted (`take`). A request's token count is known only when it finished, so a token bucket is
+charged an estimate at admission (`charge`; core/tenancy/estimate.py: prompt + its max tokens) and
+settled when it ends (`charge` the excess, or `credit` back what it did not use): it may go into debt,
+and a tenant whose bucket is empty or in debt is refused until the refill brings it back above zero
+(`wait_s`). Over a long run the tenant gets `rate` tokens per second whatever its request sizes, which
+is what a tokens-per-minute limit promises. Because every admitted request's estimate is in the bucket
+at once, the overshoot is bounded by one request: the last one admitted while the level was above zero,
+plus whatever the estimates undercount (router/tenants.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class TokenBucket:
         """Take `units` whether or not the bucket holds them (usage known after the fact): it may go negative."""
         self.refill(now)
         self.level -= units
+
+    def credit(self, now: float, units: float) -> None:
+        """Give back `units` charged before (a reservation larger than the use), never above capacity."""
+        self.refill(now)
+        self.level = min(self.capacity, self.level + units)
 
     def allows(self, now: float) -> bool:
         """Whether a charged bucket admits a request now (anything left above zero)."""

@@ -1,0 +1,27 @@
+"""router.kv_events: how the router follows the workers' KV events (docs/router.md, "The exact index").
+
+The launch side (`sglang.kv_events`, SGLang's --kv-events-config) makes workers publish; these keys say
+whether and how the router subscribes. Defaults are RouterConfig's (router/config.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from infer_ctl.profile.base import StrictModel
+
+
+class KvEventsRouting(StrictModel):
+    #: subscribe to the workers whose /server_info advertises kv_events (cache_aware policy only)
+    enabled: bool = True
+    #: the target model's directory (tokenizer.json, tokenizer_config.json) or its tokenizer.json, on
+    #: the router's host, to tokenize prompts as the workers do; relative paths resolve against the
+    #: profile's directory. None: models.target.tokenizer_path or models.target.path
+    tokenizer_path: Annotated[str, Field(min_length=1)] | None = None
+    #: blocks kept per worker stream; more make the stream untrusted (router/kv_subscriber.py)
+    max_blocks: Annotated[int, Field(ge=1024, le=1 << 31)] = 4_000_000
+    #: how long a gap replay (or the start-up replay from seq 0) may take before the stream is untrusted
+    replay_timeout_s: Annotated[float, Field(gt=0, le=300)] = 2.0
+    #: batches a second one publisher may send; more is a flood (the stream is untrusted, paused)
+    max_batches_per_s: Annotated[int, Field(ge=1)] = 5000

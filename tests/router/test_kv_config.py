@@ -1,0 +1,192 @@
+"""The router's KV-events settings: profile keys (router.kv_events), `router serve --kv-*` flags, and
+decode workers that keep a radix cache (SGLang's --disaggregation-decode-enable-radix-cache), which are
+subscribed and shown in `router workers`; decodes without one are not."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infer_ctl.cli.main import main
+from infer_ctl.errors import ProfileError, UsageError
+from infer_ctl.profile import parse_profile_text
+from infer_ctl.router.config import RouterConfig, from_profile
+from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from tests.router.conftest import TIME_SCALE
+from tests.router.kv_publisher import CLEARED, TestPublisher, stored
+
+BASE = """\
+name: t
+nodes:
+  - {name: pf-01, host: 10.0.0.1, roles: [prefill]}
+  - {name: dc-01, host: 10.0.0.2, roles: [decode]}
+models: {target: {path: /models/on-the-nodes}}
+"""
+
+
+def _profile(tmp_path: Path, router: str) -> Any:
+    prof = parse_profile_text(BASE + router, str(tmp_path / "p.yaml"))
+    prof._base_dir = tmp_path  # as load_profile sets it: relative paths resolve against the profile's directory
+    return prof
+
+
+# ---- profile keys --------------------------------------------------------------------------------
+def test_profile_keys_land_on_the_router_config(tmp_path: Path) -> None:
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    prof = _profile(tmp_path, "router:\n  kv_events: {tokenizer_path: tok, max_blocks: 5000, replay_timeout_s: 0.5,"
+                              " max_batches_per_s: 70}\n")
+    cfg = from_profile(prof, env={})
+    assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (True, 5000, 0.5, 70)
+    assert cfg.tokenizer_path == str(tmp_path / "tok")
+    off = from_profile(_profile(tmp_path, "router: {kv_events: {enabled: false}}\n"), env={})
+    assert off.kv_events is False and off.tokenizer_path == "/models/on-the-nodes"  # the default stays soft
+
+
+def test_defaults_are_router_configs() -> None:
+    prof = parse_profile_text(BASE)
+    cfg, plain = from_profile(prof, env={}), RouterConfig()
+    assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (
+        plain.kv_events, plain.kv_max_blocks, plain.kv_replay_timeout_s, plain.kv_max_batches_per_s)
+
+
+@pytest.mark.parametrize(("router", "expected"), [
+    ("router: {kv_events: {replay_timeout_s: 0}}\n", "router.kv_events.replay_timeout_s: Input should be greater than 0"),
+    ("router: {kv_events: {max_blocks: 10}}\n", "router.kv_events.max_blocks: Input should be greater than or equal to 1024"),
+    ("router: {kv_events: {max_batches_per_s: 0}}\n", "router.kv_events.max_batches_per_s: Input should be greater"),
+    ("router: {kv_events: {tokenizer: /m}}\n", "router.kv_events.tokenizer: unknown key 'tokenizer' (did you mean 'tokenizer_path'?)"),
+    ("router: {kv_events: {enabled: maybe}}\n", "router.kv_events.enabled: Input should be a valid boolean"),
+])
+def test_bad_keys_name_the_field(router: str, expected: str) -> None:
+    with pytest.raises(ProfileError) as info:
+        parse_profile_text(BASE + router, "p.yaml")
+    assert any(line.startswith(expected) for line in info.value.errors), info.value.errors
+
+
+def test_a_named_tokenizer_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
+    prof = _profile(tmp_path, "router: {kv_events: {tokenizer_path: missing}}\n")
+    with pytest.raises(UsageError) as info:
+        from_profile(prof, env={})
+    assert "router.kv_events.tokenizer_path 'missing'" in info.value.message
+    assert str(tmp_path / "missing" / "tokenizer.json") in info.value.message
+
+
+# ---- router serve flags --------------------------------------------------------------------------
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
+    """The config `router serve` would run (serve_forever replaced: the flags are what is tested)."""
+    import infer_ctl.router.run as run
+
+    got: list[RouterConfig] = []
+
+    def fake(cfg: RouterConfig, log_level: str) -> int:
+        got.append(cfg)
+        return 0
+
+    monkeypatch.setattr(run, "serve_forever", fake)
+    return got
+
+
+def test_serve_flags_set_the_kv_settings(tmp_path: Path, served: list[RouterConfig]) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")
+    argv = ["router", "serve", "--worker", "http://127.0.0.1:9", "--no-kv-events", "--kv-tokenizer", str(tmp_path),
+            "--kv-replay-timeout", "0.25", "--kv-max-blocks", "2048", "--kv-max-batches-per-s", "9"]
+    assert main(argv) == 0
+    cfg = served[0]
+    assert (cfg.kv_events, cfg.tokenizer_path, cfg.kv_replay_timeout_s, cfg.kv_max_blocks, cfg.kv_max_batches_per_s) == (
+        False, str(tmp_path), 0.25, 2048, 9)
+    assert main(["router", "serve", "--worker", "http://127.0.0.1:9"]) == 0
+    assert served[1].kv_events is True and served[1].kv_max_blocks == RouterConfig().kv_max_blocks
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--kv-tokenizer", "/nonexistent-model"], "--kv-tokenizer '/nonexistent-model': no /nonexistent-model/tokenizer.json"),
+    (["--kv-replay-timeout", "0"], "--kv-replay-timeout"),
+    (["--kv-max-blocks", "5"], "--kv-max-blocks"),
+])
+def test_bad_serve_flags_are_usage_errors(flags: list[str], fragment: str, served: list[RouterConfig],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", *flags]) == 64
+    assert fragment in capsys.readouterr().err
+    assert not served
+
+
+# ---- decodes with a radix cache ------------------------------------------------------------------
+class _StandinDecode:
+    """An HTTP stand-in for an SGLang 0.5.23 decode's /health and /server_info (the simulator's decode
+    has no radix cache): `radix` says whether it runs --disaggregation-decode-enable-radix-cache."""
+
+    def __init__(self, pub: TestPublisher, radix: bool) -> None:
+        info = {"disaggregation_mode": "decode", "disaggregation_decode_enable_radix_cache": radix,
+                "disable_radix_cache": not radix, "page_size": 1, "startup_time": 1.0, "version": "0.5.23",
+                "kv_events": {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": pub.port, "topic": "",
+                              "block_size": 1, "dp_size": 1, "replay_endpoint_port_base": pub.replay_port}}
+        body = json.dumps(info).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                data = body if self.path == "/server_info" else b"" if self.path == "/health" else None
+                self.send_response(200 if data is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data or b"")))
+                self.end_headers()
+                self.wfile.write(data or b"")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.handle_error = lambda *_: None  # type: ignore[method-assign]  # the router closing idle connections
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def decodes() -> Iterator[tuple[TestPublisher, _StandinDecode, TestPublisher, _StandinDecode]]:
+    pub, plain_pub = TestPublisher(), TestPublisher()
+    radix, plain = _StandinDecode(pub, True), _StandinDecode(plain_pub, False)
+    yield pub, radix, plain_pub, plain
+    for x in (radix, plain, pub, plain_pub):
+        x.close()
+
+
+def test_a_decode_with_a_radix_cache_is_subscribed_and_shown(decodes: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    pub, radix, _, plain = decodes
+    pub.batch([CLEARED])
+    pub.batch([stored([11, 12, 13], None, [5, 6, 7])])  # before the router subscribed: learned by replay
+    cluster = start_cluster_in_thread([WorkerSpec("prefill", time_scale=TIME_SCALE)])
+    try:
+        pre = cluster.workers[0]
+        cfg = router_config(prefill=[(pre.url, pre.bootstrap_port)], decode=[radix.url, plain.url], health_interval_s=0.2)
+        with start_router_in_thread(cfg) as router:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                assert main(["router", "workers", "--url", router.url, "--json"]) == 0
+                doc = json.loads(capsys.readouterr().out)
+                rows = {w["url"]: w for w in doc["workers"]}
+                if rows[radix.url].get("index") == "exact" and rows[radix.url].get("kv_blocks") == 3:
+                    break
+                time.sleep(0.1)
+            assert rows[radix.url]["index"] == "exact" and rows[radix.url]["kv_blocks"] == 3, rows[radix.url]
+            assert "index" not in rows[plain.url]  # advertises kv_events, but stores nothing: not subscribed
+            assert "--disaggregation-decode-enable-radix-cache is off" in rows[plain.url]["index_reason"]
+            assert plain.url not in router.router.kv.workers
+            assert main(["router", "workers", "--url", router.url]) == 0
+            out = capsys.readouterr().out
+            assert f"{radix.url}: decode index exact (in sync), 3 blocks\n" in out
+    finally:
+        cluster.stop()
