@@ -63,8 +63,10 @@ def default_processes() -> int:
 
 def fetch_server_info(url: str, timeout: float = 3.0) -> dict[str, Any] | None:
     """A worker's /server_info, or None when it does not answer with a JSON object."""
+    # no proxy from the environment: the router talks to its workers directly (as upstream.py does)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(url + "/server_info", timeout=timeout) as resp:
+        with opener.open(url + "/server_info", timeout=timeout) as resp:
             doc = json.loads(resp.read())
     except (OSError, ValueError):
         return None

@@ -14,7 +14,7 @@ from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.follow import apply_snapshot, snapshot_doc
 from infer_ctl.router.metrics_merge import merge
-from infer_ctl.router.procs import plan, reserve_port
+from infer_ctl.router.procs import fetch_server_info, plan, reserve_port
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.shared_load import SharedLoad, row_cells
 
@@ -146,3 +146,32 @@ def test_a_port_held_by_another_reuseport_listener_is_refused() -> None:
     port, holder = reserve_port("127.0.0.1", 0)
     assert holder is not None and port > 0
     holder.close()
+
+
+def test_server_info_is_read_from_the_worker_itself_not_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Info(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"kv_events": {"endpoint_port_base": 5557}}).encode()
+            self.send_response(200 if self.path == "/server_info" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Info)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert fetch_server_info(url) == {"kv_events": {"endpoint_port_base": 5557}}
+        assert fetch_server_info("http://127.0.0.1:9") is None
+    finally:
+        server.shutdown()
