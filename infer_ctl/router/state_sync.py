@@ -266,6 +266,9 @@ class StateSync:
             return
         self.applied += 1
         self._changes.labels(kind, source).inc()
+        # one line per operator change and replica (rare): when it was in force here, on the wall clock
+        log.info("shared change applied", extra={"kind": kind, "key": key, "rev": rev, "source": source,
+                                                 "applied_at": round(time.time(), 4)})
 
     async def _write(self, kind: str, key: str, record: dict[str, Any], expected: int | None) -> int:
         rest = dumps({"kind": kind, "key": key, "record": record}).decode()[1:]  # the object after its "{"
@@ -331,4 +334,6 @@ class StateSync:
         self.revs[f"worker:{url}"] = max(rev, self.revs.get(f"worker:{url}", 0))
         self.applied += 1
         self._changes.labels("worker", "local").inc()
+        log.info("shared change applied", extra={"kind": "worker", "key": url, "rev": rev, "source": "local",
+                                                 "applied_at": round(time.time(), 4)})
         await self.apply_worker(url, record)
