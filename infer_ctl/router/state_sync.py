@@ -32,6 +32,7 @@ on one replica only would be the divergence this module exists to prevent.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import time
@@ -42,6 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client import Counter, Gauge
 
 from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.errors import UsageError
 from infer_ctl.router.jsonio import dumps, loads
 from infer_ctl.router.proxy import Router
 
@@ -94,6 +96,9 @@ class StateSync:
     def __init__(self, router: Router, *, url: str, password: str | None, namespace: str,
                  apply_worker: WorkerApply, on_prefix_change: Callable[[], None], resync_s: float = 5.0,
                  timeout_s: float = 1.0) -> None:
+        if importlib.util.find_spec("redis") is None:
+            raise UsageError("router.state_store is set but the Redis client (python package redis) is not installed",
+                             remedy="pip install 'inferctl[replicas]'")
         self.router = router
         self.url = url
         self.password = password

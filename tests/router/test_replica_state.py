@@ -153,7 +153,7 @@ def test_profile_replicas_become_the_router_config() -> None:
     cfg = from_profile(prof, listen="127.0.0.1:8002", workers=[], env={"STORE_PW": "s3"})
     assert (cfg.replicas, cfg.state_store, cfg.state_store_password, cfg.state_namespace) == (
         ["127.0.0.1:8001", "127.0.0.1:8002"], "rediss://ops@h:6380/2", "s3", "fleet-a")
-    with pytest.raises(InferctlError, match="router.replicas does not list"):
+    with pytest.raises(InferctlError, match=r"router\.replicas does not list"):
         from_profile(prof, listen="127.0.0.1:8003", workers=[], env={"STORE_PW": "s3"})
     with pytest.raises(InferctlError, match="STORE_PW, which is not set"):
         from_profile(prof, listen="127.0.0.1:8001", workers=[], env={})
