@@ -311,10 +311,18 @@ def test_admin_changes_on_one_replica_are_in_force_on_the_other_within_1s(fleet:
     assert httpx.post(a.url + "/admin/prefixes", json={"name": "short", "text": "Short-lived. " * 10,
                                                         "ttl_s": 1.0}).status_code == 201
     assert wait_for(lambda: b.prefixes().get("short@1", {}).get("state") == "active", timeout=1)
-    assert wait_for(lambda: a.prefixes()["short@1"]["state"] == "expired", timeout=3)
-    t_a = time.monotonic()
-    assert wait_for(lambda: b.prefixes()["short@1"]["state"] == "expired", timeout=3)
-    assert time.monotonic() - t_a < 0.7  # both warmers tick every 0.5 s
+    ends, _ = expiry(a, "short@1")
+    seen: dict[str, float] = {}
+
+    def expired() -> bool:
+        for name, r_ in (("a", a), ("b", b)):
+            if name not in seen and r_.prefixes()["short@1"]["state"] == "expired":
+                seen[name] = time.time()
+        return len(seen) == 2
+
+    assert wait_for(expired, timeout=5)
+    # neither early; each within its warmer's tick (0.5 s) plus a poll at this load
+    assert all(ends - 0.15 <= t <= ends + 1.5 for t in seen.values()), (ends, seen)
 
     # a worker drained on A is drained on B (no new requests from either), and undrained likewise
     victim = fleet.prefills[0]
