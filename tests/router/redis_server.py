@@ -4,6 +4,7 @@ without persistence does in production. Tests skip, naming the package, when the
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,8 @@ REDIS_SERVER = shutil.which("redis-server")
 
 
 def need_redis() -> str:
+    if importlib.util.find_spec("redis") is None:
+        pytest.skip("the Redis client (python package redis) is not installed: pip install -e '.[test]'")
     if REDIS_SERVER is None:
         pytest.skip("redis-server is not installed (Debian package redis-server: apt-get install redis-server, "
                     "or scripts/install-test-deps.sh)")
