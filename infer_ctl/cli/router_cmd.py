@@ -103,6 +103,11 @@ def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False
         c.print(f"router {doc['listen']}: mode {doc['mode']}, policy {doc['policy']}, "
                 f"workers {w['available']}/{w['total']} available, {doc['active_requests']} in flight, "
                 f"index {doc['index']['blocks']} blocks, prefixes {doc['prefixes']['active']} active")
+        store = doc.get("state_store")  # several replicas: where they share their state
+        if store:
+            c.print(f"  state store {store['url']}: " + ("connected" if store["connected"] else
+                    f"UNREACHABLE ({store['error']}): serving with the state held, admin changes refused"),
+                    highlight=False)
         spec = doc.get("speculative") or {}
         for url, d in (spec.get("decodes") or {}).items():
             c.print(f"  speculative {url}: {_spec_cells(d)}", highlight=False)

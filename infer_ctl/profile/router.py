@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Literal, Self
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,6 +17,29 @@ from infer_ctl.profile.tracing import TracingSettings
 PREFIX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_PREFIX_REPLICAS = 64
 PrefixName = Annotated[str, Field(pattern=PREFIX_NAME_PATTERN)]
+ListenAddress = Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+def check_state_store(url: str) -> str:
+    """redis://[user@]host[:port][/db] or rediss:// (TLS). A password in the URL is refused: the profile
+    is not a secret store, it names the environment variable that holds it (state_store_password_env)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"{url!r} is not redis://host:port/db (or rediss:// for TLS)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{url!r} has a bad port") from None
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host")
+    if parts.password is not None:
+        raise ValueError("no password in the URL: put it in an environment variable and name that variable in "
+                         "router.state_store_password_env")
+    db = parts.path.lstrip("/")
+    if (db and not db.isdigit()) or parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: the path is the database number (redis://host:{port or 6379}/0); no query")
+    return url
 
 
 class NamedPrefix(StrictModel):
@@ -76,6 +100,13 @@ class RouterSettings(StrictModel):
     pair_health: PairHealthSettings = Field(default_factory=PairHealthSettings)
     #: the exact index from the workers' KV events (profile/router_kv.py)
     kv_events: KvEventsRouting = Field(default_factory=KvEventsRouting)
+    #: the listen addresses of every `router serve` replica in front of this fleet; more than one needs
+    #: state_store (docs/router.md, "Several replicas")
+    replicas: list[ListenAddress] = Field(default_factory=list)
+    #: where the replicas share named prefixes and worker changes: redis://[user@]host:port/db, rediss:// for TLS
+    state_store: str | None = None
+    #: the environment variable holding the store's password (never the profile itself)
+    state_store_password_env: EnvName | None = None
 
     @field_validator("listen")
     @classmethod
@@ -83,6 +114,30 @@ class RouterSettings(StrictModel):
         if int(v.rsplit(":", 1)[1]) > 65535:
             raise ValueError(f"port of {v!r} is above 65535")
         return v
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, v: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for addr in v:
+            if int(addr.rsplit(":", 1)[1]) > 65535:
+                raise ValueError(f"port of {addr!r} is above 65535")
+            if addr in seen:
+                raise ValueError(f"{addr!r} is listed twice")
+            seen.add(addr)
+        return v
+
+    @field_validator("state_store")
+    @classmethod
+    def _state_store(cls, v: str | None) -> str | None:
+        return None if v is None else check_state_store(v)
+
+    @model_validator(mode="after")
+    def _store_for_replicas(self) -> Self:
+        if len(self.replicas) > 1 and self.state_store is None:
+            raise ValueError(f"router.replicas lists {len(self.replicas)} replicas: router.state_store is required "
+                             "(redis://host:port/db), where they share named prefixes and worker changes")
+        return self
 
     @property
     def listen_host(self) -> str:

@@ -11,12 +11,14 @@ from typing import Any
 
 from aiohttp import web
 
+from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
 from infer_ctl.router.follow import forget_worker
 from infer_ctl.router.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.proxy import Router
+from infer_ctl.router.state_sync import StateSync, StoreUnavailable, VerbRefused
 from infer_ctl.router.warmer import PrefixWarmer
 
 log = logging.getLogger("infer_ctl.router")
@@ -67,6 +69,11 @@ class Admin:
         self.router = router
         self.warmer = warmer
         self.health = health
+        cfg = router.cfg
+        #: with a state store, every change of named prefixes and workers goes through it to every replica
+        self.sync = StateSync(router, url=cfg.state_store, password=cfg.state_store_password,
+                              namespace=cfg.state_namespace, apply_worker=self.apply_worker,
+                              on_prefix_change=warmer.poke) if cfg.state_store else None
 
     def routes(self, app: web.Application) -> None:
         # Auth wraps the admin handlers only: a middleware would run on every data-plane request too.
@@ -131,6 +138,7 @@ class Admin:
                          "total": len(router.prefixes.records())},
             "speculative": _spec_summary(router.spec.snapshot()),
             "kv_events": router.kv.status_doc(),
+            **({"state_store": self.sync.status_doc()} if self.sync is not None else {}),
             **self._processes(),
         }
 
@@ -168,11 +176,20 @@ class Admin:
             modes = {w.role for w in self.router.workers.all()}
             if modes and (("mixed" in modes) != (spec.role == "mixed")):
                 return _err(400, "cannot mix collocated and prefill/decode workers in one router")
-            state = self.router.workers.add(spec)
         except UsageError as exc:
             return _err(400, exc.message)
-        await self.health.check(state)
-        self.warmer.poke()
+        if self.sync is not None:
+            refused = await self._shared_worker(spec.url, {"present": True, **spec.as_dict(), "draining": False})
+            if refused is not None:
+                return refused
+            shared = self.router.workers.by_url.get(spec.url)
+            if shared is None:
+                return _err(409, f"worker {spec.url} was not added (see the router's log)", "conflict")
+            state = shared
+        else:
+            state = self.router.workers.add(spec)
+            await self.health.check(state)
+            self.warmer.poke()
         return _json({"added": state.as_dict(self.router.clock())}, 201)
 
     async def remove_worker(self, request: web.Request) -> web.Response:
@@ -180,11 +197,56 @@ class Admin:
         url = str(body.get("url", "")).rstrip("/")
         if url and "://" not in url:
             url = "http://" + url
-        if url not in self.router.workers.by_url:
+        w = self.router.workers.by_url.get(url)
+        if w is None:
             return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
+        if self.sync is not None:
+            refused = await self._shared_worker(url, {"present": False, **w.spec.as_dict(), "draining": False})
+            if refused is not None:
+                return refused
+        else:
+            self._forget_worker(url)
+        return _json({"removed": url})
+
+    def _forget_worker(self, url: str) -> None:
         forget_worker(self.router, url)
         self.warmer.poke()
-        return _json({"removed": url})
+
+    async def _shared_worker(self, url: str, record: dict[str, Any]) -> web.Response | None:
+        assert self.sync is not None
+        try:
+            await self.sync.change_worker(url, record)
+        except StoreUnavailable as exc:
+            return _err(503, str(exc), "unavailable")
+        return None
+
+    async def apply_worker(self, url: str, record: dict[str, Any]) -> None:
+        """A worker change from the state store (this replica's or another's): add, remove, (un)drain."""
+        router = self.router
+        w = router.workers.by_url.get(url)
+        if not record.get("present"):
+            if w is not None:
+                self._forget_worker(url)
+                log.warning("worker removed (shared change)", extra={"worker": url})
+            return
+        if w is None:
+            role, bport = record.get("role"), record.get("bootstrap_port")
+            modes = {x.role for x in router.workers.all()}
+            if role not in ("prefill", "decode", "mixed") or (bport is not None and not _integer(bport)) or (
+                    modes and ("mixed" in modes) != (role == "mixed")):
+                log.warning("shared worker record ignored: it does not fit this router",
+                            extra={"worker": url, "role": role, "bootstrap_port": bport})
+                return
+            try:
+                w = router.workers.add(worker(url, role, bport))
+            except UsageError as exc:
+                log.warning("shared worker record ignored", extra={"worker": url, "error": exc.message})
+                return
+            w.draining = bool(record.get("draining"))
+            await self.health.check(w)
+            self.warmer.poke()
+            return
+        w.draining = bool(record.get("draining"))
 
     async def drain_worker(self, request: web.Request) -> web.Response:
         """Stop routing new requests to a worker and wait (up to `timeout_s`, default 30) until its
@@ -197,10 +259,14 @@ class Admin:
         timeout = body.get("timeout_s", 30.0)
         if not _number(timeout) or not 0 <= timeout <= 3600:
             return _err(400, "timeout_s must be a number of seconds in 0..3600")
-        if body.get("drain") is False:
-            w.draining = False
+        draining = body.get("drain") is not False
+        if self.sync is not None:
+            refused = await self._shared_worker(url, {"present": True, **w.spec.as_dict(), "draining": draining})
+            if refused is not None:
+                return refused
+        w.draining = draining
+        if not draining:
             return _json({"worker": url, "draining": False, "inflight": w.load_inflight})
-        w.draining = True
         deadline = self.router.clock() + timeout
         while w.load_inflight > 0 and self.router.clock() < deadline and not w.removed:
             await asyncio.sleep(0.02)
@@ -256,48 +322,89 @@ class Admin:
         now = self.router.clock()
         return _json({"prefixes": [r.as_dict(now) for r in self.router.prefixes.records()]})
 
+    async def _change(self, name: str, verb: Any) -> Any:
+        """Run an operator verb on the named prefixes: here, or through the state store on every replica.
+        Returns the verb's result, or the error response."""
+        try:
+            if self.sync is None:
+                return verb(self.router.prefixes, self.router.clock())
+            return await self.sync.change_prefix(name, verb)
+        except VerbRefused as exc:
+            return _err(exc.status, exc.message, exc.kind)
+        except StoreUnavailable as exc:
+            return _err(503, str(exc), "unavailable")
+
+    def _local(self, rec: Any) -> Any:
+        """This replica's copy of a record a verb returned (the verb may have run on the stored copy)."""
+        return self.router.prefixes.get(rec.name, rec.version) or rec
+
     async def add_prefix(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         name, text = body.get("name"), body.get("text")
         if not isinstance(name, str) or not re.match(PREFIX_NAME_PATTERN, name) or not isinstance(text, str) or not text:
             return _err(400, "give name (letters, digits, '.', '_', '-'; up to 128) and text (non-empty)")
-        # A new version (or a renewal) keeps the latest version's settings unless the request gives
-        # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin and the TTL,
-        # also when that version has expired in the meantime.
-        cur = self.router.prefixes.settings(name)
-        ttl = body.get("ttl_s", cur[0] if cur else None)
-        replicas = body["replicas"] if body.get("replicas") is not None else (cur[1] if cur else 1)
-        pin = body["pin"] if body.get("pin") is not None else (cur[2] if cur else False)
-        fmt = body["format"] if body.get("format") is not None else (cur[3] if cur else "text")
-        if (ttl is not None and (not _number(ttl) or ttl <= 0)) or not _integer(replicas) \
-                or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
-            return _err(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer 1..{MAX_PREFIX_REPLICAS}, "
-                        "pin a boolean, format text or chat")
-        rec = self.router.prefixes.register(name, text, now=self.router.clock(), ttl_s=ttl, replicas=replicas,
-                                            pin=pin, fmt=fmt)
+
+        def verb(reg: PrefixRegistry, now: float) -> Any:
+            # A new version (or a renewal) keeps the latest version's settings unless the request gives
+            # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin and the
+            # TTL, also when that version has expired in the meantime.
+            cur = reg.settings(name)
+            ttl = body.get("ttl_s", cur[0] if cur else None)
+            replicas = body["replicas"] if body.get("replicas") is not None else (cur[1] if cur else 1)
+            pin = body["pin"] if body.get("pin") is not None else (cur[2] if cur else False)
+            fmt = body["format"] if body.get("format") is not None else (cur[3] if cur else "text")
+            if (ttl is not None and (not _number(ttl) or ttl <= 0)) or not _integer(replicas) \
+                    or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
+                raise VerbRefused(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer "
+                                  f"1..{MAX_PREFIX_REPLICAS}, pin a boolean, format text or chat", "invalid_request")
+            return reg.register(name, text, now=now, ttl_s=ttl, replicas=replicas, pin=pin, fmt=fmt)
+
+        rec = await self._change(name, verb)
+        if isinstance(rec, web.Response):
+            return rec
         self.warmer.poke()
-        return _json({"prefix": rec.as_dict(self.router.clock())}, 201)
+        return _json({"prefix": self._local(rec).as_dict(self.router.clock())}, 201)
 
     async def expire_prefix(self, request: web.Request) -> web.Response:
-        try:
-            rec = self.router.prefixes.expire(request.match_info["name"], self.router.clock())
-        except KeyError:
-            return _err(404, f"no active prefix {request.match_info['name']!r}; see `inferctl router prefixes`", "not_found")
-        return _json({"prefix": rec.as_dict(self.router.clock())})
+        name = request.match_info["name"]
+
+        def verb(reg: PrefixRegistry, now: float) -> Any:
+            try:
+                return reg.expire(name, now)
+            except KeyError:
+                raise VerbRefused(404, f"no active prefix {name!r}; see `inferctl router prefixes`", "not_found") from None
+
+        rec = await self._change(name, verb)
+        if isinstance(rec, web.Response):
+            return rec
+        return _json({"prefix": self._local(rec).as_dict(self.router.clock())})
 
     async def remove_prefix(self, request: web.Request) -> web.Response:
         """Forget a prefix altogether: every version, its placements and statistics."""
         name = request.match_info["name"]
-        try:
-            versions = self.router.prefixes.remove(name)
-        except KeyError:
-            return _err(404, f"no prefix {name!r}; see `inferctl router prefixes`", "not_found")
+
+        def verb(reg: PrefixRegistry, now: float) -> Any:
+            try:
+                return reg.remove(name)
+            except KeyError:
+                raise VerbRefused(404, f"no prefix {name!r}; see `inferctl router prefixes`", "not_found") from None
+
+        versions = await self._change(name, verb)
+        if isinstance(versions, web.Response):
+            return versions
         return _json({"removed": name, "versions": [r.version for r in versions]})
 
     async def warm_prefix(self, request: web.Request) -> web.Response:
-        try:
-            rec = self.router.prefixes.request_warm(request.match_info["name"], self.router.clock())
-        except KeyError:
-            return _err(404, f"no active prefix {request.match_info['name']!r}; see `inferctl router prefixes`", "not_found")
+        name = request.match_info["name"]
+
+        def verb(reg: PrefixRegistry, now: float) -> Any:
+            try:
+                return reg.request_warm(name, now)
+            except KeyError:
+                raise VerbRefused(404, f"no active prefix {name!r}; see `inferctl router prefixes`", "not_found") from None
+
+        rec = await self._change(name, verb)
+        if isinstance(rec, web.Response):
+            return rec
         self.warmer.poke()
-        return _json({"prefix": rec.as_dict(self.router.clock())})
+        return _json({"prefix": self._local(rec).as_dict(self.router.clock())})

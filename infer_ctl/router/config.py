@@ -106,6 +106,13 @@ class RouterConfig:
     tenant_header: str = "x-inferctl-tenant"
     worker_usd_per_s: dict[str, float] = field(default_factory=dict)
     tracing: TracingConfig | None = None
+    #: several replicas (router/state_sync.py): every replica's listen address, the Redis URL they share
+    #: named prefixes and worker changes through (None: this router keeps its state to itself), its
+    #: password (from the environment) and the key namespace (the profile's name)
+    replicas: list[str] = field(default_factory=list)
+    state_store: str | None = None
+    state_store_password: str | None = None
+    state_namespace: str = "default"
 
     @property
     def mode(self) -> str:
@@ -238,4 +245,18 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
     cfg.worker_usd_per_s = prices_from_profile(profile)
     cfg.tracing = config_from(rs.tracing, env)
     apply_kv_profile(cfg, profile)  # router.kv_events (router/kv_settings.py)
+    _replicas_from(cfg, profile, env)
     return cfg
+
+
+def _replicas_from(cfg: RouterConfig, profile: Profile, env: dict[str, str]) -> None:
+    rs = profile.router
+    cfg.replicas, cfg.state_store, cfg.state_namespace = list(rs.replicas), rs.state_store, profile.name
+    if rs.replicas and not any(parse_listen(r) == (cfg.host, cfg.port) for r in rs.replicas):
+        raise UsageError(f"this router listens on {cfg.host}:{cfg.port}, which router.replicas does not list "
+                         f"({', '.join(rs.replicas)})", remedy="give --listen one of router.replicas, or add it there")
+    if rs.state_store_password_env:
+        cfg.state_store_password = env.get(rs.state_store_password_env)
+        if not cfg.state_store_password:
+            raise UsageError(f"router.state_store_password_env names {rs.state_store_password_env}, which is not set",
+                             remedy=f"export {rs.state_store_password_env}=<the store's password>")

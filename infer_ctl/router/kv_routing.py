@@ -129,6 +129,13 @@ class KvRouting:
         #: what one request already on a prefill costs a new one, in prompt units: the mean uncached
         #: prompt tokens of recent answers (None until the first answer: the policy uses the prompt)
         self.queue_cost: float | None = None
+        #: several replicas (router/state_sync.py sets it): seconds per second this replica may spend
+        #: anchoring, on the request path, prompts it has never seen while the workers hold blocks (another
+        #: replica's traffic cached them); 0: off, every prompt is anchored after its first routing
+        self.first_sight_budget = 0.0
+        self._budget = 0.0
+        self._budget_at = time.monotonic()
+        self.first_sight = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -286,6 +293,33 @@ class KvRouting:
             out[url] = best
         return out, fk
 
+    def anchor_first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int]) -> None:
+        """Anchor now a prompt whose first block this replica never anchored, when some worker holds
+        blocks, within `first_sight_budget`. With one router such a prompt is new to the fleet (routing it
+        as unseen is right); with several, another replica may have cached it, and the lookup after this
+        finds it (docs/router.md, "Several replicas")."""
+        if self.first_sight_budget <= 0 or self.view is None or len(hashes) < 2:
+            return
+        kind = self.kind(endpoint, body)
+        keys = self.keys(kind, body, hashes)
+        spaces = {w.space() for w in self.workers.values() if w.exact}
+        if not spaces or any(self.table(sp, kind).depth(keys) > 0 for sp in spaces):
+            return  # nothing exact to look up in, or its start was seen: the rest is anchored after routing
+        if not any(s.blocks.device for w in self.workers.values() for s in w.streams):
+            return  # nothing cached anywhere: unseen it is
+        now = time.monotonic()
+        self._budget = min(self.first_sight_budget, self._budget + (now - self._budget_at) * self.first_sight_budget)
+        self._budget_at = now
+        if self._budget <= 0:
+            self.first_sight["over_budget"] += 1
+            return
+        t0 = time.perf_counter()
+        self.build(endpoint, body, text, list(hashes), full_key(hashes, text, self.block_chars))
+        took = time.perf_counter() - t0
+        self._budget -= took
+        self.first_sight["anchored"] += 1
+        self.first_sight["seconds"] += took
+
     def prompt_units(self, fk: int, urls: Sequence[str], kind: str = "text") -> int | None:
         for url in urls:
             w = self.workers.get(url)
@@ -395,4 +429,6 @@ class KvRouting:
                 "workers": {u: w.state for u, w in self.workers.items()},
                 "anchors": {f"{kind}/page {ps}{' bigram' if bg else ''}": len(t)
                             for (ps, bg, kind), t in self.tables.items()},
-                "anchor_builds_dropped": self.dropped, "anchor_build_seconds": round(self.build_seconds, 3)}
+                "anchor_builds_dropped": self.dropped, "anchor_build_seconds": round(self.build_seconds, 3),
+                **({"first_sight": {**self.first_sight, "seconds": round(self.first_sight["seconds"], 3)}}
+                   if self.first_sight_budget > 0 else {})}

@@ -109,6 +109,8 @@ class PairPicker:
             return None
         urls = [w.url for w in cands]
         kind = kv.kind(ctx.endpoint, ctx.body)
+        if kv.first_sight_budget > 0:  # several replicas: another one's traffic may have cached it
+            kv.anchor_first_sight(ctx.endpoint, ctx.body, ctx.text, ctx.hashes)
         cached, ctx.full_key = kv.cached(ctx.hashes, ctx.text, urls, kind, ctx.body)
         if not cached:
             return None

@@ -19,7 +19,8 @@ to different workers: the router would be worse at the very thing it is for. Wit
 publishing KV events, each process subscribes and holds the same exact view. Policies without a cache
 index (round_robin, power_of_two, random) share everything they use (in-flight load) and run N
 processes. Tenant limits (rates, concurrency) are enforced per process, so with tenants configured
-the router also runs one process.
+the router also runs one process; so does a replica of several (router.state_store, state_sync.py), whose
+operator state comes from the store rather than from a leader process.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def plan(cfg: RouterConfig, requested: int | None,
         return 1, "one process requested" if requested else "one core"
     if cfg.tenants:
         return 1, "tenant limits are enforced per process: with tenants configured the router runs one process"
+    if cfg.state_store:
+        return 1, ("the router is one of several replicas (router.state_store): a replica runs one process, "
+                   "its operator state comes from the store, not from a leader process")
     if cfg.policy != "cache_aware":
         return n, f"policy {cfg.policy} keeps no cache index; the processes share their in-flight load"
     if not cfg.kv_events:

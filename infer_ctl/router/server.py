@@ -149,6 +149,8 @@ class RouterServer:
             raise UsageError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}",
                              remedy="stop the process using that address or pick another --listen") from None
         self.router.kv.start()
+        if self.admin.sync is not None:  # several replicas: the fleet's named prefixes and worker changes
+            await self.admin.sync.start()
         await self.health.check_all()
         self.health.start()
         if proc is None or proc.leader:
@@ -191,6 +193,8 @@ class RouterServer:
                 await asyncio.sleep(0.02)
             if router.active:
                 log.warning("drain timed out; closing with requests in flight", extra={"active": router.active})
+        if self.admin.sync is not None:
+            await self.admin.sync.stop()
         await self.health.stop()
         await self.warmer.stop()
         if self.sync is not None:

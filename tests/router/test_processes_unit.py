@@ -79,6 +79,8 @@ def test_plan_runs_one_process_without_kv_events() -> None:
     # no cache index to disagree on: the processes share all they use
     assert plan(pd_cfg(policy="round_robin"), 3, lambda url: None)[0] == 3
     assert plan(pd_cfg(), 1, info_with_events) == (1, "one process requested")
+    n, why = plan(pd_cfg(state_store="redis://127.0.0.1:6379/0"), 2, info_with_events)
+    assert n == 1 and "replicas" in why
 
 
 def test_a_follower_takes_the_leaders_workers_drains_and_prefixes() -> None:

@@ -40,6 +40,8 @@ def test_one_line_names_each_missing_part_and_its_command(tmp_path: Path) -> Non
     assert ("sshd: " in line) is not os.access("/usr/sbin/sshd", os.X_OK)
     # visudo, useradd, ... are not on that PATH: the real-sudo tests would skip
     assert "sudo (real-sudo tests): " in line and "apt-get install -y -qq sudo passwd" in line
+    # redis-server is not on that PATH either: the router replica tests would skip
+    assert "redis-server (router replicas): " in line and "apt-get install -y -qq redis-server" in line
     assert line.endswith("scripts/test.sh --install-deps")
 
 

@@ -8,6 +8,12 @@ and is renewed only by the operator (`add` again or `warm`), never by traffic: a
 forever is a pin that never ends (Mooncake#3028). Non-active versions are not warmed and give no
 affinity; they stay listed (with their statistics) until `forget_after_s`.
 
+Several router replicas (router/state_sync.py) share the operator-level state of each name — versions,
+texts, settings, states and absolute times — as the document `export_name` writes and `load_name` reads;
+placements, warm-up progress and statistics stay each replica's own. With `shared_placement` the K
+workers of a prefix are chosen by rendezvous hash instead of load, so replicas that agree on which
+workers are available place it on the same workers without talking to each other.
+
 Re-warming: a replica is warmed again when a request matched there reported fewer cached tokens than
 the prefix holds (observed eviction), or when it went `rewarm_idle_s` without traffic (an idle entry is
 the first an LRU evicts).
@@ -16,7 +22,7 @@ the first an LRU evicts).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -88,6 +94,8 @@ class PrefixRecord:
     #: workers where warming kept failing: placed elsewhere while others are available
     avoid: set[str] = field(default_factory=set)
     stats: PrefixStats = field(default_factory=PrefixStats)
+    #: operator `warm` requests so far: a replica that loads a higher count re-warms its placements
+    warm_requests: int = 0
 
     @property
     def match_key(self) -> str:
@@ -148,8 +156,9 @@ class WarmAction:
 
 class PrefixRegistry:
     def __init__(self, *, rewarm_idle_s: float = 300.0, forget_after_s: float = 3600.0,
-                 max_warm_failures: int = 3) -> None:
+                 max_warm_failures: int = 3, shared_placement: bool = False) -> None:
         self.rewarm_idle_s = rewarm_idle_s
+        self.shared_placement = shared_placement
         self.forget_after_s = forget_after_s
         self.max_warm_failures = max_warm_failures
         self._records: dict[str, list[PrefixRecord]] = {}
@@ -190,6 +199,7 @@ class PrefixRegistry:
         if rec is None:
             raise KeyError(name)
         rec.registered_at = now
+        rec.warm_requests += 1
         for p in rec.placements.values():
             p.needs_rewarm = True
         return rec
@@ -275,10 +285,17 @@ class PrefixRegistry:
                 else:
                     held[url] += 1
         actions: list[WarmAction] = []
+        if self.shared_placement:
+            # the same order and no local load on every replica: each places a prefix where the others do
+            actives.sort(key=lambda r: (r.name, r.version))
         for rec in actives:
             want = min(rec.replicas, len(avail))
-            free = sorted((u for u in avail if u not in rec.placements),
-                          key=lambda u: (u in rec.avoid, held[u], avail[u].load, u))
+            if self.shared_placement:
+                order = {u: (u in rec.avoid, held[u], _rendezvous(rec.name, rec.version, u)) for u in avail}
+                free = sorted((u for u in avail if u not in rec.placements), key=order.__getitem__)
+            else:
+                free = sorted((u for u in avail if u not in rec.placements),
+                              key=lambda u: (u in rec.avoid, held[u], avail[u].load, u))
             for url in free[: max(0, want - len(rec.placements))]:
                 rec.placements[url] = Placement(worker=url)
                 held[url] += 1
@@ -333,3 +350,86 @@ class PrefixRegistry:
     def drop_worker(self, worker: str) -> None:
         for rec in self.records():
             rec.placements.pop(worker, None)
+
+    # ---- the shared document (router/state_sync.py) ----------------------------------------------
+    def get(self, name: str, version: int) -> PrefixRecord | None:
+        return next((r for r in self._records.get(name, []) if r.version == version), None)
+
+    def export_name(self, name: str, wall_offset: float) -> dict[str, object]:
+        """The operator-level state of one name, times made absolute (`now + wall_offset` is the wall
+        clock): what every replica must agree on. `{"removed": true}` when the name is unknown."""
+        versions = self._records.get(name)
+        settings = self._settings.get(name)
+        if not versions and settings is None:
+            return {"name": name, "removed": True}
+        return {
+            "name": name,
+            "settings": list(settings) if settings is not None else None,
+            "versions": [
+                {"version": r.version, "text": r.text, "registered_at": r.registered_at + wall_offset,
+                 "ttl_s": r.ttl_s, "replicas": r.replicas, "pin": r.pin, "fmt": r.fmt, "state": r.state.value,
+                 "ended_at": None if r.ended_at is None else r.ended_at + wall_offset,
+                 "warm_requests": r.warm_requests}
+                for r in versions or []
+            ],
+        }
+
+    def load_name(self, name: str, doc: Mapping[str, object] | None, wall_offset: float) -> None:
+        """Make one name what `doc` (from `export_name`, possibly another replica's) says. A version with
+        the same number and text keeps this replica's placements and statistics; a higher warm-request
+        count re-warms them. Raises ValueError on a malformed document (nothing is changed then)."""
+        if doc is None or doc.get("removed"):
+            self._records.pop(name, None)
+            self._settings.pop(name, None)
+            return
+        raw_versions = doc.get("versions")
+        raw_settings = doc.get("settings")
+        if not isinstance(raw_versions, list):
+            raise ValueError(f"prefix {name!r}: versions is not a list")
+        parsed: list[tuple[int, str, int, dict[str, object]]] = []
+        for v in raw_versions:
+            try:
+                ended = v.get("ended_at")
+                fields: dict[str, object] = {
+                    "registered_at": float(v["registered_at"]) - wall_offset,
+                    "ttl_s": None if v.get("ttl_s") is None else float(v["ttl_s"]),
+                    "replicas": int(v["replicas"]), "pin": bool(v["pin"]), "fmt": str(v["fmt"]),
+                    "state": PrefixState(v["state"]), "ended_at": None if ended is None else float(ended) - wall_offset}
+                parsed.append((int(v["version"]), str(v["text"]), int(v.get("warm_requests", 0)), fields))
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"prefix {name!r}: malformed version: {exc!r}") from None
+        old = {(r.version, r.text): r for r in self._records.get(name, [])}
+        new: list[PrefixRecord] = []
+        for version, text, warm_requests, fields in parsed:
+            rec = old.get((version, text))
+            if rec is None:
+                rec = PrefixRecord(name=name, text=text, version=version, registered_at=0.0, ttl_s=None,
+                                   replicas=1, pin=False)
+            elif warm_requests > rec.warm_requests:
+                for p in rec.placements.values():
+                    p.needs_rewarm = True
+            for key, value in fields.items():
+                setattr(rec, key, value)
+            rec.warm_requests = warm_requests
+            new.append(rec)
+        settings: tuple[float | None, int, bool, str] | None = None
+        if isinstance(raw_settings, list) and len(raw_settings) == 4:
+            ttl, replicas, pin, fmt = raw_settings
+            try:
+                settings = (None if ttl is None else float(ttl), int(replicas), bool(pin), str(fmt))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"prefix {name!r}: malformed settings: {exc!r}") from None
+        if new:
+            self._records[name] = new
+        else:
+            self._records.pop(name, None)
+        if settings is not None:
+            self._settings[name] = settings
+        else:
+            self._settings.pop(name, None)
+
+
+def _rendezvous(name: str, version: int, worker: str) -> str:
+    """Highest-random-weight order of the workers for one prefix version: the same on every replica,
+    and removing a worker moves only the prefixes placed on it."""
+    return hashlib.sha256(f"{name}\0{version}\0{worker}".encode()).hexdigest()

@@ -1,0 +1,347 @@
+"""Several router replicas, one fleet: the operator's changes shared through Redis (docs/router.md,
+"Several replicas").
+
+What replicas must agree on is what an operator changes at runtime: named prefixes (add, new version,
+renewal, expire, warm, remove) and workers (add, remove, drain, undrain). What they agree on without
+this module: the exact index (each replica subscribes to every prefill's KV events) and the global load
+(each polls every worker's /v1/loads). What stays each replica's own: the predicted index, its in-flight
+counts, prefix statistics and warm-up progress.
+
+The store: one hash per fleet (`inferctl:router:{<profile name>}:state`), a field per object
+(`prefix:NAME`, `worker:URL`) holding `{"rev": N, "kind", "key", "record"}`, where N comes from one
+INCR counter, so every change has a fleet-wide order. A change is one Lua script (atomic in Redis):
+compare the field's rev with the one the change was computed from, INCR, HSET, PUBLISH the same value.
+A prefix change is computed on the stored record (not on this replica's copy) in a scratch registry with
+the same verbs a single router runs, so two replicas changing one name at once cannot lose either
+change: the second's compare fails and it recomputes on the first's result. Every replica applies a
+record only when its rev is above the one it holds for that field (messages and resyncs may overlap),
+subscribes before it loads the whole hash (nothing falls between the two), and reloads it every
+`resync_s` (a missed message heals within that).
+
+Times are stored absolute (wall clock): each replica converts them to its own monotonic clock, so TTL
+expiry happens at the same moment everywhere (up to the machines' clock skew: run NTP). A removed
+name is kept as a tombstone record, so a replica that missed the message, or one restarting with the
+name in its profile, does not bring it back. A store that comes back empty (restarted without
+persistence: a new `epoch` key) is re-seeded with what the replicas hold.
+
+Store unreachable: every replica keeps serving with the state it has, shows it (`/admin/status`
+`state_store`, `inferctl_router_state_store_up` 0) and answers admin changes with 503: a change made
+on one replica only would be the divergence this module exists to prevent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client import Counter, Gauge
+
+from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.errors import UsageError
+from infer_ctl.router.jsonio import dumps, loads
+from infer_ctl.router.proxy import Router
+
+log = logging.getLogger("infer_ctl.router.state")
+
+#: compare-and-set of one field; KEYS: hash, rev counter, epoch; ARGV: field, expected rev ("*": any),
+#: the value after its rev (`"kind":...}`), channel, expected epoch. Returns the new rev, -1 when the
+#: field moved on (recompute), -2 when the store is not the one this replica synced with (resync).
+_CAS = """
+if redis.call('GET', KEYS[3]) ~= ARGV[5] then return -2 end
+if ARGV[2] ~= '*' then
+  local cur = redis.call('HGET', KEYS[1], ARGV[1])
+  local rev = 0
+  if cur then rev = tonumber(string.match(cur, '^{"rev":(%d+)')) end
+  if rev ~= tonumber(ARGV[2]) then return -1 end
+end
+local v = redis.call('INCR', KEYS[2])
+local value = '{"rev":' .. v .. ',' .. ARGV[3]
+redis.call('HSET', KEYS[1], ARGV[1], value)
+redis.call('PUBLISH', ARGV[4], value)
+return v
+"""
+
+
+class StoreUnavailable(Exception):
+    """The state store cannot be reached: an admin change would apply to this replica only."""
+
+
+class VerbRefused(Exception):
+    """An operator verb refused the change (bad settings, unknown name): answered as `status`."""
+
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def redact(url: str) -> str:
+    """The store's URL without credentials (the profile never holds a password, a URL given in code may)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+PrefixVerb = Callable[[PrefixRegistry, float], Any]
+WorkerApply = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+class StateSync:
+    def __init__(self, router: Router, *, url: str, password: str | None, namespace: str,
+                 apply_worker: WorkerApply, on_prefix_change: Callable[[], None], resync_s: float = 5.0,
+                 timeout_s: float = 1.0, first_sight_budget: float = 0.05) -> None:
+        if importlib.util.find_spec("redis") is None:
+            raise UsageError("router.state_store is set but the Redis client (python package redis) is not installed",
+                             remedy="pip install 'inferctl[replicas]'")
+        self.router = router
+        self.url = url
+        self.password = password
+        self.resync_s = resync_s
+        self.timeout_s = timeout_s
+        self.apply_worker = apply_worker
+        self.on_prefix_change = on_prefix_change
+        ns = f"inferctl:router:{{{namespace}}}"  # one hash tag: every key in one Redis Cluster slot
+        self.namespace = namespace
+        self.hash_key, self.rev_key, self.epoch_key, self.channel = (f"{ns}:state", f"{ns}:rev", f"{ns}:epoch",
+                                                                     f"{ns}:changes")
+        #: replicas place a prefix on the same workers (rendezvous hash, not their own load view)
+        router.prefixes.shared_placement = True
+        #: a prompt first seen here may be cached by another replica's traffic: anchor it before routing,
+        #: within 5 % of this replica's time (kv_routing.py)
+        router.kv.first_sight_budget = first_sight_budget
+        self.revs: dict[str, int] = {}
+        self.epoch: str | None = None
+        self.up = False
+        self.error: str | None = "not connected yet"
+        self.last_sync: float | None = None
+        self.applied = 0
+        self._client: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one change at a time from this replica (each is a few round trips)
+        self._cas: Any = None
+        reg = router.metrics.registry
+        self._up_gauge = Gauge("inferctl_router_state_store_up", "1 while the shared state store is reachable",
+                               registry=reg)
+        self._changes = Counter("inferctl_router_state_changes_total",
+                                "Shared changes applied, by kind (prefix, worker) and source (local, message, resync)",
+                                ["kind", "source"], registry=reg)
+        self._failures = Counter("inferctl_router_state_store_failures_total",
+                                 "Operations on the state store that failed (unreachable, timeout)", registry=reg)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        import redis.asyncio as aioredis  # only with a state store: a single router never loads redis
+
+        self._client = aioredis.from_url(self.url, password=self.password, socket_timeout=self.timeout_s,
+                                         socket_connect_timeout=self.timeout_s, decode_responses=True)
+        self._cas = self._client.register_script(_CAS)
+        try:
+            async with asyncio.timeout(3 * self.timeout_s):
+                await self._sync("start")
+        except Exception as exc:  # any failure: serve with the profile's state, retry below
+            self._down(exc)
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._client is not None:
+            await self._client.aclose()
+
+    def status_doc(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {"url": redact(self.url), "namespace": self.namespace, "connected": self.up, "error": self.error,
+                "epoch": self.epoch, "rev": max(self.revs.values(), default=0), "applied": self.applied,
+                "last_sync_s_ago": None if self.last_sync is None else round(now - self.last_sync, 1),
+                "replicas": list(self.router.cfg.replicas)}
+
+    def _down(self, exc: BaseException) -> None:
+        self._failures.inc()
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if self.up or self.error != reason:
+            log.warning("state store unreachable: serving with the state held, admin changes refused",
+                        extra={"store": redact(self.url), "error": reason})
+        self.up = False
+        self.error = reason
+        self._up_gauge.set(0)
+
+    def _connected(self) -> None:
+        if not self.up:
+            log.info("state store connected", extra={"store": redact(self.url), "epoch": self.epoch})
+        self.up, self.error = True, None
+        self._up_gauge.set(1)
+
+    # ---- the listening loop ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                await self._sync("resync")  # after subscribing: a change between the two is in one or the other
+                next_sync = time.monotonic() + self.resync_s
+                while True:
+                    msg = await pubsub.get_message(timeout=max(0.05, min(1.0, next_sync - time.monotonic())))
+                    if msg is not None and msg.get("type") == "message":
+                        self._apply_raw(msg["data"], "message")
+                    if time.monotonic() >= next_sync:
+                        await self._sync("resync")
+                        next_sync = time.monotonic() + self.resync_s
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # redis-py raises its own and OS errors: retry all
+                self._down(exc)
+            finally:
+                try:
+                    await asyncio.shield(pubsub.aclose())
+                except Exception:  # the connection is gone already
+                    pass
+            await asyncio.sleep(min(0.5, self.resync_s))
+
+    async def _sync(self, source: str) -> None:
+        """Load the whole hash; adopt (or create) the store's epoch; seed what the store lacks."""
+        client = self._client
+        epoch = await client.get(self.epoch_key)
+        if epoch is None:
+            await client.set(self.epoch_key, os.urandom(8).hex(), nx=True)
+            epoch = await client.get(self.epoch_key)
+        fresh = epoch != self.epoch
+        if fresh:
+            if self.epoch is not None:
+                log.warning("state store has a new epoch (restarted empty?): re-seeding it with this replica's state",
+                            extra={"store": redact(self.url), "old": self.epoch, "new": epoch})
+            self.revs.clear()
+            self.epoch = epoch
+        values = await client.hgetall(self.hash_key)
+        async with self._lock:
+            for raw in values.values():
+                self._apply_raw(raw, source)
+            if fresh:
+                await self._seed(values)
+        self.last_sync = time.monotonic()
+        self._connected()
+
+    async def _seed(self, stored: dict[str, str]) -> None:
+        """Write the prefixes this replica holds that the store does not know (its profile's, or all of them
+        after the store lost everything). Another replica seeding the same name first wins: its record is
+        then applied here."""
+        router = self.router
+        offset = time.time() - router.clock()
+        for name in sorted({r.name for r in router.prefixes.records()}):
+            field = f"prefix:{name}"
+            if field in stored:
+                continue
+            doc = router.prefixes.export_name(name, offset)
+            rev = await self._write("prefix", name, doc, expected=0)
+            if rev > 0:
+                self.revs[field] = rev
+            else:
+                self._apply_raw(await self._client.hget(self.hash_key, field), "resync")
+
+    # ---- applying records ------------------------------------------------------------------------
+    def _apply_raw(self, raw: str | None, source: str) -> None:
+        if raw is None:
+            return
+        try:
+            value = loads(raw)
+            rev, kind, key, record = int(value["rev"]), value["kind"], str(value["key"]), value["record"]
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("malformed state record ignored", extra={"error": str(exc), "record": str(raw)[:200]})
+            return
+        field = f"{kind}:{key}"
+        if rev <= self.revs.get(field, 0):
+            return
+        self.revs[field] = rev
+        if kind == "prefix":
+            try:
+                self.router.prefixes.load_name(key, record, time.time() - self.router.clock())
+            except ValueError as exc:
+                log.warning("malformed prefix record ignored", extra={"prefix": key, "error": str(exc)})
+                return
+            self.on_prefix_change()
+        elif kind == "worker" and isinstance(record, dict):
+            self.router.spawn(self.apply_worker(key, record))
+        else:
+            return
+        self.applied += 1
+        self._changes.labels(kind, source).inc()
+        # one line per operator change and replica (rare): when it was in force here, on the wall clock
+        log.info("shared change applied", extra={"kind": kind, "key": key, "rev": rev, "source": source,
+                                                 "applied_at": round(time.time(), 4)})
+
+    async def _write(self, kind: str, key: str, record: dict[str, Any], expected: int | None) -> int:
+        rest = dumps({"kind": kind, "key": key, "record": record}).decode()[1:]  # the object after its "{"
+        rev = await self._cas(keys=[self.hash_key, self.rev_key, self.epoch_key],
+                              args=[f"{kind}:{key}", "*" if expected is None else str(expected), rest, self.channel,
+                                    self.epoch or ""])
+        return int(rev)
+
+    # ---- admin changes ---------------------------------------------------------------------------
+    def _refuse(self) -> StoreUnavailable:
+        return StoreUnavailable(f"the shared state store {redact(self.url)} is unreachable ({self.error}); the change "
+                                "was not made on any replica (a change on one only would make them diverge); retry "
+                                "when `inferctl router status` shows it connected")
+
+    async def change_prefix(self, name: str, verb: PrefixVerb) -> Any:
+        """Run an operator verb on the stored record of `name` and write the result fleet-wide; it is in
+        force here when this returns. `verb(registry, now)` raises VerbRefused to refuse, changing nothing. Returns this replica's view of the verb's result."""
+        if not self.up:
+            raise self._refuse()
+        router = self.router
+        field = f"prefix:{name}"
+        try:
+            async with self._lock:
+                async with asyncio.timeout(5 * self.timeout_s):
+                    for _ in range(16):
+                        raw = await self._client.hget(self.hash_key, field)
+                        value = loads(raw) if raw else None
+                        base_rev = int(value["rev"]) if value else 0
+                        now, offset = router.clock(), time.time() - router.clock()
+                        scratch = PrefixRegistry(rewarm_idle_s=router.prefixes.rewarm_idle_s,
+                                                 forget_after_s=router.prefixes.forget_after_s)
+                        scratch.load_name(name, value["record"] if value else None, offset)
+                        scratch.tick(now)  # a TTL lapsed since the last write counts as it does locally
+                        result = verb(scratch, now)
+                        doc = scratch.export_name(name, offset)
+                        rev = await self._write("prefix", name, doc, expected=base_rev)
+                        if rev == -2:
+                            raise ConnectionError("the store's epoch changed (it restarted); resyncing")
+                        if rev > 0:
+                            self._apply_raw(dumps({"rev": rev, "kind": "prefix", "key": name, "record": doc}).decode(),
+                                            "local")
+                            return result
+                    raise ConnectionError("the record kept changing under 16 attempts")
+        except VerbRefused:
+            raise
+        except Exception as exc:  # redis-py's errors, OS errors, the timeout
+            self._down(exc)
+            raise self._refuse() from None
+
+    async def change_worker(self, url: str, record: dict[str, Any]) -> None:
+        """Write a worker's new state fleet-wide (last writer wins) and apply it here."""
+        if not self.up:
+            raise self._refuse()
+        try:
+            async with self._lock:
+                async with asyncio.timeout(3 * self.timeout_s):
+                    rev = await self._write("worker", url, record, expected=None)
+            if rev <= 0:
+                raise ConnectionError("the store's epoch changed (it restarted); resyncing")
+        except Exception as exc:
+            self._down(exc)
+            raise self._refuse() from None
+        self.revs[f"worker:{url}"] = max(rev, self.revs.get(f"worker:{url}", 0))
+        self.applied += 1
+        self._changes.labels("worker", "local").inc()
+        log.info("shared change applied", extra={"kind": "worker", "key": url, "rev": rev, "source": "local",
+                                                 "applied_at": round(time.time(), 4)})
+        await self.apply_worker(url, record)
