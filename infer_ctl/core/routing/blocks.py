@@ -11,13 +11,14 @@ cached": a prompt is matched by hashing its pages and asking for the deepest has
 refuses what it cannot trust without changing anything: a malformed or unknown event, a list longer than
 `max_event_blocks`, a store under a parent the worker never stored (the stream lost something), more
 blocks than `max_blocks` (bounded memory whatever a publisher sends). The caller then stops trusting the
-stream (router/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU, CPU, ...)
-so host tiers can be scored later; matching reads device blocks only.
+stream (router/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU,
+CPU_PINNED, ...): `holds` reads the device, `tiers` the lower media for the tier-weighted score
+(core/routing/tiers.py, core/routing/anchors.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,27 @@ class WorkerBlocks:
 
     def holds(self, block: int) -> bool:
         return block in self.device
+
+    def tiers(self, weight: Callable[[str], float]) -> list[tuple[float, Callable[[int], bool]]]:
+        """The lower tiers a prompt's chain can continue into, best first: (weight, holds) where
+        `holds(block)` is "on the device or on a medium weighted at least this" (the chain is
+        prefix-closed over the union: SGLang keeps a host page's parent on the device or the host).
+        Empty when the worker holds nothing below the device: the caller's fast path."""
+        media = [(weight(m), s) for m, s in self.other.items() if s]
+        if not media:
+            return []
+        media.sort(key=lambda ms: -ms[0])
+        out: list[tuple[float, Callable[[int], bool]]] = []
+        sets: list[set[int]] = [self.device]
+        i = 0
+        while i < len(media):
+            w = media[i][0]
+            while i < len(media) and media[i][0] == w:  # equal weights: one level
+                sets.append(media[i][1])
+                i += 1
+            level = tuple(sets)
+            out.append((w, lambda b, level=level: any(b in s for s in level)))  # type: ignore[misc]
+        return out
 
     def clear(self) -> None:
         self.device = set()
