@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from infer_ctl.core.routing.prefixes import KEEP_CHOICES
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
@@ -265,12 +266,17 @@ class Admin:
         replicas = body["replicas"] if body.get("replicas") is not None else (cur[1] if cur else 1)
         pin = body["pin"] if body.get("pin") is not None else (cur[2] if cur else False)
         fmt = body["format"] if body.get("format") is not None else (cur[3] if cur else "text")
+        keep = body.get("keep", cur[4] if cur else None)  # null: neither
         if (ttl is not None and (not _number(ttl) or ttl <= 0)) or not _integer(replicas) \
                 or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
             return _err(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer 1..{MAX_PREFIX_REPLICAS}, "
                         "pin a boolean, format text or chat")
+        if keep is not None and keep not in KEEP_CHOICES:
+            return _err(400, f"keep must be hbm, host or null, got {str(keep)[:20]!r}")
+        if keep == "host" and pin:
+            return _err(400, "keep host and pin conflict: pin keeps the prefix in HBM (give keep hbm, or pin false)")
         rec = self.router.prefixes.register(name, text, now=self.router.clock(), ttl_s=ttl, replicas=replicas,
-                                            pin=pin, fmt=fmt)
+                                            pin=pin, fmt=fmt, keep=keep)
         self.warmer.poke()
         return _json({"prefix": rec.as_dict(self.router.clock())}, 201)
 
