@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,8 @@ import httpx
 import pytest
 
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
+from infer_ctl.core.routing.prefixes import TIER_GRACE_S
+from infer_ctl.router.config import PrefixSpec
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
@@ -96,5 +99,45 @@ def test_host_only_holder_loses_to_hbm_holder_and_beats_a_cold_one(
         # the accounting's prediction is the unweighted length, what the worker reports
         rec = done["t-2"]
         assert abs(rec.predicted_tokens - rec.cached_tokens) <= 0.02 * got["meta_info"]["prompt_tokens"]  # type: ignore[attr-defined]
+    finally:
+        router.stop()
+
+
+@pytest.mark.parametrize("keep", ["host", "hbm"])
+def test_named_prefix_keep_follows_the_tier(tier_cluster: ThreadedSimCluster, keep: str) -> None:
+    """keep host: pushed out of HBM into host memory and idle past rewarm_idle_s, it is not warmed again;
+    keep hbm: it is (not for idling: rewarm_idle_s is long there), which loads it back into HBM."""
+    rng = random.Random(12)
+    sysp = "You are the keep test. " + prompt(rng, 500)
+    router = start_router_in_thread(router_config(
+        workers=[w.url for w in tier_cluster.workers], health_interval_s=0.3,
+        rewarm_idle_s=1.0 if keep == "host" else 300.0,
+        prefixes=[PrefixSpec("p", sysp, replicas=1, keep=keep)]))
+    kv, warmer_hashes = router.router.kv, router.router.index.hashes(sysp)
+
+    def doc() -> dict[str, Any]:
+        return httpx.get(router.url + "/admin/prefixes", timeout=5).json()["prefixes"][0]
+
+    def where(url: str) -> str | None:
+        async def get() -> str | None:
+            return kv.residency(warmer_hashes, sysp, url)
+        return router.call(get())
+
+    try:
+        assert wait_for(lambda: exact_everywhere(router, [w.url for w in tier_cluster.workers]))
+        assert wait_for(lambda: doc()["replicas"] and doc()["replicas"][0]["warm"])
+        rep = doc()["replicas"][0]["worker"]
+        assert wait_for(lambda: where(rep) == "hbm")  # the warm-up's pages, anchored by the router
+        assert doc()["keep"] == keep and doc()["stats"]["warmups"] == 1
+        with httpx.Client(timeout=60) as cl:
+            for i in range(3):  # other prompts push it out of the replica's HBM, into its host pool
+                _generate(cl, rep, f"Other tenant {i}. " + prompt(rng, 500))
+        if keep == "host":
+            assert wait_for(lambda: where(rep) == "host")
+            time.sleep(TIER_GRACE_S + 1.5)  # idle past rewarm_idle_s (1 s) and past the grace
+            assert doc()["stats"]["warmups"] == 1 and where(rep) == "host"
+        else:  # warmed again (after the grace) and back in HBM
+            assert wait_for(lambda: doc()["stats"]["warmups"] >= 2, timeout=TIER_GRACE_S + 10)
+            assert wait_for(lambda: where(rep) == "hbm")
     finally:
         router.stop()

@@ -318,13 +318,15 @@ class PrefixRegistry:
     @staticmethod
     def _kept(rec: PrefixRecord, p: Placement, now: float, tiers: Mapping[tuple[str, str], str] | None,
               idle: bool) -> tuple[bool, bool]:
-        """(idle re-warm due, left its tier) of a replica under its prefix's `keep`."""
+        """(idle re-warm due, left its tier) of a replica under its prefix's `keep`. Right after a
+        warm-up the index may not have its events yet: "left" waits TIER_GRACE_S."""
         where = tiers.get((rec.name, p.worker)) if tiers and rec.keep else None
-        if where is None or p.warmed_at is None or now - p.warmed_at < TIER_GRACE_S:
+        if where is None:
             return idle, False
+        settled = p.warmed_at is not None and now - p.warmed_at >= TIER_GRACE_S
         if rec.keep == "host":  # warm while it sits in HBM or host memory, whatever the idle time
-            return idle and where == "none", where == "none"
-        return idle, where != "hbm"  # keep hbm: back to HBM once it left it
+            return idle and where == "none", settled and where == "none"
+        return idle, settled and where != "hbm"  # keep hbm: back to HBM once it left it
 
     def warm_done(self, action: WarmAction, ok: bool, now: float, prompt_tokens: int | None = None) -> None:
         for rec in self._records.get(action.name, []):
