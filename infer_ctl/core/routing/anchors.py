@@ -103,25 +103,27 @@ class AnchorTable:
         (core/routing/tiers.py TierWeights.of), the tier-weighted score: the device part of the chain,
         plus each lower tier's continuation of it times that tier's weight (rounded down). Without it,
         or when the worker holds nothing below the device, the device part alone."""
-        dev = self._deepest(hashes, full_key, depth, held.holds)
+        dev, at = self._deepest(hashes, full_key, depth, held.holds, 0)
         tiers = held.tiers(weight) if weight is not None else None
         if not tiers:
             return dev
         score, reached = float(dev), dev
         for w, holds in tiers:
-            d = self._deepest(hashes, full_key, depth, holds)
+            d, at = self._deepest(hashes, full_key, depth, holds, at)
             if d > reached:
                 score += w * (d - reached)
                 reached = d
         return int(score)
 
-    def _deepest(self, hashes: Sequence[int], full_key: int, depth: int, holds: Callable[[int], bool]) -> int:
-        """Units of the deepest anchor whose block `holds` says is held (the whole prompt's first)."""
+    def _deepest(self, hashes: Sequence[int], full_key: int, depth: int, holds: Callable[[int], bool],
+                 start: int) -> tuple[int, int]:
+        """(units, anchors) of the deepest anchor whose block `holds` says is held, the whole prompt's
+        first (then anchors = depth); the search starts above `start` anchors, known to be held."""
         full = self._full.get(full_key)
         if full is not None and (full.block is None or holds(full.block)):
-            return full.units
+            return full.units, depth
         blocks = self._blocks
-        lo, hi = 0, depth
+        lo, hi = min(start, depth), depth
         while lo < hi:
             mid = (lo + hi + 1) // 2
             a = blocks.get(hashes[mid - 1])
@@ -130,9 +132,9 @@ class AnchorTable:
             else:
                 hi = mid - 1
         if not lo:
-            return 0
+            return 0, 0
         a = blocks.get(hashes[lo - 1])
-        return a.units if a is not None else 0
+        return (a.units if a is not None else 0), lo
 
     def known(self, full_key: int) -> bool:
         return full_key in self._full
