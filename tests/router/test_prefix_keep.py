@@ -4,10 +4,13 @@ profile's and the admin API's validation."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from pydantic import ValidationError
 
+from infer_ctl.cli.main import main
 from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
 from infer_ctl.profile.router import NamedPrefix
@@ -69,7 +72,7 @@ def test_keep_values_and_conflicts_are_refused() -> None:
     assert NamedPrefix.model_validate({"name": "p", "text": "x", "keep": "hbm"}).keep == "hbm"
 
 
-def test_admin_api_keep_field() -> None:
+def test_admin_api_and_cli_keep_field(capsys: pytest.CaptureFixture[str]) -> None:
     router = start_router_in_thread(router_config())
     try:
         url = router.url + "/admin/prefixes"
@@ -82,5 +85,15 @@ def test_admin_api_keep_field() -> None:
         # a new version keeps the setting unless told; null clears it
         assert httpx.post(url, json={"name": "p", "text": "hello v2"}).json()["prefix"]["keep"] == "host"
         assert httpx.post(url, json={"name": "p", "text": "hello v3", "keep": None}).json()["prefix"]["keep"] is None
+        # `inferctl router prefixes add --keep`
+        assert main(["router", "prefixes", "add", "q", "--text", "hi there", "--keep", "hbm", "--url", router.url,
+                     "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["prefix"]["keep"] == "hbm"
+        assert main(["router", "prefixes", "add", "q", "--text", "hi there", "--keep", "none", "--url", router.url,
+                     "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["prefix"]["keep"] is None
+        assert main(["router", "prefixes", "add", "q", "--text", "hi", "--keep", "ssd", "--url", router.url]) != 0
+        assert "--keep must be hbm, host or none" in capsys.readouterr().err
+        assert main(["router", "prefixes", "--url", router.url]) == 0 and "keep" in capsys.readouterr().out
     finally:
         router.stop()
