@@ -82,15 +82,17 @@ class PrefixWarmer:
         out: dict[tuple[str, str], str] = {}
         if kv.view is None:
             return out
+        known, self._hashes = self._hashes, {}  # only the watched versions' chains are kept
         for rec in self.router.prefixes.records():
             if rec.keep is None or rec.state is not PrefixState.ACTIVE:
                 continue
             path, body = self._body(WarmAction(rec.name, rec.version, "", rec.text, rec.fmt, False), False)
             text = self._routing_text(rec.text, rec.fmt)
             key = (rec.name, rec.version)
-            hashes = self._hashes.get(key)
+            hashes = known.get(key)
             if hashes is None:
-                hashes = self._hashes[key] = self.router.index.hashes(text)
+                hashes = self.router.index.hashes(text)
+            self._hashes[key] = hashes
             for url in rec.placements:
                 where = kv.residency(hashes, text, url, kv.kind(path, body), body)
                 if where is not None:
