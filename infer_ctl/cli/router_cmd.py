@@ -282,6 +282,7 @@ def prefixes(
     replicas: Annotated[int | None, typer.Option("--replicas", help="Warm on this many prefill workers (add; default: the current version's, else 1).")] = None,
     pin: Annotated[bool | None, typer.Option("--pin/--no-pin", help="Warm with high priority (add; default: the current version's, else no).")] = None,
     chat: Annotated[bool | None, typer.Option("--chat/--text-format", help="The prefix is a chat system prompt (add; default: the current version's, else text).")] = None,
+    keep: Annotated[str | None, typer.Option("--keep", help="With HiCache: hbm (stay in HBM), host (warm while in host memory) or none (add; default: the current version's, else none).")] = None,
     url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False,
 ) -> None:
     """Named shared prefixes: list them with their replicas and statistics, add (or supersede), expire, warm,
@@ -307,6 +308,11 @@ def prefixes(
                                 "pin": pin, "format": None if chat is None else "chat" if chat else "text"}
         if ttl is not None:
             body["ttl_s"] = ttl or None
+        if keep is not None:
+            if keep not in ("hbm", "host", "none"):
+                raise UsageError(f"--keep must be hbm, host or none, got {keep!r}",
+                                 remedy="--keep hbm: stay in HBM; --keep host: warm while in host memory")
+            body["keep"] = None if keep == "none" else keep
         doc = client.call("POST", "/admin/prefixes", body)
     else:
         doc = client.call("POST", f"/admin/prefixes/{name}/{action}")
@@ -326,14 +332,15 @@ def _read(file: Path | None) -> str:
 
 def _prefix_table(rows: list[dict[str, Any]]) -> Table:
     # cached p/a: predicted / actual cached tokens of its traffic (prefix length in chars: --json)
-    t = _table(["prefix", "ver", "state", "warm", "pin", "expires", "reqs", "hits", "cached p/a"], [p["name"] for p in rows])
+    t = _table(["prefix", "ver", "state", "warm", "pin", "keep", "expires", "reqs", "hits", "cached p/a"],
+               [p["name"] for p in rows])
     for p in rows:
         warm = sum(r["warm"] for r in p["replicas"])
         st = p["stats"]
         # an expired or superseded version is warm nowhere any more: no "2/2" for it
         t.add_row(p["name"], str(p["version"]), p["state"],
                   f"{warm}/{p['replicas_wanted']}" if p["state"] == "active" else "-",
-                  "yes" if p["pin"] else "no", "-" if p["expires_in_s"] is None else f"{p['expires_in_s']:.0f}s",
+                  "yes" if p["pin"] else "no", p.get("keep") or "-", "-" if p["expires_in_s"] is None else f"{p['expires_in_s']:.0f}s",
                   str(st["requests"]), f"{st['hit_rate']:.0%}",
                   f"{st['predicted_cached_tokens']}/{st['actual_cached_tokens']}")
     return t

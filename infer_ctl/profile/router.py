@@ -53,12 +53,34 @@ class NamedPrefix(StrictModel):
     #: text: warmed with /generate and matched against the prompt text; chat: warmed as a system
     #: message with /v1/chat/completions (the worker caches the chat-templated form)
     format: Literal["text", "chat"] = "text"
+    #: with HiCache tiers: hbm (stay in HBM: warmed with the pin's priority, and again when it left HBM)
+    #: or host (warm while it sits in host memory: not re-warmed because it left HBM); core/routing/prefixes.py
+    keep: Literal["hbm", "host"] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
         if (self.text is None) == (self.file is None):
             raise ValueError("give exactly one of text or file")
+        if self.keep == "host" and self.pin:
+            raise ValueError("keep: host conflicts with pin: true (pin keeps the prefix in HBM: use keep: hbm)")
         return self
+
+
+class RouterTiers(StrictModel):
+    """How the router weighs a prompt cached in a worker's HiCache host tier against one in HBM
+    (core/routing/tiers.py, docs/router.md "KV tiers"): aware (the load-time model's weight from these
+    numbers, each defaulting to Llama-3.1-70B BF16 on 8 x H100), blind (every tier as HBM), device
+    (HBM only)."""
+
+    mode: Literal["aware", "blind", "device"] = "aware"
+    #: one TP rank's KV bytes per token (`inferctl plan kv`'s per-rank number)
+    kv_bytes_per_token_per_rank: Annotated[int, Field(ge=1)] | None = None
+    #: the prefill server's prefill rate (`inferctl plan tiers` reads it off its recompute time)
+    prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    #: host -> one GPU, effective (50 GB/s: `inferctl plan tiers --pcie-gbs`'s default)
+    host_gb_s: Annotated[float, Field(gt=0)] | None = None
+    #: the store's read bandwidth for one node (none: a storage-tier token counts 0)
+    storage_gb_s: Annotated[float, Field(gt=0)] | None = None
 
 
 class RouterSettings(StrictModel):
@@ -107,6 +129,7 @@ class RouterSettings(StrictModel):
     state_store: str | None = None
     #: the environment variable holding the store's password (never the profile itself)
     state_store_password_env: EnvName | None = None
+    tiers: RouterTiers = Field(default_factory=RouterTiers)
 
     @field_validator("listen")
     @classmethod

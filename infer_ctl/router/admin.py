@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.core.routing.prefixes import KEEP_CHOICES, PrefixRegistry
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
@@ -346,18 +346,24 @@ class Admin:
 
         def verb(reg: PrefixRegistry, now: float) -> Any:
             # A new version (or a renewal) keeps the latest version's settings unless the request gives
-            # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin and the
-            # TTL, also when that version has expired in the meantime.
+            # them: `prefixes add NAME --file v2.txt` must not silently drop K replicas, the pin, the TTL
+            # and `keep`, also when that version has expired in the meantime.
             cur = reg.settings(name)
             ttl = body.get("ttl_s", cur[0] if cur else None)
             replicas = body["replicas"] if body.get("replicas") is not None else (cur[1] if cur else 1)
             pin = body["pin"] if body.get("pin") is not None else (cur[2] if cur else False)
             fmt = body["format"] if body.get("format") is not None else (cur[3] if cur else "text")
+            keep = body.get("keep", cur[4] if cur else None)  # null: neither
             if (ttl is not None and (not _number(ttl) or ttl <= 0)) or not _integer(replicas) \
                     or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
                 raise VerbRefused(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer "
                                   f"1..{MAX_PREFIX_REPLICAS}, pin a boolean, format text or chat", "invalid_request")
-            return reg.register(name, text, now=now, ttl_s=ttl, replicas=replicas, pin=pin, fmt=fmt)
+            if keep is not None and keep not in KEEP_CHOICES:
+                raise VerbRefused(400, f"keep must be hbm, host or null, got {str(keep)[:20]!r}", "invalid_request")
+            if keep == "host" and pin:
+                raise VerbRefused(400, "keep host and pin conflict: pin keeps the prefix in HBM (give keep hbm, "
+                                  "or pin false)", "invalid_request")
+            return reg.register(name, text, now=now, ttl_s=ttl, replicas=replicas, pin=pin, fmt=fmt, keep=keep)
 
         rec = await self._change(name, verb)
         if isinstance(rec, web.Response):

@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from infer_ctl.core.routing.tiers import (
+    BLIND,
+    DEFAULT_HOST_GB_S,
+    DEFAULT_KV_BYTES_PER_TOKEN_PER_RANK,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    TierWeights,
+    weights_from,
+)
 from infer_ctl.errors import UsageError
 from infer_ctl.router.kv_settings import apply_profile as apply_kv_profile
 from infer_ctl.router.tenants import TenantSpec, prices_from_profile, specs_from_profile
@@ -39,6 +47,7 @@ class PrefixSpec:
     replicas: int = 1
     pin: bool = False
     fmt: str = "text"
+    keep: str | None = None
 
 
 @dataclass
@@ -100,6 +109,15 @@ class RouterConfig:
     kv_max_blocks: int = 4_000_000
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
+    #: KV tiers (core/routing/tiers.py, docs/router.md "KV tiers"): how a prompt cached in a worker's
+    #: HiCache host memory counts next to one in HBM. aware: the load-time model's weight from the
+    #: numbers below (None: the defaults there, Llama-3.1-70B BF16 on 8 x H100); blind: every tier as
+    #: HBM; device: HBM only (host pages ignored)
+    kv_tiers: str = "aware"
+    kv_bytes_per_token_per_rank: int | None = None
+    prefill_tokens_per_s: float | None = None
+    host_gb_s: float | None = None
+    storage_gb_s: float | None = None
     #: tenants (router/tenants.py: keys hashed, limits), the header naming them when none has a key,
     #: each worker role's price in $/s (router.pricing) and tracing (router/tracing.py; None: off)
     tenants: list[TenantSpec] = field(default_factory=list)
@@ -137,9 +155,34 @@ class RouterConfig:
         if self.workers and self.mode == "pd" and not ({"prefill", "decode"} <= roles):
             raise UsageError("PD mode needs at least one prefill and one decode worker",
                              remedy="give --prefill URL[@BOOTSTRAP_PORT] and --decode URL")
+        self.tier_weights()
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
             raise UsageError(f"unknown policy {self.policy!r}",
                              remedy="use cache_aware, round_robin, power_of_two or random")
+
+
+    def tier_weights(self) -> TierWeights | None:
+        """The exact index's tier weights (None: only HBM counts); computed once, at start-up."""
+        if self.kv_tiers == "device":
+            return None
+        if self.kv_tiers == "blind":
+            return BLIND
+        if self.kv_tiers != "aware":
+            raise UsageError(f"kv_tiers must be aware, blind or device, got {self.kv_tiers!r}",
+                             remedy="router.tiers.mode: aware (weigh host hits by their load time), blind or device")
+
+        def given(v: float | None, default: float) -> float:
+            return default if v is None else v
+
+        try:
+            return weights_from(
+                kv_bytes_per_token_per_rank=int(given(self.kv_bytes_per_token_per_rank,
+                                                      DEFAULT_KV_BYTES_PER_TOKEN_PER_RANK)),
+                prefill_tokens_per_s=given(self.prefill_tokens_per_s, DEFAULT_PREFILL_TOKENS_PER_S),
+                host_gb_s=given(self.host_gb_s, DEFAULT_HOST_GB_S), storage_gb_s=self.storage_gb_s)
+        except ValueError as exc:
+            raise UsageError(f"router tier weights: {exc}",
+                             remedy="router.tiers: give positive numbers (docs/router.md, \"KV tiers\")") from None
 
 
 def is_loopback(host: str) -> bool:
@@ -221,7 +264,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
                 workers.append(worker(f"http://{node.host}:{ports['decode']}", "decode"))
     prefixes = [
         PrefixSpec(p.name, _read_prefix_text(profile.base_dir, p.text, p.file), p.ttl_s, p.replicas, p.pin,
-                   p.format)
+                   p.format, p.keep)
         for p in rs.prefixes
     ]
     cfg = RouterConfig(
@@ -239,6 +282,9 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         pair_min_kv_speed_gb_s=rs.pair_health.min_kv_speed_gb_s, pair_max_kv_latency_ms=rs.pair_health.max_kv_latency_ms,
         pair_bad_samples=rs.pair_health.bad_samples, pair_max_failures=rs.pair_health.max_transfer_failures,
         pair_probe_after_s=rs.pair_health.probe_after_s,
+        kv_tiers=rs.tiers.mode, kv_bytes_per_token_per_rank=rs.tiers.kv_bytes_per_token_per_rank,
+        prefill_tokens_per_s=rs.tiers.prefill_tokens_per_s, host_gb_s=rs.tiers.host_gb_s,
+        storage_gb_s=rs.tiers.storage_gb_s,
     )
     cfg.tenants = specs_from_profile(profile, env)
     cfg.tenant_header = rs.tenant_header

@@ -10,7 +10,10 @@ stores also show). The first prefill's `/server_info` also chooses how prompts a
 
 Request path (`cached`): per exact worker, the prompt units it holds (core/routing/anchors.py): a few
 dict lookups and a binary search per worker on the block chain the predicted index computed already.
-Workers whose stream is not exact get None and are scored on the predicted index. After the decision
+Workers whose stream is not exact get None and are scored on the predicted index. With HiCache, a
+prompt's chain continued in a worker's host tier counts at the tier's weight (`tier_weights`,
+core/routing/tiers.py: computed once from the router's configuration), so an HBM hit beats a host
+hit, which beats a cold worker of equal load. After the decision
 (`routed`), the prompt is queued for anchoring, which runs in a background task, newest first when it
 falls behind (a prompt the queue drops is anchored the next time it comes).
 """
@@ -27,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
+from infer_ctl.core.routing.tiers import TierWeights
 from infer_ctl.router.kv_prompts import ChatKeys, PromptView, chat_layout, view_for
 from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
 
@@ -35,6 +39,7 @@ log = logging.getLogger("infer_ctl.router.kv")
 #: SGLang's EAGLE family: its radix cache keys pages by bigrams (RadixKey.maybe_to_bigram_view)
 _BIGRAM_ALGOS = ("EAGLE", "EAGLE3")
 _WILDCARDS = ("*", "0.0.0.0", "::", "[::]", "")
+_ONE = TierWeights().of  # every tier at 1: the unweighted cached length
 
 
 @dataclass
@@ -106,8 +111,12 @@ def endpoints(url: str, desc: dict[str, Any]) -> list[tuple[str, str | None]] | 
 
 class KvRouting:
     def __init__(self, *, enabled: bool = True, block_chars: int = 64, tokenizer_path: str | None = None,
-                 settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None) -> None:
+                 settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None,
+                 tier_weights: TierWeights | None = None) -> None:
         self.enabled = enabled
+        #: what a cached token on a lower tier counts (None: only HBM counts, host pages are ignored)
+        self.tier_weights = tier_weights
+        self._weight = tier_weights.of if tier_weights is not None else None
         self.block_chars = block_chars
         self.tokenizer_path = tokenizer_path
         self.settings = settings or StreamSettings()
@@ -267,9 +276,12 @@ class KvRouting:
         return ChatKeys(hashes, starts, roles, self.block_chars)
 
     def cached(self, hashes: Sequence[int], text: str, urls: Sequence[str], kind: str = "text",
-               body: dict[str, Any] | None = None) -> tuple[dict[str, int], int]:
-        """Exact cached prompt units per worker in `urls` whose stream is exact, and the full-prompt key."""
+               body: dict[str, Any] | None = None, weighted: bool = True) -> tuple[dict[str, int], int]:
+        """Exact cached prompt units per worker in `urls` whose stream is exact, tier-weighted (what
+        the policy scores), and the full-prompt key. `weighted=False`: every tier the router counts
+        at 1, as a worker reports cached tokens (the accounting's number)."""
         fk = full_key(hashes, text, self.block_chars)
+        weight = self._weight if weighted or self._weight is None else _ONE
         hashes = self.keys(kind, body or {}, hashes)
         out: dict[str, int] = {}
         if self.view is None:
@@ -289,7 +301,7 @@ class KvRouting:
                 d = depths[space] = t.depth(hashes)
             best = 0
             for s in w.streams:
-                best = max(best, t.cached_units(hashes, fk, d, s.blocks))
+                best = max(best, t.cached_units(hashes, fk, d, s.blocks, weight))
             out[url] = best
         return out, fk
 
@@ -319,6 +331,26 @@ class KvRouting:
         self._budget -= took
         self.first_sight["anchored"] += 1
         self.first_sight["seconds"] += took
+
+    def residency(self, hashes: Sequence[int], text: str, url: str, kind: str = "text",
+                  body: dict[str, Any] | None = None) -> str | None:
+        """Where a worker holds a whole prompt (a named prefix: `keep`, core/routing/prefixes.py): hbm
+        (90 % of it in HBM), host (90 % counting the lower tiers), none; None when the router cannot
+        tell (the worker's stream is not exact, or the prompt was never anchored)."""
+        w = self.workers.get(url)
+        if self.view is None or w is None or not w.exact:
+            return None
+        fk = full_key(hashes, text, self.block_chars)
+        t = self.tables.get((*w.space(), kind))
+        units = t.prompt_tokens(fk) if t is not None else None
+        if t is None or not units:
+            return None
+        keys = self.keys(kind, body or {}, hashes)
+        d = t.depth(keys)
+        need = 0.9 * max(1, units - w.page_size)  # SGLang matches n - 1 tokens, in whole pages
+        if max(t.cached_units(keys, fk, d, s.blocks) for s in w.streams) >= need:
+            return "hbm"
+        return "host" if max(t.cached_units(keys, fk, d, s.blocks, _ONE) for s in w.streams) >= need else "none"
 
     def prompt_units(self, fk: int, urls: Sequence[str], kind: str = "text") -> int | None:
         for url in urls:

@@ -81,8 +81,13 @@ class PairPicker:
                                         **(exact[0] if exact else {}))
                 ctx.predicted_chars, ctx.reason = choice.matched_chars, choice.reason
                 if exact is not None:  # matched in prompt units: exact where the worker's stream is trusted
-                    ctx.predicted_tokens = choice.matched_chars
                     ctx.exact = choice.url in exact[1]
+                    ctx.predicted_tokens = choice.matched_chars
+                    tw = self.kv.tier_weights if self.kv is not None else None
+                    if ctx.exact and self.kv is not None and tw is not None and not tw.blind:
+                        # the accounting compares it with what the worker reports (every tier): unweighted
+                        ctx.predicted_tokens = self.kv.cached(ctx.hashes, ctx.text, [choice.url], self.kv.kind(
+                            ctx.endpoint, ctx.body), ctx.body, weighted=False)[0].get(choice.url, 0)
                     # what the predicted index alone says, for `router workers` (exact vs predicted)
                     ctx.predicted_chars = self.index.match(ctx.hashes, [choice.url], now)[choice.url]
                 else:  # a retry may take the predicted path after an exact first attempt
@@ -102,8 +107,8 @@ class PairPicker:
 
     def _exact(self, ctx: RequestContext, cands: list[WorkerState], now: float) -> tuple[dict[str, Any], set[str]] | None:
         """The policy's KV-events inputs: cached prompt units per candidate, exact from the events where
-        the worker's stream is trusted, else the predicted index's match converted to tokens; and the
-        workers whose number is exact."""
+        the worker's stream is trusted (tier-weighted), else the predicted index's match converted to
+        tokens; and the workers whose number is exact."""
         kv = self.kv
         if kv is None or kv.view is None or not ctx.hashes or self.policy.policy != "cache_aware":
             return None

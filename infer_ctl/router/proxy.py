@@ -83,7 +83,8 @@ class Router:
                             tokenizer_path=cfg.tokenizer_path, metrics=self.metrics,
                             settings=StreamSettings(max_blocks=cfg.kv_max_blocks,
                                                     replay_timeout_s=cfg.kv_replay_timeout_s,
-                                                    max_batches_per_s=cfg.kv_max_batches_per_s))
+                                                    max_batches_per_s=cfg.kv_max_batches_per_s),
+                            tier_weights=cfg.tier_weights())
         self.kv.chars_per_token = lambda: self.feedback.chars_per_token
         self.picker.kv = self.kv
         self.feedback.kv, self.feedback.index, self.feedback.on_ratio = self.kv, self.index, self._ratio_changed
@@ -95,7 +96,8 @@ class Router:
         self._background: set[asyncio.Task[Any]] = set()
         now = clock()
         for p in cfg.prefixes:
-            self.prefixes.register(p.name, p.text, now=now, ttl_s=p.ttl_s, replicas=p.replicas, pin=p.pin, fmt=p.fmt)
+            self.prefixes.register(p.name, p.text, now=now, ttl_s=p.ttl_s, replicas=p.replicas, pin=p.pin, fmt=p.fmt,
+                                   keep=p.keep)
 
     # ---- state read by the server, health checks, warmer, admin API and metrics -------------------
     @property

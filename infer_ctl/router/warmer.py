@@ -17,9 +17,10 @@ import asyncio
 import logging
 from typing import Any
 
+from infer_ctl.core.routing.anchors import full_key
 from infer_ctl.core.routing.pd import FAKE_BOOTSTRAP_HOST, bootstrap_host, new_room
 from infer_ctl.core.routing.policy import NoWorkerAvailable, choose_decode
-from infer_ctl.core.routing.prefixes import WarmAction
+from infer_ctl.core.routing.prefixes import PrefixState, WarmAction
 from infer_ctl.core.routing.prompt import render_chat
 from infer_ctl.router.jsonio import dumps, loads_or_none
 from infer_ctl.router.proxy import Router
@@ -39,6 +40,8 @@ class PrefixWarmer:
         self.may_fall_back = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        #: the routing text's block chain of each prefix version whose tier is watched (`keep`)
+        self._hashes: dict[tuple[str, int], list[int]] = {}
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -70,8 +73,35 @@ class PrefixWarmer:
             log.warning("named prefix expired", extra={"prefix": rec.name, "version": rec.version})
         router.index.expire(now)
         views = [w.view(now) for w in router.workers.prefill_like()]
-        for action in router.prefixes.plan_warmups(views, now):
+        for action in router.prefixes.plan_warmups(views, now, self._tiers()):
             router.spawn(self.warm(action))
+
+    def _tiers(self) -> dict[tuple[str, str], str]:
+        """Where the exact index says each replica of a prefix with `keep` holds it (hbm, host, none)."""
+        kv = self.router.kv
+        out: dict[tuple[str, str], str] = {}
+        if kv.view is None:
+            return out
+        known, self._hashes = self._hashes, {}  # only the watched versions' chains are kept
+        for rec in self.router.prefixes.records():
+            if rec.keep is None or rec.state is not PrefixState.ACTIVE:
+                continue
+            path, body = self._body(WarmAction(rec.name, rec.version, "", rec.text, rec.fmt, False), False)
+            text = self._routing_text(rec.text, rec.fmt)
+            key = (rec.name, rec.version)
+            hashes = known.get(key)
+            if hashes is None:
+                hashes = self.router.index.hashes(text)
+            self._hashes[key] = hashes
+            for url in rec.placements:
+                where = kv.residency(hashes, text, url, kv.kind(path, body), body)
+                if where is not None:
+                    out[(rec.name, url)] = where
+        return out
+
+    @staticmethod
+    def _routing_text(text: str, fmt: str) -> str:
+        return render_chat([{"role": "system", "content": text}]) if fmt == "chat" else text
 
     def _body(self, action: WarmAction, pin: bool) -> tuple[str, dict[str, Any]]:
         if action.fmt == "chat":
@@ -104,8 +134,11 @@ class PrefixWarmer:
             if ok:
                 tokens = token_counts(loads_or_none(data))[0]
             if ok:
-                text = render_chat([{"role": "system", "content": action.text}]) if action.fmt == "chat" else action.text
-                router.index.insert(router.index.hashes(text), w.url, router.clock())
+                text = self._routing_text(action.text, action.fmt)
+                hashes = router.index.hashes(text)
+                router.index.insert(hashes, w.url, router.clock())
+                # the exact index learns the prefix's pages (anchors) as it does a routed prompt's
+                router.kv.routed(path, body, text, hashes, full_key(hashes, text, router.kv.block_chars))
             log.info("named prefix warmed" if ok else "named prefix warm-up failed",
                      extra={"prefix": action.name, "version": action.version, "worker": action.worker,
                             "pinned": bool(body.get("priority"))})

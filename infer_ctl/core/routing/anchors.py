@@ -11,7 +11,8 @@ request path only looks up; the work runs after the routing decision, once per n
   EAGLE worker) a worker has when it holds that anchor's block, and that block's SGLang hash;
 - `cached_units` finds, per worker, the deepest anchor whose block the worker holds (binary search: a
   radix cache is prefix-closed), plus an anchor for the whole prompt (exactly what an identical
-  request would find: SGLang matches at most n - 1 tokens, in whole pages);
+  request would find: SGLang matches at most n - 1 tokens, in whole pages); with tier weights, the
+  chain's continuation into host memory (storage) counts at the tier's weight (core/routing/tiers.py);
 - `build` tokenizes a prompt as its worker does and hashes its pages with SGLang's chain
   (core/kvevents/hashing.py, the function the simulator publishes with). It resumes from the deepest
   anchor the prompt already has, so a shared prefix is tokenized and hashed once: the next request
@@ -30,7 +31,7 @@ prefix-closed and the binary search valid.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,24 +97,44 @@ class AnchorTable:
                 hi = mid - 1
         return lo
 
-    def cached_units(self, hashes: Sequence[int], full_key: int, depth: int, held: WorkerBlocks) -> int:
-        """Prompt units the worker whose blocks are `held` has cached (0 when unknown)."""
+    def cached_units(self, hashes: Sequence[int], full_key: int, depth: int, held: WorkerBlocks,
+                     weight: Callable[[str], float] | None = None) -> int:
+        """Prompt units the worker whose blocks are `held` has cached (0 when unknown). With `weight`
+        (core/routing/tiers.py TierWeights.of), the tier-weighted score: the device part of the chain,
+        plus each lower tier's continuation of it times that tier's weight (rounded down). Without it,
+        or when the worker holds nothing below the device, the device part alone."""
+        dev, at = self._deepest(hashes, full_key, depth, held.holds, 0)
+        tiers = held.tiers(weight) if weight is not None else None
+        if not tiers:
+            return dev
+        score, reached = float(dev), dev
+        for w, holds in tiers:
+            d, at = self._deepest(hashes, full_key, depth, holds, at)
+            if d > reached:
+                score += w * (d - reached)
+                reached = d
+        return int(score)
+
+    def _deepest(self, hashes: Sequence[int], full_key: int, depth: int, holds: Callable[[int], bool],
+                 start: int) -> tuple[int, int]:
+        """(units, anchors) of the deepest anchor whose block `holds` says is held, the whole prompt's
+        first (then anchors = depth); the search starts above `start` anchors, known to be held."""
         full = self._full.get(full_key)
-        if full is not None and (full.block is None or held.holds(full.block)):
-            return full.units
+        if full is not None and (full.block is None or holds(full.block)):
+            return full.units, depth
         blocks = self._blocks
-        lo, hi = 0, depth
+        lo, hi = min(start, depth), depth
         while lo < hi:
             mid = (lo + hi + 1) // 2
             a = blocks.get(hashes[mid - 1])
-            if a is not None and (a.block is None or held.holds(a.block)):
+            if a is not None and (a.block is None or holds(a.block)):
                 lo = mid
             else:
                 hi = mid - 1
         if not lo:
-            return 0
+            return 0, 0
         a = blocks.get(hashes[lo - 1])
-        return a.units if a is not None else 0
+        return (a.units if a is not None else 0), lo
 
     def known(self, full_key: int) -> bool:
         return full_key in self._full

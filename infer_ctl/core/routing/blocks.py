@@ -11,13 +11,14 @@ cached": a prompt is matched by hashing its pages and asking for the deepest has
 refuses what it cannot trust without changing anything: a malformed or unknown event, a list longer than
 `max_event_blocks`, a store under a parent the worker never stored (the stream lost something), more
 blocks than `max_blocks` (bounded memory whatever a publisher sends). The caller then stops trusting the
-stream (router/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU, CPU, ...)
-so host tiers can be scored later; matching reads device blocks only.
+stream (router/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU,
+CPU_PINNED, ...): `holds` reads the device, `tiers` the lower media for the tier-weighted score
+(core/routing/tiers.py, core/routing/anchors.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,8 @@ class WorkerBlocks:
         self.device: set[int] = set()
         #: blocks on other media (host memory, storage), kept for tiered scoring
         self.other: dict[str, set[int]] = {}
+        #: `tiers` of the last weight function asked, until the next batch changes what is held
+        self._tiers: tuple[Callable[[str], float], list[tuple[float, Callable[[int], bool]]]] | None = None
 
     def __len__(self) -> int:
         return len(self.device) + sum(len(s) for s in self.other.values())
@@ -85,9 +88,39 @@ class WorkerBlocks:
     def holds(self, block: int) -> bool:
         return block in self.device
 
+    def tiers(self, weight: Callable[[str], float]) -> list[tuple[float, Callable[[int], bool]]]:
+        """The lower tiers a prompt's chain can continue into, best first: (weight, holds) where
+        `holds(block)` is "on the device or on a medium weighted at least this" (the chain is
+        prefix-closed over the union: SGLang keeps a host page's parent on the device or the host).
+        Empty when the worker holds nothing below the device: the caller's fast path. Kept until the
+        next batch: the request path builds it once per batch, not once per lookup."""
+        cached = self._tiers
+        if cached is not None and cached[0] == weight:
+            return cached[1]
+        out = self._build_tiers(weight)
+        self._tiers = (weight, out)
+        return out
+
+    def _build_tiers(self, weight: Callable[[str], float]) -> list[tuple[float, Callable[[int], bool]]]:
+        media = [(weight(m), s) for m, s in self.other.items() if s]
+        if not media:
+            return []
+        media.sort(key=lambda ms: -ms[0])
+        out: list[tuple[float, Callable[[int], bool]]] = []
+        sets: list[set[int]] = [self.device]
+        i = 0
+        while i < len(media):
+            w = media[i][0]
+            while i < len(media) and media[i][0] == w:  # equal weights: one level
+                sets.append(media[i][1])
+                i += 1
+            out.append((w, _member(tuple(sets))))
+        return out
+
     def clear(self) -> None:
         self.device = set()
         self.other = {}
+        self._tiers = None
 
     def _set(self, medium: str) -> set[int]:
         if medium == DEVICE:
@@ -103,6 +136,7 @@ class WorkerBlocks:
             raise EventRejected("malformed", "events is not a list")
         plan = self._validate(events)
         eff = BatchEffect()
+        self._tiers = None  # which media are empty may change
         for kind, medium, hashes, ev in plan:
             if kind == "AllBlocksCleared":
                 self.clear()
@@ -174,6 +208,18 @@ class WorkerBlocks:
         out = {DEVICE: len(self.device)}
         out.update({m: len(s) for m, s in self.other.items()})
         return out
+
+
+def _member(sets: tuple[set[int], ...]) -> Callable[[int], bool]:
+    """`block in any of sets`, unrolled for the usual one or two lower media (a generator per test
+    would cost more than the lookup)."""
+    if len(sets) == 2:
+        a, b = sets
+        return lambda h: h in a or h in b
+    if len(sets) == 3:
+        a, b, c = sets
+        return lambda h: h in a or h in b or h in c
+    return lambda h: any(h in s for s in sets)
 
 
 def deepest_held(blocks: WorkerBlocks, chain: Iterable[int | None]) -> int:

@@ -17,6 +17,14 @@ workers are available place it on the same workers without talking to each other
 Re-warming: a replica is warmed again when a request matched there reported fewer cached tokens than
 the prefix holds (observed eviction), or when it went `rewarm_idle_s` without traffic (an idle entry is
 the first an LRU evicts).
+
+`keep` (with HiCache tiers; where the router's exact index, fed by the worker's KV events, knows which
+tier a replica holds the prefix in: `plan_warmups(tiers=...)`):
+- `hbm`: stay in HBM. Warm-ups carry the pin's priority (workers running --radix-eviction-policy
+  priority keep it), and a replica whose prefix left HBM (only in host memory, or gone) is warmed again,
+  which loads it back.
+- `host`: warm enough in host memory. The replica counts as warm while the prefix sits in HBM or in the
+  host tier: no idle re-warm then, and none because it left HBM; only once it left both tiers.
 """
 
 from __future__ import annotations
@@ -27,6 +35,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from infer_ctl.core.routing.policy import WorkerView
+
+#: `keep` values: hbm (stay in HBM), host (warm while in host memory); None: neither (the default)
+KEEP_CHOICES = ("hbm", "host")
+#: seconds after a warm-up before the exact index's word on its tier counts (its KV events in flight)
+TIER_GRACE_S = 5.0
+#: (ttl_s, replicas, pin, fmt, keep): what a re-registration keeps unless it gives new values
+Settings = tuple[float | None, int, bool, str, str | None]
 
 
 class PrefixState(StrEnum):
@@ -86,6 +101,7 @@ class PrefixRecord:
     replicas: int
     pin: bool
     fmt: str = "text"
+    keep: str | None = None
     #: the prefix's length in the worker's tokens, learned from a warm-up's prompt_tokens
     tokens: int | None = None
     state: PrefixState = PrefixState.ACTIVE
@@ -127,6 +143,7 @@ class PrefixRecord:
             "format": self.fmt,
             "replicas_wanted": self.replicas,
             "pin": self.pin,
+            "keep": self.keep,
             "ttl_s": self.ttl_s,
             "expires_in_s": None if exp is None else round(max(0.0, exp - now), 1),
             "replicas": [
@@ -162,26 +179,30 @@ class PrefixRegistry:
         self.forget_after_s = forget_after_s
         self.max_warm_failures = max_warm_failures
         self._records: dict[str, list[PrefixRecord]] = {}
-        #: (ttl_s, replicas, pin, fmt) of names whose versions were all forgotten
-        self._settings: dict[str, tuple[float | None, int, bool, str]] = {}
+        #: the settings of names whose versions were all forgotten
+        self._settings: dict[str, Settings] = {}
 
     # ---- operator verbs -------------------------------------------------------------------------
     def register(self, name: str, text: str, *, now: float, ttl_s: float | None = None, replicas: int = 1,
-                 pin: bool = False, fmt: str = "text") -> PrefixRecord:
+                 pin: bool = False, fmt: str = "text", keep: str | None = None) -> PrefixRecord:
         """Add a prefix, or a new version of it. Same text again renews the TTL and settings."""
         if not text:
             raise ValueError(f"prefix {name!r} is empty")
+        if keep is not None and keep not in KEEP_CHOICES:
+            raise ValueError(f"keep must be hbm or host, got {keep!r}")
+        if keep == "host" and pin:
+            raise ValueError("pin keeps a prefix in HBM: give keep hbm (or no pin) with it, not keep host")
         versions = self._records.setdefault(name, [])
         current = self.active(name)
         if current is not None and current.text == text:
             current.registered_at = now
-            current.ttl_s, current.replicas, current.pin, current.fmt = ttl_s, replicas, pin, fmt
+            current.ttl_s, current.replicas, current.pin, current.fmt, current.keep = ttl_s, replicas, pin, fmt, keep
             return current
         if current is not None:
             current.state = PrefixState.SUPERSEDED
             current.ended_at = now
         rec = PrefixRecord(name=name, text=text, version=(versions[-1].version + 1 if versions else 1),
-                           registered_at=now, ttl_s=ttl_s, replicas=replicas, pin=pin, fmt=fmt)
+                           registered_at=now, ttl_s=ttl_s, replicas=replicas, pin=pin, fmt=fmt, keep=keep)
         versions.append(rec)
         return rec
 
@@ -218,13 +239,13 @@ class PrefixRegistry:
         self._records = records
 
     # ---- lookups --------------------------------------------------------------------------------
-    def settings(self, name: str) -> tuple[float | None, int, bool, str] | None:
-        """(ttl_s, replicas, pin, fmt) of the newest version of a prefix in any state (an expired one,
+    def settings(self, name: str) -> Settings | None:
+        """(ttl_s, replicas, pin, fmt, keep) of the newest version of a prefix in any state (an expired one,
         or one already forgotten): what a re-registration keeps unless it gives new values."""
         versions = self._records.get(name)
         if versions:
             last = versions[-1]
-            return last.ttl_s, last.replicas, last.pin, last.fmt
+            return last.ttl_s, last.replicas, last.pin, last.fmt, last.keep
         return self._settings.get(name)
 
     def active(self, name: str) -> PrefixRecord | None:
@@ -265,13 +286,16 @@ class PrefixRegistry:
                 self._records[name] = keep
             else:  # listed no more, but a later `add NAME` still keeps its settings
                 last = versions[-1]
-                self._settings[name] = (last.ttl_s, last.replicas, last.pin, last.fmt)
+                self._settings[name] = (last.ttl_s, last.replicas, last.pin, last.fmt, last.keep)
                 del self._records[name]
         return expired
 
-    def plan_warmups(self, workers: Sequence[WorkerView], now: float) -> list[WarmAction]:
+    def plan_warmups(self, workers: Sequence[WorkerView], now: float,
+                     tiers: Mapping[tuple[str, str], str] | None = None) -> list[WarmAction]:
         """Place every active prefix on K available workers and say which replicas to (re-)warm.
-        New replicas go to the workers holding the fewest prefixes, then the least loaded."""
+        New replicas go to the workers holding the fewest prefixes, then the least loaded. `tiers`:
+        where the exact index says a replica holds its prefix, per (name, worker): hbm, host or none
+        (absent: unknown); read for prefixes with `keep` only (module docstring)."""
         avail = {w.url: w for w in workers if w.available}
         held: dict[str, int] = dict.fromkeys(avail, 0)
         actives = [r for r in self.records() if r.state is PrefixState.ACTIVE]
@@ -303,10 +327,27 @@ class PrefixRegistry:
                 if p.warming:
                     continue
                 last = max(t for t in (p.warmed_at, p.last_hit, -1e18) if t is not None)
-                if p.needs_rewarm or p.warmed_at is None or now - last >= self.rewarm_idle_s:
-                    p.warming = True
-                    actions.append(WarmAction(rec.name, rec.version, p.worker, rec.text, rec.fmt, rec.pin))
+                idle = now - last >= self.rewarm_idle_s
+                if p.needs_rewarm or p.warmed_at is None or idle or (rec.keep and tiers):
+                    idle, left = self._kept(rec, p, now, tiers, idle)
+                    if p.needs_rewarm or p.warmed_at is None or idle or left:
+                        p.warming = True
+                        actions.append(WarmAction(rec.name, rec.version, p.worker, rec.text, rec.fmt,
+                                                  rec.pin or rec.keep == "hbm"))
         return actions
+
+    @staticmethod
+    def _kept(rec: PrefixRecord, p: Placement, now: float, tiers: Mapping[tuple[str, str], str] | None,
+              idle: bool) -> tuple[bool, bool]:
+        """(idle re-warm due, left its tier) of a replica under its prefix's `keep`. Right after a
+        warm-up the index may not have its events yet: "left" waits TIER_GRACE_S."""
+        where = tiers.get((rec.name, p.worker)) if tiers and rec.keep else None
+        if where is None:
+            return idle, False
+        settled = p.warmed_at is not None and now - p.warmed_at >= TIER_GRACE_S
+        if rec.keep == "host":  # warm while it sits in HBM or host memory, whatever the idle time
+            return idle and where == "none", settled and where == "none"
+        return idle, settled and where != "hbm"  # keep hbm: back to HBM once it left it
 
     def warm_done(self, action: WarmAction, ok: bool, now: float, prompt_tokens: int | None = None) -> None:
         for rec in self._records.get(action.name, []):
@@ -367,7 +408,8 @@ class PrefixRegistry:
             "settings": list(settings) if settings is not None else None,
             "versions": [
                 {"version": r.version, "text": r.text, "registered_at": r.registered_at + wall_offset,
-                 "ttl_s": r.ttl_s, "replicas": r.replicas, "pin": r.pin, "fmt": r.fmt, "state": r.state.value,
+                 "ttl_s": r.ttl_s, "replicas": r.replicas, "pin": r.pin, "fmt": r.fmt, "keep": r.keep,
+                 "state": r.state.value,
                  "ended_at": None if r.ended_at is None else r.ended_at + wall_offset,
                  "warm_requests": r.warm_requests}
                 for r in versions or []
@@ -394,6 +436,7 @@ class PrefixRegistry:
                     "registered_at": float(v["registered_at"]) - wall_offset,
                     "ttl_s": None if v.get("ttl_s") is None else float(v["ttl_s"]),
                     "replicas": int(v["replicas"]), "pin": bool(v["pin"]), "fmt": str(v["fmt"]),
+                    "keep": _keep(v.get("keep")),
                     "state": PrefixState(v["state"]), "ended_at": None if ended is None else float(ended) - wall_offset}
                 parsed.append((int(v["version"]), str(v["text"]), int(v.get("warm_requests", 0)), fields))
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -412,11 +455,12 @@ class PrefixRegistry:
                 setattr(rec, key, value)
             rec.warm_requests = warm_requests
             new.append(rec)
-        settings: tuple[float | None, int, bool, str] | None = None
-        if isinstance(raw_settings, list) and len(raw_settings) == 4:
-            ttl, replicas, pin, fmt = raw_settings
+        settings: tuple[float | None, int, bool, str, str | None] | None = None
+        if isinstance(raw_settings, list) and len(raw_settings) in (4, 5):
+            ttl, replicas, pin, fmt = raw_settings[:4]
+            keep = raw_settings[4] if len(raw_settings) == 5 else None  # 4: written before `keep` existed
             try:
-                settings = (None if ttl is None else float(ttl), int(replicas), bool(pin), str(fmt))
+                settings = (None if ttl is None else float(ttl), int(replicas), bool(pin), str(fmt), _keep(keep))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"prefix {name!r}: malformed settings: {exc!r}") from None
         if new:
@@ -433,3 +477,10 @@ def _rendezvous(name: str, version: int, worker: str) -> str:
     """Highest-random-weight order of the workers for one prefix version: the same on every replica,
     and removing a worker moves only the prefixes placed on it."""
     return hashlib.sha256(f"{name}\0{version}\0{worker}".encode()).hexdigest()
+
+
+def _keep(value: object) -> str | None:
+    """A shared record's `keep` (another replica's, so checked): hbm, host or None."""
+    if value is None or value in KEEP_CHOICES:
+        return value
+    raise ValueError(f"keep must be hbm, host or null, got {str(value)[:20]!r}")

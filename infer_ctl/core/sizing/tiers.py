@@ -232,6 +232,30 @@ def _break_even(load_per_token: float, fixed: float, compute: Compute, page: int
     return hi * page
 
 
+def host_seconds_per_token(per_rank_bytes: int, pcie_bytes_s: float) -> float:
+    """Host -> GPU load time of one token: every rank copies its shard over its own PCIe link, in
+    parallel, so one rank's bytes over one link's bandwidth."""
+    return plan_transfer(per_rank_bytes, pcie_bytes_s * 8 / 1e9).wire_seconds
+
+
+def storage_seconds_per_token(read_bytes_per_node: int, read_bytes_s: float, host_per_token: float, *,
+                              page_overhead_s: float = 0.0, page_size: int = 1) -> float:
+    """Storage -> host pool -> GPU load time of one token: the node's read, then the host hop, one after
+    the other (no overlap), plus the backend's per-page cost spread over the page's tokens."""
+    read = plan_transfer(read_bytes_per_node, read_bytes_s * 8 / 1e9).wire_seconds
+    return read + page_overhead_s / page_size + host_per_token
+
+
+def hit_weight(load_seconds_per_token: float, recompute_seconds_per_token: float) -> float:
+    """What one cached token in a lower tier is worth next to one in HBM (worth 1: it costs nothing to
+    use and saves its whole recompute): the recompute it saves minus the load it costs, as a share of
+    the recompute, clamped to [0, 1] (a tier slower than recomputing is worth nothing, never less).
+    The KV router's tier weights (core/routing/tiers.py)."""
+    if recompute_seconds_per_token <= 0:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - load_seconds_per_token / recompute_seconds_per_token))
+
+
 def _load(tier: str, inp: TierInputs, per_token: float, fixed: float) -> TierLoad:
     page = inp.page_size
     n = inp.prefix // page * page  # HiCache matches and moves whole pages only
@@ -296,17 +320,17 @@ def plan_tiers(shape: KvShape, dtype_bytes: int, inp: TierInputs) -> TierPlan:
                                        tokens // inp.context, tokens))
 
     # Load paths. Host -> GPU: every rank copies its shard over its own PCIe link, in parallel.
-    host_hop = plan_transfer(per_rank, inp.pcie_bytes_s * 8 / 1e9)
+    host_per_tok = host_seconds_per_token(per_rank, inp.pcie_bytes_s)
     # (the host row needs no host capacity: PCIe alone decides whether a host hit pays)
-    loads = [_load("hbm", inp, 0.0, 0.0), _load("host", inp, host_hop.wire_seconds, inp.pcie_latency_s)]
+    loads = [_load("hbm", inp, 0.0, 0.0), _load("host", inp, host_per_tok, inp.pcie_latency_s)]
     if inp.storage_read_bytes_s is not None:  # the load needs the bandwidth, not the capacity
         read_bps = inp.storage_read_bytes_s
         if inp.fabric_bytes_s is not None:
             read_bps = min(read_bps, inp.fabric_bytes_s)
-        storage_hop = plan_transfer(read_per_token_node, read_bps * 8 / 1e9)
         # storage -> host pool -> GPU, one after the other (no overlap of the two hops), plus the
         # per-page cost of the backend (ranks issue their pages in parallel: counted once per page)
-        per_tok = storage_hop.wire_seconds + inp.storage_page_overhead_s / page + host_hop.wire_seconds
+        per_tok = storage_seconds_per_token(read_per_token_node, read_bps, host_per_tok,
+                                            page_overhead_s=inp.storage_page_overhead_s, page_size=page)
         loads.append(_load("storage", inp, per_tok, inp.storage_latency_s + inp.pcie_latency_s))
 
     return TierPlan(
