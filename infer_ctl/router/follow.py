@@ -84,15 +84,16 @@ def forget_worker(router: Router, url: str) -> None:
 # ---- the snapshot ---------------------------------------------------------------------------------
 def _record_doc(r: PrefixRecord) -> dict[str, Any]:
     return {"name": r.name, "text": r.text, "version": r.version, "registered_at": r.registered_at,
-            "ttl_s": r.ttl_s, "replicas": r.replicas, "pin": r.pin, "fmt": r.fmt, "tokens": r.tokens,
-            "state": r.state.value, "ended_at": r.ended_at, "avoid": sorted(r.avoid),
+            "ttl_s": r.ttl_s, "replicas": r.replicas, "pin": r.pin, "fmt": r.fmt, "keep": r.keep,
+            "tokens": r.tokens, "state": r.state.value, "ended_at": r.ended_at, "avoid": sorted(r.avoid),
             "placements": {u: {"warmed_at": p.warmed_at, "warming": p.warming, "needs_rewarm": p.needs_rewarm,
                                "warm_failures": p.warm_failures} for u, p in r.placements.items()}}
 
 
 def _record(d: dict[str, Any]) -> PrefixRecord:
     rec = PrefixRecord(name=d["name"], text=d["text"], version=d["version"], registered_at=d["registered_at"],
-                       ttl_s=d["ttl_s"], replicas=d["replicas"], pin=d["pin"], fmt=d["fmt"], tokens=d["tokens"],
+                       ttl_s=d["ttl_s"], replicas=d["replicas"], pin=d["pin"], fmt=d["fmt"], keep=d.get("keep"),
+                       tokens=d["tokens"],
                        state=PrefixState(d["state"]), ended_at=d["ended_at"], avoid=set(d["avoid"]))
     rec.placements = {u: Placement(worker=u, **p) for u, p in d["placements"].items()}
     return rec

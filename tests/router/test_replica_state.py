@@ -69,10 +69,10 @@ def test_a_tombstone_removes_the_name_and_its_remembered_settings() -> None:
     reg.tick(5.0)  # forgotten, its settings remembered for the next `add`
     assert reg.records() == [] and reg.settings("p") is not None
     doc = reg.export_name("p", 0.0)
-    assert doc["versions"] == [] and doc["settings"] == [None, 3, False, "text"]
+    assert doc["versions"] == [] and doc["settings"] == [None, 3, False, "text", None]
     other = PrefixRegistry()
     other.load_name("p", doc, 0.0)
-    assert other.settings("p") == (None, 3, False, "text")
+    assert other.settings("p") == (None, 3, False, "text", None)
     reg.register("p", "text again", now=6.0)
     reg.remove("p")
     tomb = reg.export_name("p", 0.0)
