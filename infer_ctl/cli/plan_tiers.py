@@ -3,6 +3,7 @@ the user's, and whether loading a cached prefix from each tier beats recomputing
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ from infer_ctl.cli.plan_common import (
     human_bytes,
     kv_shape,
     kv_table,
+    positive_options,
     seconds,
     shape_dict,
 )
@@ -90,6 +92,19 @@ def tiers(
 ) -> None:
     """Tokens each KV tier holds and whether a hit in it beats recomputing the prefix (break-even length)."""
     sess = session(json)
+    for name, value in (("--params-b", params_b), ("--weights-gb", weights_gb), ("--hbm-gb", hbm_gb),
+                        ("--tflops", tflops), ("--efficiency", efficiency), ("--mem-fraction", mem_fraction),
+                        ("--host-ram-gb", host_ram_gb), ("--host-reserve-gib", host_reserve_gib),
+                        ("--hicache-ratio", hicache_ratio),
+                        ("--hicache-host-memory-fraction", hicache_host_memory_fraction),
+                        ("--pcie-gbs", pcie_gbs), ("--pcie-latency-us", pcie_latency_us),
+                        ("--storage-tb", storage_tb), ("--storage-gbs", storage_gbs),
+                        ("--storage-latency-us", storage_latency_us),
+                        ("--storage-page-overhead-us", storage_page_overhead_us), ("--fabric-gbps", fabric_gbps)):
+        # before any int(): NaN / inf would crash there, or pass every range test below
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{name} must be a finite number, got {value}", remedy="see `inferctl plan tiers --help`")
+    positive_options(attention_heads=attention_heads, qk_head_dim=qk_head_dim, max_prefix=max_prefix)
     preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
     dbytes = guard(presets.dtype_bytes, dtype)
     acc = guard(presets.accelerator_preset, accelerator)
@@ -101,8 +116,9 @@ def tiers(
                          remedy="e.g. --params-b 70 (MoE: the active parameters)")
     all_params = preset.params if preset else params
     weights = int(weights_gb * _GB) if weights_gb is not None else all_params * guard(presets.dtype_bytes, weight_dtype)
-    heads = attention_heads or (preset.attention_heads if preset else shape.kv_heads)
-    qk = qk_head_dim or (preset.qk_head_dim if preset and preset.qk_head_dim else shape.head_dim)
+    heads = attention_heads if attention_heads is not None else (preset.attention_heads if preset else shape.kv_heads)
+    qk = qk_head_dim if qk_head_dim is not None else (
+        preset.qk_head_dim if preset and preset.qk_head_dim else shape.head_dim)
     if efficiency <= 0 or efficiency > 1:
         raise UsageError(f"--efficiency must be in (0, 1], got {efficiency:g}", remedy="e.g. --efficiency 0.5")
     peak = tflops if tflops is not None else acc.fp16_tflops
@@ -117,7 +133,7 @@ def tiers(
         context=context,
         prefix=prefix,
         concurrency=concurrency,
-        max_prefix=max_prefix or (preset.context_length if preset and preset.context_length else 131072),
+        max_prefix=max_prefix if max_prefix is not None else (preset.context_length if preset and preset.context_length else 131072),
         ranks_per_host=ranks_per_host,
         host_available_bytes=None if host_ram_gb is None else int(host_ram_gb * _GB),
         host_reserve_bytes=int(host_reserve_gib * 1024**3),
@@ -134,7 +150,9 @@ def tiers(
     )
     if host_reserve_gib < 0:
         raise UsageError(f"--host-reserve-gib must be >= 0, got {host_reserve_gib:g}", remedy="SGLang's is 10")
-    plan: TierPlan = guard(plan_tiers, shape, dbytes, inputs)
+    # the attention heads' TP check only when they are known (given, or the preset's), not the fallback guess
+    known_heads = attention_heads if attention_heads is not None else (preset.attention_heads if preset else None)
+    plan: TierPlan = guard(plan_tiers, shape, dbytes, inputs, known_heads)
     report = Report(
         "plan tiers",
         None,
