@@ -95,6 +95,7 @@ def _instance_findings(profile: Profile, inst: Instance, args: Args) -> list[Fin
     has = args.__contains__
     hicache, offload = has(ENABLE_FLAG), has(DECODE_OFFLOAD_FLAG)
     mode = args.get("--disaggregation-mode") or "null"
+    _page_size(j)
     _eviction(j)
     if not (hicache or offload):
         return j.out
@@ -168,6 +169,30 @@ def _host_receive(args: Args) -> bool:
     """--disaggregation-decode-host-receive-threshold below 1 (SGLang's default 1.0: off)."""
     threshold = _float(args.get(RECEIVE))
     return threshold is not None and threshold < 1
+
+
+def _page_size(j: _Judge) -> None:
+    """Every server, HiCache or not: --page-size must be a positive integer. SGLang's parser takes any int
+    and nothing checks the sign (0 trips an assertion in cuda_graph_hook.py, a negative size breaks the
+    allocators); the KV page checks (launch.kv_page) cannot judge it either, so it is their FAIL."""
+    if PAGE not in j.args:
+        return
+    value = j.args.get(PAGE)
+    try:
+        page = int(value) if value is not None else None
+    except ValueError:
+        page = None
+    if page is not None and page >= 1:
+        return
+    field = j.where(PAGE)
+    j.out.append(Finding.fail(
+        "launch.kv_page", j.inst.node, j.inst.name,
+        f"{field}: --page-size {value!s} is not a positive integer (SGLang's parser refuses a non-integer; 0 or "
+        "a negative size it does not check, and fails later: an assertion in cuda_graph_hook.py, broken KV "
+        "allocators)",
+        details={"field": field, "flag": PAGE, "value": value},
+        remedy="set --page-size to a positive integer on prefill and decode alike (64 with HiCache storage; "
+        "`inferctl plan kv --page-size N` shows its alignment)"))  # fmt: skip
 
 
 def _eviction(j: _Judge) -> None:
