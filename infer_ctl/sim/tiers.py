@@ -285,6 +285,10 @@ class HiRadixCache(RadixCache):
         for n in self._path(match.node):
             if not n.on_device:
                 self._to_device(n)
+                if not n.on_host and self.tiers.write_policy == "write_through":
+                    # a storage-only prefix computed again is a new device node to SGLang (its tree holds
+                    # no storage-only nodes): written through to host like one
+                    self._backup_to_host(n)
         added = len(units) - match.length
         if added:
             leaf = Node(key=list(units[match.length :]), parent=match.node, priority=priority,
@@ -369,6 +373,11 @@ class HiRadixCache(RadixCache):
             self.size -= n
             freed += n
             if leaf.on_host or leaf.on_storage:  # kept below HBM (buffer_only: in storage only)
+                if not leaf.on_host:
+                    # storage-only now: nothing below it may stay in host memory (the device-or-host
+                    # part of a path is a prefix; load_back relies on it)
+                    for child in list(leaf.children.values()):
+                        self._demote_from_host(child)
                 leaf.on_device = False
                 if self.events is not None:
                     self.events.record_remove(leaf, MEDIUM_GPU, gone=False)
@@ -383,6 +392,21 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, (self._rank(parent), id(parent), parent))
         self.evicted_total += freed
         return freed
+
+    def _demote_from_host(self, node: Node) -> None:
+        """`node` and its subtree leave host memory: kept as storage-only where storage holds them, else
+        dropped (with what is below them)."""
+        if not node.on_host:
+            return  # storage-only already, and so is its subtree
+        if not node.on_storage:
+            self._drop(node)
+            return
+        node.on_host = False
+        self.host_size -= len(node.key)
+        if self.events is not None:
+            self.events.record_remove(node, MEDIUM_CPU, gone=False)
+        for child in list(node.children.values()):
+            self._demote_from_host(child)
 
     def _drop_reason(self) -> str | None:
         """The `reason` SGLang records a device node destroyed without a backup under
