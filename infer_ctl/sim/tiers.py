@@ -490,6 +490,14 @@ class HiRadixCache(RadixCache):
         return freed
 
 
+#: the reasons SGLang 0.5.23's StorageMetricsCollector creates at 0 when a storage backend attaches
+#: (observability/metrics_collector.py), so a scrape shows every series before anything happens; the
+#: simulator only ever moves `deadline` (and defers nothing)
+UNFULFILLED_REASONS = ("below_threshold", "host_capacity", "device_capacity", "device_covered", "storage_transfer",
+                       "deadline", "anchor_lost", "aux_window_trim", "device_overlap", "cache_admission_shortfall",
+                       "dropped")  # fmt: skip
+DEFERRED_REASONS = ("host_capacity", "device_capacity")
+
 #: SGLang reports the storage backend by its class name (`type(storage_backend).__name__`)
 STORAGE_CLASS = {"file": "HiCacheFile", "hf3fs": "HiCacheHF3FS", "nixl": "HiCacheNixl", "mooncake": "MooncakeStore"}
 
@@ -532,18 +540,24 @@ def tier_families(cache: RadixCache, labels: dict[str, str]) -> list[MetricFamil
         store = {**labels, "storage_backend": cache.storage_label}
         unfulfilled = MetricFamily("sglang:storage_prefetch_unfulfilled_tokens_total",
                                    "Storage-hit tokens that did not become a usable prefetch.", "counter")
-        for reason, n in c.storage_unfulfilled.items():
-            unfulfilled.add(n, **store, reason=reason)
+        for reason in dict.fromkeys((*UNFULFILLED_REASONS, *c.storage_unfulfilled)):
+            unfulfilled.add(c.storage_unfulfilled.get(reason, 0), **store, reason=reason)
+        deferred = MetricFamily("sglang:storage_prefetch_deferred_tokens_total",
+                                "Storage-hit tokens whose prefetch was deferred for reuse, by transient capacity "
+                                "reason.", "counter")
+        for reason in DEFERRED_REASONS:
+            deferred.add(0, **store, reason=reason)
         fams += [
             MetricFamily("sglang:storage_prefetch_hit_tokens_total", "Storage-hit tokens returned by an L3 query.",
                          "counter").add(c.storage_hit_tokens, **store),
             unfulfilled,
+            deferred,
             MetricFamily("sglang:prefetched_tokens_total", "Prompt tokens transferred from L3 storage into host.",
                          "counter").add(c.prefetched_tokens, **store),
             MetricFamily("sglang:backuped_tokens_total", "Number of backuped tokens.", "counter")
             .add(c.storage_backup_tokens, **store),
         ]
-        if cache.tiers.buffer_only:
-            fams.append(MetricFamily("sglang:hicache_backup_dropped_tokens_total", "Buffer-mode backup tokens "
-                                     "that never reached L3.", "counter").add(c.backup_dropped_tokens, **store))
+        # registered with the storage collector whatever the host memory mode (0 outside buffer_only)
+        fams.append(MetricFamily("sglang:hicache_backup_dropped_tokens_total", "Buffer-mode backup tokens "
+                                 "that never reached L3.", "counter").add(c.backup_dropped_tokens, **store))
     return fams

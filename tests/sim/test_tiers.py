@@ -15,7 +15,14 @@ from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.from_profile import specs_from_profile
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.radix import RadixCache
-from infer_ctl.sim.tiers import HiRadixCache, TierConfig, WritePolicy, tier_families
+from infer_ctl.sim.tiers import (
+    DEFERRED_REASONS,
+    UNFULFILLED_REASONS,
+    HiRadixCache,
+    TierConfig,
+    WritePolicy,
+    tier_families,
+)
 
 A = list(range(1000, 1060))
 B = list(range(2000, 2060))
@@ -330,3 +337,38 @@ def test_tier_sizes_match_the_tree_under_random_load(policy: WritePolicy, mode: 
             else:
                 c.attach_storage("file")
             _assert_consistent(c, where)
+
+
+def test_storage_series_are_sglangs_with_every_precreated_reason() -> None:
+    # the simulator exposed only reason="deadline", no sglang:storage_prefetch_deferred_tokens_total, and
+    # the backup-dropped counter only in buffer_only; SGLang creates all of them when storage attaches
+    fams = {f.name: f for f in tier_families(_cache(storage_backend="file"), {"tp_rank": "0"})}
+    reasons = {name: [labels["reason"] for labels, _ in fams[name].samples]
+               for name in ("sglang:storage_prefetch_unfulfilled_tokens_total",
+                            "sglang:storage_prefetch_deferred_tokens_total")}  # fmt: skip
+    assert reasons["sglang:storage_prefetch_unfulfilled_tokens_total"] == list(UNFULFILLED_REASONS)
+    assert reasons["sglang:storage_prefetch_deferred_tokens_total"] == list(DEFERRED_REASONS)
+    assert fams["sglang:hicache_backup_dropped_tokens_total"].samples == [
+        ({"tp_rank": "0", "storage_backend": "file"}, 0)]
+    assert all(fams[n].type == "counter" for n in fams if n.endswith("_total"))
+
+
+@pytest.mark.sglang
+def test_the_precreated_reasons_are_read_from_sglangs_collector() -> None:
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang not installed")
+    text = (Path(next(iter(spec.submodule_search_locations))) / "srt/observability/metrics_collector.py").read_text()
+
+    def reasons_after(name: str) -> tuple[str, ...]:
+        tail = text.split(f'name="{name}"', 1)[1]
+        loop = re.search(r"for reason in \(([^)]*)\)", tail)
+        assert loop is not None
+        return tuple(re.findall(r'"([a-z_]+)"', loop.group(1)))
+
+    assert reasons_after("sglang:storage_prefetch_unfulfilled_tokens_total") == UNFULFILLED_REASONS
+    assert reasons_after("sglang:storage_prefetch_deferred_tokens_total") == DEFERRED_REASONS
