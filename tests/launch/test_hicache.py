@@ -83,6 +83,9 @@ def _hicache_args(p: Profile, name: str) -> dict[str, str | None]:
     ({"io_backend": "kernel_ascend"}, "sglang.hicache.io_backend", "'kernel_ascend' is not one of kernel, direct"),
     ({"storage": {"backend": "file", "extra_config": "relative.json"}}, "sglang.hicache.storage.extra_config",
      "'@/absolute/path' of a JSON/YAML/TOML file on the nodes"),
+    # YAML .inf passed gt=0 and rendered --hicache-ratio inf (SGLang: int(device tokens x inf) fails)
+    ({"ratio": float("inf")}, "sglang.hicache.ratio", "finite number"),
+    ({"prefill": {"ratio": float("inf")}}, "sglang.hicache.prefill.ratio", "finite number"),
 ])  # fmt: skip
 def test_profile_refuses_what_sglang_would_refuse_or_rewrite(hicache: dict[str, Any], field: str, fragment: str) -> None:
     with pytest.raises(ProfileError) as exc:
