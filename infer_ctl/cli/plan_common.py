@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -38,6 +39,19 @@ def positive_options(**options: int | None) -> None:
         if value is not None and value < 1:
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag} must be >= 1, got {value}", remedy=f"omit {flag} to use the preset's value")
+
+
+def finite_options(options: dict[str, float | None], command: str) -> None:
+    """Float options must be finite: NaN passes every range test and crashes int(); inf, the same."""
+    for flag, value in options.items():
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}", remedy=f"see `inferctl {command} --help`")
+
+
+def tp_splits(shape: KvShape, tp: int, attention_heads: int | None) -> None:
+    """A TP SGLang cannot split the model over is a usage error (KvShape.tp_error says why)."""
+    if tp >= 1 and (why := shape.tp_error(tp, attention_heads)):
+        raise UsageError(why, remedy="use a TP that divides the attention and the KV heads")
 
 
 def _given(value: int | None, default: int | None) -> int | None:

@@ -3,7 +3,6 @@ the user's, and whether loading a cached prefix from each tier beats recomputing
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -20,6 +19,7 @@ from infer_ctl.cli.plan_common import (
     LayersOpt,
     ModelOpt,
     RopeDimOpt,
+    finite_options,
     guard,
     human_bytes,
     kv_shape,
@@ -92,18 +92,14 @@ def tiers(
 ) -> None:
     """Tokens each KV tier holds and whether a hit in it beats recomputing the prefix (break-even length)."""
     sess = session(json)
-    for name, value in (("--params-b", params_b), ("--weights-gb", weights_gb), ("--hbm-gb", hbm_gb),
-                        ("--tflops", tflops), ("--efficiency", efficiency), ("--mem-fraction", mem_fraction),
-                        ("--host-ram-gb", host_ram_gb), ("--host-reserve-gib", host_reserve_gib),
-                        ("--hicache-ratio", hicache_ratio),
-                        ("--hicache-host-memory-fraction", hicache_host_memory_fraction),
-                        ("--pcie-gbs", pcie_gbs), ("--pcie-latency-us", pcie_latency_us),
-                        ("--storage-tb", storage_tb), ("--storage-gbs", storage_gbs),
-                        ("--storage-latency-us", storage_latency_us),
-                        ("--storage-page-overhead-us", storage_page_overhead_us), ("--fabric-gbps", fabric_gbps)):
-        # before any int(): NaN / inf would crash there, or pass every range test below
-        if value is not None and not math.isfinite(value):
-            raise UsageError(f"{name} must be a finite number, got {value}", remedy="see `inferctl plan tiers --help`")
+    finite_options({"--params-b": params_b, "--weights-gb": weights_gb, "--hbm-gb": hbm_gb, "--tflops": tflops,
+                    "--efficiency": efficiency, "--mem-fraction": mem_fraction, "--host-ram-gb": host_ram_gb,
+                    "--host-reserve-gib": host_reserve_gib, "--hicache-ratio": hicache_ratio,
+                    "--hicache-host-memory-fraction": hicache_host_memory_fraction, "--pcie-gbs": pcie_gbs,
+                    "--pcie-latency-us": pcie_latency_us, "--storage-tb": storage_tb, "--storage-gbs": storage_gbs,
+                    "--storage-latency-us": storage_latency_us,
+                    "--storage-page-overhead-us": storage_page_overhead_us, "--fabric-gbps": fabric_gbps},
+                   "plan tiers")  # before any int(): NaN / inf crash there, or pass every range test
     positive_options(attention_heads=attention_heads, qk_head_dim=qk_head_dim, max_prefix=max_prefix)
     preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
     dbytes = guard(presets.dtype_bytes, dtype)
