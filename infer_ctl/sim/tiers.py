@@ -504,9 +504,10 @@ STORAGE_CLASS = {"file": "HiCacheFile", "hf3fs": "HiCacheHF3FS", "nixl": "HiCach
 
 def cached_details(cache: RadixCache, cached: int, host: int, storage: int) -> dict[str, Any] | None:
     """meta_info's cached_tokens_details as SGLang 0.5.23 builds it (output_streamer.py): device and host,
-    plus storage and the backend's class when a storage tier is attached; None leaves the plain form."""
-    if not isinstance(cache, HiRadixCache):
-        return None
+    plus storage and the backend's class when a storage tier is attached; None leaves the plain form (or
+    null, when nothing was cached)."""
+    if not isinstance(cache, HiRadixCache) or not (cached or host or storage):
+        return None  # SGLang: None when nothing was cached (meta_info carries null)
     out: dict[str, Any] = {"device": cached - host - storage, "host": host}
     backend = cache.tiers.storage_backend
     if backend is not None:
