@@ -43,6 +43,8 @@ from infer_ctl.core.sizing.tiers import (
 from infer_ctl.errors import UsageError
 
 _GB = 1e9
+#: the GPUs of one HGX-class node: a TP beyond it spans nodes (the ranks-per-host warning only)
+_GPUS_PER_NODE = 8
 
 
 def tiers(
@@ -163,6 +165,15 @@ def tiers(
         },
     )
     report.extend(_findings(plan))
+    if ranks_per_host is None and tp > _GPUS_PER_NODE and plan.host_auto is not None:
+        report.extend([Finding(
+            check="plan.tiers.ranks_per_host", node="local", status=Status.WARN, subject="--ranks-per-host",
+            message=f"--ranks-per-host defaults to --tp {tp}, so the host RAM is split {tp} ways; a TP {tp} replica "
+                    f"usually spans nodes of {_GPUS_PER_NODE} GPUs, and SGLang splits each node's RAM over the ranks "
+                    "on that node (launch world size // nodes, pool_host/base.py ranks_per_host)",
+            remedy=f"give --ranks-per-host (e.g. {_GPUS_PER_NODE} for {tp // _GPUS_PER_NODE} nodes of "
+                   f"{_GPUS_PER_NODE} GPUs)",
+        )])
     finish(sess, report, lambda c: _render(c, plan, inputs, preset.name if preset else "custom", dtype))
 
 

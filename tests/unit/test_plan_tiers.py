@@ -375,3 +375,14 @@ def test_core_refuses_non_finite_inputs() -> None:
     with pytest.raises(ValueError, match="must be a finite number"):
         plan_tiers(shape, 2, TierInputs(tp=8, hbm_bytes_per_gpu=80 * 10**9, weights_bytes=140 * 10**9,
                                         compute=compute))
+
+
+def test_a_multi_node_tp_without_ranks_per_host_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    # TP 16 over two 8-GPU nodes: SGLang splits each node's RAM over its 8 ranks (launch world size //
+    # nodes); the default (--tp) split it 16 ways and halved the auto-sized budget without a word
+    budget = (2000 * 10**9 - 10 * GIB) // 16
+    doc = _doc(["-m", "llama-3.1-405b", "--tp", "16", "--host-ram-gb", "2000"], capsys, rc=1)
+    assert [(f["check"], f["code"]) for f in doc["findings"]] == [("plan.tiers.ranks_per_host", "IC-PLN-003")]
+    assert doc["host_auto"]["budget_per_rank"] == budget
+    doc = _doc(["-m", "llama-3.1-405b", "--tp", "16", "--host-ram-gb", "2000", "--ranks-per-host", "8"], capsys)
+    assert doc["findings"] == [] and doc["host_auto"]["budget_per_rank"] == budget * 2
