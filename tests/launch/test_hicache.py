@@ -210,6 +210,10 @@ def test_a_sound_section_has_no_findings() -> None:
     ({}, {"prefill": ["--radix-eviction-policy", "tlru"]}, "pf-01-prefill",
      ("fail", "--radix-eviction-policy in the extra args (sglang.extra_args.prefill / nodes[].overrides.extra_args): "
               "tlru needs threshold > next_prompt_estimate >= 0")),
+    # a ratio SGLang's float parser takes but cannot size a pool with (int(device tokens x ratio))
+    *[({}, {"prefill": ["--hicache-ratio", bad]}, "pf-01-prefill",
+       ("fail", "--hicache-ratio in the extra args (sglang.extra_args.prefill / nodes[].overrides.extra_args): "
+                f"--hicache-ratio {bad} is not a positive finite number")) for bad in ("nan", "inf", "-1", "0")],
     ({"write_policy": "write_through"}, {"prefill": ["--disaggregation-decode-allocation-policy", "prefill_complete"]},
      "pf-01-prefill", ("fail", "sglang.hicache.roles: --disaggregation-decode-allocation-policy prefill_complete does "
                                "not support prefill HiCache other than L2 write_back")),

@@ -15,6 +15,7 @@ kv_cache_hook.py, pd_disaggregation_hook.py, speculative_hook.py, kv_shard_hook.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -272,6 +273,12 @@ def _sizing(j: _Judge) -> None:
     if fraction is not None and not 0 < fraction <= 1:
         j.add("fail", FRACTION, f"{fraction} is outside (0, 1]; SGLang refuses it (handle_hicache_ratio_default)",
               "give a fraction in (0, 1]")
+    if ratio is not None and not (math.isfinite(ratio) and ratio > 0):
+        # SGLang's parser takes any float; the host pool is int(device tokens x ratio) (pool_host/base.py)
+        j.add("fail", RATIO, f"--hicache-ratio {j.args.get(RATIO)} is not a positive finite number: SGLang sizes the "
+              "host pool as int(device tokens x ratio), which fails (nan, inf) or holds nothing (<= 0)",
+              "give a ratio above 1 (SGLang's default is 2), or size_gb")
+        ratio = None  # judged: no "ratio <= 1" warning on top
     explicit = (ratio is not None) or bool(size)
     if FRACTION in j.args and explicit:
         j.add("warn", FRACTION, "ignored: an explicit --hicache-ratio or --hicache-size turns SGLang's auto-sizing "
