@@ -129,6 +129,8 @@ def _instance_findings(profile: Profile, inst: Instance, args: Args) -> list[Fin
                   "it (mem_cache/pool_host/)", "leave it unset (SGLang's CUDA default) or choose a CUDA value")
     _layout(j)
     _sizing(j)
+    if hicache:
+        _dcp(j, storage, buffer_only)
     _compat(j, mode, storage, hicache)
     if storage is not None and (_float(args.get(PAGE)) or 1) < STORAGE_PAGE_SIZE:
         page = args.get(PAGE)
@@ -256,6 +258,32 @@ def _layout(j: _Judge) -> None:
     if j.args.get(MODE) == "buffer_only" and j.args.get(WRITE) == "write_back":
         j.add("warn", WRITE, "buffer_only has no host tier to write back to: SGLang rewrites write_back to "
               "write_through (validate_hicache_host_memory_mode)", f"set {WRITE} write_through")
+
+
+def _dcp(j: _Judge, storage: str | None, buffer_only: bool) -> None:
+    """HiCache with decode context parallelism (--dcp-size > 1): resolve_hicache_dcp_compatibility
+    (hicache_hook.py) refuses what has no DCP index translation."""
+    try:
+        dcp = int(j.args.get("--dcp-size") or 1)
+    except ValueError:
+        return
+    if dcp <= 1:
+        return
+    why = "SGLang refuses it (resolve_hicache_dcp_compatibility, hicache_hook.py)"
+    if storage is not None and buffer_only:
+        j.add("fail", MODE, f"HiCache storage with --dcp-size {dcp} does not support buffer_only host memory: {why}",
+              "use host_memory_mode cache, or --dcp-size 1")
+    algo = j.args.get("--speculative-algorithm")
+    if algo is not None and algo.upper() != "DSPARK":
+        j.add("fail", "--speculative-algorithm", f"HiCache with --dcp-size {dcp} supports DSPARK drafts only (other "
+              f"draft host pools have no DCP index translation): {why}", "use DSPARK, no draft, or --dcp-size 1")
+    if "--enable-hisparse" in j.args:
+        j.add("fail", "--enable-hisparse", f"--enable-hisparse with --dcp-size {dcp} and HiCache: {why}",
+              "drop --enable-hisparse or --dcp-size")
+    target = j.profile.models.target if j.profile.models else None
+    if target is not None and target.preset and not _model_is_mla(j.profile):
+        j.add("fail", "--dcp-size", f"HiCache with --dcp-size {dcp} works for MLA models only ({target.preset} is not "
+              f"one: the MHA host pool has no DCP index translation): {why}", "use --dcp-size 1 with HiCache")
 
 
 def _model_is_mla(profile: Profile) -> bool:
