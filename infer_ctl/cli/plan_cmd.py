@@ -22,11 +22,13 @@ from infer_ctl.cli.plan_common import (
     LayersOpt,
     ModelOpt,
     RopeDimOpt,
+    finite_options,
     guard,
     human_bytes,
     kv_shape,
     kv_table,
     shape_dict,
+    tp_splits,
 )
 from infer_ctl.cli.plan_cost import cost
 from infer_ctl.cli.plan_tiers import tiers
@@ -90,6 +92,7 @@ def kv(
     sess = session(json)
     if list_presets:
         _list_presets(sess.out, json)
+    finite_options({"--hbm-gb": hbm_gb, "--weights-gb": weights_gb, "--mem-fraction": mem_fraction}, "plan kv")
     preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
     dbytes = guard(presets.dtype_bytes, dtype)
     weights = (
@@ -111,6 +114,7 @@ def kv(
     mtu = mtu if mtu is not None else (prof.fabric.mtu if prof else DEFAULT_MTU)
     if tp is None:
         tp = prof.models.target.tp if prof and prof.models else 1
+    tp_splits(shape, tp, preset.attention_heads if preset else None)
     align = guard(kv_page_alignment, shape, dbytes, tp=tp, page_size=page_size, mtu=mtu)
     report = Report(
         "plan kv",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -32,15 +33,41 @@ def guard(fn, *args: Any, **kwargs: Any) -> Any:
         ) from None
 
 
+def positive_options(**options: int | None) -> None:
+    """An explicit shape option must be >= 1: `--layers 0` is an error, not "use the preset's"."""
+    for name, value in options.items():
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} must be >= 1, got {value}", remedy=f"omit {flag} to use the preset's value")
+
+
+def finite_options(options: dict[str, float | None], command: str) -> None:
+    """Float options must be finite: NaN passes every range test and crashes int(); inf, the same."""
+    for flag, value in options.items():
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}", remedy=f"see `inferctl {command} --help`")
+
+
+def tp_splits(shape: KvShape, tp: int, attention_heads: int | None) -> None:
+    """A TP SGLang cannot split the model over is a usage error (KvShape.tp_error says why)."""
+    if tp >= 1 and (why := shape.tp_error(tp, attention_heads)):
+        raise UsageError(why, remedy="use a TP that divides the attention and the KV heads")
+
+
+def _given(value: int | None, default: int | None) -> int | None:
+    return value if value is not None else default
+
+
 def arch(
     model: str | None, layers: int | None, kv_heads: int | None, head_dim: int | None, *, needed_by: str = ""
 ):
     """The preset (if any) and the MHA/GQA shape, explicit options winning over the preset."""
+    positive_options(layers=layers, kv_heads=kv_heads, head_dim=head_dim)
     preset = guard(presets.model_preset, model) if model else None
     resolved = {
-        "layers": layers or (preset.layers if preset else None),
-        "kv_heads": kv_heads or (preset.kv_heads if preset else None),
-        "head_dim": head_dim or (preset.head_dim if preset else None),
+        "layers": _given(layers, preset.layers if preset else None),
+        "kv_heads": _given(kv_heads, preset.kv_heads if preset else None),
+        "head_dim": _given(head_dim, preset.head_dim if preset else None),
     }
     missing = [f"--{k.replace('_', '-')}" for k, v in resolved.items() if v is None]
     if missing:
@@ -62,10 +89,13 @@ def kv_shape(
     needed_by: str = "",
 ) -> tuple[presets.ModelPreset | None, KvShape]:
     """Like `arch`, MLA included: --kv-lora-rank (or an MLA preset) makes the KV one latent per token."""
+    positive_options(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_lora_rank=kv_lora_rank)
+    if rope_dim is not None and rope_dim < 0:
+        raise UsageError(f"--rope-dim must be >= 0, got {rope_dim}", remedy="DeepSeek-V3: --rope-dim 64")
     preset = guard(presets.model_preset, model) if model else None
     lora = kv_lora_rank if kv_lora_rank is not None else (preset.kv_lora_rank if preset else None)
     if lora is not None:
-        n_layers = layers or (preset.layers if preset else None)
+        n_layers = _given(layers, preset.layers if preset else None)
         if n_layers is None:
             raise UsageError(
                 f"{needed_by + ' needs the model shape: ' if needed_by else ''}missing --layers",
@@ -75,8 +105,8 @@ def kv_shape(
         # kv_heads / head_dim only matter for attention FLOPs of an MLA model; keep the preset's
         return preset, KvShape(
             layers=n_layers,
-            kv_heads=kv_heads or (preset.kv_heads if preset else 1),
-            head_dim=head_dim or (preset.head_dim if preset else 1),
+            kv_heads=_given(kv_heads, preset.kv_heads if preset else 1) or 1,
+            head_dim=_given(head_dim, preset.head_dim if preset else 1) or 1,
             kv_lora_rank=lora,
             rope_dim=rope,
         )

@@ -19,10 +19,12 @@ from infer_ctl.cli.plan_common import (
     LayersOpt,
     ModelOpt,
     RopeDimOpt,
+    finite_options,
     guard,
     human_bytes,
     kv_shape,
     kv_table,
+    positive_options,
     seconds,
     shape_dict,
 )
@@ -41,6 +43,8 @@ from infer_ctl.core.sizing.tiers import (
 from infer_ctl.errors import UsageError
 
 _GB = 1e9
+#: the GPUs of one HGX-class node: a TP beyond it spans nodes (the ranks-per-host warning only)
+_GPUS_PER_NODE = 8
 
 
 def tiers(
@@ -90,6 +94,15 @@ def tiers(
 ) -> None:
     """Tokens each KV tier holds and whether a hit in it beats recomputing the prefix (break-even length)."""
     sess = session(json)
+    finite_options({"--params-b": params_b, "--weights-gb": weights_gb, "--hbm-gb": hbm_gb, "--tflops": tflops,
+                    "--efficiency": efficiency, "--mem-fraction": mem_fraction, "--host-ram-gb": host_ram_gb,
+                    "--host-reserve-gib": host_reserve_gib, "--hicache-ratio": hicache_ratio,
+                    "--hicache-host-memory-fraction": hicache_host_memory_fraction, "--pcie-gbs": pcie_gbs,
+                    "--pcie-latency-us": pcie_latency_us, "--storage-tb": storage_tb, "--storage-gbs": storage_gbs,
+                    "--storage-latency-us": storage_latency_us,
+                    "--storage-page-overhead-us": storage_page_overhead_us, "--fabric-gbps": fabric_gbps},
+                   "plan tiers")  # before any int(): NaN / inf crash there, or pass every range test
+    positive_options(attention_heads=attention_heads, qk_head_dim=qk_head_dim, max_prefix=max_prefix)
     preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
     dbytes = guard(presets.dtype_bytes, dtype)
     acc = guard(presets.accelerator_preset, accelerator)
@@ -101,8 +114,9 @@ def tiers(
                          remedy="e.g. --params-b 70 (MoE: the active parameters)")
     all_params = preset.params if preset else params
     weights = int(weights_gb * _GB) if weights_gb is not None else all_params * guard(presets.dtype_bytes, weight_dtype)
-    heads = attention_heads or (preset.attention_heads if preset else shape.kv_heads)
-    qk = qk_head_dim or (preset.qk_head_dim if preset and preset.qk_head_dim else shape.head_dim)
+    heads = attention_heads if attention_heads is not None else (preset.attention_heads if preset else shape.kv_heads)
+    qk = qk_head_dim if qk_head_dim is not None else (
+        preset.qk_head_dim if preset and preset.qk_head_dim else shape.head_dim)
     if efficiency <= 0 or efficiency > 1:
         raise UsageError(f"--efficiency must be in (0, 1], got {efficiency:g}", remedy="e.g. --efficiency 0.5")
     peak = tflops if tflops is not None else acc.fp16_tflops
@@ -117,7 +131,7 @@ def tiers(
         context=context,
         prefix=prefix,
         concurrency=concurrency,
-        max_prefix=max_prefix or (preset.context_length if preset and preset.context_length else 131072),
+        max_prefix=max_prefix if max_prefix is not None else (preset.context_length if preset and preset.context_length else 131072),
         ranks_per_host=ranks_per_host,
         host_available_bytes=None if host_ram_gb is None else int(host_ram_gb * _GB),
         host_reserve_bytes=int(host_reserve_gib * 1024**3),
@@ -134,7 +148,9 @@ def tiers(
     )
     if host_reserve_gib < 0:
         raise UsageError(f"--host-reserve-gib must be >= 0, got {host_reserve_gib:g}", remedy="SGLang's is 10")
-    plan: TierPlan = guard(plan_tiers, shape, dbytes, inputs)
+    # the attention heads' TP check only when they are known (given, or the preset's), not the fallback guess
+    known_heads = attention_heads if attention_heads is not None else (preset.attention_heads if preset else None)
+    plan: TierPlan = guard(plan_tiers, shape, dbytes, inputs, known_heads)
     report = Report(
         "plan tiers",
         None,
@@ -149,6 +165,15 @@ def tiers(
         },
     )
     report.extend(_findings(plan))
+    if ranks_per_host is None and tp > _GPUS_PER_NODE and plan.host_auto is not None:
+        report.extend([Finding(
+            check="plan.tiers.ranks_per_host", node="local", status=Status.WARN, subject="--ranks-per-host",
+            message=f"--ranks-per-host defaults to --tp {tp}, so the host RAM is split {tp} ways; a TP {tp} replica "
+                    f"usually spans nodes of {_GPUS_PER_NODE} GPUs, and SGLang splits each node's RAM over the ranks "
+                    "on that node (launch world size // nodes, pool_host/base.py ranks_per_host)",
+            remedy=f"give --ranks-per-host (e.g. {_GPUS_PER_NODE} for {tp // _GPUS_PER_NODE} nodes of "
+                   f"{_GPUS_PER_NODE} GPUs)",
+        )])
     finish(sess, report, lambda c: _render(c, plan, inputs, preset.name if preset else "custom", dtype))
 
 

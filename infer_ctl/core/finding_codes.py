@@ -133,6 +133,7 @@ CODES: dict[str, str] = {
     "profile.schema": "IC-PRF-001",
     "plan.tiers.host_fit": "IC-PLN-001",
     "plan.tiers.host_small": "IC-PLN-002",
+    "plan.tiers.ranks_per_host": "IC-PLN-003",
     # ---- speculative decoding -------------------------------------------------------------------
     "spec.internal": "IC-SPC-000",
     "spec.acceptance": "IC-SPC-001",

@@ -70,7 +70,7 @@ class HiCacheSettings(StrictModel):
     #: `--hicache-host-memory-mode`: cache (host DRAM is a tier) or buffer_only (a staging buffer to storage)
     host_memory_mode: Literal["cache", "buffer_only"] | None = None
     #: `--hicache-ratio`: host pool / device pool (SGLang's default 2.0, 1.2 in buffer_only)
-    ratio: Annotated[float, Field(gt=0)] | None = None
+    ratio: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # inf: SGLang int(tokens x inf) fails
     #: `--hicache-size`: host pool in GB per rank (each TP rank allocates it); overrides the ratio
     size_gb: Annotated[int, Field(ge=1)] | None = None
     #: `--hicache-host-memory-fraction`: SGLang's auto-sizing share of host RAM (after a 10 GiB reserve)

@@ -319,8 +319,9 @@ def meta_info(
         "reasoning_tokens": 0,
         "cached_tokens": cached_tokens,
         # SGLang's breakdown (scheduler_components/output_streamer.py get_cached_tokens_details): where the
-        # cached tokens came from; HiCache workers pass theirs (sim/tiers.py cached_details)
-        "cached_tokens_details": cached_details or {"device": cached_tokens, "host": 0},
+        # cached tokens came from; HiCache workers pass theirs (sim/tiers.py cached_details); null when
+        # nothing was cached (the function returns None, and the tokenizer manager copies it)
+        "cached_tokens_details": cached_details or ({"device": cached_tokens, "host": 0} if cached_tokens else None),
         "weight_version": "default",
         "num_retractions": 0,
     }

@@ -285,6 +285,10 @@ class HiRadixCache(RadixCache):
         for n in self._path(match.node):
             if not n.on_device:
                 self._to_device(n)
+                if not n.on_host and self.tiers.write_policy == "write_through":
+                    # a storage-only prefix computed again is a new device node to SGLang (its tree holds
+                    # no storage-only nodes): written through to host like one
+                    self._backup_to_host(n)
         added = len(units) - match.length
         if added:
             leaf = Node(key=list(units[match.length :]), parent=match.node, priority=priority,
@@ -369,6 +373,11 @@ class HiRadixCache(RadixCache):
             self.size -= n
             freed += n
             if leaf.on_host or leaf.on_storage:  # kept below HBM (buffer_only: in storage only)
+                if not leaf.on_host:
+                    # storage-only now: nothing below it may stay in host memory (the device-or-host
+                    # part of a path is a prefix; load_back relies on it)
+                    for child in list(leaf.children.values()):
+                        self._demote_from_host(child)
                 leaf.on_device = False
                 if self.events is not None:
                     self.events.record_remove(leaf, MEDIUM_GPU, gone=False)
@@ -383,6 +392,21 @@ class HiRadixCache(RadixCache):
                 heapq.heappush(heap, (self._rank(parent), id(parent), parent))
         self.evicted_total += freed
         return freed
+
+    def _demote_from_host(self, node: Node) -> None:
+        """`node` and its subtree leave host memory: kept as storage-only where storage holds them, else
+        dropped (with what is below them)."""
+        if not node.on_host:
+            return  # storage-only already, and so is its subtree
+        if not node.on_storage:
+            self._drop(node)
+            return
+        node.on_host = False
+        self.host_size -= len(node.key)
+        if self.events is not None:
+            self.events.record_remove(node, MEDIUM_CPU, gone=False)
+        for child in list(node.children.values()):
+            self._demote_from_host(child)
 
     def _drop_reason(self) -> str | None:
         """The `reason` SGLang records a device node destroyed without a backup under
@@ -466,15 +490,24 @@ class HiRadixCache(RadixCache):
         return freed
 
 
+#: the reasons SGLang 0.5.23's StorageMetricsCollector creates at 0 when a storage backend attaches
+#: (observability/metrics_collector.py), so a scrape shows every series before anything happens; the
+#: simulator only ever moves `deadline` (and defers nothing)
+UNFULFILLED_REASONS = ("below_threshold", "host_capacity", "device_capacity", "device_covered", "storage_transfer",
+                       "deadline", "anchor_lost", "aux_window_trim", "device_overlap", "cache_admission_shortfall",
+                       "dropped")  # fmt: skip
+DEFERRED_REASONS = ("host_capacity", "device_capacity")
+
 #: SGLang reports the storage backend by its class name (`type(storage_backend).__name__`)
 STORAGE_CLASS = {"file": "HiCacheFile", "hf3fs": "HiCacheHF3FS", "nixl": "HiCacheNixl", "mooncake": "MooncakeStore"}
 
 
 def cached_details(cache: RadixCache, cached: int, host: int, storage: int) -> dict[str, Any] | None:
     """meta_info's cached_tokens_details as SGLang 0.5.23 builds it (output_streamer.py): device and host,
-    plus storage and the backend's class when a storage tier is attached; None leaves the plain form."""
-    if not isinstance(cache, HiRadixCache):
-        return None
+    plus storage and the backend's class when a storage tier is attached; None leaves the plain form (or
+    null, when nothing was cached)."""
+    if not isinstance(cache, HiRadixCache) or not (cached or host or storage):
+        return None  # SGLang: None when nothing was cached (meta_info carries null)
     out: dict[str, Any] = {"device": cached - host - storage, "host": host}
     backend = cache.tiers.storage_backend
     if backend is not None:
@@ -508,18 +541,24 @@ def tier_families(cache: RadixCache, labels: dict[str, str]) -> list[MetricFamil
         store = {**labels, "storage_backend": cache.storage_label}
         unfulfilled = MetricFamily("sglang:storage_prefetch_unfulfilled_tokens_total",
                                    "Storage-hit tokens that did not become a usable prefetch.", "counter")
-        for reason, n in c.storage_unfulfilled.items():
-            unfulfilled.add(n, **store, reason=reason)
+        for reason in dict.fromkeys((*UNFULFILLED_REASONS, *c.storage_unfulfilled)):
+            unfulfilled.add(c.storage_unfulfilled.get(reason, 0), **store, reason=reason)
+        deferred = MetricFamily("sglang:storage_prefetch_deferred_tokens_total",
+                                "Storage-hit tokens whose prefetch was deferred for reuse, by transient capacity "
+                                "reason.", "counter")
+        for reason in DEFERRED_REASONS:
+            deferred.add(0, **store, reason=reason)
         fams += [
             MetricFamily("sglang:storage_prefetch_hit_tokens_total", "Storage-hit tokens returned by an L3 query.",
                          "counter").add(c.storage_hit_tokens, **store),
             unfulfilled,
+            deferred,
             MetricFamily("sglang:prefetched_tokens_total", "Prompt tokens transferred from L3 storage into host.",
                          "counter").add(c.prefetched_tokens, **store),
             MetricFamily("sglang:backuped_tokens_total", "Number of backuped tokens.", "counter")
             .add(c.storage_backup_tokens, **store),
         ]
-        if cache.tiers.buffer_only:
-            fams.append(MetricFamily("sglang:hicache_backup_dropped_tokens_total", "Buffer-mode backup tokens "
-                                     "that never reached L3.", "counter").add(c.backup_dropped_tokens, **store))
+        # registered with the storage collector whatever the host memory mode (0 outside buffer_only)
+        fams.append(MetricFamily("sglang:hicache_backup_dropped_tokens_total", "Buffer-mode backup tokens "
+                                 "that never reached L3.", "counter").add(c.backup_dropped_tokens, **store))
     return fams

@@ -41,6 +41,8 @@ class Sglang:
     unfulfilled: dict[str, int] = field(default_factory=dict)
     backend: str | None = "file"  # what GET /hicache/storage-backend says is attached
     admin_key: str | None = "s3cret"  # the server's --admin-api-key
+    raw_metrics: bytes | None = None  # served instead of metrics() (a hostile or broken exposition)
+    raw_storage: tuple[int, bytes] | None = None  # served instead of the storage endpoint's answer
 
     def metrics(self) -> bytes:
         reg = CollectorRegistry()
@@ -92,10 +94,13 @@ class _Server:
             def do_GET(self) -> None:
                 s = outer.state
                 if self.path == "/metrics":
-                    return self._send(200, s.metrics(), "text/plain; version=0.0.4")
+                    body = s.raw_metrics if s.raw_metrics is not None else s.metrics()
+                    return self._send(200, body, "text/plain; version=0.0.4")
                 if self.path == "/hicache/storage-backend":
                     auth = self.headers.get("Authorization")
                     outer.seen_auth.append(auth)
+                    if s.raw_storage is not None:
+                        return self._send(s.raw_storage[0], s.raw_storage[1], "text/html")
                     if not s.admin_key:  # _admin_api_key_missing_response
                         err = {"error": "This endpoint requires admin API key, but this server was started "
                                "without one (admin-api-key). Restart with --admin-api-key to enable."}
@@ -255,3 +260,46 @@ def test_an_unset_key_variable_is_named_and_a_detach_remedy_is_the_attach_reques
                                      "$TEST_SGLANG_ADMIN_KEY'")
     assert ('"hicache_storage_backend_extra_config_json": "{\\"file_path\\":\\"/x\\"}", '
             '"hicache_storage_prefetch_policy": "timeout", "hicache_write_policy": "write_back"}') in storage.remedy
+
+
+# ---- hostile /metrics and runtime answers (review of issue 16): NaN / Inf / negative samples crashed
+# `check servers` (int(nan) in the finding's details) or were judged as counts ------------------------------
+
+
+def _exposition(**samples: str) -> bytes:
+    names = {"used": "sglang:hicache_host_used_tokens", "total": "sglang:hicache_host_total_tokens",
+             "evicted": "sglang:evicted_tokens_total", "backup": "sglang:hicache_backup_tokens_total",
+             "hit": "sglang:storage_prefetch_hit_tokens_total"}  # fmt: skip
+    lines = [f'{names[k]}{{tp_rank="0",dp_rank="0"}} {v}' for k, v in samples.items()]
+    lines.append('sglang:hicache_dropped_tokens_total{tp_rank="0",dp_rank="0",reason="host_pressure",pool="kv"} '
+                 + samples.get("dropped", "0"))
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize(("samples", "check", "shown"), [
+    ({"used": "NaN", "total": "100"}, "servers.hicache_host", "sglang:hicache_host_used_tokens = NaN"),
+    ({"used": "5", "total": "+Inf"}, "servers.hicache_host", "sglang:hicache_host_total_tokens = +Inf"),
+    ({"used": "-5", "total": "100"}, "servers.hicache_host", "sglang:hicache_host_used_tokens = -5"),
+    ({"used": "5", "total": "100", "evicted": "NaN"}, "servers.hicache_backup", "sglang:evicted_tokens_total = NaN"),
+    ({"used": "5", "total": "100", "hit": "-Inf"}, "servers.hicache_storage",
+     "sglang:storage_prefetch_hit_tokens_total = -Inf"),
+])
+def test_a_nan_inf_or_negative_sample_is_unknown_naming_the_series(
+        server: _Server, samples: dict[str, str], check: str, shown: str) -> None:
+    server.state = Sglang(raw_metrics=_exposition(**samples))
+    status, message = _found(server, STORAGE)[check]
+    assert status == "unknown" and shown in message, message
+
+
+def test_used_above_total_is_unknown_not_a_full_pool(server: _Server) -> None:
+    server.state = Sglang(raw_metrics=_exposition(used="500", total="100", evicted="10"))
+    status, message = _found(server, STORAGE)["servers.hicache_host"]
+    assert status == "unknown" and "exceeds" in message, message
+
+
+def test_a_garbage_metrics_body_and_an_html_storage_answer_do_not_crash(server: _Server) -> None:
+    garbage = b"\xff\xfe{{{\nsglang:hicache_host_used_tokens{tp_rank=\"0\" 12\n}}} x\n" + b"a" * 200_000 + b"\n"
+    server.state = Sglang(raw_metrics=garbage, raw_storage=(500, b"<html>Internal Server Error</html>"))
+    found = _found(server, STORAGE)
+    assert found["servers.hicache_host"][0] == "unknown"
+    assert found["servers.hicache_storage"][0] == "ok" and "runtime state not read" in found["servers.hicache_storage"][1]

@@ -83,6 +83,9 @@ def _hicache_args(p: Profile, name: str) -> dict[str, str | None]:
     ({"io_backend": "kernel_ascend"}, "sglang.hicache.io_backend", "'kernel_ascend' is not one of kernel, direct"),
     ({"storage": {"backend": "file", "extra_config": "relative.json"}}, "sglang.hicache.storage.extra_config",
      "'@/absolute/path' of a JSON/YAML/TOML file on the nodes"),
+    # YAML .inf passed gt=0 and rendered --hicache-ratio inf (SGLang: int(device tokens x inf) fails)
+    ({"ratio": float("inf")}, "sglang.hicache.ratio", "finite number"),
+    ({"prefill": {"ratio": float("inf")}}, "sglang.hicache.prefill.ratio", "finite number"),
 ])  # fmt: skip
 def test_profile_refuses_what_sglang_would_refuse_or_rewrite(hicache: dict[str, Any], field: str, fragment: str) -> None:
     with pytest.raises(ProfileError) as exc:
@@ -207,6 +210,20 @@ def test_a_sound_section_has_no_findings() -> None:
     ({}, {"prefill": ["--radix-eviction-policy", "tlru"]}, "pf-01-prefill",
      ("fail", "--radix-eviction-policy in the extra args (sglang.extra_args.prefill / nodes[].overrides.extra_args): "
               "tlru needs threshold > next_prompt_estimate >= 0")),
+    # decode context parallelism with HiCache: resolve_hicache_dcp_compatibility (hicache_hook.py)
+    ({}, {"prefill": ["--dcp-size", "2", "--speculative-algorithm", "EAGLE3"]}, "pf-01-prefill",
+     ("fail", "--speculative-algorithm in the extra args (sglang.extra_args.prefill / nodes[].overrides.extra_args): "
+              "HiCache with --dcp-size 2 supports DSPARK drafts only")),
+    ({}, {"prefill": ["--dcp-size", "2", "--enable-hisparse"]}, "pf-01-prefill",
+     ("fail", "--enable-hisparse in the extra args (sglang.extra_args.prefill / nodes[].overrides.extra_args): "
+              "--enable-hisparse with --dcp-size 2 and HiCache")),
+    ({"host_memory_mode": "buffer_only", "storage": {"backend": "file"}}, {"prefill": ["--dcp-size", "4"]},
+     "pf-01-prefill", ("fail", "sglang.hicache.host_memory_mode: HiCache storage with --dcp-size 4 does not support "
+                               "buffer_only")),
+    # a ratio SGLang's float parser takes but cannot size a pool with (int(device tokens x ratio))
+    *[({}, {"prefill": ["--hicache-ratio", bad]}, "pf-01-prefill",
+       ("fail", "--hicache-ratio in the extra args (sglang.extra_args.prefill / nodes[].overrides.extra_args): "
+                f"--hicache-ratio {bad} is not a positive finite number")) for bad in ("nan", "inf", "-1", "0")],
     ({"write_policy": "write_through"}, {"prefill": ["--disaggregation-decode-allocation-policy", "prefill_complete"]},
      "pf-01-prefill", ("fail", "sglang.hicache.roles: --disaggregation-decode-allocation-policy prefill_complete does "
                                "not support prefill HiCache other than L2 write_back")),
@@ -470,3 +487,16 @@ def test_the_reproduced_cache_compatibility_rules_follow_sglangs_order() -> None
     assert "got 5 <= 5" in (cache_compatibility_error(tlru) or "")
     assert cache_compatibility_error({**ok, "enable_lmcache": True}) == ("--enable-lmcache and "
                                                                         "--enable-hierarchical-cache are mutually exclusive")
+
+
+def test_hicache_with_decode_context_parallelism_needs_an_mla_model() -> None:
+    # resolve_hicache_dcp_compatibility: "HiCache with --dcp-size > 1 is only supported for MLA models"
+    def dcp_fails(preset: str) -> list[str]:
+        data = _data({}, extra_args={"prefill": ["--dcp-size", "2"]})
+        data["models"]["target"]["preset"] = preset
+        return [m for s, m in _hicache_problems(validate_profile_data(data)).get("pf-01-prefill", [])
+                if s == "fail" and "--dcp-size" in m]
+
+    (gqa,) = dcp_fails("llama-3.1-70b")
+    assert gqa.startswith("--dcp-size in the extra args") and "works for MLA models only" in gqa
+    assert dcp_fails("deepseek-v3") == []

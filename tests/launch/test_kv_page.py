@@ -127,3 +127,21 @@ def test_a_page_size_mismatch_is_an_invalid_profile(tmp_path: Path, capsys: pyte
     assert doc["exit_code"] == 64 and [(f["check"], f["status"]) for f in doc["findings"]][:2] == [
         ("profile.schema", "ok"), ("launch.pd_agreement", "fail")]
     assert "--page-size is 64 here but 16 on pf-01-prefill" in doc["findings"][1]["message"]
+
+
+@pytest.mark.parametrize("page", ["-8", "0", "abc"])
+def test_a_page_size_that_is_not_a_positive_integer_is_a_fail_not_a_crash(
+        page: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # -8 crashed profile validate and launch --dry-run (page_alignment's ValueError, exit 2 "internal
+    # error"); 0 and "abc" were judged as SGLang's default page 1 and only warned about
+    path = tmp_path / "p.yaml"
+    path.write_text(json.dumps(_data({"path": "/m", "preset": "llama-3.1-70b", "tp": 8}, page=page)))
+    assert main(["profile", "validate", "-p", str(path), "--json"]) == 64
+    doc = json.loads(capsys.readouterr().out)
+    fails = [f for f in doc["findings"] if f["status"] == "fail"]
+    assert {f["subject"] for f in fails} == {"pf-01-prefill", "dc-01-decode"}
+    assert all(f["check"] == "launch.kv_page" and f["code"] == "IC-LCH-020" for f in fails)
+    assert f"--page-size {page} is not a positive integer" in fails[0]["message"]
+    assert not [f for f in doc["findings"] if f["check"] == "launch.kv_page" and f["status"] == "warn"]
+    assert main(["launch", "-p", str(path), "--dry-run", "--json"]) == 2  # a FAIL: launch refuses it too
+    assert main(["launch", "-p", str(path), "--json"]) == 2

@@ -15,7 +15,14 @@ from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.from_profile import specs_from_profile
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.radix import RadixCache
-from infer_ctl.sim.tiers import HiRadixCache, TierConfig, WritePolicy, tier_families
+from infer_ctl.sim.tiers import (
+    DEFERRED_REASONS,
+    UNFULFILLED_REASONS,
+    HiRadixCache,
+    TierConfig,
+    WritePolicy,
+    tier_families,
+)
 
 A = list(range(1000, 1060))
 B = list(range(2000, 2060))
@@ -151,7 +158,9 @@ def test_a_worker_serves_host_hits_and_sglangs_hicache_series() -> None:
                 _generate(url, _prompt(i))
         again = {url: _generate(url, _prompt(0)) for url in c.urls}
         assert again[plain]["cached_tokens"] == 0
-        assert again[plain]["cached_tokens_details"] == {"device": 0, "host": 0}
+        # nothing cached: SGLang's get_cached_tokens_details returns None, so meta_info carries null
+        # (the simulator answered {"device": 0, "host": 0})
+        assert again[plain]["cached_tokens_details"] is None
         assert again[tiered]["cached_tokens"] == 399
         assert again[tiered]["cached_tokens_details"] == {"device": 0, "host": 399}
         text = httpx.get(tiered + "/metrics").text
@@ -258,3 +267,110 @@ def test_a_buffer_only_worker_serves_storage_hits_and_check_servers_reads_its_dr
         found = {f.check: (f.status.value, f.message) for f in hicache_findings(profile, instances(profile))}
         status, message = found["servers.hicache_backup"]
         assert status == "warn" and message.startswith("1,600 buffer_only backup tokens never reached storage"), message
+
+
+# ---- accounting under random load (review of issue 16) ------------------------------------------------
+# A storage-only prefix computed again went back to HBM without a host copy; evicted again it became
+# storage-only above children still in host memory, and load_back (which takes the host part of a path
+# to come first) then loaded a host child twice and its storage-only parent never: `size` and
+# `host_size` drifted from the tree (seeds 5, 10, 19, ... below), so host used / total and HBM usage
+# were wrong.
+
+
+def _nodes(c: HiRadixCache) -> list:  # type: ignore[type-arg]
+    out, stack = [], [c.root]
+    while stack:
+        n = stack.pop()
+        for child in n.children.values():
+            assert child.parent is n
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def _assert_consistent(c: HiRadixCache, where: str) -> None:
+    nodes = _nodes(c)
+    assert c.size == sum(len(n.key) for n in nodes if n.on_device), where
+    assert c.host_size == sum(len(n.key) for n in nodes if n.on_host), where
+    assert c.storage_size == sum(len(n.key) for n in nodes if n.on_storage), where
+    assert 0 <= c.host_size <= c.host_capacity, where
+    cap = c.tiers.storage_capacity_tokens
+    assert cap is None or c.storage_size <= cap, where
+    for n in nodes:
+        assert n.on_device or n.on_host or n.on_storage, where
+        p = n.parent
+        if p is not c.root:
+            assert not n.on_device or p.on_device, f"{where}: device part not a prefix"
+            assert not (n.on_device or n.on_host) or p.on_device or p.on_host, f"{where}: device-or-host not a prefix"
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+@pytest.mark.parametrize(("mode", "storage_cap"), [("cache", None), ("cache", 40), ("buffer_only", 40)])
+def test_tier_sizes_match_the_tree_under_random_load(policy: WritePolicy, mode: str, storage_cap: int | None) -> None:
+    import random
+
+    for seed in range(40):
+        r = random.Random(seed)
+        tiers = TierConfig(host_capacity_tokens=r.choice([8, 20, 64]), kv_bytes_per_token=100, host_bytes_s=1e9,
+                           write_policy=policy, storage_backend="file", storage_capacity_tokens=storage_cap,
+                           host_memory_mode=mode,  # type: ignore[arg-type]
+                           prefetch_policy=r.choice(["timeout", "wait_complete", "best_effort"]))  # type: ignore[arg-type]
+        c = HiRadixCache(r.choice([16, 32]), tiers, page_size=r.choice([1, 4]))
+        prefixes = [[r.randrange(5) for _ in range(r.randrange(1, 24))] for _ in range(6)]
+        held = []
+        for step in range(300):
+            op = r.random()
+            tokens = r.choice(prefixes) + [r.randrange(5) for _ in range(r.randrange(0, 12))]
+            where = f"{policy} {mode} seed {seed} step {step}"
+            if op < 0.45:  # a request: match, load what is below HBM, hold it while it runs, insert
+                m = c.match_prefix(tokens)
+                if m.host or m.storage:
+                    m = c.load_back(m, r.choice([0.0, 1e-6, 10.0]))
+                _assert_consistent(c, where + " load_back")
+                c.lock(m.node)
+                held.append(m.node)
+                if len(held) > 3 or r.random() < 0.5:
+                    c.unlock(held.pop(0))
+                c.insert(tokens)
+            elif op < 0.9:
+                c.insert(tokens)
+            elif op < 0.95:
+                c.detach_storage()
+            else:
+                c.attach_storage("file")
+            _assert_consistent(c, where)
+
+
+def test_storage_series_are_sglangs_with_every_precreated_reason() -> None:
+    # the simulator exposed only reason="deadline", no sglang:storage_prefetch_deferred_tokens_total, and
+    # the backup-dropped counter only in buffer_only; SGLang creates all of them when storage attaches
+    fams = {f.name: f for f in tier_families(_cache(storage_backend="file"), {"tp_rank": "0"})}
+    reasons = {name: [labels["reason"] for labels, _ in fams[name].samples]
+               for name in ("sglang:storage_prefetch_unfulfilled_tokens_total",
+                            "sglang:storage_prefetch_deferred_tokens_total")}  # fmt: skip
+    assert reasons["sglang:storage_prefetch_unfulfilled_tokens_total"] == list(UNFULFILLED_REASONS)
+    assert reasons["sglang:storage_prefetch_deferred_tokens_total"] == list(DEFERRED_REASONS)
+    assert fams["sglang:hicache_backup_dropped_tokens_total"].samples == [
+        ({"tp_rank": "0", "storage_backend": "file"}, 0)]
+    assert all(fams[n].type == "counter" for n in fams if n.endswith("_total"))
+
+
+@pytest.mark.sglang
+def test_the_precreated_reasons_are_read_from_sglangs_collector() -> None:
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang not installed")
+    text = (Path(next(iter(spec.submodule_search_locations))) / "srt/observability/metrics_collector.py").read_text()
+
+    def reasons_after(name: str) -> tuple[str, ...]:
+        tail = text.split(f'name="{name}"', 1)[1]
+        loop = re.search(r"for reason in \(([^)]*)\)", tail)
+        assert loop is not None
+        return tuple(re.findall(r'"([a-z_]+)"', loop.group(1)))
+
+    assert reasons_after("sglang:storage_prefetch_unfulfilled_tokens_total") == UNFULFILLED_REASONS
+    assert reasons_after("sglang:storage_prefetch_deferred_tokens_total") == DEFERRED_REASONS

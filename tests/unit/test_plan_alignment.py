@@ -112,3 +112,18 @@ def test_plan_kv_bad_page_size_is_exit_64(capsys: pytest.CaptureFixture[str]) ->
     assert main(["plan", "kv", "-m", "llama-3.1-8b", "--page-size", "0"]) == 64
     error, hint = capsys.readouterr().err.splitlines()
     assert "--page-size must be > 0, got 0" in error and hint.startswith("  hint: ")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # NaN / inf crashed in int() (exit 2, "internal error")
+    (["--hbm-gb", "nan"], "--hbm-gb must be a finite number, got nan"),
+    (["--hbm-gb", "80", "--weights-gb", "inf"], "--weights-gb must be a finite number, got inf"),
+    # 64 attention heads over 3 ranks: SGLang asserts; plan kv showed a page of 8 // 3 = 2 KV heads
+    (["--tp", "3"], "--tp 3 does not divide the 64 attention heads"),
+    # an explicit 0 was the preset's value
+    (["--kv-heads", "0"], "--kv-heads must be >= 1, got 0"),
+])  # fmt: skip
+def test_plan_kv_hostile_input_is_a_usage_error(args: list[str], message: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "kv", "-m", "llama-3.1-70b", *args]) == 64
+    assert message in capsys.readouterr().err

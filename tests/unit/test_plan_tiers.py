@@ -311,3 +311,78 @@ def test_a_range_error_shows_the_value_in_the_options_unit(
 ) -> None:
     assert main(["plan", "tiers", "--model", "llama-3.1-70b", option, value]) == 64
     assert shown in capsys.readouterr().err
+
+
+# ---- hostile input (review of issue 16): each of these crashed (exit 2), passed silently with the preset's
+# value, or planned a TP SGLang refuses to start -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # NaN / inf crashed in int() (exit 2) or passed every range test (exit 0 with a nonsense plan)
+        ([*_70B, "--hbm-gb", "nan"], "--hbm-gb must be a finite number, got nan"),
+        ([*_70B, "--hbm-gb", "inf"], "--hbm-gb must be a finite number, got inf"),
+        ([*_70B, "--host-ram-gb", "nan"], "--host-ram-gb must be a finite number"),
+        ([*_70B, "--weights-gb", "nan"], "--weights-gb must be a finite number"),
+        ([*_70B, "--params-b", "nan"], "--params-b must be a finite number"),
+        ([*_70B, "--efficiency", "nan"], "--efficiency must be a finite number"),
+        ([*_70B, "--tflops", "inf"], "--tflops must be a finite number"),
+        ([*_70B, "--pcie-gbs", "nan"], "--pcie-gbs must be a finite number"),
+        ([*_70B, "--storage-tb", "inf", "--storage-gbs", "1"], "--storage-tb must be a finite number"),
+        ([*_70B, "--storage-tb", "1", "--storage-gbs", "nan"], "--storage-gbs must be a finite number"),
+        ([*_70B, "--host-ram-gb", "1000", "--hicache-ratio", "nan"], "--hicache-ratio must be a finite number"),
+        ([*_70B, "--host-reserve-gib", "nan"], "--host-reserve-gib must be a finite number"),
+        # an explicit 0 was replaced by the preset's value (`x or preset.x`)
+        ([*_70B, "--layers", "0"], "--layers must be >= 1, got 0"),
+        ([*_70B, "--kv-heads", "0"], "--kv-heads must be >= 1, got 0"),
+        ([*_70B, "--head-dim", "0"], "--head-dim must be >= 1, got 0"),
+        ([*_70B, "--attention-heads", "0"], "--attention-heads must be >= 1, got 0"),
+        ([*_70B, "--max-prefix", "0"], "--max-prefix must be >= 1, got 0"),
+        (["-m", "deepseek-v3", "--kv-lora-rank", "0"], "--kv-lora-rank must be >= 1, got 0"),
+        (["-m", "deepseek-v3", "--rope-dim", "-1"], "--rope-dim must be >= 0, got -1"),
+        # TP that SGLang's attention layers assert on (llama.py / deepseek_v2.py): 64 heads over 3 / 6 ranks
+        ([*_70B, "--tp", "3"], "--tp 3 does not divide the 64 attention heads"),
+        ([*_70B, "--tp", "6"], "--tp 6 does not divide the 64 attention heads"),
+        (["-m", "deepseek-v3", "-x", "h200", "--tp", "3"], "--tp 3 does not divide the 128 attention heads"),
+        # 6 KV heads over 4 ranks (heads divide, KV heads do not): not max(1, 6 // 4) = 1 head per rank
+        (["--layers", "32", "--kv-heads", "6", "--head-dim", "128", "--attention-heads", "48", "--params-b", "8",
+          "--tp", "4", "--weights-gb", "16"], "--tp 4 does not split 6 KV heads evenly"),
+        # 8 KV heads over 12 ranks: 12 % 8 != 0 (SGLang asserts tp % kv_heads == 0 when replicating)
+        (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--attention-heads", "96", "--params-b", "8",
+          "--tp", "12", "--weights-gb", "16"], "--tp 12 does not split 8 KV heads evenly"),
+    ],
+)
+def test_hostile_input_is_a_usage_error(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "tiers", *args]) == 64
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    error, hint = captured.err.splitlines()
+    assert error.startswith("inferctl: error: ") and message in error, error
+    assert hint.startswith("  hint: ")
+
+
+def test_replicated_kv_heads_and_mla_over_many_ranks_still_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    # TP 16 over 8 KV heads replicates (16 % 8 == 0); DeepSeek-V3's latent over 16 ranks (128 % 16 == 0)
+    assert _doc([*_70B, "--tp", "16"], capsys)["kv_bytes_per_token_per_rank"] == 2 * 2 * 80 * 1 * 128
+    doc = _doc(["-m", "deepseek-v3", "-x", "h200", "--weight-dtype", "fp8", "--tp", "16"], capsys)
+    assert doc["kv_bytes_per_token_per_rank"] == 70_272
+
+
+def test_core_refuses_non_finite_inputs() -> None:
+    shape = KvShape(80, 8, 128)
+    compute = Compute(flops_per_s=float("nan"), params=70 * 10**9, layers=80, qk_dim=8192, v_dim=8192)
+    with pytest.raises(ValueError, match="must be a finite number"):
+        plan_tiers(shape, 2, TierInputs(tp=8, hbm_bytes_per_gpu=80 * 10**9, weights_bytes=140 * 10**9,
+                                        compute=compute))
+
+
+def test_a_multi_node_tp_without_ranks_per_host_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    # TP 16 over two 8-GPU nodes: SGLang splits each node's RAM over its 8 ranks (launch world size //
+    # nodes); the default (--tp) split it 16 ways and halved the auto-sized budget without a word
+    budget = (2000 * 10**9 - 10 * GIB) // 16
+    doc = _doc(["-m", "llama-3.1-405b", "--tp", "16", "--host-ram-gb", "2000"], capsys, rc=1)
+    assert [(f["check"], f["code"]) for f in doc["findings"]] == [("plan.tiers.ranks_per_host", "IC-PLN-003")]
+    assert doc["host_auto"]["budget_per_rank"] == budget
+    doc = _doc(["-m", "llama-3.1-405b", "--tp", "16", "--host-ram-gb", "2000", "--ranks-per-host", "8"], capsys)
+    assert doc["findings"] == [] and doc["host_auto"]["budget_per_rank"] == budget * 2

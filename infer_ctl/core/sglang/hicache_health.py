@@ -27,7 +27,8 @@ The runtime endpoint (`hicache_storage_backend_status`, sglang/srt/entrypoints/h
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,9 @@ class HiCacheMetrics:
 
     values: Mapping[str, float] = field(default_factory=dict)
     by_reason: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: series whose sample was NaN, +-Inf or negative (token counts and counters never are): name -> the text,
+    #: left out of `values` so that a judge says it cannot tell instead of judging (or crashing on) it
+    invalid: Mapping[str, str] = field(default_factory=dict)
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
@@ -103,6 +107,7 @@ def parse_metrics(text: str) -> HiCacheMetrics:
     # (name, labels without tp/pp/attn ranks) -> {dp_rank: (tp_rank, value)}: keep each DP rank's lowest TP rank
     seen: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, tuple[int, float]]] = {}
     wanted = set(NAMES)
+    invalid: dict[str, str] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -116,8 +121,12 @@ def parse_metrics(text: str) -> HiCacheMetrics:
         if name not in wanted:
             continue
         try:
-            value = float(rest.split()[0])
+            raw = rest.split()[0]
+            value = float(raw)
         except (IndexError, ValueError):
+            continue
+        if not math.isfinite(value) or value < 0:
+            invalid.setdefault(name, raw)
             continue
         tp_text = labels.pop("tp_rank", "0")
         tp = int(tp_text) if tp_text.isdigit() else 0
@@ -137,7 +146,20 @@ def parse_metrics(text: str) -> HiCacheMetrics:
         if reason is not None:
             by_reason.setdefault(name, {})
             by_reason[name][reason] = by_reason[name].get(reason, 0.0) + total
-    return HiCacheMetrics(values, by_reason)
+    return HiCacheMetrics(values, by_reason, invalid)
+
+
+def _unusable(inst: Instance, check: str, m: HiCacheMetrics, names: Iterable[str]) -> Finding | None:
+    bad = {n: m.invalid[n] for n in names if n in m.invalid}
+    if not bad:
+        return None
+    return Finding.unknown(
+        check, inst.node, inst.name,
+        "/metrics reports " + ", ".join(f"{n} = {v}" for n, v in bad.items())
+        + ": not a token count, so this cannot be judged",
+        details={"invalid": bad},
+        remedy="read the server's /metrics by hand; a NaN or negative HiCache series is a server-side bug "
+        "(report it with the SGLang version)")  # fmt: skip
 
 
 def _n(x: float) -> str:
@@ -145,6 +167,8 @@ def _n(x: float) -> str:
 
 
 def judge_host(inst: Instance, m: HiCacheMetrics) -> Finding:
+    if bad := _unusable(inst, "servers.hicache_host", m, (HOST_USED, HOST_TOTAL, EVICTED)):
+        return bad
     used, total = m.get(HOST_USED), m.get(HOST_TOTAL)
     if used is None or not total:
         return Finding.unknown(
@@ -152,6 +176,12 @@ def judge_host(inst: Instance, m: HiCacheMetrics) -> Finding:
             f"no {HOST_USED} / {HOST_TOTAL} in /metrics although the profile runs HiCache here",
             remedy="check that the server runs --enable-hierarchical-cache and --enable-metrics "
             "(`inferctl check servers` servers.drift names a differing flag)")  # fmt: skip
+    if used > total:
+        return Finding.unknown(
+            "servers.hicache_host", inst.node, inst.name,
+            f"{HOST_USED} {_n(used)} exceeds {HOST_TOTAL} {_n(total)}: the counts are inconsistent",
+            details={"used_tokens": used, "total_tokens": total},
+            remedy="read each rank's /metrics by hand; check that the address serves one SGLang server")  # fmt: skip
     share, evicted = used / total, m.total(EVICTED)
     details = {"used_tokens": int(used), "total_tokens": int(total), "used_fraction": round(share, 4),
                "evicted_tokens": int(evicted)}  # fmt: skip
@@ -168,6 +198,8 @@ def judge_host(inst: Instance, m: HiCacheMetrics) -> Finding:
 
 
 def judge_backup(inst: Instance, m: HiCacheMetrics) -> Finding:
+    if bad := _unusable(inst, "servers.hicache_backup", m, (DROPPED, BACKUP_DROPPED, EVICTED, BACKUP)):
+        return bad
     dropped = m.by_reason.get(DROPPED, {})
     pressure, unbacked = dropped.get("host_pressure", 0.0), dropped.get("write_through_unbacked_eviction", 0.0)
     staged = m.total(BACKUP_DROPPED)
@@ -283,6 +315,9 @@ def judge_storage(inst: Instance, m: HiCacheMetrics, expected_backend: str | Sto
                                        remedy=unread[1]))
         elif unread is not None:
             unread_note = f"; runtime state not read: {unread[0]}"
+    if bad := _unusable(inst, check, m, (PREFETCH_HIT, PREFETCH_UNFULFILLED, PREFETCHED)):
+        out.append(bad)
+        return out
     hits, unfulfilled = m.total(PREFETCH_HIT), m.total(PREFETCH_UNFULFILLED)
     reasons = dict(sorted(m.by_reason.get(PREFETCH_UNFULFILLED, {}).items(), key=lambda kv: -kv[1]))
     details = {"prefetch_hit_tokens": int(hits), "unfulfilled_tokens": int(unfulfilled),

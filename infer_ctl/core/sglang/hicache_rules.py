@@ -15,6 +15,7 @@ kv_cache_hook.py, pd_disaggregation_hook.py, speculative_hook.py, kv_shard_hook.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,6 +96,7 @@ def _instance_findings(profile: Profile, inst: Instance, args: Args) -> list[Fin
     has = args.__contains__
     hicache, offload = has(ENABLE_FLAG), has(DECODE_OFFLOAD_FLAG)
     mode = args.get("--disaggregation-mode") or "null"
+    _page_size(j)
     _eviction(j)
     if not (hicache or offload):
         return j.out
@@ -127,6 +129,8 @@ def _instance_findings(profile: Profile, inst: Instance, args: Args) -> list[Fin
                   "it (mem_cache/pool_host/)", "leave it unset (SGLang's CUDA default) or choose a CUDA value")
     _layout(j)
     _sizing(j)
+    if hicache:
+        _dcp(j, storage, buffer_only)
     _compat(j, mode, storage, hicache)
     if storage is not None and (_float(args.get(PAGE)) or 1) < STORAGE_PAGE_SIZE:
         page = args.get(PAGE)
@@ -168,6 +172,30 @@ def _host_receive(args: Args) -> bool:
     """--disaggregation-decode-host-receive-threshold below 1 (SGLang's default 1.0: off)."""
     threshold = _float(args.get(RECEIVE))
     return threshold is not None and threshold < 1
+
+
+def _page_size(j: _Judge) -> None:
+    """Every server, HiCache or not: --page-size must be a positive integer. SGLang's parser takes any int
+    and nothing checks the sign (0 trips an assertion in cuda_graph_hook.py, a negative size breaks the
+    allocators); the KV page checks (launch.kv_page) cannot judge it either, so it is their FAIL."""
+    if PAGE not in j.args:
+        return
+    value = j.args.get(PAGE)
+    try:
+        page = int(value) if value is not None else None
+    except ValueError:
+        page = None
+    if page is not None and page >= 1:
+        return
+    field = j.where(PAGE)
+    j.out.append(Finding.fail(
+        "launch.kv_page", j.inst.node, j.inst.name,
+        f"{field}: --page-size {value!s} is not a positive integer (SGLang's parser refuses a non-integer; 0 or "
+        "a negative size it does not check, and fails later: an assertion in cuda_graph_hook.py, broken KV "
+        "allocators)",
+        details={"field": field, "flag": PAGE, "value": value},
+        remedy="set --page-size to a positive integer on prefill and decode alike (64 with HiCache storage; "
+        "`inferctl plan kv --page-size N` shows its alignment)"))  # fmt: skip
 
 
 def _eviction(j: _Judge) -> None:
@@ -232,6 +260,32 @@ def _layout(j: _Judge) -> None:
               "write_through (validate_hicache_host_memory_mode)", f"set {WRITE} write_through")
 
 
+def _dcp(j: _Judge, storage: str | None, buffer_only: bool) -> None:
+    """HiCache with decode context parallelism (--dcp-size > 1): resolve_hicache_dcp_compatibility
+    (hicache_hook.py) refuses what has no DCP index translation."""
+    try:
+        dcp = int(j.args.get("--dcp-size") or 1)
+    except ValueError:
+        return
+    if dcp <= 1:
+        return
+    why = "SGLang refuses it (resolve_hicache_dcp_compatibility, hicache_hook.py)"
+    if storage is not None and buffer_only:
+        j.add("fail", MODE, f"HiCache storage with --dcp-size {dcp} does not support buffer_only host memory: {why}",
+              "use host_memory_mode cache, or --dcp-size 1")
+    algo = j.args.get("--speculative-algorithm")
+    if algo is not None and algo.upper() != "DSPARK":
+        j.add("fail", "--speculative-algorithm", f"HiCache with --dcp-size {dcp} supports DSPARK drafts only (other "
+              f"draft host pools have no DCP index translation): {why}", "use DSPARK, no draft, or --dcp-size 1")
+    if "--enable-hisparse" in j.args:
+        j.add("fail", "--enable-hisparse", f"--enable-hisparse with --dcp-size {dcp} and HiCache: {why}",
+              "drop --enable-hisparse or --dcp-size")
+    target = j.profile.models.target if j.profile.models else None
+    if target is not None and target.preset and not _model_is_mla(j.profile):
+        j.add("fail", "--dcp-size", f"HiCache with --dcp-size {dcp} works for MLA models only ({target.preset} is not "
+              f"one: the MHA host pool has no DCP index translation): {why}", "use --dcp-size 1 with HiCache")
+
+
 def _model_is_mla(profile: Profile) -> bool:
     target = profile.models.target if profile.models else None
     if target is None or not target.preset:
@@ -247,6 +301,12 @@ def _sizing(j: _Judge) -> None:
     if fraction is not None and not 0 < fraction <= 1:
         j.add("fail", FRACTION, f"{fraction} is outside (0, 1]; SGLang refuses it (handle_hicache_ratio_default)",
               "give a fraction in (0, 1]")
+    if ratio is not None and not (math.isfinite(ratio) and ratio > 0):
+        # SGLang's parser takes any float; the host pool is int(device tokens x ratio) (pool_host/base.py)
+        j.add("fail", RATIO, f"--hicache-ratio {j.args.get(RATIO)} is not a positive finite number: SGLang sizes the "
+              "host pool as int(device tokens x ratio), which fails (nan, inf) or holds nothing (<= 0)",
+              "give a ratio above 1 (SGLang's default is 2), or size_gb")
+        ratio = None  # judged: no "ratio <= 1" warning on top
     explicit = (ratio is not None) or bool(size)
     if FRACTION in j.args and explicit:
         j.add("warn", FRACTION, "ignored: an explicit --hicache-ratio or --hicache-size turns SGLang's auto-sizing "

@@ -129,7 +129,9 @@ def kv_page_findings(
             out.append(Finding.skip(CHECK, inst.node, inst.name, f"KV page alignment not judged: --kv-cache-dtype "
                                     f"{kv_dtype} is sub-byte with separate scales"))
             continue
-        page = _int(args.get("--page-size")) or SGLANG_DEFAULT_PAGE
+        page = _int(args.get("--page-size")) if "--page-size" in args else SGLANG_DEFAULT_PAGE
+        if page is None or page < 1:
+            continue  # not a positive integer: launch_problems' launch.kv_page FAIL (hicache_rules._page_size)
         fabric = inst.role in ("prefill", "decode")
         node_mtu: int = profile.fabric_policy_for(profile.node(inst.node)).mtu
         row = model.shape.row_bytes(dbytes, inst.tp)

@@ -70,6 +70,22 @@ class KvShape:
             raise ValueError(f"tp must be >= 1, got {tp}")
         return max(1, self.kv_heads // tp)
 
+    def tp_error(self, tp: int, attention_heads: int | None = None) -> str | None:
+        """Why SGLang cannot split this model over `tp` ranks, or None. Its attention layers assert
+        heads % tp == 0, and KV heads % tp == 0 (kv_heads >= tp) or tp % kv_heads == 0 (fewer KV heads,
+        each replicated): sglang/srt/models/llama.py LlamaAttention, deepseek_v2.py (0.5.23). MLA has no
+        KV heads to split (one latent, replicated), only its attention heads."""
+        if attention_heads is not None and attention_heads % tp:
+            return f"--tp {tp} does not divide the {attention_heads} attention heads (SGLang asserts heads % tp == 0)"
+        if self.is_mla:
+            return None
+        kv = self.kv_heads
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            ok = sorted({d for d in range(1, 2 * kv + 1) if (kv % d == 0 if d <= kv else d % kv == 0)})
+            return (f"--tp {tp} does not split {kv} KV heads evenly (SGLang asserts kv_heads % tp == 0, or "
+                    f"tp % kv_heads == 0 with fewer KV heads than ranks): use a TP of {', '.join(map(str, ok))}, ...")
+        return None
+
     def bytes_per_token_per_rank(self, dtype_bytes: int, tp: int) -> int:
         """What one tensor-parallel rank stores per token: its KV-head shard (MHA/GQA) or the whole latent
         (MLA is replicated on every attention-TP rank)."""

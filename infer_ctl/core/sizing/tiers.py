@@ -9,6 +9,7 @@ which it does. Formulas and sources: docs/sizing.md ("KV tiers").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from infer_ctl.core.sizing.kv import KvShape, capacity
@@ -163,7 +164,19 @@ def _as_given(name: str, value: float) -> float:
     return value / scale
 
 
-def _check(inp: TierInputs) -> None:
+def _check(inp: TierInputs, shape: KvShape | None = None, attention_heads: int | None = None) -> None:
+    for name, value in (("--pcie-gbs", inp.pcie_bytes_s), ("--pcie-latency-us", inp.pcie_latency_s),
+                        ("--storage-latency-us", inp.storage_latency_s),
+                        ("--storage-page-overhead-us", inp.storage_page_overhead_s),
+                        ("--mem-fraction", inp.mem_fraction), ("--hicache-ratio", inp.hicache_ratio),
+                        ("--hicache-host-memory-fraction", inp.host_memory_fraction),
+                        ("--storage-gbs", inp.storage_read_bytes_s), ("--fabric-gbps", inp.fabric_bytes_s),
+                        ("prefill FLOP/s (--tflops x --tp x --efficiency)", inp.compute.flops_per_s)):
+        # NaN passes every `<` test and inf makes every load free or every recompute free
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    if shape is not None and inp.tp >= 1 and (why := shape.tp_error(inp.tp, attention_heads)):
+        raise ValueError(why)
     for name, value, low, strict in (
         ("--tp", inp.tp, 1, False),
         ("--hbm-gb", inp.hbm_bytes_per_gpu, 0, True),
@@ -272,8 +285,8 @@ def _load(tier: str, inp: TierInputs, per_token: float, fixed: float) -> TierLoa
                     break_even_tokens=be, never=never)
 
 
-def plan_tiers(shape: KvShape, dtype_bytes: int, inp: TierInputs) -> TierPlan:
-    _check(inp)
+def plan_tiers(shape: KvShape, dtype_bytes: int, inp: TierInputs, attention_heads: int | None = None) -> TierPlan:
+    _check(inp, shape, attention_heads)
     tp, page = inp.tp, inp.page_size
     per_token = shape.bytes_per_token(dtype_bytes)
     per_rank = shape.bytes_per_token_per_rank(dtype_bytes, tp)
