@@ -101,6 +101,8 @@ def test_agreeing_page_size_and_kv_dtype_and_the_default_spelled_out_are_fine() 
                                  "decode": ["--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"]}) == {}
     assert _problems(extra_args={"decode": ["--kv-cache-dtype", "auto"]}) == {}  # auto is the default
     assert _problems(extra_args={"prefill": ["--disaggregation-bootstrap-port", "8998"]}) == {}  # no change
+    # SGLang parses the page size as an integer: 064 is page 64 (the dtype string is compared as given)
+    assert _problems(extra_args={"prefill": ["--page-size", "64"], "decode": ["--page-size", "064"]}) == {}
 
 
 def test_role_and_bootstrap_overrides_are_fails_not_override_warnings() -> None:

@@ -406,15 +406,31 @@ def _kv_events_findings(
     return out
 
 
+#: flags whose value SGLang parses as an integer: "64" and "064" are one page size
+_INT_FLAGS = frozenset({"--page-size", *_SPEC_NUMBERS})
+
+
 def _with_default(flag: str, args: dict[str, str | None]) -> str | None:
     """The value as SGLang holds it: unset means the flag's default (--kv-cache-dtype: auto). A default
     of None (--page-size: resolved from the attention backend) stays None: unset on one side and set on
-    the other is reported, since the backend may resolve another size."""
+    the other is reported, since the backend may resolve another size. Integer flags compare as the
+    integers SGLang parses ("064" is page 64); the KV dtype compares as the string it is given: SGLang
+    0.5.23 sends the prefill's `kv_cache_dtype_str`, which for an explicit dtype is the argument itself
+    (mem_cache/kv_cache_dtype.py resolves only "auto"), so `bf16` vs `bfloat16` is a mismatch there."""
     if flag in args:
-        return args[flag]
-    spec = flag_table().lookup(flag)
-    default = spec.default if spec else None
-    return None if default in (None, "", "None") else default
+        value = args[flag]
+    else:
+        spec = flag_table().lookup(flag)
+        default = spec.default if spec else None
+        value = None if default in (None, "", "None") else default
+    if value is None:
+        return None
+    if flag in _INT_FLAGS:
+        try:
+            return str(int(value))
+        except ValueError:
+            return value
+    return value
 
 
 def pool_step_args(profile: Profile, insts: list[Instance]) -> dict[str, dict[str, str]]:
