@@ -211,6 +211,10 @@ class KvStream:
             return
         seq = int.from_bytes(frames[1], "big")
         payload = frames[2]
+        if seq > self._dup_upto:
+            # past the replayed range: the live copies of it (queued in order before this one) are behind
+            # us, so a seq at or below it from now on is a restarted publisher, not a duplicate
+            self._dup_from = self._dup_upto = -1
         if self.state == "untrusted":
             self._repair(seq, payload)
             return

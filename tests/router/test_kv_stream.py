@@ -265,3 +265,30 @@ def test_bounded_blocks_per_worker() -> None:
             pub.close()
 
     run(main())
+
+
+def test_a_restart_whose_seqs_fall_in_the_first_replay_is_not_taken_for_duplicates() -> None:
+    """The catch-up replay covered seqs 0..19; a publisher that restarts later sends 0, 1, 2 again. Those
+    are not the live copies of the replayed batches (the live stream already passed them): the blocks of
+    the process that is gone must go at once, not after 20 more batches (review of issue 19)."""
+    async def main() -> None:
+        pub = TestPublisher()
+        for i in range(20):
+            pub.batch([CLEARED] if i == 0 else [stored([600 + i], None, [i])])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            assert s.blocks.holds(619)
+            pub.buffer.clear()
+            pub.seq = 0
+            pub.batch([CLEARED])  # the new process: seq 0, 1, 2
+            pub.batch([stored([700], None, [1])])
+            pub.batch([stored([701], 700, [2])])
+            assert await until(lambda: s.blocks.holds(701) and not s.blocks.holds(619), 3)
+            assert s.exact and seen["restart"] >= 1
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
