@@ -46,7 +46,7 @@ _YIELD_EVERY = 32
 @dataclass(frozen=True)
 class StreamSettings:
     max_blocks: int = 4_000_000
-    max_event_blocks: int = 1 << 16
+    max_event_blocks: int | None = None  # None: max_blocks (core/routing/blocks.py says why)
     max_message_bytes: int = 16 << 20
     rcv_hwm: int = 100_000
     replay_timeout_s: float = 2.0

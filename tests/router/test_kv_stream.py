@@ -178,7 +178,7 @@ def test_hostile_batches_are_counted_and_untrust_the_stream(kind: str, send: Cal
     async def main() -> None:
         pub = TestPublisher()
         pub.batch([CLEARED])
-        s, seen = stream_for(pub)
+        s, seen = stream_for(pub, max_event_blocks=1 << 16)
         s.start()
         ticks = 0
 

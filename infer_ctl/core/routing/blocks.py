@@ -71,9 +71,13 @@ def _medium(ev: dict[str, Any]) -> str:
 class WorkerBlocks:
     """The blocks one worker holds, per storage medium."""
 
-    def __init__(self, *, max_blocks: int = 4_000_000, max_event_blocks: int = 1 << 16) -> None:
+    def __init__(self, *, max_blocks: int = 4_000_000, max_event_blocks: int | None = None) -> None:
         self.max_blocks = max_blocks
-        self.max_event_blocks = max_event_blocks
+        # None: max_blocks. SGLang merges consecutive stores of a chain (and all removals of a step) into
+        # one event (KVCacheEventRecorder.enqueue, sglang/srt/mem_cache/events.py), so at its default page
+        # size 1 one prompt of n tokens is one BlockStored of n hashes: a lower per-event limit would
+        # untrust a worker for serving a long prompt.
+        self.max_event_blocks = max_blocks if max_event_blocks is None else max_event_blocks
         #: device blocks: what a prompt is matched against (a set: membership at C speed)
         self.device: set[int] = set()
         #: blocks on other media (host memory, storage), kept for tiered scoring
@@ -144,6 +148,10 @@ class WorkerBlocks:
                 size = 0
                 cleared = True
                 continue
+            listed = ev.get("block_hashes")
+            if kind == "BlockStored" and isinstance(listed, list) and size + len(listed) > self.max_blocks:
+                # before the list is walked or the set grows: a hostile batch costs no more than this
+                raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
             hashes = _hashes(ev, self.max_event_blocks)
             medium = _medium(ev)
             if kind == "BlockStored":
@@ -160,10 +168,8 @@ class WorkerBlocks:
                     not cleared and self._held_anywhere(parent)
                 ):
                     raise EventRejected("orphan", f"BlockStored under parent {parent} the worker never stored")
-                stored_here.update(hashes)
                 size += len(hashes)
-                if size > self.max_blocks:
-                    raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
+                stored_here.update(hashes)
             plan.append((kind, medium, hashes, ev))
         return plan
 
