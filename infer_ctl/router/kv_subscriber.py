@@ -16,7 +16,7 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   replayed from 0.
 - a batch that does not decode, has an unknown event, an oversized list, a store under a block the
   worker never stored, or would exceed `kv_max_blocks` (core/routing/blocks.py rejects it whole), and a
-  publisher sending more than `kv_max_batches_per_s`: counted, logged (at most once a minute per stream
+  publisher sending more than `kv_max_batches_per_s` (or `max_bytes_per_s`): counted, logged (at most once a minute per stream
   and kind), untrusted. A flooding stream's socket is closed for `kv_flood_pause_s`.
 - untrusted is repaired by an `AllBlocksCleared` (the blocks after it are the whole truth) or a worker
   restart; a worker that goes unhealthy is `down` (blocks dropped at once) until it is back.
@@ -51,6 +51,10 @@ class StreamSettings:
     rcv_hwm: int = 100_000
     replay_timeout_s: float = 2.0
     max_batches_per_s: int = 5000
+    #: bytes a second per publisher before it is a flood: decoding is C code that holds the event loop
+    #: (~0.15-0.3 s for a 16 MiB batch on a loaded 2-core machine), so a publisher sending a few large
+    #: batches a second, under max_batches_per_s, would otherwise stall every request
+    max_bytes_per_s: int = 32 << 20
     flood_pause_s: float = 30.0
 
 
@@ -96,7 +100,7 @@ class KvStream:
         self._dup_upto = -1
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
-        self._flood_window = (0.0, 0)
+        self._flood_window = (0.0, 0, 0)
         self._logged: dict[str, float] = {}
 
     # ---- control (the health checker, the admin API) ------------------------------------------------
@@ -162,8 +166,8 @@ class KvStream:
                 await self._session(sub)
             except asyncio.CancelledError:
                 raise
-            except _Flood:
-                self._reject("flood", f"more than {self.settings.max_batches_per_s} batches/s")
+            except _Flood as flood:
+                self._reject("flood", str(flood))
                 sub.close(linger=0)
                 await asyncio.sleep(self.settings.flood_pause_s)
                 self.restarted("flood pause over")
@@ -185,23 +189,25 @@ class KvStream:
                 frames = await asyncio.wait_for(sub.recv_multipart(), 0.5)
             except TimeoutError:
                 continue
-            self._flood_check()
+            self._flood_check(sum(len(f) for f in frames))
             await self._live(sub, frames)
             n += 1
             if n % _YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # a busy stream never holds the loop
 
-    def _flood_check(self) -> None:
+    def _flood_check(self, size: int) -> None:
         now = time.monotonic()
-        start, count = self._flood_window
+        start, count, nbytes = self._flood_window
         if now - start >= 1.0:
-            self._flood_window = (now, 1)
-            return
-        count += 1
-        self._flood_window = (start, count)
+            start, count, nbytes = now, 0, 0
+        count, nbytes = count + 1, nbytes + size
+        self._flood_window = (start, count, nbytes)
         if count > self.settings.max_batches_per_s:
-            self._flood_window = (now, 0)
-            raise _Flood
+            self._flood_window = (now, 0, 0)
+            raise _Flood(f"more than {self.settings.max_batches_per_s} batches/s")
+        if nbytes > self.settings.max_bytes_per_s:
+            self._flood_window = (now, 0, 0)
+            raise _Flood(f"more than {self.settings.max_bytes_per_s} bytes/s")
 
     async def _live(self, sub: Any, frames: list[bytes]) -> None:
         if self.state == "down":

@@ -292,3 +292,44 @@ def test_a_restart_whose_seqs_fall_in_the_first_replay_is_not_taken_for_duplicat
             pub.close()
 
     run(main())
+
+
+def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
+    """A few large batches a second stay far under max_batches_per_s, yet decoding each holds the event
+    loop (C code): the byte budget cuts such a publisher off before it stalls requests (review of
+    issue 19: 20 batches of 15 MB held the loop 1.6 s at a time)."""
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=0.3)
+        s.start()
+        lags: list[float] = []
+
+        async def probe() -> None:
+            while True:
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.005)
+                lags.append(time.perf_counter() - t0)
+
+        t = asyncio.ensure_future(probe())
+        try:
+            await connected(s, pub)
+            # a removal of 220k unknown 9-byte hashes: valid, about 2 MB
+            payload = msgspec.msgpack.encode([0.0, [removed(list(range(1 << 62, (1 << 62) + 220_000)))], 0])
+            first = pub.seq
+
+            def flood() -> None:
+                for i in range(10):
+                    pub.raw([b"", (first + i).to_bytes(8, "big"), payload])
+
+            await asyncio.to_thread(flood)
+            assert await until(lambda: s.stats.rejected.get("flood", 0) == 1, 5)
+            assert "bytes/s" in s.reason
+            assert max(lags) < 0.25, max(lags)
+            assert await until(lambda: s.exact, 5)  # after the pause
+        finally:
+            t.cancel()
+            await s.stop()
+            pub.close()
+
+    run(main())

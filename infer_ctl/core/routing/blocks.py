@@ -53,9 +53,10 @@ def _hashes(ev: dict[str, Any], limit: int) -> list[int]:
         raise EventRejected("malformed", f"{ev.get('type')}: block_hashes is not a list")
     if len(hashes) > limit:
         raise EventRejected("oversized", f"{ev.get('type')}: {len(hashes)} block hashes (limit {limit})")
-    for h in hashes:
-        if not isinstance(h, int) or isinstance(h, bool):
-            raise EventRejected("malformed", f"{ev.get('type')}: a block hash is not an integer")
+    # the types' set at C speed (a Python loop held the event loop ~0.7 s for 1.7M hashes); bool is its
+    # own type, so True is refused too
+    if not set(map(type, hashes)) <= {int}:
+        raise EventRejected("malformed", f"{ev.get('type')}: a block hash is not an integer")
     return hashes
 
 
@@ -121,12 +122,10 @@ class WorkerBlocks:
                     eff.bigram = isinstance(tokens[0], list | tuple)
             else:
                 target = self._set(medium)
-                for h in hashes:
-                    if h in target:
-                        target.discard(h)
-                        eff.removed += 1
-                    else:
-                        eff.unknown_removed += 1
+                held = target.intersection(hashes)  # set operations: no Python loop per hash
+                target.difference_update(held)
+                eff.removed += len(held)
+                eff.unknown_removed += len(hashes) - len(held)
         return eff
 
     def _validate(self, events: list[Any]) -> list[tuple[str, str, list[int], dict[str, Any]]]:
