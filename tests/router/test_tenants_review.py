@@ -102,3 +102,23 @@ def test_hostile_bodies_neither_leak_the_tenant_slot_nor_charge_what_never_ran(c
         assert _post(router.url, KEY_A).status_code == 200
     finally:
         router.stop()
+
+
+def test_a_streamed_batch_is_charged_for_every_prompt(cluster: ThreadedSimCluster) -> None:
+    """The relay reported the stream's last event only: one prompt of a streamed /generate batch. Its
+    tenant was charged 50 of 200 output tokens here, and given the other prompts' reservation back."""
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=600_000)])
+    body = {"text": ["hello a", "hello b", "hello c", "hello d"], "stream": True,
+            "sampling_params": {"max_new_tokens": 20, "ignore_eos": True}}
+    try:
+        with httpx.stream("POST", router.url + "/generate", json=body, timeout=60,
+                          headers={"authorization": f"Bearer {KEY_A}"}) as r:
+            assert r.status_code == 200
+            assert sum(1 for line in r.iter_lines() if line.startswith("data: {")) >= 4
+        deadline = time.monotonic() + 5
+        while _inflight(router.url, "a") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
+        assert snap["output_tokens"] == 4 * 20 and snap["input_tokens"] >= 4, snap
+    finally:
+        router.stop()
