@@ -301,7 +301,7 @@ def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
     async def main() -> None:
         pub = TestPublisher()
         pub.batch([CLEARED])
-        s, seen = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=0.3)
+        s, _ = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=0.3)
         s.start()
         lags: list[float] = []
 
