@@ -173,8 +173,10 @@ class KvStream:
                 self.restarted("flood pause over")
                 continue
             except Exception as exc:  # never lose the task: the stream is untrusted, and tried again
+                logged = self._logged.get("internal")
                 self._untrusted("internal", f"subscriber failed: {exc}")
-                log.exception("KV events: subscriber failed", extra={"worker": self.worker})
+                if self._logged.get("internal") != logged:  # the traceback too, once a minute (it retries each second)
+                    log.exception("KV events: subscriber failed", extra={"worker": self.worker})
                 await asyncio.sleep(1.0)
             finally:
                 sub.close(linger=0)
@@ -189,10 +191,11 @@ class KvStream:
                 frames = await asyncio.wait_for(sub.recv_multipart(), 0.5)
             except TimeoutError:
                 continue
-            self._flood_check(sum(len(f) for f in frames))
+            size = sum(len(f) for f in frames)
+            self._flood_check(size)
             await self._live(sub, frames)
             n += 1
-            if n % _YIELD_EVERY == 0:
+            if n % _YIELD_EVERY == 0 or size > 1 << 16:  # a large batch took a while: let requests run
                 await asyncio.sleep(0)  # a busy stream never holds the loop
 
     def _flood_check(self, size: int) -> None:

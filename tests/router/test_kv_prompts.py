@@ -74,6 +74,25 @@ def test_endpoints_from_server_info() -> None:
                                                         ("tcp://10.0.0.5:5558", "tcp://10.0.0.5:5601")]
     assert endpoints("http://[fd00::5]:30000", {"endpoint_host": "::", "endpoint_port_base": 5557}) == [
         ("tcp://[fd00::5]:5557", None)]
-    assert endpoints("http://h:1", {"endpoint_host": "10.1.1.1", "endpoint_port_base": 7000}) == [
-        ("tcp://10.1.1.1:7000", None)]
     assert endpoints("http://h:1", {"endpoint_port_base": 0}) is None
+
+
+@pytest.mark.parametrize("host", ["10.1.1.1", "evil.example.com", "169.254.169.254", "ipc:///tmp/kv",
+                                  "127.0.0.1:22/x", "a b", "tcp://h2:9"])
+def test_a_named_endpoint_host_is_never_dialed(host: str) -> None:
+    """The router dials the worker URL's host, never one a worker's /server_info names (review of issue
+    19: any host, even a string with a scheme in it, was put into the tcp:// endpoint)."""
+    assert endpoints("http://h:1", {"endpoint_host": host, "endpoint_port_base": 7000,
+                                    "replay_endpoint_port_base": 7100}) == [("tcp://h:7000", "tcp://h:7100")]
+
+
+@pytest.mark.parametrize(("desc", "want"), [
+    ({"endpoint_port_base": 65535, "dp_size": 2}, None),  # rank 1 would be port 65536
+    ({"endpoint_port_base": 65534, "dp_size": 2, "replay_endpoint_port_base": 65535}, [  # replay rank 1: 65536
+        ("tcp://h:65534", None), ("tcp://h:65535", None)]),
+    ({"endpoint_port_base": 7000, "replay_endpoint_port_base": 7000}, [("tcp://h:7000", None)]),  # the PUB port
+    ({"endpoint_port_base": 7000, "dp_size": True}, [("tcp://h:7000", None)]),
+    ({"endpoint_port_base": -1}, None),
+])
+def test_port_bases_that_are_no_ports_are_refused(desc: dict, want: object) -> None:
+    assert endpoints("http://h:1", desc) == want

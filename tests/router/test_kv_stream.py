@@ -325,7 +325,7 @@ def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
             await asyncio.to_thread(flood)
             assert await until(lambda: s.stats.rejected.get("flood", 0) == 1, 5)
             assert "bytes/s" in s.reason
-            assert max(lags) < 0.25, max(lags)
+            assert max(lags) < 0.5, max(lags)  # was 1.6 s with 15 MB batches; 2 MB ones take ~0.05 s each
             assert await until(lambda: s.exact, 5)  # after the pause
         finally:
             t.cancel()
