@@ -32,8 +32,17 @@ from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
 
 log = logging.getLogger("infer_ctl.router.kv")
 
-#: SGLang's EAGLE family: its radix cache keys pages by bigrams (RadixKey.maybe_to_bigram_view)
-_BIGRAM_ALGOS = ("EAGLE", "EAGLE3")
+#: SGLang 0.5.23's `SpeculativeAlgorithm.is_eagle()` (speculative/spec_info.py): EAGLE, EAGLE3 and
+#: FROZEN_KV_MTP (what a Gemma4 assistant draft's EAGLE/NEXTN becomes, arg_groups/speculative_hook.py);
+#: its radix cache keys pages by bigrams (RadixKey.maybe_to_bigram_view). NEXTN is EAGLE's alias.
+_BIGRAM_ALGOS = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
+
+
+def bigram_keys(info: dict[str, Any]) -> bool:
+    """Whether a worker's /server_info says its radix cache keys pages by bigrams (SGLang upper-cases
+    the name it is given: `SpeculativeAlgorithm.from_string`)."""
+    algo = info.get("speculative_algorithm")
+    return isinstance(algo, str) and algo.upper() in _BIGRAM_ALGOS
 
 
 @dataclass
@@ -189,7 +198,7 @@ class KvRouting:
             return
         page = desc.get("block_size") or info.get("page_size") or 1
         page = page if isinstance(page, int) and page >= 1 else 1
-        bigram = info.get("speculative_algorithm") in _BIGRAM_ALGOS
+        bigram = bigram_keys(info)
         topic = desc.get("topic")
         topic = topic if isinstance(topic, str) else ""
         key = (tuple(eps), topic, page, bigram)

@@ -13,7 +13,7 @@ from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer, render_chat
 from infer_ctl.core.routing.index import block_hashes
 from infer_ctl.core.routing.prompt import routing_text
 from infer_ctl.router.kv_prompts import ChatKeys, chat_layout, view_for
-from infer_ctl.router.kv_routing import endpoints
+from infer_ctl.router.kv_routing import bigram_keys, endpoints
 
 MSGS: list[dict[str, Any]] = [{"role": "system", "content": "You are the support assistant. " * 8},
                               {"role": "user", "content": "Where is my order?"},
@@ -96,3 +96,13 @@ def test_a_named_endpoint_host_is_never_dialed(host: str) -> None:
 ])
 def test_port_bases_that_are_no_ports_are_refused(desc: dict, want: object) -> None:
     assert endpoints("http://h:1", desc) == want
+
+
+def test_bigram_keying_follows_sglangs_is_eagle() -> None:
+    """SGLang 0.5.23 keys by bigrams for EAGLE, EAGLE3 and FROZEN_KV_MTP (a Gemma4 draft's), by any case
+    of the name; the router knew only "EAGLE" and "EAGLE3" (review of issue 19: until a worker's first
+    store said otherwise, its prompts were anchored in the wrong key space)."""
+    for algo in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP", "eagle", "NEXTN"):
+        assert bigram_keys({"speculative_algorithm": algo}), algo
+    for algo in (None, "NGRAM", "STANDALONE", "DFLASH", 3):
+        assert not bigram_keys({"speculative_algorithm": algo}), algo
