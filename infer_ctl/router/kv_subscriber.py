@@ -295,6 +295,8 @@ class KvStream:
                 if left <= 0:
                     raise TimeoutError
                 frames = await asyncio.wait_for(dealer.recv_multipart(), left)
+                size = sum(len(f) for f in frames)
+                self._flood_check(size)  # a replay socket is held to the live stream's budget
                 if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
                     self._reject("malformed", f"a replay message of {len(frames)} frames")
                     return
@@ -314,7 +316,7 @@ class KvStream:
                 if self.state == "untrusted":
                     return
                 n += 1
-                if n % _YIELD_EVERY == 0:
+                if n % _YIELD_EVERY == 0 or size > 1 << 16:
                     await asyncio.sleep(0)
         except TimeoutError:
             self._replay_failed(start, f"no replay answer within {self.settings.replay_timeout_s:g}s")

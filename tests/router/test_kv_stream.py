@@ -333,3 +333,50 @@ def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
             pub.close()
 
     run(main())
+
+
+class _FloodingReplay(TestPublisher):
+    """A publisher whose replay socket answers with large valid batches and never the end marker."""
+
+    def _serve(self) -> None:
+        import zmq
+
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.bind(f"tcp://127.0.0.1:{self.replay_port}")
+        payload = msgspec.msgpack.encode([0.0, [removed(list(range(1 << 62, (1 << 62) + 220_000)))], 0])
+        try:
+            while not self._stop.is_set():
+                if not router.poll(50):
+                    continue
+                client, _, start = router.recv_multipart()
+                self.replay_requests.append(int.from_bytes(start, "big"))
+                seq = int.from_bytes(start, "big")
+                while not self._stop.is_set():
+                    try:
+                        router.send_multipart([client, b"", b"", seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
+                    except zmq.Again:
+                        time.sleep(0.001)
+                        continue
+                    seq += 1
+                    if router.poll(0):
+                        break
+        finally:
+            router.close(0)
+
+
+def test_a_replay_socket_that_floods_is_held_to_the_byte_budget() -> None:
+    """The replay read batches for up to replay_timeout_s with no flood check: a replay socket sending
+    large batches nonstop held the loop for the whole timeout, at every gap (review of issue 19)."""
+    async def main() -> None:
+        pub = _FloodingReplay()
+        s, _ = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=30, replay_timeout_s=3)
+        s.start()
+        try:
+            assert await until(lambda: s.stats.rejected.get("flood", 0) == 1, 8)
+            assert "bytes/s" in s.reason and s.state == "untrusted"
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
