@@ -98,7 +98,7 @@ def _host(url: str) -> str:
 
 def _port_base(v: Any, dp: int) -> int | None:
     """A port base whose dp ranks all are ports (base + r for rank r)."""
-    ok = isinstance(v, int) and not isinstance(v, bool) and 0 < v and v + dp - 1 <= 65535
+    ok = isinstance(v, int) and not isinstance(v, bool) and v > 0 and v + dp - 1 <= 65535
     return v if ok else None
 
 
