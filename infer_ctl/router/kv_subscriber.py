@@ -213,7 +213,9 @@ class KvStream:
             raise _Flood(f"more than {self.settings.max_bytes_per_s} bytes/s")
 
     async def _live(self, sub: Any, frames: list[bytes]) -> None:
-        if self.state == "down":
+        if self.state == "down" or (self._resync and self.replay_endpoint is not None):
+            # down; or restarted() while the task waited for this message: the replay from 0 that comes
+            # next has it (it untrusted the stream as "joined at seq N without a replay endpoint")
             return
         if len(frames) != 3 or len(frames[1]) != 8:
             self._reject("malformed", f"a message of {len(frames)} frames")

@@ -380,3 +380,24 @@ def test_a_replay_socket_that_floods_is_held_to_the_byte_budget() -> None:
             pub.close()
 
     run(main())
+
+
+def test_a_worker_restart_seen_by_the_health_check_does_not_untrust_the_stream() -> None:
+    """restarted() while the task waits for a message: the next live batch was taken as "joined at seq N
+    and the worker has no replay endpoint" (untrusted, counted, logged) before the replay from 0 ran."""
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            s.restarted()
+            pub.batch([stored([800], None, [1])])
+            assert await until(lambda: s.exact and s.blocks.holds(800))
+            assert seen["untrusted"] == 0 and s.stats.untrusted == 0, s.reason
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
