@@ -54,7 +54,7 @@ class StreamSettings:
     #: bytes a second per publisher before it is a flood: decoding is C code that holds the event loop
     #: (~0.15-0.3 s for a 16 MiB batch on a loaded 2-core machine), so a publisher sending a few large
     #: batches a second, under max_batches_per_s, would otherwise stall every request
-    max_bytes_per_s: int = 32 << 20
+    max_bytes_per_s: int = 16 << 20
     flood_pause_s: float = 30.0
 
 
