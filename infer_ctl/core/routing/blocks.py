@@ -75,9 +75,10 @@ class WorkerBlocks:
     def __init__(self, *, max_blocks: int = 4_000_000, max_event_blocks: int | None = None) -> None:
         self.max_blocks = max_blocks
         # None: max_blocks. SGLang merges consecutive stores of a chain (and all removals of a step) into
-        # one event (KVCacheEventRecorder.enqueue, sglang/srt/mem_cache/events.py), so at its default page
-        # size 1 one prompt of n tokens is one BlockStored of n hashes: a lower per-event limit would
-        # untrust a worker for serving a long prompt.
+        # one event (KVCacheEventRecorder.enqueue, sglang/srt/mem_cache/events.py) and removes a node's
+        # pages in one, so at its default page size 1 evicting a cached prompt of n tokens is one
+        # BlockRemoved of n hashes (storing it one BlockStored with chunked prefill off): a lower
+        # per-event limit would untrust a worker for serving a long prompt.
         self.max_event_blocks = max_blocks if max_event_blocks is None else max_event_blocks
         #: device blocks: what a prompt is matched against (a set: membership at C speed)
         self.device: set[int] = set()
