@@ -3,7 +3,7 @@
 Discovery (health.py hands every worker's `/server_info` to `configure`; a decode counts only when it
 keeps a radix cache, `decode_radix_cache`): `kv_events` (SGLang 0.5.23's
 `describe_kv_events_publisher`: endpoint host and port base, replay port base, topic, block size,
-dp_size; a wildcard host is replaced by the worker URL's host, DP rank r listens on base + r),
+dp_size; dialed at the worker URL's host, DP rank r at base + r: `endpoints`),
 `page_size`, and `speculative_algorithm` (an EAGLE worker keys its radix tree by bigrams, which its
 stores also show). The first prefill's `/server_info` also chooses how prompts are tokenized
 (router/kv_prompts.py).
@@ -36,10 +36,18 @@ from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
 
 log = logging.getLogger("infer_ctl.router.kv")
 
-#: SGLang's EAGLE family: its radix cache keys pages by bigrams (RadixKey.maybe_to_bigram_view)
-_BIGRAM_ALGOS = ("EAGLE", "EAGLE3")
-_WILDCARDS = ("*", "0.0.0.0", "::", "[::]", "")
+#: SGLang 0.5.23's `SpeculativeAlgorithm.is_eagle()` (speculative/spec_info.py): EAGLE, EAGLE3 and
+#: FROZEN_KV_MTP (what a Gemma4 assistant draft's EAGLE/NEXTN becomes, arg_groups/speculative_hook.py);
+#: its radix cache keys pages by bigrams (RadixKey.maybe_to_bigram_view). NEXTN is EAGLE's alias.
+_BIGRAM_ALGOS = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
 _ONE = TierWeights().of  # every tier at 1: the unweighted cached length
+
+
+def bigram_keys(info: dict[str, Any]) -> bool:
+    """Whether a worker's /server_info says its radix cache keys pages by bigrams (SGLang upper-cases
+    the name it is given: `SpeculativeAlgorithm.from_string`)."""
+    algo = info.get("speculative_algorithm")
+    return isinstance(algo, str) and algo.upper() in _BIGRAM_ALGOS
 
 
 @dataclass
@@ -93,19 +101,28 @@ def _host(url: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _port_base(v: Any, dp: int) -> int | None:
+    """A port base whose dp ranks all are ports (base + r for rank r)."""
+    ok = isinstance(v, int) and not isinstance(v, bool) and v > 0 and v + dp - 1 <= 65535
+    return v if ok else None
+
+
 def endpoints(url: str, desc: dict[str, Any]) -> list[tuple[str, str | None]] | None:
-    """(PUB endpoint, replay endpoint) per DP rank of a worker's `/server_info.kv_events`."""
-    host = desc.get("endpoint_host")
-    port = desc.get("endpoint_port_base")
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
-        return None
-    host = _host(url) if not isinstance(host, str) or host in _WILDCARDS else host
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
+    """(PUB endpoint, replay endpoint) per DP rank of a worker's `/server_info.kv_events`.
+
+    Dialed at the worker URL's host whatever `endpoint_host` says: a wildcard means that host anyway,
+    and a named one would have the router connect wherever a worker's /server_info points (another
+    host, a metadata address, a string that is no host or has a scheme in it: review of issue 19). A
+    publisher bound to one address of the worker's host is reached when the URL names that address."""
     dp = desc.get("dp_size") or 1
-    dp = dp if isinstance(dp, int) and 1 <= dp <= 256 else 1
-    replay = desc.get("replay_endpoint_port_base")
-    replay = replay if isinstance(replay, int) and not isinstance(replay, bool) and 0 < replay <= 65535 else None
+    dp = dp if isinstance(dp, int) and not isinstance(dp, bool) and 1 <= dp <= 256 else 1
+    port = _port_base(desc.get("endpoint_port_base"), dp)
+    if port is None:
+        return None
+    host = _host(url)
+    replay = _port_base(desc.get("replay_endpoint_port_base"), dp)
+    if replay is not None and abs(replay - port) < dp:
+        replay = None  # the same ports as the PUB sockets: no replay socket there
     return [(f"tcp://{host}:{port + r}", f"tcp://{host}:{replay + r}" if replay else None) for r in range(dp)]
 
 
@@ -197,7 +214,7 @@ class KvRouting:
             return
         page = desc.get("block_size") or info.get("page_size") or 1
         page = page if isinstance(page, int) and page >= 1 else 1
-        bigram = info.get("speculative_algorithm") in _BIGRAM_ALGOS
+        bigram = bigram_keys(info)
         topic = desc.get("topic")
         topic = topic if isinstance(topic, str) else ""
         key = (tuple(eps), topic, page, bigram)

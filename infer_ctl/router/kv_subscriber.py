@@ -16,7 +16,7 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   replayed from 0.
 - a batch that does not decode, has an unknown event, an oversized list, a store under a block the
   worker never stored, or would exceed `kv_max_blocks` (core/routing/blocks.py rejects it whole), and a
-  publisher sending more than `kv_max_batches_per_s`: counted, logged (at most once a minute per stream
+  publisher sending more than `kv_max_batches_per_s` (or `max_bytes_per_s`): counted, logged (at most once a minute per stream
   and kind), untrusted. A flooding stream's socket is closed for `kv_flood_pause_s`.
 - untrusted is repaired by an `AllBlocksCleared` (the blocks after it are the whole truth) or a worker
   restart; a worker that goes unhealthy is `down` (blocks dropped at once) until it is back.
@@ -46,11 +46,15 @@ _YIELD_EVERY = 32
 @dataclass(frozen=True)
 class StreamSettings:
     max_blocks: int = 4_000_000
-    max_event_blocks: int = 1 << 16
+    max_event_blocks: int | None = None  # None: max_blocks (core/routing/blocks.py says why)
     max_message_bytes: int = 16 << 20
     rcv_hwm: int = 100_000
     replay_timeout_s: float = 2.0
     max_batches_per_s: int = 5000
+    #: bytes a second per publisher before it is a flood: decoding is C code that holds the event loop
+    #: (~0.15-0.3 s for a 16 MiB batch on a loaded 2-core machine), so a publisher sending a few large
+    #: batches a second, under max_batches_per_s, would otherwise stall every request
+    max_bytes_per_s: int = 16 << 20
     flood_pause_s: float = 30.0
 
 
@@ -96,7 +100,7 @@ class KvStream:
         self._dup_upto = -1
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
-        self._flood_window = (0.0, 0)
+        self._flood_window = (0.0, 0, 0)
         self._logged: dict[str, float] = {}
 
     # ---- control (the health checker, the admin API) ------------------------------------------------
@@ -162,15 +166,17 @@ class KvStream:
                 await self._session(sub)
             except asyncio.CancelledError:
                 raise
-            except _Flood:
-                self._reject("flood", f"more than {self.settings.max_batches_per_s} batches/s")
+            except _Flood as flood:
+                self._reject("flood", str(flood))
                 sub.close(linger=0)
                 await asyncio.sleep(self.settings.flood_pause_s)
                 self.restarted("flood pause over")
                 continue
             except Exception as exc:  # never lose the task: the stream is untrusted, and tried again
+                logged = self._logged.get("internal")
                 self._untrusted("internal", f"subscriber failed: {exc}")
-                log.exception("KV events: subscriber failed", extra={"worker": self.worker})
+                if self._logged.get("internal") != logged:  # the traceback too, once a minute (it retries each second)
+                    log.exception("KV events: subscriber failed", extra={"worker": self.worker})
                 await asyncio.sleep(1.0)
             finally:
                 sub.close(linger=0)
@@ -185,32 +191,41 @@ class KvStream:
                 frames = await asyncio.wait_for(sub.recv_multipart(), 0.5)
             except TimeoutError:
                 continue
-            self._flood_check()
+            size = sum(len(f) for f in frames)
+            self._flood_check(size)
             await self._live(sub, frames)
             n += 1
-            if n % _YIELD_EVERY == 0:
+            if n % _YIELD_EVERY == 0 or size > 1 << 16:  # a large batch took a while: let requests run
                 await asyncio.sleep(0)  # a busy stream never holds the loop
 
-    def _flood_check(self) -> None:
+    def _flood_check(self, size: int) -> None:
         now = time.monotonic()
-        start, count = self._flood_window
+        start, count, nbytes = self._flood_window
         if now - start >= 1.0:
-            self._flood_window = (now, 1)
-            return
-        count += 1
-        self._flood_window = (start, count)
+            start, count, nbytes = now, 0, 0
+        count, nbytes = count + 1, nbytes + size
+        self._flood_window = (start, count, nbytes)
         if count > self.settings.max_batches_per_s:
-            self._flood_window = (now, 0)
-            raise _Flood
+            self._flood_window = (now, 0, 0)
+            raise _Flood(f"more than {self.settings.max_batches_per_s} batches/s")
+        if nbytes > self.settings.max_bytes_per_s:
+            self._flood_window = (now, 0, 0)
+            raise _Flood(f"more than {self.settings.max_bytes_per_s} bytes/s")
 
     async def _live(self, sub: Any, frames: list[bytes]) -> None:
-        if self.state == "down":
+        if self.state == "down" or (self._resync and self.replay_endpoint is not None):
+            # down; or restarted() while the task waited for this message: the replay from 0 that comes
+            # next has it (it untrusted the stream as "joined at seq N without a replay endpoint")
             return
         if len(frames) != 3 or len(frames[1]) != 8:
             self._reject("malformed", f"a message of {len(frames)} frames")
             return
         seq = int.from_bytes(frames[1], "big")
         payload = frames[2]
+        if seq > self._dup_upto:
+            # past the replayed range: the live copies of it (queued in order before this one) are behind
+            # us, so a seq at or below it from now on is a restarted publisher, not a duplicate
+            self._dup_from = self._dup_upto = -1
         if self.state == "untrusted":
             self._repair(seq, payload)
             return
@@ -282,6 +297,8 @@ class KvStream:
                 if left <= 0:
                     raise TimeoutError
                 frames = await asyncio.wait_for(dealer.recv_multipart(), left)
+                size = sum(len(f) for f in frames)
+                self._flood_check(size)  # a replay socket is held to the live stream's budget
                 if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
                     self._reject("malformed", f"a replay message of {len(frames)} frames")
                     return
@@ -301,7 +318,7 @@ class KvStream:
                 if self.state == "untrusted":
                     return
                 n += 1
-                if n % _YIELD_EVERY == 0:
+                if n % _YIELD_EVERY == 0 or size > 1 << 16:
                     await asyncio.sleep(0)
         except TimeoutError:
             self._replay_failed(start, f"no replay answer within {self.settings.replay_timeout_s:g}s")

@@ -143,8 +143,12 @@ class RequestObserver:
 
     def finish(self, status: int) -> None:
         if self.tenant is not None and self.o.tenancy is not None:
-            # no report: a request that reached a worker keeps its reservation, one that did not gets it back
-            used = self.reported if self.reported is not None else self.reserved if self.sent else 0
+            # no report: a request that reached a worker keeps its reservation, one that did not gets it
+            # back, and so does one a worker refused (a 4xx other than the client's own 499: SGLang
+            # validates before it computes, e.g. a max_tokens over the context, which would otherwise
+            # have charged that max_tokens in full)
+            refused = 400 <= status < 500 and status != 499
+            used = self.reported if self.reported is not None else self.reserved if self.sent and not refused else 0
             self.o.tenancy.settle(self.tenant, self.reserved, used)
             self.o.tenancy.leave(self.tenant, status)
         if self.trace is not None:

@@ -55,6 +55,10 @@ class StreamRelay:
         await resp.prepare(ctx.request)
         splitter = sse.EventSplitter()
         last_json: Any = None
+        #: a /generate batch's stream (chunks carry SGLang's top-level `index`): each prompt's last chunk,
+        #: whose meta_info is that prompt's usage; the last event alone is one prompt's (the tenants'
+        #: tokens_per_min charged one prompt of a streamed batch and gave the others' reservation back)
+        items: dict[int, Any] | None = None
         chunk: bytes | None = first
         t_prev = t_first = self.clock()
         self.metrics.ttft.observe(t_prev - ctx.started)
@@ -72,6 +76,7 @@ class StreamRelay:
                     else:
                         last_json = merge_input_logprobs(prefill_meta, obj)
                         out.append(sse.data_event(last_json))
+                        items = _item(items, last_json)
                 chunk = b"".join(out)
             else:
                 for ev in reversed(events):
@@ -79,6 +84,9 @@ class StreamRelay:
                     if obj is not None:
                         last_json = obj
                         break
+                if items is not None or (isinstance(last_json, dict) and "index" in last_json):
+                    for ev in events:  # a batch: every event, so no prompt's last chunk is missed
+                        items = _item(items, sse.event_json(ev))
             if chunk:
                 await resp.write(chunk)
                 now = self.clock()
@@ -96,9 +104,21 @@ class StreamRelay:
             await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
         else:
             target.breaker.record(True, self.clock())
-            if last_json is not None:
+            if items:
+                self.feedback.answered(ctx, pre, [items[i] for i in sorted(items)])  # as a whole batch answers
+            elif last_json is not None:
                 self.feedback.answered(ctx, pre, last_json)
             if ctx.obs is not None:
                 ctx.obs.streamed(t_first - ctx.started, t_first, t_prev)
         await resp.write_eof()
         return resp
+
+
+def _item(items: dict[int, Any] | None, obj: Any) -> dict[int, Any] | None:
+    """Keep `obj` as its batch item's latest chunk (SGLang's /generate batch streams: `index`)."""
+    if isinstance(obj, dict):
+        i = obj.get("index")
+        if isinstance(i, int) and not isinstance(i, bool) and isinstance(obj.get("meta_info"), dict):
+            items = {} if items is None else items
+            items[i] = obj
+    return items

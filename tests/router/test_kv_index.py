@@ -46,19 +46,43 @@ def test_blocks_store_remove_clear_and_media() -> None:
 @pytest.mark.parametrize(("events", "kind"), [
     ([stored([1], 42)], "orphan"),
     ([{"type": "Nope"}], "unknown_event"),
-    ([stored(list(range(70_000)), None)], "oversized"),
+    ([{"type": "BlockRemoved", "block_hashes": list(range(70_000))}], "oversized"),
     ([{"type": "BlockRemoved", "block_hashes": "x"}], "malformed"),
     ([stored([1], None), {"type": "BlockStored", "block_hashes": [2], "parent_block_hash": 1, "token_ids": [1, 2, 3],
                           "block_size": 1}], "malformed"),
     ([stored(list(range(20)), None)], "capacity"),
 ])
 def test_blocks_refuse_a_batch_whole(events: list, kind: str) -> None:
-    b = WorkerBlocks(max_blocks=10)
+    b = WorkerBlocks(max_blocks=10, max_event_blocks=50_000)
     b.apply([stored([100], None)])
     with pytest.raises(EventRejected) as exc:
         b.apply(events)
     assert exc.value.kind == kind
     assert b.snapshot() == {"GPU": 1}  # nothing of the refused batch
+
+
+class _Node:
+    def __init__(self, key: list[int], parent: _Node | None) -> None:
+        self.key, self.parent = key, parent
+
+
+def test_a_long_prompt_at_page_1_is_one_event_and_is_accepted() -> None:
+    """SGLang merges a chain's stores (and a step's removals) into one event, so a 100k-token prompt at
+    its default page size 1 is one BlockStored of 100k hashes (the simulator's builder records what
+    SGLang's recorder does, tests/sim/test_kv_events_sglang.py). It was refused as "oversized" (a fixed
+    65536 per event) and the worker went untrusted for serving a long prompt (review of issue 19)."""
+    from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
+
+    rec, build = KvEventRecorder(), KvEventBuilder(1)
+    root = _Node([], None)
+    node = _Node(list(range(100_000)), root)
+    rec.record_store(node)
+    events = build.build(rec.take())
+    assert len(events) == 1 and len(events[0]["block_hashes"]) == 100_000
+    b = WorkerBlocks()
+    assert b.apply(events).stored == 100_000
+    rec.record_remove(node)
+    assert b.apply(build.build(rec.take())).removed == 100_000 and len(b) == 0
 
 
 def worker_pages(ids: list[int], ps: int, bigram: bool) -> list[int]:

@@ -13,7 +13,7 @@ from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer, render_chat
 from infer_ctl.core.routing.index import block_hashes
 from infer_ctl.core.routing.prompt import routing_text
 from infer_ctl.router.kv_prompts import ChatKeys, chat_layout, view_for
-from infer_ctl.router.kv_routing import endpoints
+from infer_ctl.router.kv_routing import bigram_keys, endpoints
 
 MSGS: list[dict[str, Any]] = [{"role": "system", "content": "You are the support assistant. " * 8},
                               {"role": "user", "content": "Where is my order?"},
@@ -74,6 +74,35 @@ def test_endpoints_from_server_info() -> None:
                                                         ("tcp://10.0.0.5:5558", "tcp://10.0.0.5:5601")]
     assert endpoints("http://[fd00::5]:30000", {"endpoint_host": "::", "endpoint_port_base": 5557}) == [
         ("tcp://[fd00::5]:5557", None)]
-    assert endpoints("http://h:1", {"endpoint_host": "10.1.1.1", "endpoint_port_base": 7000}) == [
-        ("tcp://10.1.1.1:7000", None)]
     assert endpoints("http://h:1", {"endpoint_port_base": 0}) is None
+
+
+@pytest.mark.parametrize("host", ["10.1.1.1", "evil.example.com", "169.254.169.254", "ipc:///tmp/kv",
+                                  "127.0.0.1:22/x", "a b", "tcp://h2:9"])
+def test_a_named_endpoint_host_is_never_dialed(host: str) -> None:
+    """The router dials the worker URL's host, never one a worker's /server_info names (review of issue
+    19: any host, even a string with a scheme in it, was put into the tcp:// endpoint)."""
+    assert endpoints("http://h:1", {"endpoint_host": host, "endpoint_port_base": 7000,
+                                    "replay_endpoint_port_base": 7100}) == [("tcp://h:7000", "tcp://h:7100")]
+
+
+@pytest.mark.parametrize(("desc", "want"), [
+    ({"endpoint_port_base": 65535, "dp_size": 2}, None),  # rank 1 would be port 65536
+    ({"endpoint_port_base": 65534, "dp_size": 2, "replay_endpoint_port_base": 65535}, [  # replay rank 1: 65536
+        ("tcp://h:65534", None), ("tcp://h:65535", None)]),
+    ({"endpoint_port_base": 7000, "replay_endpoint_port_base": 7000}, [("tcp://h:7000", None)]),  # the PUB port
+    ({"endpoint_port_base": 7000, "dp_size": True}, [("tcp://h:7000", None)]),
+    ({"endpoint_port_base": -1}, None),
+])
+def test_port_bases_that_are_no_ports_are_refused(desc: dict, want: object) -> None:
+    assert endpoints("http://h:1", desc) == want
+
+
+def test_bigram_keying_follows_sglangs_is_eagle() -> None:
+    """SGLang 0.5.23 keys by bigrams for EAGLE, EAGLE3 and FROZEN_KV_MTP (a Gemma4 draft's), by any case
+    of the name; the router knew only "EAGLE" and "EAGLE3" (review of issue 19: until a worker's first
+    store said otherwise, its prompts were anchored in the wrong key space)."""
+    for algo in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP", "eagle", "NEXTN"):
+        assert bigram_keys({"speculative_algorithm": algo}), algo
+    for algo in (None, "NGRAM", "STANDALONE", "DFLASH", 3):
+        assert not bigram_keys({"speculative_algorithm": algo}), algo

@@ -178,7 +178,7 @@ def test_hostile_batches_are_counted_and_untrust_the_stream(kind: str, send: Cal
     async def main() -> None:
         pub = TestPublisher()
         pub.batch([CLEARED])
-        s, seen = stream_for(pub)
+        s, seen = stream_for(pub, max_event_blocks=1 << 16)
         s.start()
         ticks = 0
 
@@ -260,6 +260,142 @@ def test_bounded_blocks_per_worker() -> None:
             pub.batch([stored(list(range(1000, 1200)), None, list(range(200)))])
             assert await until(lambda: s.state == "untrusted")
             assert s.stats.rejected == {"capacity": 1} and len(s.blocks) <= 100
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_a_restart_whose_seqs_fall_in_the_first_replay_is_not_taken_for_duplicates() -> None:
+    """The catch-up replay covered seqs 0..19; a publisher that restarts later sends 0, 1, 2 again. Those
+    are not the live copies of the replayed batches (the live stream already passed them): the blocks of
+    the process that is gone must go at once, not after 20 more batches (review of issue 19)."""
+    async def main() -> None:
+        pub = TestPublisher()
+        for i in range(20):
+            pub.batch([CLEARED] if i == 0 else [stored([600 + i], None, [i])])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            assert s.blocks.holds(619)
+            pub.buffer.clear()
+            pub.seq = 0
+            pub.batch([CLEARED])  # the new process: seq 0, 1, 2
+            pub.batch([stored([700], None, [1])])
+            pub.batch([stored([701], 700, [2])])
+            assert await until(lambda: s.blocks.holds(701) and not s.blocks.holds(619), 3)
+            assert s.exact and seen["restart"] >= 1
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
+    """A few large batches a second stay far under max_batches_per_s, yet decoding each holds the event
+    loop (C code): the byte budget cuts such a publisher off before it stalls requests (review of
+    issue 19: 20 batches of 15 MB held the loop 1.6 s at a time)."""
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, _ = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=0.3)
+        s.start()
+        lags: list[float] = []
+
+        async def probe() -> None:
+            while True:
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.005)
+                lags.append(time.perf_counter() - t0)
+
+        t = asyncio.ensure_future(probe())
+        try:
+            await connected(s, pub)
+            # a removal of 220k unknown 9-byte hashes: valid, about 2 MB
+            payload = msgspec.msgpack.encode([0.0, [removed(list(range(1 << 62, (1 << 62) + 220_000)))], 0])
+            first = pub.seq
+
+            def flood() -> None:
+                for i in range(10):
+                    pub.raw([b"", (first + i).to_bytes(8, "big"), payload])
+
+            await asyncio.to_thread(flood)
+            assert await until(lambda: s.stats.rejected.get("flood", 0) == 1, 5)
+            assert "bytes/s" in s.reason
+            assert max(lags) < 0.5, max(lags)  # was 1.6 s with 15 MB batches; 2 MB ones take ~0.05 s each
+            assert await until(lambda: s.exact, 5)  # after the pause
+        finally:
+            t.cancel()
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+class _FloodingReplay(TestPublisher):
+    """A publisher whose replay socket answers with large valid batches and never the end marker."""
+
+    def _serve(self) -> None:
+        import zmq
+
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.bind(f"tcp://127.0.0.1:{self.replay_port}")
+        payload = msgspec.msgpack.encode([0.0, [removed(list(range(1 << 62, (1 << 62) + 220_000)))], 0])
+        try:
+            while not self._stop.is_set():
+                if not router.poll(50):
+                    continue
+                client, _, start = router.recv_multipart()
+                self.replay_requests.append(int.from_bytes(start, "big"))
+                seq = int.from_bytes(start, "big")
+                while not self._stop.is_set():
+                    try:
+                        router.send_multipart([client, b"", b"", seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
+                    except zmq.Again:
+                        time.sleep(0.001)
+                        continue
+                    seq += 1
+                    if router.poll(0):
+                        break
+        finally:
+            router.close(0)
+
+
+def test_a_replay_socket_that_floods_is_held_to_the_byte_budget() -> None:
+    """The replay read batches for up to replay_timeout_s with no flood check: a replay socket sending
+    large batches nonstop held the loop for the whole timeout, at every gap (review of issue 19)."""
+    async def main() -> None:
+        pub = _FloodingReplay()
+        s, _ = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=30, replay_timeout_s=3)
+        s.start()
+        try:
+            assert await until(lambda: s.stats.rejected.get("flood", 0) == 1, 8)
+            assert "bytes/s" in s.reason and s.state == "untrusted"
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_a_worker_restart_seen_by_the_health_check_does_not_untrust_the_stream() -> None:
+    """restarted() while the task waits for a message: the next live batch was taken as "joined at seq N
+    and the worker has no replay endpoint" (untrusted, counted, logged) before the replay from 0 ran."""
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            s.restarted()
+            pub.batch([stored([800], None, [1])])
+            assert await until(lambda: s.exact and s.blocks.holds(800))
+            assert seen["untrusted"] == 0 and s.stats.untrusted == 0, s.reason
         finally:
             await s.stop()
             pub.close()

@@ -82,3 +82,43 @@ def test_tokens_per_minute_reserves_at_admission_so_streams_in_flight_overshoot_
         assert snap["buckets"]["tokens"] < 60  # 600 - 630 + the refill (10/s) while the test ran
     finally:
         router.stop()
+
+
+def test_hostile_bodies_neither_leak_the_tenant_slot_nor_charge_what_never_ran(cluster: ThreadedSimCluster) -> None:
+    """A 1000-deep `text` list raised RecursionError in the tokens/min estimate after admission (a 500 and
+    a max_concurrency slot lost for good); a max_new_tokens over the context, which the worker refuses
+    with a 400, kept its 10**9-token reservation (the tenant locked out)."""
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), max_concurrency=1, tokens_per_min=6000)])
+    auth = {"authorization": f"Bearer {KEY_A}", "content-type": "application/json"}
+    try:
+        deep = b'{"text":' + b"[" * 1000 + b'"x"' + b"]" * 1000 + b"}"
+        r = httpx.post(router.url + "/generate", content=deep, headers=auth, timeout=30)
+        assert r.status_code != 500, r.text
+        huge = {"text": "hello", "sampling_params": {"max_new_tokens": 10**9}}
+        r = httpx.post(router.url + "/generate", json=huge, headers=auth, timeout=30)
+        assert r.status_code == 400, r.text
+        snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
+        assert snap["inflight"] == 0 and snap["buckets"]["tokens"] > 5000, snap
+        assert _post(router.url, KEY_A).status_code == 200
+    finally:
+        router.stop()
+
+
+def test_a_streamed_batch_is_charged_for_every_prompt(cluster: ThreadedSimCluster) -> None:
+    """The relay reported the stream's last event only: one prompt of a streamed /generate batch. Its
+    tenant was charged 50 of 200 output tokens here, and given the other prompts' reservation back."""
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=600_000)])
+    body = {"text": ["hello a", "hello b", "hello c", "hello d"], "stream": True,
+            "sampling_params": {"max_new_tokens": 20, "ignore_eos": True}}
+    try:
+        with httpx.stream("POST", router.url + "/generate", json=body, timeout=60,
+                          headers={"authorization": f"Bearer {KEY_A}"}) as r:
+            assert r.status_code == 200
+            assert sum(1 for line in r.iter_lines() if line.startswith("data: {")) >= 4
+        deadline = time.monotonic() + 5
+        while _inflight(router.url, "a") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
+        assert snap["output_tokens"] == 4 * 20 and snap["input_tokens"] >= 4, snap
+    finally:
+        router.stop()

@@ -119,3 +119,30 @@ def test_a_refill_never_goes_above_capacity_when_given_back() -> None:
     b.charge(0.0, 50.0)
     b.credit(10.0, 50.0)  # 50 + 10 refill + 50 back: capped
     assert b.level == 100.0
+
+
+def test_a_deeply_nested_prompt_is_estimated_without_recursion() -> None:
+    """A 1000-deep list (valid JSON for orjson) raised RecursionError in the estimate, after the tenant's
+    admission: the request was a 500 and its max_concurrency slot was never given back (review)."""
+    import orjson
+
+    from infer_ctl.core.tenancy.estimate import request_tokens
+
+    for endpoint, field in (("/generate", "text"), ("/generate", "input_ids"), ("/v1/completions", "prompt")):
+        doc = orjson.loads(b'{"%s":' % field.encode() + b"[" * 1000 + b"1" + b"]" * 1000 + b"}")
+        assert request_tokens(endpoint, doc, 4.0) >= 0
+    assert request_tokens("/generate", {"text": ["x" * 40, [1, 2], "y" * 8]}, 4.0) == 10 + 2 + 2 + 3 * 128
+
+
+def test_a_request_a_worker_refused_gets_its_reservation_back() -> None:
+    """A 400 from the worker (SGLang: max_tokens over the context) computed nothing; it kept a reservation
+    of its max_tokens, so one request with a huge max_tokens locked the tenant out (review)."""
+    clock = Clock()
+    o = _observing(1000, clock)
+    huge = _start(o, {"text": "x" * 400, "sampling_params": {"max_new_tokens": 10**12}})
+    assert huge is not None and huge.tenant is not None and huge.tenant.tpm is not None
+    huge.sent = True
+    huge.finish(400)
+    assert huge.tenant.tpm.level == 1000 and huge.tenant.reserved == 0
+    again = _start(o, {"text": "x" * 400, "sampling_params": {"max_new_tokens": 100}})
+    assert again is not None  # admitted: not in a 10**12-token debt

@@ -15,7 +15,10 @@ def _content_text(content: Any) -> str:
 
 
 def _ids_text(ids: list[Any]) -> str:
-    # Prefix-preserving: the text of ids[:k] is a prefix of the text of ids.
+    # Prefix-preserving: the text of ids[:k] is a prefix of the text of ids. Token ids only: formatting
+    # anything else recursed into it (a 1000-deep list raised RecursionError: a 500 for any client)
+    if not all(type(t) is int for t in ids):
+        return ""
     return "".join(f"{t}," for t in ids)
 
 

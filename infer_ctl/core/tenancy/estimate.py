@@ -23,18 +23,24 @@ def _count(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
+def _one_prompt(p: Any, cpt: float) -> float | None:
+    if isinstance(p, str):
+        return len(p) / cpt
+    if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
+        return float(len(p))
+    return None
+
+
 def _prompt_tokens(prompt: Any, cpt: float) -> list[float]:
-    """Per prompt of a (possibly batched) text / ids field: its estimated tokens."""
-    if isinstance(prompt, str):
-        return [len(prompt) / cpt]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, int) for p in prompt):
-            return [float(len(prompt))]
-        out: list[float] = []
-        for p in prompt:
-            out += _prompt_tokens(p, cpt)
-        return out
-    return []
+    """Per prompt of a (possibly batched) text / ids field: its estimated tokens. SGLang's shapes only (a
+    string or ids, or a list of them): deeper nesting is not a prompt there, and walking it recursively
+    let a 1000-deep JSON list raise RecursionError after the tenant's admission (its slot leaked)."""
+    one = _one_prompt(prompt, cpt)
+    if one is not None:
+        return [one]
+    if not isinstance(prompt, list):
+        return []
+    return [n for n in (_one_prompt(p, cpt) for p in prompt) if n is not None]
 
 
 def _chat_chars(messages: Any) -> int:
