@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ import pickle
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -103,11 +105,37 @@ def plan(cfg: RouterConfig, requested: int | None,
     return n, "every prefill publishes KV events: each process subscribes and holds the same exact index"
 
 
-def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None]:
-    """The port every process binds. A given port must be free: SO_REUSEPORT would otherwise let this
-    router join another one's listening group (same user) and split its traffic silently, so it is first
-    bound without SO_REUSEPORT, which fails while any socket holds it. Port 0 means "any": one is bound
-    (SO_REUSEPORT, never listening) and held until the router stops, so every process gets the same."""
+def _lock_port(port: int) -> int:
+    """An exclusive lock on `port` among this user's routers of several processes, held (inherited by the
+    router processes, `pass_fds`) until the last of them exits; the kernel drops it when they die, -9
+    included. The bind check alone leaves a window: it closes its socket before the router processes
+    bind with SO_REUSEPORT (a second or more, their start-up), and a second router started in that window
+    passed the same check and joined the first one's listening group. Keyed by the port alone: a
+    SO_REUSEPORT listener on 127.0.0.1:P beside one on 0.0.0.0:P would take the loopback traffic. Only
+    the same user can join a SO_REUSEPORT group (the kernel compares the uid), so a per-user directory."""
+    d = os.path.join(tempfile.gettempdir(), f"inferctl-router-ports-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise UsageError(f"{d} is not a private directory of this user", remedy=f"remove {d}")
+    fd = os.open(os.path.join(d, f"{port}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError(f"cannot listen on port {port}: another inferctl router with several processes is "
+                         "starting or serving on it",
+                         remedy="stop that router (`inferctl router status --url ...`) or pick another --listen") from None
+    return fd
+
+
+def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None, int]:
+    """The port every process binds, and the port's lock (`_lock_port`; close it to release). A given
+    port must be free: SO_REUSEPORT would otherwise let this router join another one's listening group
+    (same user) and split its traffic silently, so it is first bound without SO_REUSEPORT, which fails
+    while any socket listens on it. Port 0 means "any": one is bound (SO_REUSEPORT, never listening) and
+    held until the router stops, so every process gets the same."""
+    lock = _lock_port(port) if port else -1
     try:
         fam, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         s = socket.socket(fam, kind, proto)
@@ -116,12 +144,19 @@ def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None]:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind(addr)
     except OSError as exc:  # includes socket.gaierror (unresolvable host)
+        if lock >= 0:
+            os.close(lock)
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                          remedy="stop the process using that address or pick another --listen") from None
     if port:
         s.close()
-        return port, None
-    return int(s.getsockname()[1]), s
+        return port, None, lock
+    port = int(s.getsockname()[1])
+    try:
+        return port, s, _lock_port(port)
+    except UsageError:
+        s.close()
+        raise
 
 
 class Supervisor:
@@ -134,9 +169,11 @@ class Supervisor:
         self.early_exits = [0] * processes
         self.restarts = 0
         self.stopping = False
+        self.port_lock = -1
 
     def _spawn(self, role: ProcessRole) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE,
+                                pass_fds=(self.port_lock,))  # the port's lock lives while any of them does
         assert proc.stdin is not None
         proc.stdin.write(pickle.dumps((self.cfg, role, self.log_level)))
         proc.stdin.close()
@@ -151,7 +188,7 @@ class Supervisor:
         from infer_ctl.router.shared_load import SharedLoad
 
         cfg = self.cfg
-        port, holder = reserve_port(cfg.host, cfg.port)
+        port, holder, self.port_lock = reserve_port(cfg.host, cfg.port)
         cfg.port = port
         state_dir = tempfile.mkdtemp(prefix="inferctl-router-")
         os.chmod(state_dir, 0o700)
@@ -188,6 +225,7 @@ class Supervisor:
             shutil.rmtree(state_dir, ignore_errors=True)
             if holder is not None:
                 holder.close()
+            os.close(self.port_lock)
         log.info("router stopped", extra={"processes": self.n, "restarts": self.restarts})
         return rc
 

@@ -3,6 +3,7 @@ process plan (why one process), the leader's snapshot applied by a follower, the
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -145,9 +146,28 @@ def test_a_port_held_by_another_reuseport_listener_is_refused() -> None:
             reserve_port("127.0.0.1", other.getsockname()[1])
     finally:
         other.close()
-    port, holder = reserve_port("127.0.0.1", 0)
+    port, holder, lock = reserve_port("127.0.0.1", 0)
     assert holder is not None and port > 0
     holder.close()
+    os.close(lock)
+
+
+def test_two_routers_reserving_one_port_at_once_cannot_both_get_it() -> None:
+    """The bind check closes its socket before the router processes bind (their start-up, a second or
+    more): a second router's check in that window passed too, and both joined one SO_REUSEPORT group."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got, holder, lock = reserve_port("127.0.0.1", port)
+    assert (got, holder) == (port, None)
+    try:
+        with pytest.raises(UsageError, match="another inferctl router"):
+            reserve_port("127.0.0.1", port)
+        with pytest.raises(UsageError, match="another inferctl router"):  # another address, the same port
+            reserve_port("0.0.0.0", port)
+    finally:
+        os.close(lock)  # the router stopped (its processes too): the port is free again
+    os.close(reserve_port("127.0.0.1", port)[2])
 
 
 def test_server_info_is_read_from_the_worker_itself_not_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
