@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.follow import apply_snapshot, snapshot_doc
+from infer_ctl.router.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
 from infer_ctl.router.metrics_merge import merge
 from infer_ctl.router.procs import fetch_server_info, plan, reserve_port
 from infer_ctl.router.proxy import Router
@@ -120,6 +120,68 @@ def _follow(leader: Router, follower: Router) -> None:
     assert follower.prefixes.match("You are terse. Q?") is None
 
 
+def _shared_pair(slots: int = 8) -> tuple[Router, Router, list[SharedLoad]]:
+    leader, follower = Router(pd_cfg()), Router(pd_cfg())
+    blocks = [SharedLoad.create(1, slots), SharedLoad.create(1, slots)]
+    leader.workers.share(blocks[0], 0)
+    follower.workers.share(blocks[1], 0)
+    return leader, follower, blocks
+
+
+def _close(routers: list[Router], blocks: list[SharedLoad]) -> None:
+    for r in routers:
+        for w in r.workers.all():
+            w.shared = None
+    for b in blocks:
+        b.close()
+
+
+def test_a_worker_removed_and_added_again_between_two_polls_moves_to_its_new_slot() -> None:
+    """The follower kept the old slot: its in-flight count there was summed by nobody (the leader reads
+    the new slot), so the leader routed to the worker as if the follower sent it nothing."""
+    leader, follower, blocks = _shared_pair()
+    try:
+        url = "http://127.0.0.1:7"
+        leader.workers.add(worker(url, "decode"))
+        apply_snapshot(follower, snapshot_doc(leader))
+        assert follower.workers.by_url[url].slot == 3
+        leader.workers.remove(url)
+        assert leader.workers.add(worker(url, "decode")).slot == 4  # slots are not reused
+        apply_snapshot(follower, snapshot_doc(leader))  # the follower never saw the removal
+        assert follower.workers.by_url[url].slot == 4
+        assert snapshot_doc(follower) == snapshot_doc(leader)
+    finally:
+        _close([leader, follower], blocks)
+
+
+def test_a_corrupt_snapshot_changes_nothing_and_a_leader_starts_without_it(tmp_path: Any) -> None:
+    leader, follower, blocks = _shared_pair()
+    try:
+        apply_snapshot(follower, snapshot_doc(leader))
+        before = snapshot_doc(follower)
+        doc = snapshot_doc(leader)
+        doc["workers"] = doc["workers"][:1]  # would remove two workers...
+        doc["prefixes"] = [{"name": "x"}]  # ...but the prefix table is broken: the whole file is refused
+        with pytest.raises(ValueError, match="not a router state snapshot"):
+            apply_snapshot(follower, doc)
+        assert snapshot_doc(follower) == before
+        for bad in ({"workers": [{"url": "http://127.0.0.1:9", "role": "decode", "bootstrap_port": None,
+                                  "slot": 99, "draining": False}], "prefixes": []},
+                    {"workers": "no", "prefixes": []}, {"workers": [], "prefixes": [{"name": 1, "text": 2}]}):
+            with pytest.raises(ValueError):
+                apply_snapshot(follower, bad)
+            assert snapshot_doc(follower) == before
+        # a restarted leader with a corrupt state.json starts from the profile instead of crash-looping
+        path = tmp_path / "state.json"
+        for data in (b"{not json", b'{"version": 3, "workers": 5}'):
+            path.write_bytes(data)
+            pub = Publisher(leader, path)
+            assert pub.adopt() is False
+            assert pub.publish() and read_snapshot(path)["version"] == 1
+    finally:
+        _close([leader, follower], blocks)
+
+
 def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:
     a = ('# HELP inferctl_router_requests_total r\n# TYPE inferctl_router_requests_total counter\n'
          'inferctl_router_requests_total{status="200"} 3.0\n'
@@ -133,6 +195,10 @@ def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:
     # read from the shared block in every process: once, unlabelled, not N times
     assert [(s.labels, s.value) for s in fams["inferctl_router_worker_inflight"].samples] == [({"worker": "u"}, 4.0)]
     assert text.count("# TYPE inferctl_router_requests_total counter") == 1
+    # another process's file that does not parse is left out, not a failed scrape
+    text = merge([(0, a), (1, "inferctl_router_requests_total{status=\"200\" 3.0\n")], own=0).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {s.labels["router_process"] for s in fams["inferctl_router_requests"].samples} == {"0"}
 
 
 def test_a_port_held_by_another_reuseport_listener_is_refused() -> None:
