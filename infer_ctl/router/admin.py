@@ -74,6 +74,9 @@ class Admin:
         self.sync = StateSync(router, url=cfg.state_store, password=cfg.state_store_password,
                               namespace=cfg.state_namespace, apply_worker=self.apply_worker,
                               on_prefix_change=warmer.poke) if cfg.state_store else None
+        #: the leader of several router processes: write the snapshot (follow.py) before a change is
+        #: answered, so a change the client saw acknowledged survives the leader's death right after
+        self.on_change: Any = None
 
     def routes(self, app: web.Application) -> None:
         # Auth wraps the admin handlers only: a middleware would run on every data-plane request too.
@@ -104,7 +107,10 @@ class Admin:
                     body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
                                     f"${self.router.cfg.admin_token_env}", "unauthorized"),
                     headers={"WWW-Authenticate": "Bearer"})
-            return await handler(request)
+            resp = await handler(request)
+            if self.on_change is not None and request.method != "GET":
+                self.on_change()
+            return resp
 
         return guarded
 

@@ -175,7 +175,7 @@ class Supervisor:
         proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE,
                                 pass_fds=(self.port_lock,))  # the port's lock lives while any of them does
         assert proc.stdin is not None
-        proc.stdin.write(pickle.dumps((self.cfg, role, self.log_level)))
+        proc.stdin.write(pickle.dumps((self.cfg, role, self.log_level, os.getpid())))
         proc.stdin.close()
         self.procs[role.index] = proc
         self.started[role.index] = time.monotonic()
@@ -213,7 +213,8 @@ class Supervisor:
                 if not ready and all(role.ready_file(role.index).exists() for role in roles):
                     ready = True
                     log.info("router processes ready", extra={"processes": self.n, "url": cfg.url,
-                                                              "pids": [p.pid for p in self.procs if p]})
+                                                              "pids": [p.pid for p in self.procs if p],
+                                                              "state_dir": state_dir})
                 for role in roles:
                     rc = self._check(role, shared)
                     if rc:
@@ -289,9 +290,43 @@ class _ProcessField(logging.Filter):
         return True
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(supervisor: int) -> bool:
+    """SIGTERM when the supervisor dies; False when it is gone already (it died before the prctl, so
+    no signal will come)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    return os.getppid() == supervisor
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # before run.py's handlers (start-up): exit through the `finally` that cleans up
+
+
+def _join(role: ProcessRole) -> int:
+    """Hold a shared lock on the state directory's member file while this process runs (`_leave`)."""
+    fd = os.open(os.path.join(role.state_dir, "members.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _leave(role: ProcessRole, member: int, supervisor: int) -> None:
+    """An orphan's clean-up: the supervisor removes the state directory (snapshot with the prefix texts,
+    metrics files, the admin socket) when it stops, but one killed with -9 cannot; its processes get
+    SIGTERM (PR_SET_PDEATHSIG), drain and exit, and the last of them to leave removes the directory. "The
+    last" is the one that can take the member file's lock exclusively once its own shared lock is gone
+    (the kernel drops a dead process's lock, so a process killed meanwhile does not keep it)."""
+    os.close(member)
+    if os.getppid() == supervisor:
+        return
+    fd = os.open(os.path.join(role.state_dir, "members.lock"), os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # another router process is still draining: it will
+    finally:
+        os.close(fd)
+    shutil.rmtree(role.state_dir, ignore_errors=True)
+    log.info("router's supervisor is gone: removed its state directory", extra={"state_dir": role.state_dir})
 
 
 def _child() -> int:
@@ -299,15 +334,21 @@ def _child() -> int:
     from infer_ctl.router.logs import setup_logging
     from infer_ctl.router.run import serve_forever
 
-    _die_with_parent()
-    cfg, role, log_level = pickle.loads(sys.stdin.buffer.read())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_on_signal)
+    cfg, role, log_level, supervisor = pickle.loads(sys.stdin.buffer.read())
     handler = setup_logging(log_level)
     handler.addFilter(_ProcessField(role.index))
+    member = _join(role)
     try:
+        if not _die_with_parent(supervisor):
+            return 0
         return serve_forever(cfg, log_level, proc=role, handler=handler)
     except InferctlError as exc:
         log.error(exc.message, extra={"remedy": exc.remedy})
         return int(exc.exit_code)
+    finally:
+        _leave(role, member, supervisor)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,7 @@ class RouterServer:
             pub.adopt()
             pub.publish()  # the supervisor starts the followers once this file exists
             self.sync = pub
+            self.admin.on_change = pub.publish_now
         else:
             fol = Follower(self.router, proc.snapshot, on_added=self.health.suspect)
             fol.poll()

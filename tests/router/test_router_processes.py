@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -48,8 +49,8 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, every: float = 0.05
 class Router:
     """`inferctl router serve --processes N` as a subprocess, its JSON log lines in a file."""
 
-    def __init__(self, cluster: ThreadedSimCluster, processes: int = 2, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, cluster: ThreadedSimCluster, processes: int = 2, *extra: str, port: int = 0) -> None:
+        self.port = port or free_port()
         self.processes = processes
         self.log = Path(tempfile.mkstemp(prefix="router-procs-", suffix=".log")[1])
         args = [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{self.port}",
@@ -301,6 +302,55 @@ def test_a_killed_leader_comes_back_with_the_runtime_state(router: Router) -> No
                      >= {"oncall"}, 10)
     assert names
     assert any(d.get("msg") == "leader adopted the last snapshot" for d in router.logs())
+
+
+def test_a_change_acknowledged_just_before_the_leader_dies_is_not_lost(router: Router) -> None:
+    """The snapshot was written by a 100 ms loop: a leader killed within 100 ms of a 201 lost the change."""
+    c0 = conn_to(router.port, 0)
+    old = health(c0)["process"]
+    c0.request("POST", "/admin/prefixes", json.dumps({"name": "lastword", "text": "Say the last word. " * 8}),
+               {"Content-Type": "application/json"})
+    resp = c0.getresponse()
+    assert resp.status == 201, resp.read()
+    os.kill(old["pid"], signal.SIGKILL)  # right after the answer
+    c0.close()
+
+    def back() -> bool:
+        try:
+            conn = conn_to(router.port, 0, tries=50)
+        except (AssertionError, OSError):
+            return False
+        pid = health(conn)["process"]["pid"]
+        conn.close()
+        return bool(pid != old["pid"])
+
+    assert wait_for(back, 30, 0.2)
+    names = {p["name"] for p in httpx.get(router.url + "/admin/prefixes").json()["prefixes"]}
+    assert "lastword" in names, names
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_supervisor_killed_with_9_leaves_no_process_no_files_and_the_port_free(kv_cluster: ThreadedSimCluster) -> None:
+    r = Router(kv_cluster, 2)
+    ready = next(d for d in r.logs() if d.get("msg") == "router processes ready")
+    state_dir, pids = Path(ready["state_dir"]), ready["pids"]
+    assert state_dir.is_dir() and (state_dir / "state.json").exists()
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    os.kill(r.proc.pid, signal.SIGKILL)
+    r.proc.wait()
+    assert wait_for(lambda: all(_gone(p) for p in pids), 30), "orphaned router processes"
+    # the last one out removed the directory (the prefix texts of the snapshot, the admin socket)
+    assert wait_for(lambda: not state_dir.exists(), 5), sorted(os.listdir(state_dir))
+    r.fh.close()
+    again = Router(kv_cluster, 2, port=r.port)  # the port is free for the next router
+    assert again.stop() == 0
 
 
 def test_without_kv_events_the_router_runs_one_process_and_says_why() -> None:
