@@ -118,7 +118,8 @@ def _checked(doc: Any) -> tuple[list[dict[str, Any]], int, dict[str, list[Prefix
             raise TypeError("workers is not a list")
         for d in workers:
             if not (isinstance(d["url"], str) and d["role"] in ("prefill", "decode", "mixed")
-                    and isinstance(d["slot"], int) and d["slot"] >= 0 and isinstance(d["draining"], bool)
+                    and (d["slot"] is None or (isinstance(d["slot"], int) and d["slot"] >= 0))
+                    and isinstance(d["draining"], bool)
                     and (d["bootstrap_port"] is None or isinstance(d["bootstrap_port"], int))):
                 raise TypeError(f"bad worker entry {d!r:.200}")
         next_slot = int(doc.get("next_slot", 0))
@@ -137,8 +138,9 @@ def apply_snapshot(router: Router, doc: dict[str, Any], on_added: Any = None) ->
     nothing applied)."""
     workers, next_slot, records = _checked(doc)
     ws = router.workers
-    if ws.shared is not None and any(d["slot"] >= ws.shared.slots for d in workers):
-        raise ValueError(f"not a router state snapshot: a worker slot beyond the {ws.shared.slots} shared ones")
+    if ws.shared is not None and any(d["slot"] is None or d["slot"] >= ws.shared.slots for d in workers):
+        raise ValueError(f"not a router state snapshot: a worker without a slot or beyond the {ws.shared.slots} "
+                         "shared ones")
     want = {d["url"]: d for d in workers}
     for url in [u for u in ws.by_url if u not in want or (ws.shared is not None and ws.by_url[u].slot != want[u]["slot"])]:
         # a worker removed and added again between two polls has a new slot: its old cell is no longer
@@ -184,6 +186,11 @@ class Publisher:
                 return False
             apply_snapshot(self.router, doc)
             self.version = int(doc.get("version", 0))
+            # the dead leader's warm-ups died with it: a placement adopted as `warming` would never be
+            # warmed again (plan_warmups skips it, and no warm_done will ever come)
+            for rec in self.router.prefixes.records():
+                for p in rec.placements.values():
+                    p.warming = False
         except (OSError, ValueError) as exc:  # a corrupt file must not crash-loop the leader (and the router)
             log.error("cannot adopt the last snapshot: starting from the profile", extra={"error": str(exc)})
             return False
@@ -195,7 +202,8 @@ class Publisher:
         if data == self._last:
             return False
         self.version += 1
-        write_atomic(self.path, b'{"version":%d,' % self.version + data[1:], mode=0o600)
+        write_atomic(self.path, b'{"version":%d,' % self.version + data[1:], mode=0o600,
+                     make_parents=False)  # a removed state directory is not made again (world-readable)
         self._last = data
         return True
 

@@ -182,6 +182,22 @@ def test_a_corrupt_snapshot_changes_nothing_and_a_leader_starts_without_it(tmp_p
         _close([leader, follower], blocks)
 
 
+def test_a_restarted_leader_warms_again_what_the_dead_one_was_warming(tmp_path: Any) -> None:
+    """The snapshot said `warming` for a warm-up in flight when the leader died: adopted as is, that
+    replica was skipped by every later plan (no warm_done would ever come) and never warmed."""
+    from infer_ctl.core.routing.policy import WorkerView
+
+    dead = Router(pd_cfg())
+    rec = dead.prefixes.register("sys", "You are terse.", now=1.0, ttl_s=None, replicas=1, pin=False)
+    rec.placements["http://127.0.0.1:1"] = Placement("http://127.0.0.1:1", warming=True)
+    path = tmp_path / "state.json"
+    Publisher(dead, path).publish()
+    new = Router(pd_cfg())
+    assert Publisher(new, path).adopt()
+    views = [WorkerView("http://127.0.0.1:1", 0, 0, True)]
+    assert [(a.name, a.worker) for a in new.prefixes.plan_warmups(views, 2.0)] == [("sys", "http://127.0.0.1:1")]
+
+
 def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:
     a = ('# HELP inferctl_router_requests_total r\n# TYPE inferctl_router_requests_total counter\n'
          'inferctl_router_requests_total{status="200"} 3.0\n'
