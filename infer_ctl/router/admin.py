@@ -193,7 +193,10 @@ class Admin:
                 return _err(409, f"worker {spec.url} was not added (see the router's log)", "conflict")
             state = shared
         else:
-            state = self.router.workers.add(spec)
+            try:
+                state = self.router.workers.add(spec)
+            except UsageError as exc:  # several router processes: every shared worker slot was used
+                return _err(400, f"{exc.message}; {exc.remedy}")
             await self.health.check(state)
             self.warmer.poke()
         return _json({"added": state.as_dict(self.router.clock())}, 201)

@@ -66,6 +66,36 @@ def test_a_runtime_worker_takes_the_next_slot_until_none_is_left() -> None:
         block.close()
 
 
+def test_adding_a_worker_when_no_slot_is_left_answers_400_not_500() -> None:
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from infer_ctl.router.admin import Admin
+    from infer_ctl.router.health import HealthChecker
+    from infer_ctl.router.warmer import PrefixWarmer
+
+    async def go(r: Router) -> tuple[int, str]:
+        app = web.Application()
+        Admin(r, PrefixWarmer(r), HealthChecker(r)).routes(app)
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/admin/workers", json={"url": "http://127.0.0.1:9", "role": "decode"})
+            return resp.status, await resp.text()
+
+    block = SharedLoad.create(1, 3)
+    r = Router(pd_cfg())
+    r.workers.share(block, 0)  # the three configured workers took every slot
+    try:
+        status, body = asyncio.run(go(r))
+        assert status == 400 and "no free worker slot" in body and "restart the router" in body
+        assert "http://127.0.0.1:9" not in r.workers.by_url
+    finally:
+        for w in r.workers.all():
+            w.shared = None
+        block.close()
+
+
 def info_with_events(url: str) -> dict[str, Any]:
     return {"kv_events": {"endpoint_port_base": 5557}}
 
