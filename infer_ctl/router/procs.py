@@ -58,6 +58,9 @@ SPARE_SLOTS = 64
 #: a process that exits this soon after its start counts as a crash loop
 _EARLY_EXIT_S = 2.0
 _MAX_EARLY_EXITS = 3
+#: a process that exits within this of its start again and again is restarted after a growing delay
+_STABLE_S = 60.0
+_BACKOFF_MAX_S = 30.0
 
 
 def default_processes() -> int:
@@ -167,6 +170,9 @@ class Supervisor:
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * processes
         self.started: list[float] = [0.0] * processes
         self.early_exits = [0] * processes
+        #: consecutive exits within _STABLE_S of the start, and when a delayed restart is due
+        self.crashes = [0] * processes
+        self.restart_at: list[float | None] = [None] * processes
         self.restarts = 0
         self.stopping = False
         self.port_lock = -1
@@ -188,6 +194,8 @@ class Supervisor:
         from infer_ctl.router.shared_load import SharedLoad
 
         cfg = self.cfg
+        for sig in (signal.SIGTERM, signal.SIGINT):  # first: a signal from here on stops through the clean-up
+            signal.signal(sig, self._stop)
         port, holder, self.port_lock = reserve_port(cfg.host, cfg.port)
         cfg.port = port
         state_dir = tempfile.mkdtemp(prefix="inferctl-router-")
@@ -195,8 +203,6 @@ class Supervisor:
         slots = len(cfg.workers) + SPARE_SLOTS
         shared = SharedLoad.create(self.n, slots)
         roles = [ProcessRole(i, self.n, state_dir, shared.name, slots) for i in range(self.n)]
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._stop)
         rc = 0
         try:
             leader = self._spawn(roles[0])
@@ -205,7 +211,7 @@ class Supervisor:
                 time.sleep(0.05)
             if leader.poll() is not None:
                 return leader.returncode or 1
-            for role in roles[1:]:
+            for role in roles[1:] if not self.stopping else []:  # stopped during the leader's start-up
                 self._spawn(role)
             ready = False
             while not self.stopping:
@@ -231,22 +237,41 @@ class Supervisor:
         return rc
 
     def _check(self, role: ProcessRole, shared: Any) -> int:
-        """Restart a process that exited; a crash loop (or a start-up error) stops the router."""
-        proc = self.procs[role.index]
-        if proc is None or proc.poll() is None or self.stopping:
+        """Restart a process that exited; a crash loop at start-up (or a start-up error) stops the router,
+        a crash loop later restarts it after a growing delay (0.5 s doubling to 30 s)."""
+        i = role.index
+        proc = self.procs[i]
+        now = time.monotonic()
+        if self.stopping:
             return 0
-        early = time.monotonic() - self.started[role.index] < _EARLY_EXIT_S
-        self.early_exits[role.index] = self.early_exits[role.index] + 1 if early else 0
-        if self.early_exits[role.index] >= _MAX_EARLY_EXITS or proc.returncode == 64:
+        if proc is None:
+            due = self.restart_at[i]
+            if due is not None and now >= due:
+                self.restart_at[i] = None
+                self._spawn(role)
+            return 0
+        if proc.poll() is None:
+            return 0
+        lived = now - self.started[i]
+        # a process that never got ready failed at start-up, however long its start-up took (a loaded box)
+        early = lived < _EARLY_EXIT_S or not role.ready_file(i).exists()
+        self.early_exits[i] = self.early_exits[i] + 1 if early else 0
+        if self.early_exits[i] >= _MAX_EARLY_EXITS or proc.returncode == 64:
             log.error("router process keeps failing at start-up: stopping the router",
-                      extra={"router_process": role.index, "rc": proc.returncode})
+                      extra={"router_process": i, "rc": proc.returncode})
             return proc.returncode or 1
-        shared.zero_row(role.index)  # its requests died with its sockets (shared_load.py)
-        role.ready_file(role.index).unlink(missing_ok=True)
+        shared.zero_row(i)  # its requests died with its sockets (shared_load.py)
+        role.ready_file(i).unlink(missing_ok=True)
         self.restarts += 1
+        self.crashes[i] = self.crashes[i] + 1 if lived < _STABLE_S else 0
+        delay = 0.0 if self.crashes[i] <= 1 else min(_BACKOFF_MAX_S, 0.5 * 2 ** (self.crashes[i] - 2))
         log.warning("router process exited: starting it again",
-                    extra={"router_process": role.index, "rc": proc.returncode, "pid": proc.pid, "leader": role.leader})
-        self._spawn(role)
+                    extra={"router_process": i, "rc": proc.returncode, "pid": proc.pid, "leader": role.leader,
+                           "restart_in_s": delay})
+        if delay:
+            self.procs[i], self.restart_at[i] = None, now + delay
+        else:
+            self._spawn(role)
         return 0
 
     def _shutdown(self) -> None:

@@ -309,3 +309,64 @@ def test_server_info_is_read_from_the_worker_itself_not_through_a_proxy(monkeypa
         assert fetch_server_info("http://127.0.0.1:9") is None
     finally:
         server.shutdown()
+
+
+class _Exited:
+    pid, returncode = 4242, 1
+
+    def poll(self) -> int:
+        return 1
+
+
+def _supervisor(tmp_path: Any, lived_s: float, ready: bool) -> tuple[Any, Any, list[float]]:
+    from infer_ctl.router.follow import ProcessRole
+    from infer_ctl.router.procs import Supervisor
+
+    sup = Supervisor(pd_cfg(), 2)
+    role = ProcessRole(1, 2, str(tmp_path), "unused", 8)
+    spawned: list[float] = []
+
+    def spawn(r: Any) -> None:  # a process that exits at once, having run `lived_s` (and got ready, or not)
+        import time
+
+        spawned.append(time.monotonic())
+        sup.procs[r.index], sup.started[r.index] = _Exited(), time.monotonic() - lived_s
+        if ready:
+            r.ready_file(r.index).touch()
+
+    sup._spawn = spawn  # type: ignore[method-assign]
+    spawn(role)
+    return sup, role, spawned
+
+
+def test_a_process_crashing_again_and_again_is_restarted_after_a_growing_delay(tmp_path: Any) -> None:
+    """It was started again at once every time: a process dying 3 s after each start (past the 2 s of a
+    start-up failure) made the supervisor spin a Python start-up per crash forever, a core's worth."""
+    import time
+
+    sup, role, spawned = _supervisor(tmp_path, 3.0, ready=True)
+    block = SharedLoad.create(2, 8)
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            assert sup._check(role, block) == 0  # not a start-up failure: it keeps serving
+            time.sleep(0.01)
+    finally:
+        block.close()
+    # the first restart is immediate, then 0.5 s, then 1 s: four starts in 1.5 s, not ~150
+    assert 3 <= len(spawned) <= 4, len(spawned)
+
+
+def test_a_process_that_never_got_ready_is_a_start_up_failure_however_slow(tmp_path: Any) -> None:
+    import time
+
+    sup, role, spawned = _supervisor(tmp_path, 5.0, ready=False)  # a slow start-up (a loaded box), then exit
+    block = SharedLoad.create(2, 8)
+    try:
+        end, rc = time.monotonic() + 3.0, 0
+        while not rc and time.monotonic() < end:
+            rc = sup._check(role, block)
+            time.sleep(0.01)
+    finally:
+        block.close()
+    assert (rc, len(spawned)) == (1, 3)  # the third failed start stops the router, with the process's status

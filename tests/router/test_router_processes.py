@@ -353,6 +353,25 @@ def test_a_supervisor_killed_with_9_leaves_no_process_no_files_and_the_port_free
     assert again.stop() == 0
 
 
+def test_sigterm_during_start_up_stops_everything(kv_cluster: ThreadedSimCluster) -> None:
+    from infer_ctl.router.procs import reserve_port
+
+    port = free_port()
+    log = Path(tempfile.mkstemp(prefix="router-procs-", suffix=".log")[1])
+    args = [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}", "--processes", "2"]
+    for w in kv_cluster.workers:
+        args += ["--prefill", f"{w.url}@{w.bootstrap_port}"] if w.spec.role == "prefill" else ["--decode", w.url]
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(args, stderr=fh, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        # the supervisor decided and is starting the leader: stop it now
+        assert wait_for(lambda: b"router runs several processes" in log.read_bytes(), 60, 0.01)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-2000:]
+    text = log.read_text()
+    assert "Traceback" not in text and "router processes ready" not in text
+    os.close(reserve_port("127.0.0.1", port)[2])  # free: no router process is left holding the port's lock
+
+
 def test_without_kv_events_the_router_runs_one_process_and_says_why() -> None:
     kw: dict[str, Any] = {"time_scale": TIME_SCALE, "bootstrap_timeout_s": 10.0, "waiting_timeout_s": 10.0}
     cluster = start_cluster_in_thread([WorkerSpec("prefill", **kw), WorkerSpec("decode", **kw)])
