@@ -201,6 +201,30 @@ def test_in_flight_on_the_follower_is_seen_by_the_leader(router: Router, kv_clus
     assert wait_for(lambda: not any(w["inflight"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]))
 
 
+def test_a_prompt_cached_through_one_process_is_routed_to_the_same_prefill_by_the_other(router: Router) -> None:
+    """Both processes hold the same exact index (KV events): a prompt first sent through the leader
+    goes to the prefill that cached it when it comes again through the follower."""
+    c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)
+    for i in range(6):
+        text = f"Consistency check {i}: " + f"a long shared context number {i} " * 40
+        mark = len(router.logs())
+        assert generate(c0, text)[0] == 200
+        time.sleep(0.3)  # the KV events of the first request reach both processes
+        assert generate(c1, text + " and a follow-up")[0] == 200
+
+        def both(mark: int = mark) -> list[dict[str, Any]]:
+            got = [d for d in router.logs()[mark:] if d.get("msg") == "request done"]
+            return got if len(got) == 2 else []
+
+        done = wait_for(both, 5)
+        assert done and [d["router_process"] for d in done] == [0, 1], done
+        assert done[0]["prefill"] == done[1]["prefill"], [
+            {k: d.get(k) for k in ("router_process", "prefill", "reason", "predicted_tokens", "cached_tokens")}
+            for d in done]
+    c0.close()
+    c1.close()
+
+
 def test_admin_changes_are_in_force_in_both_processes_within_a_second(router: Router,
                                                                        kv_cluster: ThreadedSimCluster) -> None:
     c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)
@@ -396,12 +420,13 @@ def test_sigterm_drains_every_process(kv_cluster: ThreadedSimCluster) -> None:
     try:
         conns = [conn_to(r.port, 0), conn_to(r.port, 1)]
         results: list[tuple[int, bytes]] = []
-        threads = [threading.Thread(target=lambda c=c: results.append(generate(c, "drain me", 300, stream=True)))
+        threads = [threading.Thread(target=lambda c=c: results.append(generate(c, "drain me", 3000, stream=True)))
                    for c in conns]
         for t in threads:
             t.start()
         assert wait_for(lambda: sum(w["inflight"] for w in httpx.get(r.url + "/admin/workers").json()["workers"]
-                                    if w["role"] == "decode") == 2, 10, 0.02)
+                                    if w["role"] == "decode") == 2, 10, 0.02), (
+            httpx.get(r.url + "/admin/workers").json(), results, r.logs()[-10:])
         r.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(60)
