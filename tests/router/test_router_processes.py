@@ -338,6 +338,13 @@ def test_a_change_acknowledged_just_before_the_leader_dies_is_not_lost(router: R
     assert resp.status == 201, resp.read()
     os.kill(old["pid"], signal.SIGKILL)  # right after the answer
     c0.close()
+    # meanwhile the follower answers the admin API with 503 and Retry-After (it was a 500)
+    c1 = conn_to(router.port, 1)
+    c1.request("GET", "/admin/status")
+    resp = c1.getresponse()
+    body = resp.read()
+    assert (resp.status, resp.getheader("Retry-After")) == (503, "2"), body
+    c1.close()
 
     def back() -> bool:
         try:
