@@ -121,10 +121,10 @@ class RouterServer:
             if self.proc is not None and not self.proc.leader and isinstance(exc, UpstreamError):
                 # the leader process is being restarted (its socket is gone or refuses): not an error of
                 # the admin API, and over in a second or two
-                resp = _error(503, "the router's leader process is restarting; retry in a few seconds",
+                busy = _error(503, "the router's leader process is restarting; retry in a few seconds",
                               "unavailable")
-                resp.headers = {"Retry-After": "2"}
-                return resp
+                busy.headers = {"Retry-After": "2"}
+                return busy
             return _error(500, f"admin API failed: {exc}; see the router's log", "internal_error")
         extra = {k: v for k, v in resp.headers.items() if k not in _HOP_HEADERS}
         return Response(resp.status, data, resp.headers.get("content-type", _JSON), extra or None)
