@@ -183,6 +183,7 @@ class RouterServer:
         # like a replica of several: a prompt new to this process may be cached by another process's
         # traffic, and is only found in the exact index once anchored here (kv_routing.py)
         self.router.kv.first_sight_budget = 0.05
+        self.router.kv.processes = proc.processes
         if proc.leader:
             pub = Publisher(self.router, proc.snapshot)
             pub.adopt()

@@ -370,3 +370,24 @@ def test_a_process_that_never_got_ready_is_a_start_up_failure_however_slow(tmp_p
     finally:
         block.close()
     assert (rc, len(spawned)) == (1, 3)  # the third failed start stops the router, with the process's status
+
+
+def test_a_prefill_that_stops_publishing_kv_events_is_logged_with_several_processes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    from infer_ctl.router.kv_routing import KvRouting
+
+    async def go() -> None:
+        kv = KvRouting()
+        kv.processes = 2
+        url = "http://127.0.0.1:1"
+        kv.configure(url, {"kv_events": {"endpoint_host": "127.0.0.1", "endpoint_port_base": 9}})
+        assert url in kv.workers
+        kv.configure(url, {})  # restarted without --kv-events-config
+        assert url not in kv.workers
+        await kv.stop()
+
+    with caplog.at_level("WARNING", logger="infer_ctl.router.kv"):
+        asyncio.run(go())
+    assert any("publishes no more KV events" in r.getMessage() for r in caplog.records)
