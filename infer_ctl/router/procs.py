@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import glob
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from infer_ctl.errors import UsageError
@@ -61,6 +63,8 @@ _MAX_EARLY_EXITS = 3
 #: a process that exits within this of its start again and again is restarted after a growing delay
 _STABLE_S = 60.0
 _BACKOFF_MAX_S = 30.0
+#: in the state directory: every live router process (and the supervisor) holds a shared lock on it
+_MEMBERS = "members.lock"
 
 
 def default_processes() -> int:
@@ -198,10 +202,13 @@ class Supervisor:
             signal.signal(sig, self._stop)
         port, holder, self.port_lock = reserve_port(cfg.host, cfg.port)
         cfg.port = port
+        sweep_stale()
         state_dir = tempfile.mkdtemp(prefix="inferctl-router-")
         os.chmod(state_dir, 0o700)
+        member = _join(state_dir)
         slots = len(cfg.workers) + SPARE_SLOTS
         shared = SharedLoad.create(self.n, slots)
+        Path(state_dir, "shm").write_text(shared.name)  # for sweep_stale, should every process be killed
         roles = [ProcessRole(i, self.n, state_dir, shared.name, slots) for i in range(self.n)]
         rc = 0
         try:
@@ -233,6 +240,7 @@ class Supervisor:
             if holder is not None:
                 holder.close()
             os.close(self.port_lock)
+            os.close(member)
         log.info("router stopped", extra={"processes": self.n, "restarts": self.restarts})
         return rc
 
@@ -327,11 +335,51 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(0)  # before run.py's handlers (start-up): exit through the `finally` that cleans up
 
 
-def _join(role: ProcessRole) -> int:
-    """Hold a shared lock on the state directory's member file while this process runs (`_leave`)."""
-    fd = os.open(os.path.join(role.state_dir, "members.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _join(state_dir: str) -> int:
+    """Hold a shared lock on the state directory's member file while this process runs (`_leave`,
+    `sweep_stale`). The supervisor creates the file already locked (locked under a temporary name, then
+    renamed), so no sweep can find it unlocked while its router starts."""
+    path = os.path.join(state_dir, _MEMBERS)
+    if os.path.exists(path):
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+    tmp = path + ".new"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_SH)
+    os.replace(tmp, path)
     return fd
+
+
+def sweep_stale() -> list[str]:
+    """Remove what routers killed all at once left (systemd's SIGKILL of the whole group, `kill -9 -PGID`:
+    no process is left to clean up, not even the resource tracker that would unlink the shared block):
+    this user's state directories whose member file nobody holds, and the shared block named in them."""
+    removed = []
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), "inferctl-router-*")):
+        try:
+            st = os.lstat(d)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(d, _MEMBERS), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not a state directory of several processes (or not yet one)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live router's
+            with contextlib.suppress(OSError):
+                name = Path(d, "shm").read_text().strip()
+                if name.isidentifier():  # psm_... (Python's SharedMemory names), nothing with a path in it
+                    os.unlink(f"/dev/shm/{name}")
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+        finally:
+            os.close(fd)
+    if removed:
+        log.warning("removed the state of routers that were killed without a clean-up", extra={"dirs": removed})
+    return removed
 
 
 def _leave(role: ProcessRole, member: int, supervisor: int) -> None:
@@ -343,7 +391,7 @@ def _leave(role: ProcessRole, member: int, supervisor: int) -> None:
     os.close(member)
     if os.getppid() == supervisor:
         return
-    fd = os.open(os.path.join(role.state_dir, "members.lock"), os.O_RDWR | os.O_CLOEXEC)
+    fd = os.open(os.path.join(role.state_dir, _MEMBERS), os.O_RDWR | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -364,7 +412,7 @@ def _child() -> int:
     cfg, role, log_level, supervisor = pickle.loads(sys.stdin.buffer.read())
     handler = setup_logging(log_level)
     handler.addFilter(_ProcessField(role.index))
-    member = _join(role)
+    member = _join(role.state_dir)
     try:
         if not _die_with_parent(supervisor):
             return 0

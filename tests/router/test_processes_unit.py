@@ -391,3 +391,31 @@ def test_a_prefill_that_stops_publishing_kv_events_is_logged_with_several_proces
     with caplog.at_level("WARNING", logger="infer_ctl.router.kv"):
         asyncio.run(go())
     assert any("publishes no more KV events" in r.getMessage() for r in caplog.records)
+
+
+def test_the_state_of_routers_killed_all_at_once_is_swept_at_the_next_start() -> None:
+    """systemd's SIGKILL of the whole group kills the supervisor, its processes and the resource tracker:
+    nobody was left to remove the state directory or unlink the shared block."""
+    import tempfile
+    from multiprocessing import resource_tracker, shared_memory
+    from pathlib import Path
+
+    from infer_ctl.router.procs import _join, sweep_stale
+
+    dead, live, other = (tempfile.mkdtemp(prefix="inferctl-router-") for _ in range(3))
+    shm = shared_memory.SharedMemory(create=True, size=64)
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # as if it died
+    Path(dead, "shm").write_text(shm.name)
+    os.close(_join(dead))  # its members are gone: nobody holds the lock
+    held = _join(live)  # a live router's
+    try:
+        removed = sweep_stale()
+        assert dead in removed and not os.path.exists(dead) and not os.path.exists(f"/dev/shm/{shm.name}")
+        assert os.path.isdir(live) and os.path.isdir(other)  # live; not a state directory of processes
+    finally:
+        os.close(held)
+        shm.close()
+        import shutil
+
+        for d in (dead, live, other):
+            shutil.rmtree(d, ignore_errors=True)
