@@ -419,3 +419,21 @@ def test_the_state_of_routers_killed_all_at_once_is_swept_at_the_next_start() ->
 
         for d in (dead, live, other):
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_scrape_leaves_out_a_dead_processs_stale_file(tmp_path: Any) -> None:
+    import time
+
+    from infer_ctl.router.metrics_merge import STALE_S, ProcessMetrics
+
+    fam = ('# HELP inferctl_router_requests_total r\n# TYPE inferctl_router_requests_total counter\n'
+           'inferctl_router_requests_total{status="200"} %d.0\n')
+    files = {i: tmp_path / f"metrics-{i}.prom" for i in range(3)}
+    files[1].write_text(fam % 5)
+    files[2].write_text(fam % 7)
+    old = time.time() - STALE_S - 1
+    os.utime(files[2], (old, old))  # process 2 died a while ago
+    pm = ProcessMetrics(lambda: (fam % 3).encode(), 0, 3, files.__getitem__)
+    fams = {f.name: f for f in text_string_to_metric_families(pm.scrape().decode())}
+    got = {s.labels["router_process"]: s.value for s in fams["inferctl_router_requests"].samples}
+    assert got == {"0": 3.0, "1": 5.0}
