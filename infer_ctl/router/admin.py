@@ -74,6 +74,9 @@ class Admin:
         self.sync = StateSync(router, url=cfg.state_store, password=cfg.state_store_password,
                               namespace=cfg.state_namespace, apply_worker=self.apply_worker,
                               on_prefix_change=warmer.poke) if cfg.state_store else None
+        #: the leader of several router processes: write the snapshot (follow.py) before a change is
+        #: answered, so a change the client saw acknowledged survives the leader's death right after
+        self.on_change: Any = None
 
     def routes(self, app: web.Application) -> None:
         # Auth wraps the admin handlers only: a middleware would run on every data-plane request too.
@@ -104,7 +107,10 @@ class Admin:
                     body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
                                     f"${self.router.cfg.admin_token_env}", "unauthorized"),
                     headers={"WWW-Authenticate": "Bearer"})
-            return await handler(request)
+            resp = await handler(request)
+            if self.on_change is not None and request.method != "GET":
+                self.on_change()
+            return resp
 
         return guarded
 
@@ -187,7 +193,10 @@ class Admin:
                 return _err(409, f"worker {spec.url} was not added (see the router's log)", "conflict")
             state = shared
         else:
-            state = self.router.workers.add(spec)
+            try:
+                state = self.router.workers.add(spec)
+            except UsageError as exc:  # several router processes: every shared worker slot was used
+                return _err(400, f"{exc.message}; {exc.remedy}")
             await self.health.check(state)
             self.warmer.poke()
         return _json({"added": state.as_dict(self.router.clock())}, 201)

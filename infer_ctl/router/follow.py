@@ -110,11 +110,42 @@ def snapshot_doc(router: Router) -> dict[str, Any]:
     }
 
 
+def _checked(doc: Any) -> tuple[list[dict[str, Any]], int, dict[str, list[PrefixRecord]]]:
+    """The snapshot's workers, next slot and prefix records, or ValueError: the whole document is checked
+    before any of it is applied, so a corrupt file (hand-edited, another version's) changes nothing."""
+    try:
+        workers = doc["workers"]
+        if not isinstance(workers, list):
+            raise TypeError("workers is not a list")
+        for d in workers:
+            if not (isinstance(d["url"], str) and d["role"] in ("prefill", "decode", "mixed")
+                    and (d["slot"] is None or (isinstance(d["slot"], int) and d["slot"] >= 0))
+                    and isinstance(d["draining"], bool)
+                    and (d["bootstrap_port"] is None or isinstance(d["bootstrap_port"], int))):
+                raise TypeError(f"bad worker entry {d!r:.200}")
+        next_slot = int(doc.get("next_slot", 0))
+        records: dict[str, list[PrefixRecord]] = {}
+        for d in doc["prefixes"]:
+            if not (isinstance(d["name"], str) and isinstance(d["text"], str)):
+                raise TypeError(f"bad prefix entry {d!r:.200}")
+            records.setdefault(d["name"], []).append(_record(d))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"not a router state snapshot: {type(exc).__name__}: {exc}") from None
+    return workers, next_slot, records
+
+
 def apply_snapshot(router: Router, doc: dict[str, Any], on_added: Any = None) -> None:
-    """Make one process's worker list and named prefixes the snapshot's."""
+    """Make one process's worker list and named prefixes the snapshot's (ValueError: a corrupt snapshot,
+    nothing applied)."""
+    workers, next_slot, records = _checked(doc)
     ws = router.workers
-    want = {d["url"]: d for d in doc["workers"]}
-    for url in [u for u in ws.by_url if u not in want]:
+    if ws.shared is not None and any(d["slot"] is None or d["slot"] >= ws.shared.slots for d in workers):
+        raise ValueError(f"not a router state snapshot: a worker without a slot or beyond the {ws.shared.slots} "
+                         "shared ones")
+    want = {d["url"]: d for d in workers}
+    for url in [u for u in ws.by_url if u not in want or (ws.shared is not None and ws.by_url[u].slot != want[u]["slot"])]:
+        # a worker removed and added again between two polls has a new slot: its old cell is no longer
+        # summed by anyone, so this process's in-flight count there would be invisible to the others
         forget_worker(router, url)
         log.info("worker removed (leader)", extra={"worker": url})
     for url, d in want.items():
@@ -124,11 +155,8 @@ def apply_snapshot(router: Router, doc: dict[str, Any], on_added: Any = None) ->
             log.info("worker added (leader)", extra={"worker": url, "slot": d["slot"]})
             if on_added is not None:
                 on_added(w)
-        w.draining = bool(d["draining"])
-    ws.next_slot = max(ws.next_slot, int(doc.get("next_slot", 0)))
-    records: dict[str, list[PrefixRecord]] = {}
-    for d in doc["prefixes"]:
-        records.setdefault(d["name"], []).append(_record(d))
+        w.draining = d["draining"]
+    ws.next_slot = max(ws.next_slot, next_slot)
     router.prefixes.adopt(records)
 
 
@@ -153,11 +181,20 @@ class Publisher:
 
     def adopt(self) -> bool:
         """A restarted leader: take over the last snapshot (runtime changes survive the restart)."""
-        doc = read_snapshot(self.path)
-        if doc is None:
+        try:
+            doc = read_snapshot(self.path)
+            if doc is None:
+                return False
+            apply_snapshot(self.router, doc)
+            self.version = int(doc.get("version", 0))
+            # the dead leader's warm-ups died with it: a placement adopted as `warming` would never be
+            # warmed again (plan_warmups skips it, and no warm_done will ever come)
+            for rec in self.router.prefixes.records():
+                for p in rec.placements.values():
+                    p.warming = False
+        except (OSError, ValueError) as exc:  # a corrupt file must not crash-loop the leader (and the router)
+            log.error("cannot adopt the last snapshot: starting from the profile", extra={"error": str(exc)})
             return False
-        apply_snapshot(self.router, doc)
-        self.version = int(doc.get("version", 0))
         log.warning("leader adopted the last snapshot", extra={"version": self.version})
         return True
 
@@ -166,9 +203,18 @@ class Publisher:
         if data == self._last:
             return False
         self.version += 1
-        write_atomic(self.path, b'{"version":%d,' % self.version + data[1:], mode=0o600)
+        write_atomic(self.path, b'{"version":%d,' % self.version + data[1:], mode=0o600,
+                     make_parents=False)  # a removed state directory is not made again (world-readable)
         self._last = data
         return True
+
+    def publish_now(self) -> None:
+        """After an admin change, before its answer (admin.py): the 100 ms loop alone would lose a change
+        acknowledged in the last period before the leader's death (its successor adopts the file)."""
+        try:
+            self.publish()
+        except OSError as exc:
+            log.warning("cannot write the router's state snapshot", extra={"error": str(exc)})
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -176,10 +222,7 @@ class Publisher:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(SYNC_S)
-            try:
-                self.publish()
-            except OSError as exc:
-                log.warning("cannot write the router's state snapshot", extra={"error": str(exc)})
+            self.publish_now()
 
     async def stop(self) -> None:
         await _cancel(self._task)
@@ -221,8 +264,8 @@ class Follower:
             await asyncio.sleep(SYNC_S)
             try:
                 self.poll()
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("cannot apply the leader's state snapshot", extra={"error": str(exc)})
+            except Exception as exc:
+                log.warning("cannot apply the leader's state snapshot", extra={"error": f"{type(exc).__name__}: {exc}"})
             now = self.router.clock()
             if now - last_expire >= _EXPIRE_S:
                 self.router.index.expire(now)

@@ -162,6 +162,8 @@ class KvRouting:
         self._budget = 0.0
         self._budget_at = time.monotonic()
         self.first_sight = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
+        #: router processes on this address (router/procs.py): a prefill that stops publishing is worth a warning
+        self.processes = 1
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -206,6 +208,13 @@ class KvRouting:
                             extra={"worker": url})
         desc = info.get("kv_events")
         if not isinstance(desc, dict):
+            if url in self.workers and self.processes > 1 and role != "decode":
+                # the start-up check (router/procs.py) chose several processes because it published
+                log.warning("KV events: the worker publishes no more KV events; each of the router's "
+                            f"{self.processes} processes now routes it on its own predicted index, and "
+                            "their predictions differ", extra={"worker": url, "remedy": (
+                                "relaunch the worker with --kv-events-config, or restart the router "
+                                "(it then runs one process)")})
             self.forget(url)
             return
         eps = endpoints(url, desc)

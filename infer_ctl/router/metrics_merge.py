@@ -47,7 +47,16 @@ def merge(expositions: Iterable[tuple[int, str]], own: int) -> bytes:
     """One exposition from each process's (`index`, text); `own` is the answering process."""
     families: dict[str, Metric] = {}
     for index, text in expositions:
-        for fam in text_string_to_metric_families(text):
+        try:
+            parsed = list(text_string_to_metric_families(text))
+        except (ValueError, TypeError, IndexError) as exc:
+            if index == own:
+                raise
+            # another process's file that does not parse (not ours to trust): without it, not a 500
+            log.warning("skipping a router process's metrics file that does not parse",
+                        extra={"router_process": index, "error": str(exc)})
+            continue
+        for fam in parsed:
             whole = fam.name in WHOLE_ROUTER
             if whole and index != own:
                 continue

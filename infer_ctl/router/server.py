@@ -118,6 +118,13 @@ class RouterServer:
             resp = await asyncio.wait_for(self._admin_pool.request(request.method, target, request.body, headers), 60)
             data = await resp.read()
         except (UpstreamError, TimeoutError) as exc:
+            if self.proc is not None and not self.proc.leader and isinstance(exc, UpstreamError):
+                # the leader process is being restarted (its socket is gone or refuses): not an error of
+                # the admin API, and over in a second or two
+                busy = _error(503, "the router's leader process is restarting; retry in a few seconds",
+                              "unavailable")
+                busy.headers = {"Retry-After": "2"}
+                return busy
             return _error(500, f"admin API failed: {exc}; see the router's log", "internal_error")
         extra = {k: v for k, v in resp.headers.items() if k not in _HOP_HEADERS}
         return Response(resp.status, data, resp.headers.get("content-type", _JSON), extra or None)
@@ -173,11 +180,16 @@ class RouterServer:
         self.process_metrics = ProcessMetrics(self.router.metrics.render, proc.index, proc.processes,
                                               proc.metrics_file)
         self.router.workers.share(self.shared, proc.index)
+        # like a replica of several: a prompt new to this process may be cached by another process's
+        # traffic, and is only found in the exact index once anchored here (kv_routing.py)
+        self.router.kv.first_sight_budget = 0.05
+        self.router.kv.processes = proc.processes
         if proc.leader:
             pub = Publisher(self.router, proc.snapshot)
             pub.adopt()
             pub.publish()  # the supervisor starts the followers once this file exists
             self.sync = pub
+            self.admin.on_change = pub.publish_now
         else:
             fol = Follower(self.router, proc.snapshot, on_added=self.health.suspect)
             fol.poll()

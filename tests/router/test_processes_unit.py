@@ -3,6 +3,7 @@ process plan (why one process), the leader's snapshot applied by a follower, the
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -12,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.follow import apply_snapshot, snapshot_doc
+from infer_ctl.router.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
 from infer_ctl.router.metrics_merge import merge
 from infer_ctl.router.procs import fetch_server_info, plan, reserve_port
 from infer_ctl.router.proxy import Router
@@ -62,6 +63,36 @@ def test_a_runtime_worker_takes_the_next_slot_until_none_is_left() -> None:
         with pytest.raises(UsageError, match="no free worker slot"):
             r.workers.add(worker("http://127.0.0.1:5", "decode"))
     finally:
+        block.close()
+
+
+def test_adding_a_worker_when_no_slot_is_left_answers_400_not_500() -> None:
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from infer_ctl.router.admin import Admin
+    from infer_ctl.router.health import HealthChecker
+    from infer_ctl.router.warmer import PrefixWarmer
+
+    async def go(r: Router) -> tuple[int, str]:
+        app = web.Application()
+        Admin(r, PrefixWarmer(r), HealthChecker(r)).routes(app)
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/admin/workers", json={"url": "http://127.0.0.1:9", "role": "decode"})
+            return resp.status, await resp.text()
+
+    block = SharedLoad.create(1, 3)
+    r = Router(pd_cfg())
+    r.workers.share(block, 0)  # the three configured workers took every slot
+    try:
+        status, body = asyncio.run(go(r))
+        assert status == 400 and "no free worker slot" in body and "restart the router" in body
+        assert "http://127.0.0.1:9" not in r.workers.by_url
+    finally:
+        for w in r.workers.all():
+            w.shared = None
         block.close()
 
 
@@ -119,6 +150,84 @@ def _follow(leader: Router, follower: Router) -> None:
     assert follower.prefixes.match("You are terse. Q?") is None
 
 
+def _shared_pair(slots: int = 8) -> tuple[Router, Router, list[SharedLoad]]:
+    leader, follower = Router(pd_cfg()), Router(pd_cfg())
+    blocks = [SharedLoad.create(1, slots), SharedLoad.create(1, slots)]
+    leader.workers.share(blocks[0], 0)
+    follower.workers.share(blocks[1], 0)
+    return leader, follower, blocks
+
+
+def _close(routers: list[Router], blocks: list[SharedLoad]) -> None:
+    for r in routers:
+        for w in r.workers.all():
+            w.shared = None
+    for b in blocks:
+        b.close()
+
+
+def test_a_worker_removed_and_added_again_between_two_polls_moves_to_its_new_slot() -> None:
+    """The follower kept the old slot: its in-flight count there was summed by nobody (the leader reads
+    the new slot), so the leader routed to the worker as if the follower sent it nothing."""
+    leader, follower, blocks = _shared_pair()
+    try:
+        url = "http://127.0.0.1:7"
+        leader.workers.add(worker(url, "decode"))
+        apply_snapshot(follower, snapshot_doc(leader))
+        assert follower.workers.by_url[url].slot == 3
+        leader.workers.remove(url)
+        assert leader.workers.add(worker(url, "decode")).slot == 4  # slots are not reused
+        apply_snapshot(follower, snapshot_doc(leader))  # the follower never saw the removal
+        assert follower.workers.by_url[url].slot == 4
+        assert snapshot_doc(follower) == snapshot_doc(leader)
+    finally:
+        _close([leader, follower], blocks)
+
+
+def test_a_corrupt_snapshot_changes_nothing_and_a_leader_starts_without_it(tmp_path: Any) -> None:
+    leader, follower, blocks = _shared_pair()
+    try:
+        apply_snapshot(follower, snapshot_doc(leader))
+        before = snapshot_doc(follower)
+        doc = snapshot_doc(leader)
+        doc["workers"] = doc["workers"][:1]  # would remove two workers...
+        doc["prefixes"] = [{"name": "x"}]  # ...but the prefix table is broken: the whole file is refused
+        with pytest.raises(ValueError, match="not a router state snapshot"):
+            apply_snapshot(follower, doc)
+        assert snapshot_doc(follower) == before
+        for bad in ({"workers": [{"url": "http://127.0.0.1:9", "role": "decode", "bootstrap_port": None,
+                                  "slot": 99, "draining": False}], "prefixes": []},
+                    {"workers": "no", "prefixes": []}, {"workers": [], "prefixes": [{"name": 1, "text": 2}]}):
+            with pytest.raises(ValueError):
+                apply_snapshot(follower, bad)
+            assert snapshot_doc(follower) == before
+        # a restarted leader with a corrupt state.json starts from the profile instead of crash-looping
+        path = tmp_path / "state.json"
+        for data in (b"{not json", b'{"version": 3, "workers": 5}'):
+            path.write_bytes(data)
+            pub = Publisher(leader, path)
+            assert pub.adopt() is False
+            assert pub.publish() and read_snapshot(path)["version"] == 1
+    finally:
+        _close([leader, follower], blocks)
+
+
+def test_a_restarted_leader_warms_again_what_the_dead_one_was_warming(tmp_path: Any) -> None:
+    """The snapshot said `warming` for a warm-up in flight when the leader died: adopted as is, that
+    replica was skipped by every later plan (no warm_done would ever come) and never warmed."""
+    from infer_ctl.core.routing.policy import WorkerView
+
+    dead = Router(pd_cfg())
+    rec = dead.prefixes.register("sys", "You are terse.", now=1.0, ttl_s=None, replicas=1, pin=False)
+    rec.placements["http://127.0.0.1:1"] = Placement("http://127.0.0.1:1", warming=True)
+    path = tmp_path / "state.json"
+    Publisher(dead, path).publish()
+    new = Router(pd_cfg())
+    assert Publisher(new, path).adopt()
+    views = [WorkerView("http://127.0.0.1:1", 0, 0, True)]
+    assert [(a.name, a.worker) for a in new.prefixes.plan_warmups(views, 2.0)] == [("sys", "http://127.0.0.1:1")]
+
+
 def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:
     a = ('# HELP inferctl_router_requests_total r\n# TYPE inferctl_router_requests_total counter\n'
          'inferctl_router_requests_total{status="200"} 3.0\n'
@@ -132,6 +241,10 @@ def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:
     # read from the shared block in every process: once, unlabelled, not N times
     assert [(s.labels, s.value) for s in fams["inferctl_router_worker_inflight"].samples] == [({"worker": "u"}, 4.0)]
     assert text.count("# TYPE inferctl_router_requests_total counter") == 1
+    # another process's file that does not parse is left out, not a failed scrape
+    text = merge([(0, a), (1, "inferctl_router_requests_total{status=\"200\" 3.0\n")], own=0).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {s.labels["router_process"] for s in fams["inferctl_router_requests"].samples} == {"0"}
 
 
 def test_a_port_held_by_another_reuseport_listener_is_refused() -> None:
@@ -145,9 +258,28 @@ def test_a_port_held_by_another_reuseport_listener_is_refused() -> None:
             reserve_port("127.0.0.1", other.getsockname()[1])
     finally:
         other.close()
-    port, holder = reserve_port("127.0.0.1", 0)
+    port, holder, lock = reserve_port("127.0.0.1", 0)
     assert holder is not None and port > 0
     holder.close()
+    os.close(lock)
+
+
+def test_two_routers_reserving_one_port_at_once_cannot_both_get_it() -> None:
+    """The bind check closes its socket before the router processes bind (their start-up, a second or
+    more): a second router's check in that window passed too, and both joined one SO_REUSEPORT group."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    got, holder, lock = reserve_port("127.0.0.1", port)
+    assert (got, holder) == (port, None)
+    try:
+        with pytest.raises(UsageError, match="another inferctl router"):
+            reserve_port("127.0.0.1", port)
+        with pytest.raises(UsageError, match="another inferctl router"):  # another address, the same port
+            reserve_port("0.0.0.0", port)
+    finally:
+        os.close(lock)  # the router stopped (its processes too): the port is free again
+    os.close(reserve_port("127.0.0.1", port)[2])
 
 
 def test_server_info_is_read_from_the_worker_itself_not_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,3 +309,131 @@ def test_server_info_is_read_from_the_worker_itself_not_through_a_proxy(monkeypa
         assert fetch_server_info("http://127.0.0.1:9") is None
     finally:
         server.shutdown()
+
+
+class _Exited:
+    pid, returncode = 4242, 1
+
+    def poll(self) -> int:
+        return 1
+
+
+def _supervisor(tmp_path: Any, lived_s: float, ready: bool) -> tuple[Any, Any, list[float]]:
+    from infer_ctl.router.follow import ProcessRole
+    from infer_ctl.router.procs import Supervisor
+
+    sup = Supervisor(pd_cfg(), 2)
+    role = ProcessRole(1, 2, str(tmp_path), "unused", 8)
+    spawned: list[float] = []
+
+    def spawn(r: Any) -> None:  # a process that exits at once, having run `lived_s` (and got ready, or not)
+        import time
+
+        spawned.append(time.monotonic())
+        sup.procs[r.index], sup.started[r.index] = _Exited(), time.monotonic() - lived_s
+        if ready:
+            r.ready_file(r.index).touch()
+
+    sup._spawn = spawn  # type: ignore[method-assign]
+    spawn(role)
+    return sup, role, spawned
+
+
+def test_a_process_crashing_again_and_again_is_restarted_after_a_growing_delay(tmp_path: Any) -> None:
+    """It was started again at once every time: a process dying 3 s after each start (past the 2 s of a
+    start-up failure) made the supervisor spin a Python start-up per crash forever, a core's worth."""
+    import time
+
+    sup, role, spawned = _supervisor(tmp_path, 3.0, ready=True)
+    block = SharedLoad.create(2, 8)
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            assert sup._check(role, block) == 0  # not a start-up failure: it keeps serving
+            time.sleep(0.01)
+    finally:
+        block.close()
+    # the first restart is immediate, then 0.5 s, then 1 s: four starts in 1.5 s, not ~150
+    assert 3 <= len(spawned) <= 4, len(spawned)
+
+
+def test_a_process_that_never_got_ready_is_a_start_up_failure_however_slow(tmp_path: Any) -> None:
+    import time
+
+    sup, role, spawned = _supervisor(tmp_path, 5.0, ready=False)  # a slow start-up (a loaded box), then exit
+    block = SharedLoad.create(2, 8)
+    try:
+        end, rc = time.monotonic() + 3.0, 0
+        while not rc and time.monotonic() < end:
+            rc = sup._check(role, block)
+            time.sleep(0.01)
+    finally:
+        block.close()
+    assert (rc, len(spawned)) == (1, 3)  # the third failed start stops the router, with the process's status
+
+
+def test_a_prefill_that_stops_publishing_kv_events_is_logged_with_several_processes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    from infer_ctl.router.kv_routing import KvRouting
+
+    async def go() -> None:
+        kv = KvRouting()
+        kv.processes = 2
+        url = "http://127.0.0.1:1"
+        kv.configure(url, {"kv_events": {"endpoint_host": "127.0.0.1", "endpoint_port_base": 9}})
+        assert url in kv.workers
+        kv.configure(url, {})  # restarted without --kv-events-config
+        assert url not in kv.workers
+        await kv.stop()
+
+    with caplog.at_level("WARNING", logger="infer_ctl.router.kv"):
+        asyncio.run(go())
+    assert any("publishes no more KV events" in r.getMessage() for r in caplog.records)
+
+
+def test_the_state_of_routers_killed_all_at_once_is_swept_at_the_next_start() -> None:
+    """systemd's SIGKILL of the whole group kills the supervisor, its processes and the resource tracker:
+    nobody was left to remove the state directory or unlink the shared block."""
+    import tempfile
+    from multiprocessing import resource_tracker, shared_memory
+    from pathlib import Path
+
+    from infer_ctl.router.procs import _join, sweep_stale
+
+    dead, live, other = (tempfile.mkdtemp(prefix="inferctl-router-") for _ in range(3))
+    shm = shared_memory.SharedMemory(create=True, size=64)
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # as if it died
+    Path(dead, "shm").write_text(shm.name)
+    os.close(_join(dead))  # its members are gone: nobody holds the lock
+    held = _join(live)  # a live router's
+    try:
+        removed = sweep_stale()
+        assert dead in removed and not os.path.exists(dead) and not os.path.exists(f"/dev/shm/{shm.name}")
+        assert os.path.isdir(live) and os.path.isdir(other)  # live; not a state directory of processes
+    finally:
+        os.close(held)
+        shm.close()
+        import shutil
+
+        for d in (dead, live, other):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_scrape_leaves_out_a_dead_processs_stale_file(tmp_path: Any) -> None:
+    import time
+
+    from infer_ctl.router.metrics_merge import STALE_S, ProcessMetrics
+
+    fam = ('# HELP inferctl_router_requests_total r\n# TYPE inferctl_router_requests_total counter\n'
+           'inferctl_router_requests_total{status="200"} %d.0\n')
+    files = {i: tmp_path / f"metrics-{i}.prom" for i in range(3)}
+    files[1].write_text(fam % 5)
+    files[2].write_text(fam % 7)
+    old = time.time() - STALE_S - 1
+    os.utime(files[2], (old, old))  # process 2 died a while ago
+    pm = ProcessMetrics(lambda: (fam % 3).encode(), 0, 3, files.__getitem__)
+    fams = {f.name: f for f in text_string_to_metric_families(pm.scrape().decode())}
+    got = {s.labels["router_process"]: s.value for s in fams["inferctl_router_requests"].samples}
+    assert got == {"0": 3.0, "1": 5.0}

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -48,8 +49,8 @@ def wait_for(cond: Callable[[], Any], timeout: float = 20.0, every: float = 0.05
 class Router:
     """`inferctl router serve --processes N` as a subprocess, its JSON log lines in a file."""
 
-    def __init__(self, cluster: ThreadedSimCluster, processes: int = 2, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, cluster: ThreadedSimCluster, processes: int = 2, *extra: str, port: int = 0) -> None:
+        self.port = port or free_port()
         self.processes = processes
         self.log = Path(tempfile.mkstemp(prefix="router-procs-", suffix=".log")[1])
         args = [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{self.port}",
@@ -200,6 +201,30 @@ def test_in_flight_on_the_follower_is_seen_by_the_leader(router: Router, kv_clus
     assert wait_for(lambda: not any(w["inflight"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]))
 
 
+def test_a_prompt_cached_through_one_process_is_routed_to_the_same_prefill_by_the_other(router: Router) -> None:
+    """Both processes hold the same exact index (KV events): a prompt first sent through the leader
+    goes to the prefill that cached it when it comes again through the follower."""
+    c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)
+    for i in range(6):
+        text = f"Consistency check {i}: " + f"a long shared context number {i} " * 40
+        mark = len(router.logs())
+        assert generate(c0, text)[0] == 200
+        time.sleep(0.3)  # the KV events of the first request reach both processes
+        assert generate(c1, text + " and a follow-up")[0] == 200
+
+        def both(mark: int = mark) -> list[dict[str, Any]]:
+            got = [d for d in router.logs()[mark:] if d.get("msg") == "request done"]
+            return got if len(got) == 2 else []
+
+        done = wait_for(both, 5)
+        assert done and [d["router_process"] for d in done] == [0, 1], done
+        assert done[0]["prefill"] == done[1]["prefill"], [
+            {k: d.get(k) for k in ("router_process", "prefill", "reason", "predicted_tokens", "cached_tokens")}
+            for d in done]
+    c0.close()
+    c1.close()
+
+
 def test_admin_changes_are_in_force_in_both_processes_within_a_second(router: Router,
                                                                        kv_cluster: ThreadedSimCluster) -> None:
     c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)
@@ -303,6 +328,81 @@ def test_a_killed_leader_comes_back_with_the_runtime_state(router: Router) -> No
     assert any(d.get("msg") == "leader adopted the last snapshot" for d in router.logs())
 
 
+def test_a_change_acknowledged_just_before_the_leader_dies_is_not_lost(router: Router) -> None:
+    """The snapshot was written by a 100 ms loop: a leader killed within 100 ms of a 201 lost the change."""
+    c0 = conn_to(router.port, 0)
+    old = health(c0)["process"]
+    c0.request("POST", "/admin/prefixes", json.dumps({"name": "lastword", "text": "Say the last word. " * 8}),
+               {"Content-Type": "application/json"})
+    resp = c0.getresponse()
+    assert resp.status == 201, resp.read()
+    os.kill(old["pid"], signal.SIGKILL)  # right after the answer
+    c0.close()
+    # meanwhile the follower answers the admin API with 503 and Retry-After (it was a 500)
+    c1 = conn_to(router.port, 1)
+    c1.request("GET", "/admin/status")
+    resp = c1.getresponse()
+    body = resp.read()
+    assert (resp.status, resp.getheader("Retry-After")) == (503, "2"), body
+    c1.close()
+
+    def back() -> bool:
+        try:
+            conn = conn_to(router.port, 0, tries=50)
+        except (AssertionError, OSError):
+            return False
+        pid = health(conn)["process"]["pid"]
+        conn.close()
+        return bool(pid != old["pid"])
+
+    assert wait_for(back, 30, 0.2)
+    names = {p["name"] for p in httpx.get(router.url + "/admin/prefixes").json()["prefixes"]}
+    assert "lastword" in names, names
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_supervisor_killed_with_9_leaves_no_process_no_files_and_the_port_free(kv_cluster: ThreadedSimCluster) -> None:
+    r = Router(kv_cluster, 2)
+    ready = next(d for d in r.logs() if d.get("msg") == "router processes ready")
+    state_dir, pids = Path(ready["state_dir"]), ready["pids"]
+    assert state_dir.is_dir() and (state_dir / "state.json").exists()
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    os.kill(r.proc.pid, signal.SIGKILL)
+    r.proc.wait()
+    assert wait_for(lambda: all(_gone(p) for p in pids), 30), "orphaned router processes"
+    # the last one out removed the directory (the prefix texts of the snapshot, the admin socket)
+    assert wait_for(lambda: not state_dir.exists(), 5), sorted(os.listdir(state_dir))
+    r.fh.close()
+    again = Router(kv_cluster, 2, port=r.port)  # the port is free for the next router
+    assert again.stop() == 0
+
+
+def test_sigterm_during_start_up_stops_everything(kv_cluster: ThreadedSimCluster) -> None:
+    from infer_ctl.router.procs import reserve_port
+
+    port = free_port()
+    log = Path(tempfile.mkstemp(prefix="router-procs-", suffix=".log")[1])
+    args = [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}", "--processes", "2"]
+    for w in kv_cluster.workers:
+        args += ["--prefill", f"{w.url}@{w.bootstrap_port}"] if w.spec.role == "prefill" else ["--decode", w.url]
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(args, stderr=fh, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        # the supervisor decided and is starting the leader: stop it now
+        assert wait_for(lambda: b"router runs several processes" in log.read_bytes(), 60, 0.01)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-2000:]
+    text = log.read_text()
+    assert "Traceback" not in text and "router processes ready" not in text
+    os.close(reserve_port("127.0.0.1", port)[2])  # free: no router process is left holding the port's lock
+
+
 def test_without_kv_events_the_router_runs_one_process_and_says_why() -> None:
     kw: dict[str, Any] = {"time_scale": TIME_SCALE, "bootstrap_timeout_s": 10.0, "waiting_timeout_s": 10.0}
     cluster = start_cluster_in_thread([WorkerSpec("prefill", **kw), WorkerSpec("decode", **kw)])
@@ -327,12 +427,13 @@ def test_sigterm_drains_every_process(kv_cluster: ThreadedSimCluster) -> None:
     try:
         conns = [conn_to(r.port, 0), conn_to(r.port, 1)]
         results: list[tuple[int, bytes]] = []
-        threads = [threading.Thread(target=lambda c=c: results.append(generate(c, "drain me", 300, stream=True)))
+        threads = [threading.Thread(target=lambda c=c: results.append(generate(c, "drain me", 3000, stream=True)))
                    for c in conns]
         for t in threads:
             t.start()
         assert wait_for(lambda: sum(w["inflight"] for w in httpx.get(r.url + "/admin/workers").json()["workers"]
-                                    if w["role"] == "decode") == 2, 10, 0.02)
+                                    if w["role"] == "decode") == 2, 10, 0.02), (
+            httpx.get(r.url + "/admin/workers").json(), results, r.logs()[-10:])
         r.proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(60)
