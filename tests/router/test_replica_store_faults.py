@@ -1,0 +1,244 @@
+"""The replicas' shared state (router/state_sync.py) against a hostile or misbehaving store: two
+in-process replicas (real Router objects, their StateSync) over a real redis-server, and the store
+written behind their backs (records in another format, garbage, a huge rev, a restore from an older
+snapshot, a worker change overtaken by a later one, clocks that disagree, a store that stops answering).
+The router processes themselves: tests/router/test_replicas.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.proxy import Router
+from infer_ctl.router.state_sync import StateSync, StoreUnavailable
+from tests.router.redis_server import RedisServer, need_redis
+
+NS = "t"
+HASH, REV, EPOCH, CHANNEL = (f"inferctl:router:{{{NS}}}:{k}" for k in ("state", "rev", "epoch", "changes"))
+
+
+class Replica:
+    def __init__(self, url: str, *, wall: Callable[[], float] = time.time, timeout_s: float = 1.0) -> None:
+        self.router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998),
+                                                   worker("http://127.0.0.1:2", "decode")]))
+        self.workers: dict[str, dict[str, Any]] = {}
+
+        async def apply_worker(u: str, rec: dict[str, Any]) -> None:
+            self.workers[u] = rec
+
+        self.sync = StateSync(self.router, url=url, password=None, namespace=NS, apply_worker=apply_worker,
+                              on_prefix_change=lambda: None, timeout_s=timeout_s)
+        self.sync.wall = wall
+
+    def texts(self, name: str) -> list[tuple[int, str, str]]:
+        return [(r.version, r.text, r.state.value) for r in self.router.prefixes.records() if r.name == name]
+
+
+def register(name: str, text: str, **kw: Any) -> Callable[[PrefixRegistry, float], Any]:
+    return lambda reg, now: reg.register(name, text, now=now, **kw)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(0.01)
+    return cond()
+
+
+def run_pair(body: Callable[[RedisServer, Replica, Replica], Awaitable[None]], **kw: Any) -> None:
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        a, b = Replica(store.url, **kw), Replica(store.url, **kw)
+        await a.sync.start()
+        await b.sync.start()
+        try:
+            await body(store, a, b)
+        finally:
+            await a.sync.stop()
+            await b.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def record(rev: int, name: str, text: str | None = None) -> dict[str, Any]:
+    versions = [] if text is None else [{"version": 1, "text": text, "registered_at": time.time(), "ttl_s": None,
+                                         "replicas": 1, "pin": False, "fmt": "text", "state": "active",
+                                         "ended_at": None, "warm_requests": 0}]
+    return {"rev": rev, "kind": "prefix", "key": name, "record": {"name": name, "settings": None, "versions": versions}}
+
+
+@pytest.mark.parametrize("raw", [
+    # valid JSON, written by another tool (json.dumps puts a space after each colon)
+    json.dumps(record(3, "p", "hand-written")),
+    "not json{",
+    '{"rev":"x","kind":"prefix"}',
+])
+def test_a_foreign_or_corrupt_stored_record_does_not_block_changes_of_that_name(raw: str) -> None:
+    """Before: the CAS parsed the rev with a pattern (`^{"rev":N`), so a record in any other spelling never
+    compared equal: 16 retries, then 503 'store unreachable' and the store marked down; garbage made the
+    decode raise, same result. Now the CAS compares the stored value itself, and a record this replica
+    cannot read is replaced by the change (logged)."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        c = store.client()
+        c.hset(HASH, "prefix:p", raw)
+        await a.sync.change_prefix("p", register("p", "the operator's text"))
+        assert a.sync.up
+        # the operator's text is the active version on both (after the foreign one where it was readable)
+        assert await until(lambda: [t for _, t, s in b.texts("p") if s == "active"] == ["the operator's text"]), \
+            b.texts("p")
+        assert a.texts("p") == b.texts("p")
+        c.close()
+
+    run_pair(body)
+
+
+def test_a_stored_rev_far_ahead_of_the_counter_does_not_silence_later_changes() -> None:
+    """A record with rev 10**15 (written by hand, or left from another counter) is applied by both; before,
+    the next change got a rev from INCR far below it, so every replica, the writer included, ignored it:
+    201 and in force nowhere. Now a change's rev is above the stored record's."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        c = store.client()
+        raw = json.dumps(record(10**15, "big", "old"), separators=(",", ":"))
+        c.hset(HASH, "prefix:big", raw)
+        c.publish(CHANNEL, raw)
+        assert await until(lambda: a.texts("big") == b.texts("big") == [(1, "old", "active")])
+        await b.sync.change_prefix("big", register("big", "new"))
+        want = [(1, "old", "superseded"), (2, "new", "active")]
+        assert b.texts("big") == want
+        assert await until(lambda: a.texts("big") == want), a.texts("big")
+        c.close()
+
+    run_pair(body)
+
+
+def test_a_store_restored_from_an_older_snapshot_neither_drops_later_changes_nor_rolls_back() -> None:
+    """The store comes back from a snapshot taken before some changes (same epoch key, lower revs). Before:
+    the next change of such a name got a rev below the one every replica held, so it was answered and
+    applied nowhere; and the store kept the old record. Now a resync notices the store is behind what this
+    replica holds, writes back what it holds, and later changes are in force on both."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        c = store.client()
+        await a.sync.change_prefix("snap", register("snap", "v1"))
+        snapshot = c.hgetall(HASH), c.get(REV)
+        await a.sync.change_prefix("snap", register("snap", "v2"))
+        await a.sync.change_prefix("other", register("other", "o1"))
+        assert await until(lambda: len(b.texts("snap")) == 2 and b.texts("other"))
+        c.delete(HASH)
+        c.hset(HASH, mapping=snapshot[0])
+        c.set(REV, snapshot[1])
+        await a.sync._sync("resync")
+        await b.sync._sync("resync")
+        stored = json.loads(c.hget(HASH, "prefix:snap"))["record"]
+        assert [v["text"] for v in stored["versions"]] == ["v1", "v2"]  # written back, not rolled back
+        assert c.hexists(HASH, "prefix:other")
+        await b.sync.change_prefix("snap", register("snap", "v3"))
+        want = [(1, "v1", "superseded"), (2, "v2", "superseded"), (3, "v3", "active")]
+        assert b.texts("snap") == want
+        assert await until(lambda: a.texts("snap") == want), a.texts("snap")
+        c.close()
+
+    run_pair(body)
+
+
+def test_a_worker_change_overtaken_by_a_later_one_is_not_applied_over_it() -> None:
+    """A drains a worker; before A's write returns, B's later undrain has reached A (pub/sub and the
+    reply come on different connections). Before: A then applied its own, older record over the later one
+    and kept it (the rev it holds is the later one's, so no resync corrects it). Now it applies its own
+    only if nothing later arrived."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        url = "http://127.0.0.1:1"
+        real_write = a.sync._write
+
+        async def write_then_overtaken(kind: str, key: str, rec: dict[str, Any], expected: Any) -> int:
+            rev = await real_write(kind, key, rec, expected)
+            later = {"rev": rev + 1, "kind": "worker", "key": url, "record": {"present": True, "draining": False}}
+            a.sync._apply_raw(json.dumps(later), "message")  # B's undrain, delivered first
+            await asyncio.sleep(0)
+            return rev
+
+        a.sync._write = write_then_overtaken  # type: ignore[method-assign]
+        await a.sync.change_worker(url, {"present": True, "draining": True})
+        await asyncio.sleep(0.05)
+        assert a.workers[url]["draining"] is False
+
+    run_pair(body)
+
+
+def test_ttls_expire_at_the_same_moment_on_replicas_whose_clocks_disagree() -> None:
+    """B's wall clock is 30 s ahead of A's (no NTP). Before: times were stored on the writer's wall clock
+    and read on the reader's, so B saw a TTL 30 s shorter than A did. Now both read the store's clock
+    (Redis TIME) for the absolute times."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        a, b = Replica(store.url), Replica(store.url, wall=lambda: time.time() + 30.0)
+        await a.sync.start()
+        await b.sync.start()
+        try:
+            await a.sync.change_prefix("ttl", register("ttl", "text", ttl_s=60.0))
+            assert await until(lambda: bool(b.texts("ttl")))
+            ea, eb = a.router.prefixes.active("ttl"), b.router.prefixes.active("ttl")
+            assert ea is not None and eb is not None and ea.expires_at is not None and eb.expires_at is not None
+            # both routers run on this host's monotonic clock: the same expiry, up to the offset measurement
+            assert abs(ea.expires_at - eb.expires_at) < 0.05, (ea.expires_at, eb.expires_at)
+        finally:
+            await a.sync.stop()
+            await b.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_a_store_that_stops_answering_mid_change_gets_an_honest_503() -> None:
+    """Redis frozen (SIGSTOP) while a change is on its way: the write may have reached it and be executed
+    when it resumes. Before: the 503 said 'the change was not made on any replica', and then it was in
+    force on both. Now the 503 says the outcome is unknown; a change refused before anything was sent
+    still says it was not made."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        proc = store.proc
+        assert proc is not None
+        await a.sync.change_prefix("first", register("first", "x"))  # the script is in the store's cache
+        real_write = a.sync._write
+
+        async def freeze_then_write(kind: str, key: str, *args: Any, **kw: Any) -> int:
+            if key == "frozen":  # the store stops between the change's read and its write
+                proc.send_signal(signal.SIGSTOP)
+            return await real_write(kind, key, *args, **kw)
+
+        a.sync._write = freeze_then_write  # type: ignore[method-assign]
+        try:
+            with pytest.raises(StoreUnavailable) as exc:
+                await a.sync.change_prefix("frozen", register("frozen", "made after all"))
+        finally:
+            proc.send_signal(signal.SIGCONT)
+            a.sync._write = real_write  # type: ignore[method-assign]
+        assert "not made on any replica" not in str(exc.value), str(exc.value)
+        assert "may have been made" in str(exc.value), str(exc.value)
+        with pytest.raises(StoreUnavailable, match="was not made on any replica"):  # refused up front: down
+            await a.sync.change_prefix("refused", register("refused", "x"))
+        assert await until(lambda: bool(b.texts("frozen")), timeout=8)  # it was made, after all
+
+    run_pair(body, timeout_s=0.3)
