@@ -88,6 +88,15 @@ return v
 MAX_REV = 2**53
 
 
+#: the subscription is pinged this often and taken for dead after this long without a word on it
+PING_S = 0.5
+SILENT_S = 2.0
+
+
+class _Silent(Exception):
+    """The subscription stopped answering while its socket looks open."""
+
+
 class StoreUnavailable(Exception):
     """The state store cannot be reached: an admin change would apply to this replica only."""
 
@@ -222,21 +231,40 @@ class StateSync:
                 await pubsub.subscribe(self.channel)
                 await self._sync("resync")  # after subscribing: a change between the two is in one or the other
                 next_sync = time.monotonic() + self.resync_s
+                heard = next_ping = time.monotonic()
                 while True:
-                    msg = await pubsub.get_message(timeout=max(0.05, min(1.0, next_sync - time.monotonic())))
-                    if msg is not None and msg.get("type") == "message":
-                        self._apply_raw(msg["data"], "message")
-                    if self._resync_due or time.monotonic() >= next_sync:
+                    now = time.monotonic()
+                    wait = min(1.0, next_sync - now, next_ping - now)
+                    msg = await pubsub.get_message(timeout=max(0.05, wait))
+                    now = time.monotonic()
+                    if msg is not None:
+                        heard = now
+                        if msg.get("type") == "message":
+                            self._apply_raw(msg["data"], "message")
+                    if now >= next_ping:
+                        # a subscription can die without its socket saying so (a firewall or NAT that drops
+                        # the connection silently): the store answers a PING on it, so silence means dead
+                        await pubsub.ping()
+                        next_ping = now + PING_S
+                    if now - heard > SILENT_S:
+                        raise _Silent(f"no answer on the subscription for {now - heard:.1f} s")
+                    if self._resync_due or now >= next_sync:
                         self._resync_due = False
                         await self._sync("resync")
                         next_sync = time.monotonic() + self.resync_s
             except asyncio.CancelledError:
                 raise
+            except _Silent as exc:  # the store itself may be fine: subscribe again, and resync what was missed
+                self._failures.inc()
+                log.warning("state store subscription silent: subscribing again",
+                            extra={"store": redact(self.url), "error": str(exc)})
+                continue
             except Exception as exc:  # redis-py raises its own and OS errors: retry all
                 self._down(exc)
             finally:
                 try:
-                    await asyncio.shield(pubsub.aclose())
+                    async with asyncio.timeout(self.timeout_s):
+                        await asyncio.shield(pubsub.aclose())
                 except Exception:  # the connection is gone already
                     pass
             await asyncio.sleep(min(0.5, self.resync_s))

@@ -26,7 +26,8 @@ HASH, REV, EPOCH, CHANNEL = (f"inferctl:router:{{{NS}}}:{k}" for k in ("state", 
 
 
 class Replica:
-    def __init__(self, url: str, *, wall: Callable[[], float] = time.time, timeout_s: float = 1.0) -> None:
+    def __init__(self, url: str, *, wall: Callable[[], float] = time.time, timeout_s: float = 1.0,
+                 resync_s: float = 5.0) -> None:
         self.router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998),
                                                    worker("http://127.0.0.1:2", "decode")]))
         self.workers: dict[str, dict[str, Any]] = {}
@@ -35,7 +36,8 @@ class Replica:
             self.workers[u] = rec
 
         self.sync = StateSync(self.router, url=url, password=None, namespace=NS, apply_worker=apply_worker,
-                              on_prefix_change=lambda: None, timeout_s=timeout_s)
+                              on_prefix_change=lambda: None, timeout_s=timeout_s,
+                              resync_s=resync_s)
         self.sync.wall = wall
 
     def texts(self, name: str) -> list[tuple[int, str, str]]:
@@ -55,12 +57,61 @@ async def until(cond: Callable[[], bool], timeout: float = 3.0) -> bool:
     return cond()
 
 
-def run_pair(body: Callable[[RedisServer, Replica, Replica], Awaitable[None]], **kw: Any) -> None:
+class Proxy:
+    """A TCP relay in front of the store that can go silent on the subscribers' connections (stop relaying,
+    keep the sockets open), as a firewall or NAT that drops a connection without a reset does."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conns: list[dict[str, bool]] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.port)
+        st = {"sub": False, "dead": False}
+        self.conns.append(st)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if upstream and b"SUBSCRIBE" in data.upper():
+                        st["sub"] = True
+                    if not st["dead"]:
+                        dst.write(data)
+                        await dst.drain()
+            except OSError:
+                pass
+            if not st["dead"]:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_w, True), pipe(up_r, writer, False))
+
+    def silence_subscribers(self) -> int:
+        n = 0
+        for st in self.conns:
+            if st["sub"] and not st["dead"]:
+                st["dead"], n = True, n + 1
+        return n
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def run_pair(body: Callable[[RedisServer, Replica, Replica], Awaitable[None]], *, proxy_a: bool = False,
+             **kw: Any) -> None:
     need_redis()
     store = RedisServer().start()
 
     async def main() -> None:
-        a, b = Replica(store.url, **kw), Replica(store.url, **kw)
+        proxy = Proxy(store.port)
+        url_a = await proxy.start() if proxy_a else store.url
+        a, b = Replica(url_a, **kw), Replica(store.url, **kw)
+        a.proxy = proxy  # type: ignore[attr-defined]
         await a.sync.start()
         await b.sync.start()
         try:
@@ -68,6 +119,7 @@ def run_pair(body: Callable[[RedisServer, Replica, Replica], Awaitable[None]], *
         finally:
             await a.sync.stop()
             await b.sync.stop()
+            proxy.close()
 
     try:
         asyncio.run(main())
@@ -242,3 +294,64 @@ def test_a_store_that_stops_answering_mid_change_gets_an_honest_503() -> None:
         assert await until(lambda: bool(b.texts("frozen")), timeout=8)  # it was made, after all
 
     run_pair(body, timeout_s=0.3)
+
+
+def test_a_subscription_gone_silent_is_noticed_and_the_change_arrives_within_seconds() -> None:
+    """A's subscription stops delivering while its socket stays open (the relay drops it silently). Before:
+    A noticed nothing and missed every change until its next full resync (30 s here, 5 s by default). Now
+    it pings on the subscription, takes 2 s of silence for dead, subscribes again and resyncs."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        proxy: Proxy = a.proxy  # type: ignore[attr-defined]
+        await asyncio.sleep(0.3)
+        assert proxy.silence_subscribers() == 1
+        t0 = time.monotonic()
+        await b.sync.change_prefix("quiet", register("quiet", "said while A was deaf"))
+        assert await until(lambda: bool(a.texts("quiet")), timeout=10), "A never heard of it"
+        took = time.monotonic() - t0
+        assert took < 3.5, took
+        assert a.sync.up  # the store itself was fine all along: admin changes were never refused
+
+    run_pair(body, proxy_a=True, resync_s=30.0)
+
+
+def test_a_killed_subscription_reconnects_and_catches_up() -> None:
+    """CLIENT KILL TYPE pubsub: the subscriber's socket is closed by the store; a change made right after
+    is in force on A within about a second (reconnect, resync)."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        c = store.client()
+        await asyncio.sleep(0.2)
+        assert c.client_kill_filter(_type="pubsub") >= 2
+        t0 = time.monotonic()
+        await b.sync.change_prefix("after-kill", register("after-kill", "text"))
+        assert await until(lambda: bool(a.texts("after-kill")), timeout=5)
+        assert time.monotonic() - t0 < 1.5
+        c.close()
+
+    run_pair(body, resync_s=30.0)
+
+
+def test_a_flushed_store_is_reseeded_with_prefixes_and_worker_changes_and_takes_changes_again() -> None:
+    """FLUSHALL behind the replicas' backs. The next change is refused (the store is not the one synced
+    with) and makes a resync happen now, not at the next period: a retry a second later goes through. The
+    store is re-seeded with the prefixes and, before, not with the worker changes (a drained worker came
+    back undrained for a replica started after the flush)."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        url = "http://127.0.0.1:1"
+        await a.sync.change_prefix("kept", register("kept", "text"))
+        await a.sync.change_worker(url, {"present": True, "draining": True})
+        assert await until(lambda: b.workers.get(url, {}).get("draining") is True)
+        c = store.client()
+        c.flushall()
+        with pytest.raises(StoreUnavailable, match="not made on any replica"):
+            await a.sync.change_prefix("new", register("new", "text"))
+        assert await until(lambda: a.sync.up and b.sync.up and c.hexists(HASH, "prefix:kept"), timeout=1.5)
+        await a.sync.change_prefix("new", register("new", "text"))
+        assert await until(lambda: bool(b.texts("new")), timeout=1)
+        assert await until(lambda: c.hexists(HASH, f"worker:{url}"), timeout=6), c.hkeys(HASH)
+        assert json.loads(c.hget(HASH, f"worker:{url}"))["record"]["draining"] is True
+        c.close()
+
+    run_pair(body, resync_s=5.0)
