@@ -319,15 +319,21 @@ class StateSync:
         self._connected()
 
     async def _seed(self, stored: dict[str, str]) -> None:
-        """Write the prefixes this replica holds that the store does not know (its profile's, or all of them
-        after the store lost everything), and the worker changes it applied. Another replica seeding the
+        """Write the prefixes and workers this replica holds that the store does not know (its profile's, or
+        all of them after the store lost everything). Another replica seeding the
         same name first wins: its record is then applied here."""
         router = self.router
         offset = self.wall_offset()
         for name in sorted({r.name for r in router.prefixes.records()}):
             if f"prefix:{name}" not in stored:
                 await self._put("prefix", name, router.prefixes.export_name(name, offset), None)
-        for url, rec in sorted(self.worker_records.items()):
+        # the workers too: a replica started with a worker the others lack (its profile or --prefill list
+        # differs) adds it fleet-wide instead of routing to a different set; the store's records (a worker
+        # removed or drained at runtime) win over what a replica was started with, as for prefixes
+        records = dict(self.worker_records)
+        for w in router.workers.all():
+            records.setdefault(w.url, {"present": True, **w.spec.as_dict(), "draining": w.draining})
+        for url, rec in sorted(records.items()):
             if f"worker:{url}" not in stored:
                 await self._put("worker", url, rec, None)
 
@@ -359,6 +365,8 @@ class StateSync:
         field = f"{kind}:{key}"
         if rev > 0:
             self.revs[field] = max(rev, self.revs.get(field, 0))
+            if kind == "worker":
+                self.worker_records[key] = doc
         else:
             self._apply_raw(await self._client.hget(self.hash_key, field), "resync")
 

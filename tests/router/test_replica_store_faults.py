@@ -27,15 +27,16 @@ HASH, REV, EPOCH, CHANNEL = (f"inferctl:router:{{{NS}}}:{k}" for k in ("state", 
 
 class Replica:
     def __init__(self, url: str, *, wall: Callable[[], float] = time.time, timeout_s: float = 1.0,
-                 resync_s: float = 5.0) -> None:
+                 resync_s: float = 5.0, namespace: str = NS, extra: tuple[str, ...] = ()) -> None:
         self.router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998),
-                                                   worker("http://127.0.0.1:2", "decode")]))
+                                                   worker("http://127.0.0.1:2", "decode"),
+                                                   *(worker(u, "prefill", 8998) for u in extra)]))
         self.workers: dict[str, dict[str, Any]] = {}
 
         async def apply_worker(u: str, rec: dict[str, Any]) -> None:
             self.workers[u] = rec
 
-        self.sync = StateSync(self.router, url=url, password=None, namespace=NS, apply_worker=apply_worker,
+        self.sync = StateSync(self.router, url=url, password=None, namespace=namespace, apply_worker=apply_worker,
                               on_prefix_change=lambda: None, timeout_s=timeout_s,
                               resync_s=resync_s)
         self.sync.wall = wall
@@ -355,3 +356,95 @@ def test_a_flushed_store_is_reseeded_with_prefixes_and_worker_changes_and_takes_
         c.close()
 
     run_pair(body, resync_s=5.0)
+
+
+def test_a_replica_started_with_a_worker_the_others_lack_adds_it_fleet_wide() -> None:
+    """B's profile (or --prefill list) names a third prefill. Before: B routed over three prefills and A
+    over two, for good, and nothing said so. Now each replica seeds the workers the store has no record
+    of, so both route over the same three (the store's records win over what a replica started with)."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        a, b = Replica(store.url), Replica(store.url, extra=("http://127.0.0.1:3",))
+        await a.sync.start()
+        await b.sync.start()
+        try:
+            assert await until(lambda: a.workers.get("http://127.0.0.1:3", {}).get("present") is True)
+            assert a.workers["http://127.0.0.1:3"]["role"] == "prefill"
+            c = store.client()
+            assert sorted(c.hkeys(HASH)) == [f"worker:http://127.0.0.1:{i}" for i in (1, 2, 3)]
+            c.close()
+        finally:
+            await a.sync.stop()
+            await b.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_two_fleets_in_one_redis_database_do_not_see_each_others_changes() -> None:
+    """Two profiles (names x and y) sharing one Redis db: every key carries the profile's name."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        x, y = Replica(store.url, namespace="x"), Replica(store.url, namespace="y", extra=("http://127.0.0.1:9",))
+        await x.sync.start()
+        await y.sync.start()
+        try:
+            await x.sync.change_prefix("sys", register("sys", "fleet x"))
+            await y.sync.change_prefix("sys", register("sys", "fleet y"))
+            await asyncio.sleep(0.3)
+            assert x.texts("sys") == [(1, "fleet x", "active")] and y.texts("sys") == [(1, "fleet y", "active")]
+            assert "http://127.0.0.1:9" not in x.workers
+        finally:
+            await x.sync.stop()
+            await y.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_rediss_to_a_server_whose_certificate_is_not_trusted_is_refused(tmp_path: Any) -> None:
+    """rediss:// to a TLS redis-server with a self-signed certificate: no connection (never plaintext,
+    never unverified), the store shown down with the reason, admin changes refused."""
+    import shutil
+    import subprocess
+
+    need_redis()
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    from tests.sim.kv_client import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([str(RedisServer().binary), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no",
+                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.skip(f"this redis-server has no TLS: {proc.stderr.read().decode()[-200:] if proc.stderr else ''}")
+
+        async def main() -> None:
+            r = Replica(f"rediss://127.0.0.1:{port}/0")
+            await r.sync.start()
+            try:
+                assert not r.sync.up
+                assert "certificate" in (r.sync.error or "").lower(), r.sync.error
+                with pytest.raises(StoreUnavailable, match="not made on any replica"):
+                    await r.sync.change_prefix("p", register("p", "x"))
+            finally:
+                await r.sync.stop()
+
+        asyncio.run(main())
+    finally:
+        proc.kill()
+        proc.wait(10)
