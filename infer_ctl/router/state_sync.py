@@ -162,6 +162,7 @@ class StateSync:
         #: the last worker record applied per URL: what this replica writes back to a store that lost it
         self.worker_records: dict[str, dict[str, Any]] = {}
         self._resync_due = False
+        self._stopping = False
         reg = router.metrics.registry
         self._up_gauge = Gauge("inferctl_router_state_store_up", "1 while the shared state store is reachable",
                                registry=reg)
@@ -189,12 +190,17 @@ class StateSync:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            # redis-py's pub/sub can swallow a cancellation (seen with a PING on the subscription in
+            # flight): cancel again until the task is done; the loop also ends on `_stopping`
+            for _ in range(40):
+                self._task.cancel()
+                done, _ = await asyncio.wait({self._task}, timeout=0.25)
+                if done:
+                    break
+            if self._task.done() and not self._task.cancelled() and self._task.exception() is not None:
+                log.warning("state store loop ended with an error", extra={"error": repr(self._task.exception())})
         if self._client is not None:
             await self._client.aclose()
 
@@ -225,14 +231,14 @@ class StateSync:
 
     # ---- the listening loop ----------------------------------------------------------------------
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
                 await self._sync("resync")  # after subscribing: a change between the two is in one or the other
                 next_sync = time.monotonic() + self.resync_s
                 heard = next_ping = time.monotonic()
-                while True:
+                while not self._stopping:
                     now = time.monotonic()
                     wait = min(1.0, next_sync - now, next_ping - now)
                     msg = await pubsub.get_message(timeout=max(0.05, wait))

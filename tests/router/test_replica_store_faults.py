@@ -118,8 +118,9 @@ def run_pair(body: Callable[[RedisServer, Replica, Replica], Awaitable[None]], *
         try:
             await body(store, a, b)
         finally:
-            await a.sync.stop()
-            await b.sync.stop()
+            async with asyncio.timeout(15):  # a stop that hangs is a router that does not exit on SIGTERM
+                await a.sync.stop()
+                await b.sync.stop()
             proxy.close()
 
     try:
@@ -448,3 +449,29 @@ def test_rediss_to_a_server_whose_certificate_is_not_trusted_is_refused(tmp_path
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_10_mb_prefix_record_from_the_store_does_not_slow_every_request() -> None:
+    """A record with a 10 MB text lands in the store (an operator's mistake or a hostile writer) and every
+    replica loads it. Before: `match` stripped a copy of every record's text on every request, 3 ms a
+    request on this machine. Now the key is computed once per record."""
+
+    async def body(store: RedisServer, a: Replica, b: Replica) -> None:
+        c = store.client()
+        huge = record(7, "huge", "You are a verbose assistant. " * 360_000 + "\n")
+        raw = json.dumps(huge, separators=(",", ":"))
+        assert len(raw) > 10_000_000
+        c.hset(HASH, "prefix:huge", raw)
+        c.publish(CHANNEL, raw)
+        assert await until(lambda: bool(a.texts("huge")), timeout=5)
+        reg = a.router.prefixes
+        reg.register("sys", "You are helpful. ", now=0.0)
+        reg.match("You are helpful. first")
+        t0 = time.perf_counter()
+        for _ in range(50):
+            assert reg.match("You are helpful. hello") is not None
+        per_call = (time.perf_counter() - t0) / 50
+        assert per_call < 0.0003, f"{per_call * 1000:.2f} ms a match"
+        c.close()
+
+    run_pair(body)
