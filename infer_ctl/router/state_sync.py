@@ -10,7 +10,7 @@ counts, prefix statistics and warm-up progress.
 The store: one hash per fleet (`inferctl:router:{<profile name>}:state`), a field per object
 (`prefix:NAME`, `worker:URL`) holding `{"rev": N, "kind", "key", "record"}`, where N comes from one
 INCR counter, so every change has a fleet-wide order. A change is one Lua script (atomic in Redis):
-compare the field's rev with the one the change was computed from, INCR, HSET, PUBLISH the same value.
+compare the stored value with the one the change was computed from, INCR, HSET, PUBLISH the same value.
 A prefix change is computed on the stored record (not on this replica's copy) in a scratch registry with
 the same verbs a single router runs, so two replicas changing one name at once cannot lose either
 change: the second's compare fails and it recomputes on the first's result. Every replica applies a
@@ -18,11 +18,14 @@ record only when its rev is above the one it holds for that field (messages and 
 subscribes before it loads the whole hash (nothing falls between the two), and reloads it every
 `resync_s` (a missed message heals within that).
 
-Times are stored absolute (wall clock): each replica converts them to its own monotonic clock, so TTL
-expiry happens at the same moment everywhere (up to the machines' clock skew: run NTP). A removed
+Times are stored absolute, on the store's clock (Redis TIME, measured at every sync): each replica
+converts them to its own monotonic clock, so TTL expiry happens at the same moment everywhere, whatever
+the hosts' wall clocks say. A removed
 name is kept as a tombstone record, so a replica that missed the message, or one restarting with the
 name in its profile, does not bring it back. A store that comes back empty (restarted without
-persistence: a new `epoch` key) is re-seeded with what the replicas hold.
+persistence: a new `epoch` key) is re-seeded with what the replicas hold; one that comes back older (a
+snapshot) gets back what the replicas hold newer. The subscription is pinged: one that went silent with
+its socket open is replaced.
 
 Store unreachable: every replica keeps serving with the state it has, shows it (`/admin/status`
 `state_store`, `inferctl_router_state_store_up` 0) and answers admin changes with 503: a change made

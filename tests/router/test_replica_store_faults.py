@@ -475,3 +475,33 @@ def test_a_10_mb_prefix_record_from_the_store_does_not_slow_every_request() -> N
         c.close()
 
     run_pair(body)
+
+
+def test_a_replica_started_while_the_store_is_down_serves_then_seeds_it_when_it_appears() -> None:
+    """No redis-server yet: the replica starts (down, admin changes refused as not made), and when the
+    store appears on that address it connects within a second or two and seeds its prefixes and workers."""
+    need_redis()
+    store = RedisServer()  # its port, nothing listening yet
+
+    async def main() -> None:
+        r = Replica(store.url)
+        r.router.prefixes.register("from-profile", "text", now=r.router.clock())
+        await r.sync.start()
+        try:
+            assert not r.sync.up and r.sync.error
+            with pytest.raises(StoreUnavailable, match="not made on any replica"):
+                await r.sync.change_prefix("p", register("p", "x"))
+            await asyncio.to_thread(store.start)
+            assert await until(lambda: r.sync.up, timeout=3)
+            c = store.client()
+            assert sorted(c.hkeys(HASH)) == ["prefix:from-profile", "worker:http://127.0.0.1:1",
+                                             "worker:http://127.0.0.1:2"]
+            c.close()
+            await r.sync.change_prefix("p", register("p", "x"))
+        finally:
+            await r.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
