@@ -273,7 +273,8 @@ class Admin:
             refused = await self._shared_worker(url, {"present": True, **w.spec.as_dict(), "draining": draining})
             if refused is not None:
                 return refused
-        w.draining = draining
+        else:  # with a store, the shared change set it (unless a later one from another replica overtook it)
+            w.draining = draining
         if not draining:
             return _json({"worker": url, "draining": False, "inflight": w.load_inflight})
         deadline = self.router.clock() + timeout
