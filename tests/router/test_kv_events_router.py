@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -26,18 +26,9 @@ from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
 from tests.sim.kv_client import free_port, kv_config
+from tests.waiting import wait_for
 
 WORDS = ["account", "billing", "cluster", "deploy", "engine", "fabric", "gateway", "health", "inference", "journal", "kernel", "latency"]
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 15.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(every)
-    return cond()
 
 
 def tree_blocks(worker: Any) -> set[int]:

@@ -34,19 +34,10 @@ from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_
 from tests.router.conftest import TIME_SCALE
 from tests.router.redis_server import RedisServer, need_redis
 from tests.sim.kv_client import free_port, kv_config
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["account", "billing", "cluster", "deploy", "engine", "fabric", "gateway", "health", "inference", "kernel"]
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 15.0, every: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(every)
-    return cond()
 
 
 def prompt(rng: random.Random, n: int) -> str:

@@ -21,17 +21,9 @@ from infer_ctl.cli.main import main
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
+from tests.waiting import wait_for
 
 WORDS = ["account", "billing", "cluster", "deploy", "engine", "fabric", "gateway", "health"]
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := cond():
-            return got
-        time.sleep(0.05)
-    return cond()
 
 
 def words(rng: random.Random, n: int) -> str:

@@ -4,8 +4,6 @@ admin auth. Real simulated workers and the real router on loopback."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,6 +15,7 @@ from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import start_cluster_in_thread
 from tests.router.conftest import pd_router, pd_specs
+from tests.waiting import wait_for
 
 PROMPT = "Shared instructions for the fault test. " * 10
 
@@ -24,15 +23,6 @@ PROMPT = "Shared instructions for the fault test. " * 10
 def gen(url: str, text: str, n: int = 4, timeout: float = 30) -> httpx.Response:
     params = {"max_new_tokens": n, "ignore_eos": True}
     return httpx.post(url + "/generate", json={"text": text, "sampling_params": params}, timeout=timeout)
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def worker_state(router: Any, url: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@ collocated mode with cache affinity."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,17 +12,9 @@ from infer_ctl.router.config import PrefixSpec
 from infer_ctl.router.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE, pd_router
+from tests.waiting import wait_for
 
 SYSTEM = "You are the support assistant of Example Corp. Follow the policy below. " * 12
-
-
-def wait_for(cond, timeout: float = 8.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def prefixes(url: str) -> dict:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +28,13 @@ import pytest
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
 from tests.sim.kv_client import kv_config
+from tests.waiting import wait_for
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 20.0, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(every)
-    return cond()
 
 
 class Router:
