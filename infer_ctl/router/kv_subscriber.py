@@ -25,8 +25,8 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   decoded (msgspec holds the GIL: a 15 MB batch stalled every request for 0.4-0.8 s). libzmq (4.3.5)
   treats it as a protocol error: it drops the connection and does NOT reconnect (the session ends;
   only connection errors reconnect), so a SUB socket would stay silent for good. A socket monitor
-  sees the disconnect; the subscription is then opened again and the missed range replayed (a gap);
-  a replay whose connection drops too is rejected as `oversized` (counted, untrusted).
+  sees the drop; the subscription is opened again and the missed range replayed (counted as a gap);
+  a replay whose connection drops the same way is rejected as `message_size` (counted, untrusted).
 
 An untrusted or down stream routes that worker on the predicted index (router/kv_routing.py); the rest
 of the fleet stays exact. The task yields to the event loop every few messages, so a flood never stalls
@@ -52,7 +52,7 @@ _YIELD_EVERY = 32
 _IDLE_S = 0.5
 #: SGLang 0.5.23's largest legitimate message: one event of a radix node's N pages (docs/router.md
 #: "The exact index"); at page size 1 a BlockStored is N msgpack int64 hashes (9 bytes) plus N token ids
-#: (3 bytes under 65,536, else 5), about 14 bytes a token: 8 MiB is one ~600k-token store with chunked
+#: (3 bytes under 65,536, else 5), about 14 bytes a token: 8 MiB is one ~595k-token store with chunked
 #: prefill off, or a ~930k-token eviction (BlockRemoved: hashes only). A longer context wants more.
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 
@@ -210,8 +210,8 @@ class KvStream:
         An exact stream replays it on the next subscription (`_replay_from`)."""
         self.stats.gaps += 1
         self._emit("gap")
-        log.warning("KV events: the subscription's connection dropped (a message over max_message_bytes, "
-                    "or the publisher went away): subscribing again", extra={
+        log.warning("KV events: a message over max_message_bytes dropped the subscription's connection (ZMQ "
+                    "does not reconnect it): subscribing again", extra={
                         "worker": self.worker, "max_message_bytes": self.settings.max_message_bytes})
         if self.state in ("exact", "replaying") and self.last_seq is not None:
             self._replay_from = self.last_seq + 1
@@ -231,7 +231,7 @@ class KvStream:
             try:
                 frames = await asyncio.wait_for(sub.recv_multipart(), _IDLE_S)
             except TimeoutError:
-                if watch is not None and watch.dropped():
+                if watch is not None and await watch.dropped():
                     raise _Dropped from None
                 continue
             size = sum(len(f) for f in frames)
@@ -344,10 +344,9 @@ class KvStream:
                 try:
                     frames = await asyncio.wait_for(dealer.recv_multipart(), min(left, _IDLE_S / 2))
                 except TimeoutError:
-                    if watch.dropped():  # the replay server never closes: a batch over the limit did
-                        self._reject("oversized", f"replay from seq {start}: the connection dropped, a batch over "
-                                     f"max_message_bytes ({self.settings.max_message_bytes} bytes) or the "
-                                     "publisher went away")
+                    if await watch.dropped():  # no reconnect: a protocol error, a batch over the limit
+                        self._reject("message_size", f"replay from seq {start}: a batch over max_message_bytes "
+                                     f"({self.settings.max_message_bytes} bytes) dropped the connection")
                         return
                     continue
                 size = sum(len(f) for f in frames)
@@ -490,8 +489,10 @@ class _Dropped(Exception):
 
 
 class _Watch:
-    """A socket's disconnects, from ZMQ's socket monitor, read without waiting (a sync PAIR on the same
-    libzmq context: the asyncio socket's poll would be a future)."""
+    """A socket's connections dropped for good, from ZMQ's socket monitor (a sync PAIR on the same libzmq
+    context, read without waiting). libzmq 4.3.5 follows a connection error (the peer went away) with
+    EVENT_CONNECT_RETRIED: it reconnects by itself; a protocol error (a message over MAXMSGSIZE) is an
+    EVENT_DISCONNECTED alone."""
 
     _n = 0
 
@@ -500,20 +501,29 @@ class _Watch:
 
         _Watch._n += 1
         addr = f"inproc://inferctl-kv-monitor-{id(self)}-{_Watch._n}"
-        sock.monitor(addr, zmq.EVENT_DISCONNECTED)
+        sock.monitor(addr, zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
         self.sock = sock
         self.pair: zmq.Socket[bytes] = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
         self.pair.setsockopt(zmq.LINGER, 0)
         self.pair.connect(addr)
 
-    def dropped(self) -> bool:
+    def _last(self) -> int | None:
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        last = None
+        while self.pair.poll(0, zmq.POLLIN):
+            last = int(parse_monitor_message(self.pair.recv_multipart())["event"])
+        return last
+
+    async def dropped(self) -> bool:
+        """Whether a connection dropped with no reconnect after it (read at idle times only)."""
         import zmq
 
-        hit = False
-        while self.pair.poll(0, zmq.POLLIN):
-            self.pair.recv_multipart()
-            hit = True  # only EVENT_DISCONNECTED is asked for
-        return hit
+        if self._last() != zmq.EVENT_DISCONNECTED:
+            return False
+        await asyncio.sleep(0.02)  # the retry event follows the disconnect at once when there is one
+        return self._last() != zmq.EVENT_CONNECT_RETRIED
 
     def close(self) -> None:
         import zmq

@@ -446,9 +446,9 @@ def test_an_oversized_batch_in_the_replay_is_rejected_never_decoded() -> None:
         try:
             await connected(s, pub)
             pub.batch([removed(list(range(1 << 62, (1 << 62) + 20_000)))])  # ~180 KB: buffered and sent
-            assert await until(lambda: s.stats.rejected.get("oversized", 0) == 1, 5), s.as_dict()
+            assert await until(lambda: s.stats.rejected.get("message_size", 0) == 1, 5), s.as_dict()
             assert s.state == "untrusted" and "max_message_bytes" in s.reason
-            assert seen["rejected:oversized"] == 1
+            assert seen["rejected:message_size"] == 1
             pub.batch([CLEARED, stored([5], None, [1])])  # a cleared cache repairs it, on the new subscription
             for _ in range(100):
                 if s.exact:
