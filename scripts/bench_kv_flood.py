@@ -87,7 +87,7 @@ def main() -> None:
     t.join()
     print("baseline:", q(base))
     print("flooding:", q(during))
-    print("stream:", st.state, st.reason, st.stats.rejected)
+    print("stream:", st.state, st.reason, st.stats.rejected, "gaps", st.stats.gaps)
     h.stop()
     c.stop()
     pub.close()

@@ -25,3 +25,7 @@ class KvEventsRouting(StrictModel):
     replay_timeout_s: Annotated[float, Field(gt=0, le=300)] = 2.0
     #: batches a second one publisher may send; more is a flood (the stream is untrusted, paused)
     max_batches_per_s: Annotated[int, Field(ge=1)] = 5000
+    #: the largest KV-event message accepted (ZMQ's MAXMSGSIZE): a bigger one drops the connection
+    #: undecoded (router/kv_subscriber.py DEFAULT_MAX_MESSAGE_BYTES says why 8 MiB: a ~595k-token
+    #: single store at page size 1); raise it for longer contexts with chunked prefill off
+    max_message_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 8 << 20

@@ -109,6 +109,7 @@ class RouterConfig:
     kv_max_blocks: int = 4_000_000
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
+    kv_max_message_bytes: int = 8 << 20
     #: KV tiers (core/routing/tiers.py, docs/router.md "KV tiers"): how a prompt cached in a worker's
     #: HiCache host memory counts next to one in HBM. aware: the load-time model's weight from the
     #: numbers below (None: the defaults there, Llama-3.1-70B BF16 on 8 x H100); blind: every tier as

@@ -26,6 +26,7 @@ class KvConfig(Protocol):
     kv_max_blocks: int
     kv_replay_timeout_s: float
     kv_max_batches_per_s: int
+    kv_max_message_bytes: int
 
 
 def tokenizer_file(path: str) -> str:
@@ -53,6 +54,7 @@ def apply_profile(cfg: KvConfig, profile: Profile) -> None:
     cfg.kv_max_blocks = kv.max_blocks
     cfg.kv_replay_timeout_s = kv.replay_timeout_s
     cfg.kv_max_batches_per_s = kv.max_batches_per_s
+    cfg.kv_max_message_bytes = kv.max_message_bytes
     if kv.tokenizer_path is not None and kv.enabled:
         cfg.tokenizer_path = checked_tokenizer(kv.tokenizer_path, "router.kv_events.tokenizer_path",
                                                profile.base_dir)

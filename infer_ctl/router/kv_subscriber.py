@@ -21,6 +21,13 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
 - untrusted is repaired by an `AllBlocksCleared` (the blocks after it are the whole truth) or a worker
   restart; a worker that goes unhealthy is `down` (blocks dropped at once) until it is back.
 
+- a message over `max_message_bytes` (ZMQ's MAXMSGSIZE on both sockets) is never delivered, so never
+  decoded (msgspec holds the GIL: a 15 MB batch stalled every request for 0.4-0.8 s). libzmq (4.3.5)
+  treats it as a protocol error: it drops the connection and does NOT reconnect (the session ends;
+  only connection errors reconnect), so a SUB socket would stay silent for good. A socket monitor
+  sees the drop; the subscription is opened again and the missed range replayed (counted as a gap);
+  a replay whose connection drops the same way is rejected as `message_size` (counted, untrusted).
+
 An untrusted or down stream routes that worker on the predicted index (router/kv_routing.py); the rest
 of the fleet stays exact. The task yields to the event loop every few messages, so a flood never stalls
 the request path, and ZMQ's receive high-water mark and maximum message size bound what it buffers.
@@ -41,13 +48,20 @@ log = logging.getLogger("infer_ctl.router.kv")
 
 END_SEQ = -1
 _YIELD_EVERY = 32
+#: how often a silent socket's monitor is read (a dropped connection is noticed within this)
+_IDLE_S = 0.5
+#: SGLang 0.5.23's largest legitimate message: one event of a radix node's N pages (docs/router.md
+#: "The exact index"); at page size 1 a BlockStored is N msgpack int64 hashes (9 bytes) plus N token ids
+#: (3 bytes under 65,536, else 5), about 14 bytes a token: 8 MiB is one ~595k-token store with chunked
+#: prefill off, or a ~930k-token eviction (BlockRemoved: hashes only). A longer context wants more.
+DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
 class StreamSettings:
     max_blocks: int = 4_000_000
     max_event_blocks: int | None = None  # None: max_blocks (core/routing/blocks.py says why)
-    max_message_bytes: int = 16 << 20
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     rcv_hwm: int = 100_000
     replay_timeout_s: float = 2.0
     max_batches_per_s: int = 5000
@@ -102,6 +116,8 @@ class KvStream:
         self._wake: asyncio.Event | None = None
         self._flood_window = (0.0, 0, 0)
         self._logged: dict[str, float] = {}
+        #: after a dropped connection: the seq to replay from on the next subscription
+        self._replay_from: int | None = None
 
     # ---- control (the health checker, the admin API) ------------------------------------------------
     def start(self) -> None:
@@ -155,6 +171,7 @@ class KvStream:
         ctx = zmq.asyncio.Context.instance()
         while True:
             sub = ctx.socket(zmq.SUB)
+            watch: _Watch | None = None
             try:
                 sub.setsockopt(zmq.LINGER, 0)
                 sub.setsockopt(zmq.RCVHWM, self.settings.rcv_hwm)
@@ -162,10 +179,15 @@ class KvStream:
                 if "[" in self.endpoint:
                     sub.setsockopt(zmq.IPV6, 1)
                 sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+                watch = _Watch(sub)
                 sub.connect(self.endpoint)
-                await self._session(sub)
+                await self._session(sub, watch)
             except asyncio.CancelledError:
                 raise
+            except _Dropped:
+                self._dropped()
+                await asyncio.sleep(0.1)  # ZMQ's own reconnect interval: a publisher that keeps doing it is no busy loop
+                continue
             except _Flood as flood:
                 self._reject("flood", str(flood))
                 sub.close(linger=0)
@@ -179,17 +201,38 @@ class KvStream:
                     log.exception("KV events: subscriber failed", extra={"worker": self.worker})
                 await asyncio.sleep(1.0)
             finally:
+                if watch is not None:
+                    watch.close()
                 sub.close(linger=0)
 
-    async def _session(self, sub: Any) -> None:
+    def _dropped(self) -> None:
+        """The SUB connection dropped (module docstring): what was published meanwhile is lost, a gap.
+        An exact stream replays it on the next subscription (`_replay_from`)."""
+        self.stats.gaps += 1
+        self._emit("gap")
+        log.warning("KV events: a message over max_message_bytes dropped the subscription's connection (ZMQ "
+                    "does not reconnect it): subscribing again", extra={
+                        "worker": self.worker, "max_message_bytes": self.settings.max_message_bytes})
+        if self.state in ("exact", "replaying") and self.last_seq is not None:
+            self._replay_from = self.last_seq + 1
+            self.state, self.reason = "replaying", f"connection dropped after seq {self.last_seq}"
+
+    async def _session(self, sub: Any, watch: _Watch | None = None) -> None:
         n = 0
         while True:
             if self._resync and self.state != "down":
                 self._resync = False
+                self._replay_from = None
                 await self._replay(sub, 0)
+            elif self._replay_from is not None:
+                start, self._replay_from = self._replay_from, None
+                if self.state == "replaying":
+                    await self._replay(sub, start)
             try:
-                frames = await asyncio.wait_for(sub.recv_multipart(), 0.5)
+                frames = await asyncio.wait_for(sub.recv_multipart(), _IDLE_S)
             except TimeoutError:
+                if watch is not None and await watch.dropped():
+                    raise _Dropped from None
                 continue
             size = sum(len(f) for f in frames)
             self._flood_check(size)
@@ -283,11 +326,13 @@ class KvStream:
         ctx = zmq.asyncio.Context.instance()
         dealer = ctx.socket(zmq.DEALER)
         from_seq = self.last_seq if self.last_seq is not None else -1
+        watch: _Watch | None = None
         try:
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
             if "[" in self.replay_endpoint:
                 dealer.setsockopt(zmq.IPV6, 1)
+            watch = _Watch(dealer)
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
             deadline = time.monotonic() + self.settings.replay_timeout_s
@@ -296,7 +341,14 @@ class KvStream:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError
-                frames = await asyncio.wait_for(dealer.recv_multipart(), left)
+                try:
+                    frames = await asyncio.wait_for(dealer.recv_multipart(), min(left, _IDLE_S / 2))
+                except TimeoutError:
+                    if await watch.dropped():  # no reconnect: a protocol error, a batch over the limit
+                        self._reject("message_size", f"replay from seq {start}: a batch over max_message_bytes "
+                                     f"({self.settings.max_message_bytes} bytes) dropped the connection")
+                        return
+                    continue
                 size = sum(len(f) for f in frames)
                 self._flood_check(size)  # a replay socket is held to the live stream's budget
                 if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
@@ -324,6 +376,8 @@ class KvStream:
             self._replay_failed(start, f"no replay answer within {self.settings.replay_timeout_s:g}s")
             return
         finally:
+            if watch is not None:
+                watch.close()
             dealer.close(linger=0)
         if self.last_seq is None:
             self.last_seq = start - 1  # nothing published yet: the next batch is `start`
@@ -428,3 +482,56 @@ class KvStream:
 
 class _Flood(Exception):
     pass
+
+
+class _Dropped(Exception):
+    """The SUB socket's connection dropped (its monitor said so)."""
+
+
+class _Watch:
+    """A socket's connections dropped for good, from ZMQ's socket monitor (a sync PAIR on the same libzmq
+    context, read without waiting). libzmq 4.3.5 follows a connection error (the peer went away) with
+    EVENT_CONNECT_RETRIED: it reconnects by itself; a protocol error (a message over MAXMSGSIZE) is an
+    EVENT_DISCONNECTED alone."""
+
+    _n = 0
+
+    def __init__(self, sock: Any) -> None:
+        import zmq
+
+        _Watch._n += 1
+        addr = f"inproc://inferctl-kv-monitor-{id(self)}-{_Watch._n}"
+        sock.monitor(addr, zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        self.sock = sock
+        self.pair: zmq.Socket[bytes] = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
+        self.pair.setsockopt(zmq.LINGER, 0)
+        self.pair.connect(addr)
+
+    def _last(self) -> int | None:
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        last = None
+        while self.pair.poll(0, zmq.POLLIN):
+            last = int(parse_monitor_message(self.pair.recv_multipart())["event"])
+        return last
+
+    async def dropped(self) -> bool:
+        """Whether a connection dropped with no reconnect after it (read at idle times only)."""
+        import zmq
+
+        if self._last() != zmq.EVENT_DISCONNECTED:
+            return False
+        await asyncio.sleep(0.02)  # the retry event follows the disconnect at once when there is one
+        return self._last() != zmq.EVENT_CONNECT_RETRIED
+
+    def close(self) -> None:
+        import zmq
+
+        try:
+            if not self.sock.closed:  # (a flooding stream's socket is closed before its pause)
+                self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        finally:
+            self.pair.close(linger=0)

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from infer_ctl.core.tenancy.estimate import request_tokens
+from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.jsonio import DecodeError, dumps, loads
 from infer_ctl.router.retry import AttemptFailed
 from infer_ctl.router.spec_stats import fields_of
@@ -79,7 +79,7 @@ class Observing:
 
     def start(self, headers: Mapping[str, str], endpoint: str, rid: str,
               body: bytes = b"") -> tuple[RequestObserver | None, TenantRefusal | None]:
-        tenant, reserved = None, 0
+        tenant, reserved, prompt = None, 0, None
         if self.tenancy is not None:
             tenant, refusal = self.tenancy.admit(headers)
             if refusal is not None:
@@ -91,15 +91,17 @@ class Observing:
                     doc = loads(body) if body else None
                 except (DecodeError, ValueError, UnicodeDecodeError):
                     doc = None  # answered 400 by the proxy: nothing reaches a worker, all is given back
-                reserved = self.tenancy.reserve(tenant, request_tokens(endpoint, doc, self.chars_per_token() or 4.0))
+                prompt, completion = request_estimate(endpoint, doc, self.chars_per_token() or 4.0)
+                reserved = self.tenancy.reserve(tenant, prompt + completion)
         trace = self.tracing.request(headers, endpoint, rid) if self.tracing is not None else None
         obs = RequestObserver(self, tenant, trace)
-        obs.reserved = reserved
+        obs.reserved, obs.prompt_est = reserved, prompt
         return obs, None
 
 
 class RequestObserver:
-    __slots__ = ("_calls", "_open", "completion", "ctx", "o", "reported", "reserved", "sent", "tenant", "trace")
+    __slots__ = ("_calls", "_open", "completion", "ctx", "o", "prompt_est", "reported", "reserved", "sent",
+                 "stream_events", "stream_meta", "tenant", "trace")
 
     def __init__(self, o: Observing, tenant: TenantState | None, trace: RequestTrace | None) -> None:
         self.o = o
@@ -114,6 +116,11 @@ class RequestObserver:
         self.reserved = 0
         self.reported: int | None = None
         self.sent = False
+        #: tokens_per_min only (None otherwise: nothing is counted): the prompt's estimate, and what the
+        #: relay saw of a stream's completion so far (`stream_chunk`), for a stream that ends unreported
+        self.prompt_est: int | None = None
+        self.stream_events = 0
+        self.stream_meta: int | None = None
 
     # ---- the request ---------------------------------------------------------------------------
     def rewrite(self, endpoint: str, body: dict[str, Any], raw: bytes) -> bytes:
@@ -148,7 +155,15 @@ class RequestObserver:
             # validates before it computes, e.g. a max_tokens over the context, which would otherwise
             # have charged that max_tokens in full)
             refused = 400 <= status < 500 and status != 499
-            used = self.reported if self.reported is not None else self.reserved if self.sent and not refused else 0
+            if self.reported is not None:
+                used = self.reported  # the answer's own usage, charged once (the counts below are unused)
+            elif self.sent and not refused:
+                # a stream cancelled or broken before its usage: its reservation, or what it streamed when
+                # more (a chat request without max tokens reserved its prompt only: the tokens streamed
+                # before a cancel were free)
+                used = max(self.reserved, (self.prompt_est or 0) + self.streamed_tokens())
+            else:
+                used = 0
             self.o.tenancy.settle(self.tenant, self.reserved, used)
             self.o.tenancy.leave(self.tenant, status)
         if self.trace is not None:
@@ -164,6 +179,26 @@ class RequestObserver:
             self.reported = (self.reported or 0) + prompt + completion
         if self.trace is not None:
             self.trace.answered(obj, prompt, cached, completion, predicted_tokens, fields_of(obj))
+
+    def stream_chunk(self, events: int, last: Any, items: dict[int, Any] | None) -> None:
+        """The relay forwarded `events` SSE events, the last JSON one `last` (`items`: a /generate batch's
+        latest chunk per prompt). Counted only for a tokens_per_min tenant; see `streamed_tokens`."""
+        if self.prompt_est is None:
+            return
+        self.stream_events += events
+        if items:
+            self.stream_meta = sum(_completion_of(o) for o in items.values())
+        elif isinstance(last, dict) and isinstance(last.get("meta_info"), dict):
+            self.stream_meta = _completion_of(last)
+
+    def streamed_tokens(self) -> int:
+        """The completion tokens a stream delivered so far. /generate streams: SGLang's own running count,
+        meta_info.completion_tokens of each prompt's latest chunk (exact). OpenAI streams (no running
+        count before the final usage chunk): the number of events, since each content delta carries one
+        or more tokens (SGLang 0.5.23 entrypoints/openai/serving_chat.py: a role-only first event per
+        choice, then one delta per output the tokenizer manager yields); the role and finish events add at
+        most two per choice, a delta of several tokens counts one - an estimate, not the usage."""
+        return self.stream_meta if self.stream_meta is not None else self.stream_events
 
     def first_chunk(self, ttft_s: float) -> None:
         if self.tenant is not None:
@@ -262,3 +297,9 @@ class RequestObserver:
                 self._end(w, held[0], held[1], resp.status, None)
 
         return done
+
+
+def _completion_of(obj: Any) -> int:
+    meta = obj.get("meta_info") if isinstance(obj, dict) else None
+    n = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0

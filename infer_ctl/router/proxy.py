@@ -83,7 +83,8 @@ class Router:
                             tokenizer_path=cfg.tokenizer_path, metrics=self.metrics,
                             settings=StreamSettings(max_blocks=cfg.kv_max_blocks,
                                                     replay_timeout_s=cfg.kv_replay_timeout_s,
-                                                    max_batches_per_s=cfg.kv_max_batches_per_s),
+                                                    max_batches_per_s=cfg.kv_max_batches_per_s,
+                                                    max_message_bytes=cfg.kv_max_message_bytes),
                             tier_weights=cfg.tier_weights())
         self.kv.chars_per_token = lambda: self.feedback.chars_per_token
         self.picker.kv = self.kv

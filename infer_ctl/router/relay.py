@@ -87,6 +87,8 @@ class StreamRelay:
                 if items is not None or (isinstance(last_json, dict) and "index" in last_json):
                     for ev in events:  # a batch: every event, so no prompt's last chunk is missed
                         items = _item(items, sse.event_json(ev))
+            if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
+                ctx.obs.stream_chunk(len(events), last_json, items)
             if chunk:
                 await resp.write(chunk)
                 now = self.clock()

@@ -13,8 +13,9 @@ estimate.py: prompt + max tokens), in the same step as the admission check, so t
 it; a bucket at or below zero refuses. When the request ends it is settled (`settle`) with the tokens
 its answer reported: the excess is charged, the rest given back. One that reached a worker and ended
 without a report (failed, cancelled, a broken stream) keeps its reservation (the worker computed
-something, and a tenant must not get tokens for free by cancelling); one that never reached a worker
-gets it all back. The overshoot is bounded by one request's reservation, plus what the estimates
+something, and a tenant must not get tokens for free by cancelling), or its prompt estimate plus the
+completion the relay counted as it streamed when that is more (observe.py `streamed_tokens`); one that
+never reached a worker gets it all back. The overshoot is bounded by one request's reservation, plus what the estimates
 undercount (a chat request without max tokens reserves its prompt only).
 
 Cost: each worker's price per second (core/tenancy/pricing.py, from the profile's lease pricing) is

@@ -43,9 +43,10 @@ def test_profile_keys_land_on_the_router_config(tmp_path: Path) -> None:
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_text("{}")
     prof = _profile(tmp_path, "router:\n  kv_events: {tokenizer_path: tok, max_blocks: 5000, replay_timeout_s: 0.5,"
-                              " max_batches_per_s: 70}\n")
+                              " max_batches_per_s: 70, max_message_bytes: 1048576}\n")
     cfg = from_profile(prof, env={})
     assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (True, 5000, 0.5, 70)
+    assert cfg.kv_max_message_bytes == 1 << 20
     assert cfg.tokenizer_path == str(tmp_path / "tok")
     off = from_profile(_profile(tmp_path, "router: {kv_events: {enabled: false}}\n"), env={})
     assert off.kv_events is False and off.tokenizer_path == "/models/on-the-nodes"  # the default stays soft
@@ -56,6 +57,7 @@ def test_defaults_are_router_configs() -> None:
     cfg, plain = from_profile(prof, env={}), RouterConfig()
     assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (
         plain.kv_events, plain.kv_max_blocks, plain.kv_replay_timeout_s, plain.kv_max_batches_per_s)
+    assert cfg.kv_max_message_bytes == plain.kv_max_message_bytes == 8 << 20
 
 
 @pytest.mark.parametrize(("router", "expected"), [

@@ -401,3 +401,64 @@ def test_a_worker_restart_seen_by_the_health_check_does_not_untrust_the_stream()
             pub.close()
 
     run(main())
+
+
+def test_a_message_over_the_size_limit_drops_the_connection_and_the_stream_subscribes_again() -> None:
+    """libzmq drops a connection that carries a message over MAXMSGSIZE and never reconnects it (a
+    protocol error ends the session): the SUB socket went silent for good, the stream still `exact`
+    and every later batch lost. Now the monitor sees the drop, the stream subscribes again and replays
+    the batches it missed."""
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub, max_message_bytes=64 << 10)
+        s.start()
+        try:
+            await connected(s, pub)
+            pub.raw([b"", pub.seq.to_bytes(8, "big"), b"\x00" * (100 << 10)])  # over the limit, not buffered
+            await asyncio.sleep(0.2)
+            pub.batch([stored([77], None, [1])])  # published while the connection was down: replayed
+            assert await until(lambda: s.exact and s.blocks.holds(77), 5), s.as_dict()
+            assert seen["gap"] >= 1 and seen["untrusted"] == 0
+            await connected(s, pub)  # the new subscription receives live batches
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())
+
+
+def test_an_oversized_batch_in_the_replay_is_rejected_never_decoded() -> None:
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub, max_message_bytes=64 << 10)
+        s.start()
+        lags: list[float] = []
+
+        async def probe() -> None:
+            while True:
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.005)
+                lags.append(time.perf_counter() - t0)
+
+        t = asyncio.ensure_future(probe())
+        try:
+            await connected(s, pub)
+            pub.batch([removed(list(range(1 << 62, (1 << 62) + 20_000)))])  # ~180 KB: buffered and sent
+            assert await until(lambda: s.stats.rejected.get("message_size", 0) == 1, 5), s.as_dict()
+            assert s.state == "untrusted" and "max_message_bytes" in s.reason
+            assert seen["rejected:message_size"] == 1
+            pub.batch([CLEARED, stored([5], None, [1])])  # a cleared cache repairs it, on the new subscription
+            for _ in range(100):
+                if s.exact:
+                    break
+                pub.batch([CLEARED, stored([5], None, [1])])
+                await asyncio.sleep(0.05)
+            assert s.exact and s.blocks.holds(5), s.as_dict()
+        finally:
+            t.cancel()
+            await s.stop()
+            pub.close()
+
+    run(main())

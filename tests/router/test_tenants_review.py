@@ -122,3 +122,78 @@ def test_a_streamed_batch_is_charged_for_every_prompt(cluster: ThreadedSimCluste
         assert snap["output_tokens"] == 4 * 20 and snap["input_tokens"] >= 4, snap
     finally:
         router.stop()
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True}  # no max_tokens: reserves its prompt only
+
+
+def _tenant(url: str) -> dict:
+    return httpx.get(url + "/admin/tenants", timeout=10).json()["tenants"][0]
+
+
+def _settled(url: str) -> dict:
+    deadline = time.monotonic() + 5
+    while _inflight(url, "a") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _tenant(url)
+
+
+def test_a_chat_stream_cancelled_before_its_usage_is_charged_what_it_streamed() -> None:
+    """A chat request without max_tokens reserves its prompt (1 token here); cancelled after 20 deltas,
+    before the usage chunk, it kept only that reservation: the streamed completion was free (the bucket
+    stayed at 59 of 60, and the tenant could go on doing it)."""
+    slow = start_cluster_in_thread(pd_specs(1, 1, time_scale=0.1))  # ~6 s for the 128 tokens: cancelled mid-way
+    router = _router(slow, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=60)])  # refills 1 token/s
+    try:
+        t0 = time.monotonic()
+        with httpx.stream("POST", router.url + "/v1/chat/completions", json=CHAT, timeout=30,
+                          headers={"authorization": f"Bearer {KEY_A}"}) as r:
+            assert r.status_code == 200
+            events = (line for line in r.iter_lines() if line.startswith("data: {"))
+            for _ in range(20):
+                assert '"usage"' not in next(events)
+        snap = _settled(router.url)
+        elapsed = time.monotonic() - t0
+        assert snap["output_tokens"] == 0, snap  # cancelled before the usage chunk: nothing reported
+        assert snap["inflight"] == 0 and snap["buckets"]["reserved_tokens"] == 0, snap
+        # 60 - 1 (prompt) - >= 20 counted deltas (the router forwarded at least what the client read)
+        # + the refill while the test ran
+        assert snap["buckets"]["tokens"] <= 60 - 1 - 20 + elapsed + 0.5, (snap, elapsed)
+    finally:
+        router.stop()
+        slow.stop()
+
+
+def test_a_whole_chat_stream_is_charged_its_reported_usage_once(cluster: ThreadedSimCluster) -> None:
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=60)])
+    try:
+        t0 = time.monotonic()
+        body = {**CHAT, "max_tokens": 30}
+        with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=30,
+                          headers={"authorization": f"Bearer {KEY_A}"}) as r:
+            assert r.status_code == 200
+            assert any('"usage"' in line for line in r.iter_lines())
+        snap = _settled(router.url)
+        elapsed = time.monotonic() - t0
+        used = snap["input_tokens"] + snap["output_tokens"]
+        assert snap["output_tokens"] == 30 and snap["buckets"]["reserved_tokens"] == 0, snap
+        # charged exactly the usage: not the event count on top of it
+        assert 60 - used - 0.5 <= snap["buckets"]["tokens"] <= 60 - used + elapsed + 0.5, (snap, elapsed)
+    finally:
+        router.stop()
+
+
+def test_a_generate_stream_cancelled_is_charged_its_running_completion_count(cluster: ThreadedSimCluster) -> None:
+    """/generate streams carry meta_info.completion_tokens on every chunk: a cancelled one is charged
+    that when it is more than its reservation (here max_new_tokens=2000 reserved: it keeps that)."""
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=6000)])
+    try:
+        with httpx.stream("POST", router.url + "/generate", json=SLOW, timeout=30,
+                          headers={"authorization": f"Bearer {KEY_A}"}) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data: {"))
+            for _ in range(5):
+                next(lines)
+        snap = _settled(router.url)
+        assert snap["buckets"]["reserved_tokens"] == 0 and snap["buckets"]["tokens"] < 6000 - 2000 + 60, snap
+    finally:
+        router.stop()

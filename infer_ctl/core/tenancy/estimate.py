@@ -56,8 +56,14 @@ def _chat_chars(messages: Any) -> int:
 
 def request_tokens(endpoint: str, body: Any, chars_per_token: float) -> int:
     """Estimated prompt + completion tokens of a request body (0 for one that is not a JSON object)."""
+    return sum(request_estimate(endpoint, body, chars_per_token))
+
+
+def request_estimate(endpoint: str, body: Any, chars_per_token: float) -> tuple[int, int]:
+    """(prompt, completion) estimated tokens of a request body ((0, 0) for one that is not a JSON object).
+    The prompt part alone is what a cancelled stream is settled against (router/observe.py)."""
     if not isinstance(body, dict):
-        return 0
+        return 0, 0
     cpt = chars_per_token if chars_per_token > 0 else 4.0
     n = _count(body.get("n")) or 1
     if endpoint.endswith("/chat/completions"):
@@ -77,4 +83,4 @@ def request_tokens(endpoint: str, body: Any, chars_per_token: float) -> int:
         limit = max((GENERATE_DEFAULT_MAX_NEW_TOKENS if v is None else v for v in limits),
                     default=GENERATE_DEFAULT_MAX_NEW_TOKENS)
         n = max([_count(p.get("n")) or 1 for p in plist if isinstance(p, dict)] or [n])
-    return math.ceil(sum(prompts)) + len(prompts) * n * limit
+    return math.ceil(sum(prompts)), len(prompts) * n * limit
