@@ -8,6 +8,7 @@ named `*e2e*`, or runs the demo or SGLang's own router.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -49,3 +50,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if is_end_to_end(item) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _router_logger_restored() -> Iterator[None]:
+    """A test that runs `router serve` in-process (router/run.py, router/procs.py) gives the router's
+    logger a JSON handler and turns propagation off, so a later test's caplog saw none of its records
+    (a failure only in the full suite, depending on order): every test gets the logger back as it found it."""
+    logger = logging.getLogger("infer_ctl.router")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]

@@ -58,9 +58,12 @@ def test_a_request_cancelled_in_the_admission_queue_gives_its_tenant_slot_back(c
 def test_tokens_per_minute_reserves_at_admission_so_streams_in_flight_overshoot_by_one(
         cluster: ThreadedSimCluster) -> None:
     """Before, tokens were charged only when a request ended: every stream opened while the first ones
-    were still running was admitted (all 6 here, ~1,260 tokens into a 600-token minute)."""
-    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=600)])
-    body = {**SLOW, "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}  # 10 + 200 reserved
+    were still running was admitted (all 6 here, ~12,000 tokens into a 5,500-token minute)."""
+    router = _router(cluster, [TenantSpec("a", key_digest(KEY_A), tokens_per_min=5500)])
+    # 10 + 2,000 reserved each; streams long enough to be in flight when the snapshot is read (200-token
+    # streams had finished by then on a loaded machine), and a budget that stays negative after the third
+    # (5,500 -> 3,490 -> 1,480 -> -530: the refill, 92 tokens/s, cannot reopen it while the test runs)
+    body = SLOW
     try:
         with contextlib.ExitStack() as stack:
             codes, open_lines = [], []
@@ -71,15 +74,15 @@ def test_tokens_per_minute_reserves_at_admission_so_streams_in_flight_overshoot_
                 if r.status_code == 200:
                     open_lines.append(r.iter_lines())  # kept: a dropped iterator closes the stream
                     next(open_lines[-1])  # streaming: in flight, nothing reported yet
-            assert codes == [200, 200, 200, 429, 429, 429]  # 600 -> 390 -> 180 -> -30: refused from then on
+            assert codes == [200, 200, 200, 429, 429, 429]  # refused from the fourth on
             snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
-            assert snap["buckets"]["reserved_tokens"] == 3 * 210 and snap["rejected"] == {"tokens_per_min": 3}, snap
+            assert snap["buckets"]["reserved_tokens"] == 3 * 2010 and snap["rejected"] == {"tokens_per_min": 3}, snap
         deadline = time.monotonic() + 5  # the clients went away: the reservations are settled (kept: computed)
         while _inflight(router.url, "a") and time.monotonic() < deadline:
             time.sleep(0.05)
         snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
         assert snap["inflight"] == 0 and snap["buckets"]["reserved_tokens"] == 0
-        assert snap["buckets"]["tokens"] < 60  # 600 - 630 + the refill (10/s) while the test ran
+        assert snap["buckets"]["tokens"] < 500  # 5,500 - 6,030 + the refill: the reservations were kept, not given back
     finally:
         router.stop()
 
