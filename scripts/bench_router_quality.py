@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -160,6 +161,16 @@ class Proc:
                                   start_new_session=True)
         f.close()
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the process has used so far."""
+        if self.p is None:
+            return 0.0
+        try:
+            fields = Path(f"/proc/{self.p.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def kill(self) -> None:
         if self.p is not None and self.p.poll() is None:
             self.p.send_signal(signal.SIGKILL)
@@ -207,7 +218,9 @@ class Worker:
         out = [sys.executable, "-m", "infer_ctl", "sim", "serve", "--worker", where, "--seed", str(self.seed),
                "--time-scale", str(cfg.time_scale), "--no-spec"]
         if self.role != "decode":
-            out += ["--cache-tokens", str(cfg.cache_tokens), "--kv-events-config", kv]
+            out += ["--cache-tokens", str(cfg.cache_tokens)]
+            if not os.environ.get("BENCH_NO_KV"):  # diagnosis: the router on its predicted index alone
+                out += ["--kv-events-config", kv]
         return out
 
 
@@ -218,6 +231,12 @@ class Config:
     workers: int = 4
     concurrency: int = 16
     keep_alive: bool = False
+    #: how the stale scenario's bypass traffic picks a worker: sticky (per tenant) or random
+    bypass: str = "sticky"
+    #: the stale scenario's variants (STALE)
+    stale_modes: tuple[str, ...] = ("replica", "random")
+    #: the stale scenario's cache per worker (tighter: evictions are what make a view stale)
+    stale_cache_tokens: int = 6000
 
 
 @contextlib.contextmanager
@@ -237,6 +256,30 @@ def fleet(cfg: Config, logs: Path, pd: bool = False) -> Iterator[list[Worker]]:
                 w.proc.stop()
 
 
+def worker_stats(ws: list[Worker]) -> list[dict[str, float]]:
+    """Per prefill-like worker, from its /metrics: requests, prompt and cached tokens, mean queue time
+    (the load each one took; a restarted worker counts from its restart)."""
+    out = []
+    for w in ws:
+        if w.role == "decode":
+            continue
+        vals: dict[str, float] = {}
+        with contextlib.suppress(httpx.HTTPError):
+            for line in httpx.get(w.url + "/metrics", timeout=5).text.splitlines():
+                name, _, rest = line.partition("{")
+                if name in ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:cached_tokens_total",
+                            "sglang:queue_time_seconds_sum", "sglang:queue_time_seconds_count",
+                            "sglang:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_count"):
+                    vals[name.split(":")[1]] = float(rest.rpartition(" ")[2])
+        n = vals.get("queue_time_seconds_count") or 0
+        nt = vals.get("time_to_first_token_seconds_count") or 0
+        out.append({"requests": vals.get("num_requests_total", 0), "prompt_tokens": vals.get("prompt_tokens_total", 0),
+                    "cached_tokens": vals.get("cached_tokens_total", 0),
+                    "queue_s_mean": round(vals.get("queue_time_seconds_sum", 0) / n, 4) if n else 0.0,
+                    "ttft_s_mean": round(vals.get("time_to_first_token_seconds_sum", 0) / nt, 4) if nt else 0.0})
+    return out
+
+
 def restart(w: Worker, cfg: Config) -> None:
     """Kill a worker and start it again on the same ports: its cache is empty, its KV events restart."""
     assert w.proc is not None
@@ -247,8 +290,10 @@ def restart(w: Worker, cfg: Config) -> None:
 
 def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Proc:
     port = free_port()
-    cmd = [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
-           "--policy", "cache_aware", "--log-requests"]
+    # BENCH_PROFILE=1: the router runs under cProfile (its profile lands next to its log)
+    prof = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if os.environ.get("BENCH_PROFILE") else []
+    cmd = [sys.executable, *prof, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
+           "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-requests"]
     for w in ws:
         if w.role == "mixed":
             cmd += ["--worker", w.url]
@@ -262,28 +307,28 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Pro
     wait_ok(url + "/health", "inferctl router", proc=p)
     # ready when every prefill-like worker's KV stream is exact (subscribed and in sync)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and "cache_aware" in cmd and not os.environ.get("BENCH_NO_KV"):
         doc = httpx.get(url + "/admin/workers", timeout=5).json()
         idx = [w.get("index") for w in doc["workers"] if w.get("role") != "decode"]
         if idx and all(i == "exact" for i in idx):
             break
         time.sleep(0.2)
-    else:
+    if time.monotonic() >= deadline:
         raise RuntimeError(f"inferctl router: KV streams not exact after 30 s: {idx}")
     return p
 
 
-def sglang_router(ws: list[Worker], logs: Path) -> Proc:
+def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> Proc:
     port = free_port()
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--prometheus-port", str(free_port()), "--policy", "cache_aware", "--log-level", "info"]
+           "--prometheus-port", str(free_port()), "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-level", "info"]
     if any(w.role == "prefill" for w in ws):
         cmd.append("--pd-disaggregation")
         for w in ws:
             cmd += ["--prefill", w.url, str(w.bootstrap)] if w.role == "prefill" else ["--decode", w.url]
     else:
         cmd += ["--worker-urls", *[w.url for w in ws]]
-    p = Proc("sglang-router", cmd, logs)
+    p = Proc(name, cmd, logs)
     p.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # ready when it routes (its /health answers before workers are in)
@@ -315,12 +360,18 @@ async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
     # straight to a random worker (sticky for the session), as another frontend would send it
     per_tenant: dict[str, int] = {}
     jobs: list[tuple[str, bool, list[BenchRequest]]] = []
-    for j, (_, rs) in enumerate(sorted(sessions.items())):
-        k = per_tenant[rs[0].tenant] = per_tenant.get(rs[0].tenant, -1) + 1
+    for _, rs in sorted(sessions.items()):
+        tenant = rs[0].tenant
+        # every other session of a tenant, starting with the router or with the bypass (a per-tenant phase)
+        k = per_tenant[tenant] = per_tenant.get(tenant, zlib.crc32(tenant.encode()) % 2) + 1
         if bypass and k % 2 == 1:
-            jobs.append((rng.choice(bypass), False, rs))
-        else:
-            jobs.append((targets[j % len(targets)], True, rs))
+            # sticky: another frontend with its own affinity (a hash of the tenant); random: clients
+            # that call a worker directly
+            url = (bypass[zlib.crc32(rs[0].tenant.encode()) % len(bypass)] if plan["bypass_mode"] == "sticky"
+                   else rng.choice(bypass))
+            jobs.append((url, False, rs))
+        else:  # several routers (replicas): a tenant's sessions alternate between them too
+            jobs.append((targets[(k // (2 if bypass else 1)) % len(targets)], True, rs))
     out: list[dict[str, Any]] = []
     progress = Path(plan["progress"])
     connector = aiohttp.TCPConnector(limit=0, force_close=not plan["keep_alive"])
@@ -357,6 +408,7 @@ def loadgen_main(plan_path: str, out_path: str) -> None:
 def run_load(cfg: Config, logs: Path, name: str, wl: Workload, targets: list[str], bypass: list[str] | None = None,
              midway: Any = None) -> list[dict[str, Any]]:
     plan = {"workload": asdict(wl), "targets": targets, "bypass": bypass or [], "seed": wl.seed,
+            "bypass_mode": cfg.bypass,
             "time_scale": cfg.time_scale, "concurrency": cfg.concurrency, "keep_alive": cfg.keep_alive,
             "progress": str(logs / f"{name}.progress")}
     plan_path, out_path = logs / f"{name}.plan.json", logs / f"{name}.results.json"
@@ -368,7 +420,7 @@ def run_load(cfg: Config, logs: Path, name: str, wl: Workload, targets: list[str
         time.sleep(0.1)
         if not fired:
             with contextlib.suppress(ValueError):
-                if int(Path(plan["progress"]).read_text() or 0) >= wl.requests // 2:
+                if int(Path(plan["progress"]).read_text() or 0) >= wl.requests // 3:
                     fired = True
                     midway()
     if p.returncode != 0:
@@ -395,7 +447,13 @@ def summarize(name: str, res: list[dict[str, Any]], ceil: list[tuple[int, int]],
 
 
 def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd: bool = False,
-            stale: bool = False, routers: int = 1) -> dict[str, Any]:
+            stale: str | None = None, routers: int = 1) -> dict[str, Any]:
+    """One variant on a fresh fleet. `stale`: restart worker 1 a third into the run, and send half of
+    every tenant's sessions past the router ("sticky"/"random": bypass as `Config.bypass`; "replica":
+    through a second, independent instance of the same router)."""
+    if stale:
+        cfg = replace(cfg, cache_tokens=cfg.stale_cache_tokens)
+        routers = 2 if stale == "replica" else routers
     d = logs / name.replace(" ", "_").replace("/", "_")
     d.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()[0]
@@ -405,20 +463,32 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
         fronts: list[Proc] = []
         try:
             for i in range(routers):
-                fronts.append(inferctl_router(ws, d, f"inferctl{i}") if router == "inferctl" else sglang_router(ws, d))
+                fronts.append(inferctl_router(ws, d, f"inferctl{i}") if router == "inferctl"
+                              else sglang_router(ws, d, f"sglang-router{i}"))
             targets = [f.url for f in fronts]  # type: ignore[attr-defined]
             prefill_like = [w for w in ws if w.role != "decode"]
             midway = (lambda: restart(prefill_like[1], cfg)) if stale else None
-            res = run_load(cfg, d, "load", wl, targets, [w.url for w in prefill_like] if stale else None, midway)
+            cpu0 = sum(f.cpu_s() for f in fronts)
+            bypass = [w.url for w in prefill_like] if stale in ("sticky", "random") else None
+            res = run_load(replace(cfg, bypass=stale or cfg.bypass), d, "load", wl, targets, bypass, midway)
+            cpu = sum(f.cpu_s() for f in fronts) - cpu0
+            stats = worker_stats(ws)
         finally:
             for f in fronts:
                 f.stop()
     out = summarize(name, res, ceil, (load0, os.getloadavg()[0]))
     out["logs"] = str(d)
+    out["workers"] = stats
+    out["router_cpu_ms_per_request"] = round(1000 * cpu / max(1, sum(r["routed"] for r in res)), 2)
     errors = [r["error"] for r in res if r["routed"] and not r["ok"]]
     if errors:
         out["first_error"] = errors[0]
     return out
+
+
+STALE = {"replica": "restart + popularity shift + half of each tenant's sessions through a second replica",
+         "sticky": "restart + popularity shift + half of each tenant's sessions through a per-tenant hash frontend",
+         "random": "restart + popularity shift + half of each tenant's sessions straight to a random worker"}
 
 
 # ---- scenarios ---------------------------------------------------------------------------------------
@@ -435,9 +505,10 @@ def scenarios(names: list[str], cfg: Config, logs: Path, wl: Workload, cpts: lis
                 one_router = rows[0]
     if "stale" in names:
         w = replace(wl, cpt=cpts[0], shift=True)
-        out["stale: restart + popularity shift + half bypass"] = [
-            variant(cfg, logs, "inferctl stale", w, "inferctl", stale=True),
-            variant(cfg, logs, "sglang-router stale", w, "sglang", stale=True)]
+        for mode in cfg.stale_modes:
+            out[f"stale ({STALE[mode]})"] = [
+                variant(cfg, logs, f"inferctl stale-{mode}", w, "inferctl", stale=mode),
+                variant(cfg, logs, f"sglang-router stale-{mode}", w, "sglang", stale=mode)]
     if "two-routers" in names:
         w = replace(wl, cpt=cpts[0])
         rows = [variant(cfg, logs, "inferctl x2", w, "inferctl", routers=2)]
@@ -466,6 +537,9 @@ def main() -> None:
     ap.add_argument("--cpt", default="4,8", help="characters per token of the text, comma list")
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--cache-tokens", type=int, default=9000)
+    ap.add_argument("--stale-cache-tokens", type=int, default=6000)
+    ap.add_argument("--stale", default="replica,random",
+                    help="stale scenario's other frontends, comma list of replica, sticky, random")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep-alive", action="store_true", help="reuse client connections (shows the peer's stall)")
@@ -477,7 +551,11 @@ def main() -> None:
         if n not in ("steady", "stale", "two-routers", "pd"):
             ap.error(f"unknown scenario {n!r}")
     cfg = Config(time_scale=args.time_scale, cache_tokens=args.cache_tokens, concurrency=args.concurrency,
-                 keep_alive=args.keep_alive)
+                 keep_alive=args.keep_alive, stale_cache_tokens=args.stale_cache_tokens,
+                 stale_modes=tuple(args.stale.split(",")))
+    for m in cfg.stale_modes:
+        if m not in STALE:
+            ap.error(f"unknown --stale mode {m!r}")
     cpts = [int(c) for c in args.cpt.split(",")]
     logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="bench_rq_"))
     runs = []
@@ -497,6 +575,10 @@ def main() -> None:
                 print(f"{r['variant']:24} {r['hit_rate']:9.1%} {r['ceiling']:8.1%} {r['ttft_mean_s']:10.3f} "
                       f"{r['ttft_p50_s']:7.3f} {r['ttft_p99_s']:7.3f} {r['failed']:6d} "
                       f"{r['load_avg'][0]:4.1f}-{r['load_avg'][1]:4.1f}")
+                ws = r.get("workers") or []
+                print(f"{'':24}   router CPU {r['router_cpu_ms_per_request']} ms/request; per worker: requests {'/'.join(str(int(w['requests'])) for w in ws)}, mean queue ms "
+                      f"{'/'.join(str(round(1000 * w['queue_s_mean'])) for w in ws)}, worker-side mean TTFT ms "
+                      f"{'/'.join(str(round(1000 * w['ttft_s_mean'])) for w in ws)}")
             q = ratios(rows)
             print(f"  {rows[0]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
                   f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")

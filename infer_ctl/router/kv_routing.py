@@ -259,6 +259,22 @@ class KvRouting:
             out[url] = best
         return out, fk
 
+    def anchor_unknown(self, endpoint: str, body: dict[str, Any], text: str, hashes: list[int],
+                       threshold: float) -> bool:
+        """Anchor a prompt on the request path when its anchors cover under `threshold` of its text
+        blocks (no worker could qualify as a holder on them), if any exact worker holds blocks at all.
+        Returns whether it did."""
+        if self.view is None or not hashes or not any(w.exact and any(s.blocks.device for s in w.streams)
+                                                      for w in self.workers.values()):
+            return False
+        kind = self.kind(endpoint, body)
+        keys = self.keys(kind, body, hashes)
+        need = max(1, int(threshold * len(hashes)))
+        if all(self.table(w.space(), kind).depth(keys) >= need for w in self.workers.values()):
+            return False
+        self.build(endpoint, body, text, hashes, full_key(hashes, text, self.block_chars))
+        return True
+
     def prompt_units(self, fk: int, urls: Sequence[str], kind: str = "text") -> int | None:
         for url in urls:
             w = self.workers.get(url)

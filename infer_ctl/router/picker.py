@@ -26,6 +26,9 @@ from infer_ctl.router.workers import WorkerRegistry, WorkerState
 class PairPicker:
     #: the exact index from the workers' KV events (router/kv_routing.py), set by the Router; None: off
     kv: KvRouting | None = None
+    #: wall seconds a routing decision counts as cached on an exact worker before its KV events can
+    #: confirm it (the request still queued or in prefill; the events one step behind)
+    pending_s: float = 2.0
 
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
@@ -109,12 +112,20 @@ class PairPicker:
             return None
         urls = [w.url for w in cands]
         kind = kv.kind(ctx.endpoint, ctx.body)
+        # a prompt no earlier request anchored deeply enough to qualify (its prefix reached the workers
+        # another way, or it is new) is anchored now: a few ms once per prefix, against a full miss
+        kv.anchor_unknown(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, self.policy.cache_threshold)
         cached, ctx.full_key = kv.cached(ctx.hashes, ctx.text, urls, kind, ctx.body)
         if not cached:
             return None
         cpt = kv.chars_per_token() or 4.0
         rest = [u for u in urls if u not in cached]
         out: dict[str, int] = dict(cached)
+        # Events trail decisions: a prompt routed to an exact worker moments ago is not in its events
+        # until its prefill ran. Without this, a burst of one new prefix is spread over every worker
+        # (each request sees no holder) and each copy is computed cold.
+        for url, chars in self.index.match(ctx.hashes, list(cached), now, since=now - self.pending_s).items():
+            out[url] = max(out[url], int(chars / cpt))
         if rest:
             for url, chars in self.index.match(ctx.hashes, rest, now).items():
                 out[url] = int(chars / cpt)
