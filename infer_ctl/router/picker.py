@@ -29,6 +29,8 @@ class PairPicker:
     #: wall seconds a routing decision counts as cached on an exact worker before its KV events can
     #: confirm it (the request still queued or in prefill; the events one step behind)
     pending_s: float = 2.0
+    #: those decisions, per prompt kind (a chat and a plain prompt with the same text are cached apart)
+    _pending: dict[str, PrefixIndex] | None = None
 
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
@@ -65,6 +67,7 @@ class PairPicker:
             self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
             if self.kv is not None and ctx.full_key is not None:  # anchor the prompt, off the request path
                 self.kv.routed(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, ctx.full_key)
+                self._pending_index(self.kv.kind(ctx.endpoint, ctx.body), now).insert(ctx.hashes, pre.url, now)
         ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""
         self.metrics.observe_decision(ctx.reason, time.perf_counter() - t)
         return pre, dec
@@ -103,6 +106,19 @@ class PairPicker:
                 break
         raise NoWorkerAvailable(f"no available {'prefill ' if prefill and pd else '' if prefill else 'decode '}worker")
 
+    def _pending_index(self, kind: str, now: float) -> PrefixIndex:
+        """The recent decisions of one prompt kind (entries older than `pending_s` do not match and are
+        dropped every 256 decisions)."""
+        if self._pending is None:
+            self._pending = {}
+        idx = self._pending.get(kind)
+        if idx is None:
+            idx = self._pending[kind] = PrefixIndex(block_chars=self.index.block_chars, ttl_s=self.pending_s,
+                                                    max_blocks=200_000)
+        if self.seq % 256 == 0:
+            idx.expire(now)
+        return idx
+
     def _exact(self, ctx: RequestContext, cands: list[WorkerState], now: float) -> tuple[dict[str, Any], set[str]] | None:
         """The policy's KV-events inputs: cached prompt units per candidate, exact from the events where
         the worker's stream is trusted, else the predicted index's match converted to tokens; and the
@@ -124,7 +140,7 @@ class PairPicker:
         # Events trail decisions: a prompt routed to an exact worker moments ago is not in its events
         # until its prefill ran. Without this, a burst of one new prefix is spread over every worker
         # (each request sees no holder) and each copy is computed cold.
-        for url, chars in self.index.match(ctx.hashes, list(cached), now, since=now - self.pending_s).items():
+        for url, chars in self._pending_index(kind, now).match(ctx.hashes, list(cached), now).items():
             out[url] = max(out[url], int(chars / cpt))
         if rest:
             for url, chars in self.index.match(ctx.hashes, rest, now).items():

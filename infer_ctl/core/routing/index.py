@@ -53,12 +53,10 @@ class PrefixIndex:
     def hashes(self, text: str) -> list[int]:
         return block_hashes(text, self.block_chars)
 
-    def match(self, hashes: Sequence[int], workers: Iterable[str], now: float, since: float | None = None
-              ) -> dict[str, int]:
-        """Matched prefix length in characters, per worker (0 when nothing matches); with `since`, only
-        entries used at or after it (what was routed there lately)."""
+    def match(self, hashes: Sequence[int], workers: Iterable[str], now: float) -> dict[str, int]:
+        """Matched prefix length in characters, per worker (0 when nothing matches)."""
         out: dict[str, int] = {}
-        cutoff = now - self.ttl_s if since is None else max(now - self.ttl_s, since)
+        cutoff = now - self.ttl_s
         for worker in workers:
             entries = self._by_worker.get(worker)
             if not entries or not hashes:

@@ -1,0 +1,125 @@
+"""Routing decisions on the exact index where events and the router's own knowledge fall short, on real
+simulated workers (collocated, KV events on) behind the real router:
+
+- a burst of one new prefix: the requests after the first are routed while the first is still in
+  prefill, so no worker's events show the prefix yet; the router's own recent decisions must count
+  (picker.py `pending_s`), or the burst is spread over every worker and each copy is computed cold;
+- a prefix that reached a worker past this router (another frontend, a direct call): the router never
+  anchored that text, so its first request must be anchored on the request path
+  (kv_routing.py `anchor_unknown`), or the router cannot see that the worker holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
+from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+from tests.sim.kv_client import kv_config
+
+WORDS = ["account", "billing", "cluster", "deploy", "engine", "fabric", "gateway", "health", "inference", "journal"]
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    return cond()
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+@pytest.fixture
+def fleet() -> Iterator[ThreadedSimCluster]:
+    # time scale 1: a 1,500-token prefill takes long enough (modelled ~0.1 s) for a burst to overlap it
+    specs = [WorkerSpec("mixed", kv_events_config=kv_config(), speculative=False, seed=i, time_scale=1.0)
+             for i in range(4)]
+    cluster = start_cluster_in_thread(specs)
+    yield cluster
+    cluster.stop()
+
+
+def router_for(cluster: ThreadedSimCluster) -> RouterHandle:
+    router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
+                                                  log_requests=True))
+    assert wait_for(lambda: all(d.get("index") == "exact" for d in docs(router).values()))
+    return router
+
+
+def docs(router: RouterHandle) -> dict[str, dict[str, Any]]:
+    return {w["url"]: w for w in httpx.get(router.url + "/admin/workers", timeout=5).json()["workers"]}
+
+
+def done(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    return {r.rid: r for r in caplog.records if r.getMessage() == "request done"}  # type: ignore[attr-defined]
+
+
+def test_a_burst_of_one_new_prefix_stays_on_one_worker(fleet: ThreadedSimCluster,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    router = router_for(fleet)
+    caplog.set_level(logging.INFO, logger="infer_ctl.router")
+    rng = random.Random(5)
+    prefix = "Tenant burst. " + words(rng, 1500)
+    tails = [words(rng, 10) for _ in range(6)]
+    statuses: list[int] = []
+
+    def send(i: int) -> None:
+        r = httpx.post(router.url + "/generate", headers={"x-request-id": f"burst-{i}"}, timeout=60,
+                       json={"text": prefix + " Q: " + tails[i], "sampling_params": {"max_new_tokens": 2}})
+        statuses.append(r.status_code)
+
+    try:
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert statuses == [200] * 6
+        recs = done(caplog)
+        workers = {recs[f"burst-{i}"].prefill for i in range(6)}  # type: ignore[attr-defined]
+        # without the router's recent decisions every request but the first sees no holder and the
+        # fallback spreads them by load: 3-4 workers
+        assert len(workers) == 1, {f"burst-{i}": (recs[f"burst-{i}"].prefill, recs[f"burst-{i}"].reason)  # type: ignore[attr-defined]
+                                   for i in range(6)}
+    finally:
+        router.stop()
+
+
+def test_a_prefix_cached_past_the_router_is_found(fleet: ThreadedSimCluster, caplog: pytest.LogCaptureFixture) -> None:
+    router = router_for(fleet)
+    caplog.set_level(logging.INFO, logger="infer_ctl.router")
+    rng = random.Random(9)
+    tok = BuiltinTokenizer()
+    targets = fleet.workers[:3]  # the fourth stays empty: the fallback would prefer it
+    prefixes = [f"Tenant {i}. " + words(rng, 600 + 100 * i) for i in range(3)]
+    try:
+        with httpx.Client(timeout=60) as c:
+            for w, p in zip(targets, prefixes, strict=True):  # straight to the worker: the router never sees it
+                assert c.post(w.url + "/generate", json={"text": p + " first", "sampling_params": {"max_new_tokens": 2}}
+                              ).status_code == 200
+            assert wait_for(lambda: all(docs(router)[w.url]["kv_blocks"] > 0 for w in targets))
+            for i, p in enumerate(prefixes):
+                r = c.post(router.url + "/generate", headers={"x-request-id": f"past-{i}"},
+                           json={"text": p + " then " + words(rng, 8), "sampling_params": {"max_new_tokens": 2}})
+                assert r.status_code == 200
+                assert r.json()["meta_info"]["cached_tokens"] >= 0.9 * len(tok.encode(p))
+        recs = done(caplog)
+        for i, w in enumerate(targets):
+            rec = recs[f"past-{i}"]
+            assert (rec.prefill, rec.reason) == (w.url, "cache_hit")  # type: ignore[attr-defined]
+    finally:
+        router.stop()
