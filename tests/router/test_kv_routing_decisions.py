@@ -45,8 +45,8 @@ def words(rng: random.Random, n: int) -> str:
 
 @pytest.fixture
 def fleet() -> Iterator[ThreadedSimCluster]:
-    # time scale 1: a 1,500-token prefill takes long enough (modelled ~0.1 s) for a burst to overlap it
-    specs = [WorkerSpec("mixed", kv_events_config=kv_config(), speculative=False, seed=i, time_scale=1.0)
+    # time scale 3: a 3,000-token prefill takes long enough (wall) for a whole burst to arrive during it
+    specs = [WorkerSpec("mixed", kv_events_config=kv_config(), speculative=False, seed=i, time_scale=3.0)
              for i in range(4)]
     cluster = start_cluster_in_thread(specs)
     yield cluster
@@ -73,7 +73,7 @@ def test_a_burst_of_one_new_prefix_stays_on_one_worker(fleet: ThreadedSimCluster
     router = router_for(fleet)
     caplog.set_level(logging.INFO, logger="infer_ctl.router")
     rng = random.Random(5)
-    prefix = "Tenant burst. " + words(rng, 1500)
+    prefix = "Tenant burst. " + words(rng, 3000)
     tails = [words(rng, 10) for _ in range(6)]
     statuses: list[int] = []
 
