@@ -116,6 +116,43 @@ def build_workload(w: Workload) -> list[BenchRequest]:
     return out
 
 
+def _prefix_hashes(text: str, tok: BuiltinTokenizer) -> list[int]:
+    out, h = [], 0
+    for i in tok.encode(text):
+        h = hash((h, i))
+        out.append(h)
+    return out
+
+
+def _longest(hs: list[int], seen: set[int]) -> int:
+    lo, hi = 0, len(hs)  # `seen` is prefix-closed: binary search
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hs[mid - 1] in seen:
+            lo = mid
+        else:
+            hi = mid - 1
+    return min(lo, len(hs) - 1)
+
+
+def reachable_tokens(reqs: list[BenchRequest], res: list[dict[str, Any]], scale: float) -> dict[int, int]:
+    """Per request: what one infinite cache could have given it *as the run went*: the longest prefix
+    shared with a request whose first token (its prefill done) came before this one started. Below the
+    ceiling by what concurrency hides: requests of one new prefix that overlap each other's prefill."""
+    tok = BuiltinTokenizer()
+    hs = {r.index: _prefix_hashes(r.text, tok) for r in reqs}
+    done = sorted((x["start"] + x["ttft"] * scale, x["index"]) for x in res if x["ok"] and x["ttft"] is not None)
+    seen: set[int] = set()
+    out: dict[int, int] = {}
+    j = 0
+    for x in sorted(res, key=lambda x: x["start"]):
+        while j < len(done) and done[j][0] <= x["start"]:
+            seen.update(hs[done[j][1]])
+            j += 1
+        out[x["index"]] = _longest(hs[x["index"]], seen)
+    return out
+
+
 def ceiling_tokens(reqs: list[BenchRequest]) -> list[tuple[int, int]]:
     """(prompt tokens, cacheable tokens) per request: the longest token prefix shared with any earlier
     request (an infinite cache that saw everything before it), at most all but the last token."""
@@ -123,20 +160,8 @@ def ceiling_tokens(reqs: list[BenchRequest]) -> list[tuple[int, int]]:
     seen: set[int] = set()  # prefix-closed: hashes of every prefix of every earlier prompt
     out = []
     for r in reqs:
-        ids = tok.encode(r.text)
-        hs = []
-        h = 0
-        for i in ids:
-            h = hash((h, i))
-            hs.append(h)
-        lo, hi = 0, len(hs)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hs[mid - 1] in seen:
-                lo = mid
-            else:
-                hi = mid - 1
-        out.append((len(ids), min(lo, len(ids) - 1)))
+        hs = _prefix_hashes(r.text, tok)
+        out.append((len(hs), _longest(hs, seen)))
         seen.update(hs)
     return out
 
@@ -407,7 +432,7 @@ def loadgen_main(plan_path: str, out_path: str) -> None:
 
 def run_load(cfg: Config, logs: Path, name: str, wl: Workload, targets: list[str], bypass: list[str] | None = None,
              midway: Any = None) -> list[dict[str, Any]]:
-    plan = {"workload": asdict(wl), "targets": targets, "bypass": bypass or [], "seed": wl.seed,
+    plan: dict[str, Any] = {"workload": asdict(wl), "targets": targets, "bypass": bypass or [], "seed": wl.seed,
             "bypass_mode": cfg.bypass,
             "time_scale": cfg.time_scale, "concurrency": cfg.concurrency, "keep_alive": cfg.keep_alive,
             "progress": str(logs / f"{name}.progress")}
@@ -429,10 +454,11 @@ def run_load(cfg: Config, logs: Path, name: str, wl: Workload, targets: list[str
 
 
 # ---- one variant -------------------------------------------------------------------------------------
-def summarize(name: str, res: list[dict[str, Any]], ceil: list[tuple[int, int]], load: tuple[float, float]
-              ) -> dict[str, Any]:
+def summarize(name: str, res: list[dict[str, Any]], ceil: list[tuple[int, int]], load: tuple[float, float],
+              reach: dict[int, int]) -> dict[str, Any]:
     routed = [r for r in res if r["routed"]]
     ok = [r for r in routed if r["ok"]]
+    r_cached = sum(reach[r["index"]] for r in ok)
     prompt = sum(r["prompt_tokens"] for r in ok)
     cached = sum(r["cached_tokens"] for r in ok)
     c_prompt = sum(ceil[r["index"]][0] for r in ok)
@@ -440,6 +466,7 @@ def summarize(name: str, res: list[dict[str, Any]], ceil: list[tuple[int, int]],
     ttfts = sorted(r["ttft"] for r in ok)
     return {"variant": name, "routed": len(routed), "failed": len(routed) - len(ok),
             "hit_rate": cached / prompt if prompt else 0.0, "ceiling": c_cached / c_prompt if c_prompt else 0.0,
+            "reachable": r_cached / c_prompt if c_prompt else 0.0,
             "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
             "ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else float("nan"),
             "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else float("nan"),
@@ -476,7 +503,7 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
         finally:
             for f in fronts:
                 f.stop()
-    out = summarize(name, res, ceil, (load0, os.getloadavg()[0]))
+    out = summarize(name, res, ceil, (load0, os.getloadavg()[0]), reachable_tokens(reqs, res, cfg.time_scale))
     out["logs"] = str(d)
     out["workers"] = stats
     out["router_cpu_ms_per_request"] = round(1000 * cpu / max(1, sum(r["routed"] for r in res)), 2)
@@ -569,10 +596,11 @@ def main() -> None:
         print(f"\n=== run {i + 1} (seed {args.seed + i}) ===")
         for scen, rows in run.items():
             print(f"\n{scen}")
-            print(f"{'variant':24} {'hit rate':>9} {'ceiling':>8} {'TTFT mean':>10} {'p50':>7} {'p99':>7} "
-                  f"{'failed':>6} {'load':>10}")
+            print(f"{'variant':28} {'hit rate':>9} {'ceiling':>8} {'reachable':>9} {'TTFT mean':>10} {'p50':>7} "
+                  f"{'p99':>7} {'failed':>6} {'load':>10}")
             for r in rows:
-                print(f"{r['variant']:24} {r['hit_rate']:9.1%} {r['ceiling']:8.1%} {r['ttft_mean_s']:10.3f} "
+                print(f"{r['variant']:28} {r['hit_rate']:9.1%} {r['ceiling']:8.1%} {r['reachable']:9.1%} "
+                      f"{r['ttft_mean_s']:10.3f} "
                       f"{r['ttft_p50_s']:7.3f} {r['ttft_p99_s']:7.3f} {r['failed']:6d} "
                       f"{r['load_avg'][0]:4.1f}-{r['load_avg'][1]:4.1f}")
                 ws = r.get("workers") or []
