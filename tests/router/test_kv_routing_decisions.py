@@ -90,10 +90,10 @@ def test_a_burst_of_one_new_prefix_stays_on_one_worker(fleet: ThreadedSimCluster
             t.join(60)
         assert statuses == [200] * 6
         recs = done(caplog)
-        workers = {recs[f"burst-{i}"].prefill for i in range(6)}  # type: ignore[attr-defined]
+        workers = {recs[f"burst-{i}"].prefill for i in range(6)}
         # without the router's recent decisions every request but the first sees no holder and the
         # fallback spreads them by load: 3-4 workers
-        assert len(workers) == 1, {f"burst-{i}": (recs[f"burst-{i}"].prefill, recs[f"burst-{i}"].reason)  # type: ignore[attr-defined]
+        assert len(workers) == 1, {f"burst-{i}": (recs[f"burst-{i}"].prefill, recs[f"burst-{i}"].reason)
                                    for i in range(6)}
     finally:
         router.stop()
@@ -120,6 +120,6 @@ def test_a_prefix_cached_past_the_router_is_found(fleet: ThreadedSimCluster, cap
         recs = done(caplog)
         for i, w in enumerate(targets):
             rec = recs[f"past-{i}"]
-            assert (rec.prefill, rec.reason) == (w.url, "cache_hit")  # type: ignore[attr-defined]
+            assert (rec.prefill, rec.reason) == (w.url, "cache_hit")
     finally:
         router.stop()
