@@ -2,8 +2,8 @@
 simulated workers (collocated, KV events on) behind the real router:
 
 - a burst of one new prefix: the requests after the first are routed while the first is still in
-  prefill, so no worker's events show the prefix yet; the router's own recent decisions must count
-  (picker.py `pending_s`), or the burst is spread over every worker and each copy is computed cold;
+  prefill, so no worker's events show the prefix yet; the requests in flight must count (picker.py,
+  until answered), or the burst is spread over every worker and each copy is computed cold;
 - a prefix that reached a worker past this router (another frontend, a direct call): the router never
   anchored that text, so its first request must be anchored on the request path
   (kv_routing.py `anchor_unknown`), or the router cannot see that the worker holds it.
@@ -121,5 +121,31 @@ def test_a_prefix_cached_past_the_router_is_found(fleet: ThreadedSimCluster, cap
         for i, w in enumerate(targets):
             rec = recs[f"past-{i}"]
             assert (rec.prefill, rec.reason) == (w.url, "cache_hit")
+    finally:
+        router.stop()
+
+
+def test_an_answered_request_stops_counting_as_cached(fleet: ThreadedSimCluster,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """In flight only until answered: after that the worker's events are the truth. A prompt answered
+    by a worker that then evicted it (a flush here) must be predicted as not cached there, even moments
+    later (a time window instead of "until answered" predicted the whole prompt: pressure evicts a
+    conversation between its turns)."""
+    router = router_for(fleet)
+    caplog.set_level(logging.INFO, logger="infer_ctl.router")
+    rng = random.Random(13)
+    text = "Tenant flushed. " + words(rng, 800)
+    try:
+        with httpx.Client(timeout=60) as c:
+            assert c.post(router.url + "/generate", headers={"x-request-id": "before"},
+                          json={"text": text + " one", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+            url = done(caplog)["before"].prefill
+            assert wait_for(lambda: docs(router)[url]["kv_blocks"] > 0)
+            assert c.post(url + "/flush_cache").status_code == 200  # idle: the worker flushes, publishes a clear
+            assert wait_for(lambda: docs(router)[url]["kv_blocks"] == 0)
+            assert c.post(router.url + "/generate", headers={"x-request-id": "after"},
+                          json={"text": text + " two", "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+        rec = done(caplog)["after"]
+        assert (rec.predicted_tokens, rec.cached_tokens) == (0, 0), (rec.prefill, rec.reason)
     finally:
         router.stop()
