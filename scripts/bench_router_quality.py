@@ -623,6 +623,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # SIGTERM unwinds like Ctrl-C, so the workers and routers (own sessions) are stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if len(sys.argv) == 4 and sys.argv[1] == "_loadgen":
         loadgen_main(sys.argv[2], sys.argv[3])
     else:
