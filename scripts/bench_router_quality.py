@@ -339,6 +339,7 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Pro
             break
         time.sleep(0.2)
     if time.monotonic() >= deadline:
+        p.stop()
         raise RuntimeError(f"inferctl router: KV streams not exact after 30 s: {idx}")
     return p
 
@@ -364,6 +365,7 @@ def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> 
                           timeout=30).status_code == 200:
                 return p
         time.sleep(0.3)
+    p.stop()
     raise RuntimeError(f"sglang-router not routing after 60 s: see {p.log}")
 
 
