@@ -26,9 +26,6 @@ from infer_ctl.router.workers import WorkerRegistry, WorkerState
 class PairPicker:
     #: the exact index from the workers' KV events (router/kv_routing.py), set by the Router; None: off
     kv: KvRouting | None = None
-    #: a request still in flight after this many wall seconds no longer counts (a leak guard: every
-    #: request is settled when its handling ends)
-    inflight_max_s: float = 120.0
 
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
@@ -42,10 +39,6 @@ class PairPicker:
         self.pairs = pairs
         #: decision counter: round-robin position and tie-breaks
         self.seq = 0
-        #: the prompts in flight per (prompt kind, worker): block chain hash -> requests holding it (a
-        #: chat and a plain prompt with the same text are cached apart); and per request id its entry
-        self._inflight: dict[tuple[str, str], dict[int, int]] = {}
-        self._inflight_by_rid: dict[str, tuple[tuple[str, str], list[int], float]] = {}
 
     def pick(self, ctx: RequestContext, excluded: set[str]) -> tuple[WorkerState, WorkerState | None]:
         """The pair for the next attempt (decode None in collocated mode); prefers workers not in
@@ -69,7 +62,6 @@ class PairPicker:
             self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
             if self.kv is not None and ctx.full_key is not None:  # anchor the prompt, off the request path
                 self.kv.routed(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, ctx.full_key)
-                self._in_flight(ctx, (self.kv.kind(ctx.endpoint, ctx.body), pre.url), now)
         ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""
         self.metrics.observe_decision(ctx.reason, time.perf_counter() - t)
         return pre, dec
@@ -108,50 +100,6 @@ class PairPicker:
                 break
         raise NoWorkerAvailable(f"no available {'prefill ' if prefill and pd else '' if prefill else 'decode '}worker")
 
-    # ---- requests in flight (events trail decisions) -----------------------------------------------
-    def _in_flight(self, ctx: RequestContext, key: tuple[str, str], now: float) -> None:
-        self.settled(ctx)  # a retry replaces the attempt before it
-        held = self._inflight.setdefault(key, {})
-        for h in ctx.hashes:
-            held[h] = held.get(h, 0) + 1
-        self._inflight_by_rid[ctx.rid] = (key, ctx.hashes, now)
-        if self.seq % 256 == 0:
-            for rid, (_, _, t) in list(self._inflight_by_rid.items()):
-                if now - t > self.inflight_max_s:
-                    self._settle(rid)
-
-    def settled(self, ctx: RequestContext) -> None:
-        """The request's handling ended (answered, failed or cancelled): its prompt stops counting."""
-        self._settle(ctx.rid)
-
-    def _settle(self, rid: str) -> None:
-        got = self._inflight_by_rid.pop(rid, None)
-        if got is None:
-            return
-        key, hashes, _ = got
-        held = self._inflight[key]
-        for h in hashes:
-            n = held.get(h, 0) - 1
-            if n > 0:
-                held[h] = n
-            else:
-                held.pop(h, None)
-
-    def _in_flight_chars(self, kind: str, hashes: list[int], url: str) -> int:
-        """Characters of this prompt's prefix that a request in flight on `url` carries (each in-flight
-        prompt's chain is prefix-closed, so their union is too: binary search)."""
-        held = self._inflight.get((kind, url))
-        if not held or not hashes:
-            return 0
-        lo, hi = 0, len(hashes)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in held:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo * self.index.block_chars
-
     def _exact(self, ctx: RequestContext, cands: list[WorkerState], now: float) -> tuple[dict[str, Any], set[str]] | None:
         """The policy's KV-events inputs: cached prompt units per candidate, exact from the events where
         the worker's stream is trusted, else the predicted index's match converted to tokens; and the
@@ -170,14 +118,6 @@ class PairPicker:
         cpt = kv.chars_per_token() or 4.0
         rest = [u for u in urls if u not in cached]
         out: dict[str, int] = dict(cached)
-        # Events trail decisions: a prompt routed to an exact worker is not in its events until its
-        # prefill ran, so a request in flight there counts as cached (until it is answered: from then on
-        # the events are the truth, evictions included). Without this, a burst of one new prefix is
-        # spread over every worker (each request sees no holder) and each copy is computed cold.
-        for url in cached:
-            chars = self._in_flight_chars(kind, ctx.hashes, url)
-            if chars:
-                out[url] = max(out[url], int(chars / cpt))
         if rest:
             for url, chars in self.index.match(ctx.hashes, rest, now).items():
                 out[url] = int(chars / cpt)

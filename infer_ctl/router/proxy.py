@@ -250,5 +250,3 @@ class Router:
                     await ctx.resp.write_eof()
                 return ctx.resp
             return self.error(endpoint, rid, 504, f"no response within {cfg.request_timeout_s:g}s", "timeout", "timeout")
-        finally:
-            self.picker.settled(ctx)  # its prompt no longer counts as in flight on its worker
