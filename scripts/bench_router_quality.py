@@ -8,10 +8,12 @@ caches) and the same seeded workload. Scenarios (docs/benchmarks.md, "Routing qu
 
 - `steady`: collocated workers; sglang-router in regular mode (`--worker-urls ... --policy
   cache_aware`, where its cache_aware works), at 4 and at 8 characters per token (`--cpt`).
-- `stale`: the same, and mid-run worker 1 is killed and restarted (empty cache), tenant popularity
-  shifts (the Zipf ranking is rotated for the second half of the sessions), and half of every tenant's
-  sessions bypass the router (sent straight to a random worker, sticky per session). Hit rate and TTFT
-  are of the routed requests only.
+- `stale` (cache `--stale-cache-tokens` per worker): worker 1 is killed and restarted a third into the
+  run (empty cache), tenant popularity shifts (the Zipf ranking is rotated for the second half of the
+  sessions), and half of every tenant's sessions reach the workers another way (`--stale`): `replica`,
+  through a second independent instance of the same router; `random`, straight to a random worker;
+  `sticky`, to a per-tenant hash of the workers (another frontend with its own affinity). Hit rate and
+  TTFT are of the routed requests.
 - `two-routers`: two `inferctl router serve` on different ports over the same workers, sessions split
   between them (both subscribe to the workers' KV events); compared with the one-router steady run.
 - `pd`: 2 prefill + 2 decode workers, sglang-router with `--pd-disaggregation`.
@@ -29,7 +31,12 @@ showing it. Latencies are modelled seconds: wall / `--time-scale` (default 1.0, 
 magnified).
 
     python scripts/bench_router_quality.py [--scenario steady,stale,two-routers,pd|all] [--requests 240]
-        [--repeat 3] [--cpt 4,8] [--time-scale 1.0] [--logs DIR] [--json]
+        [--repeat 3] [--cpt 4,8] [--time-scale 1.0] [--stale replica,random] [--logs DIR] [--json]
+
+docs/benchmarks.md ("Routing quality under cache pressure") records `--repeat 3 --time-scale 3` and the
+steady scenario at `--time-scale 1`. Diagnosis: `--logs DIR` keeps every process's log (the inferctl
+router's per-request decisions) and per-request results; BENCH_PROFILE=1 runs the router under cProfile,
+BENCH_NO_KV=1 starts the workers without KV events, BENCH_POLICY sets both routers' policy.
 """
 
 from __future__ import annotations
