@@ -1,171 +1,640 @@
 #!/usr/bin/env python3
-"""Routing quality on simulated PD workers under cache pressure, inferctl's router vs sglang-router 0.3.2.
+"""Routing quality under cache pressure: inferctl's router vs sglang-router 0.3.2, side by side.
 
-Scenario `shared-prefix`: the multi-tenant shared-prefix workload of `inferctl bench` (Zipf-popular
-tenants, long system prompts, short questions) against 4 prefill + 2 decode simulated workers whose
-prefix caches hold only about a third of all tenants' prompts each, so where a tenant lands decides
-whether its prompt is still cached. Compared: inferctl cache_aware, sglang-router cache_aware
-(`--pd-disaggregation --policy cache_aware`), inferctl round_robin.
+Every part runs in its own process: each simulated worker (`inferctl sim serve`, one worker per
+process, KV events on), the router (`inferctl router serve` or `python -m sglang_router.launch_router`)
+and the load generator (this script re-run as `_loadgen`). Every variant gets fresh workers (empty
+caches) and the same seeded workload. Scenarios (docs/benchmarks.md, "Routing quality"):
 
-Scenario `hot-prefix`: one system prompt carries most traffic at high concurrency, so the prefill that
-holds it is the bottleneck. Compared: inferctl with the prompt registered as a named prefix on K=3
-replicas (spread), inferctl with single-worker affinity (load guard off), sglang-router cache_aware.
+- `steady`: collocated workers; sglang-router in regular mode (`--worker-urls ... --policy
+  cache_aware`, where its cache_aware works), at 4 and at 8 characters per token (`--cpt`).
+- `stale` (cache `--stale-cache-tokens` per worker): worker 1 is killed and restarted a third into the
+  run (empty cache), tenant popularity shifts (the Zipf ranking is rotated for the second half of the
+  sessions), and half of every tenant's sessions reach the workers another way (`--stale`): `replica`,
+  through a second independent instance of the same router; `random`, straight to a random worker;
+  `sticky`, to a per-tenant hash of the workers (another frontend with its own affinity). Hit rate and
+  TTFT are of the routed requests.
+- `two-routers`: two `inferctl router serve` on different ports over the same workers, sessions split
+  between them (both subscribe to the workers' KV events); compared with the one-router steady run.
+- `pd`: 2 prefill + 2 decode workers, sglang-router with `--pd-disaggregation`.
 
-Every variant gets a fresh simulated cluster (empty caches) with the same seed and workload.
-Latencies are modelled seconds (wall / time_scale).
+Workload: tenants with long system prompts (Zipf popularity; their prompts together do not fit on one
+worker), multi-turn sessions under them (each turn resends the conversation), text of exactly `cpt`
+characters per token for the simulator's tokenizer (words of cpt-1 letters, each with its leading space).
+Ceiling: the hit rate of one infinite cache that has seen every earlier request (only each tenant's
+first request misses its system prompt), computed with the simulator's own tokenizer.
 
-    python scripts/bench_router_quality.py [--scenario shared-prefix|hot-prefix|all] [--requests 300] [--time-scale 0.2]
+TTFT: one TCP connection per request (the client closes it after each response), so no kept-alive
+connection can hold a streamed chunk (sglang-router 0.3.2 holds the first chunk ~40 ms on a kept-alive
+connection: Nagle on its side meeting the client's delayed ACK). `--keep-alive` turns that off, for
+showing it. Latencies are modelled seconds: wall / `--time-scale` (default 1.0, so a wall stall is not
+magnified).
+
+    python scripts/bench_router_quality.py [--scenario steady,stale,two-routers,pd|all] [--requests 240]
+        [--repeat 3] [--cpt 4,8] [--time-scale 1.0] [--stale replica,random] [--logs DIR] [--json]
+
+docs/benchmarks.md ("Routing quality under cache pressure") records `--repeat 3 --time-scale 3` and the
+steady scenario at `--time-scale 1`. Diagnosis: `--logs DIR` keeps every process's log (the inferctl
+router's per-request decisions) and per-request results; BENCH_PROFILE=1 runs the router under cProfile,
+BENCH_NO_KV=1 starts the workers without KV events, BENCH_POLICY sets both routers' policy.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
+import asyncio
 import contextlib
 import json
+import os
+import random
+import signal
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
-import httpx
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from infer_ctl.bench.client import LoadSpec
-from infer_ctl.bench.run import run_bench
-from infer_ctl.bench.stats import Slo
-from infer_ctl.bench.workloads import WorkloadSpec, build
-from infer_ctl.router.config import PrefixSpec
-from infer_ctl.router.embed import router_config, start_router_in_thread
-from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+import httpx  # noqa: E402
 
-#: wall seconds per modelled second; higher = slower but less distorted by this host's CPU contention
-SCALE = {"time_scale": 0.2}
+from infer_ctl.bench.workloads import BenchRequest, zipf_weights  # noqa: E402
+from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+# ---- the workload ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    requests: int = 240
+    seed: int = 1
+    tenants: int = 24
+    prefix_tokens: int = 1200
+    turns: int = 3
+    question_tokens: int = 48
+    answer_tokens: int = 48
+    max_new_tokens: int = 16
+    zipf_s: float = 1.1
+    #: characters per token of the text (each word is one token of the simulator's tokenizer)
+    cpt: int = 4
+    #: rotate the tenants' popularity ranking for the second half of the sessions
+    shift: bool = False
+
+
+def _vocab(rng: random.Random, cpt: int) -> list[str]:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return ["".join(rng.choice(letters) for _ in range(max(1, cpt - 1))) for _ in range(400)]
+
+
+def build_workload(w: Workload) -> list[BenchRequest]:
+    """Sessions of `turns` requests in session order; request i of session s resends the tenant's system
+    prompt and the conversation so far. Deterministic in `w`."""
+    rng = random.Random(w.seed)
+    vocab = _vocab(rng, w.cpt)
+
+    def words(n: int) -> str:
+        return " ".join(rng.choice(vocab) for _ in range(n))
+
+    prefixes = [f"tenant{t} " + words(w.prefix_tokens) for t in range(w.tenants)]
+    weights = zipf_weights(w.tenants, w.zipf_s)
+    sessions = max(1, -(-w.requests // w.turns))
+    out: list[BenchRequest] = []
+    for s in range(sessions):
+        ranking = list(range(w.tenants))
+        if w.shift and s >= sessions // 2:
+            ranking = ranking[w.tenants // 2:] + ranking[: w.tenants // 2]
+        t = ranking[rng.choices(range(w.tenants), weights)[0]]
+        history = prefixes[t]
+        for turn in range(w.turns):
+            if len(out) >= w.requests:
+                break
+            history = f"{history}\n\nsession{s} user {words(w.question_tokens)}"
+            out.append(BenchRequest(index=len(out), tenant=f"tenant-{t:02d}", text=history,
+                                    max_new_tokens=w.max_new_tokens, session=s, turn=turn))
+            history = f"{history}\n\nassistant {words(w.answer_tokens)}"
+    return out
+
+
+def _prefix_hashes(text: str, tok: BuiltinTokenizer) -> list[int]:
+    out, h = [], 0
+    for i in tok.encode(text):
+        h = hash((h, i))
+        out.append(h)
+    return out
+
+
+def _longest(hs: list[int], seen: set[int]) -> int:
+    lo, hi = 0, len(hs)  # `seen` is prefix-closed: binary search
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hs[mid - 1] in seen:
+            lo = mid
+        else:
+            hi = mid - 1
+    return min(lo, len(hs) - 1)
+
+
+def reachable_tokens(reqs: list[BenchRequest], res: list[dict[str, Any]], scale: float) -> dict[int, int]:
+    """Per request: what one infinite cache could have given it *as the run went*: the longest prefix
+    shared with a request whose first token (its prefill done) came before this one started. Below the
+    ceiling by what concurrency hides: requests of one new prefix that overlap each other's prefill."""
+    tok = BuiltinTokenizer()
+    hs = {r.index: _prefix_hashes(r.text, tok) for r in reqs}
+    done = sorted((x["start"] + x["ttft"] * scale, x["index"]) for x in res if x["ok"] and x["ttft"] is not None)
+    seen: set[int] = set()
+    out: dict[int, int] = {}
+    j = 0
+    for x in sorted(res, key=lambda x: x["start"]):
+        while j < len(done) and done[j][0] <= x["start"]:
+            seen.update(hs[done[j][1]])
+            j += 1
+        out[x["index"]] = _longest(hs[x["index"]], seen)
+    return out
+
+
+def ceiling_tokens(reqs: list[BenchRequest]) -> list[tuple[int, int]]:
+    """(prompt tokens, cacheable tokens) per request: the longest token prefix shared with any earlier
+    request (an infinite cache that saw everything before it), at most all but the last token."""
+    tok = BuiltinTokenizer()
+    seen: set[int] = set()  # prefix-closed: hashes of every prefix of every earlier prompt
+    out = []
+    for r in reqs:
+        hs = _prefix_hashes(r.text, tok)
+        out.append((len(hs), _longest(hs, seen)))
+        seen.update(hs)
+    return out
+
+
+# ---- processes ---------------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def cluster(n_prefill: int, n_decode: int, capacity: int | None) -> ThreadedSimCluster:
-    common = {"time_scale": SCALE["time_scale"], "bootstrap_timeout_s": 60.0, "waiting_timeout_s": 60.0}
-    specs = [WorkerSpec("prefill", cache_capacity_tokens=capacity, seed=i, **common) for i in range(n_prefill)]
-    specs += [WorkerSpec("decode", seed=10 + i, **common) for i in range(n_decode)]
-    return start_cluster_in_thread(specs)
+class Proc:
+    def __init__(self, name: str, cmd: list[str], logs: Path) -> None:
+        self.name, self.cmd, self.logs = name, cmd, logs
+        self.log = logs / f"{name}.log"
+        self.p: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        f = open(self.log, "ab")  # noqa: SIM115 - the child owns it
+        self.p = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, env=ENV, cwd=self.logs,
+                                  start_new_session=True)
+        f.close()
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the process has used so far."""
+        if self.p is None:
+            return 0.0
+        try:
+            fields = Path(f"/proc/{self.p.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill(self) -> None:
+        if self.p is not None and self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+            self.p.wait(10)
+
+    def stop(self) -> None:
+        if self.p is not None and self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_ok(url: str, what: str, timeout: float = 60.0, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.p is not None and proc.p.poll() is not None:
+            raise RuntimeError(f"{what} exited: see {proc.log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready at {url} after {timeout:.0f} s")
+
+
+@dataclass
+class Worker:
+    role: str
+    port: int
+    kv_port: int
+    replay_port: int
+    seed: int
+    bootstrap: int | None = None
+    proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cmd(self, cfg: Config) -> list[str]:
+        where = f"{self.role}@127.0.0.1:{self.port}" + (f"/{self.bootstrap}" if self.bootstrap else "")
+        kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_port}",
+                         "replay_endpoint": f"tcp://*:{self.replay_port}"})
+        out = [sys.executable, "-m", "infer_ctl", "sim", "serve", "--worker", where, "--seed", str(self.seed),
+               "--time-scale", str(cfg.time_scale), "--no-spec"]
+        if self.role != "decode":
+            out += ["--cache-tokens", str(cfg.cache_tokens)]
+            if not os.environ.get("BENCH_NO_KV"):  # diagnosis: the router on its predicted index alone
+                out += ["--kv-events-config", kv]
+        return out
+
+
+@dataclass(frozen=True)
+class Config:
+    time_scale: float = 1.0
+    cache_tokens: int = 9000
+    workers: int = 4
+    concurrency: int = 16
+    keep_alive: bool = False
+    #: how the stale scenario's bypass traffic picks a worker: sticky (per tenant) or random
+    bypass: str = "sticky"
+    #: the stale scenario's variants (STALE)
+    stale_modes: tuple[str, ...] = ("replica", "random")
+    #: the stale scenario's cache per worker (tighter: evictions are what make a view stale)
+    stale_cache_tokens: int = 6000
 
 
 @contextlib.contextmanager
-def inferctl(c: ThreadedSimCluster, **overrides: Any) -> Iterator[str]:
-    pre = [(w.url, w.bootstrap_port) for w in c.by_role("prefill")]
-    dec = [w.url for w in c.by_role("decode")]
-    handle = start_router_in_thread(router_config(prefill=pre, decode=dec, health_interval_s=1.0, **overrides))
+def fleet(cfg: Config, logs: Path, pd: bool = False) -> Iterator[list[Worker]]:
+    roles = ["prefill", "prefill", "decode", "decode"] if pd else ["mixed"] * cfg.workers
+    ws = [Worker(r, free_port(), free_port(), free_port(), i, free_port() if r == "prefill" else None)
+          for i, r in enumerate(roles)]
     try:
-        yield handle.url
+        for i, w in enumerate(ws):
+            w.proc = Proc(f"worker{i}-{w.role}", w.cmd(cfg), logs)
+        for w in ws:
+            wait_ok(w.url + "/health", f"worker {w.url}", proc=w.proc)
+        yield ws
     finally:
-        handle.stop()
+        for w in ws:
+            if w.proc:
+                w.proc.stop()
 
 
-@contextlib.contextmanager
-def sglang_router(c: ThreadedSimCluster, policy: str = "cache_aware") -> Iterator[str]:
+def worker_stats(ws: list[Worker]) -> list[dict[str, float]]:
+    """Per prefill-like worker, from its /metrics: requests, prompt and cached tokens, mean queue time
+    (the load each one took; a restarted worker counts from its restart)."""
+    out = []
+    for w in ws:
+        if w.role == "decode":
+            continue
+        vals: dict[str, float] = {}
+        with contextlib.suppress(httpx.HTTPError):
+            for line in httpx.get(w.url + "/metrics", timeout=5).text.splitlines():
+                name, _, rest = line.partition("{")
+                if name in ("sglang:num_requests_total", "sglang:prompt_tokens_total", "sglang:cached_tokens_total",
+                            "sglang:queue_time_seconds_sum", "sglang:queue_time_seconds_count",
+                            "sglang:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_count"):
+                    vals[name.split(":")[1]] = float(rest.rpartition(" ")[2])
+        n = vals.get("queue_time_seconds_count") or 0
+        nt = vals.get("time_to_first_token_seconds_count") or 0
+        out.append({"requests": vals.get("num_requests_total", 0), "prompt_tokens": vals.get("prompt_tokens_total", 0),
+                    "cached_tokens": vals.get("cached_tokens_total", 0),
+                    "queue_s_mean": round(vals.get("queue_time_seconds_sum", 0) / n, 4) if n else 0.0,
+                    "ttft_s_mean": round(vals.get("time_to_first_token_seconds_sum", 0) / nt, 4) if nt else 0.0})
+    return out
+
+
+def restart(w: Worker, cfg: Config) -> None:
+    """Kill a worker and start it again on the same ports: its cache is empty, its KV events restart."""
+    assert w.proc is not None
+    w.proc.kill()
+    w.proc.start()
+    wait_ok(w.url + "/health", f"restarted worker {w.url}", proc=w.proc)
+
+
+def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Proc:
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--policy", policy]
-    for w in c.by_role("prefill"):
-        cmd += ["--prefill", w.url, str(w.bootstrap_port)]
-    for w in c.by_role("decode"):
-        cmd += ["--decode", w.url]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()), "--log-level", "error"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    # BENCH_PROFILE=1: the router runs under cProfile (its profile lands next to its log)
+    prof = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if os.environ.get("BENCH_PROFILE") else []
+    cmd = [sys.executable, *prof, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
+           "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-requests"]
+    for w in ws:
+        if w.role == "mixed":
+            cmd += ["--worker", w.url]
+        elif w.role == "prefill":
+            cmd += ["--prefill", f"{w.url} {w.bootstrap}"]
+        else:
+            cmd += ["--decode", w.url]
+    p = Proc(name, cmd, logs)
+    p.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    url = p.url  # type: ignore[attr-defined]
+    wait_ok(url + "/health", "inferctl router", proc=p)
+    # ready when every prefill-like worker's KV stream is exact (subscribed and in sync)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "cache_aware" in cmd and not os.environ.get("BENCH_NO_KV"):
+        doc = httpx.get(url + "/admin/workers", timeout=5).json()
+        idx = [w.get("index") for w in doc["workers"] if w.get("role") != "decode"]
+        if idx and all(i == "exact" for i in idx):
+            break
+        time.sleep(0.2)
+    if time.monotonic() >= deadline:
+        p.stop()
+        raise RuntimeError(f"inferctl router: KV streams not exact after 30 s: {idx}")
+    return p
+
+
+def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> Proc:
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-port", str(free_port()), "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-level", "info"]
+    if any(w.role == "prefill" for w in ws):
+        cmd.append("--pd-disaggregation")
+        for w in ws:
+            cmd += ["--prefill", w.url, str(w.bootstrap)] if w.role == "prefill" else ["--decode", w.url]
+    else:
+        cmd += ["--worker-urls", *[w.url for w in ws]]
+    p = Proc(name, cmd, logs)
+    p.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # ready when it routes (its /health answers before workers are in)
+        if p.p is not None and p.p.poll() is not None:
+            raise RuntimeError(f"sglang-router exited: see {p.log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.post(p.url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},  # type: ignore[attr-defined]
+                          timeout=30).status_code == 200:
+                return p
+        time.sleep(0.3)
+    p.stop()
+    raise RuntimeError(f"sglang-router not routing after 60 s: see {p.log}")
+
+
+# ---- the load generator (its own process) ------------------------------------------------------------
+async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    import aiohttp
+
+    from infer_ctl.bench.client import LoadSpec, send_one
+
+    reqs = build_workload(Workload(**plan["workload"]))
+    targets: list[str] = plan["targets"]
+    bypass: list[str] = plan["bypass"]
+    load = LoadSpec(time_scale=plan["time_scale"], timeout_s=300)
+    rng = random.Random(plan["seed"])
+    sessions: dict[int, list[BenchRequest]] = {}
+    for r in reqs:
+        sessions.setdefault(r.session or 0, []).append(r)
+    # who sends each session: the routers in turn; with bypass, every other session of each tenant goes
+    # straight to a random worker (sticky for the session), as another frontend would send it
+    per_tenant: dict[str, int] = {}
+    jobs: list[tuple[str, bool, list[BenchRequest]]] = []
+    for _, rs in sorted(sessions.items()):
+        tenant = rs[0].tenant
+        # every other session of a tenant, starting with the router or with the bypass (a per-tenant phase)
+        k = per_tenant[tenant] = per_tenant.get(tenant, zlib.crc32(tenant.encode()) % 2) + 1
+        if bypass and k % 2 == 1:
+            # sticky: another frontend with its own affinity (a hash of the tenant); random: clients
+            # that call a worker directly
+            url = (bypass[zlib.crc32(rs[0].tenant.encode()) % len(bypass)] if plan["bypass_mode"] == "sticky"
+                   else rng.choice(bypass))
+            jobs.append((url, False, rs))
+        else:  # several routers (replicas): a tenant's sessions alternate between them too
+            jobs.append((targets[(k // (2 if bypass else 1)) % len(targets)], True, rs))
+    out: list[dict[str, Any]] = []
+    progress = Path(plan["progress"])
+    connector = aiohttp.TCPConnector(limit=0, force_close=not plan["keep_alive"])
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        loop = asyncio.get_running_loop()
+        t_run = loop.time()
+        queue = list(reversed(jobs))
+
+        async def worker() -> None:
+            while queue:
+                url, routed, rs = queue.pop()
+                for r in rs:
+                    res = await send_one(session, url, r, load, t_run)
+                    out.append({"index": r.index, "tenant": r.tenant, "session": r.session, "routed": routed,
+                                "url": url, "ok": res.ok, "ttft": res.ttft, "prompt_tokens": res.prompt_tokens,
+                                "cached_tokens": res.cached_tokens, "error": res.error, "start": res.start})
+                    progress.write_text(str(len(out)))
+
+        await asyncio.gather(*(worker() for _ in range(plan["concurrency"])))
+    return out
+
+
+def loadgen_main(plan_path: str, out_path: str) -> None:
+    plan = json.loads(Path(plan_path).read_text())
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.post(url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},
-                              timeout=30).status_code == 200:
-                    break
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        import uvloop
+
+        res = uvloop.run(_loadgen(plan))
+    except ImportError:  # pragma: no cover
+        res = asyncio.run(_loadgen(plan))
+    Path(out_path).write_text(json.dumps(res))
 
 
-def run_variant(name: str, make_front: Callable[[ThreadedSimCluster], Any], n_prefill: int, n_decode: int,
-                capacity: int | None, workload: WorkloadSpec, load: LoadSpec, settle_s: float = 0.0) -> dict[str, Any]:
-    c = cluster(n_prefill, n_decode, capacity)
-    try:
-        with make_front(c) as url:
-            time.sleep(settle_s)
-            s = run_bench(url, workload, load, Slo(), time_scale=SCALE["time_scale"]).summary
-    finally:
-        c.stop()
-    ttft = s["ttft_s"]
-    return {"variant": name, "ok": s.get("ok", s.get("completed")), "hit_rate": s["cache_hit_rate"],
-            "ttft_mean_s": ttft["mean"], "ttft_p50_s": ttft["p50"], "ttft_p99_s": ttft["p99"],
-            "failed": s.get("failed")}
+def run_load(cfg: Config, logs: Path, name: str, wl: Workload, targets: list[str], bypass: list[str] | None = None,
+             midway: Any = None) -> list[dict[str, Any]]:
+    plan: dict[str, Any] = {"workload": asdict(wl), "targets": targets, "bypass": bypass or [], "seed": wl.seed,
+            "bypass_mode": cfg.bypass,
+            "time_scale": cfg.time_scale, "concurrency": cfg.concurrency, "keep_alive": cfg.keep_alive,
+            "progress": str(logs / f"{name}.progress")}
+    plan_path, out_path = logs / f"{name}.plan.json", logs / f"{name}.results.json"
+    plan_path.write_text(json.dumps(plan))
+    Path(plan["progress"]).write_text("0")
+    p = subprocess.Popen([sys.executable, __file__, "_loadgen", str(plan_path), str(out_path)], env=ENV)
+    fired = midway is None
+    while p.poll() is None:
+        time.sleep(0.1)
+        if not fired:
+            with contextlib.suppress(ValueError):
+                if int(Path(plan["progress"]).read_text() or 0) >= wl.requests // 3:
+                    fired = True
+                    midway()
+    if p.returncode != 0:
+        raise RuntimeError(f"load generator failed ({p.returncode})")
+    return list(json.loads(out_path.read_text()))
 
 
-def shared_prefix(requests: int) -> list[dict[str, Any]]:
-    wl = WorkloadSpec(name="shared-prefix", requests=requests, seed=1, max_new_tokens=16, num_prefixes=24,
-                      prefix_tokens=1500, question_tokens=32, zipf_s=1.1)
-    load = LoadSpec(concurrency=16, seed=1)
-    cap = 12_000  # ~8 tenant prompts per prefill; 24 tenants need 36k of the 4 x 12k
-    return [
-        run_variant("inferctl cache_aware", lambda c: inferctl(c), 4, 2, cap, wl, load),
-        run_variant("sglang-router cache_aware", lambda c: sglang_router(c), 4, 2, cap, wl, load),
-        run_variant("inferctl round_robin", lambda c: inferctl(c, policy="round_robin"), 4, 2, cap, wl, load),
-    ]
+# ---- one variant -------------------------------------------------------------------------------------
+def summarize(name: str, res: list[dict[str, Any]], ceil: list[tuple[int, int]], load: tuple[float, float],
+              reach: dict[int, int]) -> dict[str, Any]:
+    routed = [r for r in res if r["routed"]]
+    ok = [r for r in routed if r["ok"]]
+    r_cached = sum(reach[r["index"]] for r in ok)
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    cached = sum(r["cached_tokens"] for r in ok)
+    c_prompt = sum(ceil[r["index"]][0] for r in ok)
+    c_cached = sum(ceil[r["index"]][1] for r in ok)
+    ttfts = sorted(r["ttft"] for r in ok)
+    return {"variant": name, "routed": len(routed), "failed": len(routed) - len(ok),
+            "hit_rate": cached / prompt if prompt else 0.0, "ceiling": c_cached / c_prompt if c_prompt else 0.0,
+            "reachable": r_cached / c_prompt if c_prompt else 0.0,
+            "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
+            "ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else float("nan"),
+            "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else float("nan"),
+            "load_avg": [round(load[0], 2), round(load[1], 2)]}
 
 
-def hot_prefix(requests: int) -> list[dict[str, Any]]:
-    # Each request still has ~1k uncached tokens to prefill after the shared prompt, and decodes are
-    # short, so the prefill side is the bottleneck: where the hot prompt's traffic goes decides TTFT.
-    wl = WorkloadSpec(name="shared-prefix", requests=requests, seed=2, max_new_tokens=4, num_prefixes=4,
-                      prefix_tokens=2000, question_tokens=1000, zipf_s=3.0)
-    reqs = build(wl)
-    # The most frequent tenant's system prompt (~85 % of the traffic). Not simply the first request's:
-    # the workload is shuffled, and registering a rarely used prompt would measure plain cache_aware.
-    hot_tenant = collections.Counter(r.tenant for r in reqs).most_common(1)[0][0]
-    hot = next(r.text for r in reqs if r.tenant == hot_tenant).split("\n\n")[0]
-    load = LoadSpec(concurrency=32, seed=2)
-    return [
-        run_variant("inferctl named prefix K=3", lambda c: inferctl(c, prefixes=[PrefixSpec("hot", hot, replicas=3)],
-                                                                  warm_via="pair"), 4, 4, None, wl, load, settle_s=3.0),
-        run_variant("inferctl affinity only", lambda c: inferctl(c, balance_abs=10_000), 4, 4, None, wl, load),
-        run_variant("sglang-router cache_aware", lambda c: sglang_router(c), 4, 4, None, wl, load),
-    ]
+def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd: bool = False,
+            stale: str | None = None, routers: int = 1) -> dict[str, Any]:
+    """One variant on a fresh fleet. `stale`: restart worker 1 a third into the run, and send half of
+    every tenant's sessions past the router ("sticky"/"random": bypass as `Config.bypass`; "replica":
+    through a second, independent instance of the same router)."""
+    if stale:
+        cfg = replace(cfg, cache_tokens=cfg.stale_cache_tokens)
+        routers = 2 if stale == "replica" else routers
+    d = logs / name.replace(" ", "_").replace("/", "_")
+    d.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()[0]
+    reqs = build_workload(wl)
+    ceil = ceiling_tokens(reqs)
+    with fleet(cfg, d, pd) as ws:
+        fronts: list[Proc] = []
+        try:
+            for i in range(routers):
+                fronts.append(inferctl_router(ws, d, f"inferctl{i}") if router == "inferctl"
+                              else sglang_router(ws, d, f"sglang-router{i}"))
+            targets = [f.url for f in fronts]  # type: ignore[attr-defined]
+            prefill_like = [w for w in ws if w.role != "decode"]
+            midway = (lambda: restart(prefill_like[1], cfg)) if stale else None
+            cpu0 = sum(f.cpu_s() for f in fronts)
+            bypass = [w.url for w in prefill_like] if stale in ("sticky", "random") else None
+            res = run_load(replace(cfg, bypass=stale or cfg.bypass), d, "load", wl, targets, bypass, midway)
+            cpu = sum(f.cpu_s() for f in fronts) - cpu0
+            stats = worker_stats(ws)
+        finally:
+            for f in fronts:
+                f.stop()
+    out = summarize(name, res, ceil, (load0, os.getloadavg()[0]), reachable_tokens(reqs, res, cfg.time_scale))
+    out["logs"] = str(d)
+    out["workers"] = stats
+    out["router_cpu_ms_per_request"] = round(1000 * cpu / max(1, sum(r["routed"] for r in res)), 2)
+    errors = [r["error"] for r in res if r["routed"] and not r["ok"]]
+    if errors:
+        out["first_error"] = errors[0]
+    return out
+
+
+STALE = {"replica": "restart + popularity shift + half of each tenant's sessions through a second replica",
+         "sticky": "restart + popularity shift + half of each tenant's sessions through a per-tenant hash frontend",
+         "random": "restart + popularity shift + half of each tenant's sessions straight to a random worker"}
+
+
+# ---- scenarios ---------------------------------------------------------------------------------------
+def scenarios(names: list[str], cfg: Config, logs: Path, wl: Workload, cpts: list[int]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    one_router: dict[str, Any] | None = None
+    if "steady" in names:
+        for cpt in cpts:
+            w = replace(wl, cpt=cpt)
+            rows = [variant(cfg, logs, f"inferctl cpt{cpt}", w, "inferctl"),
+                    variant(cfg, logs, f"sglang-router cpt{cpt}", w, "sglang")]
+            out[f"steady, collocated, {cpt} chars/token"] = rows
+            if cpt == cpts[0]:
+                one_router = rows[0]
+    if "stale" in names:
+        w = replace(wl, cpt=cpts[0], shift=True)
+        for mode in cfg.stale_modes:
+            out[f"stale ({STALE[mode]})"] = [
+                variant(cfg, logs, f"inferctl stale-{mode}", w, "inferctl", stale=mode),
+                variant(cfg, logs, f"sglang-router stale-{mode}", w, "sglang", stale=mode)]
+    if "two-routers" in names:
+        w = replace(wl, cpt=cpts[0])
+        rows = [variant(cfg, logs, "inferctl x2", w, "inferctl", routers=2)]
+        rows.insert(0, one_router or variant(cfg, logs, "inferctl x1", w, "inferctl"))
+        out["two inferctl routers vs one"] = rows
+    if "pd" in names:
+        w = replace(wl, cpt=cpts[0])
+        out["PD: 2 prefill + 2 decode"] = [variant(cfg, logs, "inferctl pd", w, "inferctl", pd=True),
+                                            variant(cfg, logs, "sglang-router pd", w, "sglang", pd=True)]
+    return out
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    a, b = rows[0], rows[1]
+    head = b["ceiling"] - b["hit_rate"]
+    return {"points": 100 * (a["hit_rate"] - b["hit_rate"]),
+            "headroom_closed": (a["hit_rate"] - b["hit_rate"]) / head if head > 1e-9 else float("nan"),
+            "ttft_mean_x": a["ttft_mean_s"] / b["ttft_mean_s"], "ttft_p99_x": a["ttft_p99_s"] / b["ttft_p99_s"]}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--scenario", default="all", choices=["shared-prefix", "hot-prefix", "all"])
-    ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--time-scale", type=float, default=0.2)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenario", default="all", help="comma list of steady, stale, two-routers, pd; or all")
+    ap.add_argument("--requests", type=int, default=240)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--cpt", default="4,8", help="characters per token of the text, comma list")
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--cache-tokens", type=int, default=9000)
+    ap.add_argument("--stale-cache-tokens", type=int, default=6000)
+    ap.add_argument("--stale", default="replica,random",
+                    help="stale scenario's other frontends, comma list of replica, sticky, random")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep-alive", action="store_true", help="reuse client connections (shows the peer's stall)")
+    ap.add_argument("--logs", help="keep every process's log and per-request results here")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    SCALE["time_scale"] = args.time_scale
-    out: dict[str, list[dict[str, Any]]] = {}
-    if args.scenario in ("shared-prefix", "all"):
-        out["shared-prefix"] = shared_prefix(args.requests)
-    if args.scenario in ("hot-prefix", "all"):
-        out["hot-prefix"] = hot_prefix(args.requests)
+    names = ["steady", "stale", "two-routers", "pd"] if args.scenario == "all" else args.scenario.split(",")
+    for n in names:
+        if n not in ("steady", "stale", "two-routers", "pd"):
+            ap.error(f"unknown scenario {n!r}")
+    cfg = Config(time_scale=args.time_scale, cache_tokens=args.cache_tokens, concurrency=args.concurrency,
+                 keep_alive=args.keep_alive, stale_cache_tokens=args.stale_cache_tokens,
+                 stale_modes=tuple(args.stale.split(",")))
+    for m in cfg.stale_modes:
+        if m not in STALE:
+            ap.error(f"unknown --stale mode {m!r}")
+    cpts = [int(c) for c in args.cpt.split(",")]
+    logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="bench_rq_"))
+    runs = []
+    for rep in range(args.repeat):
+        wl = Workload(requests=args.requests, seed=args.seed + rep)
+        runs.append(scenarios(names, cfg, logs / f"run{rep + 1}", wl, cpts))
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(runs, indent=2))
         return
-    for scenario, rows in out.items():
-        print(f"\n{scenario}")
-        print(f"{'variant':30} {'hit rate':>9} {'TTFT mean':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'failed':>7}")
-        for r in rows:
-            print(f"{r['variant']:30} {r['hit_rate']:9.1%} {r['ttft_mean_s']:10.3f} {r['ttft_p50_s']:9.3f} "
-                  f"{r['ttft_p99_s']:9.3f} {r['failed']!s:>7}")
-        base = rows[0]
-        for r in rows[1:]:
-            print(f"  {base['variant']} vs {r['variant']}: hit rate {100 * (base['hit_rate'] - r['hit_rate']):+.1f} points, "
-                  f"mean TTFT {base['ttft_mean_s'] / r['ttft_mean_s']:.2f}x, p99 TTFT {base['ttft_p99_s'] / r['ttft_p99_s']:.2f}x")
+    for i, run in enumerate(runs):
+        print(f"\n=== run {i + 1} (seed {args.seed + i}) ===")
+        for scen, rows in run.items():
+            print(f"\n{scen}")
+            print(f"{'variant':28} {'hit rate':>9} {'ceiling':>8} {'reachable':>9} {'TTFT mean':>10} {'p50':>7} "
+                  f"{'p99':>7} {'failed':>6} {'load':>10}")
+            for r in rows:
+                print(f"{r['variant']:28} {r['hit_rate']:9.1%} {r['ceiling']:8.1%} {r['reachable']:9.1%} "
+                      f"{r['ttft_mean_s']:10.3f} "
+                      f"{r['ttft_p50_s']:7.3f} {r['ttft_p99_s']:7.3f} {r['failed']:6d} "
+                      f"{r['load_avg'][0]:4.1f}-{r['load_avg'][1]:4.1f}")
+                ws = r.get("workers") or []
+                print(f"{'':24}   router CPU {r['router_cpu_ms_per_request']} ms/request; per worker: requests {'/'.join(str(int(w['requests'])) for w in ws)}, mean queue ms "
+                      f"{'/'.join(str(round(1000 * w['queue_s_mean'])) for w in ws)}, worker-side mean TTFT ms "
+                      f"{'/'.join(str(round(1000 * w['ttft_s_mean'])) for w in ws)}")
+            q = ratios(rows)
+            print(f"  {rows[0]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
+                  f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")
+    if len(runs) > 1:
+        print("\n=== medians ===")
+        for scen in runs[0]:
+            qs = [ratios(run[scen]) for run in runs]
+            med = {k: statistics.median(q[k] for q in qs) for k in qs[0]}
+            hits = [[r["hit_rate"] for r in run[scen]] for run in runs]
+            print(f"{scen}: hit rates {' / '.join('/'.join(f'{h:.1%}' for h in hs) for hs in hits)}; median "
+                  f"{med['points']:+.1f} points, headroom closed {med['headroom_closed']:.2f}, mean TTFT "
+                  f"{med['ttft_mean_x']:.2f}x, p99 {med['ttft_p99_x']:.2f}x")
+    print(f"\nlogs: {logs}")
 
 
 if __name__ == "__main__":
-    main()
+    # SIGTERM unwinds like Ctrl-C, so the workers and routers (own sessions) are stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if len(sys.argv) == 4 and sys.argv[1] == "_loadgen":
+        loadgen_main(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -155,10 +155,11 @@ class KvRouting:
         #: what one request already on a prefill costs a new one, in prompt units: the mean uncached
         #: prompt tokens of recent answers (None until the first answer: the policy uses the prompt)
         self.queue_cost: float | None = None
-        #: several replicas (router/state_sync.py sets it): seconds per second this replica may spend
-        #: anchoring, on the request path, prompts it has never seen while the workers hold blocks (another
-        #: replica's traffic cached them); 0: off, every prompt is anchored after its first routing
-        self.first_sight_budget = 0.0
+        #: seconds per second this process may spend anchoring, on the request path, prompts it has not
+        #: anchored deeply enough while the workers hold blocks (another replica's, process's or
+        #: frontend's traffic may have cached them: `anchor_first_sight`); 0: off, every prompt is
+        #: anchored after its first routing only (router/state_sync.py sets the replicas' budget)
+        self.first_sight_budget = 0.05
         self._budget = 0.0
         self._budget_at = time.monotonic()
         self.first_sight = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
@@ -331,32 +332,37 @@ class KvRouting:
             out[url] = best
         return out, fk
 
-    def anchor_first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int]) -> None:
-        """Anchor now a prompt whose first block this replica never anchored, when some worker holds
-        blocks, within `first_sight_budget`. With one router such a prompt is new to the fleet (routing it
-        as unseen is right); with several, another replica may have cached it, and the lookup after this
-        finds it (docs/router.md, "Several replicas")."""
+    def anchor_first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int],
+                           threshold: float) -> bool:
+        """Anchor on the request path a prompt whose anchors cover under `threshold` of its blocks (no
+        worker could qualify as its holder on them) when some exact worker holds blocks at all, within
+        `first_sight_budget` of this process's time. Its prefix may have reached a worker past this
+        router: through another replica or router process ("Several replicas", "Several processes"),
+        another frontend, or a direct call; the lookup after this finds it. Otherwise it is new to the
+        fleet and this cost a few ms once. Returns whether it anchored."""
         if self.first_sight_budget <= 0 or self.view is None or len(hashes) < 2:
-            return
+            return False
+        exact = [w for w in self.workers.values() if w.exact]
+        if not any(s.blocks.device for w in exact for s in w.streams):
+            return False  # nothing cached anywhere: unseen it is
         kind = self.kind(endpoint, body)
         keys = self.keys(kind, body, hashes)
-        spaces = {w.space() for w in self.workers.values() if w.exact}
-        if not spaces or any(self.table(sp, kind).depth(keys) > 0 for sp in spaces):
-            return  # nothing exact to look up in, or its start was seen: the rest is anchored after routing
-        if not any(s.blocks.device for w in self.workers.values() for s in w.streams):
-            return  # nothing cached anywhere: unseen it is
+        need = max(1, int(threshold * len(hashes)))
+        if all(self.table(w.space(), kind).depth(keys) >= need for w in exact):
+            return False  # anchored deep enough: the rest is anchored after routing
         now = time.monotonic()
         self._budget = min(self.first_sight_budget, self._budget + (now - self._budget_at) * self.first_sight_budget)
         self._budget_at = now
         if self._budget <= 0:
             self.first_sight["over_budget"] += 1
-            return
+            return False
         t0 = time.perf_counter()
         self.build(endpoint, body, text, list(hashes), full_key(hashes, text, self.block_chars))
         took = time.perf_counter() - t0
         self._budget -= took
         self.first_sight["anchored"] += 1
         self.first_sight["seconds"] += took
+        return True
 
     def residency(self, hashes: Sequence[int], text: str, url: str, kind: str = "text",
                   body: dict[str, Any] | None = None) -> str | None:

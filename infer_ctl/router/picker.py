@@ -114,8 +114,9 @@ class PairPicker:
             return None
         urls = [w.url for w in cands]
         kind = kv.kind(ctx.endpoint, ctx.body)
-        if kv.first_sight_budget > 0:  # several replicas: another one's traffic may have cached it
-            kv.anchor_first_sight(ctx.endpoint, ctx.body, ctx.text, ctx.hashes)
+        # a prompt no earlier request anchored deeply enough to qualify (its prefix reached the workers
+        # another way, or it is new) is anchored now, within a time budget: a few ms once per prefix
+        kv.anchor_first_sight(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, self.policy.cache_threshold)
         cached, ctx.full_key = kv.cached(ctx.hashes, ctx.text, urls, kind, ctx.body)
         if not cached:
             return None

@@ -180,9 +180,6 @@ class RouterServer:
         self.process_metrics = ProcessMetrics(self.router.metrics.render, proc.index, proc.processes,
                                               proc.metrics_file)
         self.router.workers.share(self.shared, proc.index)
-        # like a replica of several: a prompt new to this process may be cached by another process's
-        # traffic, and is only found in the exact index once anchored here (kv_routing.py)
-        self.router.kv.first_sight_budget = 0.05
         self.router.kv.processes = proc.processes
         if proc.leader:
             pub = Publisher(self.router, proc.snapshot)
