@@ -177,8 +177,8 @@ class RouterConfig:
 
         try:
             return weights_from(
-                kv_bytes_per_token_per_rank=int(given(self.kv_bytes_per_token_per_rank,
-                                                      DEFAULT_KV_BYTES_PER_TOKEN_PER_RANK)),
+                kv_bytes_per_token_per_rank=given(self.kv_bytes_per_token_per_rank,  # checked there, by name
+                                                  DEFAULT_KV_BYTES_PER_TOKEN_PER_RANK),
                 prefill_tokens_per_s=given(self.prefill_tokens_per_s, DEFAULT_PREFILL_TOKENS_PER_S),
                 host_gb_s=given(self.host_gb_s, DEFAULT_HOST_GB_S), storage_gb_s=self.storage_gb_s)
         except ValueError as exc:

@@ -22,6 +22,7 @@ publisher might send.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from infer_ctl.core.sizing.tiers import hit_weight, host_seconds_per_token, storage_seconds_per_token
@@ -66,23 +67,33 @@ class TierWeights:
 BLIND = TierWeights()
 
 
-def weights_from(*, kv_bytes_per_token_per_rank: int, prefill_tokens_per_s: float, host_gb_s: float,
+def weights_from(*, kv_bytes_per_token_per_rank: float, prefill_tokens_per_s: float, host_gb_s: float,
                  storage_gb_s: float | None = None, ranks_per_node: int = 1) -> TierWeights:
     """The load-time model's weights. `host_gb_s`: host -> one GPU (each rank copies its own shard);
     `storage_gb_s`: the store's read bandwidth for one node, which reads each of its `ranks_per_node`
     ranks' copies (None: no storage bandwidth known, and a storage token counts 0)."""
-    if kv_bytes_per_token_per_rank < 1:
-        raise ValueError(f"kv_bytes_per_token_per_rank must be >= 1, got {kv_bytes_per_token_per_rank}")
+    # finite and positive, each named: an infinite rate or bandwidth makes a 0/0 or inf/inf of the
+    # weight (NaN would pass every comparison the score makes), an infinite or NaN byte count has no int
+    for name, v in (("kv_bytes_per_token_per_rank", kv_bytes_per_token_per_rank),
+                    ("prefill_tokens_per_s", prefill_tokens_per_s), ("host_gb_s", host_gb_s),
+                    ("storage_gb_s", storage_gb_s), ("ranks_per_node", ranks_per_node)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)):
+            raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if kv_bytes_per_token_per_rank < 1 or kv_bytes_per_token_per_rank != int(kv_bytes_per_token_per_rank):
+        raise ValueError(f"kv_bytes_per_token_per_rank must be a whole number >= 1, got {kv_bytes_per_token_per_rank}")
+    if ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
     if not prefill_tokens_per_s > 0:
         raise ValueError(f"prefill_tokens_per_s must be > 0, got {prefill_tokens_per_s:g}")
     if not host_gb_s > 0:
         raise ValueError(f"host_gb_s must be > 0, got {host_gb_s:g}")
+    per_rank = int(kv_bytes_per_token_per_rank)
     recompute = 1.0 / prefill_tokens_per_s
-    host = host_seconds_per_token(kv_bytes_per_token_per_rank, host_gb_s * 1e9)
+    host = host_seconds_per_token(per_rank, host_gb_s * 1e9)
     storage = 0.0
     if storage_gb_s is not None:
         if not storage_gb_s > 0:
             raise ValueError(f"storage_gb_s must be > 0, got {storage_gb_s:g}")
-        per_tok = storage_seconds_per_token(kv_bytes_per_token_per_rank * ranks_per_node, storage_gb_s * 1e9, host)
+        per_tok = storage_seconds_per_token(per_rank * ranks_per_node, storage_gb_s * 1e9, host)
         storage = hit_weight(per_tok, recompute)
     return TierWeights(host=hit_weight(host, recompute), storage=storage)

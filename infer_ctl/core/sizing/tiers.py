@@ -264,9 +264,12 @@ def hit_weight(load_seconds_per_token: float, recompute_seconds_per_token: float
     use and saves its whole recompute): the recompute it saves minus the load it costs, as a share of
     the recompute, clamped to [0, 1] (a tier slower than recomputing is worth nothing, never less).
     The KV router's tier weights (core/routing/tiers.py)."""
-    if recompute_seconds_per_token <= 0:
+    if not recompute_seconds_per_token > 0 or math.isnan(load_seconds_per_token):
         return 0.0
-    return min(1.0, max(0.0, 1.0 - load_seconds_per_token / recompute_seconds_per_token))
+    w = 1.0 - load_seconds_per_token / recompute_seconds_per_token
+    # inf / inf (a rate so small its recompute overflows) is NaN, and max(0.0, nan) is 0.0 only by
+    # argument order: say it
+    return 0.0 if math.isnan(w) else min(1.0, max(0.0, w))
 
 
 def _load(tier: str, inp: TierInputs, per_token: float, fixed: float) -> TierLoad:
