@@ -35,8 +35,8 @@ def stored(hashes: list[int], parent: int | None, n: int = 1, medium: str | None
 
 def test_blocks_store_remove_clear_and_media() -> None:
     b = WorkerBlocks()
-    eff = b.apply([stored([1, 2], None), stored([3], 2, medium=None), stored([9], None, medium="CPU")])
-    assert eff.stored == 4 and b.holds(3) and not b.holds(9) and b.snapshot() == {"GPU": 3, "CPU": 1}
+    eff = b.apply([stored([1, 2], None), stored([3], 2, medium=None), stored([9], None, medium="CPU_PINNED")])
+    assert eff.stored == 4 and b.holds(3) and not b.holds(9) and b.snapshot() == {"GPU": 3, "CPU_PINNED": 1}
     b.apply([{"type": "BlockRemoved", "block_hashes": [3, 77]}])
     assert not b.holds(3) and b.holds(2)
     b.apply([{"type": "AllBlocksCleared"}, stored([5], None)])

@@ -24,6 +24,10 @@ from typing import Any
 
 #: SGLang's StorageMedium.GPU; an event without a medium (SGLang omits a None field) is on the device
 DEVICE = "GPU"
+#: every StorageMedium value (SGLang 0.5.23 disaggregation/kv_events.py: GPU, CPU_PINNED, DISK, EXTERNAL).
+#: Another string is refused: each medium gets its own set, so a publisher free to name media could grow
+#: the index without storing one block.
+MEDIA = frozenset({DEVICE, "CPU_PINNED", "DISK", "EXTERNAL"})
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
@@ -65,8 +69,8 @@ def _medium(ev: dict[str, Any]) -> str:
     m = ev.get("medium")
     if m is None:
         return DEVICE
-    if not isinstance(m, str) or len(m) > 32:
-        raise EventRejected("malformed", "medium is not a short string")
+    if not isinstance(m, str) or m not in MEDIA:
+        raise EventRejected("malformed", f"medium {str(m)[:32]!r} is not one of SGLang's StorageMedium values")
     return m
 
 
@@ -156,7 +160,8 @@ class WorkerBlocks:
                 if tokens:
                     eff.bigram = isinstance(tokens[0], list | tuple)
             else:
-                target = self._set(medium)
+                # a removal creates no set: only stores bring a medium in
+                target = self.device if medium == DEVICE else self.other.get(medium, set())
                 held = target.intersection(hashes)  # set operations: no Python loop per hash
                 target.difference_update(held)
                 eff.removed += len(held)
