@@ -59,6 +59,10 @@ class Placement:
     warming: bool = False
     needs_rewarm: bool = True
     warm_failures: int = 0
+    #: re-warms in a row because the prefix left its `keep` tier: each doubles the wait for the next
+    #: (`PrefixRegistry._kept`), so a worker that cannot keep it (no priority eviction, too small) is not
+    #: warmed every TIER_GRACE_S for ever
+    left_streak: int = 0
 
 
 @dataclass
@@ -332,22 +336,36 @@ class PrefixRegistry:
                 last = max(t for t in (p.warmed_at, p.last_hit, -1e18) if t is not None)
                 idle = now - last >= self.rewarm_idle_s
                 if p.needs_rewarm or p.warmed_at is None or idle or (rec.keep and tiers):
-                    idle, left = self._kept(rec, p, now, tiers, idle)
+                    idle, left = self._kept(rec, p, now, tiers, idle, self._left_cap_s)
                     if p.needs_rewarm or p.warmed_at is None or idle or left:
+                        if left and not (p.needs_rewarm or p.warmed_at is None or idle):
+                            p.left_streak += 1
                         p.warming = True
                         actions.append(WarmAction(rec.name, rec.version, p.worker, rec.text, rec.fmt,
                                                   rec.pin or rec.keep == "hbm"))
         return actions
 
+    @property
+    def _left_cap_s(self) -> float:
+        """The longest wait between two re-warms for leaving the `keep` tier: the idle re-warm's."""
+        return max(TIER_GRACE_S, self.rewarm_idle_s)
+
     @staticmethod
     def _kept(rec: PrefixRecord, p: Placement, now: float, tiers: Mapping[tuple[str, str], str] | None,
-              idle: bool) -> tuple[bool, bool]:
+              idle: bool, cap_s: float = float("inf")) -> tuple[bool, bool]:
         """(idle re-warm due, left its tier) of a replica under its prefix's `keep`. Right after a
-        warm-up the index may not have its events yet: "left" waits TIER_GRACE_S."""
+        warm-up the index may not have its events yet: "left" waits TIER_GRACE_S, doubled for each
+        re-warm in a row that the tier did not keep (`Placement.left_streak`, up to `cap_s`); the streak
+        ends once the prefix stayed in its tier `cap_s` after a warm-up."""
         where = tiers.get((rec.name, p.worker)) if tiers and rec.keep else None
         if where is None:
             return idle, False
-        settled = p.warmed_at is not None and now - p.warmed_at >= TIER_GRACE_S
+        since = now - p.warmed_at if p.warmed_at is not None else None
+        kept = where != "none" if rec.keep == "host" else where == "hbm"
+        if kept and since is not None and since >= cap_s:
+            p.left_streak = 0
+        wait = min(TIER_GRACE_S * 2.0 ** min(p.left_streak, 30), cap_s)
+        settled = since is not None and since >= max(TIER_GRACE_S, wait)
         if rec.keep == "host":  # warm while it sits in HBM or host memory, whatever the idle time
             return idle and where == "none", settled and where == "none"
         return idle, settled and where != "hbm"  # keep hbm: back to HBM once it left it

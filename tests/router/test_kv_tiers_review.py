@@ -1,0 +1,110 @@
+"""Adversarial review of the KV tiers (issue 16 item 5): hostile configuration, hostile media, a
+worker that cannot keep a `keep: hbm` prefix in HBM."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
+from infer_ctl.core.routing.policy import WorkerView
+from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
+from infer_ctl.core.routing.tiers import weights_from
+from infer_ctl.errors import UsageError
+from infer_ctl.router.config import RouterConfig
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("kv_bytes_per_token_per_rank", math.inf),  # was an OverflowError out of int()
+    ("kv_bytes_per_token_per_rank", math.nan),  # was "cannot convert float NaN to integer"
+    ("kv_bytes_per_token_per_rank", 0.5),  # was "must be >= 1, got 0"
+    ("prefill_tokens_per_s", math.inf),  # was weights 0 silently (recompute 0)
+    ("host_gb_s", math.inf),
+    ("storage_gb_s", math.inf),
+    ("host_gb_s", -1.0),
+    ("prefill_tokens_per_s", 0.0),
+])
+def test_hostile_tier_numbers_are_refused_by_name(field: str, value: float) -> None:
+    with pytest.raises(UsageError) as exc:
+        RouterConfig(**{field: value}).tier_weights()
+    assert field in str(exc.value)
+
+
+def test_ranks_per_node_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        weights_from(kv_bytes_per_token_per_rank=1, prefill_tokens_per_s=1.0, host_gb_s=1.0, storage_gb_s=1.0,
+                     ranks_per_node=0)
+
+
+@pytest.mark.parametrize("kw", [
+    {"kv_bytes_per_token_per_rank": 10**30},  # huge KV: loading is hopeless, the weight clamps to 0
+    {"prefill_tokens_per_s": 1e-300},  # recompute all but infinite: loading always pays
+    {"host_gb_s": 1e-300},  # a link that moves nothing
+    {"prefill_tokens_per_s": 1e-320, "host_gb_s": 1e-320},  # inf load over inf recompute
+])
+def test_extreme_but_finite_numbers_clamp(kw: dict) -> None:
+    w = RouterConfig(storage_gb_s=1e-300, **kw).tier_weights()
+    assert w is not None and 0.0 <= w.host <= 1.0 and 0.0 <= w.storage <= 1.0
+
+
+def stored(hashes: list[int], parent: int | None, medium: str) -> dict:
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+            "token_ids": [0] * len(hashes), "block_size": 1, "medium": medium}
+
+
+def test_an_unknown_medium_is_refused_and_removals_name_no_new_media() -> None:
+    b = WorkerBlocks()
+    b.apply([stored([1], None, "GPU"), stored([2], 1, "DISK"), stored([3], 2, "EXTERNAL")])
+    with pytest.raises(EventRejected) as exc:  # was accepted: a set per name the publisher made up
+        b.apply([stored([], None, f"X{i}") for i in range(100)])
+    assert exc.value.kind == "malformed"
+    b.apply([{"type": "BlockRemoved", "block_hashes": [], "medium": "CPU_PINNED"}])
+    assert set(b.other) == {"DISK", "EXTERNAL"}  # was: an empty CPU_PINNED set made by a removal
+
+
+def test_host_copy_and_device_copy_are_removed_each_on_its_own() -> None:
+    b = WorkerBlocks()
+    b.apply([stored([1, 2], None, "GPU"), stored([1, 2], None, "CPU_PINNED")])  # write-through backup
+    b.apply([{"type": "BlockRemoved", "block_hashes": [2], "medium": "CPU_PINNED"}])
+    assert b.holds(2) and b.snapshot() == {"GPU": 2, "CPU_PINNED": 1}
+    b.apply([{"type": "BlockRemoved", "block_hashes": [1, 2]}])  # no medium: the device
+    assert not b.holds(1) and b.snapshot() == {"GPU": 0, "CPU_PINNED": 1}
+
+
+def test_keep_hbm_on_a_worker_that_cannot_keep_it_backs_off() -> None:
+    """No priority eviction (or too small): the prefix leaves HBM right after every warm-up. The
+    re-warms for it double their wait, up to the idle re-warm's interval, instead of one every
+    TIER_GRACE_S for ever (was 120 in 600 s)."""
+    url = "http://p0:1"
+    reg = PrefixRegistry(rewarm_idle_s=300)
+    reg.register("a", "A" * 400, now=0, keep="hbm")
+    warms, t = 0, 0.0
+    while t < 600:
+        for action in reg.plan_warmups([WorkerView(url)], t, {("a", url): "host"}):
+            reg.warm_done(action, True, t)
+            warms += 1
+        t += 1.0
+    # 0, then 5, 10, 20, 40, 80, 160, 300, 300 s apart: 8 warm-ups by 600 s
+    assert warms <= 9, warms
+
+
+def test_keep_hbm_backoff_ends_once_the_prefix_stayed() -> None:
+    url = "http://p0:1"
+    reg = PrefixRegistry(rewarm_idle_s=1000)
+    reg.register("a", "A" * 400, now=0, keep="hbm")
+    rec = reg.records()[0]
+    t = 0.0
+    while t < 60:  # warmed at 0, then left HBM each time: re-warms at 5, 15, 35 s
+        for action in reg.plan_warmups([WorkerView(url)], t, {("a", url): "host"}):
+            reg.warm_done(action, True, t)
+        t += 1.0
+    p = rec.placements[url]
+    assert p.left_streak == 3 and p.warmed_at == 35.0
+    # it stayed in HBM for the cap (the idle re-warm's interval) after the last warm-up: the streak ends
+    (idle,) = reg.plan_warmups([WorkerView(url)], 1035.0, {("a", url): "hbm"})
+    assert p.left_streak == 0
+    reg.warm_done(idle, True, 1035.0)
+    assert reg.plan_warmups([WorkerView(url)], 1035.0 + TIER_GRACE_S / 2, {("a", url): "host"}) == []
+    (again,) = reg.plan_warmups([WorkerView(url)], 1035.0 + TIER_GRACE_S, {("a", url): "host"})
+    assert again.pin  # the next leave waits only the grace again
