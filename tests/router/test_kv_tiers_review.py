@@ -7,12 +7,15 @@ import math
 
 import pytest
 
+from infer_ctl.core.routing.anchors import AnchorTable
 from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
 from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
-from infer_ctl.core.routing.tiers import weights_from
+from infer_ctl.core.routing.tiers import TierWeights, weights_from
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
+from tests.router.test_kv_index import Tok, worker_pages
+from tests.router.test_kv_tiers import _prompt
 
 
 @pytest.mark.parametrize(("field", "value"), [
@@ -108,3 +111,37 @@ def test_keep_hbm_backoff_ends_once_the_prefix_stayed() -> None:
     assert reg.plan_warmups([WorkerView(url)], 1035.0 + TIER_GRACE_S / 2, {("a", url): "host"}) == []
     (again,) = reg.plan_warmups([WorkerView(url)], 1035.0 + TIER_GRACE_S, {("a", url): "host"})
     assert again.pin  # the next leave waits only the grace again
+
+
+def _table_and_pages() -> tuple[AnchorTable, list[int], list[int], int, int]:
+    text, ids, hs, fk = _prompt()
+    table = AnchorTable(1)
+    table.build(hs, fk, text, Tok())
+    return table, worker_pages(ids, 1, False), hs, fk, table.depth(hs)
+
+
+def _held(device: list[int], host: list[int]) -> WorkerBlocks:
+    b = WorkerBlocks()
+    b.device.update(device)
+    b.other["CPU_PINNED"] = set(host)
+    return b
+
+
+def test_a_host_chain_past_a_gap_does_not_continue_the_device_prefix() -> None:
+    """SGLang loads host pages back only right after the device match: host pages past a gap (pages
+    no tier holds) are no continuation. The binary search jumped the gap (246 of 401, as if whole)."""
+    table, pages, hs, fk, d = _table_and_pages()
+    w = TierWeights(host=0.5).of
+    dev = table.cached_units(hs, fk, d, _held(pages[:100], []))
+    whole = table.cached_units(hs, fk, d, _held(pages[:100], pages[100:]), w)
+    assert whole > dev  # the contiguous continuation counts
+    assert table.cached_units(hs, fk, d, _held(pages[:100], pages[150:]), w) == dev
+
+
+def test_a_device_chain_that_starts_on_the_host_is_not_an_hbm_hit() -> None:
+    """Host pages first, device pages after them (no SGLang state: it evicts device leaves first): the
+    whole-prompt shortcut read the last page on the device as the whole prompt in HBM (401)."""
+    table, pages, hs, fk, d = _table_and_pages()
+    held = _held(pages[100:], pages[:100])
+    assert table.cached_units(hs, fk, d, held) == 0
+    assert table.cached_units(hs, fk, d, held, TierWeights(host=0.5).of) <= len(pages) // 2

@@ -118,11 +118,19 @@ class AnchorTable:
     def _deepest(self, hashes: Sequence[int], full_key: int, depth: int, holds: Callable[[int], bool],
                  start: int) -> tuple[int, int]:
         """(units, anchors) of the deepest anchor whose block `holds` says is held, the whole prompt's
-        first (then anchors = depth); the search starts above `start` anchors, known to be held."""
+        first (then anchors = depth); the search starts above `start` anchors, known to be held.
+        The search trusts the chain to be prefix-closed (a radix cache is), but first probes the anchor
+        right after `start`: a publisher whose pages do not continue the part already matched (a host
+        continuation past a gap, a device chain whose start sits on the host) gets (0, start), not a
+        jump over the gap to the prompt's last page. One lookup: deeper gaps stay unseen."""
+        blocks = self._blocks
+        if start < depth:
+            nxt = blocks.get(hashes[start])
+            if nxt is None or (nxt.block is not None and not holds(nxt.block)):
+                return 0, start
         full = self._full.get(full_key)
         if full is not None and (full.block is None or holds(full.block)):
             return full.units, depth
-        blocks = self._blocks
         lo, hi = min(start, depth), depth
         while lo < hi:
             mid = (lo + hi + 1) // 2
