@@ -169,7 +169,7 @@ def _render_workers(c: Console, doc: dict[str, Any]) -> None:
         ct = w.get("cached_tokens")
         acc = (f"; cached tokens over {ct['requests']} reqs: exact {ct['exact']}, predicted {ct['predicted']}, "
                f"reported {ct['reported']}" if ct else "")
-        blocks = f", {w['kv_blocks']} blocks" if "kv_blocks" in w else ""
+        blocks = f", {w['kv_blocks']} blocks{_tier_note(w.get('kv_media'))}" if "kv_blocks" in w else ""
         c.print(f"  {w['url']}: index {w['index']} ({w['index_reason']}){blocks}{acc}", markup=False, highlight=False)
     bad = [p for p in doc.get("pairs") or [] if p.get("degraded")]
     if bad:
@@ -181,6 +181,29 @@ def _render_workers(c: Console, doc: dict[str, Any]) -> None:
             probe = "back after a pair test passes" if p["reason"] == "pair_test" else \
                 f"probe in {_num(p.get('probe_in_s'), '.0f')} s"
             c.print(f"  {p['prefill']} x {p['decode']}: {why}{kv}; {probe}", markup=False)
+
+
+def _keep_cell(p: dict[str, Any]) -> str:
+    """`keep`, with how many replicas whose tier the index knows sit in it ("hbm 1/2"); "-" without."""
+    keep = p.get("keep")
+    if not keep:
+        return "-"
+    known = [r["tier"] for r in p["replicas"] if r.get("tier") is not None]
+    if not known or p["state"] != "active":
+        return keep
+    ok = ("hbm",) if keep == "hbm" else ("hbm", "host")
+    return f"{keep} {sum(t in ok for t in known)}/{len(known)}"
+
+
+#: SGLang's StorageMedium values as the tiers' names (docs/router.md "KV tiers")
+_TIER_NAMES = {"GPU": "HBM", "CPU_PINNED": "host", "DISK": "disk", "EXTERNAL": "external"}
+
+
+def _tier_note(media: dict[str, int] | None) -> str:
+    """" (120 HBM, 300 host)" when a worker holds blocks below HBM; nothing for HBM only (as before)."""
+    if not media or not any(n for m, n in media.items() if m != "GPU"):
+        return ""
+    return " (" + ", ".join(f"{n} {_TIER_NAMES.get(m, m)}" for m, n in media.items() if n or m == "GPU") + ")"
 
 
 def _table(headers: list[str], first: list[str]) -> Table:
@@ -340,7 +363,7 @@ def _prefix_table(rows: list[dict[str, Any]]) -> Table:
         # an expired or superseded version is warm nowhere any more: no "2/2" for it
         t.add_row(p["name"], str(p["version"]), p["state"],
                   f"{warm}/{p['replicas_wanted']}" if p["state"] == "active" else "-",
-                  "yes" if p["pin"] else "no", p.get("keep") or "-", "-" if p["expires_in_s"] is None else f"{p['expires_in_s']:.0f}s",
+                  "yes" if p["pin"] else "no", _keep_cell(p), "-" if p["expires_in_s"] is None else f"{p['expires_in_s']:.0f}s",
                   str(st["requests"]), f"{st['hit_rate']:.0%}",
                   f"{st['predicted_cached_tokens']}/{st['actual_cached_tokens']}")
     return t

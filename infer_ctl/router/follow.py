@@ -87,7 +87,8 @@ def _record_doc(r: PrefixRecord) -> dict[str, Any]:
             "ttl_s": r.ttl_s, "replicas": r.replicas, "pin": r.pin, "fmt": r.fmt, "keep": r.keep,
             "tokens": r.tokens, "state": r.state.value, "ended_at": r.ended_at, "avoid": sorted(r.avoid),
             "placements": {u: {"warmed_at": p.warmed_at, "warming": p.warming, "needs_rewarm": p.needs_rewarm,
-                               "warm_failures": p.warm_failures} for u, p in r.placements.items()}}
+                               "warm_failures": p.warm_failures, "left_streak": p.left_streak, "tier": p.tier}
+                           for u, p in r.placements.items()}}
 
 
 def _record(d: dict[str, Any]) -> PrefixRecord:

@@ -481,6 +481,7 @@ class KvRouting:
             "index": state if decode else "exact" if state == "exact" else state if state == "replaying" else "predicted",
             "index_reason": next((s.reason for s in w.streams if s.state != "exact"), "in sync"),
             "kv_blocks": sum(len(s.blocks) for s in w.streams),
+            "kv_media": _media(w.streams),
             "page_size": w.page_size, "bigram": w.bigram,
             "cached_tokens": {"requests": w.requests, "exact": w.exact_tokens, "predicted": w.predicted_tokens,
                               "reported": w.reported_tokens},
@@ -496,3 +497,13 @@ class KvRouting:
                 "anchor_builds_dropped": self.dropped, "anchor_build_seconds": round(self.build_seconds, 3),
                 **({"first_sight": {**self.first_sight, "seconds": round(self.first_sight["seconds"], 3)}}
                    if self.first_sight_budget > 0 else {})}
+
+
+def _media(streams: Sequence[Any]) -> dict[str, int]:
+    """Blocks per storage medium over a worker's streams (GPU, CPU_PINNED, ...): which tier the
+    `router workers` line shows (a page backed up to host counts once per medium)."""
+    out: dict[str, int] = {}
+    for s in streams:
+        for m, n in s.blocks.snapshot().items():
+            out[m] = out.get(m, 0) + n
+    return out

@@ -3,10 +3,14 @@ worker that cannot keep a `keep: hbm` prefix in HBM."""
 
 from __future__ import annotations
 
+import io
+import json
 import math
 
 import pytest
+from rich.console import Console
 
+from infer_ctl.cli.router_cmd import _keep_cell, _render_workers
 from infer_ctl.core.routing.anchors import AnchorTable
 from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
 from infer_ctl.core.routing.policy import WorkerView
@@ -14,6 +18,7 @@ from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
 from infer_ctl.core.routing.tiers import TierWeights, weights_from
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.follow import _record, _record_doc
 from tests.router.test_kv_index import Tok, worker_pages
 from tests.router.test_kv_tiers import _prompt
 
@@ -145,3 +150,50 @@ def test_a_device_chain_that_starts_on_the_host_is_not_an_hbm_hit() -> None:
     held = _held(pages[100:], pages[:100])
     assert table.cached_units(hs, fk, d, held) == 0
     assert table.cached_units(hs, fk, d, held, TierWeights(host=0.5).of) <= len(pages) // 2
+
+
+def test_router_workers_line_names_the_tiers() -> None:
+    """`router workers` said "N blocks": a worker whose pages sit in host memory looked as warm as one
+    holding them in HBM."""
+    out = io.StringIO()
+    w = {"url": "http://p0:1", "role": "prefill", "index": "exact", "index_reason": "in sync", "healthy": True, "circuit_breaker": "closed",
+         "inflight": 0, "requests": 0, "errors": 0, "restarts": 0,
+         "kv_blocks": 500, "kv_media": {"GPU": 200, "CPU_PINNED": 300}}
+    _render_workers(Console(file=out, width=200), {"workers": [w], "speculative": {}, "pairs": []})
+    assert "http://p0:1: index exact (in sync), 500 blocks (200 HBM, 300 host)" in out.getvalue()
+    out = io.StringIO()
+    w |= {"kv_blocks": 3, "kv_media": {"GPU": 3}}  # HBM only: the line as before
+    _render_workers(Console(file=out, width=200), {"workers": [w], "speculative": {}, "pairs": []})
+    assert "index exact (in sync), 3 blocks\n" in out.getvalue()
+
+
+def test_router_prefixes_shows_where_keep_replicas_sit_and_the_snapshot_carries_it() -> None:
+    url, other = "http://p0:1", "http://p1:1"
+    reg = PrefixRegistry(rewarm_idle_s=300)
+    reg.register("a", "A" * 400, now=0, keep="hbm", replicas=2)
+    for action in reg.plan_warmups([WorkerView(url), WorkerView(other)], 0):
+        reg.warm_done(action, True, 0)
+    reg.plan_warmups([WorkerView(url), WorkerView(other)], 1, {("a", url): "hbm", ("a", other): "host"})
+    doc = reg.records()[0].as_dict(1)
+    assert {r["worker"]: r["tier"] for r in doc["replicas"]} == {url: "hbm", other: "host"}
+    assert _keep_cell(doc) == "hbm 1/2"
+    # the processes' leader snapshot carries the tier and the backoff to a follower
+    back = _record(json.loads(json.dumps(_record_doc(reg.records()[0]))))
+    assert back.keep == "hbm" and back.placements[other].tier == "host"
+
+
+def test_keep_through_an_older_replica_record_and_a_changed_registration() -> None:
+    reg = PrefixRegistry()
+    reg.register("a", "A" * 400, now=0, keep="hbm")
+    doc = reg.export_name("a", 0.0)
+    doc["settings"] = doc["settings"][:4] if doc["settings"] else [None, 1, False, "text"]  # before `keep`
+    for v in doc["versions"]:
+        del v["keep"]
+    other = PrefixRegistry()
+    other.load_name("a", doc, 0.0)
+    assert other.records()[0].keep is None
+    reg.register("a", "A" * 400, now=1, keep="host")  # same text: the setting changes in place
+    assert reg.records()[0].keep == "host" and reg.records()[0].version == 1
+    with pytest.raises(ValueError, match="keep"):
+        other.load_name("a", {"name": "a", "settings": None, "versions": [
+            {**reg.export_name("a", 0.0)["versions"][0], "keep": "ssd"}]}, 0.0)

@@ -63,6 +63,8 @@ class Placement:
     #: (`PrefixRegistry._kept`), so a worker that cannot keep it (no priority eviction, too small) is not
     #: warmed every TIER_GRACE_S for ever
     left_streak: int = 0
+    #: where the exact index last said this replica holds a `keep` prefix: hbm, host, none (None: unknown)
+    tier: str | None = None
 
 
 @dataclass
@@ -161,6 +163,8 @@ class PrefixRecord:
                     "warmed_s_ago": None if p.warmed_at is None else round(now - p.warmed_at, 1),
                     "last_hit_s_ago": None if p.last_hit is None else round(now - p.last_hit, 1),
                     "warming": p.warming,
+                    # with `keep`: the tier the index last saw it in, and re-warms in a row for leaving it
+                    "tier": p.tier, "tier_rewarms": p.left_streak,
                 }
                 for p in self.placements.values()
             ],
@@ -331,6 +335,8 @@ class PrefixRegistry:
                 rec.placements[url] = Placement(worker=url)
                 held[url] += 1
             for p in rec.placements.values():
+                if rec.keep and tiers is not None:
+                    p.tier = tiers.get((rec.name, p.worker))
                 if p.warming:
                     continue
                 last = max(t for t in (p.warmed_at, p.last_hit, -1e18) if t is not None)
