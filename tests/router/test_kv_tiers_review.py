@@ -197,3 +197,19 @@ def test_keep_through_an_older_replica_record_and_a_changed_registration() -> No
     with pytest.raises(ValueError, match="keep"):
         other.load_name("a", {"name": "a", "settings": None, "versions": [
             {**reg.export_name("a", 0.0)["versions"][0], "keep": "ssd"}]}, 0.0)
+
+
+def test_a_replica_record_with_keep_host_and_pin_is_refused_and_dropping_keep_clears_the_tier() -> None:
+    reg = PrefixRegistry()
+    reg.register("a", "A" * 400, now=0, keep="hbm")
+    bad = reg.export_name("a", 0.0)
+    bad["versions"][0] |= {"keep": "host", "pin": True}  # register and the admin API refuse this pair
+    with pytest.raises(ValueError, match="keep host conflicts with pin"):
+        PrefixRegistry().load_name("a", bad, 0.0)
+    url = "http://p0:1"
+    for action in reg.plan_warmups([WorkerView(url)], 0, {("a", url): "host"}):
+        reg.warm_done(action, True, 0)
+    assert reg.records()[0].placements[url].tier == "host"
+    reg.register("a", "A" * 400, now=1)  # same text, no keep any more
+    reg.plan_warmups([WorkerView(url)], 2, {})
+    assert reg.records()[0].as_dict(2)["replicas"][0]["tier"] is None

@@ -335,7 +335,9 @@ class PrefixRegistry:
                 rec.placements[url] = Placement(worker=url)
                 held[url] += 1
             for p in rec.placements.values():
-                if rec.keep and tiers is not None:
+                if not rec.keep:  # re-registered without keep: no stale tier in `router prefixes`
+                    p.tier = None
+                elif tiers is not None:
                     p.tier = tiers.get((rec.name, p.worker))
                 if p.warming:
                     continue
@@ -465,6 +467,8 @@ class PrefixRegistry:
                     "replicas": int(v["replicas"]), "pin": bool(v["pin"]), "fmt": str(v["fmt"]),
                     "keep": _keep(v.get("keep")),
                     "state": PrefixState(v["state"]), "ended_at": None if ended is None else float(ended) - wall_offset}
+                if fields["keep"] == "host" and fields["pin"]:  # what register refuses, from another replica
+                    raise ValueError("keep host conflicts with pin")
                 parsed.append((int(v["version"]), str(v["text"]), int(v.get("warm_requests", 0)), fields))
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"prefix {name!r}: malformed version: {exc!r}") from None
