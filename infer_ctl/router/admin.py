@@ -55,6 +55,16 @@ def _spec_summary(snap: dict[str, Any]) -> dict[str, Any]:
             "actions": len(snap["actions"])}
 
 
+def _known(call: Any, missing: str) -> Any:
+    """An admin verb on one named prefix: a name the registry does not know is a 404 naming it."""
+    def verb(reg: PrefixRegistry, now: float) -> Any:
+        try:
+            return call(reg, now)
+        except KeyError:
+            raise VerbRefused(404, f"{missing}; see `inferctl router prefixes`", "not_found") from None
+    return verb
+
+
 def authorized(token: str | None, header: str) -> bool:
     """Whether an Authorization header carries the admin token (always true when none is configured).
     The scheme is case-insensitive (RFC 9110 §11.1: `bearer x` is the same as `Bearer x`)."""
@@ -384,11 +394,7 @@ class Admin:
     async def expire_prefix(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
 
-        def verb(reg: PrefixRegistry, now: float) -> Any:
-            try:
-                return reg.expire(name, now)
-            except KeyError:
-                raise VerbRefused(404, f"no active prefix {name!r}; see `inferctl router prefixes`", "not_found") from None
+        verb = _known(lambda reg, now: reg.expire(name, now), f"no active prefix {name!r}")
 
         rec = await self._change(name, verb)
         if isinstance(rec, web.Response):
@@ -399,11 +405,7 @@ class Admin:
         """Forget a prefix altogether: every version, its placements and statistics."""
         name = request.match_info["name"]
 
-        def verb(reg: PrefixRegistry, now: float) -> Any:
-            try:
-                return reg.remove(name)
-            except KeyError:
-                raise VerbRefused(404, f"no prefix {name!r}; see `inferctl router prefixes`", "not_found") from None
+        verb = _known(lambda reg, now: reg.remove(name), f"no prefix {name!r}")
 
         versions = await self._change(name, verb)
         if isinstance(versions, web.Response):
@@ -413,11 +415,7 @@ class Admin:
     async def warm_prefix(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
 
-        def verb(reg: PrefixRegistry, now: float) -> Any:
-            try:
-                return reg.request_warm(name, now)
-            except KeyError:
-                raise VerbRefused(404, f"no active prefix {name!r}; see `inferctl router prefixes`", "not_found") from None
+        verb = _known(lambda reg, now: reg.request_warm(name, now), f"no active prefix {name!r}")
 
         rec = await self._change(name, verb)
         if isinstance(rec, web.Response):

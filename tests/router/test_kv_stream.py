@@ -18,6 +18,14 @@ from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
 from tests.router.kv_publisher import CLEARED, TestPublisher, removed, stored
 
 
+async def loop_lag_probe(lags: list[float]) -> None:
+    """Append, every 5 ms, how long a 5 ms sleep really took: how long the event loop was held."""
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.005)
+        lags.append(time.perf_counter() - t0)
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
@@ -217,14 +225,7 @@ def test_a_flooding_publisher_is_cut_off_without_stalling_the_loop() -> None:
         s, seen = stream_for(pub, max_batches_per_s=200, flood_pause_s=0.3, max_blocks=10_000)
         s.start()
         lags: list[float] = []
-
-        async def probe() -> None:
-            while True:
-                t0 = time.perf_counter()
-                await asyncio.sleep(0.005)
-                lags.append(time.perf_counter() - t0)
-
-        t = asyncio.ensure_future(probe())
+        t = asyncio.ensure_future(loop_lag_probe(lags))
         try:
             await connected(s, pub)
             payload = msgspec.msgpack.encode([0.0, [removed([1])], 0])
@@ -304,14 +305,7 @@ def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
         s, _ = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=0.3)
         s.start()
         lags: list[float] = []
-
-        async def probe() -> None:
-            while True:
-                t0 = time.perf_counter()
-                await asyncio.sleep(0.005)
-                lags.append(time.perf_counter() - t0)
-
-        t = asyncio.ensure_future(probe())
+        t = asyncio.ensure_future(loop_lag_probe(lags))
         try:
             await connected(s, pub)
             # a removal of 220k unknown 9-byte hashes: valid, about 2 MB
@@ -435,14 +429,7 @@ def test_an_oversized_batch_in_the_replay_is_rejected_never_decoded() -> None:
         s, seen = stream_for(pub, max_message_bytes=64 << 10)
         s.start()
         lags: list[float] = []
-
-        async def probe() -> None:
-            while True:
-                t0 = time.perf_counter()
-                await asyncio.sleep(0.005)
-                lags.append(time.perf_counter() - t0)
-
-        t = asyncio.ensure_future(probe())
+        t = asyncio.ensure_future(loop_lag_probe(lags))
         try:
             await connected(s, pub)
             pub.batch([removed(list(range(1 << 62, (1 << 62) + 20_000)))])  # ~180 KB: buffered and sent
