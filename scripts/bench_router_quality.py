@@ -36,7 +36,8 @@ magnified).
 docs/benchmarks.md ("Routing quality under cache pressure") records `--repeat 3 --time-scale 3` and the
 steady scenario at `--time-scale 1`. Diagnosis: `--logs DIR` keeps every process's log (the inferctl
 router's per-request decisions) and per-request results; BENCH_PROFILE=1 runs the router under cProfile,
-BENCH_NO_KV=1 starts the workers without KV events, BENCH_POLICY sets both routers' policy.
+BENCH_NO_KV=1 starts the workers without KV events, BENCH_POLICY sets both routers' policy,
+BENCH_PROCESSES sets `--processes` of the inferctl router (default: the cores).
 """
 
 from __future__ import annotations
@@ -180,6 +181,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tree_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    # utime + stime of the process, cutime + cstime of its reaped children
+    own = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return own + sum(_tree_cpu_s(int(k)) for k in kids)
+
+
 class Proc:
     def __init__(self, name: str, cmd: list[str], logs: Path) -> None:
         self.name, self.cmd, self.logs = name, cmd, logs
@@ -194,14 +206,10 @@ class Proc:
         f.close()
 
     def cpu_s(self) -> float:
-        """CPU seconds (user + system) the process has used so far."""
-        if self.p is None:
-            return 0.0
-        try:
-            fields = Path(f"/proc/{self.p.pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU seconds (user + system) the process and every descendant have used so far, reaped ones
+        included. The whole tree: `inferctl router serve` with KV events on runs a supervisor and one
+        router process per core (router/procs.py), and the supervisor alone is nearly idle."""
+        return _tree_cpu_s(self.p.pid) if self.p is not None else 0.0
 
     def kill(self) -> None:
         if self.p is not None and self.p.poll() is None:
@@ -326,6 +334,8 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Pro
     prof = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if os.environ.get("BENCH_PROFILE") else []
     cmd = [sys.executable, *prof, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
            "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-requests"]
+    if os.environ.get("BENCH_PROCESSES"):  # default: the cores (router/procs.py plan)
+        cmd += ["--processes", os.environ["BENCH_PROCESSES"]]
     for w in ws:
         if w.role == "mixed":
             cmd += ["--worker", w.url]

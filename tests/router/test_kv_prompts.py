@@ -106,3 +106,36 @@ def test_bigram_keying_follows_sglangs_is_eagle() -> None:
         assert bigram_keys({"speculative_algorithm": algo}), algo
     for algo in (None, "NGRAM", "STANDALONE", "DFLASH", 3):
         assert not bigram_keys({"speculative_algorithm": algo}), algo
+
+
+def _reference_encode_with_ends(text: str) -> tuple[list[int], list[int]]:
+    """The per-match tokenization the fast path replaced (ids by crc32 of each piece, ends from the regex)."""
+    import re
+    import zlib
+
+    from infer_ctl.core.kvevents.sim_tokenizer import VOCAB_SIZE, WORDS
+
+    out, ends = [], []
+    for m in re.finditer(r" ?\w+| ?[^\w\s]|\s+", text):
+        out.append(len(WORDS) + zlib.crc32(m.group().encode()) % (VOCAB_SIZE - len(WORDS)))
+        ends.append(m.end())
+    return out, ends
+
+
+def test_builtin_tokenizer_ids_and_ends_match_the_per_piece_reference() -> None:
+    # The router's anchors and the simulator's KV events both rest on these ids and ends: the fast path
+    # (memo lookup, ends as running lengths) must give exactly what the per-match loop gave, on text with
+    # every kind of piece: words, digits, underscores, punctuation, whitespace runs, non-ASCII
+    import random
+
+    rng = random.Random(7)
+    alphabet = [*"abcxyz019_ ", " ", "  ", "\n\n", "\t", ",", "!", "<|", "|>", "é", "日本", "ß", "\xa0", "-"]
+    texts = ["", " ", "  a", "x", "tenant1 abc def\n\nsession2 user ghi", " ".join(["the"] * 50)]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 400))) for _ in range(200)]
+    tok = BuiltinTokenizer()
+    for text in texts:
+        for _ in range(2):  # the first pass fills the memo, the second reads it
+            ids, ends = tok.encode_with_ends(text)
+            assert (ids, ends) == _reference_encode_with_ends(text), repr(text)
+            assert tok.encode(text) == ids
+            assert not ends or ends[-1] == len(text)  # the pieces cover the text without gaps

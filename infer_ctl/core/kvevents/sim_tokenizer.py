@@ -10,6 +10,7 @@ whose ids decode back to text.
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
 
@@ -43,20 +44,19 @@ class BuiltinTokenizer:
         return tid
 
     def encode(self, text: str) -> list[int]:
-        ids = self._id
-        return [ids(p) for p in _PIECE.findall(text)]
+        # the memo first: a hit (nearly every piece of a long prompt) costs one dict lookup, not a call;
+        # an id is never 0 (ids of pieces start at len(WORDS)), so `or` only falls through on a miss
+        get, ids = self._memo.get, self._id
+        return [get(p) or ids(p) for p in _PIECE.findall(text)]
 
     def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
         """The ids of `text` and where each piece ends (exclusive character offsets). The pieces cover
         the text without gaps, and a piece is decided by its own characters plus one character of
         lookahead, so tokenizing resumes exactly at any piece end of a longer text's tokenization."""
-        ids = self._id
-        out: list[int] = []
-        ends: list[int] = []
-        for m in _PIECE.finditer(text):
-            out.append(ids(m.group()))
-            ends.append(m.end())
-        return out, ends
+        pieces = _PIECE.findall(text)
+        get, ids = self._memo.get, self._id
+        # no gaps (every character is \w, \s or neither): a piece ends where the lengths so far sum to
+        return [get(p) or ids(p) for p in pieces], list(itertools.accumulate(map(len, pieces)))
 
     def decode(self, ids: list[int]) -> str:
         out = []
