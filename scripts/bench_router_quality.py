@@ -194,14 +194,19 @@ class Proc:
         f.close()
 
     def cpu_s(self) -> float:
-        """CPU seconds (user + system) the process has used so far."""
+        """CPU seconds (user + system) the process and every live process of its session have used so far
+        (`router serve --processes N` is a supervisor and N router processes; it has its own session)."""
         if self.p is None:
             return 0.0
-        try:
-            fields = Path(f"/proc/{self.p.pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # exited meanwhile
+            if int(fields[3]) == self.p.pid:  # fields[3]: the session id (field 6 of proc(5))
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def kill(self) -> None:
         if self.p is not None and self.p.poll() is None:
@@ -269,6 +274,8 @@ class Config:
     stale_modes: tuple[str, ...] = ("replica", "random")
     #: the stale scenario's cache per worker (tighter: evictions are what make a view stale)
     stale_cache_tokens: int = 6000
+    #: `router serve --processes` for the inferctl router (None: its default, the cores, at most 8)
+    processes: int | None = None
 
 
 @contextlib.contextmanager
@@ -320,12 +327,14 @@ def restart(w: Worker, cfg: Config) -> None:
     wait_ok(w.url + "/health", f"restarted worker {w.url}", proc=w.proc)
 
 
-def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Proc:
+def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl", processes: int | None = None) -> Proc:
     port = free_port()
     # BENCH_PROFILE=1: the router runs under cProfile (its profile lands next to its log)
     prof = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if os.environ.get("BENCH_PROFILE") else []
     cmd = [sys.executable, *prof, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
            "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-requests"]
+    if processes is not None:
+        cmd += ["--processes", str(processes)]
     for w in ws:
         if w.role == "mixed":
             cmd += ["--worker", w.url]
@@ -348,7 +357,32 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Pro
     if time.monotonic() >= deadline:
         p.stop()
         raise RuntimeError(f"inferctl router: KV streams not exact after 30 s: {idx}")
+    # and every process up (the followers start after the leader), so no start-up is in the CPU measured
+    while time.monotonic() < deadline + 30:
+        seen = router_processes(p)
+        if len(seen) >= max(v["processes"] for v in seen.values()):
+            break
+        time.sleep(0.3)
     return p
+
+
+def router_processes(p: Proc) -> dict[int, dict[str, Any]]:
+    """Per router process (SO_REUSEPORT spreads connections over them): its `/admin/status` `process` and
+    `kv_events.first_sight` (anchoring of shallow prompts on the request path, within 5 % of its time).
+    Asked on fresh connections until every process answered or 40 tries: `/health` says which process a
+    connection reached, `/admin/status` on the same connection is that process's."""
+    out: dict[int, dict[str, Any]] = {}
+    n = 1
+    for _ in range(40):
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError), httpx.Client(timeout=5) as c:
+            proc = c.get(p.url + "/health").json().get("process") or {"index": 0, "processes": 1}  # type: ignore[attr-defined]
+            doc = c.get(p.url + "/admin/status").json()  # type: ignore[attr-defined]
+            n = int(proc.get("processes") or 1)
+            out[int(proc.get("index") or 0)] = {"first_sight": (doc.get("kv_events") or {}).get("first_sight"),
+                                                "processes": n}
+        if len(out) >= n:
+            break
+    return out
 
 
 def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> Proc:
@@ -499,7 +533,7 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
         fronts: list[Proc] = []
         try:
             for i in range(routers):
-                fronts.append(inferctl_router(ws, d, f"inferctl{i}") if router == "inferctl"
+                fronts.append(inferctl_router(ws, d, f"inferctl{i}", cfg.processes) if router == "inferctl"
                               else sglang_router(ws, d, f"sglang-router{i}"))
             targets = [f.url for f in fronts]  # type: ignore[attr-defined]
             prefill_like = [w for w in ws if w.role != "decode"]
@@ -509,12 +543,15 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
             res = run_load(replace(cfg, bypass=stale or cfg.bypass), d, "load", wl, targets, bypass, midway)
             cpu = sum(f.cpu_s() for f in fronts) - cpu0
             stats = worker_stats(ws)
+            procs = [router_processes(f) for f in fronts] if router == "inferctl" else []
         finally:
             for f in fronts:
                 f.stop()
     out = summarize(name, res, ceil, (load0, os.getloadavg()[0]), reachable_tokens(reqs, res, cfg.time_scale))
     out["logs"] = str(d)
     out["workers"] = stats
+    if procs:
+        out["router_processes"] = procs
     out["router_cpu_ms_per_request"] = round(1000 * cpu / max(1, sum(r["routed"] for r in res)), 2)
     errors = [r["error"] for r in res if r["routed"] and not r["ok"]]
     if errors:
@@ -577,6 +614,8 @@ def main() -> None:
     ap.add_argument("--stale", default="replica,random",
                     help="stale scenario's other frontends, comma list of replica, sticky, random")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--processes", type=int, default=None,
+                    help="inferctl `router serve --processes N` (default: not passed, the router's own default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep-alive", action="store_true", help="reuse client connections (shows the peer's stall)")
     ap.add_argument("--logs", help="keep every process's log and per-request results here")
@@ -588,7 +627,7 @@ def main() -> None:
             ap.error(f"unknown scenario {n!r}")
     cfg = Config(time_scale=args.time_scale, cache_tokens=args.cache_tokens, concurrency=args.concurrency,
                  keep_alive=args.keep_alive, stale_cache_tokens=args.stale_cache_tokens,
-                 stale_modes=tuple(args.stale.split(",")))
+                 stale_modes=tuple(args.stale.split(",")), processes=args.processes)
     for m in cfg.stale_modes:
         if m not in STALE:
             ap.error(f"unknown --stale mode {m!r}")
@@ -616,6 +655,9 @@ def main() -> None:
                 print(f"{'':24}   router CPU {r['router_cpu_ms_per_request']} ms/request; per worker: requests {'/'.join(str(int(w['requests'])) for w in ws)}, mean queue ms "
                       f"{'/'.join(str(round(1000 * w['queue_s_mean'])) for w in ws)}, worker-side mean TTFT ms "
                       f"{'/'.join(str(round(1000 * w['ttft_s_mean'])) for w in ws)}")
+                for j, procs in enumerate(r.get("router_processes") or []):
+                    fs = "; ".join(f"process {k}: {v['first_sight']}" for k, v in sorted(procs.items()))
+                    print(f"{'':24}   router {j}: {len(procs)} of {max((v['processes'] for v in procs.values()), default=0)} processes answered; first_sight {fs}")
             q = ratios(rows)
             print(f"  {rows[0]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
                   f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")
