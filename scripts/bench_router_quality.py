@@ -34,7 +34,8 @@ magnified).
         [--repeat 3] [--cpt 4,8] [--time-scale 1.0] [--stale replica,random] [--logs DIR] [--json]
 
 docs/benchmarks.md ("Routing quality under cache pressure") records `--repeat 3 --time-scale 3` and the
-steady scenario at `--time-scale 1`. Diagnosis: `--logs DIR` keeps every process's log (the inferctl
+steady scenario at `--time-scale 1`, each with the inferctl router at its default process count and at
+`--processes 1`. Diagnosis: `--logs DIR` keeps every process's log (the inferctl
 router's per-request decisions) and per-request results; BENCH_PROFILE=1 runs the router under cProfile,
 BENCH_NO_KV=1 starts the workers without KV events, BENCH_POLICY sets both routers' policy.
 """
@@ -360,29 +361,32 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl", proces
     # and every process up (the followers start after the leader), so no start-up is in the CPU measured
     while time.monotonic() < deadline + 30:
         seen = router_processes(p)
-        if len(seen) >= max(v["processes"] for v in seen.values()):
+        if len(seen["answered"]) >= seen["processes"]:
             break
         time.sleep(0.3)
     return p
 
 
-def router_processes(p: Proc) -> dict[int, dict[str, Any]]:
-    """Per router process (SO_REUSEPORT spreads connections over them): its `/admin/status` `process` and
-    `kv_events.first_sight` (anchoring of shallow prompts on the request path, within 5 % of its time).
-    Asked on fresh connections until every process answered or 40 tries: `/health` says which process a
-    connection reached, `/admin/status` on the same connection is that process's."""
-    out: dict[int, dict[str, Any]] = {}
+def router_processes(p: Proc) -> dict[str, Any]:
+    """Which of the router's processes answer (`/health` `process`, asked on fresh connections until every
+    process answered or 40 tries: SO_REUSEPORT spreads connections over them) and the leader's
+    `/admin/status` `kv_events.first_sight` (anchoring of shallow prompts on the request path, within 5 %
+    of a process's time): every process relays /admin/ to the leader, so the other processes' counters
+    are not visible over HTTP."""
+    seen: set[int] = set()
     n = 1
     for _ in range(40):
-        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError), httpx.Client(timeout=5) as c:
-            proc = c.get(p.url + "/health").json().get("process") or {"index": 0, "processes": 1}  # type: ignore[attr-defined]
-            doc = c.get(p.url + "/admin/status").json()  # type: ignore[attr-defined]
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            proc = httpx.get(p.url + "/health", timeout=5).json().get("process") or {}  # type: ignore[attr-defined]
             n = int(proc.get("processes") or 1)
-            out[int(proc.get("index") or 0)] = {"first_sight": (doc.get("kv_events") or {}).get("first_sight"),
-                                                "processes": n}
-        if len(out) >= n:
+            seen.add(int(proc.get("index") or 0))
+        if len(seen) >= n:
             break
-    return out
+    first_sight = None
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        doc = httpx.get(p.url + "/admin/status", timeout=5).json()  # type: ignore[attr-defined]
+        first_sight = (doc.get("kv_events") or {}).get("first_sight")
+    return {"processes": n, "answered": sorted(seen), "leader_first_sight": first_sight}
 
 
 def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> Proc:
@@ -656,8 +660,8 @@ def main() -> None:
                       f"{'/'.join(str(round(1000 * w['queue_s_mean'])) for w in ws)}, worker-side mean TTFT ms "
                       f"{'/'.join(str(round(1000 * w['ttft_s_mean'])) for w in ws)}")
                 for j, procs in enumerate(r.get("router_processes") or []):
-                    fs = "; ".join(f"process {k}: {v['first_sight']}" for k, v in sorted(procs.items()))
-                    print(f"{'':24}   router {j}: {len(procs)} of {max((v['processes'] for v in procs.values()), default=0)} processes answered; first_sight {fs}")
+                    print(f"{'':24}   router {j}: processes {procs['answered']} of {procs['processes']} answered; "
+                          f"the leader's first_sight {procs['leader_first_sight']}")
             q = ratios(rows)
             print(f"  {rows[0]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
                   f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")
