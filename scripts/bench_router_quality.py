@@ -34,10 +34,10 @@ magnified).
         [--repeat 3] [--cpt 4,8] [--time-scale 1.0] [--stale replica,random] [--logs DIR] [--json]
 
 docs/benchmarks.md ("Routing quality under cache pressure") records `--repeat 3 --time-scale 3` and the
-steady scenario at `--time-scale 1`. Diagnosis: `--logs DIR` keeps every process's log (the inferctl
+steady scenario at `--time-scale 1`, each with the inferctl router at its default process count and at
+`--processes 1`. Diagnosis: `--logs DIR` keeps every process's log (the inferctl
 router's per-request decisions) and per-request results; BENCH_PROFILE=1 runs the router under cProfile,
-BENCH_NO_KV=1 starts the workers without KV events, BENCH_POLICY sets both routers' policy,
-BENCH_PROCESSES sets `--processes` of the inferctl router (default: the cores).
+BENCH_NO_KV=1 starts the workers without KV events, BENCH_POLICY sets both routers' policy.
 """
 
 from __future__ import annotations
@@ -277,6 +277,8 @@ class Config:
     stale_modes: tuple[str, ...] = ("replica", "random")
     #: the stale scenario's cache per worker (tighter: evictions are what make a view stale)
     stale_cache_tokens: int = 6000
+    #: `router serve --processes` for the inferctl router (None: its default, the cores, at most 8)
+    processes: int | None = None
 
 
 @contextlib.contextmanager
@@ -328,14 +330,14 @@ def restart(w: Worker, cfg: Config) -> None:
     wait_ok(w.url + "/health", f"restarted worker {w.url}", proc=w.proc)
 
 
-def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Proc:
+def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl", processes: int | None = None) -> Proc:
     port = free_port()
     # BENCH_PROFILE=1: the router runs under cProfile (its profile lands next to its log)
     prof = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if os.environ.get("BENCH_PROFILE") else []
     cmd = [sys.executable, *prof, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
            "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-requests"]
-    if os.environ.get("BENCH_PROCESSES"):  # default: the cores (router/procs.py plan)
-        cmd += ["--processes", os.environ["BENCH_PROCESSES"]]
+    if processes is not None:
+        cmd += ["--processes", str(processes)]
     for w in ws:
         if w.role == "mixed":
             cmd += ["--worker", w.url]
@@ -358,7 +360,35 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl") -> Pro
     if time.monotonic() >= deadline:
         p.stop()
         raise RuntimeError(f"inferctl router: KV streams not exact after 30 s: {idx}")
+    # and every process up (the followers start after the leader), so no start-up is in the CPU measured
+    while time.monotonic() < deadline + 30:
+        seen = router_processes(p)
+        if len(seen["answered"]) >= seen["processes"]:
+            break
+        time.sleep(0.3)
     return p
+
+
+def router_processes(p: Proc) -> dict[str, Any]:
+    """Which of the router's processes answer (`/health` `process`, asked on fresh connections until every
+    process answered or 40 tries: SO_REUSEPORT spreads connections over them) and the leader's
+    `/admin/status` `kv_events.first_sight` (anchoring of shallow prompts on the request path, within 5 %
+    of a process's time): every process relays /admin/ to the leader, so the other processes' counters
+    are not visible over HTTP."""
+    seen: set[int] = set()
+    n = 1
+    for _ in range(40):
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            proc = httpx.get(p.url + "/health", timeout=5).json().get("process") or {}  # type: ignore[attr-defined]
+            n = int(proc.get("processes") or 1)
+            seen.add(int(proc.get("index") or 0))
+        if len(seen) >= n:
+            break
+    first_sight = None
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        doc = httpx.get(p.url + "/admin/status", timeout=5).json()  # type: ignore[attr-defined]
+        first_sight = (doc.get("kv_events") or {}).get("first_sight")
+    return {"processes": n, "answered": sorted(seen), "leader_first_sight": first_sight}
 
 
 def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> Proc:
@@ -509,7 +539,7 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
         fronts: list[Proc] = []
         try:
             for i in range(routers):
-                fronts.append(inferctl_router(ws, d, f"inferctl{i}") if router == "inferctl"
+                fronts.append(inferctl_router(ws, d, f"inferctl{i}", cfg.processes) if router == "inferctl"
                               else sglang_router(ws, d, f"sglang-router{i}"))
             targets = [f.url for f in fronts]  # type: ignore[attr-defined]
             prefill_like = [w for w in ws if w.role != "decode"]
@@ -519,12 +549,15 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
             res = run_load(replace(cfg, bypass=stale or cfg.bypass), d, "load", wl, targets, bypass, midway)
             cpu = sum(f.cpu_s() for f in fronts) - cpu0
             stats = worker_stats(ws)
+            procs = [router_processes(f) for f in fronts] if router == "inferctl" else []
         finally:
             for f in fronts:
                 f.stop()
     out = summarize(name, res, ceil, (load0, os.getloadavg()[0]), reachable_tokens(reqs, res, cfg.time_scale))
     out["logs"] = str(d)
     out["workers"] = stats
+    if procs:
+        out["router_processes"] = procs
     out["router_cpu_ms_per_request"] = round(1000 * cpu / max(1, sum(r["routed"] for r in res)), 2)
     errors = [r["error"] for r in res if r["routed"] and not r["ok"]]
     if errors:
@@ -587,6 +620,8 @@ def main() -> None:
     ap.add_argument("--stale", default="replica,random",
                     help="stale scenario's other frontends, comma list of replica, sticky, random")
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--processes", type=int, default=None,
+                    help="inferctl `router serve --processes N` (default: not passed, the router's own default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep-alive", action="store_true", help="reuse client connections (shows the peer's stall)")
     ap.add_argument("--logs", help="keep every process's log and per-request results here")
@@ -598,7 +633,7 @@ def main() -> None:
             ap.error(f"unknown scenario {n!r}")
     cfg = Config(time_scale=args.time_scale, cache_tokens=args.cache_tokens, concurrency=args.concurrency,
                  keep_alive=args.keep_alive, stale_cache_tokens=args.stale_cache_tokens,
-                 stale_modes=tuple(args.stale.split(",")))
+                 stale_modes=tuple(args.stale.split(",")), processes=args.processes)
     for m in cfg.stale_modes:
         if m not in STALE:
             ap.error(f"unknown --stale mode {m!r}")
@@ -626,6 +661,9 @@ def main() -> None:
                 print(f"{'':24}   router CPU {r['router_cpu_ms_per_request']} ms/request; per worker: requests {'/'.join(str(int(w['requests'])) for w in ws)}, mean queue ms "
                       f"{'/'.join(str(round(1000 * w['queue_s_mean'])) for w in ws)}, worker-side mean TTFT ms "
                       f"{'/'.join(str(round(1000 * w['ttft_s_mean'])) for w in ws)}")
+                for j, procs in enumerate(r.get("router_processes") or []):
+                    print(f"{'':24}   router {j}: processes {procs['answered']} of {procs['processes']} answered; "
+                          f"the leader's first_sight {procs['leader_first_sight']}")
             q = ratios(rows)
             print(f"  {rows[0]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
                   f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")
