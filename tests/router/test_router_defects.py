@@ -30,9 +30,23 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
+def _two_workers() -> ThreadedSimCluster:
+    return start_cluster_in_thread([WorkerSpec("mixed", time_scale=TIME_SCALE) for _ in range(2)])
+
+
 @pytest.fixture(scope="module")
 def mixed() -> Iterator[ThreadedSimCluster]:
-    cluster = start_cluster_in_thread([WorkerSpec("mixed", time_scale=TIME_SCALE) for _ in range(2)])
+    cluster = _two_workers()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def fresh() -> Iterator[ThreadedSimCluster]:
+    """Two workers of the test's own: in two full-suite runs of 2026-12-01 every generate through the
+    module's shared workers after test_readding_a_prefix_after_its_ttl_lapsed_keeps_its_settings timed
+    out (30 s), never when this file ran alone; cause not found (see the closing note of that day)."""
+    cluster = _two_workers()
     yield cluster
     cluster.stop()
 
@@ -74,8 +88,8 @@ def test_readding_a_prefix_after_its_ttl_lapsed_keeps_its_settings(mixed: Thread
         assert (p["replicas_wanted"], p["pin"], p["ttl_s"], p["format"], p["version"]) == (2, True, 0.5, "chat", 2)
 
 
-def test_prefixes_remove_and_no_warm_for_expired(mixed: ThreadedSimCluster, capsys: pytest.CaptureFixture[str]) -> None:
-    with start_router_in_thread(router_config(workers=mixed.urls, warm_via="pair")) as router:
+def test_prefixes_remove_and_no_warm_for_expired(fresh: ThreadedSimCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    with start_router_in_thread(router_config(workers=fresh.urls, warm_via="pair")) as router:
         url = router.url + "/admin/prefixes"
         httpx.post(url, json={"name": "gone", "text": "Remove me. " * 20, "replicas": 2}).raise_for_status()
         assert wait_for(lambda: sum(r["warm"] for r in httpx.get(url).json()["prefixes"][0]["replicas"]) == 2, 30)  # warm-ups go through real P+D pairs: slow on a loaded machine
@@ -158,10 +172,10 @@ def test_n_above_one_over_pd_is_refused_at_once(router: RouterHandle) -> None:
     assert ok.status_code == 200
 
 
-def test_predicted_index_corrected_by_reported_cached_tokens(mixed: ThreadedSimCluster) -> None:
+def test_predicted_index_corrected_by_reported_cached_tokens(fresh: ThreadedSimCluster) -> None:
     """A worker flushed behind the router's back (not through it): the first request that finds its
     prefix gone drops what the worker's LRU dropped before it; newer entries stay predicted."""
-    target = mixed.urls[0]
+    target = fresh.urls[0]
     with start_router_in_thread(router_config(workers=[target], health_interval_s=3600)) as router:
         r = router.router
         rng = random.Random(5)
