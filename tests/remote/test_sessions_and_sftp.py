@@ -39,9 +39,7 @@ def _concurrently(conn, commands):
 
 def test_concurrent_commands_on_a_one_session_node_wait_for_the_session(ssh_cluster):
     cluster = ssh_cluster(2, node_sshd_config=ONE_SESSION)
-    # the third command waits for two others (~0.6 s) plus, on a loaded machine, their channel set-up:
-    # a wait for the session is bounded by connect_timeout_s, so give it room (the refusal has its own test)
-    with Fleet(profile_of(cluster, ssh={"connect_timeout_s": 10.0})) as fleet:
+    with Fleet(profile_of(cluster)) as fleet:
         outcomes = fleet.map(
             fleet.profile.nodes,
             lambda conn, node: _concurrently(conn, [Command.sh(f"sleep 0.3; echo {i}") for i in range(3)]),
