@@ -50,8 +50,9 @@ _CHUNK = 1 << 20
 ABORT_GRACE_DS = 15
 #: how long abort() waits for the abort script (its grace plus a round trip or two)
 ABORT_WAIT_S = ABORT_GRACE_DS / 10 + 2.0
-#: how long after one of our channels closed a refused session is retried (sshd frees it lazily)
-_SLOT_FREE_GRACE_S = 1.0
+#: how long after one of our channels closed a refused session is retried (sshd frees it lazily: on a
+#: loaded node it took over 1 s in a full-suite run, which refused the third of three commands)
+_SLOT_FREE_GRACE_S = 3.0
 
 # paramiko logs transport-thread failures (e.g. "Error reading SSH protocol banner") with a traceback
 # at ERROR level. Without a handler, Python's last-resort handler would print that traceback on the
