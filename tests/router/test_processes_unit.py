@@ -115,39 +115,29 @@ def test_plan_runs_one_process_without_kv_events() -> None:
 
 
 def test_a_follower_takes_the_leaders_workers_drains_and_prefixes() -> None:
-    leader, follower = Router(pd_cfg()), Router(pd_cfg())
-    blocks = [SharedLoad.create(1, 8), SharedLoad.create(1, 8)]
-    leader.workers.share(blocks[0], 0)
-    follower.workers.share(blocks[1], 0)
+    leader, follower, blocks = _shared_pair()
     try:
-        _follow(leader, follower)
+        leader.workers.add(worker("http://127.0.0.1:7", "decode"))
+        leader.workers.remove("http://127.0.0.1:2")
+        leader.workers.by_url["http://127.0.0.1:1"].draining = True
+        rec = leader.prefixes.register("sys", "You are terse.", now=1.0, ttl_s=60, replicas=2, pin=True)
+        rec.placements["http://127.0.0.1:1"] = Placement("http://127.0.0.1:1", warmed_at=2.0, needs_rewarm=False)
+        added: list[str] = []
+        apply_snapshot(follower, snapshot_doc(leader), lambda w: added.append(w.url))
+        fw = follower.workers.by_url
+        assert set(fw) == {"http://127.0.0.1:1", "http://127.0.0.1:3", "http://127.0.0.1:7"}
+        assert added == ["http://127.0.0.1:7"] and fw["http://127.0.0.1:7"].slot == 3  # the leader's slot
+        assert fw["http://127.0.0.1:1"].draining and not fw["http://127.0.0.1:3"].draining
+        got = follower.prefixes.match("You are terse. Q?")
+        assert got is not None and (got.version, got.ttl_s, got.replicas, got.pin) == (1, 60, 2, True)
+        assert got.warm_replicas() == ["http://127.0.0.1:1"]
+        assert snapshot_doc(follower) == snapshot_doc(leader)
+        # the leader expires it: gone from the follower's routing at the next snapshot
+        leader.prefixes.expire("sys", 3.0)
+        apply_snapshot(follower, snapshot_doc(leader))
+        assert follower.prefixes.match("You are terse. Q?") is None
     finally:
-        for w in [*leader.workers.all(), *follower.workers.all()]:
-            w.shared = None
-        for b in blocks:
-            b.close()
-
-
-def _follow(leader: Router, follower: Router) -> None:
-    leader.workers.add(worker("http://127.0.0.1:7", "decode"))
-    leader.workers.remove("http://127.0.0.1:2")
-    leader.workers.by_url["http://127.0.0.1:1"].draining = True
-    rec = leader.prefixes.register("sys", "You are terse.", now=1.0, ttl_s=60, replicas=2, pin=True)
-    rec.placements["http://127.0.0.1:1"] = Placement("http://127.0.0.1:1", warmed_at=2.0, needs_rewarm=False)
-    added: list[str] = []
-    apply_snapshot(follower, snapshot_doc(leader), lambda w: added.append(w.url))
-    fw = follower.workers.by_url
-    assert set(fw) == {"http://127.0.0.1:1", "http://127.0.0.1:3", "http://127.0.0.1:7"}
-    assert added == ["http://127.0.0.1:7"] and fw["http://127.0.0.1:7"].slot == 3  # the leader's slot
-    assert fw["http://127.0.0.1:1"].draining and not fw["http://127.0.0.1:3"].draining
-    got = follower.prefixes.match("You are terse. Q?")
-    assert got is not None and (got.version, got.ttl_s, got.replicas, got.pin) == (1, 60, 2, True)
-    assert got.warm_replicas() == ["http://127.0.0.1:1"]
-    assert snapshot_doc(follower) == snapshot_doc(leader)
-    # the leader expires it: gone from the follower's routing at the next snapshot
-    leader.prefixes.expire("sys", 3.0)
-    apply_snapshot(follower, snapshot_doc(leader))
-    assert follower.prefixes.match("You are terse. Q?") is None
+        _close([leader, follower], blocks)
 
 
 def _shared_pair(slots: int = 8) -> tuple[Router, Router, list[SharedLoad]]:
