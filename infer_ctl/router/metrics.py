@@ -100,6 +100,9 @@ class RouterMetrics:
         # labelled children looked up once: .labels() costs a lock and a dict build per call
         self._req_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._decision_children: dict[str, Any] = {}
+        #: requests answered so far (a plain int: the multi-process metrics writer skips rendering
+        #: while it does not move, router/metrics_merge.py)
+        self.answered = 0
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         pair = self._req_children.get((endpoint, status))
@@ -108,6 +111,7 @@ class RouterMetrics:
                 self.requests.labels(endpoint, str(status)), self.duration.labels(endpoint))
         pair[0].inc()
         pair[1].observe(seconds)
+        self.answered += 1
 
     def observe_decision(self, reason: str, seconds: float) -> None:
         child = self._decision_children.get(reason)

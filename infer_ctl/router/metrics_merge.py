@@ -6,8 +6,11 @@ So each process writes its own exposition to the state directory every `WRITE_S`
 a whole file), and /metrics on any process merges its live exposition with the other processes' files:
 one family per metric name (Prometheus refuses a family twice in one scrape), each sample labelled
 `router_process="i"`. Sum over that label for the router's totals (`sum without (router_process)`).
-The other processes' samples are at most `WRITE_S` old; a process whose file is older than `STALE_S`
-(dead, being restarted) is left out rather than reported frozen.
+The other processes' samples are at most `WRITE_S` old while they answer requests, and at most
+`REFRESH_S` old while they answer none: an idle process only touches its file (rendering the
+exposition every second was about 5 ms of CPU a second per process, most of an idle 2-process
+router's cost). A process whose file is older than `STALE_S` (dead, being restarted) is left out
+rather than reported frozen.
 
 Families whose value is already the whole router's in every process are taken from the answering
 process only and keep no process label: the per-worker in-flight gauge reads the shared load block
@@ -31,6 +34,9 @@ from prometheus_client.samples import Sample
 log = logging.getLogger("infer_ctl.router")
 
 WRITE_S = 1.0
+#: an idle process (no request answered since its last write) renders again after this long anyway:
+#: health and KV-stream gauges move without requests
+REFRESH_S = 5.0
 STALE_S = 10.0
 LABEL = "router_process"
 #: families that every process reports for the whole router already
@@ -83,8 +89,10 @@ class ProcessMetrics:
     """One process's side: write its exposition periodically; merge on a scrape."""
 
     def __init__(self, render: Callable[[], bytes], index: int, processes: int,
-                 file_of: Callable[[int], Path]) -> None:
+                 file_of: Callable[[int], Path], activity: Callable[[], int] = lambda: 0) -> None:
         self.render = render
+        #: a count that moves with every answered request (RouterMetrics.answered)
+        self.activity = activity
         self.index = index
         self.processes = processes
         self.file_of = file_of
@@ -100,9 +108,17 @@ class ProcessMetrics:
                 await self._task
 
     async def _loop(self) -> None:
+        seen, rendered_at = None, 0.0
         while True:
+            now = time.monotonic()
+            count = self.activity()
+            path = self.file_of(self.index)
             try:
-                write_exposition(self.file_of(self.index), self.render())
+                if count == seen and now - rendered_at < REFRESH_S and path.exists():
+                    os.utime(path)  # nothing answered since: the file is current, keep it fresh
+                else:
+                    write_exposition(path, self.render())
+                    seen, rendered_at = count, now
             except OSError as exc:
                 log.warning("cannot write this process's metrics for the others", extra={"error": str(exc)})
             await asyncio.sleep(WRITE_S)

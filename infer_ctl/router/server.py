@@ -178,7 +178,7 @@ class RouterServer:
         state (the leader: its own last snapshot, after a restart)."""
         self.shared = SharedLoad.attach(proc.shm_name, proc.processes, proc.slots)
         self.process_metrics = ProcessMetrics(self.router.metrics.render, proc.index, proc.processes,
-                                              proc.metrics_file)
+                                              proc.metrics_file, lambda: self.router.metrics.answered)
         self.router.workers.share(self.shared, proc.index)
         self.router.kv.processes = proc.processes
         if proc.leader:

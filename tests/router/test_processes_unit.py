@@ -427,3 +427,39 @@ def test_a_scrape_leaves_out_a_dead_processs_stale_file(tmp_path: Any) -> None:
     fams = {f.name: f for f in text_string_to_metric_families(pm.scrape().decode())}
     got = {s.labels["router_process"]: s.value for s in fams["inferctl_router_requests"].samples}
     assert got == {"0": 3.0, "1": 5.0}
+
+
+def test_an_idle_process_touches_its_metrics_file_instead_of_rendering(tmp_path: Any, monkeypatch: Any) -> None:
+    """Rendering every second was most of an idle 2-process router's CPU (docs/benchmarks.md, "Where the
+    inferctl router's CPU goes"): without an answered request only the file's time moves, until REFRESH_S."""
+    import asyncio
+
+    from infer_ctl.router import metrics_merge
+
+    monkeypatch.setattr(metrics_merge, "WRITE_S", 0.01)
+    renders, answered = [], [0]
+    path = tmp_path / "metrics-0.prom"
+
+    def render() -> bytes:
+        renders.append(1)
+        return b"# rendered\n"
+
+    pm = metrics_merge.ProcessMetrics(render, 0, 2, lambda i: path, lambda: answered[0])
+
+    async def main() -> None:
+        pm.start()
+        await asyncio.sleep(0.2)
+        idle = len(renders)
+        os.utime(path, (1.0, 1.0))
+        await asyncio.sleep(0.1)
+        assert path.stat().st_mtime > 1.0  # kept fresh for the other processes' scrapes
+        assert len(renders) == idle == 1  # ~20 writer ticks, one render
+        answered[0] += 1
+        await asyncio.sleep(0.1)
+        assert len(renders) == 2  # a request answered: rendered again
+        monkeypatch.setattr(metrics_merge, "REFRESH_S", 0.0)
+        await asyncio.sleep(0.1)
+        assert len(renders) > 3  # gauges move without requests: rendered at least every REFRESH_S
+        await pm.stop()
+
+    asyncio.run(main())

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Idle CPU of `inferctl router serve --processes N` in front of simulated collocated workers with KV
+events: the CPU seconds per second of the whole router process tree (its session) while no request
+arrives. What an idle multi-process router costs the host (docs/benchmarks.md).
+
+    python scripts/bench_router_idle.py [--processes 2] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def session_cpu_s(sid: int) -> float:
+    """User + system CPU seconds of the live processes of session `sid` (proc(5): fields 6, 14, 15)."""
+    ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[3]) == sid:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    workers, flags = [], []
+    for _ in range(args.workers):
+        port = free_port()
+        kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
+                         "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"})
+        workers.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "sim", "serve", "-w",
+                                         f"mixed@127.0.0.1:{port}", "--kv-events-config", kv], **quiet))
+        flags += ["--worker", f"http://127.0.0.1:{port}"]
+    time.sleep(3)
+    router = subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen",
+                               f"127.0.0.1:{free_port()}", "--processes", str(args.processes), *flags],
+                              start_new_session=True, **quiet)
+    try:
+        time.sleep(8)  # start-up, first health checks and subscriptions
+        c0, t0 = session_cpu_s(router.pid), time.monotonic()
+        time.sleep(args.seconds)
+        c1, t1 = session_cpu_s(router.pid), time.monotonic()
+        print(f"idle router CPU ({args.processes} processes): {1000 * (c1 - c0) / (t1 - t0):.1f} ms/s")
+    finally:
+        os.killpg(router.pid, signal.SIGTERM)
+        router.wait()
+        for w in workers:
+            w.terminate()
+            w.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
