@@ -46,19 +46,19 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20.0)
     args = ap.parse_args()
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    dn = subprocess.DEVNULL
     workers, flags = [], []
     for _ in range(args.workers):
         port = free_port()
         kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
                          "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"})
         workers.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "sim", "serve", "-w",
-                                         f"mixed@127.0.0.1:{port}", "--kv-events-config", kv], **quiet))
+                                         f"mixed@127.0.0.1:{port}", "--kv-events-config", kv], stdout=dn, stderr=dn))
         flags += ["--worker", f"http://127.0.0.1:{port}"]
     time.sleep(3)
     router = subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen",
                                f"127.0.0.1:{free_port()}", "--processes", str(args.processes), *flags],
-                              start_new_session=True, **quiet)
+                              start_new_session=True, stdout=dn, stderr=dn)
     try:
         time.sleep(8)  # start-up, first health checks and subscriptions
         c0, t0 = session_cpu_s(router.pid), time.monotonic()
