@@ -62,14 +62,20 @@ class RouterHandle:
     def router(self) -> Any:
         return self.server.router
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._runner.call(coro)
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self._runner.call(coro, timeout)
+
+    def where(self) -> str:
+        """What the router's loop is doing (its thread's and tasks' stacks): for a test's failure message."""
+        return self._runner.where()
 
     def stop(self, drain: bool = True) -> None:
         if self._runner.closed:
             return
         try:
-            self.call(self.server.stop(drain=drain))
+            # the drain may take all of drain_timeout_s; the closing steps after it get the usual timeout
+            wait = self._runner.timeout + (self.server.cfg.drain_timeout_s if drain else 0.0)
+            self.call(self.server.stop(drain=drain), wait)
         finally:
             self._runner.close()
 

@@ -505,6 +505,11 @@ class _Watch:
         self.sock = sock
         self.pair: zmq.Socket[bytes] = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
         self.pair.setsockopt(zmq.LINGER, 0)
+        # libzmq sends each monitor event blocking, holding the monitored socket's monitor mutex
+        # (socket_base.cpp monitor_event): with a bounded pipe, a backlog of events read only at idle
+        # times would stall ZMQ's I/O thread, and disable_monitor() in close() would wait on that mutex
+        # forever. RCVHWM 0 before connect makes the inproc pipe unbounded (a few bytes per event).
+        self.pair.setsockopt(zmq.RCVHWM, 0)
         self.pair.connect(addr)
 
     def _last(self) -> int | None:

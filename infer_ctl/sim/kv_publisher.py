@@ -163,8 +163,6 @@ class ZmqKvPublisher:
         try:
             while True:
                 ready = dict(poller.poll())
-                if replay is not None and replay in ready:
-                    self._serve_replay(replay)
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
                 stop = False
@@ -194,6 +192,10 @@ class ZmqKvPublisher:
                     seq += 1
                 if stop:
                     break
+                # after the queue: a replay request sees every batch published before it was answered
+                # (a restarted worker's AllBlocksCleared at seq 0 included, however the two raced here)
+                if replay is not None and replay in ready:
+                    self._serve_replay(replay)
         finally:
             pub.close(linger=0)
             if replay is not None:

@@ -232,6 +232,8 @@ def test_sigkill_of_a_prefill_under_load(kv_cluster: ThreadedSimCluster) -> None
         stop.set()
         for t in threads:
             t.join(60)
+        assert not any(t.is_alive() for t in threads), "a client request still runs after 60 s"
+        assert wait_for(lambda: router.router.active == 0, timeout=5), router.where()
         assert errors == []
         assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
         assert dropped_after < 5
