@@ -67,6 +67,9 @@ class AttemptRunner:
         self.feedback = feedback
         self.rng = rng
         self.request_timeout_s = request_timeout_s
+        #: prefill answers left to finish after the client got the decode's (`finish_later`): a drain
+        #: waits for them too, or their accounting and tracing spans would be cut off at shutdown
+        self.lingering: set[asyncio.Task[Any]] = set()
 
     def payload(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> bytes:
         """The body both workers get: the client's, plus the PD bootstrap fields with a new room."""
@@ -102,9 +105,11 @@ class AttemptRunner:
             return
         # A timer and a callback, not another task: this runs on every PD request.
         timer = asyncio.get_running_loop().call_later(self.request_timeout_s, task.cancel)
+        self.lingering.add(task)
 
         def done(t: asyncio.Task[Any]) -> None:
             timer.cancel()
+            self.lingering.discard(t)
             if not t.cancelled():
                 t.exception()
 

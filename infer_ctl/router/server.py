@@ -198,10 +198,12 @@ class RouterServer:
         router.draining = True
         if drain:
             deadline = time.monotonic() + self.cfg.drain_timeout_s
-            while router.active and time.monotonic() < deadline:
+            lingering = router.attempts.lingering  # prefill answers still arriving after the client's
+            while (router.active or lingering) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-            if router.active:
-                log.warning("drain timed out; closing with requests in flight", extra={"active": router.active})
+            if router.active or lingering:
+                log.warning("drain timed out; closing with requests in flight",
+                            extra={"active": router.active, "prefill_answers": len(lingering)})
         if self.admin.sync is not None:
             await self.admin.sync.stop()
         await self.health.stop()

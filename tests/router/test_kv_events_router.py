@@ -222,12 +222,15 @@ def test_sigkill_of_a_prefill_under_load(kv_cluster: ThreadedSimCluster) -> None
         proc = _serve_prefill(port, bport, cfg)  # back, same ports, a new process
         assert wait_for(lambda: workers_doc(router)[victim]["index"] == "exact", timeout=20)
         # its index is learned from its own events again: new prompts (no worker holds them) are spread
-        # by the fallback, some land on it, and its stores come back as blocks
+        # by the fallback, some land on it, and its stores come back as blocks (how many land there
+        # depends on the load the other clients put on each prefill: as many as it takes, within bounds)
         with httpx.Client(timeout=60) as c:
-            for _ in range(8):
+            for _ in range(60):
                 r = c.post(router.url + "/generate", json={"text": prompt(rng, 300),
                                                             "sampling_params": {"max_new_tokens": 2}})
                 assert r.status_code == 200
+                if wait_for(lambda: workers_doc(router)[victim]["kv_blocks"] > 0, timeout=0.5):
+                    break
         assert wait_for(lambda: workers_doc(router)[victim]["kv_blocks"] > 0, timeout=10)
         stop.set()
         for t in threads:

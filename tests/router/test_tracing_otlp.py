@@ -156,10 +156,11 @@ def test_sampling_ratio_zero_records_new_traces_never_but_continues_a_sampled_cl
 
 
 # ---- what the workers receive -------------------------------------------------------------------
-def _recording_app(role: str, seen: list[dict[str, Any]]) -> web.Application:
+def _recording_app(role: str, seen: list[dict[str, Any]], delay_s: float = 0.0) -> web.Application:
     async def generate(request: web.Request) -> web.Response:
         body = await request.json()
         seen.append({"role": role, "headers": dict(request.headers), "body": body})
+        await asyncio.sleep(delay_s)
         return web.json_response({"text": "ok", "meta_info": {
             "id": "r1", "prompt_tokens": 5, "completion_tokens": 0 if role == "prefill" else 2, "cached_tokens": 1,
             "finish_reason": {"type": "length", "length": 2}}})
@@ -176,6 +177,15 @@ def _recording_app(role: str, seen: list[dict[str, Any]]) -> web.Application:
 
 @pytest.fixture
 def recording() -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    yield from _recording_pair()
+
+
+@pytest.fixture
+def slow_prefill() -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    yield from _recording_pair(prefill_delay_s=1.0)
+
+
+def _recording_pair(prefill_delay_s: float = 0.0) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -183,7 +193,7 @@ def recording() -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
     runners: list[web.AppRunner] = []
 
     async def start(role: str) -> str:
-        runner = web.AppRunner(_recording_app(role, seen))
+        runner = web.AppRunner(_recording_app(role, seen, prefill_delay_s if role == "prefill" else 0.0))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -211,13 +221,36 @@ def test_both_workers_get_the_clients_trace_with_their_call_span_as_parent(recor
             assert r.status_code == 200, r.text
         finally:
             router.stop()
-        spans = {s["name"]: s for s in rx.wait_for(5)}
+        spans = {s["name"]: s for s in rx.wait_for(4)}  # the request, its attempt, the two calls
         for call in seen:
             tp = call["headers"]["traceparent"].split("-")
             assert tp[1] == TRACE_ID, call["role"]
             assert tp[2] == spans[call["role"]]["span_id"], call["role"]  # the router's call span is the parent
             assert call["headers"]["tracestate"] == "vendor=1"
         assert sorted(c["role"] for c in seen) == ["decode", "prefill"]
+    finally:
+        rx.close()
+
+
+def test_a_prefill_answering_after_the_decode_is_waited_for_at_shutdown(slow_prefill: Any) -> None:
+    # the client has the decode's answer while the prefill's is still on its way (left to finish, not
+    # cancelled): stopping the router drains it too, so its call span ends and is exported
+    pre, dec, _ = slow_prefill
+    rx = HttpReceiver()
+    try:
+        router = start_router_in_thread(router_config(
+            prefill=[(pre, 8998)], decode=[dec], tracing=TracingConfig("http/protobuf", rx.endpoint, None, None)))
+        try:
+            r = httpx.post(router.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                           headers={"traceparent": TRACEPARENT}, timeout=30)
+            assert r.status_code == 200, r.text
+            assert len(router.server.router.attempts.lingering) == 1  # the prefill's answer is still due
+        finally:
+            router.stop()
+        spans = {s["name"]: s for s in rx.wait_for(4)}
+        assert sorted(spans) == ["attempt", "decode", "prefill", "text_completion"], sorted(spans)
+        assert spans["prefill"]["status"] != 2, spans["prefill"]  # ended as answered, not as an error
+        assert not router.server.router.attempts.lingering
     finally:
         rx.close()
 
