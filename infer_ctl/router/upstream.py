@@ -208,7 +208,13 @@ class _Conn(asyncio.Protocol):
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
             self.waiter = None
-        data = self.chunks.popleft()
+        # everything that arrived, in one piece: a relay writes it to its client in one socket write
+        chunks = self.chunks
+        if len(chunks) == 1:
+            data = chunks.popleft()
+        else:
+            data = b"".join(chunks)
+            chunks.clear()
         self.buffered -= len(data)
         if self.paused and self.buffered < _HIGH_WATER // 2 and self.transport is not None:
             self.transport.resume_reading()
@@ -241,6 +247,12 @@ class Response:
         """The next piece of the body as it arrived (None once it is complete); raises UpstreamError when
         the connection broke. Reading resumes from the worker as the consumer takes chunks (flow control)."""
         return self._conn.next_chunk()  # the connection's coroutine itself: no extra frame per chunk
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body arrived and every piece of it was taken (`next_chunk` gives None next)."""
+        conn = self._conn
+        return conn.done and conn.error is None and not conn.chunks
 
     def release(self) -> None:
         if self._released:
