@@ -19,6 +19,8 @@ from collections.abc import Awaitable
 from urllib.parse import urlsplit
 
 _HIGH_WATER = 256 * 1024
+#: what bytes.strip() strips (str.strip() would also strip \x85 and \xa0 of a latin-1 header value)
+_WS = " \t\n\r\x0b\x0c"
 
 
 class UpstreamError(Exception):
@@ -133,8 +135,9 @@ class _Conn(asyncio.Protocol):
                 return
 
     def _headers(self, raw: bytes) -> None:
-        lines = raw.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
+        # decoded once (latin-1: every byte is one character), then split: two upstream heads per PD request
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
         try:
             self.status = int(parts[1])
         except (IndexError, ValueError):
@@ -144,8 +147,8 @@ class _Conn(asyncio.Protocol):
             return
         headers: dict[str, str] = {}
         for line in lines[1:]:
-            k, _, v = line.partition(b":")
-            headers[k.strip().lower().decode("latin-1")] = v.strip().decode("latin-1")
+            k, _, v = line.partition(":")
+            headers[k.strip(_WS).lower()] = v.strip(_WS)
         self.headers = headers
         if headers.get("connection", "").lower() == "close":
             self.keep_alive = False
@@ -379,9 +382,11 @@ class Upstreams:
             pool = self._pools[url] = Pool(parts.hostname, parts.port or 80)
         return pool
 
-    async def request(self, url: str, method: str, path: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None) -> Response:
-        return await self.pool(url).request(method, path, body, headers)
+    def request(self, url: str, method: str, path: str, body: bytes = b"",
+                headers: dict[str, str] | None = None) -> Awaitable[Response]:
+        """The pool's own coroutine (no extra frame: two of these per PD request); raises UpstreamError
+        at once for a URL it cannot serve."""
+        return self.pool(url).request(method, path, body, headers)
 
     async def fetch(self, url: str, method: str, path: str, body: bytes = b"",
                     headers: dict[str, str] | None = None) -> tuple[int, bytes]:
