@@ -223,7 +223,7 @@ class AnchorTable:
         p = u // ps
         if p:
             block: int | None = page_hashes[p - 1]
-            digest = digests[(p - 1) * 32 : p * 32]  # page p's digest (not a copy of the p before it)
+            digest: bytes | None = digests[(p - 1) * 32 : p * 32]  # page p's digest (no copy of the chain before)
         else:
             block = prev.block if prev else None
             digest = prev.digest if prev else None
