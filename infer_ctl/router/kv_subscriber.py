@@ -222,7 +222,7 @@ class KvStream:
         # The receive in progress, kept across idle checks: a silent stream is not cancelled and re-armed
         # with ZMQ every _IDLE_S (8 streams of a 2-process router over 4 workers did that 16 times a
         # second), and a message already queued is taken without a timer (pyzmq tries a non-blocking
-        # receive first).
+        # receive first), after one turn of the event loop.
         pending: Any = None
         try:
             while True:
@@ -241,7 +241,9 @@ class KvStream:
                             await self._replay(sub, start)
                 if pending is None:
                     pending = sub.recv_multipart()
-                if not pending.done():
+                if pending.done():
+                    await asyncio.sleep(0)  # one turn of the loop per message, as the wait gave: requests run
+                else:
                     await asyncio.wait((pending,), timeout=_IDLE_S)
                     if not pending.done():
                         if watch is not None and await watch.dropped():
