@@ -285,6 +285,9 @@ class Pool:
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
         self._prefixes: dict[tuple[str, str], bytes] = {}
+        #: closed (its worker removed, or unhealthy: Upstreams.drop): a response finished later closes its
+        #: connection instead of leaving it idle in a pool nobody uses
+        self.closed = False
 
     def _discard(self, conn: _Conn) -> None:
         self._all.discard(conn)
@@ -296,7 +299,7 @@ class Pool:
         conn.done = False
         conn.headers_fut = None
         conn.buf.clear()
-        if len(self._idle) >= self.max_idle:
+        if self.closed or len(self._idle) >= self.max_idle:
             conn.close()
             return
         self._idle.append(conn)
@@ -362,6 +365,7 @@ class Pool:
         raise UpstreamError(f"cannot reach {self.authority}")
 
     def close(self) -> None:
+        self.closed = True
         for conn in list(self._all):
             conn.close()
         self._idle.clear()

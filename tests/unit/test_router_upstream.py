@@ -56,3 +56,38 @@ def test_pieces_that_arrived_together_are_taken_in_one() -> None:
         return [await conn.next_chunk(), await conn.next_chunk()]
 
     assert asyncio.run(go()) == [b"abcd", None]
+
+
+def test_a_response_finished_after_its_pool_closed_closes_its_connection() -> None:
+    """A worker dropped (removed, or unhealthy) while a response of it was still read: the connection is
+    closed when that response is released, not left idle in the dropped pool (open to the worker, and
+    never used or closed again)."""
+    from infer_ctl.router.upstream import Response
+
+    class Transport:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+    pool = Pool("127.0.0.1", 9)
+    conn = fed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    conn.pool, conn.transport = pool, Transport()  # type: ignore[assignment]
+    conn.chunks.clear()  # the body was read
+    pool._all.add(conn)
+    resp = Response(conn)
+    pool._all.discard(conn)  # its connect was in progress during the close: only the release can close it
+    pool.close()
+    resp.release()
+    assert pool._idle == [] and conn.transport.closed  # type: ignore[union-attr]
+    # an open pool takes a finished connection back
+    pool2 = Pool("127.0.0.1", 9)
+    conn2 = fed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    conn2.pool, conn2.transport = pool2, Transport()  # type: ignore[assignment]
+    conn2.chunks.clear()
+    pool2._all.add(conn2)
+    Response(conn2).release()
+    assert pool2._idle == [conn2] and not conn2.transport.closed  # type: ignore[union-attr]
