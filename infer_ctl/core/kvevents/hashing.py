@@ -33,11 +33,14 @@ _WIDE_TAG = b"\xff"  # SGLang: an odd byte count tells wide (uint64) pages from 
 _LITTLE = sys.byteorder == "little"
 try:
     # CPython's built-in SHA-256: the same digests as OpenSSL's, and for a 36-byte page of the chain
-    # ~1.5x faster per call here (OpenSSL's EVP set-up dominates inputs this small); a build without it
-    # (CPython's --without-builtin-hashlib-hashes) falls back to hashlib's
+    # ~1.5x faster per call here (OpenSSL's EVP set-up dominates inputs this small). `_sha256` up to
+    # Python 3.11, `_sha2` from 3.12; a build without either (--without-builtin-hashlib-hashes) uses hashlib's
     from _sha256 import sha256 as _sha256_small
-except ImportError:  # pragma: no cover - such a build
-    _sha256_small = hashlib.sha256
+except ImportError:  # pragma: no cover - another Python
+    try:
+        from _sha2 import sha256 as _sha256_small
+    except ImportError:
+        _sha256_small = hashlib.sha256
 
 
 def pack_bigrams(tokens: Sequence[int]) -> list[int]:
