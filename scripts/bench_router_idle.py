@@ -50,8 +50,10 @@ def main() -> int:
     workers, flags = [], []
     for _ in range(args.workers):
         port = free_port()
-        kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
-                         "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"})
+        # a wildcard host: the publisher binds (SGLang's rule, sim/kv_config.py `should_bind`); with
+        # 127.0.0.1 it would connect, as would the router's SUB, and both would retry ~10 times a second
+        kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}",
+                         "replay_endpoint": f"tcp://*:{free_port()}"})
         workers.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "sim", "serve", "-w",
                                          f"mixed@127.0.0.1:{port}", "--kv-events-config", kv], stdout=dn, stderr=dn))
         flags += ["--worker", f"http://127.0.0.1:{port}"]

@@ -57,8 +57,9 @@ class WorkerCalls:
 
     @staticmethod
     def done(w: WorkerState, resp: Response) -> None:
-        """The end of an `open`ed call, however it ended."""
-        resp.close()
+        """The end of an `open`ed call, however it ended: a response read to its end gives its keep-alive
+        connection back to the pool (a relayed stream, which `read` never saw), anything else closes it."""
+        resp.release()
         w.inflight -= 1
 
     def record(self, w: WorkerState, status: int) -> None:

@@ -36,6 +36,9 @@ log = logging.getLogger("infer_ctl.router")
 
 #: how often the leader checks for a change and a follower for a new snapshot
 SYNC_S = 0.1
+#: every how many checks the leader serializes its state even though no change was counted: a change
+#: made past the counters (a field set directly) is still published within a second
+_FULL_EVERY = 10
 #: how often a follower expires its predicted index (the leader's warmer does it there)
 _EXPIRE_S = 0.5
 
@@ -178,7 +181,18 @@ class Publisher:
         self.path = path
         self.version = 0
         self._last = b""
+        #: what the state's change counters said at the last serialization (None: never serialized)
+        self._key: tuple[Any, ...] | None = None
+        self._unforced = 0
         self._task: asyncio.Task[None] | None = None
+
+    def _change_key(self) -> tuple[Any, ...]:
+        """Cheap to compute, and different whenever the snapshot is: the named prefixes' change counter
+        (PrefixRegistry.changes: the prefix documents, texts included, are what costs to serialize) and
+        the worker fields the snapshot carries (a few per worker, set from several places)."""
+        ws = self.router.workers
+        return (self.router.prefixes.changes, ws.next_slot,
+                tuple([(w.url, w.role, w.spec.bootstrap_port, w.slot, w.draining) for w in ws.all()]))
 
     def adopt(self) -> bool:
         """A restarted leader: take over the last snapshot (runtime changes survive the restart)."""
@@ -199,7 +213,15 @@ class Publisher:
         log.warning("leader adopted the last snapshot", extra={"version": self.version})
         return True
 
-    def publish(self) -> bool:
+    def publish(self, force: bool = True) -> bool:
+        """Write the snapshot when the state differs from the last one written. `force=False` (the
+        100 ms loop): serialize only when a change counter moved, or every `_FULL_EVERY` checks (an
+        idle leader with 24 named prefixes of 1,200 tokens spent ~200 µs per check serializing)."""
+        key = self._change_key()
+        if not force and key == self._key and self._unforced < _FULL_EVERY - 1:
+            self._unforced += 1
+            return False
+        self._key, self._unforced = key, 0
         data = dumps(snapshot_doc(self.router))
         if data == self._last:
             return False
@@ -223,7 +245,10 @@ class Publisher:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(SYNC_S)
-            self.publish_now()
+            try:
+                self.publish(force=False)
+            except OSError as exc:
+                log.warning("cannot write the router's state snapshot", extra={"error": str(exc)})
 
     async def stop(self) -> None:
         await _cancel(self._task)

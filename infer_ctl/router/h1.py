@@ -128,7 +128,9 @@ class StreamResponse:
         self.chunked = True
         self._conn: H1Connection | None = None
 
-    async def prepare(self, request: Request) -> None:
+    async def prepare(self, request: Request, first: bytes = b"") -> None:
+        """Send the head; `first`: the body's first piece, sent with it in one write (a relayed stream
+        has its first chunk before it commits: one socket write fewer per stream)."""
         conn = self._conn = request.conn
         self.chunked = not request.http10
         head = b"HTTP/1.1 %d %s\r\n" % (self.status, _reason(self.status))
@@ -139,14 +141,25 @@ class StreamResponse:
         if not self.chunked or (conn.close_after and not conn.pending):
             head += b"Connection: close\r\n"
         self.prepared = True
-        conn.write(head + b"\r\n")
+        conn.write(head + b"\r\n" + (self._frame(first) if first else b""))
         await conn.drain()
 
-    async def write(self, data: bytes) -> None:
-        if not data:
+    def _frame(self, data: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
+
+    async def write(self, data: bytes, last: bool = False) -> None:
+        """Send one piece of the body; `last`: it is the final one, and the end of the stream goes in the
+        same write (what `write_eof` would send next). Nothing is sent once the stream ended."""
+        if self.finished or not (data or last):
             return
         assert self._conn is not None, "prepare() first"
-        self._conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        out = self._frame(data) if data else b""
+        if last:
+            self.finished = True
+            if self.chunked:
+                out += b"0\r\n\r\n"
+        if out:
+            self._conn.write(out)
         await self._conn.drain()
 
     async def write_eof(self) -> None:

@@ -52,7 +52,6 @@ class StreamRelay:
         """Commit to the client and copy the rest of the stream; `pre` is credited with the answer."""
         resp = ctx.resp = h1.StreamResponse(200, {
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": ctx.rid})
-        await resp.prepare(ctx.request)
         splitter = sse.EventSplitter()
         last_json: Any = None
         #: a /generate batch's stream (chunks carry SGLang's top-level `index`): each prompt's last chunk,
@@ -89,8 +88,16 @@ class StreamRelay:
                         items = _item(items, sse.event_json(ev))
             if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
                 ctx.obs.stream_chunk(len(events), last_json, items)
+            # socket writes are much of the router's CPU per streamed request: the head goes with the first
+            # piece, and the end of the stream with the last one when the worker's stream is complete
+            last = upstream.complete
+            if not resp.prepared:
+                await resp.prepare(ctx.request, chunk)
+                if last:
+                    await resp.write(b"", last=True)
+            elif chunk or last:
+                await resp.write(chunk, last)
             if chunk:
-                await resp.write(chunk)
                 now = self.clock()
                 self.metrics.itl.observe(now - t_prev)
                 t_prev = now

@@ -19,6 +19,8 @@ from collections.abc import Awaitable
 from urllib.parse import urlsplit
 
 _HIGH_WATER = 256 * 1024
+#: what bytes.strip() strips (str.strip() would also strip \x85 and \xa0 of a latin-1 header value)
+_WS = " \t\n\r\x0b\x0c"
 
 
 class UpstreamError(Exception):
@@ -133,8 +135,9 @@ class _Conn(asyncio.Protocol):
                 return
 
     def _headers(self, raw: bytes) -> None:
-        lines = raw.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
+        # decoded once (latin-1: every byte is one character), then split: two upstream heads per PD request
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
         try:
             self.status = int(parts[1])
         except (IndexError, ValueError):
@@ -144,8 +147,8 @@ class _Conn(asyncio.Protocol):
             return
         headers: dict[str, str] = {}
         for line in lines[1:]:
-            k, _, v = line.partition(b":")
-            headers[k.strip().lower().decode("latin-1")] = v.strip().decode("latin-1")
+            k, _, v = line.partition(":")
+            headers[k.strip(_WS).lower()] = v.strip(_WS)
         self.headers = headers
         if headers.get("connection", "").lower() == "close":
             self.keep_alive = False
@@ -208,7 +211,13 @@ class _Conn(asyncio.Protocol):
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
             self.waiter = None
-        data = self.chunks.popleft()
+        # everything that arrived, in one piece: a relay writes it to its client in one socket write
+        chunks = self.chunks
+        if len(chunks) == 1:
+            data = chunks.popleft()
+        else:
+            data = b"".join(chunks)
+            chunks.clear()
         self.buffered -= len(data)
         if self.paused and self.buffered < _HIGH_WATER // 2 and self.transport is not None:
             self.transport.resume_reading()
@@ -242,6 +251,12 @@ class Response:
         the connection broke. Reading resumes from the worker as the consumer takes chunks (flow control)."""
         return self._conn.next_chunk()  # the connection's coroutine itself: no extra frame per chunk
 
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body arrived and every piece of it was taken (`next_chunk` gives None next)."""
+        conn = self._conn
+        return conn.done and conn.error is None and not conn.chunks
+
     def release(self) -> None:
         if self._released:
             return
@@ -270,6 +285,9 @@ class Pool:
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
         self._prefixes: dict[tuple[str, str], bytes] = {}
+        #: closed (its worker removed, or unhealthy: Upstreams.drop): a response finished later closes its
+        #: connection instead of leaving it idle in a pool nobody uses
+        self.closed = False
 
     def _discard(self, conn: _Conn) -> None:
         self._all.discard(conn)
@@ -281,7 +299,7 @@ class Pool:
         conn.done = False
         conn.headers_fut = None
         conn.buf.clear()
-        if len(self._idle) >= self.max_idle:
+        if self.closed or len(self._idle) >= self.max_idle:
             conn.close()
             return
         self._idle.append(conn)
@@ -347,6 +365,7 @@ class Pool:
         raise UpstreamError(f"cannot reach {self.authority}")
 
     def close(self) -> None:
+        self.closed = True
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
@@ -367,9 +386,11 @@ class Upstreams:
             pool = self._pools[url] = Pool(parts.hostname, parts.port or 80)
         return pool
 
-    async def request(self, url: str, method: str, path: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None) -> Response:
-        return await self.pool(url).request(method, path, body, headers)
+    def request(self, url: str, method: str, path: str, body: bytes = b"",
+                headers: dict[str, str] | None = None) -> Awaitable[Response]:
+        """The pool's own coroutine (no extra frame: two of these per PD request); raises UpstreamError
+        at once for a URL it cannot serve."""
+        return self.pool(url).request(method, path, body, headers)
 
     async def fetch(self, url: str, method: str, path: str, body: bytes = b"",
                     headers: dict[str, str] | None = None) -> tuple[int, bytes]:

@@ -449,3 +449,35 @@ def test_an_oversized_batch_in_the_replay_is_rejected_never_decoded() -> None:
             pub.close()
 
     run(main())
+
+
+def test_a_stream_silent_over_several_idle_checks_keeps_receiving_and_replays_when_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receive in progress is kept across idle checks (not cancelled and armed again): a batch after
+    a long silence is applied, and a replay asked for during the silence (restarted()) runs at the next
+    idle check with that receive cancelled, so the replay, not a stale receive, reads what follows."""
+    from infer_ctl.router import kv_subscriber
+
+    monkeypatch.setattr(kv_subscriber, "_IDLE_S", 0.05)
+
+    async def main() -> None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+        s, seen = stream_for(pub)
+        s.start()
+        try:
+            await connected(s, pub)
+            await asyncio.sleep(0.3)  # six idle checks
+            pub.batch([stored([900], None, [1])])
+            assert await until(lambda: s.blocks.holds(900))
+            replays = len(pub.replay_requests)
+            s.restarted()
+            assert await until(lambda: len(pub.replay_requests) > replays)  # no message needed to get there
+            pub.batch([stored([901], 900, [2])])
+            assert await until(lambda: s.exact and s.blocks.holds(901))
+            assert seen["untrusted"] == 0 and s.stats.untrusted == 0, s.reason
+        finally:
+            await s.stop()
+            pub.close()
+
+    run(main())

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
+from infer_ctl.router import follow
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
 from infer_ctl.router.metrics_merge import merge
@@ -216,6 +217,55 @@ def test_a_restarted_leader_warms_again_what_the_dead_one_was_warming(tmp_path: 
     assert Publisher(new, path).adopt()
     views = [WorkerView("http://127.0.0.1:1", 0, 0, True)]
     assert [(a.name, a.worker) for a in new.prefixes.plan_warmups(views, 2.0)] == [("sys", "http://127.0.0.1:1")]
+
+
+def test_the_leaders_loop_serializes_only_after_a_counted_change_and_still_publishes_every_change(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 100 ms loop (`publish(force=False)`) serializes when the prefixes' change counter or a worker's
+    snapshot fields moved, not on every check; every change still reaches the file: each counted one at
+    the next check, one made past the counters (a field set directly) within `_FULL_EVERY` checks."""
+    from infer_ctl.core.routing.policy import WorkerView
+
+    leader = Router(pd_cfg())
+    path = tmp_path / "state.json"
+    pub = Publisher(leader, path)
+    built = []
+    real = follow.snapshot_doc
+    monkeypatch.setattr(follow, "snapshot_doc", lambda r: built.append(1) or real(r))
+
+    def version() -> int:
+        return int(read_snapshot(path)["version"])  # type: ignore[index]
+
+    assert pub.publish(force=False) and version() == 1 and len(built) == 1  # the first check always does
+    for _ in range(follow._FULL_EVERY - 1):
+        assert not pub.publish(force=False)
+    assert len(built) == 1  # idle: nothing serialized for 9 checks ...
+    assert not pub.publish(force=False) and len(built) == 2  # ... then once, finding nothing new
+    views = [WorkerView("http://127.0.0.1:1", 0, 0, True), WorkerView("http://127.0.0.1:2", 0, 0, True)]
+    actions: list[Any] = []
+    changes = [
+        lambda: leader.prefixes.register("sys", "You are terse.", now=1.0),
+        lambda: actions.extend(leader.prefixes.plan_warmups(views, 2.0)),  # a placement, warming
+        lambda: [leader.prefixes.warm_done(a, True, 3.0) for a in actions],
+        lambda: setattr(leader.workers.by_url["http://127.0.0.1:2"], "draining", True),
+        lambda: leader.prefixes.drop_worker("http://127.0.0.1:1"),
+        lambda: leader.prefixes.expire("sys", 4.0),
+    ]
+    for i, change in enumerate(changes):
+        before = snapshot_doc(leader)
+        change()
+        assert snapshot_doc(leader) != before, i
+        assert pub.publish(force=False), i  # published at the next check
+        assert read_snapshot(path)["prefixes"] == snapshot_doc(leader)["prefixes"]  # type: ignore[index]
+    v = version()
+    leader.prefixes.records()[0].ttl_s = 5.0  # past the counters
+    published = [pub.publish(force=False) for _ in range(follow._FULL_EVERY)]
+    assert published.count(True) == 1 and version() == v + 1
+    assert read_snapshot(path)["prefixes"][0]["ttl_s"] == 5.0  # type: ignore[index]
+    # the admin API's publish_now always compares the whole state
+    leader.prefixes.records()[0].replicas = 2
+    pub.publish_now()
+    assert version() == v + 2
 
 
 def test_metrics_merge_keeps_one_family_and_labels_each_process() -> None:

@@ -436,3 +436,41 @@ def test_repeated_headers_that_may_repeat_are_still_handled(srv: Served) -> None
         s.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\nAccept: a\r\nAccept: b\r\nAuthorization: Bearer t\r\n\r\n")
         status, _, body = read_responses(s, 1)[0]
     assert status == 200 and json.loads(body)["path"] == "/ok"
+
+
+class _Writes:
+    """What a StreamResponse hands its connection: each transport write, as one item."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.close_after = False
+        self.pending: list[Request] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    async def drain(self) -> None:
+        return None
+
+
+def test_a_relayed_stream_sends_its_head_with_the_first_piece_and_its_end_with_the_last() -> None:
+    """One socket write per piece of the stream: the head goes with the first (prepare(first=...)), the
+    terminating chunk with the last (write(last=True)); the bytes are those of separate writes, and
+    nothing is sent once the stream ended (a late error event cannot follow the terminator)."""
+    conn = _Writes()
+    req = Request("POST", "/generate", "", {}, conn)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        resp = StreamResponse(200, {"Content-Type": "text/event-stream"})
+        await resp.prepare(req, b"data: 1\n\n")
+        await resp.write(b"data: 2\n\n")
+        await resp.write(b"data: [DONE]\n\n", last=True)
+        await resp.write(b"data: late\n\n")
+        await resp.write_eof()
+
+    asyncio.run(go())
+    assert conn.writes == [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n9\r\ndata: 1\n\n\r\n",
+        b"9\r\ndata: 2\n\n\r\n",
+        b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n",
+    ]

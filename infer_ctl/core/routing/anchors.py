@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from infer_ctl.core.kvevents.hashing import block_hashes, last_digest, pack_bigrams, page_digests
+from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.core.routing.blocks import WorkerBlocks
 
 
@@ -223,7 +223,7 @@ class AnchorTable:
         p = u // ps
         if p:
             block: int | None = page_hashes[p - 1]
-            digest = last_digest(digests[: p * 32])
+            digest: bytes | None = digests[(p - 1) * 32 : p * 32]  # page p's digest (no copy of the chain before)
         else:
             block = prev.block if prev else None
             digest = prev.digest if prev else None
@@ -243,7 +243,7 @@ class AnchorTable:
         cap = max(0, total - 1 - (1 if self.bigram else 0)) // ps * ps
         p = (cap - units0) // ps  # whole pages of this build under the cap
         if p > 0 and p <= len(page_hashes):
-            return Anchor(cap, page_hashes[p - 1], last_digest(digests[: p * 32]), (), total, 0, None)
+            return Anchor(cap, page_hashes[p - 1], digests[(p - 1) * 32 : p * 32], (), total, 0, None)
         if prev is not None and prev.units <= cap:
             return Anchor(prev.units, prev.block, prev.digest, (), total, 0, None)
         return Anchor(0, None, None, (), total, 0, None)

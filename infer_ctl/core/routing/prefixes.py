@@ -192,6 +192,10 @@ class PrefixRegistry:
         self._records: dict[str, list[PrefixRecord]] = {}
         #: the settings of names whose versions were all forgotten
         self._settings: dict[str, Settings] = {}
+        #: bumped by every method here that changes what a record says (not its statistics or last hit):
+        #: the leader serializes its state for the other router processes only when it moved
+        #: (router/follow.py); a field set from outside should bump it too
+        self.changes = 0
 
     # ---- operator verbs -------------------------------------------------------------------------
     def register(self, name: str, text: str, *, now: float, ttl_s: float | None = None, replicas: int = 1,
@@ -203,6 +207,7 @@ class PrefixRegistry:
             raise ValueError(f"keep must be hbm or host, got {keep!r}")
         if keep == "host" and pin:
             raise ValueError("pin keeps a prefix in HBM: give keep hbm (or no pin) with it, not keep host")
+        self.changes += 1
         versions = self._records.setdefault(name, [])
         current = self.active(name)
         if current is not None and current.text == text:
@@ -221,6 +226,7 @@ class PrefixRegistry:
         rec = self.active(name)
         if rec is None:
             raise KeyError(name)
+        self.changes += 1
         rec.state = PrefixState.EXPIRED
         rec.ended_at = now
         return rec
@@ -230,6 +236,7 @@ class PrefixRegistry:
         rec = self.active(name)
         if rec is None:
             raise KeyError(name)
+        self.changes += 1
         rec.registered_at = now
         rec.warm_requests += 1
         for p in rec.placements.values():
@@ -243,11 +250,13 @@ class PrefixRegistry:
         self._settings.pop(name, None)
         if not versions:
             raise KeyError(name)
+        self.changes += 1
         return versions
 
     def adopt(self, records: dict[str, list[PrefixRecord]]) -> None:
         """Take another registry's records as this one's (a follower router process: the leader's table)."""
         self._records = records
+        self.changes += 1
 
     # ---- lookups --------------------------------------------------------------------------------
     def settings(self, name: str) -> Settings | None:
@@ -293,12 +302,16 @@ class PrefixRegistry:
             keep = [r for r in versions
                     if r.state is PrefixState.ACTIVE or r.ended_at is None
                     or now - r.ended_at < self.forget_after_s]
+            if len(keep) != len(versions):
+                self.changes += 1
             if keep:
                 self._records[name] = keep
             else:  # listed no more, but a later `add NAME` still keeps its settings
                 last = versions[-1]
                 self._settings[name] = (last.ttl_s, last.replicas, last.pin, last.fmt, last.keep)
                 del self._records[name]
+        if expired:
+            self.changes += 1
         return expired
 
     def plan_warmups(self, workers: Sequence[WorkerView], now: float,
@@ -310,6 +323,7 @@ class PrefixRegistry:
         avail = {w.url: w for w in workers if w.available}
         held: dict[str, int] = dict.fromkeys(avail, 0)
         actives = [r for r in self.records() if r.state is PrefixState.ACTIVE]
+        changed = False  # anything a record says (`changes`)
         for rec in actives:
             for url in list(rec.placements):
                 p = rec.placements[url]
@@ -317,6 +331,7 @@ class PrefixRegistry:
                     if p.warm_failures >= self.max_warm_failures:
                         rec.avoid.add(url)
                     del rec.placements[url]
+                    changed = True
                 else:
                     held[url] += 1
         actions: list[WarmAction] = []
@@ -334,23 +349,31 @@ class PrefixRegistry:
             for url in free[: max(0, want - len(rec.placements))]:
                 rec.placements[url] = Placement(worker=url)
                 held[url] += 1
+                changed = True
             for p in rec.placements.values():
+                tier = p.tier
                 if not rec.keep:  # re-registered without keep: no stale tier in `router prefixes`
                     p.tier = None
                 elif tiers is not None:
                     p.tier = tiers.get((rec.name, p.worker))
+                changed = changed or p.tier != tier
                 if p.warming:
                     continue
                 last = max(t for t in (p.warmed_at, p.last_hit, -1e18) if t is not None)
                 idle = now - last >= self.rewarm_idle_s
                 if p.needs_rewarm or p.warmed_at is None or idle or (rec.keep and tiers):
+                    streak = p.left_streak
                     idle, left = self._kept(rec, p, now, tiers, idle, self._left_cap_s)
+                    changed = changed or p.left_streak != streak
                     if p.needs_rewarm or p.warmed_at is None or idle or left:
                         if left and not (p.needs_rewarm or p.warmed_at is None or idle):
                             p.left_streak += 1
                         p.warming = True
+                        changed = True
                         actions.append(WarmAction(rec.name, rec.version, p.worker, rec.text, rec.fmt,
                                                   rec.pin or rec.keep == "hbm"))
+        if changed:
+            self.changes += 1
         return actions
 
     @property
@@ -379,6 +402,7 @@ class PrefixRegistry:
         return idle, settled and where != "hbm"  # keep hbm: back to HBM once it left it
 
     def warm_done(self, action: WarmAction, ok: bool, now: float, prompt_tokens: int | None = None) -> None:
+        self.changes += 1
         for rec in self._records.get(action.name, []):
             if rec.version != action.version:
                 continue
@@ -414,12 +438,14 @@ class PrefixRegistry:
         # a hit: the worker had (almost) the whole shared prefix cached
         if cached_tokens >= 0.9 * (rec.tokens or prefix_tokens):
             st.hits += 1
-        elif p is not None and p.warmed_at is not None:
+        elif p is not None and p.warmed_at is not None and not p.needs_rewarm:
             p.needs_rewarm = True  # evicted behind our back: warm it again
+            self.changes += 1
 
     def drop_worker(self, worker: str) -> None:
         for rec in self.records():
-            rec.placements.pop(worker, None)
+            if rec.placements.pop(worker, None) is not None:
+                self.changes += 1
 
     # ---- the shared document (router/state_sync.py) ----------------------------------------------
     def get(self, name: str, version: int) -> PrefixRecord | None:
@@ -452,7 +478,9 @@ class PrefixRegistry:
         if doc is None or doc.get("removed"):
             self._records.pop(name, None)
             self._settings.pop(name, None)
+            self.changes += 1
             return
+        self.changes += 1
         raw_versions = doc.get("versions")
         raw_settings = doc.get("settings")
         if not isinstance(raw_versions, list):
