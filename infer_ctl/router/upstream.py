@@ -285,8 +285,9 @@ class Pool:
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
         self._prefixes: dict[tuple[str, str], bytes] = {}
-        #: closed (its worker removed, or unhealthy: Upstreams.drop): a response finished later closes its
-        #: connection instead of leaving it idle in a pool nobody uses
+        #: closed on purpose (its worker removed, or unhealthy: Upstreams.drop): a response finished later
+        #: closes its connection instead of leaving it idle in a pool nobody uses, and a request whose
+        #: connection that close broke fails, never re-sent to the worker on a fresh one
         self.closed = False
 
     def _discard(self, conn: _Conn) -> None:
@@ -355,7 +356,7 @@ class Pool:
                 await conn.headers_fut
             except UpstreamError:
                 conn.close()
-                if reused and attempt == 0 and conn.status == 0 and not conn.buf:
+                if reused and attempt == 0 and conn.status == 0 and not conn.buf and not self.closed:
                     continue
                 raise
             except BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ def request_seed(
         h.update(f"#{sample}:".encode())
     h.update(",".join(map(str, input_ids)).encode())
     return int.from_bytes(h.digest(), "big")
+
+
+_log = logging.getLogger("infer_ctl.sim")
 
 
 @dataclass(eq=False)
@@ -120,12 +124,23 @@ class Engine:
         self.running: list[SimRequest] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: why the scheduler loop died (None while it runs): /health answers 503 from then on, as SGLang's
+        #: does once its scheduler is gone, instead of a worker that accepts requests and never answers
+        self.failed: str | None = None
         self._next_free = 0.0  # wall time the simulated GPU is busy until
         self.last_gen_throughput = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self.failed = f"{type(exc).__name__}: {exc}"
+        _log.error("simulated scheduler loop died: %s", self.failed, exc_info=exc)
 
     async def stop(self) -> None:
         if self._task:
@@ -268,6 +283,8 @@ class Engine:
             model_s = max(model_s, self.timing.step_overhead_s + load)
         end = await self._busy(loop, model_s + self.cache.take_stall_seconds())
         for req, take in batch:
+            if req not in self.prefill_queue:
+                continue  # aborted while the step ran (its client went away): abort() dropped it
             req.remaining_prefill -= take
             if req.remaining_prefill > 0:
                 continue

@@ -80,7 +80,8 @@ class InfoApi:
         self._flush_pending = False
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.state.ready else 503)
+        engine = self.state.engine
+        return web.Response(status=200 if self.state.ready and (engine is None or engine.failed is None) else 503)
 
     async def ready(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.state.ready else 503)  # SGLang: an empty body either way
