@@ -42,6 +42,8 @@ class Coalescer:
         #: leaders someone waits for, per worker, with their request (the KV-events landing check)
         self._waited: dict[str, dict[Flight, Any]] = {}
         self._futures: dict[Flight, asyncio.Future[str]] = {}
+        #: flights that ended landed and are still pending, per worker (until its next KV batch)
+        self._ended: dict[str, set[Flight]] = {}
         self.holding = 0
         self.held = Counter("inferctl_router_coalesce_held_total",
                             "Requests held for an in-flight request computing their prefix, by how the hold "
@@ -81,13 +83,23 @@ class Coalescer:
 
     def _end(self, flight: Flight) -> None:
         """The attempt ended: a flight that never landed fails (its waiters compute themselves) and
-        leaves the overlay now; a landed one stays pending for the grace, until the worker's KV events
-        report its blocks."""
+        leaves the overlay now; a landed one stays pending until the next KV-event batch from its
+        worker (which reports what the worker holds from then on: its stores, or an AllBlocksCleared
+        after a flush) or, at the latest, for the grace (a worker without KV events)."""
         flight.fail()
         if flight.state == "failed" or self.cfg.grace_s <= 0:
             self.pending.remove(flight)
-        else:
-            asyncio.get_running_loop().call_later(self.cfg.grace_s, self.pending.remove, flight)
+            return
+        self._ended.setdefault(flight.worker, set()).add(flight)
+        asyncio.get_running_loop().call_later(self.cfg.grace_s, self._unpend, flight)
+
+    def _unpend(self, flight: Flight) -> None:
+        self.pending.remove(flight)
+        ended = self._ended.get(flight.worker)
+        if ended is not None:
+            ended.discard(flight)
+            if not ended:
+                del self._ended[flight.worker]
 
     async def _hold(self, ctx: RequestContext, pre: WorkerState, leader: Flight) -> None:
         fut = self._futures.get(leader)
@@ -124,9 +136,14 @@ class Coalescer:
                 del self._waited[leader.worker]
 
     def kv_batch(self, worker: str) -> None:
-        """A KV event batch from `worker` was applied: a leader someone waits for whose whole prompt
-        the worker's stores now hold (in HBM) has landed. Only the waited-for leaders on that worker
-        are looked at (usually none)."""
+        """A KV event batch from `worker` was applied: the flights there that ended landed leave the
+        overlay (the exact index has their blocks, or the worker dropped them); a leader someone waits
+        for whose whole prompt the worker's stores now hold (in HBM) has landed. Only those flights of
+        that worker are looked at (usually none)."""
+        ended = self._ended.pop(worker, None)
+        if ended:  # the worker's events speak for these from now on
+            for flight in ended:
+                self.pending.remove(flight)
         waited = self._waited.get(worker)
         kv = self.kv
         if not waited or kv is None:
