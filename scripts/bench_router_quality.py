@@ -286,13 +286,25 @@ class Config:
 @contextlib.contextmanager
 def fleet(cfg: Config, logs: Path, pd: bool = False) -> Iterator[list[Worker]]:
     roles = ["prefill", "prefill", "decode", "decode"] if pd else ["mixed"] * cfg.workers
-    ws = [Worker(r, free_port(), free_port(), free_port(), i, free_port() if r == "prefill" else None)
-          for i, r in enumerate(roles)]
+    for attempt in range(3):
+        # a free port can be taken by another process before the worker binds it (a shared machine):
+        # a worker that exits at start-up gets the whole fleet restarted on new ports, twice at most
+        ws = [Worker(r, free_port(), free_port(), free_port(), i, free_port() if r == "prefill" else None)
+              for i, r in enumerate(roles)]
+        try:
+            for i, w in enumerate(ws):
+                w.proc = Proc(f"worker{i}-{w.role}", w.cmd(cfg), logs)
+            for w in ws:
+                wait_ok(w.url + "/health", f"worker {w.url}", proc=w.proc)
+        except RuntimeError:
+            for w in ws:
+                if w.proc:
+                    w.proc.stop()
+            if attempt == 2:
+                raise
+            continue
+        break
     try:
-        for i, w in enumerate(ws):
-            w.proc = Proc(f"worker{i}-{w.role}", w.cmd(cfg), logs)
-        for w in ws:
-            wait_ok(w.url + "/health", f"worker {w.url}", proc=w.proc)
         yield ws
     finally:
         for w in ws:
@@ -657,6 +669,7 @@ def main() -> None:
     for rep in range(args.repeat):
         wl = Workload(requests=args.requests, seed=args.seed + rep)
         runs.append(scenarios(names, cfg, logs / f"run{rep + 1}", wl, cpts))
+        (logs / "runs.json").write_text(json.dumps(runs, indent=1))  # what is measured so far survives a crash
     if args.json:
         print(json.dumps(runs, indent=2))
         return
