@@ -279,18 +279,32 @@ class Config:
     stale_cache_tokens: int = 6000
     #: `router serve --processes` for the inferctl router (None: its default, the cores, at most 8)
     processes: int | None = None
+    #: also run the inferctl router with `--no-coalesce` (the before of in-flight prefix coalescing)
+    baseline: bool = False
 
 
 @contextlib.contextmanager
 def fleet(cfg: Config, logs: Path, pd: bool = False) -> Iterator[list[Worker]]:
     roles = ["prefill", "prefill", "decode", "decode"] if pd else ["mixed"] * cfg.workers
-    ws = [Worker(r, free_port(), free_port(), free_port(), i, free_port() if r == "prefill" else None)
-          for i, r in enumerate(roles)]
+    for attempt in range(3):
+        # a free port can be taken by another process before the worker binds it (a shared machine):
+        # a worker that exits at start-up gets the whole fleet restarted on new ports, twice at most
+        ws = [Worker(r, free_port(), free_port(), free_port(), i, free_port() if r == "prefill" else None)
+              for i, r in enumerate(roles)]
+        try:
+            for i, w in enumerate(ws):
+                w.proc = Proc(f"worker{i}-{w.role}", w.cmd(cfg), logs)
+            for w in ws:
+                wait_ok(w.url + "/health", f"worker {w.url}", proc=w.proc)
+        except RuntimeError:
+            for w in ws:
+                if w.proc:
+                    w.proc.stop()
+            if attempt == 2:
+                raise
+            continue
+        break
     try:
-        for i, w in enumerate(ws):
-            w.proc = Proc(f"worker{i}-{w.role}", w.cmd(cfg), logs)
-        for w in ws:
-            wait_ok(w.url + "/health", f"worker {w.url}", proc=w.proc)
         yield ws
     finally:
         for w in ws:
@@ -330,7 +344,8 @@ def restart(w: Worker, cfg: Config) -> None:
     wait_ok(w.url + "/health", f"restarted worker {w.url}", proc=w.proc)
 
 
-def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl", processes: int | None = None) -> Proc:
+def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl", processes: int | None = None,
+                    extra: list[str] | None = None) -> Proc:
     port = free_port()
     # BENCH_PROFILE=1: the router runs under cProfile (its profile lands next to its log)
     prof = ["-m", "cProfile", "-o", str(logs / f"{name}.prof")] if os.environ.get("BENCH_PROFILE") else []
@@ -338,6 +353,7 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl", proces
            "--policy", os.environ.get("BENCH_POLICY", "cache_aware"), "--log-requests"]
     if processes is not None:
         cmd += ["--processes", str(processes)]
+    cmd += extra or []
     for w in ws:
         if w.role == "mixed":
             cmd += ["--worker", w.url]
@@ -539,8 +555,9 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
         fronts: list[Proc] = []
         try:
             for i in range(routers):
-                fronts.append(inferctl_router(ws, d, f"inferctl{i}", cfg.processes) if router == "inferctl"
-                              else sglang_router(ws, d, f"sglang-router{i}"))
+                fronts.append(inferctl_router(ws, d, f"inferctl{i}", cfg.processes,
+                                              ["--no-coalesce"] if router == "inferctl-off" else None)
+                              if router.startswith("inferctl") else sglang_router(ws, d, f"sglang-router{i}"))
             targets = [f.url for f in fronts]  # type: ignore[attr-defined]
             prefill_like = [w for w in ws if w.role != "decode"]
             midway = (lambda: restart(prefill_like[1], cfg)) if stale else None
@@ -549,7 +566,7 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
             res = run_load(replace(cfg, bypass=stale or cfg.bypass), d, "load", wl, targets, bypass, midway)
             cpu = sum(f.cpu_s() for f in fronts) - cpu0
             stats = worker_stats(ws)
-            procs = [router_processes(f) for f in fronts] if router == "inferctl" else []
+            procs = [router_processes(f) for f in fronts] if router.startswith("inferctl") else []
         finally:
             for f in fronts:
                 f.stop()
@@ -579,6 +596,8 @@ def scenarios(names: list[str], cfg: Config, logs: Path, wl: Workload, cpts: lis
             w = replace(wl, cpt=cpt)
             rows = [variant(cfg, logs, f"inferctl cpt{cpt}", w, "inferctl"),
                     variant(cfg, logs, f"sglang-router cpt{cpt}", w, "sglang")]
+            if cfg.baseline:
+                rows.append(variant(cfg, logs, f"inferctl no-coalesce cpt{cpt}", w, "inferctl-off"))
             out[f"steady, collocated, {cpt} chars/token"] = rows
             if cpt == cpts[0]:
                 one_router = rows[0]
@@ -588,6 +607,9 @@ def scenarios(names: list[str], cfg: Config, logs: Path, wl: Workload, cpts: lis
             out[f"stale ({STALE[mode]})"] = [
                 variant(cfg, logs, f"inferctl stale-{mode}", w, "inferctl", stale=mode),
                 variant(cfg, logs, f"sglang-router stale-{mode}", w, "sglang", stale=mode)]
+            if cfg.baseline:
+                out[f"stale ({STALE[mode]})"].append(
+                    variant(cfg, logs, f"inferctl no-coalesce stale-{mode}", w, "inferctl-off", stale=mode))
     if "two-routers" in names:
         w = replace(wl, cpt=cpts[0])
         rows = [variant(cfg, logs, "inferctl x2", w, "inferctl", routers=2)]
@@ -600,8 +622,9 @@ def scenarios(names: list[str], cfg: Config, logs: Path, wl: Workload, cpts: lis
     return out
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    a, b = rows[0], rows[1]
+def ratios(rows: list[dict[str, Any]], first: int = 0) -> dict[str, float]:
+    """Row `first` against the peer (row 1): hit-rate points, share of the peer's headroom closed, TTFT x."""
+    a, b = rows[first], rows[1]
     head = b["ceiling"] - b["hit_rate"]
     return {"points": 100 * (a["hit_rate"] - b["hit_rate"]),
             "headroom_closed": (a["hit_rate"] - b["hit_rate"]) / head if head > 1e-9 else float("nan"),
@@ -623,6 +646,8 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=None,
                     help="inferctl `router serve --processes N` (default: not passed, the router's own default)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run the inferctl router with --no-coalesce (steady and stale)")
     ap.add_argument("--keep-alive", action="store_true", help="reuse client connections (shows the peer's stall)")
     ap.add_argument("--logs", help="keep every process's log and per-request results here")
     ap.add_argument("--json", action="store_true")
@@ -633,7 +658,8 @@ def main() -> None:
             ap.error(f"unknown scenario {n!r}")
     cfg = Config(time_scale=args.time_scale, cache_tokens=args.cache_tokens, concurrency=args.concurrency,
                  keep_alive=args.keep_alive, stale_cache_tokens=args.stale_cache_tokens,
-                 stale_modes=tuple(args.stale.split(",")), processes=args.processes)
+                 stale_modes=tuple(args.stale.split(",")), processes=args.processes,
+                 baseline=args.baseline)
     for m in cfg.stale_modes:
         if m not in STALE:
             ap.error(f"unknown --stale mode {m!r}")
@@ -643,6 +669,7 @@ def main() -> None:
     for rep in range(args.repeat):
         wl = Workload(requests=args.requests, seed=args.seed + rep)
         runs.append(scenarios(names, cfg, logs / f"run{rep + 1}", wl, cpts))
+        (logs / "runs.json").write_text(json.dumps(runs, indent=1))  # what is measured so far survives a crash
     if args.json:
         print(json.dumps(runs, indent=2))
         return
@@ -664,18 +691,20 @@ def main() -> None:
                 for j, procs in enumerate(r.get("router_processes") or []):
                     print(f"{'':24}   router {j}: processes {procs['answered']} of {procs['processes']} answered; "
                           f"the leader's first_sight {procs['leader_first_sight']}")
-            q = ratios(rows)
-            print(f"  {rows[0]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
-                  f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")
+            for k in [0] + ([2] if len(rows) > 2 else []):
+                q = ratios(rows, k)
+                print(f"  {rows[k]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
+                      f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")
     if len(runs) > 1:
         print("\n=== medians ===")
         for scen in runs[0]:
-            qs = [ratios(run[scen]) for run in runs]
-            med = {k: statistics.median(q[k] for q in qs) for k in qs[0]}
             hits = [[r["hit_rate"] for r in run[scen]] for run in runs]
-            print(f"{scen}: hit rates {' / '.join('/'.join(f'{h:.1%}' for h in hs) for hs in hits)}; median "
-                  f"{med['points']:+.1f} points, headroom closed {med['headroom_closed']:.2f}, mean TTFT "
-                  f"{med['ttft_mean_x']:.2f}x, p99 {med['ttft_p99_x']:.2f}x")
+            print(f"{scen}: hit rates {' / '.join('/'.join(f'{h:.1%}' for h in hs) for hs in hits)}")
+            for k in [0] + ([2] if len(runs[0][scen]) > 2 else []):
+                qs = [ratios(run[scen], k) for run in runs]
+                med = {x: statistics.median(q[x] for q in qs) for x in qs[0]}
+                print(f"  {runs[0][scen][k]['variant']}: median {med['points']:+.1f} points, headroom closed "
+                      f"{med['headroom_closed']:.2f}, mean TTFT {med['ttft_mean_x']:.2f}x, p99 {med['ttft_p99_x']:.2f}x")
     print(f"\nlogs: {logs}")
 
 

@@ -51,6 +51,7 @@ def serve(
     kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", min=0.001, max=300, help="Seconds a KV-event gap replay may take before the worker is routed on the predicted index (default 2).")] = None,
     kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="KV blocks kept per worker stream; more make it untrusted (default 4000000).")] = None,
     kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
+    coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
     processes: Annotated[int | None, typer.Option(
         "--processes", min=1, max=64,
         help="Router processes on the one address (SO_REUSEPORT); default: the cores, at most 8. One without "
@@ -67,6 +68,8 @@ def serve(
         cfg.policy = policy
         cfg.validate()
     cfg.log_requests = log_requests
+    if coalesce is not None:
+        cfg.coalesce = coalesce
     raise typer.Exit(serve_processes(cfg, processes, log_level))
 
 

@@ -83,6 +83,18 @@ class RouterTiers(StrictModel):
     storage_gb_s: Annotated[float, Field(gt=0)] | None = None
 
 
+class RouterCoalesce(StrictModel):
+    """In-flight prefix coalescing (docs/router.md "In-flight prefix coalescing"): prompts in flight
+    count as held by their worker for placement, and a request whose prefix a request in flight on its
+    worker is computing waits for it (at most max_wait_s) instead of computing it again."""
+
+    enabled: bool = True
+    #: the shared part still being computed, in prompt tokens, worth waiting for
+    min_tokens: Annotated[int, Field(ge=1)] = 256
+    #: the longest a request waits for the request computing its prefix
+    max_wait_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+
+
 class RouterSettings(StrictModel):
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")] = "127.0.0.1:8000"
     policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = "cache_aware"
@@ -130,6 +142,7 @@ class RouterSettings(StrictModel):
     #: the environment variable holding the store's password (never the profile itself)
     state_store_password_env: EnvName | None = None
     tiers: RouterTiers = Field(default_factory=RouterTiers)
+    coalesce: RouterCoalesce = Field(default_factory=RouterCoalesce)
 
     @field_validator("listen")
     @classmethod

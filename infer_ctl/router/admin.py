@@ -154,6 +154,7 @@ class Admin:
                          "total": len(router.prefixes.records())},
             "speculative": _spec_summary(router.spec.snapshot()),
             "kv_events": router.kv.status_doc(),
+            "coalesce": router.coalesce.status_doc(),
             **({"state_store": self.sync.status_doc()} if self.sync is not None else {}),
             **self._processes(),
         }

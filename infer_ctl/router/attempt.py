@@ -53,6 +53,14 @@ def prefill_outcome(pt: asyncio.Task[Answer], pre: WorkerState) -> Answer:
     return status, data, ctype
 
 
+def landed(ctx: RequestContext) -> None:
+    """The attempt's first byte or answer: its prompt is in the prefill's radix tree (SGLang inserts it
+    at the end of the prefill forward, before the first token goes out), so requests held for it
+    (router/coalesce.py) may go."""
+    if ctx.flight is not None:
+        ctx.flight.land()
+
+
 def cancel(*tasks: asyncio.Task[Any] | None) -> None:
     for t in tasks:
         if t is not None and not t.done():
@@ -128,6 +136,7 @@ class AttemptRunner:
                 raise AttemptFailed("worker_error", pre.url, str(exc)) from None
             check_status("worker_status", pre, status, data)
             if status == 200:
+                landed(ctx)
                 self.feedback.answered(ctx, pre, loads_or_none(data))
             return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
         # PD: the prefill runs as a task, the decode in this task. A prefill that fails (or answers 4xx)
@@ -143,7 +152,11 @@ class AttemptRunner:
 
         def prefill_done(t: asyncio.Task[Answer]) -> None:
             nonlocal aborted
-            if not waiting or t.cancelled():
+            if t.cancelled():
+                return
+            if t.exception() is None and t.result()[0] == 200:
+                landed(ctx)  # the prefill is done: its prompt is in its radix tree
+            if not waiting:
                 return
             if t.exception() is not None or t.result()[0] >= 400:
                 aborted = True
@@ -175,6 +188,7 @@ class AttemptRunner:
             else:
                 self.finish_later(pt)
             if status == 200:
+                landed(ctx)
                 self.feedback.answered(ctx, pre, obj if obj is not None else loads_or_none(data))
             return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
         except BaseException:
@@ -209,6 +223,7 @@ class AttemptRunner:
                 check_status("stream_status", target, upstream.status, data)
                 return h1.Response(upstream.status, data, _JSON, headers=ctx.headers)
             first = await self.relay.first_chunk(target, upstream)
+            landed(ctx)
             return await self.relay.run(ctx, pre, target, upstream, first, await self._prefill_meta(ctx, pt))
         except BaseException:
             cancel(pt, dt)

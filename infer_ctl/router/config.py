@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from infer_ctl.core.routing.coalesce import CoalesceConfig
 from infer_ctl.core.routing.tiers import (
     BLIND,
     DEFAULT_HOST_GB_S,
@@ -110,6 +111,10 @@ class RouterConfig:
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
     kv_max_message_bytes: int = 8 << 20
+    #: in-flight prefix coalescing (router/coalesce.py; the profile's router.coalesce)
+    coalesce: bool = True
+    coalesce_min_tokens: int = 256
+    coalesce_max_wait_s: float = 2.0
     #: KV tiers (core/routing/tiers.py, docs/router.md "KV tiers"): how a prompt cached in a worker's
     #: HiCache host memory counts next to one in HBM. aware: the load-time model's weight from the
     #: numbers below (None: the defaults there, Llama-3.1-70B BF16 on 8 x H100); blind: every tier as
@@ -157,10 +162,17 @@ class RouterConfig:
             raise UsageError("PD mode needs at least one prefill and one decode worker",
                              remedy="give --prefill URL[@BOOTSTRAP_PORT] and --decode URL")
         self.tier_weights()
+        self.coalesce_config()
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
             raise UsageError(f"unknown policy {self.policy!r}",
                              remedy="use cache_aware, round_robin, power_of_two or random")
 
+
+    def coalesce_config(self) -> CoalesceConfig:
+        try:
+            return CoalesceConfig(self.coalesce, self.coalesce_min_tokens, self.coalesce_max_wait_s)
+        except ValueError as exc:
+            raise UsageError(str(exc), remedy="router.coalesce: min_tokens >= 1, max_wait_s > 0") from None
 
     def tier_weights(self) -> TierWeights | None:
         """The exact index's tier weights (None: only HBM counts); computed once, at start-up."""
@@ -285,7 +297,8 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         pair_probe_after_s=rs.pair_health.probe_after_s,
         kv_tiers=rs.tiers.mode, kv_bytes_per_token_per_rank=rs.tiers.kv_bytes_per_token_per_rank,
         prefill_tokens_per_s=rs.tiers.prefill_tokens_per_s, host_gb_s=rs.tiers.host_gb_s,
-        storage_gb_s=rs.tiers.storage_gb_s,
+        storage_gb_s=rs.tiers.storage_gb_s, coalesce=rs.coalesce.enabled,
+        coalesce_min_tokens=rs.coalesce.min_tokens, coalesce_max_wait_s=rs.coalesce.max_wait_s,
     )
     cfg.tenants = specs_from_profile(profile, env)
     cfg.tenant_header = rs.tenant_header

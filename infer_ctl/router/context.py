@@ -44,6 +44,12 @@ class RequestContext:
     seen: float | None = None
     predicted_tokens: int | None = None
     exact: bool = False
+    #: in-flight prefix coalescing (router/coalesce.py): the chosen prefill's exact cached prompt units
+    #: before the pending overlay, this attempt's flight (core/routing/coalesce.py; landed by attempt.py
+    #: on the first byte or the answer) and how a hold ended (None: not held)
+    held_tokens: int | None = None
+    flight: Any = None
+    coalesced: str | None = None
     #: tracing and tenant hooks (observe.RequestObserver; not imported: observe.py reads this module);
     #: None when the router has neither, and every hook checks this first
     obs: Any = None

@@ -80,7 +80,8 @@ class Feedback:
         if self.log_requests:
             log.info("request done", extra={"rid": ctx.rid, "endpoint": ctx.endpoint, "prefill": ctx.prefill,
                                             "decode": ctx.decode, "reason": ctx.reason, "attempts": ctx.attempts,
-                                            "predicted_tokens": predicted, "cached_tokens": cached})
+                                            "predicted_tokens": predicted, "cached_tokens": cached,
+                                            **({"coalesced": ctx.coalesced} if ctx.coalesced else {})})
 
     def _learn_ratio(self, chars: int, tokens: int) -> None:
         n_chars, n_tokens = self._ratio_seen

@@ -165,6 +165,8 @@ class KvRouting:
         self.first_sight = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
         #: router processes on this address (router/procs.py): a prefill that stops publishing is worth a warning
         self.processes = 1
+        #: called with the worker's URL after each applied batch (router/coalesce.py); None: nobody listens
+        self.on_batch: Any = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -273,6 +275,8 @@ class KvRouting:
             log.warning("KV events: the worker's stores disagree with /server_info about its pages",
                         extra={"worker": w.url, "page_size": stream.block_size, "bigram": stream.bigram})
             w.page_size, w.bigram = stream.block_size, stream.bigram
+        if what == "batches" and self.on_batch is not None:
+            self.on_batch(stream.worker)  # in-flight coalescing: a held request's leader may have landed
         if self.metrics is not None:
             self.metrics.kv_event(stream.worker, what, n)
 

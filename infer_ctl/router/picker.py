@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from infer_ctl.core.routing.coalesce import PendingBlocks
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig, choose_decode, choose_prefill
 from infer_ctl.router.context import RequestContext
@@ -26,6 +27,8 @@ from infer_ctl.router.workers import WorkerRegistry, WorkerState
 class PairPicker:
     #: the exact index from the workers' KV events (router/kv_routing.py), set by the Router; None: off
     kv: KvRouting | None = None
+    #: in-flight prompts per worker (router/coalesce.py), counted as held on exact workers; None: off
+    pending: PendingBlocks | None = None
 
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
@@ -82,6 +85,7 @@ class PairPicker:
                 ctx.predicted_chars, ctx.reason = choice.matched_chars, choice.reason
                 if exact is not None:  # matched in prompt units: exact where the worker's stream is trusted
                     ctx.exact = choice.url in exact[1]
+                    ctx.held_tokens = exact[2].get(choice.url)
                     ctx.predicted_tokens = choice.matched_chars
                     tw = self.kv.tier_weights if self.kv is not None else None
                     if ctx.exact and self.kv is not None and tw is not None and not tw.blind:
@@ -91,7 +95,7 @@ class PairPicker:
                     # what the predicted index alone says, for `router workers` (exact vs predicted)
                     ctx.predicted_chars = self.index.match(ctx.hashes, [choice.url], now)[choice.url]
                 else:  # a retry may take the predicted path after an exact first attempt
-                    ctx.predicted_tokens, ctx.exact = None, False
+                    ctx.predicted_tokens, ctx.exact, ctx.held_tokens = None, False, None
                 n = ctx.predicted_chars // self.index.block_chars
                 ctx.seen = self.index.last_use(ctx.hashes[n - 1], choice.url) if n and not ctx.exact else None
             else:
@@ -105,10 +109,14 @@ class PairPicker:
                 break
         raise NoWorkerAvailable(f"no available {'prefill ' if prefill and pd else '' if prefill else 'decode '}worker")
 
-    def _exact(self, ctx: RequestContext, cands: list[WorkerState], now: float) -> tuple[dict[str, Any], set[str]] | None:
+    def _exact(self, ctx: RequestContext, cands: list[WorkerState],
+               now: float) -> tuple[dict[str, Any], set[str], dict[str, int]] | None:
         """The policy's KV-events inputs: cached prompt units per candidate, exact from the events where
         the worker's stream is trusted (tier-weighted), else the predicted index's match converted to
-        tokens; and the workers whose number is exact."""
+        tokens; and the workers whose number is exact, and their numbers before the pending overlay.
+        The overlay (core/routing/coalesce.py): on an exact worker, the prompts routed there and not
+        yet stored count as held, so a burst's followers go where its leader computes the prefix (the
+        predicted index already counts them: `pick` inserts at routing time)."""
         kv = self.kv
         if kv is None or kv.view is None or not ctx.hashes or self.policy.policy != "cache_aware":
             return None
@@ -123,9 +131,15 @@ class PairPicker:
         cpt = kv.chars_per_token() or 4.0
         rest = [u for u in urls if u not in cached]
         out: dict[str, int] = dict(cached)
+        if self.pending is not None:
+            for url in cached:
+                d = self.pending.depth(url, ctx.hashes)
+                if d:
+                    out[url] = max(out[url], int(d * self.index.block_chars / cpt))
         if rest:
             for url, chars in self.index.match(ctx.hashes, rest, now).items():
                 out[url] = int(chars / cpt)
         units = kv.prompt_units(ctx.full_key, urls, kind) or max(1, int(len(ctx.text) / cpt))
         footprint = {u: kv.footprint_chars(u, cpt) if u in cached else self.index.footprint(u) for u in urls}
-        return {"cached": out, "prompt_units": units, "queue_cost": kv.queue_cost, "footprint": footprint}, set(cached)
+        return ({"cached": out, "prompt_units": units, "queue_cost": kv.queue_cost, "footprint": footprint},
+                set(cached), cached)

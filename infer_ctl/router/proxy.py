@@ -29,6 +29,7 @@ from infer_ctl.router import h1, sse
 from infer_ctl.router.admission import Admission
 from infer_ctl.router.attempt import AttemptRunner
 from infer_ctl.router.calls import WorkerCalls
+from infer_ctl.router.coalesce import Coalescer
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
@@ -88,6 +89,13 @@ class Router:
                             tier_weights=cfg.tier_weights())
         self.kv.chars_per_token = lambda: self.feedback.chars_per_token
         self.picker.kv = self.kv
+        # in-flight prefix coalescing (router/coalesce.py): the pending overlay and the hold
+        self.coalesce = Coalescer(cfg.coalesce_config(), block_chars=cfg.block_chars,
+                                  chars_per_token=lambda: self.feedback.chars_per_token, registry=self.metrics.registry)
+        if cfg.coalesce and cfg.policy == "cache_aware":
+            self.picker.pending = self.coalesce.pending
+            self.coalesce.kv = self.kv
+            self.kv.on_batch = self.coalesce.kv_batch
         self.feedback.kv, self.feedback.index, self.feedback.on_ratio = self.kv, self.index, self._ratio_changed
         relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
         self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
@@ -232,9 +240,12 @@ class Router:
             ctx.obs = obs
             obs.started(ctx)
             attempts = obs.attempts(attempts)  # an attempt span around each attempt, with tracing
+        attempt = attempts.stream if ctx.stream else attempts.unary
+        if self.picker.pending is not None and ctx.hashes:
+            attempt = self.coalesce.wrap(attempt)
         try:
             async with asyncio.timeout(cfg.request_timeout_s):
-                return await with_retries(ctx, self.picker.pick, attempts.stream if ctx.stream else attempts.unary,
+                return await with_retries(ctx, self.picker.pick, attempt,
                                           max_retries=cfg.max_retries, base_s=cfg.retry_base_s, rng=self.rng,
                                           metrics=self.metrics, observe=self.pairs.outcome)
         except NoWorkerAvailable as exc:

@@ -1,0 +1,158 @@
+"""In-flight prefix coalescing on the request path (docs/router.md "In-flight prefix coalescing").
+
+Wraps each attempt (router/retry.py runs it right after `pick`): the attempt's prompt becomes pending
+on its chosen prefill (core/routing/coalesce.py `PendingBlocks`, read by the picker's exact path), and
+when a live flight on that same worker is computing at least `min_tokens` of the prompt's shared part,
+the attempt waits for it before it is sent: until the leader's blocks land (its first streamed byte or
+its answer - SGLang inserts a prompt into the radix tree at the end of its prefill forward, before it
+streams the first token - or, with KV events, the worker's stores covering the leader's prompt), the
+leader fails (then the follower computes itself), or `max_wait_s`. A waiting request keeps its
+admission slot, counts as in flight on the worker, and is cancelled like any request (client gone,
+request timeout). Per router process: a process only knows its own flights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from infer_ctl.core.routing.coalesce import CoalesceConfig, Flight, PendingBlocks, should_hold
+from infer_ctl.router.context import RequestContext
+from infer_ctl.router.workers import WorkerState
+
+R = TypeVar("R")
+Attempt = Callable[[RequestContext, WorkerState, WorkerState | None], Awaitable[R]]
+
+_WAIT = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class Coalescer:
+    def __init__(self, cfg: CoalesceConfig, *, block_chars: int, chars_per_token: Callable[[], float],
+                 registry: CollectorRegistry | None = None) -> None:
+        self.cfg = cfg
+        self.block_chars = block_chars
+        self.chars_per_token = chars_per_token
+        self.pending = PendingBlocks()
+        #: the exact index (router/kv_routing.py), for landing a leader on its worker's KV events
+        self.kv: Any = None
+        #: leaders someone waits for, per worker, with their request (the KV-events landing check)
+        self._waited: dict[str, dict[Flight, Any]] = {}
+        self._futures: dict[Flight, asyncio.Future[str]] = {}
+        #: flights that ended landed and are still pending, per worker (until its next KV batch)
+        self._ended: dict[str, set[Flight]] = {}
+        self.holding = 0
+        self.held = Counter("inferctl_router_coalesce_held_total",
+                            "Requests held for an in-flight request computing their prefix, by how the hold "
+                            "ended (landed, leader_failed, timeout, cancelled)", ["reason"], registry=registry)
+        self.wait = Histogram("inferctl_router_coalesce_wait_seconds",
+                              "Time a request waited for an in-flight request computing its prefix",
+                              buckets=_WAIT, registry=registry)
+
+    def wrap(self, attempt: Attempt[R]) -> Attempt[R]:
+        async def run(ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> R:
+            return await self.run(ctx, pre, dec, attempt)
+        return run
+
+    def held_blocks(self, ctx: RequestContext) -> int:
+        """Blocks of the prompt the chosen prefill held at the decision, in the index's blocks."""
+        if ctx.exact and ctx.held_tokens is not None:
+            return int(ctx.held_tokens * self.chars_per_token()) // self.block_chars
+        return ctx.predicted_chars // self.block_chars
+
+    async def run(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None, attempt: Attempt[R]) -> R:
+        if not ctx.hashes:
+            return await attempt(ctx, pre, dec)
+        leader, computing = self.pending.leader(pre.url, ctx.hashes)
+        flight = Flight(pre.url, ctx.hashes, ctx)
+        self.pending.add(flight, self.held_blocks(ctx))
+        ctx.flight = flight
+        try:
+            if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg):
+                assert leader is not None
+                await self._hold(ctx, pre, leader)
+            result = await attempt(ctx, pre, dec)
+        except BaseException:
+            self._end(flight)
+            raise
+        self._end(flight)
+        return result
+
+    def _end(self, flight: Flight) -> None:
+        """The attempt ended: a flight that never landed fails (its waiters compute themselves) and
+        leaves the overlay now; a landed one stays pending until the next KV-event batch from its
+        worker (which reports what the worker holds from then on: its stores, or an AllBlocksCleared
+        after a flush) or, at the latest, for the grace (a worker without KV events)."""
+        flight.fail()
+        if flight.state == "failed" or self.cfg.grace_s <= 0:
+            self.pending.remove(flight)
+            return
+        self._ended.setdefault(flight.worker, set()).add(flight)
+        asyncio.get_running_loop().call_later(self.cfg.grace_s, self._unpend, flight)
+
+    def _unpend(self, flight: Flight) -> None:
+        self.pending.remove(flight)
+        ended = self._ended.get(flight.worker)
+        if ended is not None:
+            ended.discard(flight)
+            if not ended:
+                del self._ended[flight.worker]
+
+    async def _hold(self, ctx: RequestContext, pre: WorkerState, leader: Flight) -> None:
+        fut = self._futures.get(leader)
+        if fut is None:
+            fut = self._futures[leader] = asyncio.get_running_loop().create_future()
+            leader.on_done = lambda state: self._leader_done(leader, state)
+        self._waited.setdefault(leader.worker, {})[leader] = leader.tag
+        leader.waiters += 1
+        pre.inflight += 1  # a held request is load on the worker it waits for
+        self.holding += 1
+        t0 = time.perf_counter()
+        reason = "cancelled"  # the client went away or the request timed out while held
+        try:
+            state = await asyncio.wait_for(asyncio.shield(fut), self.cfg.max_wait_s)
+            reason = "landed" if state == "landed" else "leader_failed"
+        except TimeoutError:
+            reason = "timeout"
+        finally:
+            pre.inflight -= 1
+            self.holding -= 1
+            leader.waiters -= 1
+            self.held.labels(reason).inc()
+            self.wait.observe(time.perf_counter() - t0)
+        ctx.coalesced = reason
+
+    def _leader_done(self, leader: Flight, state: str) -> None:
+        fut = self._futures.pop(leader, None)
+        if fut is not None and not fut.done():
+            fut.set_result(state)
+        waited = self._waited.get(leader.worker)
+        if waited is not None:
+            waited.pop(leader, None)
+            if not waited:
+                del self._waited[leader.worker]
+
+    def kv_batch(self, worker: str) -> None:
+        """A KV event batch from `worker` was applied: the flights there that ended landed leave the
+        overlay (the exact index has their blocks, or the worker dropped them); a leader someone waits
+        for whose whole prompt the worker's stores now hold (in HBM) has landed. Only those flights of
+        that worker are looked at (usually none)."""
+        ended = self._ended.pop(worker, None)
+        if ended:  # the worker's events speak for these from now on
+            for flight in ended:
+                self.pending.remove(flight)
+        waited = self._waited.get(worker)
+        kv = self.kv
+        if not waited or kv is None:
+            return
+        for leader, ctx in list(waited.items()):
+            if kv.residency(ctx.hashes, ctx.text, worker, kv.kind(ctx.endpoint, ctx.body), ctx.body) == "hbm":
+                leader.land()
+
+    def status_doc(self) -> dict[str, Any]:
+        return {"enabled": self.cfg.enabled, "min_tokens": self.cfg.min_tokens, "max_wait_s": self.cfg.max_wait_s,
+                "holding": self.holding, "leaders_waited_for": sum(len(v) for v in self._waited.values()),
+                "pending_blocks": self.pending.snapshot()}
