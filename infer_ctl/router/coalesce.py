@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from infer_ctl.core.routing.coalesce import CoalesceConfig, Flight, PendingBlocks, should_hold
 from infer_ctl.router.context import RequestContext
+from infer_ctl.router.retry import AttemptFailed
 from infer_ctl.router.workers import WorkerState
 
 R = TypeVar("R")
@@ -74,6 +75,12 @@ class Coalescer:
             if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg):
                 assert leader is not None
                 await self._hold(ctx, pre, leader)
+                for w in (pre, dec):
+                    if w is not None and (w.removed or not w.healthy or w.draining):
+                        # it went away while the request was held (its connections were closed then,
+                        # the leader's too): a new attempt on another worker, not a late send to it
+                        raise AttemptFailed("worker_gone_while_held", w.url, "the worker went away while "
+                                            "the request was held for a request computing its prefix")
             result = await attempt(ctx, pre, dec)
         except BaseException:
             self._end(flight)

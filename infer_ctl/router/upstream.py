@@ -270,6 +270,9 @@ class Pool:
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
         self._prefixes: dict[tuple[str, str], bytes] = {}
+        #: closed on purpose (`Upstreams.drop`: the worker went unhealthy or was removed): a request
+        #: whose connection that closed fails, never re-sent to the worker on a fresh one
+        self.closed = False
 
     def _discard(self, conn: _Conn) -> None:
         self._all.discard(conn)
@@ -337,7 +340,7 @@ class Pool:
                 await conn.headers_fut
             except UpstreamError:
                 conn.close()
-                if reused and attempt == 0 and conn.status == 0 and not conn.buf:
+                if reused and attempt == 0 and conn.status == 0 and not conn.buf and not self.closed:
                     continue
                 raise
             except BaseException:
@@ -347,6 +350,7 @@ class Pool:
         raise UpstreamError(f"cannot reach {self.authority}")
 
     def close(self) -> None:
+        self.closed = True
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
