@@ -268,6 +268,8 @@ class Engine:
             model_s = max(model_s, self.timing.step_overhead_s + load)
         end = await self._busy(loop, model_s + self.cache.take_stall_seconds())
         for req, take in batch:
+            if req not in self.prefill_queue:
+                continue  # aborted while the step ran (its client went away): abort() dropped it
             req.remaining_prefill -= take
             if req.remaining_prefill > 0:
                 continue
