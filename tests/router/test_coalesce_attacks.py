@@ -64,7 +64,7 @@ class Hangable:
         async def ok(request: web.Request) -> web.Response:
             return web.json_response({})
 
-        app = web.Application()
+        app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/generate", generate)
         app.router.add_get("/health", health)
         for path in ("/server_info", "/v1/loads"):
@@ -258,6 +258,29 @@ def test_nothing_is_left_in_the_coalescer_after_held_traffic(hangable: Hangable)
         assert wait_for(lambda: router.router.active == 0, timeout=10)
         assert wait_for(lambda: coalescer_is_empty(router), timeout=10), router.router.coalesce.status_doc()
         assert router.router.workers.all()[0].load_inflight == 0
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+
+
+# ---- F4: the overlay is bounded ----------------------------------------------------------------------------
+def test_a_huge_prompt_puts_a_bounded_number_of_blocks_in_the_overlay(hangable: Hangable) -> None:
+    """A 4 MB prompt (max_body_bytes allows 32 MiB): its whole chain went into the pending overlay,
+    62,500 blocks (a 30 MB one: 470,000 blocks, 43 MB, about a second of the router's event loop to
+    add and remove, every other request stalled meanwhile). The overlay keeps at most a long
+    context's worth (core/routing/index.py block hashes of 512 KiB of routing text)."""
+    router = start_router_in_thread(router_config(workers=[hangable.url], health_interval_s=60))
+    pool = ThreadPoolExecutor(1)
+    try:
+        hangable.hung = True
+        huge = "You are a helpful assistant. " * (4_000_000 // 29)
+        fut = pool.submit(send, router, huge, 30)
+        assert wait_for(lambda: hangable.arrivals, timeout=20)
+        co = router.router.coalesce
+        blocks = co.pending.blocks(hangable.url)
+        assert 0 < blocks * router.router.cfg.block_chars <= 1 << 20, blocks
+        hangable.loop.call_soon_threadsafe(hangable.release.set)  # type: ignore[union-attr]
+        assert fut.result(timeout=20) == 200
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         router.stop(drain=False)
