@@ -263,6 +263,34 @@ def test_nothing_is_left_in_the_coalescer_after_held_traffic(hangable: Hangable)
         router.stop(drain=False)
 
 
+# ---- guard: a drain waits for the held requests and drops none ---------------------------------------------
+def test_stop_while_requests_are_held_answers_them_and_returns(hangable: Hangable) -> None:
+    """`router.stop()` (drain) with three followers held on a leader that is still computing: new
+    requests are refused, the held ones go on once the leader answers, every one is answered, and the
+    stop returns (it does not wait for drain_timeout_s)."""
+    router = start_router_in_thread(router_config(workers=[hangable.url], health_interval_s=60,
+                                                  coalesce_max_wait_s=8.0, drain_timeout_s=12.0))
+    pool = ThreadPoolExecutor(5)
+    try:
+        hangable.hung = True
+        leader = pool.submit(send, router, SYSTEM + "leader", 20)
+        assert wait_for(lambda: hangable.arrivals, timeout=10)
+        hangable.hung = False
+        followers = [pool.submit(send, router, SYSTEM + f"follower {i}", 20) for i in range(3)]
+        assert wait_for(lambda: router.router.coalesce.holding == 3, timeout=10)
+        t0 = time.monotonic()
+        stopping = pool.submit(router.stop)
+        assert wait_for(lambda: router.router.draining, timeout=5)
+        hangable.loop.call_soon_threadsafe(hangable.release.set)  # type: ignore[union-attr]
+        assert leader.result(timeout=20) == 200
+        assert [f.result(timeout=20) for f in followers] == [200, 200, 200]
+        stopping.result(timeout=20)
+        assert time.monotonic() - t0 < 10.0
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+
+
 # ---- F4: the overlay is bounded ----------------------------------------------------------------------------
 def test_a_huge_prompt_puts_a_bounded_number_of_blocks_in_the_overlay(hangable: Hangable) -> None:
     """A 4 MB prompt (max_body_bytes allows 32 MiB): its whole chain went into the pending overlay,
