@@ -22,12 +22,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from infer_ctl.core.routing.coalesce import CoalesceConfig, Flight, PendingBlocks, should_hold
 from infer_ctl.router.context import RequestContext
+from infer_ctl.router.retry import AttemptFailed
 from infer_ctl.router.workers import WorkerState
 
 R = TypeVar("R")
 Attempt = Callable[[RequestContext, WorkerState, WorkerState | None], Awaitable[R]]
 
 _WAIT = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+#: the routing text of a prompt that is pending (the overlay is unbounded otherwise: a 30 MB body,
+#: under max_body_bytes, put 470,000 blocks, 43 MB and 1 s of the event loop into it). 512 KiB is
+#: about 131,000 tokens at 4 characters a token, a long context's whole prompt; a prompt's first
+#: blocks are a chain from the root, so the cut keeps each worker's entries prefix-closed
+MAX_PENDING_CHARS = 512 * 1024
 
 
 class Coalescer:
@@ -37,6 +43,7 @@ class Coalescer:
         self.block_chars = block_chars
         self.chars_per_token = chars_per_token
         self.pending = PendingBlocks()
+        self.max_blocks = max(1, MAX_PENDING_CHARS // block_chars)
         #: the exact index (router/kv_routing.py), for landing a leader on its worker's KV events
         self.kv: Any = None
         #: leaders someone waits for, per worker, with their request (the KV-events landing check)
@@ -66,14 +73,21 @@ class Coalescer:
     async def run(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None, attempt: Attempt[R]) -> R:
         if not ctx.hashes:
             return await attempt(ctx, pre, dec)
-        leader, computing = self.pending.leader(pre.url, ctx.hashes)
-        flight = Flight(pre.url, ctx.hashes, ctx)
+        hashes = ctx.hashes[: self.max_blocks]
+        leader, computing = self.pending.leader(pre.url, hashes)
+        flight = Flight(pre.url, hashes, ctx)
         self.pending.add(flight, self.held_blocks(ctx))
         ctx.flight = flight
         try:
             if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg):
                 assert leader is not None
                 await self._hold(ctx, pre, leader)
+                for w in (pre, dec):
+                    if w is not None and (w.removed or not w.healthy or w.draining):
+                        # it went away while the request was held (its connections were closed then,
+                        # the leader's too): a new attempt on another worker, not a late send to it
+                        raise AttemptFailed("worker_gone_while_held", w.url, "the worker went away while "
+                                            "the request was held for a request computing its prefix")
             result = await attempt(ctx, pre, dec)
         except BaseException:
             self._end(flight)
