@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from infer_ctl.core.routing.coalesce import CoalesceConfig, Flight, PendingBlocks, should_hold
+from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.retry import AttemptFailed
 from infer_ctl.router.workers import WorkerState
@@ -34,6 +35,11 @@ _WAIT = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 #: about 131,000 tokens at 4 characters a token, a long context's whole prompt; a prompt's first
 #: blocks are a chain from the root, so the cut keeps each worker's entries prefix-closed
 MAX_PENDING_CHARS = 512 * 1024
+#: a leader whose prompt's landing the router only learns from its whole answer (not streamed, on a
+#: worker without a trusted KV-event stream) is waited for only when that answer follows its prefill
+#: closely: at most this many new tokens. A longer answer would hold the followers through the
+#: leader's decode (up to max_wait_s) for a prefix that landed long before
+LATE_LANDING_TOKENS = 16
 
 
 class Coalescer:
@@ -79,7 +85,8 @@ class Coalescer:
         self.pending.add(flight, self.held_blocks(ctx))
         ctx.flight = flight
         try:
-            if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg):
+            if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg) and \
+                    self._lands_in_time(leader, pre.url):
                 assert leader is not None
                 await self._hold(ctx, pre, leader)
                 for w in (pre, dec):
@@ -94,6 +101,19 @@ class Coalescer:
             raise
         self._end(flight)
         return result
+
+    def _lands_in_time(self, leader: Flight | None, worker: str) -> bool:
+        """Whether the router will hear soon after the leader's prefill that its blocks landed: its
+        first streamed byte, its worker's KV events, or a whole answer of a few tokens."""
+        lctx = leader.tag if leader is not None else None
+        if not isinstance(lctx, RequestContext) or lctx.stream:
+            return True
+        kv = self.kv
+        state = kv.workers.get(worker) if kv is not None and kv.view is not None else None
+        if state is not None and state.exact:
+            return True
+        completion = request_estimate(lctx.endpoint, lctx.body, self.chars_per_token())[1]
+        return 0 < completion <= LATE_LANDING_TOKENS
 
     def _end(self, flight: Flight) -> None:
         """The attempt ended: a flight that never landed fails (its waiters compute themselves) and

@@ -135,9 +135,7 @@ def test_followers_held_on_a_worker_that_goes_away_are_not_sent_to_it(how: str) 
 
 
 # ---- F2: a non-streaming leader without KV events is waited for through its whole decode -----------------
-@pytest.mark.parametrize("kv", [pytest.param(False, marks=pytest.mark.xfail(
-    strict=True, reason="without KV events a collocated non-streaming leader lands only with its whole answer: "
-    "the follower waits through the leader's decode (review F2)")), True], ids=["predicted", "exact"])
+@pytest.mark.parametrize("kv", [False, True], ids=["predicted", "exact"])
 def test_a_follower_is_not_held_through_a_non_streaming_leaders_decode(kv: bool) -> None:
     """The landing signal without KV events is the leader's first byte; a non-streaming leader's first
     byte is its whole answer, so a follower waits through the leader's decode (600 tokens here, several
