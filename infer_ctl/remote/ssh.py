@@ -426,9 +426,14 @@ class SshConnector:
     def _open_channel(self) -> paramiko.Channel:
         """A session channel. When sshd refuses one (MaxSessions reached), an idle SFTP channel is given
         back, or a command of this connection that is still running gets up to connect_timeout_s to
-        finish and free its slot; only then is the refusal an error (SessionRefusedError)."""
+        finish and free its slot; only then is the refusal an error (SessionRefusedError). The wait is
+        connect_timeout_s without progress: each slot freed meanwhile starts it again, so the last of
+        several queued commands is not refused for the queue's length (a full-suite run refused the
+        second of three on a MaxSessions 1 node)."""
         deadline = time.monotonic() + self._connect_timeout
         while True:
+            with self._lock:
+                deadline = max(deadline, self._slot_freed_at + self._connect_timeout)
             if not self._transport.is_active():
                 raise self._lost(None)
             try:

@@ -138,6 +138,7 @@ class HealthChecker:
                     self._forget(w, "restarted")
                     router.kv.restarted(w.url)  # its exact index is learned again from seq 0
                     router.spec.reset(w.url)  # its acceptance was measured on the process that is gone
+                    router.pairs.restarted(w.url)  # so were its pairs' failed KV transfers
                 w.instance = instance
             w.radix_priority = prio
             if load is not None:

@@ -117,6 +117,11 @@ class PairTracker:
         self.completed[prefill.url] = 0
         self.health.sample(prefill.url, dec, kv[0], kv[1], self.clock())
 
+    def restarted(self, url: str) -> None:
+        """The worker's process is new (health.py saw another instance): its pairs start again."""
+        self.health.restarted(url)
+        self.completed.pop(url, None)
+
     def forget(self, url: str) -> None:
         self.health.forget(url)
         self.last_decode.pop(url, None)

@@ -231,7 +231,8 @@ def test_sigkill_of_a_prefill_under_load(kv_cluster: ThreadedSimCluster) -> None
                 assert r.status_code == 200
                 if wait_for(lambda: workers_doc(router)[victim]["kv_blocks"] > 0, timeout=0.5):
                     break
-        assert wait_for(lambda: workers_doc(router)[victim]["kv_blocks"] > 0, timeout=10)
+        assert wait_for(lambda: workers_doc(router)[victim]["kv_blocks"] > 0, timeout=10), (
+            workers_doc(router)[victim], httpx.get(router.url + "/admin/pairs", timeout=5).text)
         stop.set()
         for t in threads:
             t.join(60)

@@ -73,3 +73,19 @@ def test_kv_numbers_from_sglang_loads() -> None:
     assert kv_numbers(doc) == (12.0, 7.0)
     assert kv_numbers({"loads": [{"disaggregation": {"kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}}]}) == (None, None)
     assert kv_numbers({"loads": [{"dp_rank": 0}]}) == (None, None) and kv_numbers("garbage") == (None, None)
+
+
+def test_a_restarted_worker_s_pairs_start_again_but_keep_the_audit_verdict() -> None:
+    # a killed prefill fails every transfer until it is back: those failures were about the process that
+    # is gone, so its new process is not avoided for probe_after_s (a full-suite run shunned it 60 s)
+    h = PairHealth(PairFloor(max_failures=3, probe_after_s=60.0))
+    D2 = "http://d2:30001"
+    for t in (1.0, 2.0, 3.0):
+        h.outcome(P, D, ok=False, transfer_failed=True, now=t)
+    h.push(P, D2, "fail", "fabric.pingpong: retry counter exceeded", 3.0)
+    assert h.avoid(P, D, 4.0) and h.avoid(P, D2, 4.0)
+    h.restarted(P)
+    assert not h.avoid(P, D, 4.0)
+    assert h.avoid(P, D2, 4.0)  # the fabric test still failed: only a later test returns it
+    h.outcome(P, D, ok=False, transfer_failed=True, now=5.0)  # counts start again from zero
+    assert not h.avoid(P, D, 5.0)

@@ -160,6 +160,16 @@ class PairHealth:
     def degraded(self) -> list[PairState]:
         return [st for st in self.pairs.values() if st.reason is not None]
 
+    def restarted(self, url: str) -> None:
+        """A worker's process is new: what its pairs' live KV transfers said was about the process that
+        is gone (a killed prefill fails every transfer until it is back), so their live degradation and
+        counts start again; the audit's pair-test verdict stays (it is about the fabric)."""
+        for key, st in self.pairs.items():
+            if url in key:
+                st.live = st.live_since = st.probe_at = None
+                st.failures = st.bad_run = 0
+                st.probing = False
+
     def forget(self, url: str) -> None:
         """A worker left the router: its pairs go with it."""
         for key in [k for k in self.pairs if url in k]:
