@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from infer_ctl.core.routing import spec_fields as sf
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.router.tracing import TracingConfig, config_from
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
@@ -209,18 +209,27 @@ def _recording_pair(prefill_delay_s: float = 0.0) -> Iterator[tuple[str, str, li
     thread.join(5)
 
 
+def _one_traced_request(pre: str, dec: str, rx: HttpReceiver, headers: dict[str, str],
+                        before_stop: Callable[[RouterHandle], None] = lambda router: None) -> RouterHandle:
+    """A PD router exporting to `rx` serves one /generate with `headers`; `before_stop` looks at it while
+    it still runs; then it is stopped (which flushes its spans)."""
+    router = start_router_in_thread(router_config(
+        prefill=[(pre, 8998)], decode=[dec], tracing=TracingConfig("http/protobuf", rx.endpoint, None, None)))
+    try:
+        r = httpx.post(router.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                       headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        before_stop(router)
+    finally:
+        router.stop()
+    return router
+
+
 def test_both_workers_get_the_clients_trace_with_their_call_span_as_parent(recording: Any) -> None:
     pre, dec, seen = recording
     rx = HttpReceiver()
     try:
-        router = start_router_in_thread(router_config(
-            prefill=[(pre, 8998)], decode=[dec], tracing=TracingConfig("http/protobuf", rx.endpoint, None, None)))
-        try:
-            r = httpx.post(router.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
-                           headers={"traceparent": TRACEPARENT, "tracestate": "vendor=1"}, timeout=30)
-            assert r.status_code == 200, r.text
-        finally:
-            router.stop()
+        _one_traced_request(pre, dec, rx, {"traceparent": TRACEPARENT, "tracestate": "vendor=1"})
         spans = {s["name"]: s for s in rx.wait_for(4)}  # the request, its attempt, the two calls
         for call in seen:
             tp = call["headers"]["traceparent"].split("-")
@@ -237,16 +246,12 @@ def test_a_prefill_answering_after_the_decode_is_waited_for_at_shutdown(slow_pre
     # cancelled): stopping the router drains it too, so its call span ends and is exported
     pre, dec, _ = slow_prefill
     rx = HttpReceiver()
+
+    def still_due(router: RouterHandle) -> None:
+        assert len(router.server.router.attempts.lingering) == 1  # the prefill's answer is still due
+
     try:
-        router = start_router_in_thread(router_config(
-            prefill=[(pre, 8998)], decode=[dec], tracing=TracingConfig("http/protobuf", rx.endpoint, None, None)))
-        try:
-            r = httpx.post(router.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
-                           headers={"traceparent": TRACEPARENT}, timeout=30)
-            assert r.status_code == 200, r.text
-            assert len(router.server.router.attempts.lingering) == 1  # the prefill's answer is still due
-        finally:
-            router.stop()
+        router = _one_traced_request(pre, dec, rx, {"traceparent": TRACEPARENT}, still_due)
         spans = {s["name"]: s for s in rx.wait_for(4)}
         assert sorted(spans) == ["attempt", "decode", "prefill", "text_completion"], sorted(spans)
         assert spans["prefill"]["status"] != 2, spans["prefill"]  # ended as answered, not as an error
