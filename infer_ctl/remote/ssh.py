@@ -363,6 +363,9 @@ class SshConnector:
         self._lock = threading.Lock()
         self._channel_closed = threading.Condition(self._lock)  # a session slot may have come free
         self._channels: set[paramiko.Channel] = set()
+        # threads inside open_session: sshd may already have granted one of them a slot it has not
+        # recorded in _channels yet
+        self._opening = 0
         self._slot_freed_at = 0.0  # when a channel of ours last closed (see _open_channel)
         self._sudo_in_flight = 0
         self._aborted = False
@@ -437,7 +440,7 @@ class SshConnector:
             if not self._transport.is_active():
                 raise self._lost(None)
             try:
-                chan = self._transport.open_session(timeout=self._connect_timeout)
+                return self._open_session_counted()
             except (paramiko.ChannelException, paramiko.SSHException) as exc:
                 if not self._is_refusal(exc):
                     raise self._lost(exc) from None
@@ -446,7 +449,10 @@ class SshConnector:
                         self._slot_freed_at = time.monotonic()
                     continue
                 with self._lock:
-                    in_flight = len(self._channels)
+                    # a channel sshd granted another thread a moment ago holds a slot before that
+                    # thread's open_session returns (a CI run refused the second of three commands
+                    # with "0 still running" in that window)
+                    in_flight = len(self._channels) + self._opening
                     # sshd frees a closed session's slot a moment after the close (its channel garbage
                     # collection runs after the request that follows): retry briefly after one closed
                     freed_lately = time.monotonic() - self._slot_freed_at < _SLOT_FREE_GRACE_S
@@ -463,9 +469,20 @@ class SshConnector:
                 ) from None
             except (EOFError, OSError) as exc:
                 raise self._lost(exc) from None
+
+    def _open_session_counted(self) -> paramiko.Channel:
+        with self._lock:
+            self._opening += 1
+        try:
+            chan = self._transport.open_session(timeout=self._connect_timeout)
+        except BaseException:
             with self._lock:
-                self._channels.add(chan)
-            return chan
+                self._opening -= 1
+            raise
+        with self._lock:
+            self._opening -= 1
+            self._channels.add(chan)
+        return chan
 
     def _is_refusal(self, exc: Exception) -> bool:
         """sshd said no to the channel. paramiko keeps ONE pending exception per transport: when several

@@ -49,6 +49,41 @@ def test_concurrent_commands_on_a_one_session_node_wait_for_the_session(ssh_clus
         assert [getattr(r, "out", r) for r in outcome.value] == ["0\n", "1\n", "2\n"], outcome.node.name
 
 
+def test_a_command_refused_while_sshd_grants_another_its_session_waits_for_it(ssh_cluster):
+    """The window a CI run hit: sshd has granted thread A its one session, A's open_session has not
+    returned yet (so A's channel is not recorded), and thread B is refused. B must count A's slot as
+    held and wait, not fail with "0 command(s) still running"."""
+    cluster = ssh_cluster(1, node_sshd_config={"node-01": "MaxSessions 1"})
+
+    def granted_slowly(conn, node):
+        real_open = conn._transport.open_session
+        granted = threading.Event()
+
+        def open_session(**kwargs):
+            chan = real_open(**kwargs)
+            if not granted.is_set():
+                granted.set()
+                time.sleep(0.5)  # the slot is A's on the node; A has not recorded it yet
+            return chan
+
+        conn._transport.open_session = open_session
+        results: dict[str, object] = {}
+        a = threading.Thread(target=lambda: results.__setitem__("a", conn.run(Command.sh("echo a")).out))
+        a.start()
+        assert granted.wait(10)
+        try:
+            results["b"] = conn.run(Command.sh("echo b")).out
+        except SessionRefusedError as exc:
+            results["b"] = exc
+        a.join()
+        return results
+
+    with Fleet(profile_of(cluster)) as fleet:
+        (outcome,) = fleet.map(fleet.profile.nodes, granted_slowly)
+    assert outcome.ok, outcome
+    assert outcome.value == {"a": "a\n", "b": "b\n"}
+
+
 def test_a_session_held_too_long_is_a_clear_error_for_that_node_and_others_proceed(ssh_cluster):
     cluster = ssh_cluster(2, node_sshd_config=ONE_SESSION)
 
