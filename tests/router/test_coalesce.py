@@ -98,3 +98,36 @@ def test_should_hold_needs_enough_shared_tokens_being_computed() -> None:
 def test_bad_config_is_refused(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="coalesce"):
         CoalesceConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_a_promoted_follower_claims_the_failed_leader_s_blocks_and_the_others_wait_for_it() -> None:
+    """A leader fails with followers held: the promoted one takes over the blocks it shares with the
+    failed leader (only those: held and landed blocks are nobody's to compute); another follower,
+    looking past its own tail (`exclude`), finds the promoted one computing their shared part."""
+    p = PendingBlocks()
+    lead = Flight("w1", A)
+    p.add(lead, 5)  # the worker held the first 5 blocks at the decision: nobody computes those
+    f1, f2 = Flight("w1", B), Flight("w1", chain(SYSTEM + "c" * (BC * 3)))
+    p.add(f1, 5)
+    p.add(f2, 5)
+    assert p.leader("w1", f2.hashes, exclude=f2) == (lead, 15)
+    assert p.leader("w1", f2.hashes)[0] is f2  # without `exclude`: its own tail is the deepest
+    assert p.claim(f1) == 0  # nothing to take while the leader computes
+    lead.fail("client")
+    assert lead.cause == "client"
+    assert p.claim(f1) == 15  # the shared blocks the leader computed, not the 5 held nor A's own tail
+    p.remove(lead)  # the failed leader leaves after its followers took over
+    assert p.leader("w1", f2.hashes, exclude=f2) == (f1, 15)
+    assert p.leader("w1", f1.hashes, exclude=f1) == (None, 0)  # nobody computes anything it waits for
+    f1.land()
+    assert p.claim(f2) == 0  # landed blocks are the worker's now
+    assert p.leader("w1", f2.hashes, exclude=f2) == (None, 0)
+
+
+def test_fail_keeps_the_first_cause_only() -> None:
+    f = Flight("w1", A)
+    assert f.fail("worker") and not f.fail("client")
+    assert f.cause == "worker"
+    g = Flight("w1", A)
+    g.land()
+    assert not g.fail("client") and g.cause is None
