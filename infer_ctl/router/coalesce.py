@@ -263,10 +263,13 @@ class Coalescer:
     def _promote(self, leader: Flight, holds: list[_Hold]) -> None:
         """`leader` failed with requests held for it (first held first). Its worker's failure (an
         AttemptFailed, or the worker went away): they are tried elsewhere - not sent one after another
-        to a worker that is failing them. Otherwise the first that can still go (its client there,
-        time left, its own landing heard soon) is promoted: it takes over the failed leader's blocks and
-        is sent; the others take over what is left of theirs and wait for whoever now computes their
-        shared part (the promoted one, usually) until their own hold_until."""
+        to a worker that is failing them. An unexpected error: all released, as nobody knows what it
+        says of the others. Otherwise (its client went away, a 4xx) the first that can still go (its
+        client there, time left, its own landing heard soon) is promoted: it takes over the failed
+        leader's blocks and is sent - or, when another live flight still computes a part of its prompt
+        that it waited for through the failed one, waits for that first; the others take over what is
+        left of theirs and wait for whoever now computes their shared part (the promoted one, usually),
+        each until its own hold_until."""
         now = asyncio.get_running_loop().time()
         cause = leader.cause
         if isinstance(cause, AttemptFailed) or worker_gone(holds[0].pre):
@@ -275,32 +278,35 @@ class Coalescer:
                     hold.exclude = cause.worker
                 if hold.ctx.attempts <= self.max_retries:
                     hold.verdict = "rerouted"
-                    self.rerouted += 1
+                    self.rerouted += hold.can_go(now)
                 else:
                     hold.verdict = "leader_failed"  # no retry left: it goes to the worker itself
             return
-        live = [h for h in holds if h.can_go(now)]
+        live = [h for h in holds if h.can_go(now)] if cause in (CLIENT, ANSWER) else []
         for hold in holds:
             if not hold.can_go(now):  # out of time (goes itself), or cancelled (its task raises)
                 hold.verdict = "timeout" if hold.task is None or not hold.task.cancelling() else "cancelled"
+            elif not live:
+                hold.verdict = "leader_failed"
         first = next((h for h in live if self._lands_in_time(h.flight, h.flight.worker)), None)
         if first is None:
             for hold in live:
                 hold.verdict = "leader_failed"
             return
         self.pending.claim(first.flight)
-        first.verdict = "promoted"
-        self.promoted += 1
-        rest = [h for h in live if h is not first]
-        for hold in rest:
-            self.pending.claim(hold.flight)  # the failed leader's blocks past the promoted one's
+        for hold in live:
+            if hold is not first:
+                self.pending.claim(hold.flight)  # the failed leader's blocks past the promoted one's
         cpt = self.chars_per_token()
-        for hold in rest:
+        for hold in [first] + [h for h in live if h is not first]:
             nxt, computing = self.pending.leader(hold.flight.worker, hold.flight.hashes, exclude=hold.flight)
             if should_hold(nxt, computing, self.block_chars, cpt, self.cfg) and \
                     self._lands_in_time(nxt, hold.flight.worker):
                 assert nxt is not None
-                self._enlist(hold, nxt)
+                self._enlist(hold, nxt)  # the promoted one too, when a flight below still computes
+            elif hold is first:
+                hold.verdict = "promoted"
+                self.promoted += 1
             else:
                 hold.verdict = "leader_failed"
 

@@ -31,7 +31,8 @@ SYSTEM = "system " * 2000  # ~14,000 characters: far above min_tokens at any cha
 class Hangable:
     """A collocated stand-in: /generate answers a one-event stream at once, or, while `hung`, holds
     every request until the test ends (a hung worker), or, while `dead`, drops the connection of every
-    new request (a crashed worker; the requests it holds stay held); /health answers 503 while `sick`.
+    new request (a crashed worker; the requests it holds stay held); a request whose text contains
+    `bad` (when set) is answered 400 once it may go; /health answers 503 while `sick`.
     `arrivals`: each request's text, `arrived_at`: when it came (time.monotonic)."""
 
     def __init__(self) -> None:
@@ -41,6 +42,7 @@ class Hangable:
         self.hung = False
         self.sick = False
         self.dead = False
+        self.bad = ""
         self.arrivals: list[str] = []
         self.arrived_at: list[float] = []
         self.runner: web.AppRunner | None = None
@@ -61,6 +63,8 @@ class Hangable:
                 await self.release.wait()  # nothing to write to
             if self.hung:
                 await self.release.wait()
+            if self.bad and self.bad in body["text"]:
+                return web.json_response({"error": {"message": "bad request"}}, status=400)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await resp.write(b'data: {"text": "a", "meta_info": {"prompt_tokens": 2000, "cached_tokens": 0}}\n\n')

@@ -195,3 +195,71 @@ def test_a_promoted_follower_that_finds_the_worker_dead_sends_the_rest_elsewhere
         router.stop(drain=False)
         a.close()
         b.close()
+
+
+def test_a_promoted_follower_still_waits_for_a_flight_computing_the_prefix_below() -> None:
+    """Three levels: K computes a system prompt; L (system + a long history) is held for K; F0 and F1
+    (system + history + a question) are held for L, which owns the history's blocks. L's client goes
+    away while it is held: F0 takes over L's blocks, but K still computes the system prompt, so F0
+    waits for K (it is not sent to compute the system prompt a second time) and F1 waits for F0.
+    Once K's prefix lands, F0 goes, then F1 once F0's lands."""
+    w = Hangable()
+    w.hung = True
+    router = start_router_in_thread(router_config(workers=[w.url], health_interval_s=60, coalesce_max_wait_s=8.0))
+    pool = ThreadPoolExecutor(3)
+    sock: socket.socket | None = None
+    try:
+        co = router.router.coalesce
+        history = "history " * 2000
+        k = pool.submit(send, router, SYSTEM + "k", 20)
+        assert wait_for(lambda: len(w.arrivals) == 1, timeout=10)
+        sock = raw_stream_request(router.url, {"text": SYSTEM + history + "l", "stream": True})
+        assert wait_for(lambda: co.holding == 1, timeout=10)
+        fs = []
+        for i in range(2):
+            fs.append(pool.submit(send, router, SYSTEM + history + f"question {i}", 20))
+            assert wait_for(lambda i=i: co.holding == i + 2, timeout=10)
+        sock.close()  # L's client goes away while L is held
+        assert wait_for(lambda: co.holding == 2 and held(router, "cancelled") == 1, timeout=10), co.status_doc()
+        assert co.status_doc()["leaders_waited_for"] == 2  # K (by F0) and F0 (by F1)
+        assert len(w.arrivals) == 1 and co.promoted == 0  # F0 was not sent while K computes
+        w.hung = False
+        w.loop.call_soon_threadsafe(w.release.set)  # type: ignore[union-attr]
+        assert k.result(timeout=20) == 200 and [f.result(timeout=20) for f in fs] == [200, 200]
+        assert w.arrivals[1:] == [SYSTEM + history + "question 0", SYSTEM + history + "question 1"]
+        assert held(router, "landed") == 2 and held(router, "leader_failed") == 0
+    finally:
+        if sock is not None:
+            sock.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        w.close()
+
+
+def test_a_leader_answered_4xx_hands_over_to_one_follower() -> None:
+    """The worker answers the leader 400 (its own body's fault) after it computed for a while: the
+    first follower is promoted and sent, the other two wait for its first byte instead of all three
+    going at once."""
+    w = Hangable()
+    w.hung = True
+    w.bad = "leader"
+    router = start_router_in_thread(router_config(workers=[w.url], health_interval_s=60, coalesce_max_wait_s=8.0))
+    pool = ThreadPoolExecutor(4)
+    try:
+        co = router.router.coalesce
+        leader = pool.submit(send, router, SYSTEM + "leader", 20)
+        assert wait_for(lambda: len(w.arrivals) == 1, timeout=10)
+        fs = []
+        for i in range(3):
+            fs.append(pool.submit(send, router, SYSTEM + f"follower {i}", 20))
+            assert wait_for(lambda i=i: co.holding == i + 1, timeout=10)
+        w.hung = False
+        w.loop.call_soon_threadsafe(w.release.set)  # type: ignore[union-attr]
+        assert leader.result(timeout=20) == 400
+        assert [f.result(timeout=20) for f in fs] == [200, 200, 200]
+        assert w.arrivals[1] == SYSTEM + "follower 0"
+        assert held(router, "promoted") == 1 and held(router, "landed") == 2
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        w.close()
