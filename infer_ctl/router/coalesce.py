@@ -18,6 +18,7 @@ its own flights.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -293,13 +294,14 @@ class Coalescer:
             for hold in live:
                 hold.verdict = "leader_failed"
             return
-        self.pending.claim(first.flight)
-        for hold in live:
-            if hold is not first:
-                self.pending.claim(hold.flight)  # the failed leader's blocks past the promoted one's
+        order = [first] + [h for h in live if h is not first]
+        # the promoted one takes the failed leader's blocks in its chain, the others what is left in theirs
+        self.pending.hand_over(leader, [h.flight for h in order])
         cpt = self.chars_per_token()
-        for hold in [first] + [h for h in live if h is not first]:
-            nxt, computing = self.pending.leader(hold.flight.worker, hold.flight.hashes, exclude=hold.flight)
+        enough = math.ceil(self.cfg.min_tokens * max(cpt, 0.1) / self.block_chars) + 1  # should_hold's count
+        for hold in order:
+            nxt, computing = self.pending.leader(hold.flight.worker, hold.flight.hashes, exclude=hold.flight,
+                                                 limit=enough)
             if should_hold(nxt, computing, self.block_chars, cpt, self.cfg) and \
                     self._lands_in_time(nxt, hold.flight.worker):
                 assert nxt is not None

@@ -100,28 +100,30 @@ def test_bad_config_is_refused(kw: dict[str, float]) -> None:
         CoalesceConfig(**kw)  # type: ignore[arg-type]
 
 
-def test_a_promoted_follower_claims_the_failed_leader_s_blocks_and_the_others_wait_for_it() -> None:
-    """A leader fails with followers held: the promoted one takes over the blocks it shares with the
-    failed leader (only those: held and landed blocks are nobody's to compute); another follower,
-    looking past its own tail (`exclude`), finds the promoted one computing their shared part."""
+def test_a_failed_leader_hands_its_blocks_over_to_its_followers_first_held_first() -> None:
+    """A leader fails with followers held: the first (promoted) takes over the blocks it shares with
+    the failed leader (only those: held blocks are nobody's to compute); the next, the failed
+    leader's blocks left in its chain; a follower looking past its own tail (`exclude`) finds the one
+    computing their shared part."""
     p = PendingBlocks()
-    lead = Flight("w1", A)
+    lead = Flight("w1", chain(SYSTEM + "a" * (BC * 3)))
     p.add(lead, 5)  # the worker held the first 5 blocks at the decision: nobody computes those
-    f1, f2 = Flight("w1", B), Flight("w1", chain(SYSTEM + "c" * (BC * 3)))
+    f1 = Flight("w1", chain(SYSTEM[: BC * 10]))  # shares 10 blocks with the leader
+    f2 = Flight("w1", chain(SYSTEM + "a" + "c" * (BC * 3)))  # shares 20 blocks
     p.add(f1, 5)
     p.add(f2, 5)
     assert p.leader("w1", f2.hashes, exclude=f2) == (lead, 15)
+    assert p.leader("w1", f2.hashes, exclude=f2, limit=4) == (lead, 4)
     assert p.leader("w1", f2.hashes)[0] is f2  # without `exclude`: its own tail is the deepest
-    assert p.claim(f1) == 0  # nothing to take while the leader computes
     lead.fail("client")
     assert lead.cause == "client"
-    assert p.claim(f1) == 15  # the shared blocks the leader computed, not the 5 held nor A's own tail
+    assert p.hand_over(lead, [f1, f2]) == 15  # 5 to f1, 10 to f2; not the 5 held nor the leader's tail
     p.remove(lead)  # the failed leader leaves after its followers took over
-    assert p.leader("w1", f2.hashes, exclude=f2) == (f1, 15)
+    assert p.leader("w1", f2.hashes, exclude=f2) == (f1, 5)
     assert p.leader("w1", f1.hashes, exclude=f1) == (None, 0)  # nobody computes anything it waits for
+    assert p.hand_over(lead, [f1, f2]) == 0  # removed: nothing left to hand over
     f1.land()
-    assert p.claim(f2) == 0  # landed blocks are the worker's now
-    assert p.leader("w1", f2.hashes, exclude=f2) == (None, 0)
+    assert p.leader("w1", f2.hashes, exclude=f2) == (None, 0)  # what is left is f2's own
 
 
 def test_fail_keeps_the_first_cause_only() -> None:

@@ -15,8 +15,8 @@ python/sglang/srt/managers/schedule_policy.py). Two parts:
   flight was computing it and the worker did not hold it.
 - `Flight`: one attempt of one request on one worker: computing until its blocks landed (its first
   byte or answer, or the worker's KV events), then landed; failed when it ended without landing.
-  When a leader fails, one of its followers can take its place (`claim`: the failed flight's blocks
-  in its chain become its own) and the others wait for it (`leader(..., exclude=)`: the flight
+  When a leader fails, one of its followers can take its place (`hand_over`: the failed flight's
+  blocks in its chain become its own) and the others wait for it (`leader(..., exclude=)`: the flight
   computing a follower's shared part, not the follower itself).
 
 Pure: no clock, no I/O, no asyncio; the router (router/coalesce.py) waits and times.
@@ -120,12 +120,13 @@ class PendingBlocks:
                 hi = mid - 1
         return lo
 
-    def leader(self, worker: str, hashes: Sequence[int], exclude: Flight | None = None) -> tuple[Flight | None, int]:
+    def leader(self, worker: str, hashes: Sequence[int], exclude: Flight | None = None,
+               limit: int | None = None) -> tuple[Flight | None, int]:
         """The flight computing the deepest block `hashes` shares with the flights on `worker`, and
         how many of the shared blocks are still being computed by live flights (the contiguous run
-        ending at the deepest shared block). (None, 0) when nothing shared is being computed.
-        `exclude`: a flight whose own chain `hashes` is (a held follower): its own blocks (the tail
-        it computes itself) are skipped, the answer is the flight it waits for."""
+        ending at the deepest shared block, counted up to `limit`). (None, 0) when nothing shared is
+        being computed. `exclude`: a flight whose own chain `hashes` is (a held follower): its own
+        blocks (the tail it computes itself) are skipped, the answer is the flight it waits for."""
         d = self.depth(worker, hashes)
         if d == 0:
             return None, 0
@@ -144,6 +145,8 @@ class PendingBlocks:
             if owner is None or not owner.computing or owner is exclude:
                 break
             n += 1
+            if n == limit:
+                break
         return top, n
 
     def add(self, flight: Flight, held_blocks: int) -> None:
@@ -161,20 +164,34 @@ class PendingBlocks:
             e.refs += 1
         flight.added = True
 
-    def claim(self, flight: Flight) -> int:
-        """`flight` (already added) takes over the blocks of its chain whose computer failed (and is
-        not yet removed): a follower promoted to compute the prefix its leader failed to, or one that
-        now computes its own share of it. Blocks the worker held at a decision (no owner) and landed
-        ones stay as they are: nobody computes them. Returns how many blocks it took."""
-        entries = self._by_worker.get(flight.worker)
-        if not flight.added or entries is None:
+    def hand_over(self, failed: Flight, heirs: Sequence[Flight]) -> int:
+        """`failed` (not yet removed) computed blocks its followers `heirs` (added, on its worker)
+        need: each block goes to the first heir whose chain holds it - a follower promoted to compute
+        the prefix its leader failed to, then the others for what is left in theirs. Blocks the
+        worker held at a decision (no owner) and other flights' stay as they are. O(the failed
+        chain + heirs x log): a chain's hashes cover everything before them, so the part an heir
+        shares with `failed` is a binary search. Returns how many blocks changed hands."""
+        entries = self._by_worker.get(failed.worker)
+        if entries is None or not failed.added:
             return 0
-        n = 0
-        for h in flight.hashes:
-            e = entries.get(h)
-            if e is not None and e.owner is not None and e.owner.state == FAILED:
-                e.owner = flight
-                n += 1
+        mine, done, n = failed.hashes, 0, 0
+        for heir in heirs:
+            if not heir.added or heir.worker != failed.worker:
+                continue
+            theirs = heir.hashes
+            lo, hi = 0, min(len(mine), len(theirs))
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if mine[mid - 1] == theirs[mid - 1]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            for i in range(done, lo):
+                e = entries.get(mine[i])
+                if e is not None and e.owner is failed:
+                    e.owner = heir
+                    n += 1
+            done = max(done, lo)
         return n
 
     def remove(self, flight: Flight) -> None:
