@@ -6,21 +6,26 @@ when a live flight on that same worker is computing at least `min_tokens` of the
 the attempt waits for it before it is sent: until the leader's blocks land (its first streamed byte or
 its answer - SGLang inserts a prompt into the radix tree at the end of its prefill forward, before it
 streams the first token - or, with KV events, the worker's stores covering the leader's prompt), the
-leader fails (then the follower computes itself), or `max_wait_s`. A waiting request keeps its
-admission slot, counts as in flight on the worker, and is cancelled like any request (client gone,
-request timeout). Per router process: a process only knows its own flights.
+leader fails, or `max_wait_s` after the request was first held (all its holds together). A leader that
+fails hands over: when its worker failed it (a retryable failure, or the worker went away) its
+followers are tried elsewhere (a retry each, while they have one); otherwise (its client went away, a
+4xx) the first of its followers that can still go is promoted - it is sent, and becomes the flight the
+others wait for. A waiting request keeps its admission slot, counts as in flight on the worker, and is
+cancelled like any request (client gone, request timeout). Per router process: a process only knows
+its own flights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from infer_ctl.core.routing.coalesce import CoalesceConfig, Flight, PendingBlocks, should_hold
+from infer_ctl.core.routing.coalesce import LANDED, CoalesceConfig, Flight, PendingBlocks, should_hold
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.retry import AttemptFailed
@@ -40,11 +45,40 @@ MAX_PENDING_CHARS = 512 * 1024
 #: closely: at most this many new tokens. A longer answer would hold the followers through the
 #: leader's decode (up to max_wait_s) for a prefix that landed long before
 LATE_LANDING_TOKENS = 16
+#: why a flight failed (Flight.cause), besides the AttemptFailed of a failure the worker caused
+CLIENT, ANSWER, ERROR = "client", "answer", "error"
+
+
+def worker_gone(w: WorkerState) -> bool:
+    return w.removed or not w.healthy or w.draining
+
+
+class _Hold:
+    """One held request: what it waits for now (`leader`, `fut`), and once that ended for it, how
+    (`verdict`: landed, promoted, rerouted, leader_failed, timeout). Set by the coalescer as leaders
+    end; read by the held request's own task when it wakes."""
+
+    __slots__ = ("ctx", "exclude", "flight", "fut", "leader", "pre", "task", "verdict")
+
+    def __init__(self, ctx: RequestContext, pre: WorkerState, flight: Flight) -> None:
+        self.ctx, self.pre, self.flight = ctx, pre, flight
+        self.task = asyncio.current_task()
+        self.leader: Flight | None = None
+        self.fut: asyncio.Future[str] | None = None
+        self.verdict: str | None = None
+        #: rerouted: the worker the failed leader's failure named (the retry avoids it)
+        self.exclude = pre.url
+
+    def can_go(self, now: float) -> bool:
+        """Still wanted: its client is there (no cancellation pending) and its time is not up."""
+        t = self.task
+        return (t is None or (not t.done() and not t.cancelling())) and \
+            (self.ctx.hold_until is None or now < self.ctx.hold_until)
 
 
 class Coalescer:
     def __init__(self, cfg: CoalesceConfig, *, block_chars: int, chars_per_token: Callable[[], float],
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, max_retries: int = 0) -> None:
         self.cfg = cfg
         self.block_chars = block_chars
         self.chars_per_token = chars_per_token
@@ -52,17 +86,28 @@ class Coalescer:
         self.max_blocks = max(1, MAX_PENDING_CHARS // block_chars)
         #: the exact index (router/kv_routing.py), for landing a leader on its worker's KV events
         self.kv: Any = None
+        #: the router's retries per request: a follower whose leader's worker failed is re-routed
+        #: only while it has one left (else it goes to the worker itself, as without a hold)
+        self.max_retries = max_retries
         #: leaders someone waits for, per worker, with their request (the KV-events landing check)
         self._waited: dict[str, dict[Flight, Any]] = {}
         self._futures: dict[Flight, asyncio.Future[str]] = {}
+        #: each waited-for leader's held requests, first held first (an ordered set)
+        self._queue: dict[Flight, dict[_Hold, None]] = {}
+        #: followers promoted to compute a failed leader's prefix, and re-routed ones (since start)
+        self.promoted = 0
+        self.rerouted = 0
         #: flights that ended landed and are still pending, per worker (until its next KV batch)
         self._ended: dict[str, set[Flight]] = {}
         self.holding = 0
         self.held = Counter("inferctl_router_coalesce_held_total",
                             "Requests held for an in-flight request computing their prefix, by how the hold "
-                            "ended (landed, leader_failed, timeout, cancelled)", ["reason"], registry=registry)
+                            "ended (landed, promoted: the leader failed and this one computes in its place, "
+                            "rerouted: the leader's worker failed it, leader_failed, timeout, cancelled)",
+                            ["reason"], registry=registry)
         self.wait = Histogram("inferctl_router_coalesce_wait_seconds",
-                              "Time a request waited for an in-flight request computing its prefix",
+                              "Time a request waited for an in-flight request computing its prefix (one "
+                              "hold, through any leaders that took over)",
                               buckets=_WAIT, registry=registry)
 
     def wrap(self, attempt: Attempt[R]) -> Attempt[R]:
@@ -86,20 +131,30 @@ class Coalescer:
         ctx.flight = flight
         try:
             if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg) and \
+                    (ctx.hold_until is None or asyncio.get_running_loop().time() < ctx.hold_until) and \
                     self._lands_in_time(leader, pre.url):
                 assert leader is not None
-                await self._hold(ctx, pre, leader)
+                hold = await self._hold(ctx, pre, flight, leader)
                 for w in (pre, dec):
-                    if w is not None and (w.removed or not w.healthy or w.draining):
+                    if w is not None and worker_gone(w):
                         # it went away while the request was held (its connections were closed then,
                         # the leader's too): a new attempt on another worker, not a late send to it
                         raise AttemptFailed("worker_gone_while_held", w.url, "the worker went away while "
                                             "the request was held for a request computing its prefix")
+                if hold.verdict == "rerouted":
+                    raise AttemptFailed("coalesce_rerouted", hold.exclude, "the request computing its prefix "
+                                        "failed on the worker while this one was held for it")
             result = await attempt(ctx, pre, dec)
-        except BaseException:
-            self._end(flight)
+        except AttemptFailed as exc:
+            self._end(flight, exc)  # the worker's failure: its followers are tried elsewhere
             raise
-        self._end(flight)
+        except asyncio.CancelledError:
+            self._end(flight, CLIENT)  # client gone, request timeout: one follower takes over
+            raise
+        except BaseException:
+            self._end(flight, ERROR)
+            raise
+        self._end(flight, ANSWER)  # an answer without landing (a 4xx): one follower takes over
         return result
 
     def _lands_in_time(self, leader: Flight | None, worker: str) -> bool:
@@ -115,12 +170,13 @@ class Coalescer:
         completion = request_estimate(lctx.endpoint, lctx.body, self.chars_per_token())[1]
         return 0 < completion <= LATE_LANDING_TOKENS
 
-    def _end(self, flight: Flight) -> None:
-        """The attempt ended: a flight that never landed fails (its waiters compute themselves) and
-        leaves the overlay now; a landed one stays pending until the next KV-event batch from its
-        worker (which reports what the worker holds from then on: its stores, or an AllBlocksCleared
-        after a flush) or, at the latest, for the grace (a worker without KV events)."""
-        flight.fail()
+    def _end(self, flight: Flight, cause: object) -> None:
+        """The attempt ended: a flight that never landed fails (`cause`: its waiters are re-routed, or
+        one of them takes over, `_promote`) and leaves the overlay now; a landed one stays pending
+        until the next KV-event batch from its worker (which reports what the worker holds from then
+        on: its stores, or an AllBlocksCleared after a flush) or, at the latest, for the grace (a
+        worker without KV events)."""
+        flight.fail(cause)
         if flight.state == "failed" or self.cfg.grace_s <= 0:
             self.pending.remove(flight)
             return
@@ -135,39 +191,126 @@ class Coalescer:
             if not ended:
                 del self._ended[flight.worker]
 
-    async def _hold(self, ctx: RequestContext, pre: WorkerState, leader: Flight) -> None:
-        fut = self._futures.get(leader)
-        if fut is None:
-            fut = self._futures[leader] = asyncio.get_running_loop().create_future()
-            leader.on_done = lambda state: self._leader_done(leader, state)
-        self._waited.setdefault(leader.worker, {})[leader] = leader.tag
-        leader.waiters += 1
+    async def _hold(self, ctx: RequestContext, pre: WorkerState, flight: Flight, leader: Flight) -> _Hold:
+        """Wait for `leader`, and for whoever takes over from it should it fail, until the request's
+        `hold_until` (max_wait_s after it was first held, over all its attempts)."""
+        loop = asyncio.get_running_loop()
+        if ctx.hold_until is None:
+            ctx.hold_until = loop.time() + self.cfg.max_wait_s
+        hold = _Hold(ctx, pre, flight)
+        self._enlist(hold, leader)
         pre.inflight += 1  # a held request is load on the worker it waits for
         self.holding += 1
         t0 = time.perf_counter()
         reason = "cancelled"  # the client went away or the request timed out while held
         try:
-            state = await asyncio.wait_for(asyncio.shield(fut), self.cfg.max_wait_s)
-            reason = "landed" if state == "landed" else "leader_failed"
+            while hold.verdict is None:  # each leader's end sets the verdict or moves it to another leader
+                left = ctx.hold_until - loop.time()
+                if left <= 0:
+                    raise TimeoutError
+                assert hold.fut is not None
+                await asyncio.wait_for(asyncio.shield(hold.fut), left)
+            reason = hold.verdict
         except TimeoutError:
-            reason = "timeout"
+            # a verdict given as the time ran out stands (promoted: others wait for this one now)
+            reason = hold.verdict or "timeout"
+            hold.verdict = reason
         finally:
+            self._delist(hold)
             pre.inflight -= 1
             self.holding -= 1
-            leader.waiters -= 1
             self.held.labels(reason).inc()
             self.wait.observe(time.perf_counter() - t0)
         ctx.coalesced = reason
+        return hold
+
+    def _enlist(self, hold: _Hold, leader: Flight) -> None:
+        fut = self._futures.get(leader)
+        if fut is None:
+            fut = self._futures[leader] = asyncio.get_running_loop().create_future()
+            leader.on_done = lambda state: self._leader_done(leader, state)
+        self._waited.setdefault(leader.worker, {})[leader] = leader.tag
+        self._queue.setdefault(leader, {})[hold] = None
+        hold.leader, hold.fut = leader, fut
+
+    def _delist(self, hold: _Hold) -> None:
+        leader, hold.leader = hold.leader, None
+        queue = self._queue.get(leader) if leader is not None else None
+        if queue is not None:
+            queue.pop(hold, None)
+            if not queue:
+                del self._queue[leader]  # type: ignore[arg-type]
 
     def _leader_done(self, leader: Flight, state: str) -> None:
         fut = self._futures.pop(leader, None)
-        if fut is not None and not fut.done():
-            fut.set_result(state)
         waited = self._waited.get(leader.worker)
         if waited is not None:
             waited.pop(leader, None)
             if not waited:
                 del self._waited[leader.worker]
+        queue = self._queue.pop(leader, None)
+        if queue:
+            holds = list(queue)
+            for hold in holds:
+                hold.leader = None
+            if state == LANDED:
+                for hold in holds:
+                    hold.verdict = "landed"
+            else:
+                self._promote(leader, holds)
+        if fut is not None and not fut.done():
+            fut.set_result(state)
+
+    def _promote(self, leader: Flight, holds: list[_Hold]) -> None:
+        """`leader` failed with requests held for it (first held first). Its worker's failure (an
+        AttemptFailed, or the worker went away): they are tried elsewhere - not sent one after another
+        to a worker that is failing them. An unexpected error: all released, as nobody knows what it
+        says of the others. Otherwise (its client went away, a 4xx) the first that can still go (its
+        client there, time left, its own landing heard soon) is promoted: it takes over the failed
+        leader's blocks and is sent - or, when another live flight still computes a part of its prompt
+        that it waited for through the failed one, waits for that first; the others take over what is
+        left of theirs and wait for whoever now computes their shared part (the promoted one, usually),
+        each until its own hold_until."""
+        now = asyncio.get_running_loop().time()
+        cause = leader.cause
+        if isinstance(cause, AttemptFailed) or worker_gone(holds[0].pre):
+            for hold in holds:
+                if isinstance(cause, AttemptFailed):
+                    hold.exclude = cause.worker
+                if hold.ctx.attempts <= self.max_retries:
+                    hold.verdict = "rerouted"
+                    self.rerouted += hold.can_go(now)
+                else:
+                    hold.verdict = "leader_failed"  # no retry left: it goes to the worker itself
+            return
+        live = [h for h in holds if h.can_go(now)] if cause in (CLIENT, ANSWER) else []
+        for hold in holds:
+            if not hold.can_go(now):  # out of time (goes itself), or cancelled (its task raises)
+                hold.verdict = "timeout" if hold.task is None or not hold.task.cancelling() else "cancelled"
+            elif not live:
+                hold.verdict = "leader_failed"
+        first = next((h for h in live if self._lands_in_time(h.flight, h.flight.worker)), None)
+        if first is None:
+            for hold in live:
+                hold.verdict = "leader_failed"
+            return
+        order = [first] + [h for h in live if h is not first]
+        # the promoted one takes the failed leader's blocks in its chain, the others what is left in theirs
+        self.pending.hand_over(leader, [h.flight for h in order])
+        cpt = self.chars_per_token()
+        enough = math.ceil(self.cfg.min_tokens * max(cpt, 0.1) / self.block_chars) + 1  # should_hold's count
+        for hold in order:
+            nxt, computing = self.pending.leader(hold.flight.worker, hold.flight.hashes, exclude=hold.flight,
+                                                 limit=enough)
+            if should_hold(nxt, computing, self.block_chars, cpt, self.cfg) and \
+                    self._lands_in_time(nxt, hold.flight.worker):
+                assert nxt is not None
+                self._enlist(hold, nxt)  # the promoted one too, when a flight below still computes
+            elif hold is first:
+                hold.verdict = "promoted"
+                self.promoted += 1
+            else:
+                hold.verdict = "leader_failed"
 
     def kv_batch(self, worker: str) -> None:
         """A KV event batch from `worker` was applied: the flights there that ended landed leave the
@@ -189,4 +332,4 @@ class Coalescer:
     def status_doc(self) -> dict[str, Any]:
         return {"enabled": self.cfg.enabled, "min_tokens": self.cfg.min_tokens, "max_wait_s": self.cfg.max_wait_s,
                 "holding": self.holding, "leaders_waited_for": sum(len(v) for v in self._waited.values()),
-                "pending_blocks": self.pending.snapshot()}
+                "promoted": self.promoted, "rerouted": self.rerouted, "pending_blocks": self.pending.snapshot()}

@@ -46,10 +46,12 @@ class RequestContext:
     exact: bool = False
     #: in-flight prefix coalescing (router/coalesce.py): the chosen prefill's exact cached prompt units
     #: before the pending overlay, this attempt's flight (core/routing/coalesce.py; landed by attempt.py
-    #: on the first byte or the answer) and how a hold ended (None: not held)
+    #: on the first byte or the answer), how a hold ended (None: not held) and when the request's
+    #: holds must end, all of its attempts together (event-loop time; None: never held)
     held_tokens: int | None = None
     flight: Any = None
     coalesced: str | None = None
+    hold_until: float | None = None
     #: tracing and tenant hooks (observe.RequestObserver; not imported: observe.py reads this module);
     #: None when the router has neither, and every hook checks this first
     obs: Any = None

@@ -91,7 +91,8 @@ class Router:
         self.picker.kv = self.kv
         # in-flight prefix coalescing (router/coalesce.py): the pending overlay and the hold
         self.coalesce = Coalescer(cfg.coalesce_config(), block_chars=cfg.block_chars,
-                                  chars_per_token=lambda: self.feedback.chars_per_token, registry=self.metrics.registry)
+                                  chars_per_token=lambda: self.feedback.chars_per_token, registry=self.metrics.registry,
+                                  max_retries=cfg.max_retries)
         if cfg.coalesce and cfg.policy == "cache_aware":
             self.picker.pending = self.coalesce.pending
             self.coalesce.kv = self.kv

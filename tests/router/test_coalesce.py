@@ -98,3 +98,38 @@ def test_should_hold_needs_enough_shared_tokens_being_computed() -> None:
 def test_bad_config_is_refused(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="coalesce"):
         CoalesceConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_a_failed_leader_hands_its_blocks_over_to_its_followers_first_held_first() -> None:
+    """A leader fails with followers held: the first (promoted) takes over the blocks it shares with
+    the failed leader (only those: held blocks are nobody's to compute); the next, the failed
+    leader's blocks left in its chain; a follower looking past its own tail (`exclude`) finds the one
+    computing their shared part."""
+    p = PendingBlocks()
+    lead = Flight("w1", chain(SYSTEM + "a" * (BC * 3)))
+    p.add(lead, 5)  # the worker held the first 5 blocks at the decision: nobody computes those
+    f1 = Flight("w1", chain(SYSTEM[: BC * 10]))  # shares 10 blocks with the leader
+    f2 = Flight("w1", chain(SYSTEM + "a" + "c" * (BC * 3)))  # shares 20 blocks
+    p.add(f1, 5)
+    p.add(f2, 5)
+    assert p.leader("w1", f2.hashes, exclude=f2) == (lead, 15)
+    assert p.leader("w1", f2.hashes, exclude=f2, limit=4) == (lead, 4)
+    assert p.leader("w1", f2.hashes)[0] is f2  # without `exclude`: its own tail is the deepest
+    lead.fail("client")
+    assert lead.cause == "client"
+    assert p.hand_over(lead, [f1, f2]) == 15  # 5 to f1, 10 to f2; not the 5 held nor the leader's tail
+    p.remove(lead)  # the failed leader leaves after its followers took over
+    assert p.leader("w1", f2.hashes, exclude=f2) == (f1, 5)
+    assert p.leader("w1", f1.hashes, exclude=f1) == (None, 0)  # nobody computes anything it waits for
+    assert p.hand_over(lead, [f1, f2]) == 0  # removed: nothing left to hand over
+    f1.land()
+    assert p.leader("w1", f2.hashes, exclude=f2) == (None, 0)  # what is left is f2's own
+
+
+def test_fail_keeps_the_first_cause_only() -> None:
+    f = Flight("w1", A)
+    assert f.fail("worker") and not f.fail("client")
+    assert f.cause == "worker"
+    g = Flight("w1", A)
+    g.land()
+    assert not g.fail("client") and g.cause is None

@@ -30,7 +30,10 @@ SYSTEM = "system " * 2000  # ~14,000 characters: far above min_tokens at any cha
 
 class Hangable:
     """A collocated stand-in: /generate answers a one-event stream at once, or, while `hung`, holds
-    every request until the test ends (a hung worker); /health answers 503 while `sick`."""
+    every request until the test ends (a hung worker), or, while `dead`, drops the connection of every
+    new request (a crashed worker; the requests it holds stay held); a request whose text contains
+    `bad` (when set) is answered 400 once it may go; /health answers 503 while `sick`.
+    `arrivals`: each request's text, `arrived_at`: when it came (time.monotonic)."""
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -38,7 +41,10 @@ class Hangable:
         self.thread.start()
         self.hung = False
         self.sick = False
+        self.dead = False
+        self.bad = ""
         self.arrivals: list[str] = []
+        self.arrived_at: list[float] = []
         self.runner: web.AppRunner | None = None
         self.release: asyncio.Event | None = None
         self.url = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
@@ -49,9 +55,16 @@ class Hangable:
         async def generate(request: web.Request) -> web.StreamResponse:
             body = await request.json()
             self.arrivals.append(body["text"])
+            self.arrived_at.append(time.monotonic())
+            assert self.release is not None
+            if self.dead:
+                assert request.transport is not None
+                request.transport.close()
+                await self.release.wait()  # nothing to write to
             if self.hung:
-                assert self.release is not None
                 await self.release.wait()
+            if self.bad and self.bad in body["text"]:
+                return web.json_response({"error": {"message": "bad request"}}, status=400)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await resp.write(b'data: {"text": "a", "meta_info": {"prompt_tokens": 2000, "cached_tokens": 0}}\n\n')
@@ -93,7 +106,7 @@ def send(router: RouterHandle, text: str, timeout: float = 30) -> int:
 
 def coalescer_is_empty(router: RouterHandle) -> bool:
     co = router.router.coalesce
-    return (not co.pending.snapshot() and not co._waited and not co._futures and not co._ended
+    return (not co.pending.snapshot() and not co._waited and not co._futures and not co._ended and not co._queue
             and co.holding == 0)
 
 
@@ -176,7 +189,7 @@ def test_a_follower_is_not_held_through_a_non_streaming_leaders_decode(kv: bool)
         cluster.stop()
 
 
-# ---- F3: a failed leader's followers all compute the prefix ---------------------------------------------
+# ---- F3: a failed leader's followers all computed the prefix (one is promoted now) ------------------------
 def raw_stream_request(url: str, body: dict[str, Any]) -> socket.socket:
     """A streaming request on a plain socket, left open: closing it is the client going away."""
     u = urlsplit(url)
@@ -187,12 +200,10 @@ def raw_stream_request(url: str, body: dict[str, Any]) -> socket.socket:
     return s
 
 
-@pytest.mark.xfail(strict=True, reason="a failed leader releases every follower to compute the prefix itself "
-                   "(docs/router.md Limits); one follower should take over as the leader (review F3)")
 def test_a_leaders_client_gone_mid_prefill_leaves_one_follower_to_compute() -> None:
     """The leader's user closes the tab while it prefills a new prefix with 3 followers held. Every
-    follower is released at once and all 3 compute the prefix together (the burst coalescing exists
-    for); one of them should become the leader and the other two wait for it."""
+    follower was released at once and all 3 computed the prefix together (the burst coalescing exists
+    for); one of them becomes the leader (promoted) and the other two wait for it."""
     kw: dict[str, Any] = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.008}
     cluster = start_cluster_in_thread([WorkerSpec("mixed", **kw)])
     router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
@@ -217,6 +228,8 @@ def test_a_leaders_client_gone_mid_prefill_leaves_one_follower_to_compute() -> N
         metas = [f.result(timeout=30) for f in futs]
         hits = sum(m["cached_tokens"] >= 0.9 * m["prompt_tokens"] for m in metas)
         assert hits == 2, metas
+        co = router.router.coalesce
+        assert co.status_doc()["promoted"] == 1 and co.status_doc()["rerouted"] == 0
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         router.stop(drain=False)

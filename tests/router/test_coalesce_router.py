@@ -211,7 +211,10 @@ def test_a_failing_leader_releases_its_followers_at_once(standin: StandIn, route
     assert len(follower_at) == 3
     # released by the failure, not by max_wait_s (8 s): within a few seconds of it on a loaded machine
     assert all(standin.leader_done - 0.05 <= t <= standin.leader_done + 3.0 for t in follower_at)
-    assert metric(router, 'inferctl_router_coalesce_held_total{reason="leader_failed"}') == 3
+    # the worker failed the leader: its followers are re-routed (a retry each; the only worker here is
+    # tried again), not promoted one after another onto the worker that failed it
+    assert metric(router, 'inferctl_router_coalesce_held_total{reason="rerouted"}') == 3
+    assert metric(router, 'inferctl_router_coalesce_held_total{reason="promoted"}') == 0
 
 
 def test_max_wait_bounds_the_hold(standin: StandIn) -> None:

@@ -15,6 +15,9 @@ python/sglang/srt/managers/schedule_policy.py). Two parts:
   flight was computing it and the worker did not hold it.
 - `Flight`: one attempt of one request on one worker: computing until its blocks landed (its first
   byte or answer, or the worker's KV events), then landed; failed when it ended without landing.
+  When a leader fails, one of its followers can take its place (`hand_over`: the failed flight's
+  blocks in its chain become its own) and the others wait for it (`leader(..., exclude=)`: the flight
+  computing a follower's shared part, not the follower itself).
 
 Pure: no clock, no I/O, no asyncio; the router (router/coalesce.py) waits and times.
 """
@@ -50,7 +53,7 @@ class Flight:
     """One attempt's prompt on one worker. `on_done` (set by the router when someone waits) hears the
     one transition out of computing."""
 
-    __slots__ = ("added", "hashes", "on_done", "state", "tag", "waiters", "worker")
+    __slots__ = ("added", "cause", "hashes", "on_done", "state", "tag", "worker")
 
     def __init__(self, worker: str, hashes: Sequence[int], tag: object = None) -> None:
         self.worker = worker
@@ -58,8 +61,8 @@ class Flight:
         #: the caller's own (the router: the request), never read here
         self.tag = tag
         self.state = COMPUTING
-        #: followers waiting for this flight
-        self.waiters = 0
+        #: why it failed (the caller's own, given to `fail`; the router: who to blame), never read here
+        self.cause: object = None
         self.on_done: Callable[[str], None] | None = None
         #: whether its chain is in the overlay (removed exactly once)
         self.added = False
@@ -72,8 +75,11 @@ class Flight:
         """Its blocks are on the worker (first byte, answer or KV events). True when this changed it."""
         return self._end(LANDED)
 
-    def fail(self) -> bool:
-        """It ended without its blocks landing (error, 4xx, client gone). True when this changed it."""
+    def fail(self, cause: object = None) -> bool:
+        """It ended without its blocks landing (error, 4xx, client gone). True when this changed it;
+        `cause` is kept (set before `on_done` hears it) only then."""
+        if self.state == COMPUTING:
+            self.cause = cause
         return self._end(FAILED)
 
     def _end(self, state: str) -> bool:
@@ -114,23 +120,33 @@ class PendingBlocks:
                 hi = mid - 1
         return lo
 
-    def leader(self, worker: str, hashes: Sequence[int]) -> tuple[Flight | None, int]:
+    def leader(self, worker: str, hashes: Sequence[int], exclude: Flight | None = None,
+               limit: int | None = None) -> tuple[Flight | None, int]:
         """The flight computing the deepest block `hashes` shares with the flights on `worker`, and
         how many of the shared blocks are still being computed by live flights (the contiguous run
-        ending at the deepest shared block). (None, 0) when nothing shared is being computed."""
+        ending at the deepest shared block, counted up to `limit`). (None, 0) when nothing shared is
+        being computed. `exclude`: a flight whose own chain `hashes` is (a held follower): its own
+        blocks (the tail it computes itself) are skipped, the answer is the flight it waits for."""
         d = self.depth(worker, hashes)
         if d == 0:
             return None, 0
         entries = self._by_worker[worker]
-        top = entries[hashes[d - 1]].owner
+        top_i = d - 1
+        while exclude is not None and top_i >= 0 and entries[hashes[top_i]].owner is exclude:
+            top_i -= 1
+        if top_i < 0:
+            return None, 0
+        top = entries[hashes[top_i]].owner
         if top is None or not top.computing:
             return None, 0
         n = 0
-        for i in range(d - 1, -1, -1):
+        for i in range(top_i, -1, -1):
             owner = entries[hashes[i]].owner
-            if owner is None or not owner.computing:
+            if owner is None or not owner.computing or owner is exclude:
                 break
             n += 1
+            if n == limit:
+                break
         return top, n
 
     def add(self, flight: Flight, held_blocks: int) -> None:
@@ -147,6 +163,36 @@ class PendingBlocks:
                 e.owner = flight
             e.refs += 1
         flight.added = True
+
+    def hand_over(self, failed: Flight, heirs: Sequence[Flight]) -> int:
+        """`failed` (not yet removed) computed blocks its followers `heirs` (added, on its worker)
+        need: each block goes to the first heir whose chain holds it - a follower promoted to compute
+        the prefix its leader failed to, then the others for what is left in theirs. Blocks the
+        worker held at a decision (no owner) and other flights' stay as they are. O(the failed
+        chain + heirs x log): a chain's hashes cover everything before them, so the part an heir
+        shares with `failed` is a binary search. Returns how many blocks changed hands."""
+        entries = self._by_worker.get(failed.worker)
+        if entries is None or not failed.added:
+            return 0
+        mine, done, n = failed.hashes, 0, 0
+        for heir in heirs:
+            if not heir.added or heir.worker != failed.worker:
+                continue
+            theirs = heir.hashes
+            lo, hi = 0, min(len(mine), len(theirs))
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if mine[mid - 1] == theirs[mid - 1]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            for i in range(done, lo):
+                e = entries.get(mine[i])
+                if e is not None and e.owner is failed:
+                    e.owner = heir
+                    n += 1
+            done = max(done, lo)
+        return n
 
     def remove(self, flight: Flight) -> None:
         """`flight`'s chain is no longer pending (its request ended, plus the grace; or it failed)."""

@@ -1,0 +1,265 @@
+"""A failed leader hands over (router/coalesce.py `_promote`): when its client goes away (or it gets a
+4xx), one follower is promoted - it is sent and computes the prefix - and the others wait for it,
+within the max_wait_s of their first hold; when its worker failed it, the followers are re-routed
+instead of being promoted one after another onto that worker. Real routers, real loopback workers
+(the simulator, for what is cached; a scripted stand-in, for hung and crashed workers)."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from tests.router.test_coalesce_attacks import SYSTEM, WORDS, Hangable, raw_stream_request, send
+from tests.router.test_coalesce_router import metric
+from tests.waiting import wait_for
+
+SLOW = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.008}  # ~1 s+ to prefill the shared prompt
+
+
+def held(router: RouterHandle, reason: str) -> float:
+    return metric(router, f'inferctl_router_coalesce_held_total{{reason="{reason}"}}')
+
+
+def meta(router: RouterHandle, body: dict[str, Any]) -> dict[str, Any]:
+    """The answer's meta_info (the last event's when streamed)."""
+    with httpx.Client(timeout=30) as c:
+        if not body.get("stream"):
+            r = c.post(router.url + "/generate", json=body)
+            assert r.status_code == 200, r.text
+            return dict(r.json()["meta_info"])
+        with c.stream("POST", router.url + "/generate", json=body) as s:
+            assert s.status_code == 200
+            events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: {")]
+        return dict(json.loads(events[-1])["meta_info"])
+
+
+def hit(m: dict[str, Any]) -> bool:
+    return bool(m["cached_tokens"] >= 0.9 * m["prompt_tokens"])
+
+
+def test_a_chain_of_clients_gone_ends_with_one_follower_computing_for_the_rest() -> None:
+    """The leader's client goes away mid-prefill; the follower promoted in its place loses its client
+    too. The next one is promoted (first held first), and the last waits for it and hits the cache:
+    one prefill of the prefix for the two that stayed, not two."""
+    cluster = start_cluster_in_thread([WorkerSpec("mixed", **SLOW)])
+    router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
+                                                  coalesce_max_wait_s=8.0))
+    pool = ThreadPoolExecutor(2)
+    socks: list[socket.socket] = []
+    try:
+        co = router.router.coalesce
+        system = " ".join(random.Random(7).choice(WORDS) for _ in range(1000))
+
+        def body(name: str, stream: bool = True) -> dict[str, Any]:
+            return {"text": f"{system} question {name}", "stream": stream, "sampling_params": {"max_new_tokens": 1}}
+
+        socks.append(raw_stream_request(router.url, body("leader")))
+        assert wait_for(lambda: router.router.workers.all()[0].load_inflight >= 1, timeout=10)
+        socks.append(raw_stream_request(router.url, body("first follower")))  # held first: promoted first
+        assert wait_for(lambda: co.holding == 1, timeout=10)
+        second = pool.submit(meta, router, body("second", stream=False))
+        assert wait_for(lambda: co.holding == 2, timeout=10)
+        third = pool.submit(meta, router, body("third"))
+        assert wait_for(lambda: co.holding == 3, timeout=10)
+        socks[0].close()  # the leader's client goes away mid-prefill
+        assert wait_for(lambda: co.promoted == 1 and co.holding == 2, timeout=10), co.status_doc()
+        socks[1].close()  # and the promoted one's, while it computes
+        assert wait_for(lambda: co.promoted == 2 and co.holding == 1, timeout=10), co.status_doc()
+        m2, m3 = second.result(timeout=30), third.result(timeout=30)
+        assert not hit(m2) and hit(m3), (m2, m3)
+        assert held(router, "promoted") == 2 and held(router, "landed") == 1
+        assert held(router, "leader_failed") == 0 and held(router, "timeout") == 0
+        assert wait_for(lambda: router.router.active == 0 and not co._queue and not co._futures, timeout=10)
+    finally:
+        for s in socks:
+            s.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        cluster.stop()
+
+
+def test_a_long_unary_follower_is_not_promoted_over_a_streaming_one() -> None:
+    """Without KV events the landing of a non-streaming request is its whole answer: promoted, a unary
+    follower asking for 100 tokens would hold the others through its decode (so they would not wait
+    for it at all, and each compute). The streaming follower held after it is promoted instead, and the
+    unary one waits for it like the rest."""
+    cluster = start_cluster_in_thread([WorkerSpec("mixed", **SLOW)])
+    router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
+                                                  coalesce_max_wait_s=8.0))
+    pool = ThreadPoolExecutor(3)
+    sock: socket.socket | None = None
+    try:
+        co = router.router.coalesce
+        system = " ".join(random.Random(8).choice(WORDS) for _ in range(1000))
+
+        def body(name: str, stream: bool, tokens: int) -> dict[str, Any]:
+            return {"text": f"{system} question {name}", "stream": stream, "sampling_params": {"max_new_tokens": tokens}}
+
+        sock = raw_stream_request(router.url, body("leader", True, 1))
+        assert wait_for(lambda: router.router.workers.all()[0].load_inflight >= 1, timeout=10)
+        futs: list[Future[dict[str, Any]]] = []
+        for i, (stream, tokens) in enumerate([(False, 100), (True, 1), (False, 1)]):
+            futs.append(pool.submit(meta, router, body(f"follower {i}", stream, tokens)))
+            assert wait_for(lambda i=i: co.holding == i + 1, timeout=10)
+        sock.close()
+        metas = [f.result(timeout=30) for f in futs]
+        assert [hit(m) for m in metas] == [True, False, True], metas
+        assert held(router, "promoted") == 1 and held(router, "landed") == 2
+    finally:
+        if sock is not None:
+            sock.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        cluster.stop()
+
+
+def test_max_wait_bounds_the_whole_hold_through_a_promotion() -> None:
+    """A hung worker: the leader never answers, its client goes away 1.5 s into a 2 s max_wait, the
+    promoted follower hangs too. The others keep the bound of their first hold: they go themselves
+    about 2 s after they were held, not 2 s after the promotion."""
+    w = Hangable()
+    w.hung = True
+    router = start_router_in_thread(router_config(workers=[w.url], health_interval_s=60, coalesce_max_wait_s=2.0,
+                                                  request_timeout_s=30.0))
+    pool = ThreadPoolExecutor(2)
+    socks: list[socket.socket] = []
+    try:
+        co = router.router.coalesce
+        socks.append(raw_stream_request(router.url, {"text": SYSTEM + "leader", "stream": True}))
+        assert wait_for(lambda: len(w.arrivals) == 1, timeout=10)
+        socks.append(raw_stream_request(router.url, {"text": SYSTEM + "first follower", "stream": True}))
+        assert wait_for(lambda: co.holding == 1, timeout=10)
+        t_held = time.monotonic()
+        rest = [pool.submit(send, router, SYSTEM + f"follower {i}", 20) for i in range(2)]
+        assert wait_for(lambda: co.holding == 3, timeout=10)
+        time.sleep(max(0.0, 1.5 - (time.monotonic() - t_held)))  # 1.5 s into their hold
+        socks[0].close()
+        assert wait_for(lambda: len(w.arrivals) == 2, timeout=5)  # the promoted one, sent to the hung worker
+        assert w.arrivals[1] == SYSTEM + "first follower"
+        assert wait_for(lambda: len(w.arrivals) == 4, timeout=10)
+        waited = [t - t_held for t in w.arrived_at[2:]]
+        # held about 2 s: not released early by the failure (1.5 s), nor 2 s after the promotion (3.5 s)
+        assert all(1.8 < s < 2.9 for s in waited), waited
+        assert held(router, "promoted") == 1 and held(router, "timeout") == 2
+        w.loop.call_soon_threadsafe(w.release.set)  # type: ignore[union-attr]
+        assert [f.result(timeout=20) for f in rest] == [200, 200]
+    finally:
+        for s in socks:
+            s.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        w.close()
+
+
+def test_a_promoted_follower_that_finds_the_worker_dead_sends_the_rest_elsewhere() -> None:
+    """The leader's client goes away while its worker has crashed (new connections are dropped; the
+    leader's own is still held): the promoted follower fails on the dead worker, and the rest are
+    re-routed to the other worker at once - not promoted one after another onto the dead one."""
+    a, b = Hangable(), Hangable()
+    a.hung = b.hung = True  # whichever the leader lands on is the hung one
+    router = start_router_in_thread(router_config(workers=[a.url, b.url], health_interval_s=60,
+                                                  coalesce_max_wait_s=8.0, retry_base_s=0.01))
+    pool = ThreadPoolExecutor(3)
+    sock: socket.socket | None = None
+    try:
+        co = router.router.coalesce
+        sock = raw_stream_request(router.url, {"text": SYSTEM + "leader", "stream": True})
+        assert wait_for(lambda: a.arrivals or b.arrivals, timeout=10)
+        w, other = (a, b) if a.arrivals else (b, a)
+        other.hung = False
+        followers = []
+        for i in range(3):
+            followers.append(pool.submit(send, router, SYSTEM + f"follower {i}", 20))
+            assert wait_for(lambda i=i: co.holding == i + 1, timeout=10)
+        w.dead = True
+        t0 = time.monotonic()
+        sock.close()
+        assert [f.result(timeout=20) for f in followers] == [200, 200, 200]
+        assert time.monotonic() - t0 < 5.0  # not after max_wait_s (8 s)
+        # the promoted one only (its pool may send it twice: a dropped reused connection is resent once)
+        assert {t for t in w.arrivals if "follower" in t} == {SYSTEM + "follower 0"}
+        assert held(router, "promoted") == 1 and held(router, "rerouted") == 2
+        assert sorted(t for t in other.arrivals if "follower" in t) == [SYSTEM + f"follower {i}" for i in range(3)]
+    finally:
+        if sock is not None:
+            sock.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        a.close()
+        b.close()
+
+
+def test_a_promoted_follower_still_waits_for_a_flight_computing_the_prefix_below() -> None:
+    """Three levels: K computes a system prompt; L (system + a long history) is held for K; F0 and F1
+    (system + history + a question) are held for L, which owns the history's blocks. L's client goes
+    away while it is held: F0 takes over L's blocks, but K still computes the system prompt, so F0
+    waits for K (it is not sent to compute the system prompt a second time) and F1 waits for F0.
+    Once K's prefix lands, F0 goes, then F1 once F0's lands."""
+    w = Hangable()
+    w.hung = True
+    router = start_router_in_thread(router_config(workers=[w.url], health_interval_s=60, coalesce_max_wait_s=8.0))
+    pool = ThreadPoolExecutor(3)
+    sock: socket.socket | None = None
+    try:
+        co = router.router.coalesce
+        history = "history " * 2000
+        k = pool.submit(send, router, SYSTEM + "k", 20)
+        assert wait_for(lambda: len(w.arrivals) == 1, timeout=10)
+        sock = raw_stream_request(router.url, {"text": SYSTEM + history + "l", "stream": True})
+        assert wait_for(lambda: co.holding == 1, timeout=10)
+        fs = []
+        for i in range(2):
+            fs.append(pool.submit(send, router, SYSTEM + history + f"question {i}", 20))
+            assert wait_for(lambda i=i: co.holding == i + 2, timeout=10)
+        sock.close()  # L's client goes away while L is held
+        assert wait_for(lambda: co.holding == 2 and held(router, "cancelled") == 1, timeout=10), co.status_doc()
+        assert co.status_doc()["leaders_waited_for"] == 2  # K (by F0) and F0 (by F1)
+        assert len(w.arrivals) == 1 and co.promoted == 0  # F0 was not sent while K computes
+        w.hung = False
+        w.loop.call_soon_threadsafe(w.release.set)  # type: ignore[union-attr]
+        assert k.result(timeout=20) == 200 and [f.result(timeout=20) for f in fs] == [200, 200]
+        assert w.arrivals[1:] == [SYSTEM + history + "question 0", SYSTEM + history + "question 1"]
+        assert held(router, "landed") == 2 and held(router, "leader_failed") == 0
+    finally:
+        if sock is not None:
+            sock.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        w.close()
+
+
+def test_a_leader_answered_4xx_hands_over_to_one_follower() -> None:
+    """The worker answers the leader 400 (its own body's fault) after it computed for a while: the
+    first follower is promoted and sent, the other two wait for its first byte instead of all three
+    going at once."""
+    w = Hangable()
+    w.hung = True
+    w.bad = "leader"
+    router = start_router_in_thread(router_config(workers=[w.url], health_interval_s=60, coalesce_max_wait_s=8.0))
+    pool = ThreadPoolExecutor(4)
+    try:
+        co = router.router.coalesce
+        leader = pool.submit(send, router, SYSTEM + "leader", 20)
+        assert wait_for(lambda: len(w.arrivals) == 1, timeout=10)
+        fs = []
+        for i in range(3):
+            fs.append(pool.submit(send, router, SYSTEM + f"follower {i}", 20))
+            assert wait_for(lambda i=i: co.holding == i + 1, timeout=10)
+        w.hung = False
+        w.loop.call_soon_threadsafe(w.release.set)  # type: ignore[union-attr]
+        assert leader.result(timeout=20) == 400
+        assert [f.result(timeout=20) for f in fs] == [200, 200, 200]
+        assert w.arrivals[1] == SYSTEM + "follower 0"
+        assert held(router, "promoted") == 1 and held(router, "landed") == 2
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        router.stop(drain=False)
+        w.close()
