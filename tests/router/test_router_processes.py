@@ -26,15 +26,10 @@ import httpx
 import pytest
 
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+from tests.ports import free_port
 from tests.router.conftest import TIME_SCALE
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Router:
