@@ -12,6 +12,7 @@ from typing import Any
 from tests import ports
 from tests.fabric.factories import PAUSE_OFF, QOS_PRIO3, devinfo_text
 from tests.fabric.sysfs_tree import Hca, Netdev, build, mlx5_gids
+from tests.waiting import wait_for
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 
@@ -102,4 +103,12 @@ def pp_dirs() -> set[str]:
     return {p.name for p in Path("/tmp").glob("inferctl-pp.*")}
 
 
-__all__ = ["FabricNode", "add_route", "fabric_profile", "free_port_range", "leftovers", "pp_dirs", "setup_node"]
+def new_pp_dirs(before: set[str], within: float = 10.0) -> set[str]:
+    """Pair-test temp dirs made since `before` that stay: /tmp is the machine's, and a pair test of another
+    suite on it has its own for a moment (a loaded run failed on one, gone a moment later); a dir of ours
+    that the CLI left behind stays."""
+    wait_for(lambda: not pp_dirs() - before, within)
+    return pp_dirs() - before
+
+
+__all__ = ["FabricNode", "add_route", "fabric_profile", "free_port_range", "leftovers", "new_pp_dirs", "pp_dirs", "setup_node"]
