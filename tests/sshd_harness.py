@@ -58,6 +58,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.ports import free_port as free_port  # re-exported: the launch and audit tests import it from here
+
 SSHD = "/usr/sbin/sshd"
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: host key types the harness can give a node, by the name ssh-keygen -t uses; the known_hosts type of
@@ -110,12 +112,6 @@ def generate_keypair(path: Path, comment: str = "", key_type: str = "ed25519") -
     line = public.decode() + (f" {comment}" if comment else "")
     path.with_name(path.name + ".pub").write_text(line + "\n")
     return KeyPair(path, public.decode())
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def known_hosts_name(host: str, port: int) -> str:

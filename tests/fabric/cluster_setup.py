@@ -4,14 +4,15 @@ stand-in RDMA tools on the node's PATH (tests/fabric/standins, each says what is
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import ports
 from tests.fabric.factories import PAUSE_OFF, QOS_PRIO3, devinfo_text
 from tests.fabric.sysfs_tree import Hca, Netdev, build, mlx5_gids
+from tests.waiting import wait_for
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 
@@ -65,26 +66,9 @@ def add_route(cluster: Any, address: str, via: str) -> None:
 
 
 def free_port_range(n: int = 64) -> int:
-    """A base port whose next n ports were free a moment ago (other tests run concurrently)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            base = s.getsockname()[1]
-        if base + n > 65000:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s2 = socket.socket()
-                socks.append(s2)
-                s2.bind(("0.0.0.0", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s2 in socks:
-                s2.close()
-    raise RuntimeError("no free port range")
+    """A base port whose next n ports were free a moment ago (other tests run concurrently), below the
+    ephemeral range (tests/ports.py)."""
+    return ports.free_port_range(n, "0.0.0.0")
 
 
 def fabric_profile(cluster: Any, path: Path, base_port: int, **fabric: Any) -> Path:
@@ -119,4 +103,12 @@ def pp_dirs() -> set[str]:
     return {p.name for p in Path("/tmp").glob("inferctl-pp.*")}
 
 
-__all__ = ["FabricNode", "add_route", "fabric_profile", "free_port_range", "leftovers", "pp_dirs", "setup_node"]
+def new_pp_dirs(before: set[str], within: float = 10.0) -> set[str]:
+    """Pair-test temp dirs made since `before` that stay: /tmp is the machine's, and a pair test of another
+    suite on it has its own for a moment (a loaded run failed on one, gone a moment later); a dir of ours
+    that the CLI left behind stays."""
+    wait_for(lambda: not pp_dirs() - before, within)
+    return pp_dirs() - before
+
+
+__all__ = ["FabricNode", "add_route", "fabric_profile", "free_port_range", "leftovers", "new_pp_dirs", "pp_dirs", "setup_node"]

@@ -24,6 +24,7 @@ from tests.fabric.cluster_setup import (
     fabric_profile,
     free_port_range,
     leftovers,
+    new_pp_dirs,
     pp_dirs,
     setup_node,
 )
@@ -92,7 +93,7 @@ def test_healthy_and_misconfigured_nodes_with_pair_matrix(
     assert by_client["dc-01"]["details"]["server_address_source"] == "gid"
     assert server_args[server_args.index("-g") + 1] == "3" and server_args[server_args.index("-m") + 1] == "4096"
     # the servers were stopped and their temp dirs removed
-    assert leftovers(cluster.root) == [] and pp_dirs() - before == set()
+    assert leftovers(cluster.root) == [] and new_pp_dirs(before) == set()
     assert _by(findings, "fabric.counters", "pf-01")[0]["status"] == "ok"
 
 
@@ -113,7 +114,7 @@ def test_client_that_never_connects_times_out_and_server_is_cleaned_up(
     assert code == 2 and pair["status"] == "fail" and "timed out (client)" in pair["message"]
     assert "firewall" in pair["remedy"] and str(pair["details"]["tcp_port"]) in pair["remedy"]
     assert elapsed < 15
-    assert leftovers(cluster.root) == [] and pp_dirs() - before == set()
+    assert leftovers(cluster.root) == [] and new_pp_dirs(before) == set()
 
 
 def test_no_rdma_hardware_real_tools_and_unreachable_node(
@@ -182,7 +183,7 @@ def test_write_bandwidth_pair_test_end_to_end(
     server = (cluster.bin_dir("pf-01") / "ib_write_bw.args").read_text().split()
     client = (cluster.bin_dir("dc-01") / "ib_write_bw.args").read_text().split()
     assert client[:-1] == server and "--report_gbits" in server and server[server.index("-x") + 1] == "3"
-    assert code == 0 and leftovers(cluster.root) == [] and pp_dirs() - before == set()
+    assert code == 0 and leftovers(cluster.root) == [] and new_pp_dirs(before) == set()
     # the same run as a table: exit code 0 and the pair matrix (rows prefill, columns decode)
     code, table = _cli(capsys, "--pingpong", "-p", str(profile))
     flat = " ".join(table.replace("│", " ").split())  # the title wraps in a narrow terminal

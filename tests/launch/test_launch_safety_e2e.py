@@ -24,6 +24,7 @@ import pytest
 from infer_ctl.core.sglang import find_instance, pid_file_path
 from infer_ctl.profile.load import load_profile
 from tests.launch.standin_cluster import STANDIN, pd_profile, run_cli, standin_servers, write_yaml
+from tests.waiting import wait_for
 
 pytest.importorskip("infer_ctl.sim.server", reason="the simulator (infer_ctl.sim) is not available")
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
@@ -131,8 +132,17 @@ def test_launch_refuses_a_foreign_server_on_its_port_and_stop_finds_it(
         [sys.executable, "-m", "http.server", str(dc["overrides"]["decode_port"]), "--bind", dc["host"]],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    time.sleep(0.5)
+
+    def other_listens() -> bool:  # a fixed 0.5 s was not always enough for python -m http.server to bind
+        assert other.poll() is None, "http.server exited"
+        try:
+            return httpx.get(f"http://{dc['host']}:{dc['overrides']['decode_port']}/", timeout=1,
+                             trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
+        assert wait_for(other_listens, 30)
         code, doc, err = run_cli(capsys, "launch", "-p", p, "--json")
         assert code == 2, (doc, err)
         fails = {f["subject"]: f["message"] for f in doc["findings"] if f["check"] == "launch.port_in_use"}

@@ -13,6 +13,7 @@ from infer_ctl.remote.base import Command
 from infer_ctl.remote.errors import SessionRefusedError, TransferError
 from infer_ctl.remote.fleet import Fleet
 from tests.remote.helpers import profile_of, run_json
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.ssh
 
@@ -91,7 +92,9 @@ def test_a_session_held_too_long_is_a_clear_error_for_that_node_and_others_proce
         long = threading.Thread(target=conn.run, args=(Command("sleep", "3"),))
         long.start()
         try:
-            time.sleep(0.5)  # the long command holds the session
+            # the long command holds the session (a fixed 0.5 s could pass before its channel was open
+            # on a loaded machine: the short command then took the session and was not refused)
+            assert wait_for(lambda: conn._channels, 10)
             started = time.monotonic()
             try:
                 return conn.run(Command("echo", "short")).out, time.monotonic() - started

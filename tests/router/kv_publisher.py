@@ -4,7 +4,6 @@ what is sent, what is skipped (a gap), what the buffer keeps and what garbage go
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import Any
@@ -12,13 +11,9 @@ from typing import Any
 import msgspec
 import zmq
 
+from tests.ports import free_port
+
 END = (-1).to_bytes(8, "big", signed=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stored(hashes: list[int], parent: int | None, tokens: list[int], block_size: int = 1) -> dict[str, Any]:

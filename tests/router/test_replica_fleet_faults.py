@@ -203,8 +203,12 @@ def test_a_replica_killed_in_the_middle_of_admin_changes_leaves_store_and_others
 
 
 def _flood(url: str, known: list[str], seconds: float) -> tuple[list[float], int, float]:
-    """Two clients send prompts nobody has seen (300 words each) while a third sends a known one: the known
-    one's latencies, the flood's request count, the time it ran."""
+    """Two clients send prompts nobody has seen (1200 words each) while a third sends a known one: the known
+    one's latencies, the flood's request count, the time it ran. The flood's anchoring must ask for more
+    than the 5 % budget on any machine: with 300-word prompts it asked for about 1.6 ms per prompt at
+    30-40 prompts/s (just over the budget on a quiet machine), and on a loaded one the in-process
+    simulator and clients sent too few for the budget ever to run out (over_budget 0, a CI-like run);
+    an anchoring's cost grows with the prompt, the flood's rate much less."""
     import random
 
     stop = threading.Event()
@@ -216,7 +220,7 @@ def _flood(url: str, known: list[str], seconds: float) -> tuple[list[float], int
             n = 0
             while not stop.is_set():
                 n += 1
-                codes.append(generate(url, prompt(r, 300), f"flood-{url[-5:]}-{k}-{n}", client=c).status_code)
+                codes.append(generate(url, prompt(r, 1200), f"flood-{url[-5:]}-{k}-{n}", client=c).status_code)
 
     during: list[tuple[float, float, int]] = []
     threads = [threading.Thread(target=flood, args=(k,)) for k in range(2)]

@@ -58,6 +58,16 @@ async def until(cond: Callable[[], bool], timeout: float = 3.0) -> bool:
     return cond()
 
 
+def subscribers(store: RedisServer) -> int:
+    """Clients the store has subscribed to the changes channel (each replica's listening loop subscribes
+    in the background after `StateSync.start` returns)."""
+    c = store.client()
+    try:
+        return int(dict(c.pubsub_numsub(CHANNEL)).get(CHANNEL, 0))
+    finally:
+        c.close()
+
+
 class Proxy:
     """A TCP relay in front of the store that can go silent on the subscribers' connections (stop relaying,
     keep the sockets open), as a firewall or NAT that drops a connection without a reset does."""
@@ -305,7 +315,8 @@ def test_a_subscription_gone_silent_is_noticed_and_the_change_arrives_within_sec
 
     async def body(store: RedisServer, a: Replica, b: Replica) -> None:
         proxy: Proxy = a.proxy  # type: ignore[attr-defined]
-        await asyncio.sleep(0.3)
+        # both replicas subscribed (their listening loops subscribe after start returns), A through the proxy
+        assert await until(lambda: subscribers(store) == 2 and any(st["sub"] for st in proxy.conns), timeout=10)
         assert proxy.silence_subscribers() == 1
         t0 = time.monotonic()
         await b.sync.change_prefix("quiet", register("quiet", "said while A was deaf"))
@@ -323,7 +334,7 @@ def test_a_killed_subscription_reconnects_and_catches_up() -> None:
 
     async def body(store: RedisServer, a: Replica, b: Replica) -> None:
         c = store.client()
-        await asyncio.sleep(0.2)
+        assert await until(lambda: subscribers(store) == 2, timeout=10)  # both listening loops subscribed
         assert c.client_kill_filter(_type="pubsub") >= 2
         t0 = time.monotonic()
         await b.sync.change_prefix("after-kill", register("after-kill", "text"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from infer_ctl.cli.main import main
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+from tests.ports import free_port
 from tests.router.conftest import TIME_SCALE
 
 
@@ -94,14 +94,8 @@ def test_status_reports_401_without_the_token(mixed: ThreadedSimCluster, capsys,
         assert main(["router", "status", "--url", handle.url, "--json"]) == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_runs_until_sigterm_then_drains(mixed: ThreadedSimCluster) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
                              "--worker", mixed.urls[0]], stderr=subprocess.PIPE, env=env)

@@ -59,7 +59,7 @@ def test_a_slow_kv_path_is_avoided_and_returns_after_a_probe(cluster: ThreadedSi
     router.stop()
     assert speed > 0
     router = pd_router(cluster, health_interval_s=0.1, pair_min_kv_speed_gb_s=speed / 3, pair_bad_samples=2,
-                       pair_probe_after_s=4.0)
+                       pair_probe_after_s=8.0)
     try:
         fault(p0, d0, slowdown=10)
         i = 0
@@ -78,6 +78,9 @@ def test_a_slow_kv_path_is_avoided_and_returns_after_a_probe(cluster: ThreadedSi
             assert gen(router.url, i) == 200
             time.sleep(0.15)
         now = pairs(router)
+        # still before its probe: with probe_after_s 4 the six requests ended 0.6 s before it at load ~9
+        # (degraded_for_s 3.4), and past it a probe crossed the pair and moved its samples
+        assert now[(p0, d0)]["degraded_for_s"] < 8.0, now[(p0, d0)]
         assert now[(p0, d0)]["samples"] == samples and now[(p0, d0)]["degraded"]
         workers = {w["url"]: w for w in httpx.get(router.url + "/admin/workers", timeout=10).json()["workers"]}
         assert workers[d0]["requests"] > 0 and workers[p0]["requests"] > 0

@@ -26,15 +26,10 @@ import httpx
 import pytest
 
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+from tests.ports import free_port
 from tests.router.conftest import TIME_SCALE
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Router:
@@ -192,15 +187,35 @@ def test_in_flight_on_the_follower_is_seen_by_the_leader(router: Router, kv_clus
     assert wait_for(lambda: not any(w["inflight"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]))
 
 
-def test_a_prompt_cached_through_one_process_is_routed_to_the_same_prefill_by_the_other(router: Router) -> None:
+def kv_blocks(conn: http.client.HTTPConnection) -> dict[str, float]:
+    """Per prefill, the blocks the exact index of the process `conn` reaches holds (its own live samples
+    in the merged /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    index = str(health(conn)["process"]["index"])
+    return {s.labels["worker"]: s.value for f in text_string_to_metric_families(text)
+            if f.name == "inferctl_router_kv_blocks" for s in f.samples
+            if s.labels.get("router_process") == index}
+
+
+def test_a_prompt_cached_through_one_process_is_routed_to_the_same_prefill_by_the_other(
+        router: Router, kv_cluster: ThreadedSimCluster) -> None:
     """Both processes hold the same exact index (KV events): a prompt first sent through the leader
     goes to the prefill that cached it when it comes again through the follower."""
+    from tests.router.test_kv_events_router import tree_blocks
+
+    prefills = [w for w in kv_cluster.workers if w.spec.role == "prefill"]
     c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)
     for i in range(6):
         text = f"Consistency check {i}: " + f"a long shared context number {i} " * 40
         mark = len(router.logs())
         assert generate(c0, text)[0] == 200
-        time.sleep(0.3)  # the KV events of the first request reach both processes
+        # the KV events of the first request reached the follower: its index holds every prefill's tree
+        # (a fixed 0.3 s was not always enough on a loaded machine)
+        want = {w.url: float(len(tree_blocks(w))) for w in prefills}
+        assert wait_for(lambda want=want: kv_blocks(c1) == want, 10), (kv_blocks(c1), want)
         assert generate(c1, text + " and a follow-up")[0] == 200
 
         def both(mark: int = mark) -> list[dict[str, Any]]:

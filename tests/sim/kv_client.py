@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from typing import Any
 
@@ -11,13 +10,9 @@ import httpx
 import msgspec
 import zmq
 
+from tests.ports import free_port as free_port  # re-exported: the KV-events tests import it from here
+
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kv_config(**extra: Any) -> str:

@@ -6,7 +6,6 @@ server. The router injects bootstrap_host/port/room and sends each request to bo
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -16,28 +15,23 @@ import httpx
 import pytest
 
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
+from tests.ports import free_port
 
 pytest.importorskip("sglang_router")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def routed() -> Iterator[tuple[str, ThreadedSimCluster]]:
     specs = [WorkerSpec(r, time_scale=0.05) for r in ("prefill", "prefill", "decode", "decode")]
     cluster = start_cluster_in_thread(specs)
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
     for w in cluster.workers[:2]:
         cmd += ["--prefill", w.url, str(w.bootstrap_port)]
     for w in cluster.workers[2:]:
         cmd += ["--decode", w.url]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(_free_port()), "--log-level", "warn", "--shutdown-grace-period-secs", "1",
+            "--prometheus-port", str(free_port()), "--log-level", "warn", "--shutdown-grace-period-secs", "1",
             "--worker-startup-check-interval", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"

@@ -199,10 +199,13 @@ def _histogram(meta: Mapping[str, Any]) -> tuple[int, ...]:
     h = meta.get(META_CORRECT_DRAFTS_HISTOGRAM)
     if h is None:
         return ()
-    if not isinstance(h, list) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in h):
+    if not isinstance(h, list):
         raise SpecFieldError(f"{META_CORRECT_DRAFTS_HISTOGRAM} must be a list of counts, got {h!r}"[:200])
+    # the length first: a hostile answer's million entries are refused without looking at each one
     if len(h) > MAX_DRAFTS_PER_VERIFY + 1:  # index k = drafts accepted in one step
         raise SpecFieldError(f"{META_CORRECT_DRAFTS_HISTOGRAM} has {len(h)} entries, more than any draft")
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in h):
+        raise SpecFieldError(f"{META_CORRECT_DRAFTS_HISTOGRAM} must be a list of counts, got {h!r}"[:200])
     return tuple(h)
 
 
