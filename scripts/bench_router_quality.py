@@ -474,7 +474,8 @@ async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
             while queue:
                 url, routed, rs = queue.pop()
                 for r in rs:
-                    res = await send_one(session, url, r, load, t_run)
+                    # the router's `--log-requests` line carries it as its rid: per-request decisions join the results
+                    res = await send_one(session, url, r, load, t_run, {"x-request-id": f"bench-{r.index}"})
                     out.append({"index": r.index, "tenant": r.tenant, "session": r.session, "routed": routed,
                                 "url": url, "ok": res.ok, "ttft": res.ttft, "prompt_tokens": res.prompt_tokens,
                                 "cached_tokens": res.cached_tokens, "error": res.error, "start": res.start})

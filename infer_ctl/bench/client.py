@@ -87,7 +87,8 @@ def _payload(req: BenchRequest, api: str, domain: str | None = None) -> tuple[st
 
 
 async def send_one(
-    session: aiohttp.ClientSession, url: str, req: BenchRequest, load: LoadSpec, t_run: float
+    session: aiohttp.ClientSession, url: str, req: BenchRequest, load: LoadSpec, t_run: float,
+    headers: dict[str, str] | None = None,
 ) -> RequestResult:
     loop = asyncio.get_running_loop()
     scale = load.time_scale
@@ -97,7 +98,7 @@ async def send_one(
     last: float | None = None
     seen = 0
     try:
-        async with session.post(url.rstrip("/") + path, json=body) as resp:
+        async with session.post(url.rstrip("/") + path, json=body, headers=headers) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 res.error = f"HTTP {resp.status}: {text}"

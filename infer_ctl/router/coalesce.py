@@ -97,8 +97,8 @@ class Coalescer:
         #: followers promoted to compute a failed leader's prefix, and re-routed ones (since start)
         self.promoted = 0
         self.rerouted = 0
-        #: flights that ended landed and are still pending, per worker (until its next KV batch)
-        self._ended: dict[str, set[Flight]] = {}
+        #: flights that landed and are still pending, per worker (until its next KV batch)
+        self._landed: dict[str, set[Flight]] = {}
         self.holding = 0
         self.held = Counter("inferctl_router_coalesce_held_total",
                             "Requests held for an in-flight request computing their prefix, by how the hold "
@@ -127,6 +127,7 @@ class Coalescer:
         hashes = ctx.hashes[: self.max_blocks]
         leader, computing = self.pending.leader(pre.url, hashes)
         flight = Flight(pre.url, hashes, ctx)
+        flight.on_done = lambda state: self._flight_done(flight, state)
         self.pending.add(flight, self.held_blocks(ctx))
         ctx.flight = flight
         try:
@@ -172,24 +173,37 @@ class Coalescer:
 
     def _end(self, flight: Flight, cause: object) -> None:
         """The attempt ended: a flight that never landed fails (`cause`: its waiters are re-routed, or
-        one of them takes over, `_promote`) and leaves the overlay now; a landed one stays pending
-        until the next KV-event batch from its worker (which reports what the worker holds from then
-        on: its stores, or an AllBlocksCleared after a flush) or, at the latest, for the grace (a
-        worker without KV events)."""
+        one of them takes over, `_promote`) and leaves the overlay now (`_flight_done`); a landed one
+        left it, or leaves it, as its landing said."""
         flight.fail(cause)
-        if flight.state == "failed" or self.cfg.grace_s <= 0:
+
+    def _flight_done(self, flight: Flight, state: str) -> None:
+        """A flight's one transition out of computing: its waiters hear it (`_leader_done`). Failed: it
+        leaves the overlay now (after its blocks were handed over). Landed (its first byte or answer,
+        or its worker's KV events): it stays pending until the next KV-event batch from its worker or,
+        at the latest, for the grace (a worker without KV events), not until its request ends. SGLang
+        publishes a prompt's stores when it inserts it, before the first token goes out, so from that
+        batch on the exact index says what the worker holds: the prompt's stores, and whatever it
+        drops afterwards (an eviction, an AllBlocksCleared after a flush). An overlay kept after that
+        would count as held a prompt the worker has reported gone: measured in the stale benchmark
+        (random direct traffic), where a session's next turn, sent as its previous turn ended, went to
+        the worker that had just evicted it (0 cached) instead of one that held its system prompt."""
+        self._leader_done(flight, state)
+        if not flight.added:
+            return
+        if state != LANDED or self.cfg.grace_s <= 0:
             self.pending.remove(flight)
             return
-        self._ended.setdefault(flight.worker, set()).add(flight)
+        self._landed.setdefault(flight.worker, set()).add(flight)
         asyncio.get_running_loop().call_later(self.cfg.grace_s, self._unpend, flight)
 
     def _unpend(self, flight: Flight) -> None:
         self.pending.remove(flight)
-        ended = self._ended.get(flight.worker)
-        if ended is not None:
-            ended.discard(flight)
-            if not ended:
-                del self._ended[flight.worker]
+        landed = self._landed.get(flight.worker)
+        if landed is not None:
+            landed.discard(flight)
+            if not landed:
+                del self._landed[flight.worker]
 
     async def _hold(self, ctx: RequestContext, pre: WorkerState, flight: Flight, leader: Flight) -> _Hold:
         """Wait for `leader`, and for whoever takes over from it should it fail, until the request's
@@ -226,9 +240,8 @@ class Coalescer:
 
     def _enlist(self, hold: _Hold, leader: Flight) -> None:
         fut = self._futures.get(leader)
-        if fut is None:
+        if fut is None:  # resolved by the leader's `_flight_done`
             fut = self._futures[leader] = asyncio.get_running_loop().create_future()
-            leader.on_done = lambda state: self._leader_done(leader, state)
         self._waited.setdefault(leader.worker, {})[leader] = leader.tag
         self._queue.setdefault(leader, {})[hold] = None
         hold.leader, hold.fut = leader, fut
@@ -313,13 +326,13 @@ class Coalescer:
                 hold.verdict = "leader_failed"
 
     def kv_batch(self, worker: str) -> None:
-        """A KV event batch from `worker` was applied: the flights there that ended landed leave the
-        overlay (the exact index has their blocks, or the worker dropped them); a leader someone waits
+        """A KV event batch from `worker` was applied: the flights there that landed leave the overlay
+        (the exact index has their blocks, or the worker dropped them); a leader someone waits
         for whose whole prompt the worker's stores now hold (in HBM) has landed. Only those flights of
         that worker are looked at (usually none)."""
-        ended = self._ended.pop(worker, None)
-        if ended:  # the worker's events speak for these from now on
-            for flight in ended:
+        landed = self._landed.pop(worker, None)
+        if landed:  # the worker's events speak for these from now on
+            for flight in landed:
                 self.pending.remove(flight)
         waited = self._waited.get(worker)
         kv = self.kv

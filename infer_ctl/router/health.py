@@ -20,6 +20,9 @@ from infer_ctl.router.workers import WorkerState
 
 log = logging.getLogger("infer_ctl.router.health")
 
+#: how often a worker that is down is probed between two health rounds, in seconds
+DOWN_PROBE_S = 1.0
+
 
 def _instance(info: Any) -> tuple[str | None, bool]:
     if not isinstance(info, dict):
@@ -63,9 +66,18 @@ class HealthChecker:
         await asyncio.gather(*(self.check(w) for w in self.router.workers.all()), return_exceptions=True)
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self.check_all()
-            await asyncio.sleep(self.router.cfg.health_interval_s)
+            # between two rounds a worker that is down is probed every DOWN_PROBE_S: a restarted one
+            # (its cache empty: the fleet's cheapest place for new prefixes) takes traffic again
+            # within that of answering, not up to health_interval_s later
+            until = loop.time() + self.router.cfg.health_interval_s
+            while (left := until - loop.time()) > 0:
+                await asyncio.sleep(min(DOWN_PROBE_S, left))
+                down = [w for w in self.router.workers.all() if not w.healthy and not w.removed]
+                if down and until - loop.time() > 0.05:
+                    await asyncio.gather(*(self.check(w) for w in down), return_exceptions=True)
 
     def suspect(self, w: WorkerState) -> None:
         if w.url not in self._checking and not w.removed:

@@ -1,0 +1,119 @@
+"""The pending overlay (router/coalesce.py) against what a worker's KV events report, on real loopback
+workers (the simulator, KV events on) and the real router.
+
+A landed prompt leaves the overlay at its worker's next KV-event batch, not when its request ends:
+from that batch on the exact index says what the worker holds, and what it drops afterwards too. The
+stale benchmark (docs/benchmarks.md, random direct traffic) measured the difference: a session's next
+turn, sent the moment its previous turn ended, was routed on that turn's overlay to the worker that
+had just evicted it (0 cached), past a worker that held its system prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+
+from infer_ctl.core.routing.coalesce import CoalesceConfig
+from infer_ctl.router.attempt import landed
+from infer_ctl.router.coalesce import Coalescer
+from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from tests.sim.kv_client import kv_config
+from tests.waiting import wait_for
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3)) for _ in range(n))
+
+
+def generate(url: str, text: str, max_new_tokens: int = 1) -> dict[str, Any]:
+    """A streamed /generate; the last event's meta_info."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}, "stream": True}
+    with httpx.Client(timeout=30) as c, c.stream("POST", url + "/generate", json=body) as s:
+        assert s.status_code == 200
+        events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: {")]
+    return dict(json.loads(events[-1])["meta_info"])
+
+
+def requests_on(url: str) -> int:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("sglang:num_requests_total"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_a_prompt_its_worker_evicted_after_landing_does_not_pull_the_next_turn_there() -> None:
+    # 1,500 tokens a worker: one prompt of 700 tokens and two fillers of 900 cannot all stay. The sim
+    # unlocks a prompt after its prefill, so the fillers evict it while its request still decodes
+    spec: dict[str, Any] = {"time_scale": 1.0, "speculative": False, "cache_capacity_tokens": 1500}
+    cluster = start_cluster_in_thread([WorkerSpec("mixed", kv_events_config=kv_config(), **spec) for _ in range(2)])
+    router: RouterHandle | None = None
+    try:
+        router = start_router_in_thread(router_config(workers=cluster.urls, health_interval_s=0.3))
+        assert wait_for(lambda: all(w["index"] == "exact" for w in httpx.get(
+            router.url + "/admin/workers", timeout=5).json()["workers"]), timeout=15)
+        rng = random.Random(3)
+        system = "tenant " + words(rng, 600)
+        turn = f"{system}\n\nsession1 user {words(rng, 100)}"
+
+        # turn 1 through the router, decoding long enough for the rest of the setup
+        first: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: first.update(generate(router.url, turn, max_new_tokens=150)))
+        t.start()
+        assert wait_for(lambda: sum(requests_on(u) for u in cluster.urls) == 1, timeout=10)
+        wa = next(u for u in cluster.urls if requests_on(u) == 1)
+        wb = next(u for u in cluster.urls if u != wa)
+        co = router.router.coalesce
+        # past the router: the system prompt reaches the other worker, fillers evict turn 1 from its own
+        generate(wb, system + "\n\ndirect")
+        for _ in range(2):
+            generate(wa, "filler " + words(rng, 900))
+        # the router's exact index has seen both: wa holds nothing of the prompt, wb its system part
+        hashes = router.router.index.hashes(turn)
+
+        async def held() -> dict[str, int]:
+            return dict(router.router.kv.cached(hashes, turn, [wa, wb])[0])
+
+        assert wait_for(lambda: (c := router.call(held()))[wa] == 0 and c[wb] >= 550, timeout=10), router.call(held())
+        assert t.is_alive()  # still decoding: the setup happened while turn 1 was in flight
+        t.join(30)
+        assert first, "turn 1 failed"
+        assert first["cached_tokens"] == 0
+
+        # turn 2, sent as turn 1 ended: wa has been idle since its fillers (no KV batch from it since).
+        # Kept pending until wa's next batch after the end (up to 1 s), turn 1's chain outweighed wb's
+        # system prompt (the whole turn 1 against its first 600 tokens) and turn 2 went to wa: 0 cached
+        second = generate(router.url, f"{turn}\n\nassistant {words(rng, 20)}\n\nsession1 user {words(rng, 30)}")
+        assert second["cached_tokens"] >= 0.9 * 600, (second, co.pending.snapshot())
+    finally:
+        if router is not None:
+            router.stop()
+        cluster.stop()
+
+
+def test_a_landed_flight_leaves_the_overlay_at_its_workers_next_batch_while_its_request_runs() -> None:
+    async def main() -> None:
+        co = Coalescer(CoalesceConfig(grace_s=60.0), block_chars=64, chars_per_token=lambda: 4.0)
+        ctx: Any = SimpleNamespace(hashes=[11, 12, 13], exact=True, held_tokens=0, predicted_chars=0, flight=None)
+        pre: Any = SimpleNamespace(url="http://w1")
+        seen: dict[str, int] = {}
+
+        async def attempt(ctx: Any, pre: Any, dec: Any) -> None:
+            seen["computing"] = co.pending.blocks("http://w1")
+            co.kv_batch("http://w1")  # a batch before the prompt landed: it still counts
+            seen["batch before landing"] = co.pending.blocks("http://w1")
+            landed(ctx)  # its first byte: the worker stored it and publishes the stores
+            seen["landed"] = co.pending.blocks("http://w1")
+            co.kv_batch("http://w1")  # from here on the worker's events say what it holds
+            seen["batch after landing"] = co.pending.blocks("http://w1")
+
+        await co.run(ctx, pre, None, attempt)
+        assert seen == {"computing": 3, "batch before landing": 3, "landed": 3, "batch after landing": 0}
+        assert not co.pending.snapshot() and not co._landed
+
+    asyncio.run(main())
