@@ -6,19 +6,16 @@ instead of being promoted one after another onto that worker. Real routers, real
 
 from __future__ import annotations
 
-import json
 import random
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.router.test_coalesce_attacks import SYSTEM, WORDS, Hangable, raw_stream_request, send
-from tests.router.test_coalesce_router import metric
+from tests.router.test_coalesce_router import meta, metric
 from tests.waiting import wait_for
 
 SLOW = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.008}  # ~1 s+ to prefill the shared prompt
@@ -26,19 +23,6 @@ SLOW = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.008}  # ~1 s+ 
 
 def held(router: RouterHandle, reason: str) -> float:
     return metric(router, f'inferctl_router_coalesce_held_total{{reason="{reason}"}}')
-
-
-def meta(router: RouterHandle, body: dict[str, Any]) -> dict[str, Any]:
-    """The answer's meta_info (the last event's when streamed)."""
-    with httpx.Client(timeout=30) as c:
-        if not body.get("stream"):
-            r = c.post(router.url + "/generate", json=body)
-            assert r.status_code == 200, r.text
-            return dict(r.json()["meta_info"])
-        with c.stream("POST", router.url + "/generate", json=body) as s:
-            assert s.status_code == 200
-            events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: {")]
-        return dict(json.loads(events[-1])["meta_info"])
 
 
 def hit(m: dict[str, Any]) -> bool:

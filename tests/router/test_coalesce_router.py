@@ -39,11 +39,25 @@ def metric(router: RouterHandle, name: str) -> float:
     return total
 
 
+def meta(router: RouterHandle, body: dict[str, Any]) -> dict[str, Any]:
+    """The answer's meta_info (the last event's when streamed)."""
+    with httpx.Client(timeout=30) as c:
+        if not body.get("stream"):
+            r = c.post(router.url + "/generate", json=body)
+            assert r.status_code == 200, r.text
+            return dict(r.json()["meta_info"])
+        with c.stream("POST", router.url + "/generate", json=body) as s:
+            assert s.status_code == 200
+            events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: {")]
+        return dict(json.loads(events[-1])["meta_info"])
+
+
 # ---- the burst on simulated workers --------------------------------------------------------------------
 @pytest.mark.parametrize(("kv", "stream", "coalesce", "pd"),
                          [(True, True, True, False), (False, False, True, False), (True, True, False, False),
                           (True, True, True, True), (False, False, True, True)],
                          ids=["exact-stream", "predicted-unary", "off", "pd-exact-stream", "pd-predicted-unary"])
+
 def test_a_burst_of_one_new_prefix_computes_it_once(kv: bool, stream: bool, coalesce: bool, pd: bool) -> None:
     # slow prefill (1.5 % MFU: about a second for the shared prompt at time scale 1), so the burst
     # arrives while the first request is still prefilling, however loaded the machine
@@ -67,15 +81,7 @@ def test_a_burst_of_one_new_prefix_computes_it_once(kv: bool, stream: bool, coal
 
         def one(i: int) -> dict[str, Any]:
             body = {"text": f"{system} question {i}", "sampling_params": {"max_new_tokens": 1}, "stream": stream}
-            with httpx.Client(timeout=30) as c:
-                if not stream:
-                    r = c.post(router.url + "/generate", json=body)
-                    assert r.status_code == 200, r.text
-                    return dict(r.json()["meta_info"])
-                with c.stream("POST", router.url + "/generate", json=body) as s:
-                    assert s.status_code == 200
-                    events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: {")]
-                return dict(json.loads(events[-1])["meta_info"])
+            return meta(router, body)
 
         with ThreadPoolExecutor(n) as pool:
             first = pool.submit(one, 0)  # the leader; the others once it is on a worker, computing
