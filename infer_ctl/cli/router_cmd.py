@@ -49,7 +49,7 @@ def serve(
     kv_events: Annotated[bool | None, typer.Option("--kv-events/--no-kv-events", help="Follow the workers' KV events (default: router.kv_events.enabled, on).")] = None,
     kv_tokenizer: Annotated[str | None, typer.Option("--kv-tokenizer", metavar="PATH", help="Target model directory (tokenizer.json) on this host, to tokenize prompts as the workers do (default: router.kv_events.tokenizer_path, else models.target).")] = None,
     kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", min=0.001, max=300, help="Seconds a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default 2).")] = None,
-    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="KV blocks kept per worker stream; more make it untrusted (default 4000000).")] = None,
+    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default 4000000).")] = None,
     kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
     processes: Annotated[int | None, typer.Option(

@@ -19,7 +19,8 @@ class KvEventsRouting(StrictModel):
     #: the router's host, to tokenize prompts as the workers do; relative paths resolve against the
     #: profile's directory. None: models.target.tokenizer_path or models.target.path
     tokenizer_path: Annotated[str, Field(min_length=1)] | None = None
-    #: blocks kept per worker stream; more make the stream untrusted (router/kv_subscriber.py)
+    #: distinct blocks kept per worker stream, on any medium (a HiCache page in HBM and host counts
+    #: once: core/routing/blocks.py); more make the stream untrusted (router/kv_subscriber.py)
     max_blocks: Annotated[int, Field(ge=1024, le=1 << 31)] = 4_000_000
     #: how long a gap replay (or the start-up replay from seq 0) may take before the stream is untrusted
     replay_timeout_s: Annotated[float, Field(gt=0, le=300)] = 2.0
