@@ -23,7 +23,8 @@ class KvEventsRouting(StrictModel):
     #: once: core/routing/blocks.py); more make the stream untrusted (router/kv_subscriber.py)
     max_blocks: Annotated[int, Field(ge=1024, le=1 << 31)] = 4_000_000
     #: how long a gap replay (or the start-up replay from seq 0) may take before the stream is untrusted
-    replay_timeout_s: Annotated[float, Field(gt=0, le=300)] = 2.0
+    #: (finite: NaN passed as "should be less than or equal to 300", NaN failing every comparison)
+    replay_timeout_s: Annotated[float, Field(gt=0, le=300, allow_inf_nan=False)] = 2.0
     #: batches a second one publisher may send; more is a flood (the stream is untrusted, paused)
     max_batches_per_s: Annotated[int, Field(ge=1)] = 5000
     #: the largest KV-event message accepted (ZMQ's MAXMSGSIZE): a bigger one drops the connection
