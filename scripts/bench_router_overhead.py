@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from servers import stop_all
 
 BODY = {"text": "Say hi.", "sampling_params": {"max_new_tokens": 1}}
 
@@ -447,13 +448,7 @@ def main() -> None:
                       f"{vs[key]['median_of_ratios']:.3f}x, ratio of medians {vs[key]['ratio_of_medians']:.3f}x "
                       "(per repetition: " + ", ".join(f"{x:.3f}" for x in vs[key]["per_repetition"]) + ")")
     finally:
-        for p in reversed(procs):  # proxies before the stand-ins they talk to
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)  # proxies before the stand-ins they talk to
         shutil.rmtree(tmp, ignore_errors=True)
 
 if __name__ == "__main__":

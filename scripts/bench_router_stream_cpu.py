@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_router_overhead import cpu_seconds, free_port, wait_http
+from servers import stop_all
 
 
 def standin(port: int, pace_s: float) -> None:
@@ -124,13 +125,7 @@ def main() -> None:
             print(f"this checkout / baseline: median {statistics.median(ratios):.3f}x "
                   f"({', '.join(f'{x:.3f}' for x in ratios)})")
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
