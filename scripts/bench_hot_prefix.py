@@ -21,7 +21,6 @@ import argparse
 import collections
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+from servers import free_port, wait_ready
 
 from infer_ctl.bench.client import LoadSpec
 from infer_ctl.bench.run import run_bench
@@ -40,12 +40,6 @@ from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_
 
 #: wall seconds per modelled second; higher = slower but less distorted by this host's CPU contention
 SCALE = {"time_scale": 0.2}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cluster(n_prefill: int, n_decode: int, capacity: int | None) -> ThreadedSimCluster:
@@ -77,14 +71,17 @@ def sglang_router(c: ThreadedSimCluster, policy: str = "cache_aware") -> Iterato
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()), "--log-level", "error"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+
+    def routes() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.post(url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},
+                              timeout=30).status_code == 200
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.post(url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},
-                              timeout=30).status_code == 200:
-                    break
-            time.sleep(0.3)
+        # ready when it routes, and it is the one started (scripts/servers.py); it was measured after 60 s
+        # whether it answered or not
+        wait_ready(url, proc, routes, "sglang-router", timeout=60)
         yield url
     finally:
         proc.terminate()

@@ -12,16 +12,19 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+import httpx
+from servers import free_port, wait_ready
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def health(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def session_cpu_s(sid: int) -> float:
@@ -47,7 +50,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     args = ap.parse_args()
     dn = subprocess.DEVNULL
-    workers, flags = [], []
+    workers, flags, urls = [], [], []
     for _ in range(args.workers):
         port = free_port()
         # a wildcard host: the publisher binds (SGLang's rule, sim/kv_config.py `should_bind`); with
@@ -57,12 +60,17 @@ def main() -> int:
         workers.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "sim", "serve", "-w",
                                          f"mixed@127.0.0.1:{port}", "--kv-events-config", kv], stdout=dn, stderr=dn))
         flags += ["--worker", f"http://127.0.0.1:{port}"]
-    time.sleep(3)
+        urls.append(f"http://127.0.0.1:{port}")
+    rport = free_port()
     router = subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen",
-                               f"127.0.0.1:{free_port()}", "--processes", str(args.processes), *flags],
+                               f"127.0.0.1:{rport}", "--processes", str(args.processes), *flags],
                               start_new_session=True, stdout=dn, stderr=dn)
     try:
-        time.sleep(8)  # start-up, first health checks and subscriptions
+        # each server answering is the one started (scripts/servers.py): a foreign one on its port, or
+        # a router that could not bind, would be measured as an idle router
+        for url, proc in [*zip(urls, workers, strict=True), (f"http://127.0.0.1:{rport}", router)]:
+            wait_ready(url, proc, lambda url=url: health(url), timeout=60)
+        time.sleep(8)  # first health checks and subscriptions
         c0, t0 = session_cpu_s(router.pid), time.monotonic()
         time.sleep(args.seconds)
         c1, t1 = session_cpu_s(router.pid), time.monotonic()

@@ -38,24 +38,17 @@ import pstats
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from servers import free_port, stop_all, wait_ready
 
 BODY = {"text": "Say hi.", "sampling_params": {"max_new_tokens": 1}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def standin(port: int, kv_port: int | None = None) -> None:
@@ -134,17 +127,18 @@ def naive_proxy(port: int, prefill: str, decode: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def wait_http(url: str, timeout: float = 30.0, post: bool = False) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0, post: bool = False) -> None:
+    """Until `url` answers 200 (a GET, or a POST of BODY), served by `proc` (servers.wait_ready: a foreign
+    server that took the port, or one beside it, fails the benchmark instead of being measured)."""
+
+    def answers() -> bool:
         try:
             r = httpx.post(url, json=BODY, timeout=2) if post else httpx.get(url, timeout=2)
-            if r.status_code == 200:
-                return
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
+            return False
+        return r.status_code == 200
+
+    wait_ready(url, proc, answers, timeout=timeout)
 
 
 _UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
@@ -236,7 +230,7 @@ def python_calls_per_request(checkout: Path, pre: str, dec: str, bootstrap: int,
                 cwd=checkout, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(checkout)})
             try:
                 url = f"http://127.0.0.1:{port}"
-                wait_http(url + "/health")
+                wait_http(url + "/health", proc)
                 with httpx.Client(timeout=10) as client:
                     for _ in range(count):
                         if client.post(url + "/generate", json=BODY).status_code != 200:
@@ -297,8 +291,8 @@ def main() -> None:
         start([sys.executable, __file__, "--standin", str(pp)] + (["--kv-pub", str(free_port())] if args.processes else []))
         start([sys.executable, __file__, "--standin", str(dp)])
         pre, dec = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
-        wait_http(pre + "/health")
-        wait_http(dec + "/health")
+        wait_http(pre + "/health", procs[0])
+        wait_http(dec + "/health", procs[1])
         if args.calls:
             counted = {name: python_calls_per_request(here if name == INFERCTL else args.baseline.resolve(), pre, dec,
                                                       bp, args.calls) for name in sources}
@@ -350,8 +344,8 @@ def main() -> None:
         np_ = free_port()
         targets["naive aiohttp proxy"] = (f"http://127.0.0.1:{np_}",
                                           start([sys.executable, __file__, "--naive", str(np_), pre, dec]))
-        for url, _ in targets.values():
-            wait_http(url + "/generate", post=True)
+        for url, proc in targets.values():
+            wait_http(url + "/generate", proc, post=True)
         # CPU per request of the target's own process(es) under the c16 load: unlike requests/s, it hardly
         # depends on how busy the rest of the machine is, so it compares the implementations' efficiency.
         load_before = os.getloadavg()
@@ -447,13 +441,7 @@ def main() -> None:
                       f"{vs[key]['median_of_ratios']:.3f}x, ratio of medians {vs[key]['ratio_of_medians']:.3f}x "
                       "(per repetition: " + ", ".join(f"{x:.3f}" for x in vs[key]["per_repetition"]) + ")")
     finally:
-        for p in reversed(procs):  # proxies before the stand-ins they talk to
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)  # proxies before the stand-ins they talk to
         shutil.rmtree(tmp, ignore_errors=True)
 
 if __name__ == "__main__":

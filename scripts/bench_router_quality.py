@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+from servers import foreign_listeners  # noqa: E402
 
 from infer_ctl.bench.workloads import BenchRequest, zipf_weights  # noqa: E402
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer  # noqa: E402
@@ -232,9 +233,22 @@ def wait_ok(url: str, what: str, timeout: float = 60.0, proc: Proc | None = None
             raise RuntimeError(f"{what} exited: see {proc.log}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=5).status_code == 200:
+                if proc is not None:
+                    served_by(url, proc, what)
                 return
         time.sleep(0.2)
     raise RuntimeError(f"{what} not ready at {url} after {timeout:.0f} s")
+
+
+def served_by(url: str, proc: Proc, what: str) -> None:
+    """The server answering at `url` is `proc` (or its children) alone: another process that took the
+    port (or listens beside it, SO_REUSEPORT) would be measured instead (scripts/servers.py). Raised as
+    a start-up failure: `fleet` starts again on new ports."""
+    assert proc.p is not None
+    other = foreign_listeners(int(url.split(":")[2].split("/")[0]), proc.p.pid)
+    if other is not None:
+        proc.stop()
+        raise RuntimeError(f"{url} answers, but not only {what} (pid {proc.p.pid}) listens there: {other}")
 
 
 @dataclass
@@ -426,6 +440,7 @@ def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> 
         with contextlib.suppress(httpx.HTTPError):
             if httpx.post(p.url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},  # type: ignore[attr-defined]
                           timeout=30).status_code == 200:
+                served_by(p.url, p, "sglang-router")  # type: ignore[attr-defined]
                 return p
         time.sleep(0.3)
     p.stop()

@@ -29,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_router_overhead import cpu_seconds, free_port, wait_http
+from bench_router_overhead import cpu_seconds, wait_http
+from servers import free_port, stop_all
 
 
 def standin(port: int, pace_s: float) -> None:
@@ -88,7 +89,7 @@ def main() -> None:
     lua.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                    f'wrk.headers["Connection"] = "close"\nwrk.body = \'{body}\'\n')
     try:
-        wait_http(f"http://127.0.0.1:{sp}/health")
+        wait_http(f"http://127.0.0.1:{sp}/health", procs[0])
         routers = {}
         for co in checkouts:
             port = free_port()
@@ -98,8 +99,8 @@ def main() -> None:
                 cwd=co, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(co)},
                 stderr=subprocess.DEVNULL))
             procs.append(routers[co][1])
-        for url, _ in routers.values():
-            wait_http(url + "/health")
+        for url, proc in routers.values():
+            wait_http(url + "/health", proc)
             subprocess.run(["wrk", "-t1", "-c4", "-d2s", "-s", str(lua), url + "/generate"], capture_output=True)
         load_before = os.getloadavg()
         res: dict[Path, list[float]] = {co: [] for co in checkouts}
@@ -124,13 +125,7 @@ def main() -> None:
             print(f"this checkout / baseline: median {statistics.median(ratios):.3f}x "
                   f"({', '.join(f'{x:.3f}' for x in ratios)})")
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +19,23 @@ from infer_ctl.exitcodes import ExitCode
 app = typer.Typer(help="The PD-aware, prefix-cache-aware router and its named prefixes.", no_args_is_help=True)
 
 UrlOpt = Annotated[str | None, typer.Option("--url", help="Router URL (default: the profile's router.listen).")]
+
+#: --kv-replay-timeout's range (the profile's router.kv_events.replay_timeout_s: more than 0, at most 300)
+REPLAY_TIMEOUT_RANGE = (0.001, 300.0)
+
+
+def _replay_timeout(text: str) -> float:
+    """--kv-replay-timeout in seconds. A range test alone read NaN as "should be less than or equal to
+    300" (NaN fails every comparison), so finite comes first and the message says the whole range."""
+    lo, hi = REPLAY_TIMEOUT_RANGE
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise typer.BadParameter(f"must be a number of seconds from {lo:g} to {hi:g}, got {text!r}")
+    return value
+
 
 
 def _client(url: str | None, profile: str | None) -> Any:
@@ -48,8 +66,8 @@ def serve(
     log_requests: Annotated[bool, typer.Option("--log-requests", help="One structured log line per request.")] = False,
     kv_events: Annotated[bool | None, typer.Option("--kv-events/--no-kv-events", help="Follow the workers' KV events (default: router.kv_events.enabled, on).")] = None,
     kv_tokenizer: Annotated[str | None, typer.Option("--kv-tokenizer", metavar="PATH", help="Target model directory (tokenizer.json) on this host, to tokenize prompts as the workers do (default: router.kv_events.tokenizer_path, else models.target).")] = None,
-    kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", min=0.001, max=300, help="Seconds a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default 2).")] = None,
-    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="KV blocks kept per worker stream; more make it untrusted (default 4000000).")] = None,
+    kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", parser=_replay_timeout, metavar="S", help="Seconds (0.001 to 300) a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default 2).")] = None,
+    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default 4000000).")] = None,
     kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
     processes: Annotated[int | None, typer.Option(

@@ -19,10 +19,12 @@ class KvEventsRouting(StrictModel):
     #: the router's host, to tokenize prompts as the workers do; relative paths resolve against the
     #: profile's directory. None: models.target.tokenizer_path or models.target.path
     tokenizer_path: Annotated[str, Field(min_length=1)] | None = None
-    #: blocks kept per worker stream; more make the stream untrusted (router/kv_subscriber.py)
+    #: distinct blocks kept per worker stream, on any medium (a HiCache page in HBM and host counts
+    #: once: core/routing/blocks.py); more make the stream untrusted (router/kv_subscriber.py)
     max_blocks: Annotated[int, Field(ge=1024, le=1 << 31)] = 4_000_000
     #: how long a gap replay (or the start-up replay from seq 0) may take before the stream is untrusted
-    replay_timeout_s: Annotated[float, Field(gt=0, le=300)] = 2.0
+    #: (finite: NaN passed as "should be less than or equal to 300", NaN failing every comparison)
+    replay_timeout_s: Annotated[float, Field(gt=0, le=300, allow_inf_nan=False)] = 2.0
     #: batches a second one publisher may send; more is a flood (the stream is untrusted, paused)
     max_batches_per_s: Annotated[int, Field(ge=1)] = 5000
     #: the largest KV-event message accepted (ZMQ's MAXMSGSIZE): a bigger one drops the connection

@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
 from infer_ctl.router.follow import forget_worker
 from infer_ctl.router.jsonio import DecodeError, dumps, error_body, loads
+from infer_ctl.router.metrics_merge import add_counters
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.state_sync import StateSync, StoreUnavailable, VerbRefused
 from infer_ctl.router.warmer import PrefixWarmer
@@ -24,6 +26,8 @@ from infer_ctl.router.warmer import PrefixWarmer
 log = logging.getLogger("infer_ctl.router")
 #: what the speculative controller reports (docs/speculative.md)
 SPEC_ACTIONS = ("alert", "advise", "relaunch", "restore", "failed")
+#: the coalescer's status fields that are per-process counts (summed over the router's processes)
+_COALESCE_COUNTERS = ("holding", "leaders_waited_for", "promoted", "rerouted")
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -87,6 +91,8 @@ class Admin:
         #: the leader of several router processes: write the snapshot (follow.py) before a change is
         #: answered, so a change the client saw acknowledged survives the leader's death right after
         self.on_change: Any = None
+        #: several router processes: the others' counters (metrics_merge.ProcessMetrics.peer_counters)
+        self.peer_counters: Callable[[], list[dict[str, Any]]] | None = None
 
     def routes(self, app: web.Application) -> None:
         # Auth wraps the admin handlers only: a middleware would run on every data-plane request too.
@@ -153,11 +159,30 @@ class Admin:
             "prefixes": {"active": sum(r.state.value == "active" for r in router.prefixes.records()),
                          "total": len(router.prefixes.records())},
             "speculative": _spec_summary(router.spec.snapshot()),
-            "kv_events": router.kv.status_doc(),
-            "coalesce": router.coalesce.status_doc(),
+            **self._counted(router.kv.status_doc(), router.coalesce.status_doc()),
             **({"state_store": self.sync.status_doc()} if self.sync is not None else {}),
             **self._processes(),
         }
+
+    def counters(self) -> dict[str, Any]:
+        """This process's request counters that /admin/status adds up over the router's processes."""
+        co = self.router.coalesce.status_doc()
+        return {"first_sight": dict(self.router.kv.first_sight),
+                "coalesce": {k: co[k] for k in _COALESCE_COUNTERS}}
+
+    def _counted(self, kv: dict[str, Any], co: dict[str, Any]) -> dict[str, Any]:
+        """`kv_events` and `coalesce` of the status, with several processes (router/procs.py) their
+        counters summed over every live process (router/metrics_merge.py: this is the leader, the others'
+        are their files, at most a second or two old), and how many processes were counted."""
+        peers = self.peer_counters() if self.peer_counters is not None else []
+        if not peers:
+            return {"kv_events": kv, "coalesce": co}
+        total = add_counters([self.counters(), *peers])
+        if "first_sight" in kv:
+            fs = total["first_sight"]
+            kv = {**kv, "first_sight": {**fs, "seconds": round(fs.get("seconds", 0.0), 3)}}
+        co = {**co, **{k: v for k, v in total.get("coalesce", {}).items() if k in _COALESCE_COUNTERS}}
+        return {"kv_events": kv, "coalesce": co, "counters_processes": 1 + len(peers)}
 
     def _processes(self) -> dict[str, Any]:
         """Several router processes (router/procs.py): each one's upstream calls in flight, from the shared

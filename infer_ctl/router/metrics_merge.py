@@ -15,17 +15,25 @@ rather than reported frozen.
 Families whose value is already the whole router's in every process are taken from the answering
 process only and keep no process label: the per-worker in-flight gauge reads the shared load block
 (router/shared_load.py), so adding the processes' copies would count each request N times.
+
+Beside its exposition each process keeps a small JSON of the request counters `/admin/status` shows
+(`counters`: request-path anchoring, coalescing), rewritten when they change, touched otherwise. The
+admin API runs in the leader only (every process relays /admin/ to it), so the leader sums its own
+counters with the other processes' files (`peer_counters`, `add_counters`), with the same staleness
+rule as a scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,6 +55,31 @@ def write_exposition(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)  # no fsync: a tmpfs-like scratch file, rewritten every second
+
+
+def counters_file(metrics_file: Path) -> Path:
+    """Where a process keeps its admin counters, beside its exposition (metrics-0.prom: metrics-0.json)."""
+    return metrics_file.with_suffix(".json")
+
+
+def add_counters(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The processes' counter documents added key by key (nested maps too); a value that is not a
+    number, or a key missing from some, is taken from the first that has it."""
+    out: dict[str, Any] = {}
+    for doc in docs:
+        for k, v in doc.items():
+            have = out.get(k)
+            if k not in out:
+                out[k] = add_counters([v]) if isinstance(v, dict) else v
+            elif isinstance(v, dict) and isinstance(have, dict):
+                out[k] = add_counters([have, v])
+            elif _number(v) and _number(have):
+                out[k] = have + v
+    return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def merge(expositions: Iterable[tuple[int, str]], own: int) -> bytes:
@@ -89,8 +122,12 @@ class ProcessMetrics:
     """One process's side: write its exposition periodically; merge on a scrape."""
 
     def __init__(self, render: Callable[[], bytes], index: int, processes: int,
-                 file_of: Callable[[int], Path], activity: Callable[[], int] = lambda: 0) -> None:
+                 file_of: Callable[[int], Path], activity: Callable[[], int] = lambda: 0,
+                 counters: Callable[[], dict[str, Any]] | None = None) -> None:
         self.render = render
+        #: this process's admin counters (Admin.counters), kept for the leader's /admin/status
+        self.counters = counters
+        self._counters_written: str | None = None
         #: a count that moves with every answered request (RouterMetrics.answered)
         self.activity = activity
         self.index = index
@@ -119,9 +156,39 @@ class ProcessMetrics:
                 else:
                     write_exposition(path, self.render())
                     seen, rendered_at = count, now
+                if self.counters is not None:
+                    self._write_counters(counters_file(path))
             except OSError as exc:
                 log.warning("cannot write this process's metrics for the others", extra={"error": str(exc)})
             await asyncio.sleep(WRITE_S)
+
+    def _write_counters(self, path: Path) -> None:
+        assert self.counters is not None
+        text = json.dumps(self.counters(), sort_keys=True)
+        if text == self._counters_written and path.exists():
+            os.utime(path)  # unchanged: fresh for the leader's staleness test
+        else:
+            write_exposition(path, text.encode())
+            self._counters_written = text
+
+    def peer_counters(self) -> list[dict[str, Any]]:
+        """The other processes' counters, from their files (one older than STALE_S, or unreadable, is
+        left out: a dead process's, or one being started again)."""
+        out: list[dict[str, Any]] = []
+        now = time.time()
+        for i in range(self.processes):
+            if i == self.index:
+                continue
+            path = counters_file(self.file_of(i))
+            try:
+                if now - path.stat().st_mtime > STALE_S:
+                    continue
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict):
+                out.append(doc)
+        return out
 
     def scrape(self) -> bytes:
         texts = [(self.index, self.render().decode())]

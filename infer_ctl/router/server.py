@@ -178,7 +178,10 @@ class RouterServer:
         state (the leader: its own last snapshot, after a restart)."""
         self.shared = SharedLoad.attach(proc.shm_name, proc.processes, proc.slots)
         self.process_metrics = ProcessMetrics(self.router.metrics.render, proc.index, proc.processes,
-                                              proc.metrics_file, lambda: self.router.metrics.answered)
+                                              proc.metrics_file, lambda: self.router.metrics.answered,
+                                              counters=self.admin.counters)
+        if proc.leader:  # the admin API runs here: it adds the other processes' counters to its own
+            self.admin.peer_counters = self.process_metrics.peer_counters
         self.router.workers.share(self.shared, proc.index)
         self.router.kv.processes = proc.processes
         if proc.leader:

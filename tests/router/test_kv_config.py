@@ -62,6 +62,9 @@ def test_defaults_are_router_configs() -> None:
 
 @pytest.mark.parametrize(("router", "expected"), [
     ("router: {kv_events: {replay_timeout_s: 0}}\n", "router.kv_events.replay_timeout_s: Input should be greater than 0"),
+    # NaN was "Input should be less than or equal to 300" (it fails every comparison)
+    ("router: {kv_events: {replay_timeout_s: .nan}}\n", "router.kv_events.replay_timeout_s: Input should be a finite number"),
+    ("router: {kv_events: {replay_timeout_s: .inf}}\n", "router.kv_events.replay_timeout_s: Input should be a finite number"),
     ("router: {kv_events: {max_blocks: 10}}\n", "router.kv_events.max_blocks: Input should be greater than or equal to 1024"),
     ("router: {kv_events: {max_batches_per_s: 0}}\n", "router.kv_events.max_batches_per_s: Input should be greater"),
     ("router: {kv_events: {tokenizer: /m}}\n", "router.kv_events.tokenizer: unknown key 'tokenizer' (did you mean 'tokenizer_path'?)"),
@@ -111,7 +114,9 @@ def test_serve_flags_set_the_kv_settings(tmp_path: Path, served: list[RouterConf
 
 @pytest.mark.parametrize(("flags", "fragment"), [
     (["--kv-tokenizer", "/nonexistent-model"], "--kv-tokenizer '/nonexistent-model': no /nonexistent-model/tokenizer.json"),
-    (["--kv-replay-timeout", "0"], "--kv-replay-timeout"),
+    # NaN read "Input should be less than or equal to 300": every bad value now says the range
+    *[(["--kv-replay-timeout", v], f"'--kv-replay-timeout': must be a number of seconds from 0.001 to 300, got '{v}'")
+      for v in ("nan", "inf", "-inf", "-1", "0", "301", "soon")],
     (["--kv-max-blocks", "5"], "--kv-max-blocks"),
 ])
 def test_bad_serve_flags_are_usage_errors(flags: list[str], fragment: str, served: list[RouterConfig],

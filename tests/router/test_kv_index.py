@@ -177,3 +177,56 @@ def test_forget_beyond_and_forget_older() -> None:
 ])
 def test_parallel_samples(body: dict, n: int) -> None:
     assert parallel_samples(body) == n
+
+
+def _hicache_events(policy: str = "write_through") -> tuple[object, object, object]:
+    """A simulated HiCache radix cache (HBM 100 tokens, host 300, page size 1) whose events are built as
+    SGLang's unified tree core records them: a page written through is one BlockStored per medium."""
+    from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
+    from infer_ctl.sim.tiers import HiRadixCache, TierConfig
+
+    rec = KvEventRecorder()
+    tiers = TierConfig(host_capacity_tokens=300, kv_bytes_per_token=1000, host_bytes_s=1e9,
+                       write_policy=policy)  # type: ignore[arg-type]
+    return HiRadixCache(100, tiers, events=rec), rec, KvEventBuilder(1)
+
+
+def test_a_page_in_hbm_and_host_is_one_block_against_max_blocks() -> None:
+    """kv_max_blocks counted a write-through page twice (once per medium): a worker holding 120 distinct
+    pages (60 in HBM and host, 60 in host only) was "more than 150 blocks" and its stream untrusted."""
+    cache, rec, build = _hicache_events()
+    b = WorkerBlocks(max_blocks=150)
+    b.apply(build.build(rec.take()))  # the reset's AllBlocksCleared
+    cache.insert(list(range(1000, 1060)))
+    cache.insert(list(range(2000, 2060)))  # 120 > 100 in HBM: the first prompt leaves HBM, stays on host
+    events = build.build(rec.take())
+    b.apply(events)  # raised EventRejected("capacity") before
+    assert b.snapshot() == {"GPU": 60, "CPU_PINNED": 120} and len(b) == 120
+    cache.load_back(cache.match_prefix(list(range(1000, 1060))), 1.0)  # back to HBM: still 120 distinct
+    b.apply(build.build(rec.take()))
+    assert b.snapshot() == {"GPU": 60, "CPU_PINNED": 120} and len(b) == 120
+    # what is new on no medium still counts, and a batch passing the bound is refused whole
+    with pytest.raises(EventRejected) as exc:
+        b.apply([stored(list(range(40)), None, medium="CPU_PINNED")])
+    assert exc.value.kind == "capacity" and len(b) == 120
+    b.apply([stored(list(range(30)), None, medium="CPU_PINNED"), stored(list(range(30)), None)])
+    assert len(b) == 150 and b.snapshot() == {"GPU": 90, "CPU_PINNED": 150}
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+def test_distinct_blocks_follow_every_medium_under_random_load(policy: str) -> None:
+    rng = random.Random(policy)
+    cache, rec, build = _hicache_events(policy)
+    b = WorkerBlocks()
+    prefixes = [[rng.randrange(7) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
+    for _ in range(400):
+        tokens = rng.choice(prefixes) + [rng.randrange(7) for _ in range(rng.randrange(0, 30))]
+        m = cache.match_prefix(tokens)
+        if m.host and rng.random() < 0.7:
+            cache.load_back(m, 1.0)
+        cache.insert(tokens)
+        if rng.random() < 0.3:
+            b.apply(build.build(rec.take()))
+        union = set().union(b.device, *b.other.values())
+        assert len(b) == len(union)
+    assert b.other.get("CPU_PINNED") and len(b) < sum(b.snapshot().values())  # some pages on both media

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -50,6 +51,35 @@ def stream_for(pub: TestPublisher, **settings: Any) -> tuple[KvStream, Counter[s
     return s, seen
 
 
+@asynccontextmanager
+async def streaming(pub: TestPublisher | None = None, *, connect: bool = True,
+                    **settings: Any) -> AsyncIterator[tuple[KvStream, Counter[str], TestPublisher]]:
+    """A started stream on `pub` (default: a new publisher whose seq 0 is an AllBlocksCleared), connected
+    unless told not to; stopped, and the publisher closed, at the end."""
+    if pub is None:
+        pub = TestPublisher()
+        pub.batch([CLEARED])
+    s, seen = stream_for(pub, **settings)
+    s.start()
+    try:
+        if connect:
+            await connected(s, pub)
+        yield s, seen, pub
+    finally:
+        await s.stop()
+        pub.close()
+
+
+@asynccontextmanager
+async def running(coro: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """`coro` as a task for the block (a loop-lag probe), cancelled after it."""
+    t = asyncio.ensure_future(coro)
+    try:
+        yield
+    finally:
+        t.cancel()
+
+
 async def connected(s: KvStream, pub: TestPublisher) -> None:
     """The stream is exact and its SUB socket receives (ZMQ's slow joiner: probe until one lands). The
     start-up replay may be asked three times on a loaded host (2 + 4 + 8 s at the default timeout)."""
@@ -67,51 +97,33 @@ def test_catch_up_by_replay_then_live_events() -> None:
         pub = TestPublisher()
         pub.batch([CLEARED])  # seq 0, before anyone subscribed
         pub.batch([stored([1, 2], None, [5, 6])])
-        s, seen = stream_for(pub)
-        s.start()
-        try:
+        async with streaming(pub, connect=False) as (s, seen, _):
             assert await until(lambda: s.exact and s.blocks.holds(2))
             assert pub.replay_requests[0] == 0
             await connected(s, pub)
             pub.batch([stored([3], 2, [7]), removed([1])])
             assert await until(lambda: s.blocks.holds(3) and not s.blocks.holds(1))
             assert s.exact and seen["untrusted"] == 0
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
 
 def test_an_injected_gap_is_replayed() -> None:
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming() as (s, seen, pub):
             pub.batch([stored([100], None, [1])], send=False)  # lost on the live stream
             pub.batch([stored([101], 100, [2])], send=False)
             pub.batch([stored([102], 101, [3])])  # this one arrives: seq jumps by 3
             assert await until(lambda: s.blocks.holds(102) and s.blocks.holds(100) and s.blocks.holds(101))
             assert s.exact and s.stats.gaps == 1 and seen["gap"] == 1 and seen["replay_ok"] >= 2
             assert s.last_seq is not None and pub.replay_requests[-1] == s.last_seq - 2
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
 
 def test_a_gap_the_buffer_cannot_fill_is_untrusted_until_all_blocks_cleared() -> None:
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming() as (s, seen, pub):
             lost = pub.batch([stored([200], None, [1])], send=False)
             del pub.buffer[lost]  # gone from the replay buffer too
             pub.batch([stored([201], None, [2])])
@@ -123,21 +135,13 @@ def test_a_gap_the_buffer_cannot_fill_is_untrusted_until_all_blocks_cleared() ->
             pub.batch([CLEARED, stored([300], None, [4])])  # the whole truth again
             assert await until(lambda: s.exact)
             assert s.blocks.holds(300) and not s.blocks.holds(201) and len(s.blocks) == 1
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
 
 def test_publisher_restart_seq_back_to_zero_drops_the_blocks() -> None:
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming() as (s, seen, pub):
             pub.batch([stored([400], None, [1])])
             assert await until(lambda: s.blocks.holds(400))
             pub.buffer.clear()
@@ -146,9 +150,6 @@ def test_publisher_restart_seq_back_to_zero_drops_the_blocks() -> None:
             pub.batch([stored([401], None, [2])])
             assert await until(lambda: s.blocks.holds(401) and not s.blocks.holds(400))
             assert s.exact and seen["restart"] == 1
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -159,14 +160,9 @@ def test_a_buffer_that_lost_the_start_is_untrusted() -> None:
         for i in range(5):
             pub.batch([stored([500 + i], None, [i])])
         del pub.buffer[0]  # the worker's buffer rolled over: what it stored first is unknown
-        s, _ = stream_for(pub)
-        s.start()
-        try:
+        async with streaming(pub, connect=False) as (s, _, _):
             assert await until(lambda: s.state == "untrusted")
             assert "buffer starts at seq 1" in s.reason
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -185,10 +181,6 @@ HOSTILE: list[tuple[str, Callable[[TestPublisher], object]]] = [
 @pytest.mark.parametrize(("kind", "send"), HOSTILE, ids=[f"{k}-{i}" for i, (k, _) in enumerate(HOSTILE)])
 def test_hostile_batches_are_counted_and_untrust_the_stream(kind: str, send: Callable[[TestPublisher], object]) -> None:
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub, max_event_blocks=1 << 16)
-        s.start()
         ticks = 0
 
         async def ticker() -> None:  # the event loop keeps running while the stream chews on garbage
@@ -197,9 +189,7 @@ def test_hostile_batches_are_counted_and_untrust_the_stream(kind: str, send: Cal
                 ticks += 1
                 await asyncio.sleep(0.005)
 
-        t = asyncio.ensure_future(ticker())
-        try:
-            await connected(s, pub)
+        async with running(ticker()), streaming(max_event_blocks=1 << 16) as (s, seen, pub):
             held = len(s.blocks)
             send(pub)
             assert await until(lambda: s.state == "untrusted")
@@ -211,24 +201,15 @@ def test_hostile_batches_are_counted_and_untrust_the_stream(kind: str, send: Cal
             pub.seq = max(pub.seq, s.last_seq or 0) + 1
             pub.batch([CLEARED])
             assert await until(lambda: s.exact)  # repaired
-        finally:
-            t.cancel()
-            await s.stop()
-            pub.close()
 
     run(main())
 
 
 def test_a_flooding_publisher_is_cut_off_without_stalling_the_loop() -> None:
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub, max_batches_per_s=200, flood_pause_s=0.3, max_blocks=10_000)
-        s.start()
         lags: list[float] = []
-        t = asyncio.ensure_future(loop_lag_probe(lags))
-        try:
-            await connected(s, pub)
+        async with running(loop_lag_probe(lags)), \
+                streaming(max_batches_per_s=200, flood_pause_s=0.3, max_blocks=10_000) as (s, seen, pub):
             payload = msgspec.msgpack.encode([0.0, [removed([1])], 0])
             first = pub.seq
 
@@ -243,28 +224,16 @@ def test_a_flooding_publisher_is_cut_off_without_stalling_the_loop() -> None:
             assert "batches/s" in s.reason and seen["untrusted"] >= 1
             assert max(lags) < 0.25, max(lags)  # the loop was never held for long
             assert await until(lambda: s.exact, 5)  # after the pause: resubscribed and replayed
-        finally:
-            t.cancel()
-            await s.stop()
-            pub.close()
 
     run(main())
 
 
 def test_bounded_blocks_per_worker() -> None:
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, _ = stream_for(pub, max_blocks=100)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming(max_blocks=100) as (s, _, pub):
             pub.batch([stored(list(range(1000, 1200)), None, list(range(200)))])
             assert await until(lambda: s.state == "untrusted")
             assert s.stats.rejected == {"capacity": 1} and len(s.blocks) <= 100
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -277,10 +246,7 @@ def test_a_restart_whose_seqs_fall_in_the_first_replay_is_not_taken_for_duplicat
         pub = TestPublisher()
         for i in range(20):
             pub.batch([CLEARED] if i == 0 else [stored([600 + i], None, [i])])
-        s, seen = stream_for(pub)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming(pub) as (s, seen, _):
             assert s.blocks.holds(619)
             pub.buffer.clear()
             pub.seq = 0
@@ -289,9 +255,6 @@ def test_a_restart_whose_seqs_fall_in_the_first_replay_is_not_taken_for_duplicat
             pub.batch([stored([701], 700, [2])])
             assert await until(lambda: s.blocks.holds(701) and not s.blocks.holds(619), 3)
             assert s.exact and seen["restart"] >= 1
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -301,14 +264,9 @@ def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
     loop (C code): the byte budget cuts such a publisher off before it stalls requests (review of
     issue 19: 20 batches of 15 MB held the loop 1.6 s at a time)."""
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, _ = stream_for(pub, max_bytes_per_s=2 << 20, flood_pause_s=0.3)
-        s.start()
         lags: list[float] = []
-        t = asyncio.ensure_future(loop_lag_probe(lags))
-        try:
-            await connected(s, pub)
+        async with running(loop_lag_probe(lags)), \
+                streaming(max_bytes_per_s=2 << 20, flood_pause_s=0.3) as (s, _, pub):
             # a removal of 55k unknown 9-byte hashes: valid, about 0.5 MB, ~12 ms to decode and apply here.
             # (2 MB ones and an 8 MB budget: each took 0.25-0.5 s on a loaded machine, past the 0.5 s bound
             # below in a full-suite run, and four a second stay within the budget: the cut-off depended on
@@ -325,10 +283,6 @@ def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
             assert "bytes/s" in s.reason
             assert max(lags) < 0.5, max(lags)  # was 1.6 s with 15 MB batches
             assert await until(lambda: s.exact, 5)  # after the pause
-        finally:
-            t.cancel()
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -368,14 +322,10 @@ def test_a_replay_socket_that_floods_is_held_to_the_byte_budget() -> None:
     large batches nonstop held the loop for the whole timeout, at every gap (review of issue 19)."""
     async def main() -> None:
         pub = _FloodingReplay()
-        s, _ = stream_for(pub, max_bytes_per_s=8 << 20, flood_pause_s=30, replay_timeout_s=3)
-        s.start()
-        try:
+        async with streaming(pub, connect=False, max_bytes_per_s=8 << 20, flood_pause_s=30,
+                             replay_timeout_s=3) as (s, _, _):
             assert await until(lambda: s.stats.rejected.get("flood", 0) == 1, 8)
             assert "bytes/s" in s.reason and s.state == "untrusted"
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -389,15 +339,10 @@ def test_a_replay_answered_late_is_asked_again_and_the_stream_stays_exact() -> N
         pub.ignore_replays = 1
         pub.batch([CLEARED])
         pub.batch([stored([7], None, [1])])
-        s, seen = stream_for(pub, replay_timeout_s=0.2)
-        s.start()
-        try:
+        async with streaming(pub, replay_timeout_s=0.2, connect=False) as (s, seen, _):
             assert await until(lambda: s.exact and s.blocks.holds(7)), s.as_dict()
             assert pub.replay_requests == [0, 0]
             assert seen["untrusted"] == 0 and s.stats.replay_failures == 0
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -407,19 +352,14 @@ def test_a_replay_socket_that_never_answers_untrusts_the_stream_after_three_requ
         pub = TestPublisher()
         pub.ignore_replays = 1_000
         pub.batch([CLEARED])
-        s, seen = stream_for(pub, replay_timeout_s=0.1)
         started = time.monotonic()
-        s.start()
-        try:
+        async with streaming(pub, replay_timeout_s=0.1, connect=False) as (s, seen, _):
             assert await until(lambda: s.state == "untrusted"), s.as_dict()
             took = time.monotonic() - started
             assert s.reason == "cannot replay from seq 0: no replay answer within 0.7s (3 requests)"
             assert pub.replay_requests == [0, 0, 0] and s.stats.replay_failures == 1
             assert seen["replay_failed"] == 1 and seen["untrusted"] == 1
             assert took >= 0.7
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -428,19 +368,11 @@ def test_a_worker_restart_seen_by_the_health_check_does_not_untrust_the_stream()
     """restarted() while the task waits for a message: the next live batch was taken as "joined at seq N
     and the worker has no replay endpoint" (untrusted, counted, logged) before the replay from 0 ran."""
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming() as (s, seen, pub):
             s.restarted()
             pub.batch([stored([800], None, [1])])
             assert await until(lambda: s.exact and s.blocks.holds(800))
             assert seen["untrusted"] == 0 and s.stats.untrusted == 0, s.reason
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -451,35 +383,21 @@ def test_a_message_over_the_size_limit_drops_the_connection_and_the_stream_subsc
     and every later batch lost. Now the monitor sees the drop, the stream subscribes again and replays
     the batches it missed."""
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub, max_message_bytes=64 << 10)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming(max_message_bytes=64 << 10) as (s, seen, pub):
             pub.raw([b"", pub.seq.to_bytes(8, "big"), b"\x00" * (100 << 10)])  # over the limit, not buffered
             await asyncio.sleep(0.2)
             pub.batch([stored([77], None, [1])])  # published while the connection was down: replayed
             assert await until(lambda: s.exact and s.blocks.holds(77), 5), s.as_dict()
             assert seen["gap"] >= 1 and seen["untrusted"] == 0
             await connected(s, pub)  # the new subscription receives live batches
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())
 
 
 def test_an_oversized_batch_in_the_replay_is_rejected_never_decoded() -> None:
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub, max_message_bytes=64 << 10)
-        s.start()
         lags: list[float] = []
-        t = asyncio.ensure_future(loop_lag_probe(lags))
-        try:
-            await connected(s, pub)
+        async with running(loop_lag_probe(lags)), streaming(max_message_bytes=64 << 10) as (s, seen, pub):
             pub.batch([removed(list(range(1 << 62, (1 << 62) + 20_000)))])  # ~180 KB: buffered and sent
             assert await until(lambda: s.stats.rejected.get("message_size", 0) == 1, 5), s.as_dict()
             assert s.state == "untrusted" and "max_message_bytes" in s.reason
@@ -491,10 +409,6 @@ def test_an_oversized_batch_in_the_replay_is_rejected_never_decoded() -> None:
                 pub.batch([CLEARED, stored([5], None, [1])])
                 await asyncio.sleep(0.05)
             assert s.exact and s.blocks.holds(5), s.as_dict()
-        finally:
-            t.cancel()
-            await s.stop()
-            pub.close()
 
     run(main())
 
@@ -509,12 +423,7 @@ def test_a_stream_silent_over_several_idle_checks_keeps_receiving_and_replays_wh
     monkeypatch.setattr(kv_subscriber, "_IDLE_S", 0.05)
 
     async def main() -> None:
-        pub = TestPublisher()
-        pub.batch([CLEARED])
-        s, seen = stream_for(pub)
-        s.start()
-        try:
-            await connected(s, pub)
+        async with streaming() as (s, seen, pub):
             await asyncio.sleep(0.3)  # six idle checks
             pub.batch([stored([900], None, [1])])
             assert await until(lambda: s.blocks.holds(900))
@@ -524,8 +433,5 @@ def test_a_stream_silent_over_several_idle_checks_keeps_receiving_and_replays_wh
             pub.batch([stored([901], 900, [2])])
             assert await until(lambda: s.exact and s.blocks.holds(901))
             assert seen["untrusted"] == 0 and s.stats.untrusted == 0, s.reason
-        finally:
-            await s.stop()
-            pub.close()
 
     run(main())

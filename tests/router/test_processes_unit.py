@@ -521,3 +521,42 @@ def test_an_idle_process_touches_its_metrics_file_instead_of_rendering(tmp_path:
         await pm.stop()
 
     asyncio.run(main())
+
+
+def test_each_process_keeps_its_admin_counters_and_the_leader_adds_them_up(tmp_path: Any, monkeypatch: Any) -> None:
+    """/admin/status is the leader's (every process relays /admin/ to it): the followers' request-path
+    anchoring and coalescing counters were not in it. A counters file beside each metrics file, written
+    when they change; the leader sums the live ones (a dead process's stale file is left out)."""
+    import asyncio
+    import json
+    import time
+
+    from infer_ctl.router import metrics_merge
+    from infer_ctl.router.metrics_merge import STALE_S, ProcessMetrics, add_counters, counters_file
+
+    monkeypatch.setattr(metrics_merge, "WRITE_S", 0.01)
+    files = {i: tmp_path / f"metrics-{i}.prom" for i in range(3)}
+    mine = {"first_sight": {"anchored": 2, "over_budget": 0, "seconds": 0.25}, "coalesce": {"promoted": 1}}
+    follower = ProcessMetrics(lambda: b"", 1, 3, files.__getitem__, counters=lambda: json.loads(json.dumps(mine)))
+
+    async def main() -> None:
+        follower.start()
+        deadline = time.monotonic() + 10
+        while not counters_file(files[1]).exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        mine["first_sight"]["anchored"] = 5  # changed: written again
+        while json.loads(counters_file(files[1]).read_text())["first_sight"]["anchored"] != 5 \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await follower.stop()
+
+    asyncio.run(main())
+    counters_file(files[2]).write_text(json.dumps({"first_sight": {"anchored": 100}}))
+    old = time.time() - STALE_S - 1
+    os.utime(counters_file(files[2]), (old, old))  # process 2 died a while ago
+    leader = ProcessMetrics(lambda: b"", 0, 3, files.__getitem__)
+    peers = leader.peer_counters()
+    assert peers == [mine]
+    own = {"first_sight": {"anchored": 1, "over_budget": 3, "seconds": 0.5}, "coalesce": {"promoted": 0}, "x": "a"}
+    assert add_counters([own, *peers]) == {"first_sight": {"anchored": 6, "over_budget": 3, "seconds": 0.75},
+                                           "coalesce": {"promoted": 1}, "x": "a"}

@@ -187,6 +187,26 @@ def test_in_flight_on_the_follower_is_seen_by_the_leader(router: Router, kv_clus
     assert wait_for(lambda: not any(w["inflight"] for w in httpx.get(router.url + "/admin/workers").json()["workers"]))
 
 
+def test_admin_status_counts_the_followers_requests_too(router: Router) -> None:
+    """/admin/ is answered by the leader; its kv_events.first_sight (and coalescing counters) were the
+    leader's alone, so prompts anchored on the follower's request path never showed. Now each process
+    keeps its counters beside its metrics file and the leader adds them up."""
+
+    def status() -> dict[str, Any]:
+        doc: dict[str, Any] = httpx.get(router.url + "/admin/status", timeout=5).json()
+        return doc
+
+    leader = conn_to(router.port, 0)
+    assert generate(leader, "warm up: " + "a cached prompt of the leader " * 8)[0] == 200
+    before = status()["kv_events"]["first_sight"]["anchored"]
+    follower = conn_to(router.port, 1)
+    for i in range(3):  # new to every worker: anchored on the follower's request path
+        assert generate(follower, f"{i} first sight on the follower, prompt number {i}: " + "words of it " * 20)[0] == 200
+    got = wait_for(lambda: (d := status())["kv_events"]["first_sight"]["anchored"] >= before + 3 and d, 10)
+    assert got, status()["kv_events"]
+    assert got["counters_processes"] == 2 and {"promoted", "rerouted", "holding"} <= set(got["coalesce"])
+
+
 def kv_blocks(conn: http.client.HTTPConnection) -> dict[str, float]:
     """Per prefill, the blocks the exact index of the process `conn` reaches holds (its own live samples
     in the merged /metrics)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from array import array
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +27,8 @@ from infer_ctl.sim.kv_config import describe, offset_endpoint, parse_kv_events_c
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import Node, RadixCache
-from tests.sim.kv_client import Subscriber, free_port, kv_config, replay
+from tests.sim.kv_client import END_SEQ, Subscriber, free_port, kv_config, replay
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.sglang,
@@ -206,9 +206,11 @@ def test_sglangs_msgspec_classes_decode_a_live_stream(worker: ThreadedSimCluster
     assert [msgspec.msgpack.encode(x) for x in batches] == [f[2] for f in frames]
 
 
-def _two_batches_through(name: str) -> tuple[list[Any], list[list[bytes]]]:
+def _two_batches_through(name: str) -> tuple[list[Any], list[list[Any]]]:
     """Publish one BlockStored batch twice through SGLang's publisher or the simulator's; the frames
-    a subscriber got (payload decoded, its timestamp left out) and the replay answer from seq 1."""
+    a subscriber got (payload decoded, its timestamp left out) and the replay answer from the second.
+    PUB drops what it sends before the subscription lands, so the batch is first published until one
+    arrives; seqs are counted from the first of the two (how many went before is timing)."""
     from sglang.srt.disaggregation.kv_events import (
         BlockStored,
         KVEventBatch,
@@ -229,15 +231,26 @@ def _two_batches_through(name: str) -> tuple[list[Any], list[list[bytes]]]:
                                                  "replay_endpoint": replay_endpoint, "topic": "t"}))  # fmt: skip
         assert cfg is not None
         sim_pub = ZmqKvPublisher(cfg)
+
+    def publish() -> None:
+        if sglang_pub is not None:
+            sglang_pub.publish(KVEventBatch(ts=1.0, events=list(events)))
+        elif sim_pub is not None:
+            sim_pub.publish(msgspec.to_builtins(events))
+
+    def seq(frame: bytes) -> int:
+        return int.from_bytes(frame, "big", signed=True)
+
     try:
-        time.sleep(0.3)  # PUB drops messages before the subscription lands
+        assert wait_for(lambda: publish() or sub.sub.poll(50), timeout=10), "the subscription never landed"
+        sub.drain()  # the probe (and one more if it was slow to arrive)
         for _ in range(2):
-            if sglang_pub is not None:
-                sglang_pub.publish(KVEventBatch(ts=1.0, events=list(events)))
-            elif sim_pub is not None:
-                sim_pub.publish(msgspec.to_builtins(events))
+            publish()
         got = [sub.frames(), sub.frames()]
-        return [[f[0], f[1], msgspec.msgpack.decode(f[2])[1:]] for f in got], [r[:3] for r in replay(replay_endpoint, 1)]
+        base = seq(got[0][1])
+        replayed = replay(replay_endpoint, base + 1)
+        return ([[f[0], seq(f[1]) - base, msgspec.msgpack.decode(f[2])[1:]] for f in got],
+                [[r[0], r[1], seq(r[2]) if r[2] == END_SEQ else seq(r[2]) - base] for r in replayed])
     finally:
         sub.close()
         if sglang_pub is not None:

@@ -14,6 +14,12 @@ blocks than `max_blocks` (bounded memory whatever a publisher sends). The caller
 stream (router/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU,
 CPU_PINNED, ...): `holds` reads the device, `tiers` the lower media for the tier-weighted score
 (core/routing/tiers.py, core/routing/anchors.py).
+
+`max_blocks` bounds the distinct blocks a worker holds, on any medium: with HiCache a page in HBM and
+backed up to host (SGLang's write_through stores it once per medium, same hash) is one block, so the
+bound reads as the worker's cache in pages whatever its write policy. Each medium has its own set, so the
+memory is at most one entry per medium a block is on: 2 x `max_blocks` for SGLang (GPU and CPU_PINNED
+only), 4 x for a publisher naming all of MEDIA.
 """
 
 from __future__ import annotations
@@ -91,9 +97,13 @@ class WorkerBlocks:
         self.other: dict[str, set[int]] = {}
         #: `tiers` of the last weight function asked, until the next batch changes what is held
         self._tiers: tuple[Callable[[str], float], list[tuple[float, Callable[[int], bool]]]] | None = None
+        #: distinct blocks over every medium (len of the union), kept by `apply`
+        self._distinct = 0
 
     def __len__(self) -> int:
-        return len(self.device) + sum(len(s) for s in self.other.values())
+        """Distinct blocks held, on any medium (a page in HBM and host counts once): what `max_blocks`
+        bounds. `snapshot` counts per medium."""
+        return self._distinct
 
     def holds(self, block: int) -> bool:
         return block in self.device
@@ -131,6 +141,11 @@ class WorkerBlocks:
         self.device = set()
         self.other = {}
         self._tiers = None
+        self._distinct = 0
+
+    def _others(self, target: set[int]) -> list[set[int]]:
+        """The non-empty sets of the media other than `target`'s."""
+        return [s for s in (self.device, *self.other.values()) if s and s is not target]
 
     def _set(self, medium: str) -> set[int]:
         if medium == DEVICE:
@@ -153,7 +168,15 @@ class WorkerBlocks:
                 eff.cleared = True
             elif kind == "BlockStored":
                 target = self._set(medium)
-                target.update(hashes)
+                others = self._others(target)
+                if others:  # a block already on another medium (a host backup, a load back) is not new
+                    new = set(hashes).difference(target)
+                    self._distinct += len(new.difference(*others))
+                    target.update(new)
+                else:
+                    before = len(target)
+                    target.update(hashes)
+                    self._distinct += len(target) - before
                 eff.stored += len(hashes)
                 eff.block_size = ev.get("block_size")
                 tokens = ev.get("token_ids")
@@ -164,6 +187,9 @@ class WorkerBlocks:
                 target = self.device if medium == DEVICE else self.other.get(medium, set())
                 held = target.intersection(hashes)  # set operations: no Python loop per hash
                 target.difference_update(held)
+                others = self._others(target)
+                # a block leaving one medium stays held while another has it (HBM evicts a backed-up page)
+                self._distinct -= len(held.difference(*others)) if others else len(held)
                 eff.removed += len(held)
                 eff.unknown_removed += len(hashes) - len(held)
         return eff
@@ -175,6 +201,7 @@ class WorkerBlocks:
         stored_here: set[int] = set()
         size = len(self)
         cleared = False
+        near = False  # the listed hashes alone may pass max_blocks: counted exactly after the walk
         for ev in events:
             if not isinstance(ev, dict):
                 raise EventRejected("malformed", "an event is not a map")
@@ -189,8 +216,10 @@ class WorkerBlocks:
                 continue
             listed = ev.get("block_hashes")
             if kind == "BlockStored" and isinstance(listed, list) and size + len(listed) > self.max_blocks:
-                # before the list is walked or the set grows: a hostile batch costs no more than this
-                raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
+                if len(listed) > self.max_blocks:
+                    # before the list is walked or the set grows: a hostile batch costs no more than this
+                    raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
+                near = True
             hashes = _hashes(ev, self.max_event_blocks)
             medium = _medium(ev)
             if kind == "BlockStored":
@@ -210,7 +239,25 @@ class WorkerBlocks:
                 size += len(hashes)
                 stored_here.update(hashes)
             plan.append((kind, medium, hashes, ev))
+        if near and self._distinct_after(plan) > self.max_blocks:
+            raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
         return plan
+
+    def _distinct_after(self, plan: list[tuple[str, str, list[int], dict[str, Any]]]) -> int:
+        """The distinct blocks after the batch, at most (its removals not subtracted): what is held now
+        plus what its stores add that no medium holds. Only walked when the listed counts come near
+        max_blocks: a host backup of held pages lists them again without adding one."""
+        held = [s for s in (self.device, *self.other.values()) if s]
+        size = len(self)
+        added: set[int] = set()
+        for kind, _medium, hashes, _ev in plan:
+            if kind == "AllBlocksCleared":
+                held, size, added = [], 0, set()
+            elif kind == "BlockStored":
+                new = set(hashes).difference(added, *held)
+                size += len(new)
+                added |= new
+        return size
 
     def _held_anywhere(self, block: int) -> bool:
         return block in self.device or any(block in s for s in self.other.values())
