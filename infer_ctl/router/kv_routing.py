@@ -388,6 +388,15 @@ class KvRouting:
             return "hbm"
         return "host" if max(t.cached_units(keys, fk, d, s.blocks, _ONE) for s in w.streams) >= need else "none"
 
+    def marks(self, url: str) -> tuple[int, int]:
+        """How often the router's view of a worker's cache was started again (its streams' cleared
+        batches and restarts) and how many blocks its stores brought: what changed since another call
+        (router/coalesce.py: whether a landed prompt's stores, or a clear, came in since it landed)."""
+        w = self.workers.get(url)
+        if w is None:
+            return -1, 0
+        return (sum(s.stats.cleared + s.stats.restarts for s in w.streams), sum(s.stats.stored for s in w.streams))
+
     def prompt_units(self, fk: int, urls: Sequence[str], kind: str = "text") -> int | None:
         for url in urls:
             w = self.workers.get(url)

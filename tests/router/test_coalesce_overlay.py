@@ -10,6 +10,7 @@ had just evicted it (0 cached), past a worker that held its system prompt."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import threading
@@ -117,3 +118,118 @@ def test_a_landed_flight_leaves_the_overlay_at_its_workers_next_batch_while_its_
         assert not co.pending.snapshot() and not co._landed
 
     asyncio.run(main())
+
+
+class HeldStores:
+    """Holds a simulated worker's next KV-event batch back until `release` (the rest go out as they
+    come), as SGLang publishes a step's stores only with a later step's stats: the batch of another
+    request that arrives between the first byte and the stores."""
+
+    def __init__(self, worker: Any) -> None:
+        self.rec = worker.kv_recorder
+        self.publish = self.rec.sink
+        self.held: list[Any] = []
+        self.armed = True
+        self.rec.sink = self._sink
+
+    def _sink(self, items: Any) -> None:
+        if self.armed:
+            self.armed = False
+            self.held.append(items)
+        else:
+            self.publish(items)
+
+    def release(self, *, drop: bool = False) -> None:
+        """Publish what was held (`drop`: the worker cleared its cache since, nothing of it is left)."""
+        self.rec.sink = self.publish
+        for items in [] if drop else self.held:
+            self.publish(items)
+        self.held.clear()
+
+
+def test_a_batch_of_other_blocks_before_a_landed_prompts_stores_keeps_it_pending() -> None:
+    spec: dict[str, Any] = {"time_scale": 0.2, "speculative": False}
+    cluster = start_cluster_in_thread([WorkerSpec("mixed", kv_events_config=kv_config(), **spec) for _ in range(2)])
+    router: RouterHandle | None = None
+    gates: list[HeldStores] = []
+    try:
+        router = start_router_in_thread(router_config(workers=cluster.urls, health_interval_s=0.3))
+        kv = router.router.kv
+        assert wait_for(lambda: all(w["index"] == "exact" for w in httpx.get(
+            router.url + "/admin/workers", timeout=5).json()["workers"]), timeout=15)
+        co = router.router.coalesce
+        # the grace (a worker without events) out of the way: only the events decide here
+        co.cfg = dataclasses.replace(co.cfg, grace_s=60.0)
+        rng = random.Random(5)
+        system = "tenant " + words(rng, 250)
+        turn = f"{system}\n\nsession1 user {words(rng, 700)}"
+
+        # turn 1 through the router: it lands (its answer), its worker's batch with its stores held back
+        gates = [HeldStores(w) for w in cluster.cluster.workers]
+        first = generate(router.url, turn)
+        wa = next(u for u in cluster.urls if requests_on(u) == 1)
+        wb = next(u for u in cluster.urls if u != wa)
+        ga = gates[cluster.urls.index(wa)]
+        assert ga.held and not ga.armed
+        gates[cluster.urls.index(wb)].release()
+        assert first["cached_tokens"] == 0
+
+        def batches(url: str) -> int:
+            return sum(s.stats.batches for s in kv.workers[url].streams)
+
+        # past the router: wb gets the system prompt; wa another prompt, whose batch goes out before
+        # turn 1's stores
+        generate(wb, system + "\n\ndirect")
+        n = batches(wa)
+        generate(wa, "filler " + words(rng, 300))
+        assert wait_for(lambda: batches(wa) > n, timeout=10)
+        hashes = router.router.index.hashes(turn)
+
+        async def held() -> dict[str, int]:
+            return dict(kv.cached(hashes, turn, [wa, wb])[0])
+
+        assert wait_for(lambda: (c := router.call(held()))[wa] == 0 and c[wb] >= 200, timeout=10), router.call(held())
+
+        # turn 2: wa holds turn 1 (it computed it) though its events do not say so yet. Dropped from
+        # the overlay at the filler's batch, turn 1 counted as held nowhere and turn 2 went to wb for
+        # the system prompt alone
+        second = generate(router.url, f"{turn}\n\nassistant {words(rng, 20)}\n\nsession1 user {words(rng, 30)}")
+        assert requests_on(wa) == 3, (second, co.pending.snapshot())
+        assert second["cached_tokens"] >= 0.9 * 950
+
+        # the stores come: turn 1 leaves the overlay (only turn 2's own chain, landed, may still wait)
+        ga.release()
+        assert wait_for(lambda: router.call(held())[wa] >= 900, timeout=10)
+        assert wait_for(lambda: not co._landed, timeout=10), co._landed
+    finally:
+        for g in gates:
+            g.release()
+        if router is not None:
+            router.stop()
+        cluster.stop()
+
+
+def test_a_cleared_cache_after_landing_drops_a_landed_prompt_before_its_stores_came() -> None:
+    cluster = start_cluster_in_thread([WorkerSpec("mixed", kv_events_config=kv_config(), time_scale=0.2,
+                                                  speculative=False)])
+    router: RouterHandle | None = None
+    gate: HeldStores | None = None
+    try:
+        router = start_router_in_thread(router_config(workers=cluster.urls, health_interval_s=0.3))
+        assert wait_for(lambda: all(w["index"] == "exact" for w in httpx.get(
+            router.url + "/admin/workers", timeout=5).json()["workers"]), timeout=15)
+        co = router.router.coalesce
+        co.cfg = dataclasses.replace(co.cfg, grace_s=60.0)
+        gate = HeldStores(cluster.cluster.workers[0])
+        generate(router.url, "tenant " + words(random.Random(7), 400))
+        assert gate.held and co.pending.snapshot()  # landed, its stores held back: pending
+        # the worker's cache is flushed: what it holds (nothing) is in its events from here on
+        assert httpx.post(cluster.urls[0] + "/flush_cache", timeout=5).status_code == 200
+        gate.release(drop=True)
+        assert wait_for(lambda: not co.pending.snapshot() and not co._landed, timeout=10), co.pending.snapshot()
+    finally:
+        if gate is not None:
+            gate.release(drop=True)
+        if router is not None:
+            router.stop()
+        cluster.stop()
