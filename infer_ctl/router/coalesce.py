@@ -199,11 +199,14 @@ class Coalescer:
         asyncio.get_running_loop().call_later(self.cfg.grace_s, self._unpend, flight)
 
     def _stored(self, flight: Flight) -> bool:
-        """Whether the exact index holds the flight's whole prompt in its worker's HBM (its stores came)."""
+        """Whether the exact index holds the flight's whole prompt in its worker's HBM (its stores came;
+        not 90 % of it, as for a leader's landing: a prompt whose shared part the worker held before
+        would leave before its own tail was stored)."""
         kv, ctx = self.kv, flight.tag
         if kv is None or not isinstance(ctx, RequestContext):
             return False
-        return kv.residency(ctx.hashes, ctx.text, flight.worker, kv.kind(ctx.endpoint, ctx.body), ctx.body) == "hbm"
+        return kv.residency(ctx.hashes, ctx.text, flight.worker, kv.kind(ctx.endpoint, ctx.body), ctx.body,
+                            share=1.0) == "hbm"
 
     def _unpend(self, flight: Flight) -> None:
         self.pending.remove(flight)

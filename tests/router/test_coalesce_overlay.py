@@ -121,26 +121,27 @@ def test_a_landed_flight_leaves_the_overlay_at_its_workers_next_batch_while_its_
 
 
 class HeldStores:
-    """Holds a simulated worker's next KV-event batch back until `release` (the rest go out as they
-    come), as SGLang publishes a step's stores only with a later step's stats: the batch of another
-    request that arrives between the first byte and the stores."""
+    """Holds a simulated worker's KV-event batches back until `release`, but for the next `passing`
+    ones, which go out as they come: as SGLang publishes a step's stores only with a later step's
+    stats, a batch of another request's blocks arrives between a prompt's first byte and its stores.
+    Only a batch that stores nothing under what is held may pass (SGLang's stream is in order)."""
 
     def __init__(self, worker: Any) -> None:
         self.rec = worker.kv_recorder
         self.publish = self.rec.sink
         self.held: list[Any] = []
-        self.armed = True
+        self.passing = 0
         self.rec.sink = self._sink
 
     def _sink(self, items: Any) -> None:
-        if self.armed:
-            self.armed = False
-            self.held.append(items)
-        else:
+        if self.passing > 0:
+            self.passing -= 1
             self.publish(items)
+        else:
+            self.held.append(items)
 
     def release(self, *, drop: bool = False) -> None:
-        """Publish what was held (`drop`: the worker cleared its cache since, nothing of it is left)."""
+        """Publish what was held, in order (`drop`: the worker cleared its cache since, nothing of it is left)."""
         self.rec.sink = self.publish
         for items in [] if drop else self.held:
             self.publish(items)
@@ -170,7 +171,7 @@ def test_a_batch_of_other_blocks_before_a_landed_prompts_stores_keeps_it_pending
         wa = next(u for u in cluster.urls if requests_on(u) == 1)
         wb = next(u for u in cluster.urls if u != wa)
         ga = gates[cluster.urls.index(wa)]
-        assert ga.held and not ga.armed
+        assert len(ga.held) == 1
         gates[cluster.urls.index(wb)].release()
         assert first["cached_tokens"] == 0
 
@@ -181,6 +182,7 @@ def test_a_batch_of_other_blocks_before_a_landed_prompts_stores_keeps_it_pending
         # turn 1's stores
         generate(wb, system + "\n\ndirect")
         n = batches(wa)
+        ga.passing = 1
         generate(wa, "filler " + words(rng, 300))
         assert wait_for(lambda: batches(wa) > n, timeout=10)
         hashes = router.router.index.hashes(turn)
@@ -197,10 +199,11 @@ def test_a_batch_of_other_blocks_before_a_landed_prompts_stores_keeps_it_pending
         assert requests_on(wa) == 3, (second, co.pending.snapshot())
         assert second["cached_tokens"] >= 0.9 * 950
 
-        # the stores come: turn 1 leaves the overlay (only turn 2's own chain, landed, may still wait)
+        # the stores come (turn 1's, then turn 2's): both leave the overlay
         ga.release()
         assert wait_for(lambda: router.call(held())[wa] >= 900, timeout=10)
         assert wait_for(lambda: not co._landed, timeout=10), co._landed
+        assert all(s.exact and not s.stats.rejected for s in kv.workers[wa].streams)  # in order all along
     finally:
         for g in gates:
             g.release()
@@ -224,6 +227,7 @@ def test_a_cleared_cache_after_landing_drops_a_landed_prompt_before_its_stores_c
         generate(router.url, "tenant " + words(random.Random(7), 400))
         assert gate.held and co.pending.snapshot()  # landed, its stores held back: pending
         # the worker's cache is flushed: what it holds (nothing) is in its events from here on
+        gate.passing = 1
         assert httpx.post(cluster.urls[0] + "/flush_cache", timeout=5).status_code == 200
         gate.release(drop=True)
         assert wait_for(lambda: not co.pending.snapshot() and not co._landed, timeout=10), co.pending.snapshot()
