@@ -12,10 +12,22 @@ from typing import Any
 
 import httpx
 
-from infer_ctl.router.embed import router_config, start_router_in_thread
-from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.kv_publisher import TestPublisher
 from tests.waiting import wait_for
+
+
+def take_down(router: RouterHandle, cluster: ThreadedSimCluster, i: int, workers: int) -> Any:
+    """Stop simulated worker `i` and have the router see it down: round robin over `workers`, one of
+    as many requests meets the dead worker (retried), and its check marks it (health_failures=1)."""
+    w = router.router.workers.by_url[cluster.urls[i]]
+    cluster.stop_worker(i)
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}
+    for _ in range(workers):
+        assert httpx.post(router.url + "/generate", json=body, timeout=10).status_code == 200
+    assert wait_for(lambda: not w.healthy, timeout=5)
+    return w
 
 
 def test_a_restarted_worker_is_back_within_a_second_not_a_health_interval() -> None:
@@ -23,12 +35,7 @@ def test_a_restarted_worker_is_back_within_a_second_not_a_health_interval() -> N
     router = start_router_in_thread(router_config(workers=cluster.urls, health_interval_s=30.0, health_failures=1,
                                                   policy="round_robin", retry_base_s=0.01))
     try:
-        w = router.router.workers.by_url[cluster.urls[1]]
-        cluster.stop_worker(1)
-        body = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}
-        for _ in range(4):  # round robin: one of them meets the dead worker (retried), and its check
-            assert httpx.post(router.url + "/generate", json=body, timeout=10).status_code == 200
-        assert wait_for(lambda: not w.healthy, timeout=5)
+        w = take_down(router, cluster, 1, 4)
         cluster.start_worker(1)  # back on the same port
         t0 = time.monotonic()
         assert wait_for(lambda: w.healthy, timeout=5)
@@ -87,12 +94,7 @@ def test_a_hung_worker_holds_up_no_other_workers_probe() -> None:
             policy="round_robin", retry_base_s=0.01))
         h = router.router.workers.by_url[hung.url]
         assert wait_for(lambda: not h.healthy, timeout=10)  # the first round timed out on it
-        w = router.router.workers.by_url[cluster.urls[1]]
-        cluster.stop_worker(1)
-        body = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}
-        for _ in range(3):  # round robin: one of them meets the dead worker (retried), and its check
-            assert httpx.post(router.url + "/generate", json=body, timeout=10).status_code == 200
-        assert wait_for(lambda: not w.healthy, timeout=5)
+        w = take_down(router, cluster, 1, 3)
         # a probe of the hung worker just began (and one of the dead one with it)
         n = len(hung.conns)
         assert wait_for(lambda: len(hung.conns) > n, timeout=5)
