@@ -190,7 +190,7 @@ class Coalescer:
         self._leader_done(flight, state)
         if not flight.added:
             return
-        if state != LANDED or self.cfg.grace_s <= 0 or self._stored(flight):
+        if state != LANDED or self.cfg.grace_s <= 0 or self._stored(flight) == "hbm":
             self.pending.remove(flight)
             return
         kv = self.kv
@@ -198,15 +198,15 @@ class Coalescer:
         self._landed.setdefault(flight.worker, {})[flight] = marks
         asyncio.get_running_loop().call_later(self.cfg.grace_s, self._unpend, flight)
 
-    def _stored(self, flight: Flight) -> bool:
-        """Whether the exact index holds the flight's whole prompt in its worker's HBM (its stores came;
-        not 90 % of it, as for a leader's landing: a prompt whose shared part the worker held before
-        would leave before its own tail was stored)."""
+    def _stored(self, flight: Flight) -> str | None:
+        """Where the exact index holds the flight's whole prompt (hbm: its stores came; not 90 % of it,
+        as for a leader's landing: a prompt whose shared part the worker held before would leave before
+        its own tail was stored), None when it cannot tell (`kv.residency`)."""
         kv, ctx = self.kv, flight.tag
         if kv is None or not isinstance(ctx, RequestContext):
-            return False
+            return None
         return kv.residency(ctx.hashes, ctx.text, flight.worker, kv.kind(ctx.endpoint, ctx.body), ctx.body,
-                            share=1.0) == "hbm"
+                            share=1.0)
 
     def _unpend(self, flight: Flight) -> None:
         self.pending.remove(flight)
@@ -363,9 +363,11 @@ class Coalescer:
                     if seen[0] != marks[0]:
                         gone.append(f)  # cleared or started again: what it holds now is in the events
                     elif seen[1] != marks[1]:  # stores came since it was last looked at (only they add)
-                        landed[f] = marks
-                        if self._stored(f):
+                        where = self._stored(f)
+                        if where == "hbm":
                             gone.append(f)
+                        elif where is not None:  # else (a replay, an untrusted rank) looked at again later
+                            landed[f] = marks
             for flight in gone:
                 del landed[flight]
                 self.pending.remove(flight)
