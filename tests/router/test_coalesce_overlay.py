@@ -1,11 +1,13 @@
 """The pending overlay (router/coalesce.py) against what a worker's KV events report, on real loopback
 workers (the simulator, KV events on) and the real router.
 
-A landed prompt leaves the overlay at its worker's next KV-event batch, not when its request ends:
-from that batch on the exact index says what the worker holds, and what it drops afterwards too. The
-stale benchmark (docs/benchmarks.md, random direct traffic) measured the difference: a session's next
-turn, sent the moment its previous turn ended, was routed on that turn's overlay to the worker that
-had just evicted it (0 cached), past a worker that held its system prompt."""
+A landed prompt leaves the overlay once its worker's KV events cover it (the exact index holds it, or
+the worker's cache was cleared), not when its request ends: from then on the exact index says what the
+worker holds, and what it drops afterwards too. The stale benchmark (docs/benchmarks.md, random direct
+traffic) measured the difference: a session's next turn, sent the moment its previous turn ended, was
+routed on that turn's overlay to the worker that had just evicted it (0 cached), past a worker that
+held its system prompt. Nor at simply the worker's next batch: that one may hold other requests' blocks
+only (SGLang publishes a step's stores later), and the prompt then counted as held nowhere."""
 
 from __future__ import annotations
 
