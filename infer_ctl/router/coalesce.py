@@ -97,8 +97,9 @@ class Coalescer:
         #: followers promoted to compute a failed leader's prefix, and re-routed ones (since start)
         self.promoted = 0
         self.rerouted = 0
-        #: flights that landed and are still pending, per worker (until its next KV batch)
-        self._landed: dict[str, set[Flight]] = {}
+        #: flights that landed and are still pending, per worker (until the worker's events cover them),
+        #: each with its worker's `kv.marks` when it landed or was last looked at
+        self._landed: dict[str, dict[Flight, tuple[int, int]]] = {}
         self.holding = 0
         self.held = Counter("inferctl_router_coalesce_held_total",
                             "Requests held for an in-flight request computing their prefix, by how the hold "
@@ -174,34 +175,44 @@ class Coalescer:
     def _end(self, flight: Flight, cause: object) -> None:
         """The attempt ended: a flight that never landed fails (`cause`: its waiters are re-routed, or
         one of them takes over, `_promote`) and leaves the overlay now (`_flight_done`); a landed one
-        left it, or leaves it, as its landing said."""
+        left it, or leaves it, as its worker's KV events say (`kv_batch`)."""
         flight.fail(cause)
 
     def _flight_done(self, flight: Flight, state: str) -> None:
         """A flight's one transition out of computing: its waiters hear it (`_leader_done`). Failed: it
         leaves the overlay now (after its blocks were handed over). Landed (its first byte or answer,
-        or its worker's KV events): it stays pending until the next KV-event batch from its worker or,
-        at the latest, for the grace (a worker without KV events), not until its request ends. SGLang
-        publishes a prompt's stores when it inserts it, before the first token goes out, so from that
-        batch on the exact index says what the worker holds: the prompt's stores, and whatever it
-        drops afterwards (an eviction, an AllBlocksCleared after a flush). An overlay kept after that
-        would count as held a prompt the worker has reported gone: measured in the stale benchmark
-        (random direct traffic), where a session's next turn, sent as its previous turn ended, went to
-        the worker that had just evicted it (0 cached) instead of one that held its system prompt."""
+        or its worker's KV events): it stays pending until its worker's KV events cover it (`kv_batch`)
+        or, at the latest, for the grace (a worker without KV events), not until its request ends. An
+        overlay kept after the exact index has the prompt's stores would count as held a prompt the
+        worker reports gone afterwards: measured in the stale benchmark (random direct traffic), where a
+        session's next turn, sent as its previous turn ended, went to the worker that had just evicted
+        it (0 cached) instead of one that held its system prompt."""
         self._leader_done(flight, state)
         if not flight.added:
             return
-        if state != LANDED or self.cfg.grace_s <= 0:
+        if state != LANDED or self.cfg.grace_s <= 0 or self._stored(flight) == "hbm":
             self.pending.remove(flight)
             return
-        self._landed.setdefault(flight.worker, set()).add(flight)
+        kv = self.kv
+        marks = kv.marks(flight.worker) if kv is not None else (0, 0)
+        self._landed.setdefault(flight.worker, {})[flight] = marks
         asyncio.get_running_loop().call_later(self.cfg.grace_s, self._unpend, flight)
+
+    def _stored(self, flight: Flight) -> str | None:
+        """Where the exact index holds the flight's whole prompt (hbm: its stores came; not 90 % of it,
+        as for a leader's landing: a prompt whose shared part the worker held before would leave before
+        its own tail was stored), None when it cannot tell (`kv.residency`)."""
+        kv, ctx = self.kv, flight.tag
+        if kv is None or not isinstance(ctx, RequestContext):
+            return None
+        return kv.residency(ctx.hashes, ctx.text, flight.worker, kv.kind(ctx.endpoint, ctx.body), ctx.body,
+                            share=1.0)
 
     def _unpend(self, flight: Flight) -> None:
         self.pending.remove(flight)
         landed = self._landed.get(flight.worker)
         if landed is not None:
-            landed.discard(flight)
+            landed.pop(flight, None)
             if not landed:
                 del self._landed[flight.worker]
 
@@ -327,15 +338,42 @@ class Coalescer:
 
     def kv_batch(self, worker: str) -> None:
         """A KV event batch from `worker` was applied: the flights there that landed leave the overlay
-        (the exact index has their blocks, or the worker dropped them); a leader someone waits
-        for whose whole prompt the worker's stores now hold (in HBM) has landed. Only those flights of
-        that worker are looked at (usually none)."""
-        landed = self._landed.pop(worker, None)
-        if landed:  # the worker's events speak for these from now on
-            for flight in landed:
-                self.pending.remove(flight)
-        waited = self._waited.get(worker)
+        once the worker's events cover them - the exact index holds the prompt (its stores came), or
+        the worker's cache was cleared or its stream started again since the landing (from then on the
+        events say what it holds); a leader someone waits for whose whole prompt the worker's stores
+        now hold (in HBM) has landed. Only those flights of that worker are looked at (usually none).
+
+        Not simply at the first batch after the landing: that batch need not have the prompt's stores
+        in it. SGLang inserts a prompt and streams its first token while it processes the step's
+        results, and publishes the queued events only with a later step's stats (`_publish_kv_events`
+        at the end of `log_prefill_stats`, and of `log_decode_stats` every `decode_log_interval` decode
+        steps); with the overlap scheduler the batch published as the next step is scheduled, just
+        before, holds only older events. They travel over ZMQ, the token over HTTP, and a worker with
+        attention DP publishes one stream per rank: a batch of other requests' blocks, or another
+        rank's, can arrive between the first byte and the stores. Dropped there, the prompt counted as
+        held nowhere until its stores came, and the next turn or a burst's followers went elsewhere."""
+        landed = self._landed.get(worker)
         kv = self.kv
+        if landed:  # the worker's events speak for these once they cover them
+            if kv is None:
+                gone = list(landed)
+            else:
+                marks, gone = kv.marks(worker), []
+                for f, seen in landed.items():
+                    if seen[0] != marks[0]:
+                        gone.append(f)  # cleared or started again: what it holds now is in the events
+                    elif seen[1] != marks[1]:  # stores came since it was last looked at (only they add)
+                        where = self._stored(f)
+                        if where == "hbm":
+                            gone.append(f)
+                        elif where is not None:  # else (a replay, an untrusted rank) looked at again later
+                            landed[f] = marks
+            for flight in gone:
+                del landed[flight]
+                self.pending.remove(flight)
+            if not landed:
+                del self._landed[worker]
+        waited = self._waited.get(worker)
         if not waited or kv is None:
             return
         for leader, ctx in list(waited.items()):

@@ -49,18 +49,20 @@ class HealthChecker:
         self.router = router
         self._checking: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        #: checks started outside a round (a probe of a worker that is down, a suspect): stopped with it
+        self._probes: set[asyncio.Task[None]] = set()
         router.calls.suspect = self.suspect
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        """The rounds and every check still in flight (probes, suspects) end here, before the KV
+        streams are stopped (server.py), none of them left to answer into a closing router."""
+        tasks = [t for t in (self._task, *self._probes) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(w) for w in self.router.workers.all()), return_exceptions=True)
@@ -71,17 +73,30 @@ class HealthChecker:
             await self.check_all()
             # between two rounds a worker that is down is probed every DOWN_PROBE_S: a restarted one
             # (its cache empty: the fleet's cheapest place for new prefixes) takes traffic again
-            # within that of answering, not up to health_interval_s later
+            # within that of answering, not up to health_interval_s later. Each probe runs on its own,
+            # one at a time per worker (`_checking`): a worker that accepts and never answers holds up
+            # neither the others' probes nor the next round for its health_timeout_s
             until = loop.time() + self.router.cfg.health_interval_s
             while (left := until - loop.time()) > 0:
                 await asyncio.sleep(min(DOWN_PROBE_S, left))
-                down = [w for w in self.router.workers.all() if not w.healthy and not w.removed]
-                if down and until - loop.time() > 0.05:
-                    await asyncio.gather(*(self.check(w) for w in down), return_exceptions=True)
+                if until - loop.time() > 0.05:
+                    for w in self.router.workers.all():
+                        if not w.healthy:
+                            self._start(w)
 
     def suspect(self, w: WorkerState) -> None:
+        self._start(w)
+
+    def _start(self, w: WorkerState) -> None:
         if w.url not in self._checking and not w.removed:
-            self.router.spawn(self.check(w))
+            t = asyncio.ensure_future(self.check(w))
+            self._probes.add(t)
+            t.add_done_callback(self._done)
+
+    def _done(self, t: asyncio.Task[None]) -> None:
+        self._probes.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("health check failed: %s", t.exception())
 
     async def check(self, w: WorkerState) -> None:
         if w.url in self._checking:

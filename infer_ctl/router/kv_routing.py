@@ -369,10 +369,10 @@ class KvRouting:
         return True
 
     def residency(self, hashes: Sequence[int], text: str, url: str, kind: str = "text",
-                  body: dict[str, Any] | None = None) -> str | None:
+                  body: dict[str, Any] | None = None, share: float = 0.9) -> str | None:
         """Where a worker holds a whole prompt (a named prefix: `keep`, core/routing/prefixes.py): hbm
-        (90 % of it in HBM), host (90 % counting the lower tiers), none; None when the router cannot
-        tell (the worker's stream is not exact, or the prompt was never anchored)."""
+        (90 % of it in HBM, or `share` of it), host (that counting the lower tiers), none; None when the
+        router cannot tell (the worker's stream is not exact, or the prompt was never anchored)."""
         w = self.workers.get(url)
         if self.view is None or w is None or not w.exact:
             return None
@@ -383,10 +383,19 @@ class KvRouting:
             return None
         keys = self.keys(kind, body or {}, hashes)
         d = t.depth(keys)
-        need = 0.9 * max(1, units - w.page_size)  # SGLang matches n - 1 tokens, in whole pages
+        need = share * max(1, units - w.page_size)  # SGLang matches n - 1 tokens, in whole pages
         if max(t.cached_units(keys, fk, d, s.blocks) for s in w.streams) >= need:
             return "hbm"
         return "host" if max(t.cached_units(keys, fk, d, s.blocks, _ONE) for s in w.streams) >= need else "none"
+
+    def marks(self, url: str) -> tuple[int, int]:
+        """How often the router's view of a worker's cache was started again (its streams' cleared
+        batches and restarts) and how many blocks its stores brought: what changed since another call
+        (router/coalesce.py: whether a landed prompt's stores, or a clear, came in since it landed)."""
+        w = self.workers.get(url)
+        if w is None:
+            return -1, 0
+        return (sum(s.stats.cleared + s.stats.restarts for s in w.streams), sum(s.stats.stored for s in w.streams))
 
     def prompt_units(self, fk: int, urls: Sequence[str], kind: str = "text") -> int | None:
         for url in urls:

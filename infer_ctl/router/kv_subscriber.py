@@ -87,6 +87,8 @@ class StreamStats:
     replay_failures: int = 0
     restarts: int = 0
     untrusted: int = 0
+    #: batches applied with an AllBlocksCleared in them
+    cleared: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
 
 
@@ -479,6 +481,7 @@ class KvStream:
         st.events += n_events
         st.stored += eff.stored
         st.removed += eff.removed
+        st.cleared += eff.cleared
         if eff.block_size is not None:
             self.block_size = eff.block_size
         if eff.bigram is not None:
