@@ -1,4 +1,8 @@
-"""The embedded router daemon and its named shared prefixes."""
+"""The embedded router daemon and its named shared prefixes.
+
+Every float under `router:` is finite (allow_inf_nan=False, as kv_events.replay_timeout_s): NaN fails
+every comparison, so a range check alone named a bound it does not break ("Input should be greater than
+0"), and a one-sided bound let inf through (a circuit breaker open for ever, health never checked)."""
 
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ class NamedPrefix(StrictModel):
     #: the prefix itself, or a file holding it (relative paths resolve against the profile's directory)
     text: str | None = None
     file: str | None = None
-    ttl_s: Annotated[float, Field(gt=0)] | None = None
+    ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     replicas: Annotated[int, Field(ge=1, le=MAX_PREFIX_REPLICAS)] = 1
     pin: bool = False
     #: text: warmed with /generate and matched against the prompt text; chat: warmed as a system
@@ -76,11 +80,11 @@ class RouterTiers(StrictModel):
     #: one TP rank's KV bytes per token (`inferctl plan kv`'s per-rank number)
     kv_bytes_per_token_per_rank: Annotated[int, Field(ge=1)] | None = None
     #: the prefill server's prefill rate (`inferctl plan tiers` reads it off its recompute time)
-    prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    prefill_tokens_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     #: host -> one GPU, effective (50 GB/s: `inferctl plan tiers --pcie-gbs`'s default)
-    host_gb_s: Annotated[float, Field(gt=0)] | None = None
+    host_gb_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     #: the store's read bandwidth for one node (none: a storage-tier token counts 0)
-    storage_gb_s: Annotated[float, Field(gt=0)] | None = None
+    storage_gb_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class RouterCoalesce(StrictModel):
@@ -92,36 +96,36 @@ class RouterCoalesce(StrictModel):
     #: the shared part still being computed, in prompt tokens, worth waiting for
     min_tokens: Annotated[int, Field(ge=1)] = 256
     #: the longest a request waits for the request computing its prefix
-    max_wait_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    max_wait_s: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] = 2.0
 
 
 class RouterSettings(StrictModel):
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")] = "127.0.0.1:8000"
     policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = "cache_aware"
     #: idle TTL of routing-index entries
-    prefix_ttl_s: Annotated[float, Field(gt=0)] = 1800.0
+    prefix_ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1800.0
     index_max_tokens: Annotated[int, Field(ge=1024)] = 2_000_000
     admin_token_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "INFERCTL_ROUTER_TOKEN"
-    health_interval_s: Annotated[float, Field(gt=0)] = 5.0
-    request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    health_interval_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 5.0
+    request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
     max_concurrent: Annotated[int, Field(ge=1)] = 1024
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
     #: requests waiting for a slot beyond max_concurrent; more are answered 429
     max_queue: Annotated[int, Field(ge=0)] = 1024
     #: share of the prompt a worker must hold cached to win on cache affinity
-    cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3
+    cache_threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.3
     #: load guard: a worker is overloaded when it has more than balance_abs requests above the least
     #: loaded worker and more than balance_rel times its load
     balance_abs: Annotated[int, Field(ge=0)] = 8
-    balance_rel: Annotated[float, Field(ge=1)] = 1.5
+    balance_rel: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 1.5
     #: re-warm a named prefix on a replica that saw no traffic for this long
-    rewarm_idle_s: Annotated[float, Field(gt=0)] = 300.0
+    rewarm_idle_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 300.0
     #: on shutdown, wait this long for in-flight requests
-    drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    drain_timeout_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
     #: circuit breaker: consecutive failures that open it, and how long it stays open
     cb_failures: Annotated[int, Field(ge=1)] = 5
-    cb_open_s: Annotated[float, Field(gt=0)] = 10.0
+    cb_open_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
     prefixes: list[NamedPrefix] = Field(default_factory=list)
     #: tenants with their keys and limits (profile/tenants.py); none: no tenant logic on the request path
     tenants: list[Tenant] = Field(default_factory=list)
