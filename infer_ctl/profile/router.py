@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.pair_health import PairHealthSettings
@@ -100,32 +100,35 @@ class RouterCoalesce(StrictModel):
 
 
 class RouterSettings(StrictModel):
+    #: its floats finite (the module's docstring), as allow_inf_nan=False on the other models' fields
+    model_config = ConfigDict(**StrictModel.model_config, allow_inf_nan=False)
+
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")] = "127.0.0.1:8000"
     policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = "cache_aware"
     #: idle TTL of routing-index entries
-    prefix_ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1800.0
+    prefix_ttl_s: Annotated[float, Field(gt=0)] = 1800.0
     index_max_tokens: Annotated[int, Field(ge=1024)] = 2_000_000
     admin_token_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "INFERCTL_ROUTER_TOKEN"
-    health_interval_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 5.0
-    request_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
+    health_interval_s: Annotated[float, Field(gt=0)] = 5.0
+    request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     max_concurrent: Annotated[int, Field(ge=1)] = 1024
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
     #: requests waiting for a slot beyond max_concurrent; more are answered 429
     max_queue: Annotated[int, Field(ge=0)] = 1024
     #: share of the prompt a worker must hold cached to win on cache affinity
-    cache_threshold: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.3
+    cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3
     #: load guard: a worker is overloaded when it has more than balance_abs requests above the least
     #: loaded worker and more than balance_rel times its load
     balance_abs: Annotated[int, Field(ge=0)] = 8
-    balance_rel: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 1.5
+    balance_rel: Annotated[float, Field(ge=1)] = 1.5
     #: re-warm a named prefix on a replica that saw no traffic for this long
-    rewarm_idle_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 300.0
+    rewarm_idle_s: Annotated[float, Field(gt=0)] = 300.0
     #: on shutdown, wait this long for in-flight requests
-    drain_timeout_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 30.0
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     #: circuit breaker: consecutive failures that open it, and how long it stays open
     cb_failures: Annotated[int, Field(ge=1)] = 5
-    cb_open_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 10.0
+    cb_open_s: Annotated[float, Field(gt=0)] = 10.0
     prefixes: list[NamedPrefix] = Field(default_factory=list)
     #: tenants with their keys and limits (profile/tenants.py); none: no tenant logic on the request path
     tenants: list[Tenant] = Field(default_factory=list)
