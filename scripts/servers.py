@@ -102,8 +102,9 @@ def foreign_listeners(port: int, pid: int | None) -> str | None:
     inodes = listening_inodes(port)
     if not inodes:
         return None if pid is None else f"nothing listens on port {port}"
-    ours = descendants(pid) if pid is not None else set()
     owners = socket_owners(inodes)
+    # the tree after the owners: a worker forked while /proc is walked holds the socket, and is a descendant
+    ours = descendants(pid) if pid is not None else set()
     foreign = [f"pid {p} ({_cmdline(p)})" for p in sorted(owners) if p not in ours]
     unseen = inodes - set().union(set(), *owners.values())
     if unseen:

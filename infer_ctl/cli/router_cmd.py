@@ -316,13 +316,26 @@ def spec(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) 
     _done(json, "router spec", {"speculative": doc}, render)
 
 
+def _ttl(text: str) -> float:
+    """--ttl in seconds, finite and 0 or more (0: none). A plain float option took 'nan' and 'inf', and
+    encoding the request failed ("internal error: ValueError: Out of range float values are not JSON
+    compliant")."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise typer.BadParameter(f"must be a number of seconds, 0 or more (0: no TTL), got {text!r}")
+    return value
+
+
 @app.command("prefixes")
 def prefixes(
     action: Annotated[str, typer.Argument(help="list, add, expire, warm or remove.")] = "list",
     name: Annotated[str | None, typer.Argument(help="Prefix name (add/expire/warm/remove).")] = None,
     text: Annotated[str | None, typer.Option("--text", help="Prefix text (add).")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Read the prefix text from a file (add).")] = None,
-    ttl: Annotated[float | None, typer.Option("--ttl", help="Lifetime in seconds, 0 = none (add; default: the current version's, else none).")] = None,
+    ttl: Annotated[float | None, typer.Option("--ttl", parser=_ttl, metavar="S", help="Lifetime in seconds, 0 = none (add; default: the current version's, else none).")] = None,
     replicas: Annotated[int | None, typer.Option("--replicas", help="Warm on this many prefill workers (add; default: the current version's, else 1).")] = None,
     pin: Annotated[bool | None, typer.Option("--pin/--no-pin", help="Warm with high priority (add; default: the current version's, else no).")] = None,
     chat: Annotated[bool | None, typer.Option("--chat/--text-format", help="The prefix is a chat system prompt (add; default: the current version's, else text).")] = None,

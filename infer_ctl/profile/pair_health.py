@@ -13,12 +13,12 @@ from infer_ctl.profile.base import StrictModel
 
 class PairHealthSettings(StrictModel):
     #: a transfer slower than this (SGLang's kv_transfer_speed_gb_s, GB/s) is a bad sample
-    min_kv_speed_gb_s: Annotated[float, Field(gt=0)] | None = None
+    min_kv_speed_gb_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     #: a transfer longer than this (SGLang's kv_transfer_latency_ms) is a bad sample
-    max_kv_latency_ms: Annotated[float, Field(gt=0)] | None = None
+    max_kv_latency_ms: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     #: this many bad samples in a row degrade the pair
     bad_samples: Annotated[int, Field(ge=1, le=1000)] = 3
     #: this many failed KV transfers in a row degrade the pair
     max_transfer_failures: Annotated[int, Field(ge=1, le=1000)] = 3
     #: a degraded pair gets one probe request after this long (a good transfer returns it)
-    probe_after_s: Annotated[float, Field(gt=0)] = 60.0
+    probe_after_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 60.0

@@ -1,11 +1,15 @@
-"""The embedded router daemon and its named shared prefixes."""
+"""The embedded router daemon and its named shared prefixes.
+
+Every float under `router:` is finite (allow_inf_nan=False, as kv_events.replay_timeout_s): NaN fails
+every comparison, so a range check alone named a bound it does not break ("Input should be greater than
+0"), and a one-sided bound let inf through (a circuit breaker open for ever, health never checked)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.pair_health import PairHealthSettings
@@ -47,7 +51,7 @@ class NamedPrefix(StrictModel):
     #: the prefix itself, or a file holding it (relative paths resolve against the profile's directory)
     text: str | None = None
     file: str | None = None
-    ttl_s: Annotated[float, Field(gt=0)] | None = None
+    ttl_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     replicas: Annotated[int, Field(ge=1, le=MAX_PREFIX_REPLICAS)] = 1
     pin: bool = False
     #: text: warmed with /generate and matched against the prompt text; chat: warmed as a system
@@ -76,11 +80,11 @@ class RouterTiers(StrictModel):
     #: one TP rank's KV bytes per token (`inferctl plan kv`'s per-rank number)
     kv_bytes_per_token_per_rank: Annotated[int, Field(ge=1)] | None = None
     #: the prefill server's prefill rate (`inferctl plan tiers` reads it off its recompute time)
-    prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    prefill_tokens_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     #: host -> one GPU, effective (50 GB/s: `inferctl plan tiers --pcie-gbs`'s default)
-    host_gb_s: Annotated[float, Field(gt=0)] | None = None
+    host_gb_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     #: the store's read bandwidth for one node (none: a storage-tier token counts 0)
-    storage_gb_s: Annotated[float, Field(gt=0)] | None = None
+    storage_gb_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class RouterCoalesce(StrictModel):
@@ -92,10 +96,13 @@ class RouterCoalesce(StrictModel):
     #: the shared part still being computed, in prompt tokens, worth waiting for
     min_tokens: Annotated[int, Field(ge=1)] = 256
     #: the longest a request waits for the request computing its prefix
-    max_wait_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    max_wait_s: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] = 2.0
 
 
 class RouterSettings(StrictModel):
+    #: its floats finite (the module's docstring), as allow_inf_nan=False on the other models' fields
+    model_config = ConfigDict(**StrictModel.model_config, allow_inf_nan=False)
+
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")] = "127.0.0.1:8000"
     policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = "cache_aware"
     #: idle TTL of routing-index entries

@@ -35,7 +35,7 @@ class Tenant(StrictModel):
     #: or: a file holding the key (relative paths resolve against the profile's directory)
     key_file: str | None = None
     #: token bucket on requests: sustained rate and burst (default: one second's worth, at least 1)
-    requests_per_s: Annotated[float, Field(gt=0)] | None = None
+    requests_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
     #: token bucket on prompt + completion tokens: an estimate reserved at admission, settled with what the
     #: workers report when the request ends (router/tenants.py)
@@ -64,8 +64,8 @@ class Tenant(StrictModel):
 class RolePricing(StrictModel):
     """The lease of one role's nodes, per node-hour or per GPU-hour."""
 
-    node_hour_usd: Annotated[float, Field(ge=0)] | None = None
-    gpu_hour_usd: Annotated[float, Field(ge=0)] | None = None
+    node_hour_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    gpu_hour_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     #: GPUs per node; None: the profile's nodes of this role (8 when it has none)
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
 

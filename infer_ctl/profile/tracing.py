@@ -28,7 +28,7 @@ class TracingSettings(StrictModel):
     service_name: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     #: share of new traces recorded (parent-based: a client's sampled trace is always continued);
     #: None: OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, else all
-    sample_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    sample_ratio: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
 
     @model_validator(mode="before")
     @classmethod

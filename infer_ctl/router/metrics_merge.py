@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -46,6 +47,8 @@ WRITE_S = 1.0
 #: health and KV-stream gauges move without requests
 REFRESH_S = 5.0
 STALE_S = 10.0
+#: a counters file is a few hundred bytes: a bigger one is not a router process's and is not read
+MAX_COUNTERS_BYTES = 1 << 16
 LABEL = "router_process"
 #: families that every process reports for the whole router already
 WHOLE_ROUTER = frozenset({"inferctl_router_worker_inflight"})
@@ -63,23 +66,35 @@ def counters_file(metrics_file: Path) -> Path:
 
 
 def add_counters(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The processes' counter documents added key by key (nested maps too); a value that is not a
-    number, or a key missing from some, is taken from the first that has it."""
-    out: dict[str, Any] = {}
-    for doc in docs:
-        for k, v in doc.items():
-            have = out.get(k)
-            if k not in out:
-                out[k] = add_counters([v]) if isinstance(v, dict) else v
-            elif isinstance(v, dict) and isinstance(have, dict):
+    """The processes' counter documents added key by key (nested maps too), in the first one's shape
+    (this process's own): another's key the first lacks, or a value of another type, is left out, so a
+    file cannot add fields to /admin/status; a number that is not finite counts as none."""
+    it = iter(docs)
+    out = dict(next(it, {}))
+    for doc in it:
+        for k, have in out.items():
+            v = doc.get(k)
+            if isinstance(have, dict) and isinstance(v, dict):
                 out[k] = add_counters([have, v])
-            elif _number(v) and _number(have):
+            elif _number(have) and _number(v):
                 out[k] = have + v
     return out
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """A count another process could have written: a finite float, or an int a float can add."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return -(1 << 63) <= v < 1 << 63
+    return isinstance(v, float) and math.isfinite(v)
+
+
+def _fresh(path: Path, now: float) -> bool:
+    """Whether `path` was written (or touched) within STALE_S of `now`, either side: after the wall
+    clock steps back, a dead process's file would otherwise read as fresh until the clock caught up
+    with it (a live process's file is touched again within WRITE_S)."""
+    return abs(now - path.stat().st_mtime) <= STALE_S
 
 
 def merge(expositions: Iterable[tuple[int, str]], own: int) -> bytes:
@@ -181,10 +196,14 @@ class ProcessMetrics:
                 continue
             path = counters_file(self.file_of(i))
             try:
-                if now - path.stat().st_mtime > STALE_S:
+                if not _fresh(path, now):
                     continue
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError):
+                with path.open("rb") as f:
+                    data = f.read(MAX_COUNTERS_BYTES + 1)
+                if len(data) > MAX_COUNTERS_BYTES:
+                    continue
+                doc = json.loads(data)
+            except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser's depth
                 continue
             if isinstance(doc, dict):
                 out.append(doc)
@@ -198,7 +217,7 @@ class ProcessMetrics:
                 continue
             path = self.file_of(i)
             try:
-                if now - path.stat().st_mtime > STALE_S:
+                if not _fresh(path, now):
                     continue
                 texts.append((i, path.read_text()))
             except OSError:

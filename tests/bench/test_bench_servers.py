@@ -5,7 +5,10 @@ on both, as `router serve` sets it), used to answer the scripts' polls of /healt
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -101,3 +104,74 @@ def test_the_overhead_benchmark_waits_through_it(spawn, monkeypatch: pytest.Monk
     servers.stop_all([foreign])
     port = free_port()
     overhead.wait_http(f"http://127.0.0.1:{port}/health", spawn(port))
+
+
+#: a listener that forks a worker holding its sockets at start (argv[3] of them) and on each SIGUSR1;
+#: argv: port, the addresses to listen on ("127.0.0.1,::1"), workers; prints "ready" once listening
+FORKING = """
+import os, signal, socket, sys, time
+socks = []
+for host in sys.argv[2].split(","):
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    if ":" in host:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((host, int(sys.argv[1]))); s.listen(); socks.append(s)
+def fork(*_):
+    if os.fork() == 0:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        while True: signal.pause()
+for _ in range(int(sys.argv[3])): fork()
+signal.signal(signal.SIGUSR1, fork)
+print("ready", flush=True)
+while True: signal.pause()
+"""
+
+
+@pytest.fixture
+def forking() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(port: int, hosts: str, workers: int = 0) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-c", FORKING, str(port), hosts, str(workers)], stdout=subprocess.PIPE,
+                             start_new_session=True)
+        procs.append(p)
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        return p
+
+    yield start
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_ipv4_and_ipv6_listeners_of_the_server_and_its_forked_workers_are_its_own(forking) -> None:
+    port = free_port()
+    ours = forking(port, "127.0.0.1,::1", workers=2)
+    assert len(servers.listening_inodes(port)) == 2  # /proc/net/tcp and tcp6
+    assert servers.foreign_listeners(port, ours.pid) is None
+
+
+def test_a_foreign_ipv6_listener_on_the_port_is_named(forking) -> None:
+    port = free_port()
+    ours = forking(port, "127.0.0.1")
+    other = forking(port, "::1")
+    assert f"pid {other.pid} " in (servers.foreign_listeners(port, ours.pid) or "")
+
+
+def test_a_worker_forked_while_proc_is_read_is_the_servers(forking, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process tree was read before the sockets' owners: a worker the server forked in between (a
+    server starting its workers as it answers, a router restarting a process) held the listening socket
+    and was not among the descendants: the server's own worker was named foreign."""
+    port = free_port()
+    ours = forking(port, "127.0.0.1")
+    real = servers.socket_owners
+
+    def forks_first(inodes: set[int]) -> dict[int, set[int]]:
+        before = servers.descendants(ours.pid)
+        os.kill(ours.pid, signal.SIGUSR1)
+        assert wait_for(lambda: len(servers.descendants(ours.pid)) > len(before), timeout=10)
+        return real(inodes)
+
+    monkeypatch.setattr(servers, "socket_owners", forks_first)
+    assert servers.foreign_listeners(port, ours.pid) is None

@@ -197,3 +197,35 @@ def test_a_decode_with_a_radix_cache_is_subscribed_and_shown(decodes: Any, capsy
             assert f"{radix.url}: decode index exact (in sync), 3 blocks\n" in out
     finally:
         cluster.stop()
+
+
+_FLOATS = ["prefix_ttl_s", "health_interval_s", "request_timeout_s", "cache_threshold", "balance_rel",
+           "rewarm_idle_s", "drain_timeout_s", "cb_open_s", "tiers.prefill_tokens_per_s", "tiers.host_gb_s",
+           "tiers.storage_gb_s", "coalesce.max_wait_s", "pair_health.min_kv_speed_gb_s",
+           "pair_health.max_kv_latency_ms", "pair_health.probe_after_s", "tracing.sample_ratio",
+           "pricing.prefill.node_hour_usd", "pricing.decode.gpu_hour_usd"]
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf"])
+@pytest.mark.parametrize("key", _FLOATS)
+def test_every_router_float_is_finite(key: str, value: str) -> None:
+    """As replay_timeout_s (2a3eeee): NaN read as a bound it does not break ("Input should be greater
+    than 0"), inf passed every one-sided bound."""
+    *outer, leaf = key.split(".")
+    doc = f"{{{leaf}: {value}}}"
+    for name in reversed(outer):
+        doc = f"{{{name}: {doc}}}"
+    with pytest.raises(ProfileError) as info:
+        parse_profile_text(BASE + f"router: {doc}\n", "p.yaml")
+    assert any(line.startswith(f"router.{key}: Input should be a finite number") for line in info.value.errors), \
+        info.value.errors
+
+
+def test_a_prefix_ttl_and_a_tenant_rate_are_finite() -> None:
+    prefix = "router: {prefixes: [{name: sys, text: x, ttl_s: .inf}]}\n"
+    tenant = "router: {tenants: [{name: a, key_env: A_KEY, requests_per_s: .nan}]}\n"
+    for doc, key in ((prefix, "router.prefixes[0].ttl_s"), (tenant, "router.tenants[0].requests_per_s")):
+        with pytest.raises(ProfileError) as info:
+            parse_profile_text(BASE + doc, "p.yaml")
+        assert any(line.startswith(f"{key}: Input should be a finite number") for line in info.value.errors), \
+            info.value.errors

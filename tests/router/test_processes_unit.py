@@ -560,3 +560,32 @@ def test_each_process_keeps_its_admin_counters_and_the_leader_adds_them_up(tmp_p
     own = {"first_sight": {"anchored": 1, "over_budget": 3, "seconds": 0.5}, "coalesce": {"promoted": 0}, "x": "a"}
     assert add_counters([own, *peers]) == {"first_sight": {"anchored": 6, "over_budget": 3, "seconds": 0.75},
                                            "coalesce": {"promoted": 1}, "x": "a"}
+
+
+def test_a_peer_counters_file_from_the_future_or_hostile_is_left_out(tmp_path: Any) -> None:
+    """The leader reads the other processes' counters files (20388b0): after the wall clock steps back,
+    a dead process's file (its mtime now ahead of the clock) read as fresh until the clock caught up;
+    a file nested past the JSON parser's depth raised RecursionError out of /admin/status; a file could
+    add keys to the status, or NaN / 1e400 / 10**400 (OverflowError against a float) to its counts."""
+    import json
+    import time
+
+    from infer_ctl.router import metrics_merge as mm
+
+    files = {i: tmp_path / f"metrics-{i}.prom" for i in range(6)}
+    ok = {"first_sight": {"anchored": 1, "over_budget": 0, "seconds": 0.5}, "coalesce": {"promoted": 2}}
+    mm.counters_file(files[1]).write_text(json.dumps(ok))
+    mm.counters_file(files[2]).write_text(json.dumps({"first_sight": {"anchored": 100}}))
+    ahead = time.time() + mm.STALE_S + 60  # written before the clock stepped back a minute, process gone
+    os.utime(mm.counters_file(files[2]), (ahead, ahead))
+    mm.counters_file(files[3]).write_text("[" * 200_000)
+    mm.counters_file(files[4]).write_text(json.dumps({"pad": "x" * mm.MAX_COUNTERS_BYTES}))
+    hostile = ('{"first_sight": {"anchored": NaN, "over_budget": 1e400, "seconds": ' + str(10**400)
+               + ', "extra": 7}, "coalesce": {"promoted": "9"}, "injected": {"a": 1}}')
+    mm.counters_file(files[5]).write_text(hostile)
+    leader = mm.ProcessMetrics(lambda: b"", 0, 6, files.__getitem__)
+    peers = leader.peer_counters()
+    assert peers[0] == ok and len(peers) == 2  # 1 and 5: the future, deep and big files left out
+    own = {"first_sight": {"anchored": 3, "over_budget": 1, "seconds": 0.25}, "coalesce": {"promoted": 0}}
+    total = mm.add_counters([own, *peers])
+    assert total == {"first_sight": {"anchored": 4, "over_budget": 1, "seconds": 0.75}, "coalesce": {"promoted": 2}}

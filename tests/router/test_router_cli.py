@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from infer_ctl.cli.main import main
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.ports import free_port
@@ -201,3 +202,12 @@ def test_prefix_file_that_is_not_utf8_is_a_usage_error(tmp_path, capsys) -> None
 def test_bad_listen_address_is_a_usage_error(listen: str, capsys) -> None:
     assert main(["router", "serve", "--listen", listen, "--worker", "http://127.0.0.1:9"]) == 64
     assert "HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ttl", ["nan", "inf", "-1", "soon"])
+def test_prefixes_add_ttl_is_a_finite_number(ttl: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--ttl took nan and inf as floats: "internal error: ValueError: Out of range float values are not
+    JSON compliant" as the request was encoded. A usage error now (the URL has nothing listening)."""
+    code = main(["router", "prefixes", "add", "sys", "--text", "t", "--ttl", ttl, "--url", f"http://127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE and "--ttl" in err and "must be a number of seconds, 0 or more" in err, err

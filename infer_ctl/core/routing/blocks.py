@@ -239,14 +239,17 @@ class WorkerBlocks:
                 size += len(hashes)
                 stored_here.update(hashes)
             plan.append((kind, medium, hashes, ev))
-        if near and self._distinct_after(plan) > self.max_blocks:
+        if near and self._passes_bound(plan):
             raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
         return plan
 
-    def _distinct_after(self, plan: list[tuple[str, str, list[int], dict[str, Any]]]) -> int:
-        """The distinct blocks after the batch, at most (its removals not subtracted): what is held now
-        plus what its stores add that no medium holds. Only walked when the listed counts come near
-        max_blocks: a host backup of held pages lists them again without adding one."""
+    def _passes_bound(self, plan: list[tuple[str, str, list[int], dict[str, Any]]]) -> bool:
+        """Whether the distinct blocks pass max_blocks at some store of the batch, counted as they stand
+        there (its removals not subtracted): what is held plus what the stores so far add that no medium
+        holds. Each store, not the batch's end: a clear at its end would otherwise let the sets grow to
+        the whole batch's stores while it is applied (bounded by the message size alone). Only walked
+        when the listed counts come near max_blocks: a host backup of held pages lists them again
+        without adding one."""
         held = [s for s in (self.device, *self.other.values()) if s]
         size = len(self)
         added: set[int] = set()
@@ -256,8 +259,10 @@ class WorkerBlocks:
             elif kind == "BlockStored":
                 new = set(hashes).difference(added, *held)
                 size += len(new)
+                if size > self.max_blocks:
+                    return True
                 added |= new
-        return size
+        return False
 
     def _held_anywhere(self, block: int) -> bool:
         return block in self.device or any(block in s for s in self.other.values())
