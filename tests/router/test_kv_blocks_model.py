@@ -68,7 +68,7 @@ def _state(b: WorkerBlocks) -> tuple[dict[str, set[int]], int]:
     return {m: s for m, s in media.items() if s}, len(b)
 
 
-@settings(max_examples=400, deadline=None, derandomize=True)
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.lists(EVENT, max_size=6), max_size=12))
 # 13 distinct blocks stored, then cleared in the same batch (accepted before: the bound read the end)
 @example([[_store(list(range(9, 13)), None, "CPU_PINNED"), _store(list(range(9)), None, "CPU_PINNED"),
