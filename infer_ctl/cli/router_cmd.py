@@ -51,7 +51,7 @@ def serve(
     kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", min=0.001, max=300, help="Seconds a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default 2).")] = None,
     kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="KV blocks kept per worker stream; more make it untrusted (default 4000000).")] = None,
     kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
-    miss_placement: Annotated[str | None, typer.Option("--miss-placement", help="Where a prompt no worker holds goes: rendezvous (its home by a stable hash of its start; every process and replica agrees) or power_of_two (default: router.miss_placement, rendezvous).")] = None,
+    miss_placement: Annotated[str | None, typer.Option("--miss-placement", help="Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, power_of_two).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
     processes: Annotated[int | None, typer.Option(
         "--processes", min=1, max=64,

@@ -61,9 +61,10 @@ class RouterConfig:
     cache_threshold: float = 0.3
     balance_abs: int = 8
     balance_rel: float = 1.5
-    #: where a prompt no worker holds goes (core/routing/policy.py): rendezvous (its home by a stable
-    #: hash of its first characters, the same in every process and replica) or power_of_two
-    miss_placement: str = "rendezvous"
+    #: where a prompt no worker holds goes (core/routing/policy.py): power_of_two (the emptier, less
+    #: loaded of two random workers) or rendezvous (its home by a stable hash of its first characters,
+    #: the same in every process and replica)
+    miss_placement: str = "power_of_two"
     prefix_ttl_s: float = 1800.0
     index_max_tokens: int = 2_000_000
     block_chars: int = 64
@@ -172,7 +173,7 @@ class RouterConfig:
                              remedy="use cache_aware, round_robin, power_of_two or random")
         if self.miss_placement not in MISS_PLACEMENTS:
             raise UsageError(f"router.miss_placement must be {' or '.join(MISS_PLACEMENTS)}, got {self.miss_placement!r}",
-                             remedy="router.miss_placement (or `router serve --miss-placement`): rendezvous or power_of_two")
+                             remedy="router.miss_placement (or `router serve --miss-placement`): power_of_two or rendezvous")
 
 
     def coalesce_config(self) -> CoalesceConfig:

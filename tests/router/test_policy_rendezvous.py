@@ -29,8 +29,8 @@ from infer_ctl.router.config import RouterConfig, from_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]
-CFG = PolicyConfig()
-P2C = PolicyConfig(miss_placement="power_of_two")
+CFG = PolicyConfig(miss_placement="rendezvous")
+P2C = PolicyConfig()  # the default
 
 
 def texts(n: int, seed: int = 0) -> list[str]:
@@ -152,9 +152,10 @@ nodes:
 
 
 def test_setting_from_profile_and_validated() -> None:
-    assert RouterConfig().miss_placement == "rendezvous"
-    cfg = from_profile(parse_profile_text(BASE + "router: {miss_placement: power_of_two}\n"), env={})
-    assert cfg.miss_placement == "power_of_two"
+    assert RouterConfig().miss_placement == PolicyConfig().miss_placement == "power_of_two"
+    assert from_profile(parse_profile_text(BASE), env={}).miss_placement == "power_of_two"
+    cfg = from_profile(parse_profile_text(BASE + "router: {miss_placement: rendezvous}\n"), env={})
+    assert cfg.miss_placement == "rendezvous"
     with pytest.raises(ProfileError) as info:
         parse_profile_text(BASE + "router: {miss_placement: hashed}\n", "p.yaml")
     assert any(e.startswith("router.miss_placement:") for e in info.value.errors), info.value.errors
@@ -162,3 +163,11 @@ def test_setting_from_profile_and_validated() -> None:
     with pytest.raises(UsageError) as uinfo:
         bad.validate()
     assert "router.miss_placement" in uinfo.value.message and "'hashed'" in uinfo.value.message
+
+
+def test_serve_flag_is_validated(capsys: pytest.CaptureFixture[str]) -> None:
+    from infer_ctl.cli.main import main
+
+    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", "--miss-placement", "hashed"]) == 64
+    err = capsys.readouterr().err
+    assert "router.miss_placement" in err and "hashed" in err

@@ -19,8 +19,9 @@ from tests.router.test_router_processes import Router
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for
 
-#: `router serve` arguments of both routers (`("--miss-placement", "power_of_two")` shows the old split)
-ARGS: tuple[str, ...] = ()
+#: `router serve` arguments of both routers (`("--miss-placement", "power_of_two")`, the default, shows
+#: the split)
+ARGS: tuple[str, ...] = ("--miss-placement", "rendezvous")
 
 
 @pytest.fixture(scope="module")

@@ -4,19 +4,22 @@ Prefill: prefix-cache-aware. The prompt's blocks are matched against the index; 
 longest match wins when the match covers `cache_threshold` of the prompt and the worker is not
 overloaded (load guard: more than `balance_abs` above the least-loaded worker *and* more than
 `balance_rel` times it, as sglang-router does). Equally good holders are ordered by the prompt's
-rendezvous order (below), not at random.
+rendezvous order with `miss_placement` "rendezvous" (below), else at random.
 
-A miss (no worker holds the prompt: a new prefix, or one evicted) goes, with `miss_placement`
-"rendezvous" (the default), to the prompt's *home*: rendezvous (highest-random-weight) hashing of a
+A miss (no worker holds the prompt: a new prefix, or one evicted) falls back, with `miss_placement`
+"power_of_two" (the default), to power-of-two choices over (load, predicted cache footprint), so new
+prefixes land on the less-loaded, emptier worker: that keeps each worker's working set small under cache
+pressure; ties among holders are broken at random. With "rendezvous" it goes to the prompt's *home*: rendezvous (highest-random-weight) hashing of a
 stable key, the first `PLACEMENT_KEY_CHARS` characters of the routing text (`placement_key`:
 blake2b, the same in every router process and replica, unlike Python's per-process `hash()`), among
 the available workers whose load is within `miss_slack` requests (or `miss_slack_rel` of the least
 load, whichever is more) of the least-loaded one; a hot home spills to the next worker in the key's
 rendezvous order. So every process and replica places a burst of one new prefix on one worker instead of
 each on its own random one, and removing a worker moves only the keys it was home to. A badly imbalanced
-pool (some worker overloaded) still sends misses to the least-loaded, emptier worker ("balance").
-`miss_placement` "power_of_two" is the earlier rule: power-of-two choices over (load, predicted cache
-footprint), ties among holders broken at random.
+pool (some worker overloaded) still sends misses to the least-loaded, emptier worker ("balance"), and
+equally good holders are ordered by the key's rendezvous order. Not the default: in the simulated
+stale and steady benchmarks it gained no hit rate over power-of-two and cost TTFT (docs/benchmarks.md,
+"Rendezvous placement of new prefixes").
 
 Decode: least loaded, ties broken at random.
 """
@@ -58,9 +61,9 @@ class PolicyConfig:
     #: named prefixes: the most excess queue (in units of balance_abs) a holder may take before traffic
     #: spills to a cold worker, when queueing is still cheaper than recomputing the prefix there
     spill_queue_factor: float = 2.0
-    #: where a prompt no worker holds goes: rendezvous (its home by a stable hash, bounded load) or
-    #: power_of_two (two random workers, the less loaded and emptier)
-    miss_placement: str = "rendezvous"
+    #: where a prompt no worker holds goes: power_of_two (two random workers, the less loaded and
+    #: emptier) or rendezvous (its home by a stable hash, bounded load)
+    miss_placement: str = "power_of_two"
     #: rendezvous: a home this many requests above the least-loaded worker (or `miss_slack_rel` times
     #: its load, whichever is more) still takes the miss; above, the next worker in the key's order does
     miss_slack: int = 2
@@ -71,7 +74,7 @@ class PolicyConfig:
 #: enough that unrelated prompts rarely share it, short enough to sit inside a system prompt; a prompt
 #: shorter than this is keyed on all of it)
 PLACEMENT_KEY_CHARS = 1024
-MISS_PLACEMENTS = ("rendezvous", "power_of_two")
+MISS_PLACEMENTS = ("power_of_two", "rendezvous")
 
 
 def placement_key(text: str, chars: int = PLACEMENT_KEY_CHARS) -> bytes | None:
