@@ -26,6 +26,7 @@ from infer_ctl.core.routing.policy import (
 from infer_ctl.errors import ProfileError, UsageError
 from infer_ctl.profile import parse_profile_text
 from infer_ctl.router.config import RouterConfig, from_profile
+from tests.unit.test_profile import BASE
 
 ROOT = Path(__file__).resolve().parents[2]
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]
@@ -141,14 +142,6 @@ def test_the_key_covers_the_leading_characters_only() -> None:
     assert placement_key(base[:-1] + "q") != placement_key(base)
     assert placement_key("short") != placement_key("shorter") and placement_key("") is None
     assert placement_key("\ud800 lone surrogate") is not None  # any str: JSON may carry one
-
-
-BASE = """\
-name: t
-nodes:
-  - {name: pf-01, host: 10.0.0.1, roles: [prefill]}
-  - {name: dc-01, host: 10.0.0.2, roles: [decode]}
-"""
 
 
 def test_setting_from_profile_and_validated() -> None:
