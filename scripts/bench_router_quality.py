@@ -32,6 +32,7 @@ magnified).
 
     python scripts/bench_router_quality.py [--scenario steady,stale,two-routers,pd|all] [--requests 240]
         [--repeat 3] [--cpt 4,8] [--time-scale 1.0] [--stale replica,random] [--logs DIR] [--json]
+        [--baseline] [--baseline-args '--miss-placement power_of_two' --baseline-label p2c]
 
 docs/benchmarks.md ("Routing quality under cache pressure") records `--repeat 3 --time-scale 3` and the
 steady scenario at `--time-scale 1`, each with the inferctl router at its default process count and at
@@ -48,6 +49,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import statistics
@@ -295,6 +297,9 @@ class Config:
     processes: int | None = None
     #: also run the inferctl router with `--no-coalesce` (the before of in-flight prefix coalescing)
     baseline: bool = False
+    #: also run the inferctl router with these `router serve` arguments (`--baseline-args`), labelled
+    baseline_args: tuple[str, ...] = ()
+    baseline_label: str = "baseline"
 
 
 @contextlib.contextmanager
@@ -555,7 +560,7 @@ def summarize(name: str, res: list[dict[str, Any]], ceil: list[tuple[int, int]],
 
 
 def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd: bool = False,
-            stale: str | None = None, routers: int = 1) -> dict[str, Any]:
+            stale: str | None = None, routers: int = 1, extra: list[str] | None = None) -> dict[str, Any]:
     """One variant on a fresh fleet. `stale`: restart worker 1 a third into the run, and send half of
     every tenant's sessions past the router ("sticky"/"random": bypass as `Config.bypass`; "replica":
     through a second, independent instance of the same router)."""
@@ -572,7 +577,7 @@ def variant(cfg: Config, logs: Path, name: str, wl: Workload, router: str, *, pd
         try:
             for i in range(routers):
                 fronts.append(inferctl_router(ws, d, f"inferctl{i}", cfg.processes,
-                                              ["--no-coalesce"] if router == "inferctl-off" else None)
+                                              ["--no-coalesce"] if router == "inferctl-off" else extra)
                               if router.startswith("inferctl") else sglang_router(ws, d, f"sglang-router{i}"))
             targets = [f.url for f in fronts]  # type: ignore[attr-defined]
             prefill_like = [w for w in ws if w.role != "decode"]
@@ -614,6 +619,9 @@ def scenarios(names: list[str], cfg: Config, logs: Path, wl: Workload, cpts: lis
                     variant(cfg, logs, f"sglang-router cpt{cpt}", w, "sglang")]
             if cfg.baseline:
                 rows.append(variant(cfg, logs, f"inferctl no-coalesce cpt{cpt}", w, "inferctl-off"))
+            if cfg.baseline_args:
+                rows.append(variant(cfg, logs, f"inferctl {cfg.baseline_label} cpt{cpt}", w, "inferctl",
+                                    extra=list(cfg.baseline_args)))
             out[f"steady, collocated, {cpt} chars/token"] = rows
             if cpt == cpts[0]:
                 one_router = rows[0]
@@ -626,6 +634,10 @@ def scenarios(names: list[str], cfg: Config, logs: Path, wl: Workload, cpts: lis
             if cfg.baseline:
                 out[f"stale ({STALE[mode]})"].append(
                     variant(cfg, logs, f"inferctl no-coalesce stale-{mode}", w, "inferctl-off", stale=mode))
+            if cfg.baseline_args:
+                out[f"stale ({STALE[mode]})"].append(
+                    variant(cfg, logs, f"inferctl {cfg.baseline_label} stale-{mode}", w, "inferctl", stale=mode,
+                            extra=list(cfg.baseline_args)))
     if "two-routers" in names:
         w = replace(wl, cpt=cpts[0])
         rows = [variant(cfg, logs, "inferctl x2", w, "inferctl", routers=2)]
@@ -664,6 +676,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--baseline", action="store_true",
                     help="also run the inferctl router with --no-coalesce (steady and stale)")
+    ap.add_argument("--baseline-args", default="",
+                    help="also run the inferctl router with these extra `router serve` arguments (one string, "
+                         "e.g. '--miss-placement power_of_two'; steady and stale)")
+    ap.add_argument("--baseline-label", default="baseline", help="the --baseline-args variant's name in the tables")
     ap.add_argument("--keep-alive", action="store_true", help="reuse client connections (shows the peer's stall)")
     ap.add_argument("--logs", help="keep every process's log and per-request results here")
     ap.add_argument("--json", action="store_true")
@@ -675,7 +691,8 @@ def main() -> None:
     cfg = Config(time_scale=args.time_scale, cache_tokens=args.cache_tokens, concurrency=args.concurrency,
                  keep_alive=args.keep_alive, stale_cache_tokens=args.stale_cache_tokens,
                  stale_modes=tuple(args.stale.split(",")), processes=args.processes,
-                 baseline=args.baseline)
+                 baseline=args.baseline, baseline_args=tuple(shlex.split(args.baseline_args)),
+                 baseline_label=args.baseline_label)
     for m in cfg.stale_modes:
         if m not in STALE:
             ap.error(f"unknown --stale mode {m!r}")
@@ -707,7 +724,7 @@ def main() -> None:
                 for j, procs in enumerate(r.get("router_processes") or []):
                     print(f"{'':24}   router {j}: processes {procs['answered']} of {procs['processes']} answered; "
                           f"the leader's first_sight {procs['leader_first_sight']}")
-            for k in [0] + ([2] if len(rows) > 2 else []):
+            for k in [0, *range(2, len(rows))]:
                 q = ratios(rows, k)
                 print(f"  {rows[k]['variant']} vs {rows[1]['variant']}: {q['points']:+.1f} points, headroom closed "
                       f"{q['headroom_closed']:.2f}, mean TTFT {q['ttft_mean_x']:.2f}x, p99 {q['ttft_p99_x']:.2f}x")
@@ -716,7 +733,7 @@ def main() -> None:
         for scen in runs[0]:
             hits = [[r["hit_rate"] for r in run[scen]] for run in runs]
             print(f"{scen}: hit rates {' / '.join('/'.join(f'{h:.1%}' for h in hs) for hs in hits)}")
-            for k in [0] + ([2] if len(runs[0][scen]) > 2 else []):
+            for k in [0, *range(2, len(runs[0][scen]))]:
                 qs = [ratios(run[scen], k) for run in runs]
                 med = {x: statistics.median(q[x] for q in qs) for x in qs[0]}
                 print(f"  {runs[0][scen][k]['variant']}: median {med['points']:+.1f} points, headroom closed "

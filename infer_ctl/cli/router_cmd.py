@@ -69,6 +69,7 @@ def serve(
     kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", parser=_replay_timeout, metavar="S", help="Seconds (0.001 to 300) a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default 2).")] = None,
     kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default 4000000).")] = None,
     kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
+    miss_placement: Annotated[str | None, typer.Option("--miss-placement", help="Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, power_of_two).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
     processes: Annotated[int | None, typer.Option(
         "--processes", min=1, max=64,
@@ -84,6 +85,9 @@ def serve(
                 max_blocks=kv_max_blocks, max_batches_per_s=kv_max_batches)
     if policy:
         cfg.policy = policy
+    if miss_placement:
+        cfg.miss_placement = miss_placement
+    if policy or miss_placement:
         cfg.validate()
     cfg.log_requests = log_requests
     if coalesce is not None:

@@ -122,6 +122,10 @@ class RouterSettings(StrictModel):
     #: loaded worker and more than balance_rel times its load
     balance_abs: Annotated[int, Field(ge=0)] = 8
     balance_rel: Annotated[float, Field(ge=1)] = 1.5
+    #: where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers)
+    #: or rendezvous (its home by a stable hash of its first 1,024 characters, bounded load; every
+    #: process and replica agrees)
+    miss_placement: Literal["power_of_two", "rendezvous"] = "power_of_two"
     #: re-warm a named prefix on a replica that saw no traffic for this long
     rewarm_idle_s: Annotated[float, Field(gt=0)] = 300.0
     #: on shutdown, wait this long for in-flight requests

@@ -148,6 +148,7 @@ class Admin:
         return {
             "mode": router.mode,
             "policy": router.policy.policy,
+            "miss_placement": router.policy.miss_placement,
             "listen": router.cfg.url,
             "draining": router.draining,
             "active_requests": router.active,

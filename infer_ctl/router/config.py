@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from infer_ctl.core.routing.coalesce import CoalesceConfig
+from infer_ctl.core.routing.policy import MISS_PLACEMENTS
 from infer_ctl.core.routing.tiers import (
     BLIND,
     DEFAULT_HOST_GB_S,
@@ -60,6 +61,10 @@ class RouterConfig:
     cache_threshold: float = 0.3
     balance_abs: int = 8
     balance_rel: float = 1.5
+    #: where a prompt no worker holds goes (core/routing/policy.py): power_of_two (the emptier, less
+    #: loaded of two random workers) or rendezvous (its home by a stable hash of its first characters,
+    #: the same in every process and replica)
+    miss_placement: str = "power_of_two"
     prefix_ttl_s: float = 1800.0
     index_max_tokens: int = 2_000_000
     block_chars: int = 64
@@ -166,6 +171,9 @@ class RouterConfig:
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
             raise UsageError(f"unknown policy {self.policy!r}",
                              remedy="use cache_aware, round_robin, power_of_two or random")
+        if self.miss_placement not in MISS_PLACEMENTS:
+            raise UsageError(f"router.miss_placement must be {' or '.join(MISS_PLACEMENTS)}, got {self.miss_placement!r}",
+                             remedy="router.miss_placement (or `router serve --miss-placement`): power_of_two or rendezvous")
 
 
     def coalesce_config(self) -> CoalesceConfig:
@@ -289,7 +297,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         model_name=profile.models.target.path if profile.models else None,
         tokenizer_path=(profile.models.target.tokenizer_path or profile.models.target.path) if profile.models else None,
         max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
-        balance_rel=rs.balance_rel, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
+        balance_rel=rs.balance_rel, miss_placement=rs.miss_placement, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s,
         spec_window_requests=profile.speculative.window_requests,
         pair_min_kv_speed_gb_s=rs.pair_health.min_kv_speed_gb_s, pair_max_kv_latency_ms=rs.pair_health.max_kv_latency_ms,

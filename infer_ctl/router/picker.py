@@ -16,7 +16,13 @@ from typing import Any
 
 from infer_ctl.core.routing.coalesce import PendingBlocks
 from infer_ctl.core.routing.index import PrefixIndex
-from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig, choose_decode, choose_prefill
+from infer_ctl.core.routing.policy import (
+    NoWorkerAvailable,
+    PolicyConfig,
+    choose_decode,
+    choose_prefill,
+    placement_key,
+)
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.kv_routing import KvRouting
 from infer_ctl.router.metrics import RouterMetrics
@@ -74,13 +80,14 @@ class PairPicker:
         # Prefer workers that have not failed this request; fall back to them rather than to nothing.
         cands = [w for w in pool if w.url not in excluded] or pool
         exact = self._exact(ctx, cands, now) if prefill else None
+        key = placement_key(ctx.text) if prefill and self.policy.miss_placement == "rendezvous" else None
         for _ in range(len(cands) + 1):
             views = [w.view(now) for w in cands]
             self.seq += 1
             if prefill:
                 choice = choose_prefill(hashes=ctx.hashes, text_chars=len(ctx.text), workers=views, index=self.index,
                                         now=now, cfg=self.policy, rng=self.rng, seq=self.seq,
-                                        replicas=ctx.named.warm_replicas() if ctx.named else None,
+                                        replicas=ctx.named.warm_replicas() if ctx.named else None, key=key,
                                         **(exact[0] if exact else {}))
                 ctx.predicted_chars, ctx.reason = choice.matched_chars, choice.reason
                 if exact is not None:  # matched in prompt units: exact where the worker's stream is trusted

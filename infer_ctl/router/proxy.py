@@ -63,7 +63,8 @@ class Router:
                                  max_blocks=max(1, cfg.index_max_tokens * 4 // cfg.block_chars))
         self.prefixes = PrefixRegistry(rewarm_idle_s=cfg.rewarm_idle_s)
         self.policy = PolicyConfig(policy=cfg.policy, cache_threshold=cfg.cache_threshold,
-                                   balance_abs=cfg.balance_abs, balance_rel=cfg.balance_rel)
+                                   balance_abs=cfg.balance_abs, balance_rel=cfg.balance_rel,
+                                   miss_placement=cfg.miss_placement)
         self.upstreams = Upstreams()
         self.admission = Admission(cfg.max_concurrent, cfg.max_queue, cfg.queue_timeout_s)
         self.metrics = RouterMetrics(self)

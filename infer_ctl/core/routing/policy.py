@@ -3,15 +3,30 @@
 Prefill: prefix-cache-aware. The prompt's blocks are matched against the index; the worker holding the
 longest match wins when the match covers `cache_threshold` of the prompt and the worker is not
 overloaded (load guard: more than `balance_abs` above the least-loaded worker *and* more than
-`balance_rel` times it, as sglang-router does). Otherwise the request falls back to power-of-two
-choices over (load, predicted cache footprint), so new prefixes land on the less-loaded, emptier
-worker: that keeps each worker's working set small under cache pressure.
+`balance_rel` times it, as sglang-router does). Equally good holders are ordered by the prompt's
+rendezvous order with `miss_placement` "rendezvous" (below), else at random.
+
+A miss (no worker holds the prompt: a new prefix, or one evicted) falls back, with `miss_placement`
+"power_of_two" (the default), to power-of-two choices over (load, predicted cache footprint), so new
+prefixes land on the less-loaded, emptier worker: that keeps each worker's working set small under cache
+pressure; ties among holders are broken at random. With "rendezvous" it goes to the prompt's *home*: rendezvous (highest-random-weight) hashing of a
+stable key, the first `PLACEMENT_KEY_CHARS` characters of the routing text (`placement_key`:
+blake2b, the same in every router process and replica, unlike Python's per-process `hash()`), among
+the available workers whose load is within `miss_slack` requests (or `miss_slack_rel` of the least
+load, whichever is more) of the least-loaded one; a hot home spills to the next worker in the key's
+rendezvous order. So every process and replica places a burst of one new prefix on one worker instead of
+each on its own random one, and removing a worker moves only the keys it was home to. A badly imbalanced
+pool (some worker overloaded) still sends misses to the least-loaded, emptier worker ("balance"), and
+equally good holders are ordered by the key's rendezvous order. Not the default: in the simulated
+stale and steady benchmarks it gained no hit rate over power-of-two and cost TTFT (docs/benchmarks.md,
+"Rendezvous placement of new prefixes").
 
 Decode: least loaded, ties broken at random.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,12 +61,52 @@ class PolicyConfig:
     #: named prefixes: the most excess queue (in units of balance_abs) a holder may take before traffic
     #: spills to a cold worker, when queueing is still cheaper than recomputing the prefix there
     spill_queue_factor: float = 2.0
+    #: where a prompt no worker holds goes: power_of_two (two random workers, the less loaded and
+    #: emptier) or rendezvous (its home by a stable hash, bounded load)
+    miss_placement: str = "power_of_two"
+    #: rendezvous: a home this many requests above the least-loaded worker (or `miss_slack_rel` times
+    #: its load, whichever is more) still takes the miss; above, the next worker in the key's order does
+    miss_slack: int = 2
+    miss_slack_rel: float = 0.25
+
+
+#: characters of the routing text the placement key covers (docs/router.md "Routing policy": long
+#: enough that unrelated prompts rarely share it, short enough to sit inside a system prompt; a prompt
+#: shorter than this is keyed on all of it)
+PLACEMENT_KEY_CHARS = 1024
+MISS_PLACEMENTS = ("power_of_two", "rendezvous")
+
+
+def placement_key(text: str, chars: int = PLACEMENT_KEY_CHARS) -> bytes | None:
+    """The prompt's stable placement key: a digest of its first `chars` characters, identical in every
+    process and replica (no PYTHONHASHSEED); None for an empty prompt."""
+    if not text:
+        return None
+    return hashlib.blake2b(text[:chars].encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def rendezvous_rank(key: bytes, url: str) -> int:
+    """The worker's weight for `key` (highest first): a hash of both, so each key orders the workers
+    independently and dropping one worker moves only the keys whose first choice it was."""
+    return int.from_bytes(hashlib.blake2b(key + url.encode(), digest_size=8).digest(), "big")
+
+
+def rendezvous_order(key: bytes, urls: Sequence[str]) -> list[str]:
+    return sorted(urls, key=lambda u: rendezvous_rank(key, u), reverse=True)
+
+
+def home(cands: Sequence[WorkerView], key: bytes, cfg: PolicyConfig) -> WorkerView:
+    """The first worker in the key's rendezvous order whose load is within the slack of the least
+    loaded (bounded load: the least-loaded worker always qualifies)."""
+    min_load = min(w.load for w in cands)
+    limit = min_load + max(cfg.miss_slack, cfg.miss_slack_rel * min_load)
+    return max((w for w in cands if w.load <= limit), key=lambda w: rendezvous_rank(key, w.url))
 
 
 @dataclass(frozen=True)
 class Choice:
     url: str
-    #: why: cache_hit, named_prefix, named_prefix_holder, named_prefix_queue, balance, fallback,
+    #: why: cache_hit, named_prefix, named_prefix_holder, named_prefix_queue, balance, home, fallback,
     #: round_robin, random, power_of_two, load
     reason: str
     matched_chars: int = 0
@@ -98,6 +153,7 @@ def choose_prefill(
     prompt_units: int = 0,
     queue_cost: float | None = None,
     footprint: Mapping[str, int] | None = None,
+    key: bytes | None = None,
 ) -> Choice:
     """Pick the prefill (or collocated) worker. `replicas`: the warm replicas of a named prefix the
     request starts with; traffic is spread over them instead of hot-spotting the best match.
@@ -118,6 +174,11 @@ def choose_prefill(
         return Choice(power_of_two(cands, rng).url, "power_of_two")
 
     min_load = min(w.load for w in cands)
+    rv = key if cfg.miss_placement == "rendezvous" else None
+
+    def tie(w: WorkerView) -> float:  # among equals: the key's rendezvous order, else random
+        return -rendezvous_rank(rv, w.url) if rv is not None else rng.random()
+
     if cached is not None:
         matches = {w.url: cached.get(w.url, 0) for w in cands}
         text_chars = prompt_units
@@ -134,10 +195,10 @@ def choose_prefill(
         holders = [w for w in cands if matches[w.url] > 0 and matches[w.url] >= need
                    and not overloaded(w, min_load, cfg)]
         if holders:
-            best = min(holders, key=lambda w: (text_chars - matches[w.url] + per_request * w.load, rng.random()))
+            best = min(holders, key=lambda w: (text_chars - matches[w.url] + per_request * w.load, tie(w)))
             return Choice(best.url, "cache_hit", matches[best.url])
     else:
-        ranked = sorted(cands, key=lambda w: (-matches[w.url], w.load))
+        ranked = sorted(cands, key=lambda w: (-matches[w.url], w.load, tie(w) if rv is not None else 0))
         for w in ranked:
             m = matches[w.url]
             if m == 0 or m < need:
@@ -150,6 +211,9 @@ def choose_prefill(
         least = [w for w in cands if w.load == min_load]
         pick = min(least, key=lambda w: (size.get(w.url, 0), rng.random()))
         return Choice(pick.url, "balance", matches[pick.url])
+    if rv is not None:
+        pick = home(cands, rv, cfg)
+        return Choice(pick.url, "home", matches[pick.url])
     pick = power_of_two(cands, rng, dict(size))
     return Choice(pick.url, "fallback", matches[pick.url])
 
