@@ -131,7 +131,10 @@ def test_meta_info_reports_the_hit_of_a_request_that_waited_behind_its_prefix() 
                     return [await t1, await t2]
 
             r1, r2 = asyncio.run(both())
-            assert [r1.json()["meta_info"]["cached_tokens"], r2.json()["meta_info"]["cached_tokens"]] == [0, 900]
+            # whichever reached the worker first computed the prefix (the budget keeps the other out of its
+            # batch, however late the sleep wakes on a loaded machine); the other skipped it
+            cached = sorted(r.json()["meta_info"]["cached_tokens"] for r in (r1, r2))
+            assert cached == [0, len(PREFIX)]
             assert client.get(url + "/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 0
     finally:
         cluster.stop()
