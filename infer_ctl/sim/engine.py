@@ -170,7 +170,24 @@ class Engine:
         return req
 
     def submit_prefill(self, req: SimRequest) -> None:
-        """Queue a prompt for prefill; on a prefill worker `req.prefill_done` resolves afterwards."""
+        """Queue a prompt for prefill; on a prefill worker `req.prefill_done` resolves afterwards. The
+        prompt is matched against the radix cache when it enters a prefill batch (`_match`), not here."""
+        req.remaining_prefill = req.prompt_tokens  # nothing matched yet (what /v1/loads counts meanwhile)
+        req.prefill_done = asyncio.get_running_loop().create_future()
+        self._count_prompt(req)
+        self.prefill_queue.append(req)
+        self._wake.set()
+
+    def _match(self, req: SimRequest) -> None:
+        """Match a waiting prompt as it enters a prefill batch and lock the matched path until its prefill
+        is done. SGLang matches at batch formation, not at arrival: `Scheduler.get_new_batch_prefill`
+        calls `req.init_next_round_input(tree_cache)` (a fresh `match_prefix`) for each waiting request
+        just before `PrefillAdder.add_one_req` admits it, and stops at the batch's token budget, so a
+        request still queued when an earlier prefill of its prefix went into the tree hits it, while two
+        requests of a new prefix in one batch both compute it (fcfs does no in-batch de-duplication). The
+        host / storage part of the match (HiCache) is loaded back here too: SGLang loads host hits in
+        `add_one_req` (`init_load_back`); the storage prefetch it starts at arrival is modelled, as
+        before, by `load_back` at this point, its time charged to the request's first forward."""
         # SGLang matches at most input_len - 1 tokens (one is computed), fewer when input logprobs are
         # asked for (Req._compute_max_prefix_len), and the tree then cuts that to whole pages / bigrams
         limit = max(0, req.prompt_tokens - 1)
@@ -184,10 +201,7 @@ class Engine:
         req.remaining_prefill = req.prompt_tokens - req.cached_tokens
         self.cache.lock(match.node)
         req.lock_node = match.node
-        req.prefill_done = asyncio.get_running_loop().create_future()
-        self._count_prompt(req)
-        self.prefill_queue.append(req)
-        self._wake.set()
+        self.metrics.cached_tokens += req.cached_tokens  # once: a request is matched once, as it starts
 
     def submit_decode(self, req: SimRequest, cached_tokens: int) -> None:
         """A request whose KV arrived from a prefill worker: it joins the decode queue. A decode with its
@@ -208,13 +222,13 @@ class Engine:
             self.cache.lock(match.node)
             req.lock_node = match.node
         self._count_prompt(req)
+        self.metrics.cached_tokens += req.cached_tokens
         self.decode_waiting.append(req)
         self._wake.set()
 
     def _count_prompt(self, req: SimRequest) -> None:
         self.metrics.num_requests += 1
         self.metrics.prompt_tokens += req.prompt_tokens
-        self.metrics.cached_tokens += req.cached_tokens
 
     def abort(self, req: SimRequest) -> None:
         """The client went away: drop the request wherever it is."""
@@ -263,7 +277,9 @@ class Engine:
         batch: list[tuple[SimRequest, int]] = []
         for req in self.prefill_queue:
             if budget <= 0:
-                break
+                break  # PrefillAdder's budget is spent: the requests behind are neither matched nor admitted
+            if req.started is None:
+                self._match(req)  # a chunked request (started) keeps its match and lock
             take = min(budget, req.remaining_prefill)
             batch.append((req, take))
             budget -= take
@@ -287,6 +303,11 @@ class Engine:
                 continue  # aborted while the step ran (its client went away): abort() dropped it
             req.remaining_prefill -= take
             if req.remaining_prefill > 0:
+                if not req.skip_cache_insert and req.lock_node is not None:
+                    # SGLang's cache_unfinished_req: a chunk's KV enters the tree as soon as it is computed,
+                    # where a request matched later finds it; the request's lock moves to its end
+                    done = req.input_ids[: req.prompt_tokens - req.remaining_prefill]
+                    req.lock_node = self.cache.insert_locked(done, req.priority, req.lock_node)
                 continue
             self.prefill_queue.remove(req)
             if not req.skip_cache_insert:  # mem_cache/common.py honours skip_radix_cache_insert

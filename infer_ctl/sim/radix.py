@@ -208,6 +208,15 @@ class RadixCache:
             self.evict(self.size - self.capacity)
         return added
 
+    def insert_locked(self, tokens: Sequence[int], priority: int, locked: Node) -> Node:
+        """Insert the computed part of a request still being prefilled and move its lock from `locked` to
+        the node `tokens` end at (SGLang's `cache_unfinished_req`); returns that node."""
+        self.insert(tokens, priority)
+        node = self._match(self.keys(tokens), priority).node
+        self.lock(node)
+        self.unlock(locked)
+        return node
+
     def evict(self, num_tokens: int) -> int:
         """Evict at least `num_tokens` from unlocked leaves (fewer if the rest is locked)."""
         heap = [(self._rank(n), id(n), n) for n in self._evictable_leaves()]

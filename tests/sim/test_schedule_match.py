@@ -1,0 +1,140 @@
+"""The simulator matches a prompt against its radix cache when the prompt enters a prefill batch, as
+SGLang does (Scheduler.get_new_batch_prefill: init_next_round_input, then PrefillAdder.add_one_req),
+not when it arrives: a request queued behind the cold prefill of its prefix hits it, two requests of a
+new prefix in one batch both compute it (fcfs), a chunked prefill's computed part is in the tree for
+later requests (cache_unfinished_req), cached_tokens is what the request skipped, locks stay balanced."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+
+import httpx
+
+from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from infer_ctl.sim.engine import Engine, SimRequest
+from infer_ctl.sim.radix import Node, RadixCache
+from infer_ctl.sim.tiers import HiRadixCache, TierConfig
+from infer_ctl.sim.timing import resolve_timing
+
+PREFIX = list(range(10_000, 10_900))  # 900 tokens
+
+
+def _engine(budget: int, cache: RadixCache | None = None) -> tuple[Engine, list[int]]:
+    """A mixed worker with a prefill budget of `budget` tokens per forward; the list collects the
+    tokens each prefill forward computed."""
+    timing = dataclasses.replace(resolve_timing(speculative=False), chunked_prefill_size=budget)
+    computed: list[int] = []
+    seconds = timing.prefill_seconds
+
+    def counting(tokens: int) -> float:
+        computed.append(tokens)
+        return seconds(tokens)
+
+    object.__setattr__(timing, "prefill_seconds", counting)
+    return Engine("mixed", timing, cache or RadixCache(1_000_000), time_scale=0.001, seed=0), computed
+
+
+def _prompt(tag: int, n: int = 100) -> list[int]:
+    return PREFIX + [tag * 1000 + i for i in range(n)]
+
+
+async def _run(engine: Engine, prompts: list[list[int]], max_new: int = 2) -> list[SimRequest]:
+    engine.start()
+    try:
+        reqs = [engine.new_request(f"r{i}", p, max_new) for i, p in enumerate(prompts)]
+        for r in reqs:
+            engine.submit_prefill(r)
+        for r in reqs:
+            while await r.updates.get() is not None:
+                pass
+        return reqs
+    finally:
+        await engine.stop()
+
+
+def _locks(cache: RadixCache) -> list[int]:
+    out: list[int] = []
+    stack: list[Node] = [cache.root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if node is not cache.root:
+            out.append(node.lock_ref)
+    return out
+
+
+def test_a_request_queued_behind_the_cold_prefill_of_its_prefix_hits_it() -> None:
+    # the first prompt fills the whole budget, so the second one waits for the next batch, when the
+    # first one's prefill is in the tree; matched at arrival (before the fix) it computed all 1000 tokens
+    engine, computed = _engine(budget=1000)
+    a, b = asyncio.run(_run(engine, [_prompt(1), _prompt(2)]))
+    assert a.cached_tokens == 0
+    assert b.cached_tokens == len(PREFIX)
+    assert computed == [1000, 100]
+    assert engine.metrics.cached_tokens == len(PREFIX)
+
+
+def test_two_requests_of_a_new_prefix_in_one_batch_both_compute_it() -> None:
+    # fcfs does no in-batch de-duplication: both requests were matched before either was inserted
+    engine, computed = _engine(budget=8192)
+    a, b = asyncio.run(_run(engine, [_prompt(1), _prompt(2)]))
+    assert (a.cached_tokens, b.cached_tokens) == (0, 0)
+    assert computed == [2000]
+
+
+def test_a_later_request_matches_the_computed_chunks_of_a_chunked_prefill() -> None:
+    # 400-token chunks: after the first chunk of the first prompt (its first 400 prefix tokens) is in the
+    # tree, the second prompt, admitted in the third forward, hits what the first has computed by then
+    engine, computed = _engine(budget=400)
+    a, b = asyncio.run(_run(engine, [_prompt(1), _prompt(2)]))
+    assert a.cached_tokens == 0
+    assert computed[:3] == [400, 400, 400]
+    # forward 3 = a's last 200 + b's first 200 uncached tokens; b matched the 800 tokens a had computed
+    assert b.cached_tokens == 800
+    assert sum(computed) == 2 * 1000 - b.cached_tokens
+
+
+def test_cached_tokens_is_what_each_request_skipped_and_locks_are_balanced_after_a_burst() -> None:
+    rng = random.Random(7)
+    prefixes = [list(range(k * 5000, k * 5000 + rng.randrange(200, 1500))) for k in range(1, 6)]
+    prompts = [rng.choice(prefixes) + [rng.randrange(10**6, 2 * 10**6) for _ in range(rng.randrange(1, 300))]
+               for _ in range(120)]
+    for cache in (RadixCache(6000), HiRadixCache(6000, TierConfig(host_capacity_tokens=20_000,
+                                                                  kv_bytes_per_token=1, host_bytes_s=1e9))):
+        engine, computed = _engine(budget=1024, cache=cache)
+        reqs = asyncio.run(_run(engine, prompts, max_new=1))
+        # every prompt token was either cached (reported once, in cached_tokens) or computed
+        assert sum(computed) == sum(r.prompt_tokens - r.cached_tokens for r in reqs)
+        assert engine.metrics.cached_tokens == sum(r.cached_tokens for r in reqs) > 0
+        assert cache.locked == 0 and set(_locks(cache)) <= {0}
+        assert all(r.lock_node is None for r in reqs)
+
+
+def test_meta_info_reports_the_hit_of_a_request_that_waited_behind_its_prefix() -> None:
+    # a real worker over HTTP: the first prompt takes a whole forward (budget = its length), the second,
+    # sent while that forward runs, is matched after the first one's prefill went into the tree
+    cluster = start_cluster_in_thread([WorkerSpec("mixed", time_scale=1.0, speculative=False,
+                                                  chunked_prefill_size=1000, prefill_mfu=0.05)])
+    url = cluster.workers[0].url
+    try:
+        with httpx.Client(timeout=30) as client:
+            first = {"input_ids": _prompt(1), "sampling_params": {"max_new_tokens": 1}}
+            second = {"input_ids": _prompt(2), "sampling_params": {"max_new_tokens": 1}}
+
+            async def both() -> list[httpx.Response]:
+                async with httpx.AsyncClient(timeout=30) as ac:
+                    t1 = asyncio.create_task(ac.post(url + "/generate", json=first))
+                    await asyncio.sleep(0.1)  # the first forward is running (~0.36 s at this mfu)
+                    t2 = asyncio.create_task(ac.post(url + "/generate", json=second))
+                    return [await t1, await t2]
+
+            r1, r2 = asyncio.run(both())
+            # whichever reached the worker first computed the prefix (the budget keeps the other out of its
+            # batch, however late the sleep wakes on a loaded machine); the other skipped it
+            cached = sorted(r.json()["meta_info"]["cached_tokens"] for r in (r1, r2))
+            assert cached == [0, len(PREFIX)]
+            assert client.get(url + "/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 0
+    finally:
+        cluster.stop()
