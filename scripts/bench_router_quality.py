@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import shlex
@@ -659,6 +660,13 @@ def ratios(rows: list[dict[str, Any]], first: int = 0) -> dict[str, float]:
             "ttft_mean_x": a["ttft_mean_s"] / b["ttft_mean_s"], "ttft_p99_x": a["ttft_p99_s"] / b["ttft_p99_s"]}
 
 
+def _median(values: list[float]) -> float:
+    """The median of the runs that have a value: a headroom is undefined (nan) in a run where the peer
+    reached the ceiling, and statistics.median would sort a nan among the numbers."""
+    known = [v for v in values if not math.isnan(v)]
+    return statistics.median(known) if known else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenario", default="all", help="comma list of steady, stale, two-routers, pd; or all")
@@ -735,7 +743,7 @@ def main() -> None:
             print(f"{scen}: hit rates {' / '.join('/'.join(f'{h:.1%}' for h in hs) for hs in hits)}")
             for k in [0, *range(2, len(runs[0][scen]))]:
                 qs = [ratios(run[scen], k) for run in runs]
-                med = {x: statistics.median(q[x] for q in qs) for x in qs[0]}
+                med = {x: _median([q[x] for q in qs]) for x in qs[0]}
                 print(f"  {runs[0][scen][k]['variant']}: median {med['points']:+.1f} points, headroom closed "
                       f"{med['headroom_closed']:.2f}, mean TTFT {med['ttft_mean_x']:.2f}x, p99 {med['ttft_p99_x']:.2f}x")
     print(f"\nlogs: {logs}")
