@@ -138,3 +138,52 @@ def test_meta_info_reports_the_hit_of_a_request_that_waited_behind_its_prefix() 
             assert client.get(url + "/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 0
     finally:
         cluster.stop()
+
+
+# -- found reviewing the change (h/review3) -------------------------------------------------------------
+def test_a_chunk_insert_does_not_evict_the_chunk_it_just_inserted() -> None:
+    # SGLang's cache_unfinished_req inserts the chunk and locks its new last node before anything can be
+    # evicted (eviction runs at the next allocation): the request's own computed KV is never evictable.
+    # Inserting first and locking after let the insert's own eviction pick the fresh, low-priority leaf
+    cache = RadixCache(100, policy="priority")
+    cache.insert(list(range(1000, 1060)), priority=10)  # another, higher-priority, unlocked entry
+    prompt = list(range(80))
+    first = cache.insert_locked(prompt[:40], 0, cache.root)
+    second = cache.insert_locked(prompt[:80], 0, first)
+    assert cache.match_prefix(prompt).length == 80  # the request's two chunks are in the tree
+    depth, node = 0, second
+    while node is not cache.root:
+        assert node.parent is not None
+        depth, node = depth + len(node.key), node.parent
+    assert depth == 80  # and its lock covers both
+    assert cache.match_prefix(list(range(1000, 1060))).length == 0  # the other entry made the room
+    cache.unlock(second)
+    assert cache.locked == 0
+
+
+def test_a_chunked_prefill_under_cache_pressure_stores_each_page_once_chained_and_never_removes_it() -> None:
+    # KV events across chunks: every page of the prompt is stored exactly once (chunk ends that are not
+    # page-aligned store the whole pages only), each store chained to the page before it, and nothing of
+    # the running request is removed while the other (higher-priority) entry is evictable
+    from infer_ctl.core.kvevents.hashing import block_hashes, page_digests
+    from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
+
+    ps = 16
+    recorder = KvEventRecorder()
+    cache = RadixCache(1504, policy="priority", page_size=ps, events=recorder)
+    cache.insert(list(range(50_000, 51_000)), priority=5)
+    recorder.take()
+    engine, computed = _engine(budget=410, cache=cache)
+    prompt = list(range(1, 1201))
+    (req,) = asyncio.run(_run(engine, [prompt]))
+    assert computed == [410, 410, 380]
+    events = KvEventBuilder(ps).build(recorder.take())
+    mine = block_hashes(page_digests(prompt, ps, None))
+    stored = [e for e in events if e["type"] == "BlockStored"]
+    removed = {h for e in events if e["type"] == "BlockRemoved" for h in e["block_hashes"]}
+    assert [h for e in stored for h in e["block_hashes"]] == mine  # once each, in order
+    for e in stored:  # chained: each store's parent is the page before its first
+        i = mine.index(e["block_hashes"][0])
+        assert e["parent_block_hash"] == (mine[i - 1] if i else None)
+    assert not removed & set(mine)
+    assert cache.locked == 0 and req.cached_tokens == 0
