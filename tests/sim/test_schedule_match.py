@@ -187,3 +187,33 @@ def test_a_chunked_prefill_under_cache_pressure_stores_each_page_once_chained_an
         assert e["parent_block_hash"] == (mine[i - 1] if i else None)
     assert not removed & set(mine)
     assert cache.locked == 0 and req.cached_tokens == 0
+
+
+def test_a_prefill_step_matches_only_the_requests_its_budget_admits_however_long_the_queue() -> None:
+    # 1,000 waiting prompts of 2,000 tokens, 4,096-token forwards: each step matches (and so touches the
+    # tree for) the three requests it admits, not the queue; a step's work stays O(batch)
+    engine, computed = _engine(budget=4096)
+    calls: list[int] = []
+    match = engine.cache.match_prefix
+
+    def counting(tokens: list[int], priority: int = 0) -> object:
+        calls.append(len(tokens))
+        return match(tokens, priority)
+
+    engine.cache.match_prefix = counting  # type: ignore[method-assign,assignment]
+
+    async def first_steps() -> list[int]:
+        engine.start()
+        try:
+            reqs = [engine.new_request(f"r{i}", list(range(i * 10_000, i * 10_000 + 2000)), 1) for i in range(1000)]
+            for r in reqs:
+                engine.submit_prefill(r)
+            while len(computed) < 3:
+                await asyncio.sleep(0)
+            return [len(calls), sum(r.started is not None for r in reqs)]
+        finally:
+            await engine.stop()
+
+    matched, started = asyncio.run(first_steps())
+    assert started <= 7 and matched == started  # 3 forwards of 4,096 tokens: at most 7 prompts begun
+    assert engine.cache.locked == 0
