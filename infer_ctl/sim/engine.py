@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import random
 from collections import deque
@@ -128,6 +129,7 @@ class Engine:
         #: does once its scheduler is gone, instead of a worker that accepts requests and never answers
         self.failed: str | None = None
         self._next_free = 0.0  # wall time the simulated GPU is busy until
+        self._refresh_calls = 0  # scheduling passes that saw waiting prompts (_refresh_waiting_prefixes)
         self.last_gen_throughput = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -272,7 +274,26 @@ class Engine:
         await asyncio.sleep(delay if delay > 0 else 0)
         return self._next_free
 
+    def _refresh_waiting_prefixes(self) -> None:
+        """SGLang 0.5.23's `SchedulePolicy._touch_waiting_prefixes` (in `calc_priority`, once per
+        `get_new_batch_prefill`; SGLANG_ENABLE_WAITING_PREFIX_REFRESH, on by default): under `lru`
+        eviction, on a worker that prefills, every 32nd pass with waiting requests touches the cached
+        prefixes of the first 128 of them (`touch_prefix`, head last), so a prefix whose request waits to
+        be matched (fcfs matches it only as it enters a batch) is not the first evicted meanwhile. The
+        chunked request is not in SGLang's waiting queue: it holds its lock."""
+        if self.cache.policy != "lru" or self.role == "decode":
+            return
+        waiting = [r for r in itertools.islice(self.prefill_queue, 129) if r.started is None][:128]
+        if not waiting:
+            return
+        refresh = self._refresh_calls % 32 == 0
+        self._refresh_calls += 1
+        if refresh:
+            for req in reversed(waiting):
+                self.cache.touch_prefix(req.input_ids)
+
     async def _prefill_step(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._refresh_waiting_prefixes()
         budget = self.timing.chunked_prefill_size
         batch: list[tuple[SimRequest, int]] = []
         for req in self.prefill_queue:

@@ -135,7 +135,12 @@ class RadixCache:
         """Longest cached prefix of `tokens` (in keys); touches (and raises the priority of) the matched path."""
         return self._match(self.keys(tokens), priority)
 
-    def _match(self, tokens: Sequence[int], priority: int) -> MatchResult:
+    def touch_prefix(self, tokens: Sequence[int]) -> None:
+        """Bump the recency of `tokens`' cached path, nothing else (SGLang's `RadixCache.touch_prefix`:
+        the match walk, no priority, no hit count, no load)."""
+        self._match(self.keys(tokens), None)
+
+    def _match(self, tokens: Sequence[int], priority: int | None) -> MatchResult:
         node, pos, now = self.root, 0, next(self._clock)
         ps = self.page_size
         while pos < len(tokens):
@@ -148,7 +153,8 @@ class RadixCache:
                     break
                 child = self._split(child, n)
             child.last_access = now
-            child.priority = max(child.priority, priority)
+            if priority is not None:
+                child.priority = max(child.priority, priority)
             node, pos = child, pos + n
         return MatchResult(pos, node)
 

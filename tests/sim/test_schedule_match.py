@@ -217,3 +217,19 @@ def test_a_prefill_step_matches_only_the_requests_its_budget_admits_however_long
     matched, started = asyncio.run(first_steps())
     assert started <= 7 and matched == started  # 3 forwards of 4,096 tokens: at most 7 prompts begun
     assert engine.cache.locked == 0
+
+
+def test_under_lru_the_prefix_of_a_queued_request_is_refreshed_before_the_batch_evicts() -> None:
+    # SGLang 0.5.23's calc_priority (SchedulePolicy._touch_waiting_prefixes, SGLANG_ENABLE_WAITING_PREFIX_
+    # REFRESH on by default): every 32nd scheduling pass, under lru, the cached prefixes of the first 128
+    # waiting requests are touched, so a queued request's prefix is not the first evicted while it waits
+    # to be matched. Here the prefix P was cached before Q; the first forward's prompt (the whole budget)
+    # must evict one of them: with the refresh it is Q, and the request queued behind hits P
+    for policy, hit in (("lru", len(PREFIX)), ("priority", 0)):  # SGLang refreshes under lru only
+        cache = RadixCache(2000, policy=policy)  # type: ignore[arg-type]
+        cache.insert(PREFIX)
+        cache.insert(list(range(50_000, 51_000)))  # Q, touched after P
+        engine, computed = _engine(budget=1000, cache=cache)
+        first, waiting = asyncio.run(_run(engine, [list(range(60_000, 61_000)), _prompt(1)]))
+        assert computed[0] == 1000 and first.cached_tokens == 0
+        assert waiting.cached_tokens == hit, policy
