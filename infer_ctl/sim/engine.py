@@ -38,6 +38,8 @@ def request_seed(
 
 
 _log = logging.getLogger("infer_ctl.sim")
+#: SGLANG_CACHE_HIT_RATE_WINDOW_SECONDS (default 15): the window of the recent cache hit rate
+HIT_RATE_WINDOW_S = 15.0
 
 
 @dataclass(eq=False)
@@ -130,7 +132,36 @@ class Engine:
         self.failed: str | None = None
         self._next_free = 0.0  # wall time the simulated GPU is busy until
         self._refresh_calls = 0  # scheduling passes that saw waiting prompts (_refresh_waiting_prefixes)
+        #: SGLang's recent_cache_hit_rate (metrics_reporter.py `_CacheHitRateWindow`): hit / (hit + computed)
+        #: tokens of the prefill forwards of the last HIT_RATE_WINDOW_S model seconds, updated at each forward
+        self.recent_cache_hit_rate = 0.0
+        self._hit_window: deque[tuple[float, int, int]] = deque()
+        self._hit_sums = [0, 0]
         self.last_gen_throughput = 0.0
+
+    def waiting_uncached_tokens(self) -> int:
+        """`/v1/loads` `num_waiting_uncached_tokens` as SGLang 0.5.23 estimates it under fcfs, where the
+        waiting queue is not prefix-matched (`SchedulerLoadInquirer.get_num_waiting_uncached_tokens`):
+        a waiting prompt counts `int(seqlen x (1 - recent cache hit rate))`, the chunked one exactly what
+        it has left; a decode counts none."""
+        if self.role == "decode":
+            return 0
+        miss = 1.0 - self.recent_cache_hit_rate
+        return sum(r.remaining_prefill if r.started is not None else int(r.prompt_tokens * miss)
+                   for r in self.prefill_queue)  # fmt: skip
+
+    def _observe_hit_rate(self, at: float, hit: int, total: int) -> None:
+        """One prefill forward's hit and total tokens into the window (SGLang's `_CacheHitRateWindow.add`:
+        samples at or before `at - window` leave as a new one comes)."""
+        if total > 0:
+            self._hit_window.append((at, hit, total))
+            self._hit_sums[0] += hit
+            self._hit_sums[1] += total
+        while self._hit_window and self._hit_window[0][0] <= at - HIT_RATE_WINDOW_S:
+            _, h, t = self._hit_window.popleft()
+            self._hit_sums[0] -= h
+            self._hit_sums[1] -= t
+        self.recent_cache_hit_rate = self._hit_sums[0] / self._hit_sums[1] if self._hit_sums[1] else 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -305,11 +336,14 @@ class Engine:
             batch.append((req, take))
             budget -= take
         now = loop.time()
+        hit = 0  # the prefixes of the requests this forward admits (a chunk continuing counts none)
         for req, _ in batch:
             if req.started is None:
                 req.started = now
+                hit += req.cached_tokens
                 self.metrics.queue_time.observe(self.model_seconds(now - req.arrived))
         tokens = sum(t for _, t in batch)
+        self._observe_hit_rate(self.model_seconds(now), hit, hit + tokens)
         model_s = self.timing.prefill_seconds(tokens)
         # HiCache: the host/storage loads of the batch run next to its compute (SGLang loads layer by
         # layer ahead of the forward), so the forward takes the longer; blocking write-backs add to it

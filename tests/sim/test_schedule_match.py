@@ -233,3 +233,27 @@ def test_under_lru_the_prefix_of_a_queued_request_is_refreshed_before_the_batch_
         first, waiting = asyncio.run(_run(engine, [list(range(60_000, 61_000)), _prompt(1)]))
         assert computed[0] == 1000 and first.cached_tokens == 0
         assert waiting.cached_tokens == hit, policy
+
+
+def test_waiting_uncached_tokens_estimates_unmatched_prompts_with_the_recent_hit_rate() -> None:
+    # SGLang 0.5.23's SchedulerLoadInquirer.get_num_waiting_uncached_tokens under fcfs (the waiting queue
+    # is not prefix-matched): a waiting request counts int(seqlen x (1 - recent cache hit rate)), the
+    # hit rate of the prefill batches of the last 15 s (hit / (hit + computed)); the chunked request
+    # counts exactly what it has left. Counting the whole prompt overstated a warm worker's queue
+    engine, computed = _engine(budget=1000)
+
+    async def scenario() -> tuple[int, int]:
+        for prompt in (_prompt(1), _prompt(2)):  # 0 of 1000 cached, then 900 of 1000
+            (req,) = await _run(engine, [prompt])
+        assert engine.recent_cache_hit_rate == 900 / 2000
+        waiting = engine.new_request("w", list(range(70_000, 72_000)), 1)
+        engine.submit_prefill(waiting)  # the loop is stopped: it stays queued, unmatched
+        before = engine.waiting_uncached_tokens()
+        chunked = engine.new_request("c", list(range(80_000, 80_500)), 1)
+        chunked.started, chunked.remaining_prefill = 1.0, 123  # as a request mid-chunk
+        engine.prefill_queue.appendleft(chunked)
+        return before, engine.waiting_uncached_tokens()
+
+    before, after = asyncio.run(scenario())
+    assert before == int(2000 * (1 - 0.45))
+    assert after == before + 123
