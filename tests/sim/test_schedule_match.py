@@ -240,11 +240,11 @@ def test_waiting_uncached_tokens_estimates_unmatched_prompts_with_the_recent_hit
     # is not prefix-matched): a waiting request counts int(seqlen x (1 - recent cache hit rate)), the
     # hit rate of the prefill batches of the last 15 s (hit / (hit + computed)); the chunked request
     # counts exactly what it has left. Counting the whole prompt overstated a warm worker's queue
-    engine, computed = _engine(budget=1000)
+    engine, _ = _engine(budget=1000)
 
     async def scenario() -> tuple[int, int]:
         for prompt in (_prompt(1), _prompt(2)):  # 0 of 1000 cached, then 900 of 1000
-            (req,) = await _run(engine, [prompt])
+            await _run(engine, [prompt])
         assert engine.recent_cache_hit_rate == 900 / 2000
         waiting = engine.new_request("w", list(range(70_000, 72_000)), 1)
         engine.submit_prefill(waiting)  # the loop is stopped: it stays queued, unmatched
