@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import random
 from collections import deque
@@ -37,6 +38,8 @@ def request_seed(
 
 
 _log = logging.getLogger("infer_ctl.sim")
+#: SGLANG_CACHE_HIT_RATE_WINDOW_SECONDS (default 15): the window of the recent cache hit rate
+HIT_RATE_WINDOW_S = 15.0
 
 
 @dataclass(eq=False)
@@ -128,7 +131,37 @@ class Engine:
         #: does once its scheduler is gone, instead of a worker that accepts requests and never answers
         self.failed: str | None = None
         self._next_free = 0.0  # wall time the simulated GPU is busy until
+        self._refresh_calls = 0  # scheduling passes that saw waiting prompts (_refresh_waiting_prefixes)
+        #: SGLang's recent_cache_hit_rate (metrics_reporter.py `_CacheHitRateWindow`): hit / (hit + computed)
+        #: tokens of the prefill forwards of the last HIT_RATE_WINDOW_S model seconds, updated at each forward
+        self.recent_cache_hit_rate = 0.0
+        self._hit_window: deque[tuple[float, int, int]] = deque()
+        self._hit_sums = [0, 0]
         self.last_gen_throughput = 0.0
+
+    def waiting_uncached_tokens(self) -> int:
+        """`/v1/loads` `num_waiting_uncached_tokens` as SGLang 0.5.23 estimates it under fcfs, where the
+        waiting queue is not prefix-matched (`SchedulerLoadInquirer.get_num_waiting_uncached_tokens`):
+        a waiting prompt counts `int(seqlen x (1 - recent cache hit rate))`, the chunked one exactly what
+        it has left; a decode counts none."""
+        if self.role == "decode":
+            return 0
+        miss = 1.0 - self.recent_cache_hit_rate
+        return sum(r.remaining_prefill if r.started is not None else int(r.prompt_tokens * miss)
+                   for r in self.prefill_queue)  # fmt: skip
+
+    def _observe_hit_rate(self, at: float, hit: int, total: int) -> None:
+        """One prefill forward's hit and total tokens into the window (SGLang's `_CacheHitRateWindow.add`:
+        samples at or before `at - window` leave as a new one comes)."""
+        if total > 0:
+            self._hit_window.append((at, hit, total))
+            self._hit_sums[0] += hit
+            self._hit_sums[1] += total
+        while self._hit_window and self._hit_window[0][0] <= at - HIT_RATE_WINDOW_S:
+            _, h, t = self._hit_window.popleft()
+            self._hit_sums[0] -= h
+            self._hit_sums[1] -= t
+        self.recent_cache_hit_rate = self._hit_sums[0] / self._hit_sums[1] if self._hit_sums[1] else 0.0
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -272,7 +305,26 @@ class Engine:
         await asyncio.sleep(delay if delay > 0 else 0)
         return self._next_free
 
+    def _refresh_waiting_prefixes(self) -> None:
+        """SGLang 0.5.23's `SchedulePolicy._touch_waiting_prefixes` (in `calc_priority`, once per
+        `get_new_batch_prefill`; SGLANG_ENABLE_WAITING_PREFIX_REFRESH, on by default): under `lru`
+        eviction, on a worker that prefills, every 32nd pass with waiting requests touches the cached
+        prefixes of the first 128 of them (`touch_prefix`, head last), so a prefix whose request waits to
+        be matched (fcfs matches it only as it enters a batch) is not the first evicted meanwhile. The
+        chunked request is not in SGLang's waiting queue: it holds its lock."""
+        if self.cache.policy != "lru" or self.role == "decode":
+            return
+        waiting = [r for r in itertools.islice(self.prefill_queue, 129) if r.started is None][:128]
+        if not waiting:
+            return
+        refresh = self._refresh_calls % 32 == 0
+        self._refresh_calls += 1
+        if refresh:
+            for req in reversed(waiting):
+                self.cache.touch_prefix(req.input_ids)
+
     async def _prefill_step(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._refresh_waiting_prefixes()
         budget = self.timing.chunked_prefill_size
         batch: list[tuple[SimRequest, int]] = []
         for req in self.prefill_queue:
@@ -284,11 +336,14 @@ class Engine:
             batch.append((req, take))
             budget -= take
         now = loop.time()
+        hit = 0  # the prefixes of the requests this forward admits (a chunk continuing counts none)
         for req, _ in batch:
             if req.started is None:
                 req.started = now
+                hit += req.cached_tokens
                 self.metrics.queue_time.observe(self.model_seconds(now - req.arrived))
         tokens = sum(t for _, t in batch)
+        self._observe_hit_rate(self.model_seconds(now), hit, hit + tokens)
         model_s = self.timing.prefill_seconds(tokens)
         # HiCache: the host/storage loads of the batch run next to its compute (SGLang loads layer by
         # layer ahead of the forward), so the forward takes the longer; blocking write-backs add to it

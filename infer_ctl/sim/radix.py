@@ -135,7 +135,12 @@ class RadixCache:
         """Longest cached prefix of `tokens` (in keys); touches (and raises the priority of) the matched path."""
         return self._match(self.keys(tokens), priority)
 
-    def _match(self, tokens: Sequence[int], priority: int) -> MatchResult:
+    def touch_prefix(self, tokens: Sequence[int]) -> None:
+        """Bump the recency of `tokens`' cached path, nothing else (SGLang's `RadixCache.touch_prefix`:
+        the match walk, no priority, no hit count, no load)."""
+        self._match(self.keys(tokens), None)
+
+    def _match(self, tokens: Sequence[int], priority: int | None) -> MatchResult:
         node, pos, now = self.root, 0, next(self._clock)
         ps = self.page_size
         while pos < len(tokens):
@@ -148,7 +153,8 @@ class RadixCache:
                     break
                 child = self._split(child, n)
             child.last_access = now
-            child.priority = max(child.priority, priority)
+            if priority is not None:
+                child.priority = max(child.priority, priority)
             node, pos = child, pos + n
         return MatchResult(pos, node)
 
@@ -188,8 +194,9 @@ class RadixCache:
         return 0.0
 
     # -- insert / evict ---------------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int], priority: int = 0) -> int:
-        """Insert `tokens`; returns how many new keys were added (then evicts down to capacity)."""
+    def insert(self, tokens: Sequence[int], priority: int = 0, *, evict: bool = True) -> int:
+        """Insert `tokens`; returns how many new keys were added (then evicts down to capacity, unless
+        `evict` is False: `insert_locked` locks the new keys first)."""
         units = self.keys(tokens)
         match = self._match(units, priority)
         added = len(units) - match.length
@@ -204,17 +211,22 @@ class RadixCache:
             self.size += added
             if self.events is not None:
                 self.events.record_store(leaf)
-        if self.size > self.capacity:
+        if evict and self.size > self.capacity:
             self.evict(self.size - self.capacity)
         return added
 
     def insert_locked(self, tokens: Sequence[int], priority: int, locked: Node) -> Node:
         """Insert the computed part of a request still being prefilled and move its lock from `locked` to
-        the node `tokens` end at (SGLang's `cache_unfinished_req`); returns that node."""
-        self.insert(tokens, priority)
+        the node `tokens` end at (SGLang's `cache_unfinished_req`); returns that node. The new keys are
+        locked before the cache evicts down to capacity: SGLang locks the new last node right after the
+        insert and evicts only at a later allocation, so a request's computed chunks are never evicted
+        while it runs (evicting first let the insert's own eviction take the fresh chunk)."""
+        self.insert(tokens, priority, evict=False)
         node = self._match(self.keys(tokens), priority).node
         self.lock(node)
         self.unlock(locked)
+        if self.size > self.capacity:
+            self.evict(self.size - self.capacity)
         return node
 
     def evict(self, num_tokens: int) -> int:

@@ -34,7 +34,7 @@ def load_snapshot(state: WorkerState, include: set[str] | None = None) -> dict[s
         "dp_rank": 0,
         "num_running_reqs": len(e.running),
         "num_waiting_reqs": len(waiting),
-        "num_waiting_uncached_tokens": sum(r.remaining_prefill for r in e.prefill_queue),
+        "num_waiting_uncached_tokens": e.waiting_uncached_tokens(),
         "num_used_tokens": used,
         "num_total_tokens": t.kv_capacity_tokens,
         "max_total_num_tokens": t.kv_capacity_tokens,

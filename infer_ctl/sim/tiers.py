@@ -277,7 +277,7 @@ class HiRadixCache(RadixCache):
         return self.tiers.prefetch_timeout_base_s + self.tiers.prefetch_timeout_per_ki_token_s * tokens / 1024
 
     # -- insert and backups -----------------------------------------------------------------------
-    def insert(self, tokens: Sequence[int], priority: int = 0) -> int:
+    def insert(self, tokens: Sequence[int], priority: int = 0, *, evict: bool = True) -> int:
         """The plain cache's insert, with the prefill's KV on the device along the whole path (a prefix
         that was in host memory only was computed again, or loaded back), and write-through backups."""
         units = self.keys(tokens)
@@ -299,7 +299,7 @@ class HiRadixCache(RadixCache):
                 self.events.record_store(leaf)
             if self.tiers.write_policy == "write_through":
                 self._backup_to_host(leaf)
-        if self.size > self.capacity:
+        if evict and self.size > self.capacity:
             self.evict(self.size - self.capacity)
         return added
 

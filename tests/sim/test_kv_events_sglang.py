@@ -279,3 +279,35 @@ def test_config_offset_and_descriptor_agree_with_sglang() -> None:
     assert desc is not None
     assert (desc["endpoint_host"], desc["endpoint_port_base"]) == parse_advertisable_tcp(ours.endpoint)
     assert desc["replay_endpoint_port_base"] == (parse_advertisable_tcp(ours.replay_endpoint) or ("", 0))[1]
+
+
+def test_a_chunked_prefill_publishes_each_page_once_chained_across_its_chunks() -> None:
+    """Found reviewing batch-time matching (h/review3): a chunked prompt's chunks enter the tree as they
+    are computed, one BlockStored per chunk (its whole pages only: 15-token chunks on 2-token pages),
+    each chained to the page the previous chunk ended with, decoded by SGLang's msgspec classes."""
+    from sglang.srt.disaggregation.kv_events import BlockStored, KVEventBatch
+
+    spec = WorkerSpec("mixed", time_scale=0.01, speculative=False, page_size=2, chunked_prefill_size=15,
+                      kv_events_config=kv_config())  # fmt: skip
+    c = start_cluster_in_thread([spec])
+    cfg = json.loads(spec.kv_events_config or "")
+    sub = Subscriber(cfg["endpoint"])
+    try:
+        sub.sync(c.urls[0])
+        prompt = list(range(100, 140))  # 40 tokens: forwards of 15, 15, 10
+        r = httpx.post(c.urls[0] + "/generate", json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}},
+                       timeout=20)  # fmt: skip
+        assert r.status_code == 200
+        decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        batches = [decoder.decode(sub.frames()[2]) for _ in range(3)]
+    finally:
+        sub.close()
+        c.stop()
+    stores = [e for x in batches for e in x.events]
+    assert all(isinstance(e, BlockStored) for e in stores) and len(stores) == 3
+    assert [e.token_ids for e in stores] == [prompt[:14], prompt[14:30], prompt[30:]]
+    assert [len(e.block_hashes) for e in stores] == [7, 8, 5]
+    assert stores[0].parent_block_hash is None
+    assert [e.parent_block_hash for e in stores[1:]] == [stores[0].block_hashes[-1], stores[1].block_hashes[-1]]
+    hashes = [h for e in stores for h in e.block_hashes]
+    assert len(set(hashes)) == len(hashes) == 20
