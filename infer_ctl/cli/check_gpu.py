@@ -5,6 +5,7 @@ The checks, the fleet (paramiko) and the profile models are imported inside the 
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -25,6 +26,19 @@ from infer_ctl.cli.common import (
 from infer_ctl.cli.findings_view import AllOpt, render_problems
 
 
+def _diag_timeout(text: str) -> float:
+    """--diag-timeout in seconds, a finite number of at least 1. With `min=1` alone NaN read "should be
+    greater than or equal to 1" (it fails every comparison) and inf passed, leaving the diagnostic
+    without a bound."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 1:
+        raise typer.BadParameter(f"must be a finite number of seconds, 1 or more, got {text!r}")
+    return value
+
+
 @app.command("gpu")
 def check_gpu_cmd(
     profile: ProfileOpt = None,
@@ -35,7 +49,7 @@ def check_gpu_cmd(
     parallel: ParallelOpt = None,
     accept_new_host_keys: AcceptNewHostKeysOpt = False,
     diag: Annotated[int | None, typer.Option("--diag", min=1, max=4, help="Also run DCGM's active diagnostic `dcgmi diag -r N -j` (1 quick, 2 medium, 3 long, 4 extended; loads the GPUs: drain them first).")] = None,
-    diag_timeout: Annotated[float | None, typer.Option("--diag-timeout", min=1, help="Seconds --diag may run per node (default by level: 300/900/3600/10800).")] = None,
+    diag_timeout: Annotated[float | None, typer.Option("--diag-timeout", parser=_diag_timeout, metavar="S", help="Seconds --diag may run per node (default by level: 300/900/3600/10800).")] = None,
 ) -> None:
     """Driver, count, ECC, row remap, XIDs, temperature, throttling, PCIe, NVLink, MIG. Exit 0/1/2/3.
 
