@@ -5,7 +5,6 @@ The checks, the fleet (paramiko) and the profile models are imported inside the 
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 import typer
@@ -21,22 +20,13 @@ from infer_ctl.cli.common import (
     finish,
     get_profile,
     open_fleet,
+    seconds_parser,
     session,
 )
 from infer_ctl.cli.findings_view import AllOpt, render_problems
 
-
-def _diag_timeout(text: str) -> float:
-    """--diag-timeout in seconds, a finite number of at least 1. With `min=1` alone NaN read "should be
-    greater than or equal to 1" (it fails every comparison) and inf passed, leaving the diagnostic
-    without a bound."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 1:
-        raise typer.BadParameter(f"must be a finite number of seconds, 1 or more, got {text!r}")
-    return value
+#: --diag-timeout: NaN passed typer's min=1 check as "should be >= 1" and inf left the diagnostic unbounded
+_diag_timeout = seconds_parser(1)
 
 
 @app.command("gpu")

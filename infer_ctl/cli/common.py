@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -112,3 +113,22 @@ def status_line(sess: Session, message: str):
             yield
     else:
         yield
+
+
+def seconds_parser(lo: float, hi: float | None = None, note: str = "") -> Callable[[str], float]:
+    """A typer `parser=` for an option in seconds: a finite number from `lo` (to `hi`). typer's
+    `min=`/`max=` alone read NaN as out of some bound it does not break (NaN fails every comparison) and
+    let inf through a one-sided bound, so finite is tested first and the message names the whole range."""
+    where = f" from {lo:g} to {hi:g}" if hi is not None else f", {lo:g} or more{note}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < lo or (hi is not None and value > hi):
+            raise typer.BadParameter(f"must be a number of seconds{where}, got {text!r}")
+        return value
+
+    return parse
+

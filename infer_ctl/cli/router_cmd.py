@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, seconds_parser, session
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
@@ -24,17 +23,7 @@ UrlOpt = Annotated[str | None, typer.Option("--url", help="Router URL (default: 
 REPLAY_TIMEOUT_RANGE = (0.001, 300.0)
 
 
-def _replay_timeout(text: str) -> float:
-    """--kv-replay-timeout in seconds. A range test alone read NaN as "should be less than or equal to
-    300" (NaN fails every comparison), so finite comes first and the message says the whole range."""
-    lo, hi = REPLAY_TIMEOUT_RANGE
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not lo <= value <= hi:
-        raise typer.BadParameter(f"must be a number of seconds from {lo:g} to {hi:g}, got {text!r}")
-    return value
+_replay_timeout = seconds_parser(*REPLAY_TIMEOUT_RANGE)
 
 
 
@@ -320,17 +309,8 @@ def spec(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) 
     _done(json, "router spec", {"speculative": doc}, render)
 
 
-def _ttl(text: str) -> float:
-    """--ttl in seconds, finite and 0 or more (0: none). A plain float option took 'nan' and 'inf', and
-    encoding the request failed ("internal error: ValueError: Out of range float values are not JSON
-    compliant")."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise typer.BadParameter(f"must be a number of seconds, 0 or more (0: no TTL), got {text!r}")
-    return value
+#: --ttl: 0 is none; a plain float option took nan/inf and encoding the request failed
+_ttl = seconds_parser(0, note=" (0: no TTL)")
 
 
 @app.command("prefixes")
