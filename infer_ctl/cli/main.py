@@ -217,7 +217,7 @@ def _run(args: list[str]) -> int:
     except _USAGE as exc:
         # usage errors: unknown command, bad option value, missing argument
         exc.show()  # type: ignore[attr-defined]
-        _json_error(args, ExitCode.USAGE, str(getattr(exc, "message", exc)), "see --help")
+        _json_error(args, ExitCode.USAGE, exc.format_message(), "see --help")  # type: ignore[attr-defined]
         return ExitCode.USAGE
     except InferctlError as exc:
         if debug:

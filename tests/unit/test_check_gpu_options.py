@@ -3,6 +3,8 @@ reached (NaN read "should be greater than or equal to 1"; inf passed, leaving th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from infer_ctl.cli.main import main
@@ -13,3 +15,11 @@ def test_diag_timeout_must_be_a_finite_number_of_seconds(value: str, capsys: pyt
     assert main(["check", "gpu", "--diag", "1", "--diag-timeout", value]) == 64
     err = capsys.readouterr().err
     assert "Invalid value for '--diag-timeout': must be a number of seconds, 1 or more" in err, err
+
+
+def test_json_usage_error_names_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    # --json: stdout is one JSON document whose error names the option, as the stderr line does
+    assert main(["check", "gpu", "--json", "--diag", "1", "--diag-timeout", "nan"]) == 64
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 64 and doc["error"]["remedy"] == "see --help"
+    assert doc["error"]["message"].startswith("Invalid value for '--diag-timeout': must be a number of seconds")
