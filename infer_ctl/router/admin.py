@@ -26,8 +26,6 @@ from infer_ctl.router.warmer import PrefixWarmer
 log = logging.getLogger("infer_ctl.router")
 #: what the speculative controller reports (docs/speculative.md)
 SPEC_ACTIONS = ("alert", "advise", "relaunch", "restore", "failed")
-#: the coalescer's status fields that are per-process counts (summed over the router's processes)
-_COALESCE_COUNTERS = ("holding", "leaders_waited_for", "promoted", "rerouted")
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -167,9 +165,7 @@ class Admin:
 
     def counters(self) -> dict[str, Any]:
         """This process's request counters that /admin/status adds up over the router's processes."""
-        co = self.router.coalesce.status_doc()
-        return {"first_sight": dict(self.router.kv.first_sight),
-                "coalesce": {k: co[k] for k in _COALESCE_COUNTERS}}
+        return {"first_sight": dict(self.router.kv.first_sight), "coalesce": self.router.coalesce.counters()}
 
     def _counted(self, kv: dict[str, Any], co: dict[str, Any]) -> dict[str, Any]:
         """`kv_events` and `coalesce` of the status, with several processes (router/procs.py) their
@@ -182,7 +178,7 @@ class Admin:
         if "first_sight" in kv:
             fs = total["first_sight"]
             kv = {**kv, "first_sight": {**fs, "seconds": round(fs.get("seconds", 0.0), 3)}}
-        co = {**co, **{k: v for k, v in total.get("coalesce", {}).items() if k in _COALESCE_COUNTERS}}
+        co = {**co, **total["coalesce"]}  # add_counters keeps this process's keys: the four counts
         return {"kv_events": kv, "coalesce": co, "counters_processes": 1 + len(peers)}
 
     def _processes(self) -> dict[str, Any]:

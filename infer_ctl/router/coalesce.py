@@ -380,7 +380,12 @@ class Coalescer:
             if kv.residency(ctx.hashes, ctx.text, worker, kv.kind(ctx.endpoint, ctx.body), ctx.body) == "hbm":
                 leader.land()
 
+    def counters(self) -> dict[str, int]:
+        """The per-process counts of `status_doc` (/admin/status sums them over the router's processes,
+        each process writing its own once a second: router/metrics_merge.py)."""
+        return {"holding": self.holding, "leaders_waited_for": sum(len(v) for v in self._waited.values()),
+                "promoted": self.promoted, "rerouted": self.rerouted}
+
     def status_doc(self) -> dict[str, Any]:
         return {"enabled": self.cfg.enabled, "min_tokens": self.cfg.min_tokens, "max_wait_s": self.cfg.max_wait_s,
-                "holding": self.holding, "leaders_waited_for": sum(len(v) for v in self._waited.values()),
-                "promoted": self.promoted, "rerouted": self.rerouted, "pending_blocks": self.pending.snapshot()}
+                **self.counters(), "pending_blocks": self.pending.snapshot()}
