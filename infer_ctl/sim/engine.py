@@ -314,12 +314,12 @@ class Engine:
         chunked request is not in SGLang's waiting queue: it holds its lock."""
         if self.cache.policy != "lru" or self.role == "decode":
             return
-        waiting = [r for r in itertools.islice(self.prefill_queue, 129) if r.started is None][:128]
-        if not waiting:
-            return
+        if not any(r.started is None for r in itertools.islice(self.prefill_queue, 129)):
+            return  # a pass without waiting requests does not count
         refresh = self._refresh_calls % 32 == 0
         self._refresh_calls += 1
-        if refresh:
+        if refresh:  # the list only when it is used: one pass in 32
+            waiting = [r for r in itertools.islice(self.prefill_queue, 129) if r.started is None][:128]
             for req in reversed(waiting):
                 self.cache.touch_prefix(req.input_ids)
 

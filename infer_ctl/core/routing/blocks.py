@@ -186,10 +186,11 @@ class WorkerBlocks:
                 # a removal creates no set: only stores bring a medium in
                 target = self.device if medium == DEVICE else self.other.get(medium, set())
                 held = target.intersection(hashes)  # set operations: no Python loop per hash
-                target.difference_update(held)
-                others = self._others(target)
-                # a block leaving one medium stays held while another has it (HBM evicts a backed-up page)
-                self._distinct -= len(held.difference(*others)) if others else len(held)
+                if held:
+                    target.difference_update(held)
+                    others = self._others(target)
+                    # a block leaving one medium stays held while another has it (HBM evicts a backed-up page)
+                    self._distinct -= len(held.difference(*others)) if others else len(held)
                 eff.removed += len(held)
                 eff.unknown_removed += len(hashes) - len(held)
         return eff
