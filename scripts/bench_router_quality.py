@@ -52,7 +52,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,12 +62,13 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-from servers import foreign_listeners  # noqa: E402
+from servers import foreign_listeners, free_port  # noqa: E402
 
 from infer_ctl.bench.workloads import BenchRequest, zipf_weights  # noqa: E402
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer  # noqa: E402
@@ -179,12 +179,6 @@ def ceiling_tokens(reqs: list[BenchRequest]) -> list[tuple[int, int]]:
 
 
 # ---- processes ---------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tree_cpu_s(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -248,7 +242,7 @@ def served_by(url: str, proc: Proc, what: str) -> None:
     port (or listens beside it, SO_REUSEPORT) would be measured instead (scripts/servers.py). Raised as
     a start-up failure: `fleet` starts again on new ports."""
     assert proc.p is not None
-    other = foreign_listeners(int(url.split(":")[2].split("/")[0]), proc.p.pid)
+    other = foreign_listeners(urlsplit(url).port or 0, proc.p.pid)
     if other is not None:
         proc.stop()
         raise RuntimeError(f"{url} answers, but not only {what} (pid {proc.p.pid}) listens there: {other}")
