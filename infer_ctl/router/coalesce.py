@@ -11,8 +11,11 @@ fails hands over: when its worker failed it (a retryable failure, or the worker 
 followers are tried elsewhere (a retry each, while they have one); otherwise (its client went away, a
 4xx) the first of its followers that can still go is promoted - it is sent, and becomes the flight the
 others wait for. A waiting request keeps its admission slot, counts as in flight on the worker, and is
-cancelled like any request (client gone, request timeout). Per router process: a process only knows
-its own flights.
+cancelled like any request (client gone, request timeout). With several router processes every
+process publishes its flights on the flight board (router/shared_flights.py) and mirrors the others'
+into its overlay: a request waits for a flight of another process as for one of its own, released when
+that process publishes its landing (looked at every `POLL_S` while someone waits) or failure (tried
+elsewhere when the worker failed it, else one follower here takes over).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from infer_ctl.core.routing.coalesce import LANDED, CoalesceConfig, Flight, Pend
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.retry import AttemptFailed
+from infer_ctl.router.shared_flights import FAILED, FAILED_WORKER, POLL_S, FlightBoard, Remote
+from infer_ctl.router.shared_flights import LANDED as BOARD_LANDED
 from infer_ctl.router.workers import WorkerState
 
 R = TypeVar("R")
@@ -100,6 +105,10 @@ class Coalescer:
         #: flights that landed and are still pending, per worker (until the worker's events cover them),
         #: each with its worker's `kv.marks` when it landed or was last looked at
         self._landed: dict[str, dict[Flight, tuple[int, int]]] = {}
+        #: several router processes: the flight board (set by the server), and the task that looks at it
+        #: while a request here waits for another process's flight
+        self.board: FlightBoard | None = None
+        self._poll: asyncio.Task[None] | None = None
         self.holding = 0
         self.held = Counter("inferctl_router_coalesce_held_total",
                             "Requests held for an in-flight request computing their prefix, by how the hold "
@@ -129,7 +138,10 @@ class Coalescer:
         leader, computing = self.pending.leader(pre.url, hashes)
         flight = Flight(pre.url, hashes, ctx)
         flight.on_done = lambda state: self._flight_done(flight, state)
-        self.pending.add(flight, self.held_blocks(ctx))
+        held = self.held_blocks(ctx)
+        self.pending.add(flight, held)
+        if self.board is not None:
+            self.board.publish(flight, held)
         ctx.flight = flight
         try:
             if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg) and \
@@ -188,10 +200,13 @@ class Coalescer:
         session's next turn, sent as its previous turn ended, went to the worker that had just evicted
         it (0 cached) instead of one that held its system prompt."""
         self._leader_done(flight, state)
+        if self.board is not None:
+            self.board.state(flight, BOARD_LANDED if state == LANDED else
+                             FAILED_WORKER if isinstance(flight.cause, AttemptFailed) else FAILED)
         if not flight.added:
             return
         if state != LANDED or self.cfg.grace_s <= 0 or self._stored(flight) == "hbm":
-            self.pending.remove(flight)
+            self._drop(flight)
             return
         kv = self.kv
         marks = kv.marks(flight.worker) if kv is not None else (0, 0)
@@ -208,8 +223,14 @@ class Coalescer:
         return kv.residency(ctx.hashes, ctx.text, flight.worker, kv.kind(ctx.endpoint, ctx.body), ctx.body,
                             share=1.0)
 
-    def _unpend(self, flight: Flight) -> None:
+    def _drop(self, flight: Flight) -> None:
+        """One of this process's flights leaves the overlay (and the board)."""
         self.pending.remove(flight)
+        if self.board is not None:
+            self.board.free(flight)
+
+    def _unpend(self, flight: Flight) -> None:
+        self._drop(flight)
         landed = self._landed.get(flight.worker)
         if landed is not None:
             landed.pop(flight, None)
@@ -256,6 +277,36 @@ class Coalescer:
         self._waited.setdefault(leader.worker, {})[leader] = leader.tag
         self._queue.setdefault(leader, {})[hold] = None
         hold.leader, hold.fut = leader, fut
+        if isinstance(leader.tag, Remote) and self._poll is None:
+            self._poll = asyncio.ensure_future(self._watch())
+
+    # ---- the other router processes' flights (router/shared_flights.py) -----------------------------
+    def sync(self) -> None:
+        """The mirror of the other processes' flights brought up to date (before a routing decision)."""
+        if self.board is not None:
+            self.board.sync(self.pending, self._leader_done, self._remote_failed, CLIENT)
+
+    @staticmethod
+    def _remote_failed(flight: Flight) -> AttemptFailed:
+        return AttemptFailed("coalesce_rerouted", flight.worker, "the request computing its prefix (in another "
+                             "router process) failed on the worker")
+
+    async def _watch(self) -> None:
+        """While a request here waits for another process's flight: the board every POLL_S (that
+        process publishes the landing at the flight's first byte; KV events would say it later)."""
+        try:
+            while any(isinstance(f.tag, Remote) for f in self._futures):
+                await asyncio.sleep(POLL_S)
+                self.sync()
+        finally:
+            self._poll = None
+
+    def close(self) -> None:
+        """The router stops: the watch ends, this process's flights leave the board."""
+        if self._poll is not None:
+            self._poll.cancel()
+        if self.board is not None:
+            self.board.close()
 
     def _delist(self, hold: _Hold) -> None:
         leader, hold.leader = hold.leader, None
@@ -370,13 +421,15 @@ class Coalescer:
                             landed[f] = marks
             for flight in gone:
                 del landed[flight]
-                self.pending.remove(flight)
+                self._drop(flight)
             if not landed:
                 del self._landed[worker]
         waited = self._waited.get(worker)
         if not waited or kv is None:
             return
         for leader, ctx in list(waited.items()):
+            if not isinstance(ctx, RequestContext):
+                continue  # another process's flight: that process says when it landed (the board)
             if kv.residency(ctx.hashes, ctx.text, worker, kv.kind(ctx.endpoint, ctx.body), ctx.body) == "hbm":
                 leader.land()
 
@@ -387,5 +440,8 @@ class Coalescer:
                 "promoted": self.promoted, "rerouted": self.rerouted}
 
     def status_doc(self) -> dict[str, Any]:
+        self.sync()  # the other processes' flights as they are now, not as at this process's last decision
+        board = self.board
         return {"enabled": self.cfg.enabled, "min_tokens": self.cfg.min_tokens, "max_wait_s": self.cfg.max_wait_s,
-                **self.counters(), "pending_blocks": self.pending.snapshot()}
+                **self.counters(), "pending_blocks": self.pending.snapshot(),
+                **({"board": board.status_doc()} if board is not None else {})}

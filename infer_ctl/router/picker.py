@@ -35,6 +35,8 @@ class PairPicker:
     kv: KvRouting | None = None
     #: in-flight prompts per worker (router/coalesce.py), counted as held on exact workers; None: off
     pending: PendingBlocks | None = None
+    #: brings the overlay's flights of the other router processes up to date (router/coalesce.py `sync`)
+    sync_pending: Callable[[], None] | None = None
 
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
@@ -139,6 +141,8 @@ class PairPicker:
         rest = [u for u in urls if u not in cached]
         out: dict[str, int] = dict(cached)
         if self.pending is not None:
+            if self.sync_pending is not None:
+                self.sync_pending()
             for url in cached:
                 d = self.pending.depth(url, ctx.hashes)
                 if d:

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import pickle
+import secrets
 import shutil
 import signal
 import socket
@@ -180,9 +181,13 @@ class Supervisor:
         self.restarts = 0
         self.stopping = False
         self.port_lock = -1
+        self.hash_seed = secrets.randbelow(2**32 - 1) + 1  # 0 would turn hash randomization off
 
     def _spawn(self, role: ProcessRole) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE,
+        # one string hashing for every process (and every restart of one): the flight board compares
+        # the processes' block chains (router/shared_flights.py). Random per router, never logged
+        env = {**os.environ, "PYTHONHASHSEED": str(self.hash_seed)}
+        proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE, env=env,
                                 pass_fds=(self.port_lock,))  # the port's lock lives while any of them does
         assert proc.stdin is not None
         proc.stdin.write(pickle.dumps((self.cfg, role, self.log_level, os.getpid())))
@@ -195,6 +200,7 @@ class Supervisor:
         self.stopping = True
 
     def run(self) -> int:
+        from infer_ctl.router import shared_flights
         from infer_ctl.router.shared_load import SharedLoad
 
         cfg = self.cfg
@@ -207,7 +213,7 @@ class Supervisor:
         os.chmod(state_dir, 0o700)
         member = _join(state_dir)
         slots = len(cfg.workers) + SPARE_SLOTS
-        shared = SharedLoad.create(self.n, slots)
+        shared = SharedLoad.create(self.n, slots, extra=shared_flights.ROW_CELLS)
         Path(state_dir, "shm").write_text(shared.name)  # for sweep_stale, should every process be killed
         roles = [ProcessRole(i, self.n, state_dir, shared.name, slots) for i in range(self.n)]
         rc = 0

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from infer_ctl.errors import UsageError
+from infer_ctl.router import shared_flights
 from infer_ctl.router.admin import Admin, authorized
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.follow import Follower, ProcessRole, Publisher
@@ -176,7 +177,7 @@ class RouterServer:
     def _share(self, proc: ProcessRole) -> None:
         """Before the first request: count in-flight load in the shared block, and take the leader's
         state (the leader: its own last snapshot, after a restart)."""
-        self.shared = SharedLoad.attach(proc.shm_name, proc.processes, proc.slots)
+        self.shared = SharedLoad.attach(proc.shm_name, proc.processes, proc.slots, extra=shared_flights.ROW_CELLS)
         self.process_metrics = ProcessMetrics(self.router.metrics.render, proc.index, proc.processes,
                                               proc.metrics_file, lambda: self.router.metrics.answered,
                                               counters=self.admin.counters)
@@ -184,6 +185,12 @@ class RouterServer:
             self.admin.peer_counters = self.process_metrics.peer_counters
         self.router.workers.share(self.shared, proc.index)
         self.router.kv.processes = proc.processes
+        router = self.router
+        if router.picker.pending is not None:  # coalescing: every process's flights on the board
+            router.coalesce.board = shared_flights.FlightBoard(
+                self.shared.cells, self.shared.extra_offset, proc.processes, proc.index,
+                router.workers.url_of_slot, router.workers.slot_of)
+            router.picker.sync_pending = router.coalesce.sync
         if proc.leader:
             pub = Publisher(self.router, proc.snapshot)
             pub.adopt()
@@ -216,6 +223,7 @@ class RouterServer:
         if self.process_metrics is not None:
             await self.process_metrics.stop()
         await router.kv.stop()
+        router.coalesce.close()
         router.cancel_background()
         await self.http.close_all()
         if self._admin_pool is not None:

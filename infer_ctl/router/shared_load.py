@@ -36,38 +36,43 @@ def row_cells(slots: int) -> int:
 class SharedLoad:
     """The block, created by the supervisor (`create`) or attached to by a router process (`attach`)."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, processes: int, slots: int, owner: bool) -> None:
+    def __init__(self, shm: shared_memory.SharedMemory, processes: int, slots: int, owner: bool,
+                 extra: int = 0) -> None:
         self.shm = shm
         self.processes = processes
         self.slots = slots
         self.stride = row_cells(slots)
+        #: cells per process after the load rows (the flight board, router/shared_flights.py), from
+        #: `extra_offset` on; zeroed with the process's load row
+        self.extra = extra
+        self.extra_offset = processes * self.stride
         self.owner = owner
         buf = shm.buf
         assert buf is not None  # None only after close()
         self.cells: memoryview = buf.cast("q")
-        if len(self.cells) < processes * self.stride:
+        if len(self.cells) < processes * (self.stride + extra):
             raise ValueError(f"shared load block {shm.name} holds {len(self.cells)} cells, need "
-                             f"{processes * self.stride}")
+                             f"{processes * (self.stride + extra)}")
 
     @classmethod
-    def create(cls, processes: int, slots: int) -> SharedLoad:
-        if processes < 1 or slots < 1:
-            raise ValueError("processes and slots must be >= 1")
-        size = processes * row_cells(slots) * _CELL
+    def create(cls, processes: int, slots: int, extra: int = 0) -> SharedLoad:
+        if processes < 1 or slots < 1 or extra < 0:
+            raise ValueError("processes and slots must be >= 1, extra >= 0")
+        size = processes * (row_cells(slots) + extra) * _CELL
         shm = shared_memory.SharedMemory(create=True, size=size)
         shm.buf[:size] = bytes(size)  # type: ignore[index]  # fresh pages are zero on Linux; say so anyway
         _CREATED.add(shm.name)
-        return cls(shm, processes, slots, owner=True)
+        return cls(shm, processes, slots, owner=True, extra=extra)
 
     @classmethod
-    def attach(cls, name: str, processes: int, slots: int) -> SharedLoad:
+    def attach(cls, name: str, processes: int, slots: int, extra: int = 0) -> SharedLoad:
         shm = shared_memory.SharedMemory(name=name)
         # The supervisor owns the block. Python 3.11 registers every attach with its resource tracker,
         # which unlinks the block when this process exits (a restarted follower would take it away from
         # the others); 3.13's track=False is the same thing as this unregister.
         if shm.name not in _CREATED:
             resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        return cls(shm, processes, slots, owner=False)
+        return cls(shm, processes, slots, owner=False, extra=extra)
 
     @property
     def name(self) -> str:
@@ -81,7 +86,7 @@ class SharedLoad:
 
     def total(self, slot: int) -> int:
         """A worker's in-flight requests over every process (the column sum)."""
-        return sum(self.cells[slot::self.stride])
+        return sum(self.cells[slot:self.extra_offset:self.stride])  # the load rows only (the board follows)
 
     def row(self, process: int) -> list[int]:
         start = process * self.stride
@@ -91,6 +96,9 @@ class SharedLoad:
         """The supervisor, for a process that died (before its replacement starts)."""
         start = process * self.stride
         self.cells[start:start + self.stride] = memoryview(bytes(self.stride * _CELL)).cast("q")
+        if self.extra:
+            start = self.extra_offset + process * self.extra
+            self.cells[start:start + self.extra] = memoryview(bytes(self.extra * _CELL)).cast("q")
 
     def close(self) -> None:
         self.cells.release()

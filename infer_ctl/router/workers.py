@@ -68,7 +68,7 @@ class WorkerState:
         shared = self.shared
         if shared is None:
             return self.own_inflight
-        return sum(shared.cells[self.slot::shared.stride])
+        return sum(shared.cells[self.slot:shared.extra_offset:shared.stride])  # the load rows only
 
     @property
     def url(self) -> str:
@@ -146,6 +146,15 @@ class WorkerRegistry:
             self._place(state, self.next_slot if slot is None else slot)
         self.by_url[spec.url] = state
         return state
+
+    def url_of_slot(self, slot: int) -> str | None:
+        """The worker in shared `slot` (a flight on the board names its worker so), None when this
+        process does not know it (added at runtime and not yet learned, or removed)."""
+        return next((w.url for w in self.by_url.values() if w.slot == slot), None)
+
+    def slot_of(self, url: str) -> int | None:
+        w = self.by_url.get(url)
+        return None if w is None else w.slot
 
     def remove(self, url: str) -> WorkerState:
         state = self.by_url.pop(url)

@@ -251,6 +251,50 @@ def test_a_prompt_cached_through_one_process_is_routed_to_the_same_prefill_by_th
     c1.close()
 
 
+def test_a_burst_split_over_both_processes_computes_its_prefix_once() -> None:
+    """A new prefix computing on a prefill through one process: the same prefix through the other
+    process goes to that prefill and waits for it (the flight board, router/shared_flights.py; the
+    processes hash alike because the supervisor gives them one PYTHONHASHSEED), then hits. Before the
+    board the follower process knew nothing of the leader's prefill and placed its request by load."""
+    kw: dict[str, Any] = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.02,
+                          "bootstrap_timeout_s": 10.0, "waiting_timeout_s": 10.0}
+    cluster = start_cluster_in_thread([WorkerSpec("prefill", kv_events_config=kv_config(), **kw),
+                                       WorkerSpec("prefill", kv_events_config=kv_config(), **kw),
+                                       WorkerSpec("decode", **kw)])
+    r = Router(cluster, 2)
+
+    def prefilling() -> bool:  # the leader is on a prefill (the shared in-flight load, as the leader counts it)
+        doc = httpx.get(r.url + "/admin/workers", headers={"Connection": "close"}, timeout=5).json()
+        return any(w["inflight"] for w in doc["workers"] if w["role"] == "prefill")
+
+    try:
+        system = "A tenant's new system prompt. " + " ".join(f"rule {i}: answer politely" for i in range(300))
+        c1, c0 = conn_to(r.port, 1), conn_to(r.port, 0)
+        mark = len(r.logs())
+        leader = threading.Thread(target=generate, args=(c1, system + " first question"))
+        leader.start()
+        assert wait_for(prefilling, 10)
+        status, _ = generate(c0, system + " second question")
+        leader.join(30)
+        assert status == 200
+
+        def done() -> list[dict[str, Any]]:
+            got = [d for d in r.logs()[mark:] if d.get("msg") == "request done"]
+            return got if len(got) == 2 else []
+
+        got = wait_for(done, 10)
+        assert got, r.logs()[-10:]
+        by = {d["router_process"]: d for d in got}
+        assert set(by) == {0, 1}, got
+        assert by[0].get("coalesced") == "landed" and by[0]["prefill"] == by[1]["prefill"], got
+        assert by[0]["cached_tokens"] > 0.9 * by[1]["predicted_tokens"] + 500 or by[0]["cached_tokens"] > 1000, got
+        c0.close()
+        c1.close()
+    finally:
+        assert r.stop() == 0
+        cluster.stop()
+
+
 def test_admin_changes_are_in_force_in_both_processes_within_a_second(router: Router,
                                                                        kv_cluster: ThreadedSimCluster) -> None:
     c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)
