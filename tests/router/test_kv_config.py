@@ -181,8 +181,8 @@ def test_a_decode_with_a_radix_cache_is_subscribed_and_shown(decodes: Any, capsy
         cluster.stop()
 
 
-_FLOATS = ["prefix_ttl_s", "health_interval_s", "request_timeout_s", "cache_threshold", "balance_rel",
-           "rewarm_idle_s", "drain_timeout_s", "cb_open_s", "tiers.prefill_tokens_per_s", "tiers.host_gb_s",
+_FLOATS = ["prefix_ttl_s", "health_interval_s", "health_holddown_max_s", "request_timeout_s", "cache_threshold",
+           "balance_rel", "rewarm_idle_s", "drain_timeout_s", "cb_open_s", "tiers.prefill_tokens_per_s", "tiers.host_gb_s",
            "tiers.storage_gb_s", "coalesce.max_wait_s", "pair_health.min_kv_speed_gb_s",
            "pair_health.max_kv_latency_ms", "pair_health.probe_after_s", "tracing.sample_ratio",
            "pricing.prefill.node_hour_usd", "pricing.decode.gpu_hour_usd"]
