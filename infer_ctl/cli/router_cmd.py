@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -113,9 +114,12 @@ def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False
     w = doc["workers"]
     code = ExitCode.OK if w["available"] == w["total"] else ExitCode.WARN if w["available"] else ExitCode.FAIL
 
+    # workers answering their checks but kept out by a flap hold-down (absent from an older router)
+    held = f" ({w['held']} held down)" if w.get("held") else ""
+
     def render(c: Console) -> None:
         c.print(f"router {doc['listen']}: mode {doc['mode']}, policy {doc['policy']}, "
-                f"workers {w['available']}/{w['total']} available, {doc['active_requests']} in flight, "
+                f"workers {w['available']}/{w['total']} available{held}, {doc['active_requests']} in flight, "
                 f"index {doc['index']['blocks']} blocks, prefixes {doc['prefixes']['active']} active")
         store = doc.get("state_store")  # several replicas: where they share their state
         if store:
@@ -232,6 +236,8 @@ def _table(headers: list[str], first: list[str]) -> Table:
 
 def _worker_state(w: dict[str, Any]) -> str:
     if not w["healthy"]:
+        if w.get("held"):  # answers its checks, kept out by its flap hold-down (router/health.py)
+            return f"[red]held {math.ceil(w['holddown_left_s'])}s[/red]"
         return "[red]unhealthy[/red]"
     if w.get("draining"):
         return "[yellow]drained[/yellow]"  # out of routing (in-flight ones finish); fits 80 columns

@@ -151,7 +151,9 @@ class Admin:
             "draining": router.draining,
             "active_requests": router.active,
             "queued_requests": router.waiting,
-            "workers": {"total": len(workers), "available": sum(w.available(now) for w in workers)},
+            "workers": {"total": len(workers), "available": sum(w.available(now) for w in workers),
+                        # answering their checks, kept out by their flap hold-down (router/health.py)
+                        "held": sum(w.flap_doc(now)["held"] for w in workers)},
             "index": {"blocks": len(router.index), "block_chars": router.index.block_chars,
                       "ttl_s": router.index.ttl_s, "evicted": router.index.evicted, "expired": router.index.expired},
             "chars_per_token": round(router.chars_per_token, 3),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,9 @@ class RouterConfig:
     health_timeout_s: float = 2.0
     health_failures: int = 2
     health_successes: int = 1
+    #: flap damping (router/health.py): the longest hold-down of a worker that keeps going unhealthy
+    #: soon after it came back (0: none, every worker let back on its first passing checks)
+    health_holddown_max_s: float = 60.0
     cb_failures: int = 5
     cb_open_s: float = 10.0
     cb_successes: int = 2
@@ -166,6 +170,10 @@ class RouterConfig:
         if self.workers and self.mode == "pd" and not ({"prefill", "decode"} <= roles):
             raise UsageError("PD mode needs at least one prefill and one decode worker",
                              remedy="give --prefill URL[@BOOTSTRAP_PORT] and --decode URL")
+        if not (math.isfinite(self.health_holddown_max_s) and self.health_holddown_max_s >= 0):
+            raise UsageError(f"router.health_holddown_max_s must be a finite number of seconds, 0 or more, "
+                             f"got {self.health_holddown_max_s!r}",
+                             remedy="router.health_holddown_max_s: e.g. 60 (0 turns flap damping off)")
         self.tier_weights()
         self.coalesce_config()
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
@@ -298,7 +306,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         tokenizer_path=(profile.models.target.tokenizer_path or profile.models.target.path) if profile.models else None,
         max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
         balance_rel=rs.balance_rel, miss_placement=rs.miss_placement, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
-        cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s,
+        cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s, health_holddown_max_s=rs.health_holddown_max_s,
         spec_window_requests=profile.speculative.window_requests,
         pair_min_kv_speed_gb_s=rs.pair_health.min_kv_speed_gb_s, pair_max_kv_latency_ms=rs.pair_health.max_kv_latency_ms,
         pair_bad_samples=rs.pair_health.bad_samples, pair_max_failures=rs.pair_health.max_transfer_failures,

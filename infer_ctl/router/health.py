@@ -4,7 +4,14 @@
 `health_successes` consecutive successes mark it healthy again. A worker that goes unhealthy or
 restarts (its /server_info start time changed) loses its prefix-index entries and named-prefix
 placements: its cache is gone, and routing on it would predict hits that no longer exist
-(llm-d-router#2853). A request that hits a transport error triggers an immediate check."""
+(llm-d-router#2853). A request that hits a transport error triggers an immediate check.
+
+Flap damping (core/routing/flap.py): a worker that goes unhealthy again less than FLAP_STABLE_S after it
+was let back (a crash loop: it starts, answers /health, fails the requests sent to it, is restarted)
+is let back only after a hold-down, HOLDDOWN_BASE_S doubling with each flap in a row up to
+`health_holddown_max_s`, during which it is still probed and must answer every check. Each readmission
+of a crash-looping worker costs the requests sent to it (failed over, retried) and a rebuild of its
+exact KV index from seq 0; a first ejection has no hold-down (back as fast as without damping)."""
 
 from __future__ import annotations
 
@@ -22,6 +29,13 @@ log = logging.getLogger("infer_ctl.router.health")
 
 #: how often a worker that is down is probed between two health rounds, in seconds
 DOWN_PROBE_S = 1.0
+#: the hold-down of a worker's first flap, doubled by each further one in a row: as long as one probe
+#: period (a second flap costs about one more probe), 1, 2, 4 ... 32 s by the 6th flap, then the cap
+HOLDDOWN_BASE_S = 1.0
+#: a worker healthy this long after its readmission is stable: its flaps are forgotten, and going down
+#: later is a first ejection again. A minute covers a crash loop that serves a few requests before it
+#: fails (seconds to tens of seconds) while a worker that ran a minute is not held for an old crash
+FLAP_STABLE_S = 60.0
 
 
 def _instance(info: Any) -> tuple[str | None, bool]:
@@ -156,6 +170,9 @@ class HealthChecker:
         router = self.router
         if w.removed:
             return
+        now = router.clock()
+        if not w.healthy:
+            w.flap.checked(ok, now)
         if ok:
             w.health_failures = 0
             w.health_successes += 1
@@ -175,23 +192,32 @@ class HealthChecker:
                     w.max_total_tokens = cap
                     blocks = int(cap * router.chars_per_token / router.index.block_chars)
                     router.index.set_capacity(w.url, blocks)
-            if not w.healthy and w.health_successes >= router.cfg.health_successes:
+            if w.healthy:
+                w.flap.settle(now, FLAP_STABLE_S)
+            elif w.health_successes >= router.cfg.health_successes and w.flap.admits(now):
+                # the hold-down it served, and the passing checks in a row it was let back on
+                back = {"worker": w.url, "holddown_s": w.flap.holddown_s, "checks": w.health_successes}
                 w.healthy = True
+                w.flap.readmit(now)
                 router.kv.up(w.url)
                 w.breaker.reset()
-                log.warning("worker healthy again", extra={"worker": w.url})
+                log.warning("worker healthy again", extra=back)
         else:
             w.health_successes = 0
             w.health_failures += 1
             if w.healthy and w.health_failures >= router.cfg.health_failures:
                 w.healthy = False
-                self._forget(w, "unhealthy")
+                hold = w.flap.eject(now, base_s=HOLDDOWN_BASE_S, cap_s=router.cfg.health_holddown_max_s,
+                                    stable_s=FLAP_STABLE_S)
+                # the one line per ejection: the hold-down chosen, and the flaps in a row that chose it
+                self._forget(w, "unhealthy", holddown_s=hold, flaps=w.flap.flaps, ejections=w.flap.ejections)
                 router.kv.down(w.url)  # the exact index too: what it held is unknown now
                 # Requests still waiting on it would hang until their timeout (a hung or half-dead
                 # worker never answers): close their connections so they fail now and are retried.
                 router.upstreams.drop(w.url)
 
-    def _forget(self, w: WorkerState, why: str) -> None:
+    def _forget(self, w: WorkerState, why: str, **extra: Any) -> None:
         dropped = self.router.index.drop_worker(w.url)
         self.router.prefixes.drop_worker(w.url)
-        log.warning(f"worker {why}: dropped its prefix-index entries", extra={"worker": w.url, "entries": dropped})
+        log.warning(f"worker {why}: dropped its prefix-index entries",
+                    extra={"worker": w.url, "entries": dropped, **extra})

@@ -156,13 +156,20 @@ class _StateCollector(Collector):
                                     labels=["worker", "role"])
         cb = GaugeMetricFamily("inferctl_router_worker_cb_state",
                                "Circuit breaker: 0 closed, 1 open, 2 half-open", labels=["worker"])
+        # flap damping (router/health.py): the hold-down chosen at the last ejection (0 once let back),
+        # not what is left of it (/admin/workers `holddown_left_s`): the collector reads no clock
+        holddown = GaugeMetricFamily("inferctl_router_worker_holddown_seconds",
+                                     "Hold-down the unhealthy worker must answer its checks for before it is let "
+                                     "back (flap damping; 0: none)", labels=["worker", "role"])
+        ejections = CounterMetricFamily("inferctl_router_worker_ejections",
+                                        "Times the worker went unhealthy", labels=["worker", "role"])
         for w in router.workers.all():
             inflight.add_metric([w.url, w.role], w.load_inflight)
             healthy.add_metric([w.url, w.role], 1 if w.healthy else 0)
             cb.add_metric([w.url], w.breaker.state.gauge)
-        yield inflight
-        yield healthy
-        yield cb
+            holddown.add_metric([w.url, w.role], w.flap.holddown_s)
+            ejections.add_metric([w.url, w.role], w.flap.ejections)
+        yield from (inflight, healthy, cb, holddown, ejections)
         yield GaugeMetricFamily("inferctl_router_active_requests", "Requests being handled", value=router.active)
         yield GaugeMetricFamily("inferctl_router_index_blocks", "Entries in the prefix index", value=len(router.index))
         state = GaugeMetricFamily("inferctl_router_prefix_active", "1 if the named prefix version is active",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.routing.breaker import CircuitBreaker
+from infer_ctl.core.routing.flap import FlapDamper
 from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, WorkerSpec
@@ -24,6 +25,9 @@ class WorkerState:
     healthy: bool = True
     health_failures: int = 0
     health_successes: int = 0
+    #: flap damping (core/routing/flap.py): a worker that goes unhealthy again soon after it came back
+    #: is let back after a hold-down that doubles with each such flap (router/health.py)
+    flap: FlapDamper = field(default_factory=FlapDamper)
     #: worker-reported load (/v1/loads): waiting and running requests, KV capacity in tokens
     queued: int = 0
     running: int = 0
@@ -101,7 +105,16 @@ class WorkerState:
             "restarts": self.restarts,
             "draining": self.draining,
             "last_error": self.last_error,
+            **self.flap_doc(now),
         }
+
+    def flap_doc(self, now: float) -> dict[str, Any]:
+        """Flap damping: ejections so far, flaps in a row, the hold-down in force and what is left of it,
+        and `held` while the worker answers its checks but its hold-down keeps it out."""
+        f = self.flap
+        left = 0.0 if self.healthy else f.left_s(now)  # readmitted: its hold-down is 0 anyway
+        return {"ejections": f.ejections, "flaps": f.flaps, "holddown_s": f.holddown_s,
+                "holddown_left_s": round(left, 3), "held": left > 0 and f.answering_since is not None}
 
 
 class WorkerRegistry:

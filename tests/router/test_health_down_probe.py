@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -15,6 +14,7 @@ import httpx
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.kv_publisher import TestPublisher
+from tests.router.standin_http import StandinServer
 from tests.waiting import wait_for
 
 
@@ -129,36 +129,20 @@ class SlowInfo:
         self.release = threading.Event()
         self.release.set()
         self.asked = 0
-        outer = self
+        self.body = body
+        self.server = StandinServer(self._answer)
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                data = b"{}"
-                if self.path == "/server_info":
-                    outer.asked += 1
-                    outer.release.wait(20)
-                    data = body
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.daemon_threads = True
-        self.http.handle_error = lambda *_: None  # type: ignore[method-assign]  # the router closing connections
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+    def _answer(self, path: str) -> tuple[int, bytes]:
+        if path != "/server_info":
+            return 200, b"{}"
+        self.asked += 1
+        self.release.wait(20)
+        return 200, self.body
 
     def close(self) -> None:
         self.release.set()
-        self.http.shutdown()
-        self.http.server_close()
+        self.server.close()
 
 
 def test_a_worker_removed_while_its_check_is_in_flight_is_not_subscribed_again() -> None:

@@ -5,10 +5,8 @@ subscribed and shown in `router workers`; decodes without one are not."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from infer_ctl.router.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
 from tests.router.kv_publisher import CLEARED, TestPublisher, stored
+from tests.router.standin_http import StandinServer
 
 BASE = """\
 name: t
@@ -137,29 +136,12 @@ class _StandinDecode:
                 "kv_events": {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": pub.port, "topic": "",
                               "block_size": 1, "dp_size": 1, "replay_endpoint_port_base": pub.replay_port}}
         body = json.dumps(info).encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                data = body if self.path == "/server_info" else b"" if self.path == "/health" else None
-                self.send_response(200 if data is not None else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data or b"")))
-                self.end_headers()
-                self.wfile.write(data or b"")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.http.handle_error = lambda *_: None  # type: ignore[method-assign]  # the router closing idle connections
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        answers = {"/server_info": (200, body), "/health": (200, b"")}
+        self.server = StandinServer(lambda path: answers.get(path, (404, b"")))
+        self.url = self.server.url
 
     def close(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
+        self.server.close()
 
 
 @pytest.fixture
@@ -199,8 +181,8 @@ def test_a_decode_with_a_radix_cache_is_subscribed_and_shown(decodes: Any, capsy
         cluster.stop()
 
 
-_FLOATS = ["prefix_ttl_s", "health_interval_s", "request_timeout_s", "cache_threshold", "balance_rel",
-           "rewarm_idle_s", "drain_timeout_s", "cb_open_s", "tiers.prefill_tokens_per_s", "tiers.host_gb_s",
+_FLOATS = ["prefix_ttl_s", "health_interval_s", "health_holddown_max_s", "request_timeout_s", "cache_threshold",
+           "balance_rel", "rewarm_idle_s", "drain_timeout_s", "cb_open_s", "tiers.prefill_tokens_per_s", "tiers.host_gb_s",
            "tiers.storage_gb_s", "coalesce.max_wait_s", "pair_health.min_kv_speed_gb_s",
            "pair_health.max_kv_latency_ms", "pair_health.probe_after_s", "tracing.sample_ratio",
            "pricing.prefill.node_hour_usd", "pricing.decode.gpu_hour_usd"]
