@@ -1,9 +1,10 @@
 """`router serve --processes N`: a supervisor and N router processes on one listening address.
 
-The supervisor (the `router serve` process) decides N (`plan`), creates the shared in-flight load block
-(router/shared_load.py) and a private state directory, and starts N copies of this module
-(`python -m infer_ctl.router.procs`; the config arrives pickled on stdin, so the admin token is never on a
-command line). Each binds the same host:port with SO_REUSEPORT: the kernel spreads connections over
+The supervisor (the `router serve` process) decides N (`plan`), creates the shared in-flight block
+(router/shared_load.py: load, then the flight board of router/shared_flights.py) and a private state
+directory, and starts N copies of this module (`python -m infer_ctl.router.procs`; the config arrives
+pickled on stdin, so the admin token is never on a command line), all with one random PYTHONHASHSEED
+so that their block chains (Python's string hash) agree on the board. Each binds the same host:port with SO_REUSEPORT: the kernel spreads connections over
 them by a hash of the 4-tuple. Process 0 leads (router/follow.py); the followers start once the
 leader wrote its first snapshot. A process that exits unexpectedly (a follower killed with -9, the
 leader too) has its row of the load block zeroed and is started again; its clients' connections died
