@@ -16,15 +16,7 @@ import subprocess
 import sys
 import time
 
-import httpx
-from servers import free_port, wait_ready
-
-
-def health(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+from servers import free_port, get_ok, wait_ready
 
 
 def session_cpu_s(sid: int) -> float:
@@ -69,7 +61,7 @@ def main() -> int:
         # each server answering is the one started (scripts/servers.py): a foreign one on its port, or
         # a router that could not bind, would be measured as an idle router
         for url, proc in [*zip(urls, workers, strict=True), (f"http://127.0.0.1:{rport}", router)]:
-            wait_ready(url, proc, lambda url=url: health(url), timeout=60)
+            wait_ready(url, proc, lambda url=url: get_ok(url + "/health"), timeout=60)
         time.sleep(8)  # first health checks and subscriptions
         c0, t0 = session_cpu_s(router.pid), time.monotonic()
         time.sleep(args.seconds)

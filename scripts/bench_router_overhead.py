@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from servers import free_port, stop_all, wait_ready
+from servers import free_port, get_ok, stop_all, wait_ready
 
 BODY = {"text": "Say hi.", "sampling_params": {"max_new_tokens": 1}}
 
@@ -132,11 +132,12 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0, po
     server that took the port, or one beside it, fails the benchmark instead of being measured)."""
 
     def answers() -> bool:
+        if not post:
+            return get_ok(url)
         try:
-            r = httpx.post(url, json=BODY, timeout=2) if post else httpx.get(url, timeout=2)
+            return httpx.post(url, json=BODY, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
-        return r.status_code == 200
 
     wait_ready(url, proc, answers, timeout=timeout)
 

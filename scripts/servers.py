@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -110,6 +111,16 @@ def foreign_listeners(port: int, pid: int | None) -> str | None:
     if unseen:
         foreign.append(f"{len(unseen)} socket(s) of a process this user cannot see")
     return "; ".join(foreign) or None
+
+
+def get_ok(url: str, timeout: float = 2.0) -> bool:
+    """Whether a GET of `url` answers 200 (no proxy from the environment: the servers are on loopback)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):  # URLError and HTTPError are OSErrors
+        return False
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], answers: Callable[[], bool], what: str = "",

@@ -61,6 +61,7 @@ def serve(
     kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
     miss_placement: Annotated[str | None, typer.Option("--miss-placement", help="Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, power_of_two).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
+    share_flights: Annotated[bool, typer.Option("--share-flights/--no-share-flights", help="With several router processes, coalesce across them: each process's in-flight prompts are seen by the others (the flight board; default on).")] = True,
     processes: Annotated[int | None, typer.Option(
         "--processes", min=1, max=64,
         help="Router processes on the one address (SO_REUSEPORT); default: the cores, at most 8. One without "
@@ -82,6 +83,7 @@ def serve(
     cfg.log_requests = log_requests
     if coalesce is not None:
         cfg.coalesce = coalesce
+    cfg.coalesce_processes = share_flights
     raise typer.Exit(serve_processes(cfg, processes, log_level))
 
 

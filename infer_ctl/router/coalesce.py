@@ -21,14 +21,20 @@ elsewhere when the worker failed it, else one follower here takes over).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from infer_ctl.core.routing.coalesce import LANDED, CoalesceConfig, Flight, PendingBlocks, should_hold
+from infer_ctl.core.routing.coalesce import (
+    LANDED,
+    CoalesceConfig,
+    Flight,
+    PendingBlocks,
+    hold_blocks,
+    should_hold,
+)
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.retry import AttemptFailed
@@ -373,7 +379,7 @@ class Coalescer:
         # the promoted one takes the failed leader's blocks in its chain, the others what is left in theirs
         self.pending.hand_over(leader, [h.flight for h in order])
         cpt = self.chars_per_token()
-        enough = math.ceil(self.cfg.min_tokens * max(cpt, 0.1) / self.block_chars) + 1  # should_hold's count
+        enough = hold_blocks(self.block_chars, cpt, self.cfg)
         for hold in order:
             nxt, computing = self.pending.leader(hold.flight.worker, hold.flight.hashes, exclude=hold.flight,
                                                  limit=enough)

@@ -186,7 +186,7 @@ class RouterServer:
         self.router.workers.share(self.shared, proc.index)
         self.router.kv.processes = proc.processes
         router = self.router
-        if router.picker.pending is not None:  # coalescing: every process's flights on the board
+        if router.picker.pending is not None and self.cfg.coalesce_processes:  # every process's flights on the board
             router.coalesce.board = shared_flights.FlightBoard(
                 self.shared.cells, self.shared.extra_offset, proc.processes, proc.index,
                 router.workers.url_of_slot, router.workers.slot_of)

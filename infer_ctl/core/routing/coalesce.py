@@ -24,6 +24,7 @@ Pure: no clock, no I/O, no asyncio; the router (router/coalesce.py) waits and ti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -231,3 +232,9 @@ def should_hold(leader: Flight | None, computing_blocks: int, block_chars: int, 
     if not cfg.enabled or leader is None or not leader.computing:
         return False
     return computing_blocks * block_chars / max(chars_per_token, 0.1) >= cfg.min_tokens
+
+
+def hold_blocks(block_chars: int, chars_per_token: float, cfg: CoalesceConfig) -> int:
+    """A count of computing blocks past which `should_hold` says yes whatever the rest (a `limit` for
+    `PendingBlocks.leader`: counting further changes nothing)."""
+    return math.ceil(cfg.min_tokens * max(chars_per_token, 0.1) / block_chars) + 1
