@@ -60,6 +60,7 @@ def serve(
     kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default 4000000).")] = None,
     kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
     miss_placement: Annotated[str | None, typer.Option("--miss-placement", help="Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, power_of_two).")] = None,
+    balance_abs: Annotated[int | None, typer.Option("--balance-abs", min=0, help="Load guard: a worker with more than N in-flight requests above the least-loaded one (and balance_rel times it) takes no cache hits; misses go to the least loaded (default: router.balance_abs, 8).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
     share_flights: Annotated[bool, typer.Option("--share-flights/--no-share-flights", help="With several router processes, coalesce across them: each process's in-flight prompts are seen by the others (the flight board; default on).")] = True,
     processes: Annotated[int | None, typer.Option(
@@ -78,6 +79,8 @@ def serve(
         cfg.policy = policy
     if miss_placement:
         cfg.miss_placement = miss_placement
+    if balance_abs is not None:
+        cfg.balance_abs = balance_abs
     if policy or miss_placement:
         cfg.validate()
     cfg.log_requests = log_requests

@@ -211,3 +211,20 @@ def test_prefixes_add_ttl_is_a_finite_number(ttl: str, capsys: pytest.CaptureFix
     code = main(["router", "prefixes", "add", "sys", "--text", "t", "--ttl", ttl, "--url", f"http://127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
     assert code == ExitCode.USAGE and "--ttl" in err and "must be a number of seconds, 0 or more" in err, err
+
+
+def test_serve_flags_for_the_load_guard_and_the_board_reach_the_config(monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`--balance-abs N` sets the load guard and `--no-share-flights` turns the flight board off (what
+    the benchmarks' A/B runs pass); a negative guard is a usage error naming the flag."""
+    from infer_ctl.router import procs
+
+    seen: list[object] = []
+    monkeypatch.setattr(procs, "serve", lambda cfg, n, level: seen.append(cfg) or 0)
+    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", "--balance-abs", "64", "--no-share-flights"]) == 0
+    cfg = seen[-1]
+    assert cfg.balance_abs == 64 and cfg.coalesce_processes is False  # type: ignore[attr-defined]
+    assert main(["router", "serve", "--worker", "http://127.0.0.1:9"]) == 0
+    assert seen[-1].balance_abs == 8 and seen[-1].coalesce_processes is True  # type: ignore[attr-defined]
+    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", "--balance-abs", "-1"]) == 64
+    assert "--balance-abs" in capsys.readouterr().err
