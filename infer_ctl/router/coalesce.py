@@ -21,8 +21,10 @@ elsewhere when the worker failed it, else one follower here takes over).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -42,6 +44,8 @@ from infer_ctl.router.shared_flights import FAILED, FAILED_WORKER, POLL_S, Fligh
 from infer_ctl.router.shared_flights import LANDED as BOARD_LANDED
 from infer_ctl.router.workers import WorkerState
 
+log = logging.getLogger("infer_ctl.router")
+
 R = TypeVar("R")
 Attempt = Callable[[RequestContext, WorkerState, WorkerState | None], Awaitable[R]]
 
@@ -56,6 +60,10 @@ MAX_PENDING_CHARS = 512 * 1024
 #: closely: at most this many new tokens. A longer answer would hold the followers through the
 #: leader's decode (up to max_wait_s) for a prefix that landed long before
 LATE_LANDING_TOKENS = 16
+#: published unary flights per KV batch whose landing `kv_batch` looks for (a residency lookup each,
+#: several microseconds): a process's unary requests in flight on one worker can be many, and each
+#: batch would look at every one; the oldest are the next to finish their prefill
+KV_LANDING_CHECKS = 16
 #: why a flight failed (Flight.cause), besides the AttemptFailed of a failure the worker caused
 CLIENT, ANSWER, ERROR = "client", "answer", "error"
 
@@ -102,6 +110,10 @@ class Coalescer:
         self.max_retries = max_retries
         #: leaders someone waits for, per worker, with their request (the KV-events landing check)
         self._waited: dict[str, dict[Flight, Any]] = {}
+        #: published unary flights on exact workers, per worker, whose landing their worker's KV events
+        #: may say before their answer: landed by `kv_batch` whether or not anyone here waits (another
+        #: process's requests may, and only this process publishes the landing)
+        self._kv_landing: dict[str, dict[Flight, RequestContext]] = {}
         self._futures: dict[Flight, asyncio.Future[str]] = {}
         #: each waited-for leader's held requests, first held first (an ordered set)
         self._queue: dict[Flight, dict[_Hold, None]] = {}
@@ -141,13 +153,21 @@ class Coalescer:
         if not ctx.hashes:
             return await attempt(ctx, pre, dec)
         hashes = ctx.hashes[: self.max_blocks]
+        board = self.board
+        if board is not None:  # the picker syncs only on its exact path: the hold decides on the board as it is
+            self.sync((pre.url,), hashes)
         leader, computing = self.pending.leader(pre.url, hashes)
         flight = Flight(pre.url, hashes, ctx)
         flight.on_done = lambda state: self._flight_done(flight, state)
         held = self.held_blocks(ctx)
-        self.pending.add(flight, held)
-        if self.board is not None:
-            self.board.publish(flight, held)
+        own = self.pending.add(flight, held)
+        if board is not None:
+            landing = self._landing(ctx, pre.url)
+            if landing == "kv":
+                self._kv_landing.setdefault(pre.url, {})[flight] = ctx
+            # published as held up to the first block it computes itself: a follower held here for a
+            # leader is never taken for the flight computing the leader's blocks in a third process
+            board.publish(flight, max(held, own), late=landing == "late")
         ctx.flight = flight
         try:
             if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg) and \
@@ -179,16 +199,27 @@ class Coalescer:
 
     def _lands_in_time(self, leader: Flight | None, worker: str) -> bool:
         """Whether the router will hear soon after the leader's prefill that its blocks landed: its
-        first streamed byte, its worker's KV events, or a whole answer of a few tokens."""
+        first streamed byte, its worker's KV events, or a whole answer of a few tokens (another
+        process's flight: as that process published it)."""
         lctx = leader.tag if leader is not None else None
-        if not isinstance(lctx, RequestContext) or lctx.stream:
+        if isinstance(lctx, Remote):
+            return not lctx.late
+        if not isinstance(lctx, RequestContext):
             return True
+        return self._landing(lctx, worker) != "late"
+
+    def _landing(self, ctx: RequestContext, worker: str) -> str:
+        """How the router hears that a flight's prompt landed on `worker`: its first byte ("soon"),
+        its worker's KV events ("kv": a unary request on a worker whose stream is exact), its whole
+        answer of a few tokens ("soon"), or only its whole answer, long after its prefill ("late")."""
+        if ctx.stream:
+            return "soon"
         kv = self.kv
         state = kv.workers.get(worker) if kv is not None and kv.view is not None else None
         if state is not None and state.exact:
-            return True
-        completion = request_estimate(lctx.endpoint, lctx.body, self.chars_per_token())[1]
-        return 0 < completion <= LATE_LANDING_TOKENS
+            return "kv"
+        completion = request_estimate(ctx.endpoint, ctx.body, self.chars_per_token())[1]
+        return "soon" if 0 < completion <= LATE_LANDING_TOKENS else "late"
 
     def _end(self, flight: Flight, cause: object) -> None:
         """The attempt ended: a flight that never landed fails (`cause`: its waiters are re-routed, or
@@ -206,6 +237,9 @@ class Coalescer:
         session's next turn, sent as its previous turn ended, went to the worker that had just evicted
         it (0 cached) instead of one that held its system prompt."""
         self._leader_done(flight, state)
+        kl = self._kv_landing.get(flight.worker)
+        if kl is not None and kl.pop(flight, None) is not None and not kl:
+            del self._kv_landing[flight.worker]
         if self.board is not None:
             self.board.state(flight, BOARD_LANDED if state == LANDED else
                              FAILED_WORKER if isinstance(flight.cause, AttemptFailed) else FAILED)
@@ -287,23 +321,42 @@ class Coalescer:
             self._poll = asyncio.ensure_future(self._watch())
 
     # ---- the other router processes' flights (router/shared_flights.py) -----------------------------
-    def sync(self) -> None:
-        """The mirror of the other processes' flights brought up to date (before a routing decision)."""
-        if self.board is not None:
-            self.board.sync(self.pending, self._leader_done, self._remote_failed, CLIENT)
+    def sync(self, workers: Sequence[str] = (), hashes: Sequence[int] = ()) -> None:
+        """The mirror of the other processes' flights brought up to date (before a routing decision),
+        and those on `workers` that a chain starting as `hashes` may share blocks with in the overlay."""
+        board = self.board
+        if board is not None:
+            board.sync(self.pending, self._leader_done, self._remote_failed, CLIENT)
+            for url in workers if hashes else ():
+                board.materialize(self.pending, url, hashes)
 
     @staticmethod
     def _remote_failed(flight: Flight) -> AttemptFailed:
         return AttemptFailed("coalesce_rerouted", flight.worker, "the request computing its prefix (in another "
                              "router process) failed on the worker")
 
+    def worker_down(self, url: str) -> None:
+        """This process took `url` out (unhealthy: router/health.py; removed: follow.py
+        `forget_worker`): requests held here for another process's flight there are tried elsewhere
+        now, as for a flight of this process, whose connection was closed (upstreams.drop)."""
+        if self.board is not None:
+            self.board.fail_worker(url, self._remote_failed)
+
     async def _watch(self) -> None:
         """While a request here waits for another process's flight: the board every POLL_S (that
-        process publishes the landing at the flight's first byte; KV events would say it later)."""
+        process publishes the landing at the flight's first byte; KV events would say it later).
+        A look that raises is logged (once) and the next one tried: a watch that ended would leave
+        every such request held until its max_wait_s."""
+        logged = False
         try:
             while any(isinstance(f.tag, Remote) for f in self._futures):
                 await asyncio.sleep(POLL_S)
-                self.sync()
+                try:
+                    self.sync()
+                except Exception:
+                    if not logged:
+                        log.exception("coalesce: reading the flight board failed")
+                        logged = True
         finally:
             self._poll = None
 
@@ -381,17 +434,22 @@ class Coalescer:
         cpt = self.chars_per_token()
         enough = hold_blocks(self.block_chars, cpt, self.cfg)
         for hold in order:
+            if self.board is not None:
+                self.board.materialize(self.pending, hold.flight.worker, hold.flight.hashes)
             nxt, computing = self.pending.leader(hold.flight.worker, hold.flight.hashes, exclude=hold.flight,
                                                  limit=enough)
             if should_hold(nxt, computing, self.block_chars, cpt, self.cfg) and \
                     self._lands_in_time(nxt, hold.flight.worker):
                 assert nxt is not None
                 self._enlist(hold, nxt)  # the promoted one too, when a flight below still computes
-            elif hold is first:
+                continue
+            if hold is first:
                 hold.verdict = "promoted"
                 self.promoted += 1
             else:
                 hold.verdict = "leader_failed"
+            if self.board is not None:  # it computes what it took over: the other processes hear it
+                self.board.claim(hold.flight, self.held_blocks(hold.ctx))
 
     def kv_batch(self, worker: str) -> None:
         """A KV event batch from `worker` was applied: the flights there that landed leave the overlay
@@ -431,9 +489,14 @@ class Coalescer:
             if not landed:
                 del self._landed[worker]
         waited = self._waited.get(worker)
-        if not waited or kv is None:
+        published = self._kv_landing.get(worker)
+        if not (waited or published) or kv is None:
             return
-        for leader, ctx in list(waited.items()):
+        both = [*waited.items()] if waited else []
+        if published:  # the oldest first, a few a batch: a worker prefills about in arrival order (fcfs)
+            both += [(f, c) for f, c in itertools.islice(published.items(), KV_LANDING_CHECKS)
+                     if not waited or f not in waited]
+        for leader, ctx in both:
             if not isinstance(ctx, RequestContext):
                 continue  # another process's flight: that process says when it landed (the board)
             if kv.residency(ctx.hashes, ctx.text, worker, kv.kind(ctx.endpoint, ctx.body), ctx.body) == "hbm":

@@ -82,6 +82,7 @@ def forget_worker(router: Router, url: str) -> None:
     router.index.drop_worker(url)
     router.prefixes.drop_worker(url)
     router.upstreams.drop(url)
+    router.coalesce.worker_down(url)
 
 
 # ---- the snapshot ---------------------------------------------------------------------------------

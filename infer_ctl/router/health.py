@@ -215,6 +215,7 @@ class HealthChecker:
                 # Requests still waiting on it would hang until their timeout (a hung or half-dead
                 # worker never answers): close their connections so they fail now and are retried.
                 router.upstreams.drop(w.url)
+                router.coalesce.worker_down(w.url)  # and those held for another process's request there
 
     def _forget(self, w: WorkerState, why: str, **extra: Any) -> None:
         dropped = self.router.index.drop_worker(w.url)

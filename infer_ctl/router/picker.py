@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from infer_ctl.core.routing.coalesce import PendingBlocks
@@ -35,8 +35,9 @@ class PairPicker:
     kv: KvRouting | None = None
     #: in-flight prompts per worker (router/coalesce.py), counted as held on exact workers; None: off
     pending: PendingBlocks | None = None
-    #: brings the overlay's flights of the other router processes up to date (router/coalesce.py `sync`)
-    sync_pending: Callable[[], None] | None = None
+    #: brings the overlay's flights of the other router processes up to date, those on the workers
+    #: given that a chain starting as the hashes given may share blocks with (router/coalesce.py `sync`)
+    sync_pending: Callable[[Sequence[str], Sequence[int]], None] | None = None
 
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
@@ -142,7 +143,7 @@ class PairPicker:
         out: dict[str, int] = dict(cached)
         if self.pending is not None:
             if self.sync_pending is not None:
-                self.sync_pending()
+                self.sync_pending(list(cached), ctx.hashes)
             for url in cached:
                 d = self.pending.depth(url, ctx.hashes)
                 if d:

@@ -150,20 +150,46 @@ class PendingBlocks:
                 break
         return top, n
 
-    def add(self, flight: Flight, held_blocks: int) -> None:
+    def add(self, flight: Flight, held_blocks: int) -> int:
         """`flight`'s chain becomes pending on its worker. Its blocks from `held_blocks` on (what the
-        worker did not hold at the decision) it computes itself unless a live flight already does."""
+        worker did not hold at the decision) it computes itself unless a live flight already does.
+        Returns the index of the first block it computes (the chain's length when none): the blocks
+        before it are the worker's or another flight's (the flight board publishes that much as held,
+        router/shared_flights.py, so that another process never takes a held follower for the
+        flight computing its leader's blocks)."""
         if flight.added:
-            return
+            return len(flight.hashes)
         entries = self._by_worker.setdefault(flight.worker, {})
-        for i, h in enumerate(flight.hashes):
-            e = entries.get(h)
+        get = entries.get
+        n = first = len(flight.hashes)
+        for i, h in enumerate(flight.hashes):  # the request path's loop: every request, every block
+            e = get(h)
             if e is None:
                 e = entries[h] = _Entry(flight if i >= held_blocks else None)
-            elif i >= held_blocks and (e.owner is None or not e.owner.computing):
+                if first == n and i >= held_blocks:
+                    first = i
+            elif i >= held_blocks and (e.owner is None or e.owner.state != COMPUTING):
                 e.owner = flight
+                if first == n:
+                    first = i
             e.refs += 1
         flight.added = True
+        return first
+
+    def claim(self, flight: Flight, held_blocks: int) -> int:
+        """`flight` (added) computes its blocks from `held_blocks` on that no live flight computes: a
+        follower promoted in another router process, which takes over its failed leader's blocks
+        there (`hand_over`) and says so on the flight board. Returns how many blocks it took."""
+        entries = self._by_worker.get(flight.worker)
+        if entries is None or not flight.added or not flight.computing:
+            return 0
+        n = 0
+        for h in flight.hashes[held_blocks:]:
+            e = entries.get(h)
+            if e is not None and e.owner is not flight and (e.owner is None or not e.owner.computing):
+                e.owner = flight
+                n += 1
+        return n
 
     def hand_over(self, failed: Flight, heirs: Sequence[Flight]) -> int:
         """`failed` (not yet removed) computed blocks its followers `heirs` (added, on its worker)
