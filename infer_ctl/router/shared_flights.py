@@ -82,14 +82,11 @@ def _checksum(hashes: Sequence[int]) -> int:
 
 @dataclass
 class Remote:
-    """The tag of a mirrored flight: where it is published, and how it ended there."""
+    """The tag of a mirrored flight: where it is published, and what its owner said of it."""
 
     process: int
     slot: int
     id: int
-    gen: int
-    #: its worker failed it (its followers are tried elsewhere) rather than its client going away
-    worker_failed: bool = False
     #: its blocks before this one are the worker's or another flight's (HELD; a promotion lowers it)
     held: int = 0
     #: its landing is heard only from its whole answer (LATE): not waited for (coalesce.py `_lands_in_time`)
@@ -154,22 +151,11 @@ class FlightBoard:
         slot = heapq.heappop(self._free)
         self._mine[flight] = slot
         hashes = flight.hashes[:BLOCKS]
-        c, base = self.cells, self._slot(self.process, slot)
-        gen = c[base + GEN] + 1
-        c[base + GEN] = gen  # odd: being written
-        c[base + ID] = self._next_id
+        if slot >= self.cells[self._row + USED]:
+            self.cells[self._row + USED] = slot + 1
+        self._write(slot, {ID: self._next_id, STATE: COMPUTING, WORKER: worker, HELD: held_blocks,
+                           LATE: int(late), N: len(hashes), SUM: _checksum(hashes)}, hashes)
         self._next_id += 1
-        c[base + STATE] = COMPUTING
-        c[base + WORKER] = worker
-        c[base + HELD] = held_blocks
-        c[base + LATE] = int(late)
-        c[base + N] = len(hashes)
-        c[base + SUM] = _checksum(hashes)
-        c[base + _SLOT_HEAD:base + _SLOT_HEAD + len(hashes)] = memoryview(array("q", hashes))
-        c[base + GEN] = gen + 1
-        if slot >= c[self._row + USED]:
-            c[self._row + USED] = slot + 1
-        c[self._row + VERSION] += 1
 
     def state(self, flight: Flight, state: int) -> None:
         """`flight` landed or failed (it stays published until `free`, or until its slot is needed)."""
@@ -182,14 +168,8 @@ class FlightBoard:
         """`flight` computes its blocks from `held_blocks` on that nobody computes (a follower promoted
         in a failed leader's place: coalesce.py `_promote`)."""
         slot = self._mine.get(flight)
-        if slot is None:
-            return
-        c, base = self.cells, self._slot(self.process, slot)
-        gen = c[base + GEN] + 1
-        c[base + GEN] = gen
-        c[base + HELD] = held_blocks
-        c[base + GEN] = gen + 1
-        c[self._row + VERSION] += 1
+        if slot is not None:
+            self._write(slot, {HELD: held_blocks})
 
     def free(self, flight: Flight) -> None:
         """`flight` left this process's overlay."""
@@ -202,12 +182,21 @@ class FlightBoard:
         self._set(slot, FREE)
 
     def _set(self, slot: int, state: int) -> None:
+        cells = {STATE: state}
+        if state == FREE:
+            cells[LAST] = self.cells[self._slot(self.process, slot) + STATE]
+        self._write(slot, cells)
+
+    def _write(self, slot: int, cells: dict[int, int], hashes: Sequence[int] = ()) -> None:
+        """Change one of this process's slots as readers expect (module docstring): GEN odd while the
+        cells (and the chain) are written, even again after, then the row's VERSION bumped."""
         c, base = self.cells, self._slot(self.process, slot)
         gen = c[base + GEN] + 1
         c[base + GEN] = gen
-        if state == FREE:
-            c[base + LAST] = c[base + STATE]
-        c[base + STATE] = state
+        for cell, value in cells.items():
+            c[base + cell] = value
+        if hashes:
+            c[base + _SLOT_HEAD:base + _SLOT_HEAD + len(hashes)] = memoryview(array("q", hashes))
         c[base + GEN] = gen + 1
         c[self._row + VERSION] += 1
 
@@ -273,16 +262,14 @@ class FlightBoard:
         fid, state = c[base + ID], c[base + STATE]
         if old is not None and tag is not None:
             same = tag.id == fid
-            if same:
-                tag.gen = gen
-                if state != FREE:  # still published: it landed or failed meanwhile, or took over
-                    if state != COMPUTING:
-                        changed += self._end(old, state, failed_cause, client_cause)
-                    elif (held := c[base + HELD]) < tag.held:  # promoted there: it computes more
-                        tag.held = held
-                        changed += pending.claim(old, held) > 0
-                    self._gens[p][slot] = gen
-                    return changed
+            if same and state != FREE:  # still published: it landed or failed meanwhile, or took over
+                if state != COMPUTING:
+                    changed += self._end(old, state, failed_cause, client_cause)
+                elif (held := c[base + HELD]) < tag.held:  # promoted there: it computes more
+                    tag.held = held
+                    changed += pending.claim(old, held) > 0
+                self._gens[p][slot] = gen
+                return changed
             # freed: how it ended (LAST); the slot holds another flight now: it ended between two
             # looks, most likely landed (its owner frees a landed flight once its worker's KV
             # events cover it; a failed one at once, but failures are rare) - its followers go;
@@ -315,7 +302,7 @@ class FlightBoard:
             return None  # changed while read
         # its first block only (what `materialize` files it under): the chain is read when a decision
         # here needs it - most mirrored flights end unread
-        flight = Flight(url, [first], Remote(p, slot, fid, gen, held=held, late=bool(late), blocks=n))
+        flight = Flight(url, [first], Remote(p, slot, fid, held=held, late=bool(late), blocks=n))
         if state == LANDED:
             flight.land()
         return flight
@@ -327,9 +314,6 @@ class FlightBoard:
         if state in (LANDED, FREE, COMPUTING):  # (freed while computing: its owner stopped) its followers go
             flight.land()
         else:
-            tag = flight.tag
-            if state == FAILED_WORKER and isinstance(tag, Remote):
-                tag.worker_failed = True
             flight.fail(failed_cause(flight) if state == FAILED_WORKER else client_cause)
         return 1
 
@@ -341,9 +325,6 @@ class FlightBoard:
         for mirror in self._mirror:
             for flight in list(mirror.values()):
                 if flight.worker == url and flight.computing:
-                    tag = flight.tag
-                    if isinstance(tag, Remote):
-                        tag.worker_failed = True
                     flight.fail(failed_cause(flight))
                     n += 1
         return n
