@@ -290,3 +290,39 @@ def test_the_cap_comes_from_the_profile_and_is_a_finite_number_of_seconds() -> N
     for bad in (float("nan"), float("inf"), -1.0):
         with pytest.raises(UsageError, match="health_holddown_max_s must be a finite number"):
             RouterConfig(health_holddown_max_s=bad).validate()
+
+
+def test_a_restart_during_the_hold_down_starts_it_over() -> None:
+    """A server crash-looping faster than the probe period fails no check while held: each probe finds a
+    new process (its /server_info start time changed). That crash is a failed hold-down, not an answer."""
+    from infer_ctl.router.config import RouterConfig, worker
+    from infer_ctl.router.health import HealthChecker
+    from infer_ctl.router.proxy import Router
+
+    now = [0.0]
+    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
+                                 health_holddown_max_s=60.0), clock=lambda: now[0])
+    w = router.workers.by_url["http://127.0.0.1:1"]
+    hc = HealthChecker(router)
+    hc.apply(w, True, "start-0", False, None)
+    w.flap.readmit(0.0)  # as though it was let back at 0: the next ejection is a flap
+    for _ in range(3):  # three flaps in a row: a 4 s hold-down
+        now[0] += 1.0
+        hc.apply(w, False, None, False, None)
+        now[0] += 1.0
+        hc.apply(w, True, "start-0", False, None)
+        while not w.healthy:
+            now[0] += 1.0
+            hc.apply(w, True, "start-0", False, None)
+    now[0] += 1.0
+    hc.apply(w, False, None, False, None)
+    assert not w.healthy and w.flap.holddown_s == 8.0
+    for i in range(1, 12):  # a new process at every probe, 11 s: never 8 s of the same one answering
+        now[0] += 1.0
+        hc.apply(w, True, f"crash-{i}", False, None)
+        assert not w.healthy, f"let back at probe {i} though it restarted at each one"
+    assert w.flap_doc(now[0])["holddown_left_s"] == 8.0
+    for _ in range(8):  # the same process answering for the whole hold-down: back
+        now[0] += 1.0
+        hc.apply(w, True, "crash-11", False, None)
+    assert w.healthy

@@ -48,6 +48,12 @@ class FlapDamper:
         elif self.answering_since is None:
             self.answering_since = now
 
+    def restarted(self, now: float) -> None:
+        """A check while it is out found a new process (its /server_info start time changed): the one that
+        answered before crashed between two checks, so the hold-down starts over from this answer. Without
+        this a server that crash-loops faster than the probe period never fails a check and is let back."""
+        self.answering_since = now
+
     def admits(self, now: float) -> bool:
         """Has its hold-down passed (it answered every check for that long)?"""
         return self.left_s(now) <= 0.0
