@@ -245,6 +245,10 @@ def test_a_held_worker_is_probed_and_shown_held_until_it_is_removed(monkeypatch:
         metrics = httpx.get(router.url + "/metrics", timeout=5).text
         assert f'inferctl_router_worker_holddown_seconds{{role="mixed",worker="{a.url}"}} 30.0' in metrics
         assert f'inferctl_router_worker_ejections_total{{role="mixed",worker="{a.url}"}} 2.0' in metrics
+        # every worker held: the 503 says they answer but are held, and for how long, not just "none"
+        r = httpx.post(router.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1}, timeout=5)
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 503 and re.search(r"2 answering but held down by flap damping.* back in (29|30) s", msg), msg
         main(["router", "workers", "--url", router.url])
         out = capsys.readouterr().out
         assert re.search(r"held (29|30)s", out), out  # what is left of the 30 s
