@@ -61,6 +61,20 @@ def test_the_hold_down_doubles_per_flap_up_to_its_cap_and_a_stable_worker_starts
     assert g.eject(1.0, base_s=1.0, cap_s=0.0, stable_s=60.0) == 0.0 and g.admits(1.0)
 
 
+def test_a_crash_loop_of_thousands_of_flaps_keeps_its_cap() -> None:
+    """2.0 ** 1024 overflows: the 1025th flap in a row raised out of HealthChecker.apply half-way through
+    the ejection (no connections dropped, no index forgotten), with damping off (cap 0) as much as on."""
+    for cap in (0.0, 60.0):
+        f = FlapDamper()
+        t = 0.0
+        for _ in range(1100):
+            f.readmit(t)
+            t += 1.0
+            assert f.eject(t, base_s=1.0, cap_s=cap, stable_s=60.0) == (cap if f.flaps > 6 or cap == 0 else
+                                                                        min(cap, 2.0 ** (f.flaps - 1)))
+        assert f.flaps == 1100 and f.holddown_s == cap
+
+
 def records(caplog: pytest.LogCaptureFixture, msg: str, url: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage() == msg and getattr(r, "worker", None) == url]
 
