@@ -344,3 +344,23 @@ def test_a_restart_during_the_hold_down_starts_it_over() -> None:
         now[0] += 1.0
         hc.apply(w, True, "crash-11", False, None)
     assert w.healthy
+
+
+def test_the_passing_checks_a_worker_comes_back_on_are_one_process_s() -> None:
+    """health_successes 3: three answers in a row from one server, not from three crash-looping ones."""
+    from infer_ctl.router.config import RouterConfig, worker
+    from infer_ctl.router.health import HealthChecker
+    from infer_ctl.router.proxy import Router
+
+    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
+                                 health_successes=3), clock=lambda: 0.0)
+    w = router.workers.by_url["http://127.0.0.1:1"]
+    hc = HealthChecker(router)
+    hc.apply(w, True, "start-0", False, None)
+    hc.apply(w, False, None, False, None)  # a first ejection: no hold-down
+    assert not w.healthy and w.flap.holddown_s == 0.0
+    for start in ("start-1", "start-2", "start-2"):
+        hc.apply(w, True, start, False, None)
+    assert not w.healthy  # start-2 answered twice
+    hc.apply(w, True, "start-2", False, None)
+    assert w.healthy
