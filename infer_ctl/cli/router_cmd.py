@@ -81,8 +81,7 @@ def serve(
         cfg.miss_placement = miss_placement
     if balance_abs is not None:
         cfg.balance_abs = balance_abs
-    if policy or miss_placement:
-        cfg.validate()
+    cfg.validate()  # the flags above as the profile's values are checked (a bad one: one line, a remedy)
     cfg.log_requests = log_requests
     if coalesce is not None:
         cfg.coalesce = coalesce

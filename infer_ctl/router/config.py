@@ -172,10 +172,22 @@ class RouterConfig:
         if self.workers and self.mode == "pd" and not ({"prefill", "decode"} <= roles):
             raise UsageError("PD mode needs at least one prefill and one decode worker",
                              remedy="give --prefill URL[@BOOTSTRAP_PORT] and --decode URL")
-        if not (math.isfinite(self.health_holddown_max_s) and self.health_holddown_max_s >= 0):
-            raise UsageError(f"router.health_holddown_max_s must be a finite number of seconds, 0 or more, "
+        # the profile's bounds (ge=0, le=86400); a string or None set in code failed in math.isfinite as an
+        # internal error, and a day-plus cap the profile refuses passed here
+        cap = self.health_holddown_max_s
+        if isinstance(cap, bool) or not isinstance(cap, int | float) or not (math.isfinite(cap) and 0 <= cap <= 86400):
+            raise UsageError(f"router.health_holddown_max_s must be a finite number of seconds, 0 to 86400, "
                              f"got {self.health_holddown_max_s!r}",
                              remedy="router.health_holddown_max_s: e.g. 60 (0 turns flap damping off)")
+        # the load guard as the profile bounds it (router.balance_abs ge=0, balance_rel ge=1): set in code
+        # or by `router serve --balance-abs`, a negative guard takes every cache hit off the least loaded
+        # worker too, and a NaN one turns the guard off without a word (every comparison with it is false)
+        if isinstance(self.balance_abs, bool) or not isinstance(self.balance_abs, int) or self.balance_abs < 0:
+            raise UsageError(f"router.balance_abs must be a whole number of requests, 0 or more, got {self.balance_abs!r}",
+                             remedy="router.balance_abs (or `router serve --balance-abs N`): e.g. 8")
+        if not (isinstance(self.balance_rel, int | float) and math.isfinite(self.balance_rel) and self.balance_rel >= 1):
+            raise UsageError(f"router.balance_rel must be a finite number, 1 or more, got {self.balance_rel!r}",
+                             remedy="router.balance_rel: e.g. 1.5")
         self.tier_weights()
         self.coalesce_config()
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):

@@ -183,6 +183,9 @@ class HealthChecker:
                     router.kv.restarted(w.url)  # its exact index is learned again from seq 0
                     router.spec.reset(w.url)  # its acceptance was measured on the process that is gone
                     router.pairs.restarted(w.url)  # so were its pairs' failed KV transfers
+                    if not w.healthy:  # out: a restart is a crash in its hold-down (flap.py), and the
+                        w.flap.restarted(now)  # passing checks in a row it comes back on are the new process's
+                        w.health_successes = 1
                 w.instance = instance
             w.radix_priority = prio
             if load is not None:

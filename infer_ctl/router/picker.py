@@ -9,6 +9,7 @@ that from the worker instead; this insert is the one line it replaces.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -80,6 +81,16 @@ class PairPicker:
 
     def _choose(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
                 pd: bool) -> WorkerState:
+        try:
+            return self._choose_in(ctx, pool, excluded, now, prefill, pd)
+        except NoWorkerAvailable as exc:  # the policy's or ours: say which workers only a hold-down keeps out
+            note = _held_note(pool, now)
+            if not note:
+                raise
+            raise NoWorkerAvailable(f"{exc}{note}") from None
+
+    def _choose_in(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
+                   pd: bool) -> WorkerState:
         # Prefer workers that have not failed this request; fall back to them rather than to nothing.
         cands = [w for w in pool if w.url not in excluded] or pool
         exact = self._exact(ctx, cands, now) if prefill else None
@@ -155,3 +166,13 @@ class PairPicker:
         footprint = {u: kv.footprint_chars(u, cpt) if u in cached else self.index.footprint(u) for u in urls}
         return ({"cached": out, "prompt_units": units, "queue_cost": kv.queue_cost, "footprint": footprint},
                 set(cached), cached)
+
+
+def _held_note(pool: list[WorkerState], now: float) -> str:
+    """Why a worker that answers its checks takes no request: its flap hold-down (router/health.py), and
+    when it is let back if it keeps answering; without this the 503 reads as though every worker were down."""
+    left = [d["holddown_left_s"] for d in (w.flap_doc(now) for w in pool if not w.removed) if d["held"]]
+    if not left:
+        return ""
+    return (f" ({len(left)} answering but held down by flap damping after repeated failures, the first "
+            f"back in {math.ceil(min(left))} s if it keeps answering)")

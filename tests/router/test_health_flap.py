@@ -61,6 +61,20 @@ def test_the_hold_down_doubles_per_flap_up_to_its_cap_and_a_stable_worker_starts
     assert g.eject(1.0, base_s=1.0, cap_s=0.0, stable_s=60.0) == 0.0 and g.admits(1.0)
 
 
+def test_a_crash_loop_of_thousands_of_flaps_keeps_its_cap() -> None:
+    """2.0 ** 1024 overflows: the 1025th flap in a row raised out of HealthChecker.apply half-way through
+    the ejection (no connections dropped, no index forgotten), with damping off (cap 0) as much as on."""
+    for cap in (0.0, 60.0):
+        f = FlapDamper()
+        t = 0.0
+        for _ in range(1100):
+            f.readmit(t)
+            t += 1.0
+            assert f.eject(t, base_s=1.0, cap_s=cap, stable_s=60.0) == (cap if f.flaps > 6 or cap == 0 else
+                                                                        min(cap, 2.0 ** (f.flaps - 1)))
+        assert f.flaps == 1100 and f.holddown_s == cap
+
+
 def records(caplog: pytest.LogCaptureFixture, msg: str, url: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.getMessage() == msg and getattr(r, "worker", None) == url]
 
@@ -245,6 +259,10 @@ def test_a_held_worker_is_probed_and_shown_held_until_it_is_removed(monkeypatch:
         metrics = httpx.get(router.url + "/metrics", timeout=5).text
         assert f'inferctl_router_worker_holddown_seconds{{role="mixed",worker="{a.url}"}} 30.0' in metrics
         assert f'inferctl_router_worker_ejections_total{{role="mixed",worker="{a.url}"}} 2.0' in metrics
+        # every worker held: the 503 says they answer but are held, and for how long, not just "none"
+        r = httpx.post(router.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1}, timeout=5)
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 503 and re.search(r"2 answering but held down by flap damping.* back in (29|30) s", msg), msg
         main(["router", "workers", "--url", router.url])
         out = capsys.readouterr().out
         assert re.search(r"held (29|30)s", out), out  # what is left of the 30 s
@@ -287,6 +305,62 @@ def test_the_cap_comes_from_the_profile_and_is_a_finite_number_of_seconds() -> N
         parse_profile_text(BASE + "router: {health_holddown_max_s: -1}\n", "p.yaml")
     assert any(line.startswith("router.health_holddown_max_s:") for line in info.value.errors), info.value.errors
     # set in code (embedding, tests): refused at start-up the same way
-    for bad in (float("nan"), float("inf"), -1.0):
+    for bad in (float("nan"), float("inf"), -1.0, 86401.0, "60", None, True):  # the profile's bounds, its types
         with pytest.raises(UsageError, match="health_holddown_max_s must be a finite number"):
             RouterConfig(health_holddown_max_s=bad).validate()
+
+
+def test_a_restart_during_the_hold_down_starts_it_over() -> None:
+    """A server crash-looping faster than the probe period fails no check while held: each probe finds a
+    new process (its /server_info start time changed). That crash is a failed hold-down, not an answer."""
+    from infer_ctl.router.config import RouterConfig, worker
+    from infer_ctl.router.health import HealthChecker
+    from infer_ctl.router.proxy import Router
+
+    now = [0.0]
+    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
+                                 health_holddown_max_s=60.0), clock=lambda: now[0])
+    w = router.workers.by_url["http://127.0.0.1:1"]
+    hc = HealthChecker(router)
+    hc.apply(w, True, "start-0", False, None)
+    w.flap.readmit(0.0)  # as though it was let back at 0: the next ejection is a flap
+    for _ in range(3):  # three flaps in a row: a 4 s hold-down
+        now[0] += 1.0
+        hc.apply(w, False, None, False, None)
+        now[0] += 1.0
+        hc.apply(w, True, "start-0", False, None)
+        while not w.healthy:
+            now[0] += 1.0
+            hc.apply(w, True, "start-0", False, None)
+    now[0] += 1.0
+    hc.apply(w, False, None, False, None)
+    assert not w.healthy and w.flap.holddown_s == 8.0
+    for i in range(1, 12):  # a new process at every probe, 11 s: never 8 s of the same one answering
+        now[0] += 1.0
+        hc.apply(w, True, f"crash-{i}", False, None)
+        assert not w.healthy, f"let back at probe {i} though it restarted at each one"
+    assert w.flap_doc(now[0])["holddown_left_s"] == 8.0
+    for _ in range(8):  # the same process answering for the whole hold-down: back
+        now[0] += 1.0
+        hc.apply(w, True, "crash-11", False, None)
+    assert w.healthy
+
+
+def test_the_passing_checks_a_worker_comes_back_on_are_one_process_s() -> None:
+    """health_successes 3: three answers in a row from one server, not from three crash-looping ones."""
+    from infer_ctl.router.config import RouterConfig, worker
+    from infer_ctl.router.health import HealthChecker
+    from infer_ctl.router.proxy import Router
+
+    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
+                                 health_successes=3), clock=lambda: 0.0)
+    w = router.workers.by_url["http://127.0.0.1:1"]
+    hc = HealthChecker(router)
+    hc.apply(w, True, "start-0", False, None)
+    hc.apply(w, False, None, False, None)  # a first ejection: no hold-down
+    assert not w.healthy and w.flap.holddown_s == 0.0
+    for start in ("start-1", "start-2", "start-2"):
+        hc.apply(w, True, start, False, None)
+    assert not w.healthy  # start-2 answered twice
+    hc.apply(w, True, "start-2", False, None)
+    assert w.healthy

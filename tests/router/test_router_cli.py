@@ -228,3 +228,16 @@ def test_serve_flags_for_the_load_guard_and_the_board_reach_the_config(monkeypat
     assert seen[-1].balance_abs == 8 and seen[-1].coalesce_processes is True  # type: ignore[attr-defined]
     assert main(["router", "serve", "--worker", "http://127.0.0.1:9", "--balance-abs", "-1"]) == 64
     assert "--balance-abs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("field", "value"), [("balance_abs", -1), ("balance_abs", 2.5), ("balance_abs", float("nan")),
+                                              ("balance_rel", float("nan")), ("balance_rel", 0.5)])
+def test_the_load_guard_set_in_code_is_checked_as_the_profile_checks_it(field: str, value: object) -> None:
+    """RouterConfig built in code (router_config, embedding) bypasses the profile's bounds: validate() has
+    them too, naming the profile key and the flag."""
+    from infer_ctl.errors import UsageError
+    from infer_ctl.router.config import RouterConfig, worker
+
+    cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=f"router.{field} must be"):
+        cfg.validate()

@@ -35,7 +35,10 @@ class FlapDamper:
         self.ejections += 1
         if self.up_at is not None and now - self.up_at < stable_s:
             self.flaps += 1
-            self.holddown_s = max(0.0, min(cap_s, base_s * 2.0 ** (self.flaps - 1)))
+            # the exponent bounded: 2.0 ** 1024 raises OverflowError, and a crash loop reaches 1025 flaps
+            # in a row in about an hour with damping off (cap 0) or in a night at a 60 s cap; 2 ** 64 times
+            # any base is past every cap that means something
+            self.holddown_s = max(0.0, min(cap_s, base_s * 2.0 ** min(self.flaps - 1, 64)))
         else:
             self.flaps, self.holddown_s = 0, 0.0
         self.answering_since = None
@@ -47,6 +50,12 @@ class FlapDamper:
             self.answering_since = None
         elif self.answering_since is None:
             self.answering_since = now
+
+    def restarted(self, now: float) -> None:
+        """A check while it is out found a new process (its /server_info start time changed): the one that
+        answered before crashed between two checks, so the hold-down starts over from this answer. Without
+        this a server that crash-loops faster than the probe period never fails a check and is let back."""
+        self.answering_since = now
 
     def admits(self, now: float) -> bool:
         """Has its hold-down passed (it answered every check for that long)?"""
