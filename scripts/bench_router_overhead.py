@@ -18,6 +18,10 @@ router on `cache_aware` runs several processes only for workers that publish the
 `--baseline` adds the router of another checkout (before/after a change: `git worktree add /tmp/base
 <commit>`), measured in the same repetitions as this checkout's, so both see the same machine load.
 `--calls N` counts instead of timing: Python function calls per request of both routers (cProfile).
+`--floor` adds nginx (Debian's, C, all cores) doing only the PD fan-out's HTTP work: each request proxied to the
+decode over kept-alive upstream connections and mirrored to the prefill (`mirror`), the body untouched (no
+bootstrap fields, no routing). It is a floor no PD router can beat on this machine: what a compiled data
+plane with no routing at all gets out of the same stand-ins, wrk and cores, beside sglang-router's figure.
 `--tracing` adds this checkout's router with OpenTelemetry tracing on (every request sampled unless
 OTEL_TRACES_SAMPLER[_ARG] say otherwise; OTLP/HTTP to a sink in this process that answers each export with
 200), measured in the same repetitions: the cost of tracing.
@@ -183,6 +187,40 @@ TRACED = "inferctl router (tracing on)"
 SGLANG = "sglang-router 0.3.2"
 BASELINE = "inferctl router (baseline)"
 MULTI = "inferctl router, N processes"
+FLOOR = "nginx PD fan-out (floor)"
+
+NGINX_CONF = """daemon off;
+worker_processes {workers};
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log error;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream decode {{ server 127.0.0.1:{dp}; keepalive 64; }}
+    upstream prefill {{ server 127.0.0.1:{pp}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port} reuseport;
+        keepalive_requests 1000000;
+        location /generate {{
+            mirror /prefill;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass http://decode;
+        }}
+        location = /prefill {{
+            internal;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass http://prefill/generate;
+        }}
+    }}
+}}
+"""
 
 
 def otlp_sink() -> str:
@@ -261,8 +299,12 @@ def main() -> None:
                          "of this checkout's router and the --baseline one")
     ap.add_argument("--tracing", action="store_true",
                     help="also measure this checkout's router with tracing on (OTLP/HTTP to a local sink)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure nginx doing only the PD fan-out (proxy to the decode, mirror to the prefill)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.floor and not shutil.which("nginx"):
+        raise SystemExit("--floor needs nginx (Debian: apt-get install nginx-light)")
     if args.standin:
         standin(args.standin, args.kv_pub)
         return
@@ -342,6 +384,12 @@ def main() -> None:
              "--decode", dec, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(sp),
              "--prometheus-port", str(free_port()), "--log-level", "error"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if args.floor:
+            port = free_port()
+            conf = tmp / "nginx.conf"
+            conf.write_text(NGINX_CONF.format(workers=os.cpu_count() or 1, tmp=tmp, dp=dp, pp=pp, port=port))
+            # CPU counted over the master and its workers (cpu_seconds follows the children)
+            targets[FLOOR] = (f"http://127.0.0.1:{port}", start(["nginx", "-c", str(conf), "-p", str(tmp)]))
         np_ = free_port()
         targets["naive aiohttp proxy"] = (f"http://127.0.0.1:{np_}",
                                           start([sys.executable, __file__, "--naive", str(np_), pre, dec]))
@@ -395,6 +443,9 @@ def main() -> None:
             doc["processes"] = args.processes
             doc["rps_ratio_processes_vs_sglang"] = med(MULTI, ck, "rps") / med(SGLANG, ck, "rps")
             doc["per_repetition_ratios_processes"] = per_rep(MULTI, SGLANG, ck, "rps")
+        if args.floor:
+            doc["rps_ratio_floor_vs_sglang"] = med(FLOOR, ck, "rps") / med(SGLANG, ck, "rps")
+            doc["per_repetition_ratios_floor"] = per_rep(FLOOR, SGLANG, ck, "rps")
         if args.tracing:
             doc["tracing_on_vs_off"] = {
                 key: {"per_repetition": (reps := per_rep(TRACED, INFERCTL, kind, key)),
@@ -428,6 +479,9 @@ def main() -> None:
             print(f"inferctl with {args.processes} processes / sglang-router requests/s: "
                   f"{doc['rps_ratio_processes_vs_sglang']:.2f}x (per repetition: "
                   + ", ".join(f"{x:.2f}" for x in doc["per_repetition_ratios_processes"]) + ")")  # type: ignore[attr-defined]
+        if args.floor:
+            print(f"nginx PD fan-out (no routing) / sglang-router requests/s: {doc['rps_ratio_floor_vs_sglang']:.2f}x "
+                  "(per repetition: " + ", ".join(f"{x:.2f}" for x in doc["per_repetition_ratios_floor"]) + ")")  # type: ignore[attr-defined]
         if args.tracing:
             tr = doc["tracing_on_vs_off"]
             assert isinstance(tr, dict)
