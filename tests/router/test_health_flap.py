@@ -263,6 +263,7 @@ def test_a_held_worker_is_probed_and_shown_held_until_it_is_removed(monkeypatch:
         r = httpx.post(router.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1}, timeout=5)
         msg = r.json()["error"]["message"]
         assert r.status_code == 503 and re.search(r"2 answering but held down by flap damping.* back in (29|30) s", msg), msg
+        assert r.headers["retry-after"] in ("29", "30")  # when the first is back: what a client should wait
         main(["router", "workers", "--url", router.url])
         out = capsys.readouterr().out
         assert re.search(r"held (29|30)s", out), out  # what is left of the 30 s
