@@ -188,6 +188,8 @@ class RouterConfig:
         if not (isinstance(self.balance_rel, int | float) and math.isfinite(self.balance_rel) and self.balance_rel >= 1):
             raise UsageError(f"router.balance_rel must be a finite number, 1 or more, got {self.balance_rel!r}",
                              remedy="router.balance_rel: e.g. 1.5")
+        for name, (kind, lo, above, hi) in _BOUNDS.items():
+            _check_number(name, getattr(self, name), kind, lo, above, hi)
         self.tier_weights()
         self.coalesce_config()
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
@@ -350,3 +352,56 @@ def _replicas_from(cfg: RouterConfig, profile: Profile, env: dict[str, str]) -> 
         if not cfg.state_store_password:
             raise UsageError(f"router.state_store_password_env names {rs.state_store_password_env}, which is not set",
                              remedy=f"export {rs.state_store_password_env}=<the store's password>")
+
+
+#: The numbers a RouterConfig set in code (embedding, tests, flags) must hold, beyond the profile's
+#: schema, which bounds what a profile gives more tightly: (whole number or not, lowest, whether the
+#: lowest itself is refused, highest). What they guard: a NaN compares false with everything (a NaN timeout
+#: never fires, a NaN interval spins), a string or None fails deep in the request path as an internal
+#: error, and a zero count divides or never trips.
+_BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
+    "cache_threshold": (float, 0.0, False, 1.0),
+    "prefix_ttl_s": (float, 0.0, True, None),
+    "index_max_tokens": (int, 1, False, None),
+    "block_chars": (int, 1, False, None),
+    "health_interval_s": (float, 0.0, True, None),
+    "health_timeout_s": (float, 0.0, True, None),
+    "health_failures": (int, 1, False, None),
+    "health_successes": (int, 1, False, None),
+    "cb_failures": (int, 1, False, None),
+    "cb_open_s": (float, 0.0, True, None),
+    "cb_successes": (int, 1, False, None),
+    "request_timeout_s": (float, 0.0, True, None),
+    "max_concurrent": (int, 1, False, None),
+    "max_queue": (int, 0, False, None),
+    "queue_timeout_s": (float, 0.0, True, None),
+    "max_body_bytes": (int, 1, False, None),
+    "max_retries": (int, 0, False, None),
+    "retry_base_s": (float, 0.0, False, None),
+    "drain_timeout_s": (float, 0.0, False, None),
+    "rewarm_idle_s": (float, 0.0, True, None),
+    "warm_fake_timeout_s": (float, 0.0, True, None),
+    "spec_window_requests": (int, 1, False, None),
+    "spec_max_labels": (int, 1, False, None),
+    "pair_bad_samples": (int, 1, False, None),
+    "pair_max_failures": (int, 1, False, None),
+    "pair_probe_after_s": (float, 0.0, True, None),
+    "kv_max_blocks": (int, 1, False, None),
+    "kv_replay_timeout_s": (float, 0.0, True, None),
+    "kv_max_batches_per_s": (int, 1, False, None),
+    "kv_max_message_bytes": (int, 1, False, None),
+    "coalesce_min_tokens": (int, 1, False, None),
+}
+
+
+def _check_number(name: str, value: object, kind: type, lo: float, above: bool, hi: float | None) -> None:
+    whole = kind is int
+    ok = (not isinstance(value, bool) and isinstance(value, int if whole else int | float)
+          and math.isfinite(value) and (value > lo if above else value >= lo)  # type: ignore[arg-type]
+          and (hi is None or value <= hi))  # type: ignore[operator]
+    if not ok:
+        what = "a whole number" if whole else "a finite number"
+        bound = f"above {lo:g}" if above else f"{lo:g} to {hi:g}" if hi is not None else f"{lo:g} or more"
+        default = getattr(RouterConfig, name)
+        raise UsageError(f"router setting {name} must be {what}, {bound}, got {value!r}",
+                         remedy=f"leave {name} at its default ({default!r}) or give one in those bounds")

@@ -179,12 +179,22 @@ class HealthChecker:
             if instance is not None:
                 if w.instance is not None and instance != w.instance:
                     w.restarts += 1
-                    self._forget(w, "restarted")
                     router.kv.restarted(w.url)  # its exact index is learned again from seq 0
                     router.spec.reset(w.url)  # its acceptance was measured on the process that is gone
                     router.pairs.restarted(w.url)  # so were its pairs' failed KV transfers
-                    if not w.healthy:  # out: a restart is a crash in its hold-down (flap.py), and the
-                        w.flap.restarted(now)  # passing checks in a row it comes back on are the new process's
+                    if w.healthy and self._eject(w, now) <= 0:
+                        # in, it crashed and came back between two checks: an ejection it is back from at
+                        # once, unless that makes it a flap (then it serves the hold-down as any flapping
+                        # worker does: a crash loop faster than the checks is damped too)
+                        self._forget(w, "restarted", flaps=w.flap.flaps, ejections=w.flap.ejections)
+                        w.flap.readmit(now)
+                    elif w.healthy:
+                        self._take_out(w, "restarted again soon after it came back")
+                        w.flap.restarted(now)
+                        w.health_successes = 1
+                    else:  # out: a restart is a crash in its hold-down (flap.py), and the passing
+                        self._forget(w, "restarted")  # checks in a row it comes back on are the new process's
+                        w.flap.restarted(now)
                         w.health_successes = 1
                 w.instance = instance
             w.radix_priority = prio
@@ -209,16 +219,24 @@ class HealthChecker:
             w.health_successes = 0
             w.health_failures += 1
             if w.healthy and w.health_failures >= router.cfg.health_failures:
-                w.healthy = False
-                hold = w.flap.eject(now, base_s=HOLDDOWN_BASE_S, cap_s=router.cfg.health_holddown_max_s,
-                                    stable_s=FLAP_STABLE_S)
-                # the one line per ejection: the hold-down chosen, and the flaps in a row that chose it
-                self._forget(w, "unhealthy", holddown_s=hold, flaps=w.flap.flaps, ejections=w.flap.ejections)
-                router.kv.down(w.url)  # the exact index too: what it held is unknown now
-                # Requests still waiting on it would hang until their timeout (a hung or half-dead
-                # worker never answers): close their connections so they fail now and are retried.
-                router.upstreams.drop(w.url)
-                router.coalesce.worker_down(w.url)  # and those held for another process's request there
+                self._eject(w, now)
+                self._take_out(w, "unhealthy")
+
+    def _eject(self, w: WorkerState, now: float) -> float:
+        """The worker went out at `now` (flap.py): the hold-down it gets before it is let back."""
+        return w.flap.eject(now, base_s=HOLDDOWN_BASE_S, cap_s=self.router.cfg.health_holddown_max_s,
+                            stable_s=FLAP_STABLE_S)
+
+    def _take_out(self, w: WorkerState, why: str) -> None:
+        router = self.router
+        w.healthy = False
+        # the one line per ejection: the hold-down chosen, and the flaps in a row that chose it
+        self._forget(w, why, holddown_s=w.flap.holddown_s, flaps=w.flap.flaps, ejections=w.flap.ejections)
+        router.kv.down(w.url)  # the exact index too: what it held is unknown now
+        # Requests still waiting on it would hang until their timeout (a hung or half-dead worker never
+        # answers): close their connections so they fail now and are retried.
+        router.upstreams.drop(w.url)
+        router.coalesce.worker_down(w.url)  # and those held for another process's request there
 
     def _forget(self, w: WorkerState, why: str, **extra: Any) -> None:
         dropped = self.router.index.drop_worker(w.url)

@@ -84,10 +84,13 @@ class PairPicker:
         try:
             return self._choose_in(ctx, pool, excluded, now, prefill, pd)
         except NoWorkerAvailable as exc:  # the policy's or ours: say which workers only a hold-down keeps out
-            note = _held_note(pool, now)
-            if not note:
+            held = _held_left(pool, now)
+            if not held:
                 raise
-            raise NoWorkerAvailable(f"{exc}{note}") from None
+            back = math.ceil(min(held))
+            raise NoWorkerAvailable(f"{exc} ({len(held)} answering but held down by flap damping after repeated "
+                                    f"failures, the first back in {back} s if it keeps answering)",
+                                    retry_after_s=max(1, back)) from None
 
     def _choose_in(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
                    pd: bool) -> WorkerState:
@@ -168,11 +171,8 @@ class PairPicker:
                 set(cached), cached)
 
 
-def _held_note(pool: list[WorkerState], now: float) -> str:
-    """Why a worker that answers its checks takes no request: its flap hold-down (router/health.py), and
-    when it is let back if it keeps answering; without this the 503 reads as though every worker were down."""
-    left = [d["holddown_left_s"] for d in (w.flap_doc(now) for w in pool if not w.removed) if d["held"]]
-    if not left:
-        return ""
-    return (f" ({len(left)} answering but held down by flap damping after repeated failures, the first "
-            f"back in {math.ceil(min(left))} s if it keeps answering)")
+def _held_left(pool: list[WorkerState], now: float) -> list[float]:
+    """Seconds left of each flap hold-down in `pool` (router/health.py): workers that answer their checks
+    and take no request. The 503 names them and when the first is let back if it keeps answering (its
+    Retry-After); without that it reads as though every worker were down."""
+    return [d["holddown_left_s"] for d in (w.flap_doc(now) for w in pool if not w.removed) if d["held"]]

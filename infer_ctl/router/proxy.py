@@ -164,13 +164,16 @@ class Router:
 
     # ---- the request path --------------------------------------------------------------------------
     def error(self, endpoint: str, rid: str, status: int, message: str, kind: str,
-              reason: str | None = None) -> h1.Response:
+              reason: str | None = None, retry_after_s: int | None = None) -> h1.Response:
         """An error the router itself answers; `reason` counts it in rejected_total."""
         if reason:
             self.metrics.rejected.labels(reason).inc()
         log.log(logging.WARNING if status >= 500 else logging.INFO, "request failed",
                 extra={"rid": rid, "endpoint": endpoint, "status": status, "error": message})
-        return h1.Response(status, error_body(status, message, kind), _JSON, {"X-Request-Id": rid})
+        headers = {"X-Request-Id": rid}
+        if retry_after_s is not None:  # RFC 9110 §10.2.3: the OpenAI SDK, among others, waits that long before it retries
+            headers["Retry-After"] = str(retry_after_s)
+        return h1.Response(status, error_body(status, message, kind), _JSON, headers)
 
     async def handle(self, request: h1.Request, endpoint: str) -> Reply:
         rid = request.headers.get("x-request-id") or self.new_rid()
@@ -251,7 +254,8 @@ class Router:
                                           max_retries=cfg.max_retries, base_s=cfg.retry_base_s, rng=self.rng,
                                           metrics=self.metrics, observe=self.pairs.outcome)
         except NoWorkerAvailable as exc:
-            return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "unavailable", "no_worker")
+            return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "unavailable", "no_worker",
+                              retry_after_s=exc.retry_after_s)
         except RetriesExhausted as out:
             last = out.last
             if last.status in (408, 429) and last.body:

@@ -263,6 +263,7 @@ def test_a_held_worker_is_probed_and_shown_held_until_it_is_removed(monkeypatch:
         r = httpx.post(router.url + "/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 1}, timeout=5)
         msg = r.json()["error"]["message"]
         assert r.status_code == 503 and re.search(r"2 answering but held down by flap damping.* back in (29|30) s", msg), msg
+        assert r.headers["retry-after"] in ("29", "30")  # when the first is back: what a client should wait
         main(["router", "workers", "--url", router.url])
         out = capsys.readouterr().out
         assert re.search(r"held (29|30)s", out), out  # what is left of the 30 s
@@ -344,6 +345,50 @@ def test_a_restart_during_the_hold_down_starts_it_over() -> None:
         now[0] += 1.0
         hc.apply(w, True, "crash-11", False, None)
     assert w.healthy
+
+
+def test_a_worker_that_restarts_between_checks_while_in_is_damped_as_a_flap() -> None:
+    """A worker that crashes and is back between two checks (a process manager restarting it within
+    the health interval) never fails a check: each check finds a new process while it is in. Once is an
+    ejection it is back from at once; again soon after is a flap, and it serves the hold-down."""
+    from infer_ctl.router.config import RouterConfig, worker
+    from infer_ctl.router.health import HealthChecker
+    from infer_ctl.router.proxy import Router
+
+    now = [0.0]
+    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
+                                 health_holddown_max_s=60.0), clock=lambda: now[0])
+    w = router.workers.by_url["http://127.0.0.1:1"]
+    hc = HealthChecker(router)
+    hc.apply(w, True, "start-0", False, None)
+    now[0] += 5.0
+    hc.apply(w, True, "start-1", False, None)  # the first restart: in at once, as a first ejection is
+    assert w.healthy and w.restarts == 1 and w.flap.ejections == 1 and w.flap.flaps == 0
+    now[0] += 5.0
+    hc.apply(w, True, "start-2", False, None)  # again 5 s later: a flap, held down 1 s from this answer
+    assert not w.healthy and w.flap.flaps == 1 and w.flap.holddown_s == HOLDDOWN_1
+    assert w.flap_doc(now[0])["holddown_left_s"] == HOLDDOWN_1
+    now[0] += 0.5
+    hc.apply(w, True, "start-2", False, None)
+    assert not w.healthy
+    now[0] += 0.5
+    hc.apply(w, True, "start-2", False, None)
+    assert w.healthy
+    for i in range(3, 6):  # each restart in soon after the last: 2 s, 4 s, 8 s
+        now[0] += 5.0
+        hc.apply(w, True, f"start-{i}", False, None)
+        assert not w.healthy and w.flap.holddown_s == HOLDDOWN_1 * 2 ** (i - 2)
+        while not w.healthy:
+            now[0] += 1.0
+            hc.apply(w, True, f"start-{i}", False, None)
+    now[0] += health.FLAP_STABLE_S + 1
+    hc.apply(w, True, "start-5", False, None)  # stable for the period: the next restart is a first one
+    now[0] += 1.0
+    hc.apply(w, True, "start-6", False, None)
+    assert w.healthy and w.flap.flaps == 0 and w.restarts == 6
+
+
+HOLDDOWN_1 = health.HOLDDOWN_BASE_S
 
 
 def test_the_passing_checks_a_worker_comes_back_on_are_one_process_s() -> None:

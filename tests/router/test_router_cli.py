@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -240,4 +241,23 @@ def test_the_load_guard_set_in_code_is_checked_as_the_profile_checks_it(field: s
 
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=f"router.{field} must be"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("health_interval_s", float("nan")), ("health_interval_s", 0.0), ("request_timeout_s", float("inf")),
+    ("request_timeout_s", "600"), ("max_retries", -1), ("max_retries", 1.5), ("cache_threshold", 1.5),
+    ("health_failures", 0), ("cb_open_s", None), ("max_concurrent", True), ("queue_timeout_s", -1.0),
+    ("kv_max_blocks", 0), ("block_chars", 0)])
+def test_every_number_set_in_code_is_bounded(field: str, value: object) -> None:
+    """Beyond the load guard: every number of RouterConfig that the request path or a timer uses. A NaN
+    timeout never fires, a NaN or zero interval spins, a string fails deep in a request as a 500."""
+    from infer_ctl.errors import UsageError
+    from infer_ctl.router.config import _BOUNDS, RouterConfig, worker
+
+    ok = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")])
+    ok.validate()  # every default is inside its bounds
+    assert set(_BOUNDS) <= set(vars(ok)), set(_BOUNDS) - set(vars(ok))  # each bound names a real field
+    cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=f"router setting {field} must be a (whole|finite) number.*got {re.escape(repr(value))}"):
         cfg.validate()

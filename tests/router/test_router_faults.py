@@ -175,6 +175,7 @@ def test_no_available_worker_is_a_503_with_a_remedy() -> None:
     try:
         r = httpx.post(router.url + "/generate", json={"text": "x"}, headers={"X-Request-Id": "req-503"}, timeout=10)
         assert r.status_code == 503 and r.headers["x-request-id"] == "req-503"
+        assert "retry-after" not in r.headers  # down, not held: nobody knows when it is back
         assert r.json() == {"error": {"message": "no available worker; check `inferctl router workers`",
                                       "type": "unavailable", "code": 503}}
         assert 'inferctl_router_rejected_total{reason="no_worker"} 1.0' in httpx.get(router.url + "/metrics").text

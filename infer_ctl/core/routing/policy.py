@@ -113,7 +113,12 @@ class Choice:
 
 
 class NoWorkerAvailable(Exception):
-    """Every candidate is unhealthy or has an open circuit breaker."""
+    """Every candidate is unhealthy or has an open circuit breaker. `retry_after_s`: when one is known to
+    come back (a flap hold-down's end), whole seconds until then: the 503's Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def _available(workers: Sequence[WorkerView]) -> list[WorkerView]:
