@@ -432,7 +432,7 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
 
     async def main() -> None:
         a, a2 = Replica(store.url), Replica(store.url, extra=("http://127.0.0.1:7",))
-        b = Replica(store.url, pool=("http://127.0.0.2:1", "http://127.0.0.2:2"))
+        b = Replica(store.url, pool=("http://127.0.0.2:1", "http://127.0.0.2:2"), resync_s=0.5)
         for r in (a, b, a2):
             await r.sync.start()
         try:
@@ -450,6 +450,14 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
             with pytest.raises(StoreUnavailable, match="is not used .*another fleet"):
                 await b.sync.change_prefix("sys", register("sys", "fleet b"))
             assert b.sync.status_doc()["connected"] is False
+            # fleet a gone for good (the marker lapses 6 resyncs after its last replica's sync): b owns it
+            c = store.client()
+            assert 0 < c.ttl(f"inferctl:router:{{{NS}}}:fleet") <= 30
+            await a.sync.stop()
+            await a2.sync.stop()
+            c.delete(f"inferctl:router:{{{NS}}}:fleet")
+            c.close()
+            assert await until(lambda: b.sync.up, timeout=5), b.sync.error
         finally:
             for r in (a, b, a2):
                 await r.sync.stop()
