@@ -433,7 +433,8 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
     async def main() -> None:
         a, a2 = Replica(store.url), Replica(store.url, extra=("http://127.0.0.1:7",))
         b = Replica(store.url, pool=("http://127.0.0.2:1", "http://127.0.0.2:2"), resync_s=0.5)
-        for r in (a, b, a2):
+        running = [a, b, a2]
+        for r in running:
             await r.sync.start()
         try:
             assert a.sync.up and a2.sync.up and not b.sync.up
@@ -453,13 +454,14 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
             # fleet a gone for good (the marker lapses 6 resyncs after its last replica's sync): b owns it
             c = store.client()
             assert 0 < c.ttl(f"inferctl:router:{{{NS}}}:fleet") <= 30
-            await a.sync.stop()
-            await a2.sync.stop()
+            for r in (a, a2):
+                running.remove(r)
+                await r.sync.stop()
             c.delete(f"inferctl:router:{{{NS}}}:fleet")
             c.close()
             assert await until(lambda: b.sync.up, timeout=5), b.sync.error
         finally:
-            for r in (a, b, a2):
+            for r in running:
                 await r.sync.stop()
 
     try:
