@@ -448,7 +448,7 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
             assert await until(lambda: a2.texts("sys") == [(1, "fleet a", "active")])
             await asyncio.sleep(0.3)
             assert b.texts("sys") == [] and "http://127.0.0.1:1" not in b.workers  # nothing of fleet a's
-            with pytest.raises(StoreUnavailable, match="is not used .*another fleet"):
+            with pytest.raises(StoreUnavailable, match=r"is not used .*another fleet"):
                 await b.sync.change_prefix("sys", register("sys", "fleet b"))
             assert b.sync.status_doc()["connected"] is False
             # fleet a gone for good (the marker lapses 6 resyncs after its last replica's sync): b owns it
