@@ -16,7 +16,8 @@ the same verbs a single router runs, so two replicas changing one name at once c
 change: the second's compare fails and it recomputes on the first's result. Every replica applies a
 record only when its rev is above the one it holds for that field (messages and resyncs may overlap),
 subscribes before it loads the whole hash (nothing falls between the two), and reloads it every
-`resync_s` (a missed message heals within that).
+`resync_s` (a missed message heals within that). The namespace is the profile's name; a replica with no
+worker in common with the fleet that last synced there stays off the store (`_check_fleet`).
 
 Times are stored absolute, on the store's clock (Redis TIME, measured at every sync): each replica
 converts them to its own monotonic clock, so TTL expiry happens at the same moment everywhere, whatever
@@ -100,6 +101,10 @@ class _Silent(Exception):
     """The subscription stopped answering while its socket looks open."""
 
 
+class FleetConflict(Exception):
+    """The namespace is in use by another fleet (no worker in common): see `StateSync._check_fleet`."""
+
+
 class StoreUnavailable(Exception):
     """The state store cannot be reached: an admin change would apply to this replica only."""
 
@@ -142,6 +147,9 @@ class StateSync:
         self.namespace = namespace
         self.hash_key, self.rev_key, self.epoch_key, self.channel = (f"{ns}:state", f"{ns}:rev", f"{ns}:epoch",
                                                                      f"{ns}:changes")
+        self.fleet_key = f"{ns}:fleet"
+        #: the workers this replica was started with (its profile's, or its flags'), before the store adds any
+        self.fleet = sorted(w.url for w in router.workers.all())
         #: replicas place a prefix on the same workers (rendezvous hash, not their own load view)
         router.prefixes.shared_placement = True
         #: a prompt first seen here may be cached by another replica's traffic: anchor it before routing,
@@ -219,7 +227,10 @@ class StateSync:
     def _down(self, exc: BaseException) -> None:
         self._failures.inc()
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if self.up or self.error != reason:
+        if (self.up or self.error != reason) and isinstance(exc, FleetConflict):
+            log.error("state store not used: its namespace is another fleet's; serving with the state held, "
+                      "admin changes refused", extra={"store": redact(self.url), "error": reason})
+        elif self.up or self.error != reason:
             log.warning("state store unreachable: serving with the state held, admin changes refused",
                         extra={"store": redact(self.url), "error": reason})
         self.up = False
@@ -268,6 +279,9 @@ class StateSync:
                 log.warning("state store subscription silent: subscribing again",
                             extra={"store": redact(self.url), "error": str(exc)})
                 continue
+            except FleetConflict as exc:  # nothing to retry soon: the other fleet is not going away
+                self._down(exc)
+                await asyncio.sleep(max(0.0, self.resync_s - 0.5))
             except Exception as exc:  # redis-py raises its own and OS errors: retry all
                 self._down(exc)
             finally:
@@ -305,6 +319,7 @@ class StateSync:
         back what it holds older than this replica (a restore from an older snapshot)."""
         client = self._client
         await self._measure_clock()
+        await self._check_fleet()
         epoch = await client.get(self.epoch_key)
         if epoch is None:
             await client.set(self.epoch_key, os.urandom(8).hex(), nx=True)
@@ -326,6 +341,31 @@ class StateSync:
                 await self._write_back(values)
         self.last_sync = time.monotonic()
         self._connected()
+
+    async def _check_fleet(self) -> None:
+        """The namespace is the profile's name: two fleets whose profiles share a name and a store would share
+        one state, each adding the other's workers to its pool and removing its prefixes. The store keeps the
+        workers the last replica to sync was started with (for 6 resyncs); a replica none of whose workers is
+        among them is of another fleet (one fleet's replicas always share workers, even while a worker is added or
+        replaced): it stays off the store, serving with its own state, and says why."""
+        client = self._client
+        raw = await client.get(self.fleet_key)
+        try:
+            theirs = loads(raw) if raw is not None else None
+        except ValueError:
+            theirs = None  # unreadable: taken over below
+        if not isinstance(theirs, list) or not all(isinstance(u, str) for u in theirs):
+            theirs = None
+        if theirs and self.fleet and not set(theirs) & set(self.fleet):
+            shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+            raise FleetConflict(
+                f"namespace {self.namespace!r} of the state store is in use by another fleet (workers {shown}; "
+                f"none of this replica's): two fleets whose profiles are both named {self.namespace!r} share "
+                "this store. Rename one profile, or give it its own router.state_store database")
+        if self.fleet:
+            # refreshed at every sync, and it lapses: once every replica of a fleet is gone (all of its
+            # workers replaced in a rolling change of the profile, say), the next one to start owns it
+            await client.set(self.fleet_key, dumps(self.fleet), ex=max(30, int(6 * self.resync_s)))
 
     async def _seed(self, stored: dict[str, str]) -> None:
         """Write the prefixes and workers this replica holds that the store does not know (its profile's, or
@@ -433,6 +473,9 @@ class StateSync:
 
     # ---- admin changes ---------------------------------------------------------------------------
     def _refuse(self) -> StoreUnavailable:
+        if self.error is not None and self.error.startswith(FleetConflict.__name__):
+            return StoreUnavailable(f"the shared state store {redact(self.url)} is not used ({self.error}); the "
+                                    "change was not made")
         return StoreUnavailable(f"the shared state store {redact(self.url)} is unreachable ({self.error}); the change "
                                 "was not made on any replica (a change on one only would make them diverge); retry "
                                 "when `inferctl router status` shows it connected")

@@ -27,9 +27,9 @@ HASH, REV, EPOCH, CHANNEL = (f"inferctl:router:{{{NS}}}:{k}" for k in ("state", 
 
 class Replica:
     def __init__(self, url: str, *, wall: Callable[[], float] = time.time, timeout_s: float = 1.0,
-                 resync_s: float = 5.0, namespace: str = NS, extra: tuple[str, ...] = ()) -> None:
-        self.router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998),
-                                                   worker("http://127.0.0.1:2", "decode"),
+                 resync_s: float = 5.0, namespace: str = NS, extra: tuple[str, ...] = (),
+                 pool: tuple[str, str] = ("http://127.0.0.1:1", "http://127.0.0.1:2")) -> None:
+        self.router = Router(RouterConfig(workers=[worker(pool[0], "prefill", 8998), worker(pool[1], "decode"),
                                                    *(worker(u, "prefill", 8998) for u in extra)]))
         self.workers: dict[str, dict[str, Any]] = {}
 
@@ -415,6 +415,54 @@ def test_two_fleets_in_one_redis_database_do_not_see_each_others_changes() -> No
         finally:
             await x.sync.stop()
             await y.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() -> None:
+    """Two fleets whose profiles are both named t, one Redis db, so one namespace: the second one to start
+    (no worker in common with the first) takes none of the first's workers or prefixes and writes none of
+    its own, says why, and refuses admin changes; a replica of the first fleet started with one more
+    worker (a worker being added) shares the state as before."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        a, a2 = Replica(store.url), Replica(store.url, extra=("http://127.0.0.1:7",))
+        b = Replica(store.url, pool=("http://127.0.0.2:1", "http://127.0.0.2:2"), resync_s=0.5)
+        running = [a, b, a2]
+        for r in running:
+            await r.sync.start()
+        try:
+            assert a.sync.up and a2.sync.up and not b.sync.up
+            assert b.sync.error is not None and "in use by another fleet" in b.sync.error, b.sync.error
+            assert "http://127.0.0.1:1" in b.sync.error and "named 't'" in b.sync.error
+            c = store.client()
+            stored = c.hgetall(HASH)
+            c.close()
+            assert "worker:http://127.0.0.1:7" in stored and not any("127.0.0.2" in k for k in stored), stored
+            await a.sync.change_prefix("sys", register("sys", "fleet a"))
+            assert await until(lambda: a2.texts("sys") == [(1, "fleet a", "active")])
+            await asyncio.sleep(0.3)
+            assert b.texts("sys") == [] and "http://127.0.0.1:1" not in b.workers  # nothing of fleet a's
+            with pytest.raises(StoreUnavailable, match=r"is not used .*another fleet"):
+                await b.sync.change_prefix("sys", register("sys", "fleet b"))
+            assert b.sync.status_doc()["connected"] is False
+            # fleet a gone for good (the marker lapses 6 resyncs after its last replica's sync): b owns it
+            c = store.client()
+            assert 0 < c.ttl(f"inferctl:router:{{{NS}}}:fleet") <= 30
+            for r in (a, a2):
+                running.remove(r)
+                await r.sync.stop()
+            c.delete(f"inferctl:router:{{{NS}}}:fleet")
+            c.close()
+            assert await until(lambda: b.sync.up, timeout=5), b.sync.error
+        finally:
+            for r in running:
+                await r.sync.stop()
 
     try:
         asyncio.run(main())
