@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -190,6 +191,9 @@ class RouterConfig:
                              remedy="router.balance_rel: e.g. 1.5")
         for name, (kind, lo, above, hi) in _BOUNDS.items():
             _check_number(name, getattr(self, name), kind, lo, above, hi)
+        for name, (kind, lo, above, hi) in _UNSET_OR_BOUNDED.items():
+            if getattr(self, name) is not None:
+                _check_number(name, getattr(self, name), kind, lo, above, hi)
         self.tier_weights()
         self.coalesce_config()
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
@@ -391,17 +395,38 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
     "kv_max_batches_per_s": (int, 1, False, None),
     "kv_max_message_bytes": (int, 1, False, None),
     "coalesce_min_tokens": (int, 1, False, None),
+    # the profile's le=60; a NaN one coalesce_config refused, an infinite one held a request for its leader
+    # as long as the request's timeout
+    "coalesce_max_wait_s": (float, 0.0, True, 60.0),
+    "port": (int, 0, False, 65535),  # 0: any free port (tests, embedding)
+}
+
+#: The same for the numbers None leaves unset: the pair-health floors (a NaN floor judged no transfer
+#: bad; a string one raised TypeError in the prefill's health checks once requests went through it, and
+#: what those checks found was never applied)
+_UNSET_OR_BOUNDED: dict[str, tuple[type, float, bool, float | None]] = {
+    "pair_min_kv_speed_gb_s": (float, 0.0, True, None),
+    "pair_max_kv_latency_ms": (float, 0.0, True, None),
 }
 
 
 def _check_number(name: str, value: object, kind: type, lo: float, above: bool, hi: float | None) -> None:
     whole = kind is int
     ok = (not isinstance(value, bool) and isinstance(value, int if whole else int | float)
-          and math.isfinite(value) and (value > lo if above else value >= lo)  # type: ignore[arg-type]
-          and (hi is None or value <= hi))  # type: ignore[operator]
+          and _finite(value, whole) and (value > lo if above else value >= lo)
+          and (hi is None or value <= hi))
     if not ok:
         what = "a whole number" if whole else "a finite number"
-        bound = f"above {lo:g}" if above else f"{lo:g} to {hi:g}" if hi is not None else f"{lo:g} or more"
+        bound = ((f"above {lo:g}, at most {hi:g}" if above else f"{lo:g} to {hi:g}") if hi is not None
+                 else f"above {lo:g}" if above else f"{lo:g} or more")
         default = getattr(RouterConfig, name)
         raise UsageError(f"router setting {name} must be {what}, {bound}, got {value!r}",
                          remedy=f"leave {name} at its default ({default!r}) or give one in those bounds")
+
+
+def _finite(value: float, whole: bool) -> bool:
+    """An int given for seconds is used as a float: one past the largest float is no number of seconds
+    (math.isfinite(10 ** 400) raised OverflowError, as the timer would); a count is an int of any size."""
+    if isinstance(value, int):
+        return whole or abs(value) <= sys.float_info.max
+    return math.isfinite(value)

@@ -162,7 +162,8 @@ class _StateCollector(Collector):
                                      "Hold-down the unhealthy worker must answer its checks for before it is let "
                                      "back (flap damping; 0: none)", labels=["worker", "role"])
         ejections = CounterMetricFamily("inferctl_router_worker_ejections",
-                                        "Times the worker went unhealthy", labels=["worker", "role"])
+                                        "Times the worker went out: unhealthy, or found restarted between two "
+                                        "checks (router/health.py)", labels=["worker", "role"])
         for w in router.workers.all():
             inflight.add_metric([w.url, w.role], w.load_inflight)
             healthy.add_metric([w.url, w.role], 1 if w.healthy else 0)

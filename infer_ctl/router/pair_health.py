@@ -68,23 +68,31 @@ class PairTracker:
 
     # ---- the picker ------------------------------------------------------------------------------
     def prefills(self, prefills: list[WorkerState], decodes: Sequence[WorkerState], now: float) -> list[WorkerState]:
-        """Prefills that have at least one pair not to avoid (all of them when none has)."""
+        """Prefills that can take the request and have at least one pair not to avoid with a decode that
+        can (all of them when none has). A pair whose prefill or decode is out serves nothing: preferring
+        it refused the request while a degraded pair could serve it, and avoiding is never refusing."""
         if not self.active:
             return prefills
         avoid = self.health.avoid
-        ok = [p for p in prefills if any(not avoid(p.url, d.url, now) for d in decodes)]
-        if ok and len(ok) < len(prefills):
+        up = [d for d in decodes if d.available(now)] or decodes
+        avail = [p for p in prefills if p.available(now)]
+        ok = [p for p in avail if any(not avoid(p.url, d.url, now) for d in up)]
+        if ok and len(ok) < len(avail):
             self.avoided += 1
         return ok or prefills
 
     def decodes(self, prefill: str, decodes: list[WorkerState], now: float) -> list[WorkerState]:
+        """The decodes for `prefill` that can take the request on a pair not to avoid; all of them when
+        none can (a fallback to a degraded pair when one of them can take it)."""
         if not self.active:
             return decodes
-        ok = [d for d in decodes if not self.health.avoid(prefill, d.url, now)]
+        avail = [d for d in decodes if d.available(now)]
+        ok = [d for d in avail if not self.health.avoid(prefill, d.url, now)]
         if not ok:
-            self.fallbacks += 1
+            if avail:
+                self.fallbacks += 1
             return decodes
-        if len(ok) < len(decodes):
+        if len(ok) < len(avail):
             self.avoided += 1
         return ok
 

@@ -24,6 +24,7 @@ from infer_ctl.core.routing.policy import (
     choose_prefill,
     placement_key,
 )
+from infer_ctl.core.tenancy.buckets import retry_after_s
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.kv_routing import KvRouting
 from infer_ctl.router.metrics import RouterMetrics
@@ -61,16 +62,20 @@ class PairPicker:
         workers = self.workers
         pd = bool(workers.role("prefill", "decode"))
         prefills = workers.role("prefill") if pd else workers.prefill_like()
-        pairs = self.pairs if pd else None
-        dec: WorkerState | None
-        if pairs is not None and pairs.active:
-            decodes = workers.role("decode")
-            pre = self._choose(ctx, pairs.prefills(prefills, decodes, now), excluded, now, True, pd)
-            dec = self._choose(ctx, pairs.decodes(pre.url, decodes, now), excluded, now, False, pd)
-            pairs.chosen(pre.url, dec.url, now)
-        else:
-            pre = self._choose(ctx, prefills, excluded, now, True, pd)
-            dec = self._choose(ctx, workers.role("decode"), excluded, now, False, pd) if pd else None
+        pairs = self.pairs if pd and self.pairs is not None and self.pairs.active else None
+        decodes = workers.role("decode") if pd else []
+        pre = self._choose(ctx, prefills if pairs is None else pairs.prefills(prefills, decodes, now), excluded, now,
+                           True, pd, decodes)
+        dec: WorkerState | None = None
+        if pd:
+            try:
+                dec = self._choose(ctx, decodes if pairs is None else pairs.decodes(pre.url, decodes, now), excluded,
+                                   now, False, pd)
+            except NoWorkerAvailable:
+                pre.breaker.release()  # the prefill's half-open probe slot, taken for a request never sent
+                raise
+            if pairs is not None:
+                pairs.chosen(pre.url, dec.url, now)
         if ctx.hashes:
             self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
             if self.kv is not None and ctx.full_key is not None:  # anchor the prompt, off the request path
@@ -80,22 +85,30 @@ class PairPicker:
         return pre, dec
 
     def _choose(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
-                pd: bool) -> WorkerState:
+                pd: bool, decodes: list[WorkerState] | None = None) -> WorkerState:
+        """`decodes` (PD, choosing the prefill): the decodes the request needs too, whose wait the 503's
+        Retry-After includes."""
         try:
             return self._choose_in(ctx, pool, excluded, now, prefill, pd)
         except NoWorkerAvailable as exc:  # the policy's or ours: say which workers only a hold-down keeps out
-            held = _held_left(pool, now)
+            held, wait = _holds(pool, now)
             if not held:
                 raise
-            back = math.ceil(min(held))
+            if wait and decodes:
+                # the request needs a decode too: back when both are, and unknown when the decode is
+                # down without a hold-down (a prefill's Retry-After alone sent the client back to a 503)
+                other = _holds(decodes, now)[1]
+                wait = None if other is None else max(wait, other)
             raise NoWorkerAvailable(f"{exc} ({len(held)} answering but held down by flap damping after repeated "
-                                    f"failures, the first back in {back} s if it keeps answering)",
-                                    retry_after_s=max(1, back)) from None
+                                    f"failures, the first back in {math.ceil(min(held))} s if it keeps answering)",
+                                    retry_after_s=retry_after_s(wait) if wait else None) from None
 
     def _choose_in(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
                    pd: bool) -> WorkerState:
-        # Prefer workers that have not failed this request; fall back to them rather than to nothing.
-        cands = [w for w in pool if w.url not in excluded] or pool
+        # Prefer workers that have not failed this request; fall back to them rather than to nothing (a
+        # retry that found only unavailable ones besides the worker that failed goes to that one again,
+        # as it does where that worker is alone in its role).
+        cands = ([w for w in pool if w.url not in excluded and w.available(now)] or pool) if excluded else pool
         exact = self._exact(ctx, cands, now) if prefill else None
         key = placement_key(ctx.text) if prefill and self.policy.miss_placement == "rendezvous" else None
         for _ in range(len(cands) + 1):
@@ -171,8 +184,23 @@ class PairPicker:
                 set(cached), cached)
 
 
-def _held_left(pool: list[WorkerState], now: float) -> list[float]:
-    """Seconds left of each flap hold-down in `pool` (router/health.py): workers that answer their checks
-    and take no request. The 503 names them and when the first is let back if it keeps answering (its
-    Retry-After); without that it reads as though every worker were down."""
-    return [d["holddown_left_s"] for d in (w.flap_doc(now) for w in pool if not w.removed) if d["held"]]
+def _holds(pool: list[WorkerState], now: float) -> tuple[list[float], float | None]:
+    """The flap hold-downs left of the workers in `pool` that answer their checks and take no request
+    (router/health.py): the 503 names them and when the first is let back if it keeps answering; without
+    that it reads as though every worker were down. And how long until the pool can take a request where
+    that is known (the 503's Retry-After): 0 when a worker can now, the first of those hold-downs to end
+    when every other worker is held too, else None: one down without a hold-down is back on its next
+    passing checks and one whose circuit breaker refuses on its next good probe, nobody knows when.
+    Removed and draining workers count in neither: only the operator lets them back."""
+    held: list[float] = []
+    free = unknown = False
+    for w in pool:
+        if w.removed or w.draining:
+            continue
+        if w.flap_doc(now)["held"]:
+            held.append(w.flap.left_s(now))
+        elif w.available(now):
+            free = True
+        else:
+            unknown = True
+    return held, 0.0 if free else None if unknown or not held else min(held)

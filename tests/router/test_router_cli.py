@@ -261,3 +261,23 @@ def test_every_number_set_in_code_is_bounded(field: str, value: object) -> None:
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=f"router setting {field} must be a (whole|finite) number.*got {re.escape(repr(value))}"):
         cfg.validate()
+
+
+@pytest.mark.parametrize(("field", "value", "bound"), [
+    ("coalesce_max_wait_s", float("inf"), "above 0, at most 60"), ("coalesce_max_wait_s", 61.0, "above 0, at most 60"),
+    ("port", 70000, "0 to 65535"), ("port", -1, "0 to 65535"), ("port", "8000", "0 to 65535"),
+    ("pair_min_kv_speed_gb_s", float("nan"), "above 0"), ("pair_max_kv_latency_ms", "5", "above 0"),
+    pytest.param("health_interval_s", 10 ** 400, "above 0", id="health_interval_s-10**400")])
+def test_the_numbers_the_bounds_missed_are_bounded_too(field: str, value: object, bound: str) -> None:
+    """Those the first bounds left out: an infinite coalescing wait (the profile caps it at 60 s), a port
+    no socket takes, a NaN or string pair-health floor (None: unset, allowed); and seconds given as an
+    int too large for a float are refused as out of bounds, not by OverflowError."""
+    from infer_ctl.errors import UsageError
+    from infer_ctl.router.config import RouterConfig, worker
+
+    fine = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], port=0, coalesce_max_wait_s=60.0,
+                        pair_min_kv_speed_gb_s=0.5, pair_max_kv_latency_ms=None)
+    fine.validate()
+    cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=f"router setting {field} must be a (whole|finite) number, {bound}, got"):
+        cfg.validate()

@@ -53,6 +53,13 @@ class CircuitBreaker:
             return True
         return self.state is BreakerState.CLOSED
 
+    def release(self) -> None:
+        """An `acquire` that sent nothing (the other half of a PD pair was not found): its probe slot is
+        free again. Kept, a half-open breaker would let no request through until the worker's next
+        readmission, as though its probe were still in flight."""
+        if self.state is BreakerState.HALF_OPEN:
+            self.probes = max(0, self.probes - 1)
+
     def record(self, ok: bool, now: float) -> None:
         if self.state is BreakerState.HALF_OPEN:
             self.probes = max(0, self.probes - 1)
