@@ -311,9 +311,9 @@ def test_the_cap_comes_from_the_profile_and_is_a_finite_number_of_seconds() -> N
             RouterConfig(health_holddown_max_s=bad).validate()
 
 
-def test_a_restart_during_the_hold_down_starts_it_over() -> None:
-    """A server crash-looping faster than the probe period fails no check while held: each probe finds a
-    new process (its /server_info start time changed). That crash is a failed hold-down, not an answer."""
+def clocked_checker() -> tuple[list[float], Any, Any]:
+    """One worker, the health checker's `apply` driven by hand on a clock the test moves (`now[0]`), the
+    worker seen once (process start-0) and healthy."""
     from infer_ctl.router.config import RouterConfig, worker
     from infer_ctl.router.health import HealthChecker
     from infer_ctl.router.proxy import Router
@@ -324,6 +324,13 @@ def test_a_restart_during_the_hold_down_starts_it_over() -> None:
     w = router.workers.by_url["http://127.0.0.1:1"]
     hc = HealthChecker(router)
     hc.apply(w, True, "start-0", False, None)
+    return now, w, hc
+
+
+def test_a_restart_during_the_hold_down_starts_it_over() -> None:
+    """A server crash-looping faster than the probe period fails no check while held: each probe finds a
+    new process (its /server_info start time changed). That crash is a failed hold-down, not an answer."""
+    now, w, hc = clocked_checker()
     w.flap.readmit(0.0)  # as though it was let back at 0: the next ejection is a flap
     for _ in range(3):  # three flaps in a row: a 4 s hold-down
         now[0] += 1.0
@@ -351,16 +358,7 @@ def test_a_worker_that_restarts_between_checks_while_in_is_damped_as_a_flap() ->
     """A worker that crashes and is back between two checks (a process manager restarting it within
     the health interval) never fails a check: each check finds a new process while it is in. Once is an
     ejection it is back from at once; again soon after is a flap, and it serves the hold-down."""
-    from infer_ctl.router.config import RouterConfig, worker
-    from infer_ctl.router.health import HealthChecker
-    from infer_ctl.router.proxy import Router
-
-    now = [0.0]
-    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
-                                 health_holddown_max_s=60.0), clock=lambda: now[0])
-    w = router.workers.by_url["http://127.0.0.1:1"]
-    hc = HealthChecker(router)
-    hc.apply(w, True, "start-0", False, None)
+    now, w, hc = clocked_checker()
     now[0] += 5.0
     hc.apply(w, True, "start-1", False, None)  # the first restart: in at once, as a first ejection is
     assert w.healthy and w.restarts == 1 and w.flap.ejections == 1 and w.flap.flaps == 0
