@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from infer_ctl.cli import router_cmd
+from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.proxy import Router
@@ -468,6 +471,110 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
         asyncio.run(main())
     finally:
         store.stop()
+
+
+FLEET = f"inferctl:router:{{{NS}}}:fleet"
+OTHER = ("http://127.0.0.2:1", "http://127.0.0.2:2")
+
+
+def test_two_fleets_starting_at_once_do_not_both_take_the_namespace() -> None:
+    """Both fleets' replicas start together on an empty store (a store restarted empty, every replica of both
+    reconnecting): one takes the namespace, the other stays off; the state holds one fleet's workers only
+    (a GET then a SET let both read it free, both seed, and the fleet that stayed holds the other's workers)."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        for _ in range(5):
+            a, b = Replica(store.url), Replica(store.url, pool=OTHER)
+            await asyncio.gather(a.sync.start(), b.sync.start())
+            try:
+                assert a.sync.up != b.sync.up, (a.sync.error, b.sync.error)
+                c = store.client()
+                stored = [k for k in c.hgetall(HASH) if k.startswith("worker:")]
+                c.delete(HASH, REV, EPOCH, FLEET)
+                c.close()
+                assert len({k.rsplit(":", 2)[-2] for k in stored}) == 1, stored  # one fleet's hosts
+            finally:
+                await asyncio.gather(a.sync.stop(), b.sync.stop())
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_a_replica_started_with_workers_added_at_runtime_shares_the_fleet_s_state() -> None:
+    """Every worker of the fleet replaced at runtime (`inferctl router workers add/remove`), then a replica
+    started with the new list: it is of the same fleet, though the running replica was started with the
+    old list only."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        a = Replica(store.url, resync_s=0.5)
+        await a.sync.start()
+        new = Replica(store.url, pool=("http://127.0.0.1:5", "http://127.0.0.1:6"))
+        try:
+            for url in ("http://127.0.0.1:5", "http://127.0.0.1:6"):
+                await a.sync.change_worker(url, {"present": True, "url": url, "role": "decode"})
+            for url in ("http://127.0.0.1:1", "http://127.0.0.1:2"):
+                await a.sync.change_worker(url, {"present": False, "url": url, "role": "decode"})
+            await asyncio.sleep(0.7)  # a's listening loop resyncs, refreshing the fleet's workers
+            await new.sync.start()
+            assert new.sync.up, new.sync.error
+        finally:
+            await a.sync.stop()
+            await new.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: Any, monkeypatch: Any) -> None:
+    """The other fleet's replicas, started with different lists, take turns writing the fleet's workers:
+    the replica kept off logs the conflict once, not at every resync; `inferctl router status` shows the
+    store not used because of another fleet, not unreachable."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> dict[str, Any]:
+        c = store.client()
+        c.set(FLEET, json.dumps(["http://127.0.0.1:1", "http://127.0.0.1:2"]), ex=30)
+        b = Replica(store.url, pool=OTHER, resync_s=0.3)
+        with caplog.at_level(logging.ERROR, logger="infer_ctl.router.state"):
+            await b.sync.start()
+            try:
+                for i in range(4):
+                    workers = ["http://127.0.0.1:1", "http://127.0.0.1:2", *(["http://127.0.0.1:7"] * (i % 2))]
+                    c.set(FLEET, json.dumps(workers), ex=30)
+                    await asyncio.sleep(0.5)
+                assert not b.sync.up and b.sync.applied == 0
+                return b.sync.status_doc()
+            finally:
+                c.close()
+                await b.sync.stop()
+
+    try:
+        doc = asyncio.run(main())
+    finally:
+        store.stop()
+    conflicts = [r for r in caplog.records if "another fleet" in r.getMessage()]
+    assert len(conflicts) == 1, [r.getMessage() for r in caplog.records]
+    assert doc["another_fleet"] is True
+
+    class Client:
+        def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+            return {"listen": "127.0.0.1:1", "mode": "pd", "policy": "kv", "workers": {"available": 2, "total": 2},
+                    "active_requests": 0, "index": {"blocks": 0}, "prefixes": {"active": 0}, "state_store": doc}
+
+    monkeypatch.setattr(router_cmd, "_client", lambda url, profile: Client())
+    capsys.readouterr()
+    main_cli(["router", "status", "--url", "http://127.0.0.1:1"])
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps lines
+    assert "NOT USED, its namespace is another fleet's" in out and "UNREACHABLE" not in out, out
 
 
 def test_rediss_to_a_server_whose_certificate_is_not_trusted_is_refused(tmp_path: Any) -> None:
