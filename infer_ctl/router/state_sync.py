@@ -278,6 +278,7 @@ class StateSync:
     async def _run(self) -> None:
         while not self._stopping:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            pause = 0.0
             try:
                 await pubsub.subscribe(self.channel)
                 await self._sync("resync")  # after subscribing: a change between the two is in one or the other
@@ -312,7 +313,7 @@ class StateSync:
                 continue
             except FleetConflict as exc:  # nothing to retry soon: the other fleet is not going away
                 self._down(exc)
-                await asyncio.sleep(max(0.0, self.resync_s - 0.5))
+                pause = max(0.0, self.resync_s - 0.5)  # waited unsubscribed, below: its changes are not ours
             except Exception as exc:  # redis-py raises its own and OS errors: retry all
                 self._down(exc)
             finally:
@@ -321,7 +322,7 @@ class StateSync:
                         await asyncio.shield(pubsub.aclose())
                 except Exception:  # the connection is gone already
                     pass
-            await asyncio.sleep(min(0.5, self.resync_s))
+            await asyncio.sleep(pause + min(0.5, self.resync_s))
 
     def wall_offset(self) -> float:
         """What to add to router.clock() for the absolute time records carry: the store's clock (Redis

@@ -533,6 +533,30 @@ def test_a_replica_started_with_workers_added_at_runtime_shares_the_fleet_s_stat
         store.stop()
 
 
+def test_a_replica_kept_off_is_not_subscribed_to_the_other_fleet_s_changes_between_its_looks() -> None:
+    """Between its looks (every resync_s) a replica of another fleet holds no subscription: the store would
+    otherwise queue every change of the other fleet for a client that never reads it."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        c = store.client()
+        c.set(FLEET, json.dumps(["http://127.0.0.1:1"]), ex=30)
+        c.close()
+        b = Replica(store.url, pool=OTHER, resync_s=3.0)
+        await b.sync.start()
+        try:
+            await asyncio.sleep(1.0)
+            assert not b.sync.up and subscribers(store) == 0
+        finally:
+            await b.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
 def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: Any, monkeypatch: Any) -> None:
     """The other fleet's replicas, started with different lists, take turns writing the fleet's workers:
     the replica kept off logs the conflict once, not at every resync; `inferctl router status` shows the
