@@ -203,6 +203,9 @@ class StateSync:
         reg = router.metrics.registry
         self._up_gauge = Gauge("inferctl_router_state_store_up", "1 while the shared state store is reachable",
                                registry=reg)
+        self._another_fleet = Gauge("inferctl_router_state_store_another_fleet",
+                                    "1 while the state store is not used: its namespace is another fleet's",
+                                    registry=reg)
         self._changes = Counter("inferctl_router_state_changes_total",
                                 "Shared changes applied, by kind (prefix, worker) and source (local, message, resync)",
                                 ["kind", "source"], registry=reg)
@@ -253,9 +256,11 @@ class StateSync:
                 "replicas": list(self.router.cfg.replicas)}
 
     def _down(self, exc: BaseException) -> None:
-        self._failures.inc()
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         conflict = isinstance(exc, FleetConflict)
+        if not conflict:  # the store answered: an alert on failures (or on up alone) would send one to the network
+            self._failures.inc()
+        self._another_fleet.set(int(conflict))
         if conflict and (self.up or not self.conflict):
             # once while it lasts: the workers named in the reason change with the other fleet's last replica
             log.error("state store not used: its namespace is another fleet's; serving with the state held, "
@@ -273,6 +278,7 @@ class StateSync:
             log.info("state store connected", extra={"store": redact(self.url), "epoch": self.epoch})
         self.up, self.error, self.conflict = True, None, False
         self._up_gauge.set(1)
+        self._another_fleet.set(0)
 
     # ---- the listening loop ----------------------------------------------------------------------
     async def _run(self) -> None:

@@ -576,6 +576,10 @@ def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: 
                     c.set(FLEET, json.dumps(workers), ex=30)
                     await asyncio.sleep(0.5)
                 assert not b.sync.up and b.sync.applied == 0
+                reg = b.router.metrics.registry
+                # the store answered every look: not a store failure, and said as what it is
+                assert reg.get_sample_value("inferctl_router_state_store_failures_total") == 0
+                assert reg.get_sample_value("inferctl_router_state_store_another_fleet") == 1
                 return b.sync.status_doc()
             finally:
                 c.close()
