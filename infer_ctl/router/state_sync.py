@@ -395,8 +395,12 @@ class StateSync:
         raw = await self._fleet_script(keys=[self.fleet_key], args=[ttl, dumps(ours), *ours])
         if raw is None:
             return
-        theirs = [str(u) for u in loads(raw)]  # the script found it a list of strings
-        shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+        try:
+            theirs = [str(u) for u in loads(raw)]  # the script found it a list of strings
+        except ValueError:  # strings Redis's cjson takes and JSON does not (not UTF-8): written by hand
+            theirs = [f"{raw!r} (not UTF-8)"]
+        # bounded: the reason is logged and shown in the status (a marker written by hand can be anything)
+        shown = ", ".join(u[:100] for u in theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
         raise FleetConflict(
             f"namespace {self.namespace!r} of the state store is in use by another fleet (workers {shown}; "
             f"none of this replica's): two fleets whose profiles are both named {self.namespace!r} share "

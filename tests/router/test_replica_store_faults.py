@@ -557,6 +557,33 @@ def test_a_replica_kept_off_is_not_subscribed_to_the_other_fleet_s_changes_betwe
         store.stop()
 
 
+@pytest.mark.parametrize("marker", [b'["\xff\xfe"]', b'["' + b"h" * 1_000_000 + b'"]'],
+                         ids=["not-utf-8", "a-1-MB-url"])
+def test_a_fleet_marker_written_by_hand_keeps_the_replica_off_and_says_so_briefly(marker: bytes) -> None:
+    """A list of strings Redis's JSON takes but Python's does not (not UTF-8), or one URL of 1 MB: the
+    replica is kept off as for another fleet (not shown unreachable with a decode error), and the reason
+    it logs and shows stays short."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        c = store.client()
+        c.set(FLEET, marker, ex=30)
+        c.close()
+        b = Replica(store.url)
+        await b.sync.start()
+        try:
+            assert not b.sync.up and b.sync.conflict, b.sync.error
+            assert b.sync.error is not None and len(b.sync.error) < 1000, len(b.sync.error)
+        finally:
+            await b.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
 def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: Any, monkeypatch: Any) -> None:
     """The other fleet's replicas, started with different lists, take turns writing the fleet's workers:
     the replica kept off logs the conflict once, not at every resync; `inferctl router status` shows the
