@@ -127,14 +127,23 @@ def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False
                 f"index {doc['index']['blocks']} blocks, prefixes {doc['prefixes']['active']} active")
         store = doc.get("state_store")  # several replicas: where they share their state
         if store:
-            c.print(f"  state store {store['url']}: " + ("connected" if store["connected"] else
-                    f"UNREACHABLE ({store['error']}): serving with the state held, admin changes refused"),
-                    highlight=False)
+            c.print(f"  state store {store['url']}: {_store_state(store)}", highlight=False)
         spec = doc.get("speculative") or {}
         for url, d in (spec.get("decodes") or {}).items():
             c.print(f"  speculative {url}: {_spec_cells(d)}", highlight=False)
 
     _done(json, "router status", {"router": doc}, render, code)
+
+
+def _store_state(store: dict[str, Any]) -> str:
+    """The state store's line of `router status`: a store in use by another fleet is reachable, and the
+    remedy is a rename, not the network (`another_fleet` is absent from an older router)."""
+    if store["connected"]:
+        return "connected"
+    if store.get("another_fleet"):
+        return (f"NOT USED, its namespace is another fleet's ({store['error']}): serving with this replica's "
+                "own state, admin changes refused")
+    return f"UNREACHABLE ({store['error']}): serving with the state held, admin changes refused"
 
 
 @app.command("workers")

@@ -88,6 +88,29 @@ redis.call('HSET', KEYS[1], ARGV[1], value)
 redis.call('PUBLISH', ARGV[4], value)
 return v
 """
+#: the fleet check (`StateSync._check_fleet`), one script so that two replicas of different fleets syncing at
+#: once cannot both find the namespace free (a GET then a SET would let both in, each seeding its workers
+#: and prefixes into the other's state). KEYS: the fleet key; ARGV: its expiry (s), the marker to write, then
+#: this replica's workers. Returns the stored marker when it is another fleet's (a non-empty list of URLs,
+#: none of them this replica's), writing nothing; else writes the marker and returns nil. A marker that is
+#: not such a list (garbage, a dict, written by hand) is taken over.
+_FLEET = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, theirs = pcall(cjson.decode, cur)
+  if ok and type(theirs) == 'table' and #theirs > 0 then
+    local ours = {}
+    for i = 3, #ARGV do ours[ARGV[i]] = true end
+    local wellformed, shared = true, false
+    for _, u in ipairs(theirs) do
+      if type(u) ~= 'string' then wellformed = false elseif ours[u] then shared = true end
+    end
+    if wellformed and not shared then return cur end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+return false
+"""
 #: revs above this are not ours (Lua numbers are doubles): such a record is ignored as malformed
 MAX_REV = 2**53
 
@@ -159,12 +182,15 @@ class StateSync:
         self.epoch: str | None = None
         self.up = False
         self.error: str | None = "not connected yet"
+        #: down because the namespace is another fleet's (FleetConflict), not because the store is unreachable
+        self.conflict = False
         self.last_sync: float | None = None
         self.applied = 0
         self._client: Any = None
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one change at a time from this replica (each is a few round trips)
         self._cas: Any = None
+        self._fleet_script: Any = None
         #: this host's wall clock (a test sets a skewed one); absolute times are read on the store's clock
         self.wall: Callable[[], float] = time.time
         #: store time minus router.clock(), measured with Redis TIME at every sync (None before the first)
@@ -177,6 +203,9 @@ class StateSync:
         reg = router.metrics.registry
         self._up_gauge = Gauge("inferctl_router_state_store_up", "1 while the shared state store is reachable",
                                registry=reg)
+        self._another_fleet = Gauge("inferctl_router_state_store_another_fleet",
+                                    "1 while the state store is not used: its namespace is another fleet's",
+                                    registry=reg)
         self._changes = Counter("inferctl_router_state_changes_total",
                                 "Shared changes applied, by kind (prefix, worker) and source (local, message, resync)",
                                 ["kind", "source"], registry=reg)
@@ -193,6 +222,7 @@ class StateSync:
                                          # the compare-and-set), then is ignored as malformed
                                          encoding_errors="surrogateescape")
         self._cas = self._client.register_script(_CAS)
+        self._fleet_script = self._client.register_script(_FLEET)
         try:
             async with asyncio.timeout(3 * self.timeout_s):
                 await self._sync("start")
@@ -218,6 +248,7 @@ class StateSync:
     def status_doc(self) -> dict[str, Any]:
         now = time.monotonic()
         return {"url": redact(self.url), "namespace": self.namespace, "connected": self.up, "error": self.error,
+                "another_fleet": self.conflict,
                 "epoch": self.epoch, "rev": max(self.revs.values(), default=0), "applied": self.applied,
                 "last_sync_s_ago": None if self.last_sync is None else round(now - self.last_sync, 1),
                 "clock_skew_s": None if self._store_offset is None
@@ -225,28 +256,35 @@ class StateSync:
                 "replicas": list(self.router.cfg.replicas)}
 
     def _down(self, exc: BaseException) -> None:
-        self._failures.inc()
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if (self.up or self.error != reason) and isinstance(exc, FleetConflict):
+        conflict = isinstance(exc, FleetConflict)
+        if not conflict:  # the store answered: an alert on failures (or on up alone) would send one to the network
+            self._failures.inc()
+        self._another_fleet.set(int(conflict))
+        if conflict and (self.up or not self.conflict):
+            # once while it lasts: the workers named in the reason change with the other fleet's last replica
             log.error("state store not used: its namespace is another fleet's; serving with the state held, "
                       "admin changes refused", extra={"store": redact(self.url), "error": reason})
-        elif self.up or self.error != reason:
+        elif not conflict and (self.up or self.error != reason):
             log.warning("state store unreachable: serving with the state held, admin changes refused",
                         extra={"store": redact(self.url), "error": reason})
         self.up = False
         self.error = reason
+        self.conflict = conflict
         self._up_gauge.set(0)
 
     def _connected(self) -> None:
         if not self.up:
             log.info("state store connected", extra={"store": redact(self.url), "epoch": self.epoch})
-        self.up, self.error = True, None
+        self.up, self.error, self.conflict = True, None, False
         self._up_gauge.set(1)
+        self._another_fleet.set(0)
 
     # ---- the listening loop ----------------------------------------------------------------------
     async def _run(self) -> None:
         while not self._stopping:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+            pause = 0.0
             try:
                 await pubsub.subscribe(self.channel)
                 await self._sync("resync")  # after subscribing: a change between the two is in one or the other
@@ -281,7 +319,7 @@ class StateSync:
                 continue
             except FleetConflict as exc:  # nothing to retry soon: the other fleet is not going away
                 self._down(exc)
-                await asyncio.sleep(max(0.0, self.resync_s - 0.5))
+                pause = max(0.0, self.resync_s - 0.5)  # waited unsubscribed, below: its changes are not ours
             except Exception as exc:  # redis-py raises its own and OS errors: retry all
                 self._down(exc)
             finally:
@@ -290,7 +328,7 @@ class StateSync:
                         await asyncio.shield(pubsub.aclose())
                 except Exception:  # the connection is gone already
                     pass
-            await asyncio.sleep(min(0.5, self.resync_s))
+            await asyncio.sleep(pause + min(0.5, self.resync_s))
 
     def wall_offset(self) -> float:
         """What to add to router.clock() for the absolute time records carry: the store's clock (Redis
@@ -345,27 +383,33 @@ class StateSync:
     async def _check_fleet(self) -> None:
         """The namespace is the profile's name: two fleets whose profiles share a name and a store would share
         one state, each adding the other's workers to its pool and removing its prefixes. The store keeps the
-        workers the last replica to sync was started with (for 6 resyncs); a replica none of whose workers is
-        among them is of another fleet (one fleet's replicas always share workers, even while a worker is added or
-        replaced): it stays off the store, serving with its own state, and says why."""
-        client = self._client
-        raw = await client.get(self.fleet_key)
+        workers of the last replica to sync (for 6 resyncs); a replica none of whose workers is among them is
+        of another fleet: it stays off the store, serving with its own state, and says why. A replica's
+        workers are those it was started with and those the shared state lists as present: one fleet's
+        replicas share workers even while a worker is added, or all of them are replaced at runtime (a
+        replica started with the new list, while the others were started with the old one)."""
+        ours = self._fleet_workers()
+        if not ours:  # started with none, nothing learnt yet: nothing to compare
+            return
+        ttl = max(30, int(6 * self.resync_s))  # it lapses: once every replica of a fleet is gone, the next owns it
+        raw = await self._fleet_script(keys=[self.fleet_key], args=[ttl, dumps(ours), *ours])
+        if raw is None:
+            return
         try:
-            theirs = loads(raw) if raw is not None else None
-        except ValueError:
-            theirs = None  # unreadable: taken over below
-        if not isinstance(theirs, list) or not all(isinstance(u, str) for u in theirs):
-            theirs = None
-        if theirs and self.fleet and not set(theirs) & set(self.fleet):
-            shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
-            raise FleetConflict(
-                f"namespace {self.namespace!r} of the state store is in use by another fleet (workers {shown}; "
-                f"none of this replica's): two fleets whose profiles are both named {self.namespace!r} share "
-                "this store. Rename one profile, or give it its own router.state_store database")
-        if self.fleet:
-            # refreshed at every sync, and it lapses: once every replica of a fleet is gone (all of its
-            # workers replaced in a rolling change of the profile, say), the next one to start owns it
-            await client.set(self.fleet_key, dumps(self.fleet), ex=max(30, int(6 * self.resync_s)))
+            theirs = [str(u) for u in loads(raw)]  # the script found it a list of strings
+        except ValueError:  # strings Redis's cjson takes and JSON does not (not UTF-8): written by hand
+            theirs = [f"{raw!r} (not UTF-8)"]
+        # bounded: the reason is logged and shown in the status (a marker written by hand can be anything)
+        shown = ", ".join(u[:100] for u in theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+        raise FleetConflict(
+            f"namespace {self.namespace!r} of the state store is in use by another fleet (workers {shown}; "
+            f"none of this replica's): two fleets whose profiles are both named {self.namespace!r} share "
+            "this store. Rename one profile, or give it its own router.state_store database")
+
+    def _fleet_workers(self) -> list[str]:
+        """The workers this replica was started with, and those present in the shared state it applied."""
+        held = {url for url, rec in self.worker_records.items() if rec.get("present")}
+        return sorted(held | set(self.fleet))
 
     async def _seed(self, stored: dict[str, str]) -> None:
         """Write the prefixes and workers this replica holds that the store does not know (its profile's, or
@@ -473,7 +517,7 @@ class StateSync:
 
     # ---- admin changes ---------------------------------------------------------------------------
     def _refuse(self) -> StoreUnavailable:
-        if self.error is not None and self.error.startswith(FleetConflict.__name__):
+        if self.conflict:
             return StoreUnavailable(f"the shared state store {redact(self.url)} is not used ({self.error}); the "
                                     "change was not made")
         return StoreUnavailable(f"the shared state store {redact(self.url)} is unreachable ({self.error}); the change "

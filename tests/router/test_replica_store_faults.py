@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from infer_ctl.cli import router_cmd
+from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.proxy import Router
@@ -468,6 +471,165 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
         asyncio.run(main())
     finally:
         store.stop()
+
+
+FLEET = f"inferctl:router:{{{NS}}}:fleet"
+OTHER = ("http://127.0.0.2:1", "http://127.0.0.2:2")
+
+
+def test_two_fleets_starting_at_once_do_not_both_take_the_namespace() -> None:
+    """Both fleets' replicas start together on an empty store (a store restarted empty, every replica of both
+    reconnecting): one takes the namespace, the other stays off; the state holds one fleet's workers only
+    (a GET then a SET let both read it free, both seed, and the fleet that stayed holds the other's workers)."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        for _ in range(5):
+            a, b = Replica(store.url), Replica(store.url, pool=OTHER)
+            await asyncio.gather(a.sync.start(), b.sync.start())
+            try:
+                assert a.sync.up != b.sync.up, (a.sync.error, b.sync.error)
+                c = store.client()
+                stored = [k for k in c.hgetall(HASH) if k.startswith("worker:")]
+                c.delete(HASH, REV, EPOCH, FLEET)
+                c.close()
+                assert len({k.rsplit(":", 2)[-2] for k in stored}) == 1, stored  # one fleet's hosts
+            finally:
+                await asyncio.gather(a.sync.stop(), b.sync.stop())
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_a_replica_started_with_workers_added_at_runtime_shares_the_fleet_s_state() -> None:
+    """Every worker of the fleet replaced at runtime (`inferctl router workers add/remove`), then a replica
+    started with the new list: it is of the same fleet, though the running replica was started with the
+    old list only."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        a = Replica(store.url, resync_s=0.5)
+        await a.sync.start()
+        new = Replica(store.url, pool=("http://127.0.0.1:5", "http://127.0.0.1:6"))
+        try:
+            for url in ("http://127.0.0.1:5", "http://127.0.0.1:6"):
+                await a.sync.change_worker(url, {"present": True, "url": url, "role": "decode"})
+            for url in ("http://127.0.0.1:1", "http://127.0.0.1:2"):
+                await a.sync.change_worker(url, {"present": False, "url": url, "role": "decode"})
+            await asyncio.sleep(0.7)  # a's listening loop resyncs, refreshing the fleet's workers
+            await new.sync.start()
+            assert new.sync.up, new.sync.error
+        finally:
+            await a.sync.stop()
+            await new.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_a_replica_kept_off_is_not_subscribed_to_the_other_fleet_s_changes_between_its_looks() -> None:
+    """Between its looks (every resync_s) a replica of another fleet holds no subscription: the store would
+    otherwise queue every change of the other fleet for a client that never reads it."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        c = store.client()
+        c.set(FLEET, json.dumps(["http://127.0.0.1:1"]), ex=30)
+        c.close()
+        b = Replica(store.url, pool=OTHER, resync_s=3.0)
+        await b.sync.start()
+        try:
+            await asyncio.sleep(1.0)
+            assert not b.sync.up and subscribers(store) == 0
+        finally:
+            await b.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+@pytest.mark.parametrize("marker", [b'["\xff\xfe"]', b'["' + b"h" * 1_000_000 + b'"]'],
+                         ids=["not-utf-8", "a-1-MB-url"])
+def test_a_fleet_marker_written_by_hand_keeps_the_replica_off_and_says_so_briefly(marker: bytes) -> None:
+    """A list of strings Redis's JSON takes but Python's does not (not UTF-8), or one URL of 1 MB: the
+    replica is kept off as for another fleet (not shown unreachable with a decode error), and the reason
+    it logs and shows stays short."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> None:
+        c = store.client()
+        c.set(FLEET, marker, ex=30)
+        c.close()
+        b = Replica(store.url)
+        await b.sync.start()
+        try:
+            assert not b.sync.up and b.sync.conflict, b.sync.error
+            assert b.sync.error is not None and len(b.sync.error) < 1000, len(b.sync.error)
+        finally:
+            await b.sync.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.stop()
+
+
+def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: Any, monkeypatch: Any) -> None:
+    """The other fleet's replicas, started with different lists, take turns writing the fleet's workers:
+    the replica kept off logs the conflict once, not at every resync; `inferctl router status` shows the
+    store not used because of another fleet, not unreachable."""
+    need_redis()
+    store = RedisServer().start()
+
+    async def main() -> dict[str, Any]:
+        c = store.client()
+        c.set(FLEET, json.dumps(["http://127.0.0.1:1", "http://127.0.0.1:2"]), ex=30)
+        b = Replica(store.url, pool=OTHER, resync_s=0.3)
+        with caplog.at_level(logging.ERROR, logger="infer_ctl.router.state"):
+            await b.sync.start()
+            try:
+                for i in range(4):
+                    workers = ["http://127.0.0.1:1", "http://127.0.0.1:2", *(["http://127.0.0.1:7"] * (i % 2))]
+                    c.set(FLEET, json.dumps(workers), ex=30)
+                    await asyncio.sleep(0.5)
+                assert not b.sync.up and b.sync.applied == 0
+                reg = b.router.metrics.registry
+                # the store answered every look: not a store failure, and said as what it is
+                assert reg.get_sample_value("inferctl_router_state_store_failures_total") == 0
+                assert reg.get_sample_value("inferctl_router_state_store_another_fleet") == 1
+                return b.sync.status_doc()
+            finally:
+                c.close()
+                await b.sync.stop()
+
+    try:
+        doc = asyncio.run(main())
+    finally:
+        store.stop()
+    conflicts = [r for r in caplog.records if "another fleet" in r.getMessage()]
+    assert len(conflicts) == 1, [r.getMessage() for r in caplog.records]
+    assert doc["another_fleet"] is True
+
+    class Client:
+        def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+            return {"listen": "127.0.0.1:1", "mode": "pd", "policy": "kv", "workers": {"available": 2, "total": 2},
+                    "active_requests": 0, "index": {"blocks": 0}, "prefixes": {"active": 0}, "state_store": doc}
+
+    monkeypatch.setattr(router_cmd, "_client", lambda url, profile: Client())
+    capsys.readouterr()
+    main_cli(["router", "status", "--url", "http://127.0.0.1:1"])
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps lines
+    assert "NOT USED, its namespace is another fleet's" in out and "UNREACHABLE" not in out, out
 
 
 def test_rediss_to_a_server_whose_certificate_is_not_trusted_is_refused(tmp_path: Any) -> None:
