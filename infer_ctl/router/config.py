@@ -173,27 +173,10 @@ class RouterConfig:
         if self.workers and self.mode == "pd" and not ({"prefill", "decode"} <= roles):
             raise UsageError("PD mode needs at least one prefill and one decode worker",
                              remedy="give --prefill URL[@BOOTSTRAP_PORT] and --decode URL")
-        # the profile's bounds (ge=0, le=86400); a string or None set in code failed in math.isfinite as an
-        # internal error, and a day-plus cap the profile refuses passed here
-        cap = self.health_holddown_max_s
-        if isinstance(cap, bool) or not isinstance(cap, int | float) or not (math.isfinite(cap) and 0 <= cap <= 86400):
-            raise UsageError(f"router.health_holddown_max_s must be a finite number of seconds, 0 to 86400, "
-                             f"got {self.health_holddown_max_s!r}",
-                             remedy="router.health_holddown_max_s: e.g. 60 (0 turns flap damping off)")
-        # the load guard as the profile bounds it (router.balance_abs ge=0, balance_rel ge=1): set in code
-        # or by `router serve --balance-abs`, a negative guard takes every cache hit off the least loaded
-        # worker too, and a NaN one turns the guard off without a word (every comparison with it is false)
-        if isinstance(self.balance_abs, bool) or not isinstance(self.balance_abs, int) or self.balance_abs < 0:
-            raise UsageError(f"router.balance_abs must be a whole number of requests, 0 or more, got {self.balance_abs!r}",
-                             remedy="router.balance_abs (or `router serve --balance-abs N`): e.g. 8")
-        if not (isinstance(self.balance_rel, int | float) and math.isfinite(self.balance_rel) and self.balance_rel >= 1):
-            raise UsageError(f"router.balance_rel must be a finite number, 1 or more, got {self.balance_rel!r}",
-                             remedy="router.balance_rel: e.g. 1.5")
         for name, (kind, lo, above, hi) in _BOUNDS.items():
-            _check_number(name, getattr(self, name), kind, lo, above, hi)
-        for name, (kind, lo, above, hi) in _UNSET_OR_BOUNDED.items():
-            if getattr(self, name) is not None:
-                _check_number(name, getattr(self, name), kind, lo, above, hi)
+            value = getattr(self, name)
+            if value is not None or name not in _OPTIONAL:
+                _check_number(name, value, kind, lo, above, hi)
         self.tier_weights()
         self.coalesce_config()
         if self.policy not in ("cache_aware", "round_robin", "power_of_two", "random"):
@@ -395,18 +378,31 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
     "kv_max_batches_per_s": (int, 1, False, None),
     "kv_max_message_bytes": (int, 1, False, None),
     "coalesce_min_tokens": (int, 1, False, None),
+    # the profile's bounds: a string or None failed in math.isfinite as an internal error, and a day-plus
+    # hold-down cap passed
+    "health_holddown_max_s": (float, 0.0, False, 86400.0),
+    # the load guard (router.balance_abs ge=0, balance_rel ge=1): a negative guard takes every cache hit off
+    # the least loaded worker too, and a NaN one turns the guard off without a word
+    "balance_abs": (int, 0, False, None),
+    "balance_rel": (float, 1.0, False, None),
     # the profile's le=60; a NaN one coalesce_config refused, an infinite one held a request for its leader
     # as long as the request's timeout
     "coalesce_max_wait_s": (float, 0.0, True, 60.0),
     "port": (int, 0, False, 65535),  # 0: any free port (tests, embedding)
-}
-
-#: The same for the numbers None leaves unset: the pair-health floors (a NaN floor judged no transfer
-#: bad; a string one raised TypeError in the prefill's health checks once requests went through it, and
-#: what those checks found was never applied)
-_UNSET_OR_BOUNDED: dict[str, tuple[type, float, bool, float | None]] = {
     "pair_min_kv_speed_gb_s": (float, 0.0, True, None),
     "pair_max_kv_latency_ms": (float, 0.0, True, None),
+}
+
+#: Those of them None leaves unset: the pair-health floors (a NaN floor judged no transfer bad; a string
+#: one raised TypeError in the prefill's health checks once requests went through it, and what those
+#: checks found was never applied)
+_OPTIONAL = frozenset({"pair_min_kv_speed_gb_s", "pair_max_kv_latency_ms"})
+
+#: What to say beyond the bounds, where a flag or a meaning helps
+_HINTS = {
+    "balance_abs": "router.balance_abs (or `router serve --balance-abs N`): e.g. 8",
+    "balance_rel": "router.balance_rel: e.g. 1.5",
+    "health_holddown_max_s": "router.health_holddown_max_s: e.g. 60 (0 turns flap damping off)",
 }
 
 
@@ -420,8 +416,8 @@ def _check_number(name: str, value: object, kind: type, lo: float, above: bool, 
         bound = ((f"above {lo:g}, at most {hi:g}" if above else f"{lo:g} to {hi:g}") if hi is not None
                  else f"above {lo:g}" if above else f"{lo:g} or more")
         default = getattr(RouterConfig, name)
-        raise UsageError(f"router setting {name} must be {what}, {bound}, got {value!r}",
-                         remedy=f"leave {name} at its default ({default!r}) or give one in those bounds")
+        raise UsageError(f"router.{name} must be {what}, {bound}, got {value!r}",
+                         remedy=_HINTS.get(name, f"leave {name} at its default ({default!r}) or give one in those bounds"))
 
 
 def _finite(value: float, whole: bool) -> bool:

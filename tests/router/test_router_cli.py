@@ -259,7 +259,7 @@ def test_every_number_set_in_code_is_bounded(field: str, value: object) -> None:
     ok.validate()  # every default is inside its bounds
     assert set(_BOUNDS) <= set(vars(ok)), set(_BOUNDS) - set(vars(ok))  # each bound names a real field
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match=f"router setting {field} must be a (whole|finite) number.*got {re.escape(repr(value))}"):
+    with pytest.raises(UsageError, match=rf"router\.{field} must be a (whole|finite) number.*got {re.escape(repr(value))}"):
         cfg.validate()
 
 
@@ -279,5 +279,5 @@ def test_the_numbers_the_bounds_missed_are_bounded_too(field: str, value: object
                         pair_min_kv_speed_gb_s=0.5, pair_max_kv_latency_ms=None)
     fine.validate()
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match=f"router setting {field} must be a (whole|finite) number, {bound}, got"):
+    with pytest.raises(UsageError, match=rf"router\.{field} must be a (whole|finite) number, {bound}, got"):
         cfg.validate()
