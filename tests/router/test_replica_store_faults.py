@@ -7,12 +7,13 @@ The router processes themselves: tests/router/test_replicas.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
@@ -425,21 +426,54 @@ def test_two_fleets_in_one_redis_database_do_not_see_each_others_changes() -> No
         store.stop()
 
 
+FLEET = f"inferctl:router:{{{NS}}}:fleet"
+OTHER = ("http://127.0.0.2:1", "http://127.0.0.2:2")
+T = TypeVar("T")
+
+
+def with_store(main: Callable[[RedisServer], Coroutine[Any, Any, T]]) -> T:
+    """`main` run against a redis-server of its own (the test skipped without one), stopped after it."""
+    need_redis()
+    store = RedisServer().start()
+    try:
+        return asyncio.run(main(store))
+    finally:
+        store.stop()
+
+
+@contextlib.asynccontextmanager
+async def started(*replicas: Replica) -> AsyncIterator[list[Replica]]:
+    """The replicas' syncs started in turn; those still in the list stopped at the end (a test that stops
+    one itself takes it out of the list)."""
+    running = list(replicas)
+    for r in running:
+        await r.sync.start()
+    try:
+        yield running
+    finally:
+        for r in running:
+            await r.sync.stop()
+
+
+def put(store: RedisServer, key: str, value: str | bytes) -> None:
+    """A value written behind the replicas' backs (expiring as the fleet marker does)."""
+    c = store.client()
+    try:
+        c.set(key, value, ex=30)
+    finally:
+        c.close()
+
+
 def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() -> None:
     """Two fleets whose profiles are both named t, one Redis db, so one namespace: the second one to start
     (no worker in common with the first) takes none of the first's workers or prefixes and writes none of
     its own, says why, and refuses admin changes; a replica of the first fleet started with one more
     worker (a worker being added) shares the state as before."""
-    need_redis()
-    store = RedisServer().start()
 
-    async def main() -> None:
+    async def main(store: RedisServer) -> None:
         a, a2 = Replica(store.url), Replica(store.url, extra=("http://127.0.0.1:7",))
-        b = Replica(store.url, pool=("http://127.0.0.2:1", "http://127.0.0.2:2"), resync_s=0.5)
-        running = [a, b, a2]
-        for r in running:
-            await r.sync.start()
-        try:
+        b = Replica(store.url, pool=OTHER, resync_s=0.5)
+        async with started(a, b, a2) as running:
             assert a.sync.up and a2.sync.up and not b.sync.up
             assert b.sync.error is not None and "in use by another fleet" in b.sync.error, b.sync.error
             assert "http://127.0.0.1:1" in b.sync.error and "named 't'" in b.sync.error
@@ -456,35 +490,23 @@ def test_a_fleet_whose_profile_has_another_fleet_s_name_stays_off_its_state() ->
             assert b.sync.status_doc()["connected"] is False
             # fleet a gone for good (the marker lapses 6 resyncs after its last replica's sync): b owns it
             c = store.client()
-            assert 0 < c.ttl(f"inferctl:router:{{{NS}}}:fleet") <= 30
+            assert 0 < c.ttl(FLEET) <= 30
             for r in (a, a2):
                 running.remove(r)
                 await r.sync.stop()
-            c.delete(f"inferctl:router:{{{NS}}}:fleet")
+            c.delete(FLEET)
             c.close()
             assert await until(lambda: b.sync.up, timeout=5), b.sync.error
-        finally:
-            for r in running:
-                await r.sync.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.stop()
-
-
-FLEET = f"inferctl:router:{{{NS}}}:fleet"
-OTHER = ("http://127.0.0.2:1", "http://127.0.0.2:2")
+    with_store(main)
 
 
 def test_two_fleets_starting_at_once_do_not_both_take_the_namespace() -> None:
     """Both fleets' replicas start together on an empty store (a store restarted empty, every replica of both
     reconnecting): one takes the namespace, the other stays off; the state holds one fleet's workers only
     (a GET then a SET let both read it free, both seed, and the fleet that stayed holds the other's workers)."""
-    need_redis()
-    store = RedisServer().start()
 
-    async def main() -> None:
+    async def main(store: RedisServer) -> None:
         for _ in range(5):
             a, b = Replica(store.url), Replica(store.url, pool=OTHER)
             await asyncio.gather(a.sync.start(), b.sync.start())
@@ -498,63 +520,42 @@ def test_two_fleets_starting_at_once_do_not_both_take_the_namespace() -> None:
             finally:
                 await asyncio.gather(a.sync.stop(), b.sync.stop())
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.stop()
+    with_store(main)
 
 
 def test_a_replica_started_with_workers_added_at_runtime_shares_the_fleet_s_state() -> None:
     """Every worker of the fleet replaced at runtime (`inferctl router workers add/remove`), then a replica
     started with the new list: it is of the same fleet, though the running replica was started with the
     old list only."""
-    need_redis()
-    store = RedisServer().start()
 
-    async def main() -> None:
+    async def main(store: RedisServer) -> None:
         a = Replica(store.url, resync_s=0.5)
-        await a.sync.start()
         new = Replica(store.url, pool=("http://127.0.0.1:5", "http://127.0.0.1:6"))
-        try:
+        async with started(a) as running:
             for url in ("http://127.0.0.1:5", "http://127.0.0.1:6"):
                 await a.sync.change_worker(url, {"present": True, "url": url, "role": "decode"})
             for url in ("http://127.0.0.1:1", "http://127.0.0.1:2"):
                 await a.sync.change_worker(url, {"present": False, "url": url, "role": "decode"})
             await asyncio.sleep(0.7)  # a's listening loop resyncs, refreshing the fleet's workers
+            running.append(new)
             await new.sync.start()
             assert new.sync.up, new.sync.error
-        finally:
-            await a.sync.stop()
-            await new.sync.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.stop()
+    with_store(main)
 
 
 def test_a_replica_kept_off_is_not_subscribed_to_the_other_fleet_s_changes_between_its_looks() -> None:
     """Between its looks (every resync_s) a replica of another fleet holds no subscription: the store would
     otherwise queue every change of the other fleet for a client that never reads it."""
-    need_redis()
-    store = RedisServer().start()
 
-    async def main() -> None:
-        c = store.client()
-        c.set(FLEET, json.dumps(["http://127.0.0.1:1"]), ex=30)
-        c.close()
+    async def main(store: RedisServer) -> None:
+        put(store, FLEET, json.dumps(["http://127.0.0.1:1"]))
         b = Replica(store.url, pool=OTHER, resync_s=3.0)
-        await b.sync.start()
-        try:
+        async with started(b):
             await asyncio.sleep(1.0)
             assert not b.sync.up and subscribers(store) == 0
-        finally:
-            await b.sync.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.stop()
+    with_store(main)
 
 
 @pytest.mark.parametrize("marker", [b'["\xff\xfe"]', b'["' + b"h" * 1_000_000 + b'"]'],
@@ -563,44 +564,30 @@ def test_a_fleet_marker_written_by_hand_keeps_the_replica_off_and_says_so_briefl
     """A list of strings Redis's JSON takes but Python's does not (not UTF-8), or one URL of 1 MB: the
     replica is kept off as for another fleet (not shown unreachable with a decode error), and the reason
     it logs and shows stays short."""
-    need_redis()
-    store = RedisServer().start()
 
-    async def main() -> None:
-        c = store.client()
-        c.set(FLEET, marker, ex=30)
-        c.close()
+    async def main(store: RedisServer) -> None:
+        put(store, FLEET, marker)
         b = Replica(store.url)
-        await b.sync.start()
-        try:
+        async with started(b):
             assert not b.sync.up and b.sync.conflict, b.sync.error
             assert b.sync.error is not None and len(b.sync.error) < 1000, len(b.sync.error)
-        finally:
-            await b.sync.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        store.stop()
+    with_store(main)
 
 
 def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: Any, monkeypatch: Any) -> None:
     """The other fleet's replicas, started with different lists, take turns writing the fleet's workers:
     the replica kept off logs the conflict once, not at every resync; `inferctl router status` shows the
     store not used because of another fleet, not unreachable."""
-    need_redis()
-    store = RedisServer().start()
 
-    async def main() -> dict[str, Any]:
-        c = store.client()
-        c.set(FLEET, json.dumps(["http://127.0.0.1:1", "http://127.0.0.1:2"]), ex=30)
+    async def main(store: RedisServer) -> dict[str, Any]:
+        put(store, FLEET, json.dumps(["http://127.0.0.1:1", "http://127.0.0.1:2"]))
         b = Replica(store.url, pool=OTHER, resync_s=0.3)
         with caplog.at_level(logging.ERROR, logger="infer_ctl.router.state"):
-            await b.sync.start()
-            try:
+            async with started(b):
                 for i in range(4):
                     workers = ["http://127.0.0.1:1", "http://127.0.0.1:2", *(["http://127.0.0.1:7"] * (i % 2))]
-                    c.set(FLEET, json.dumps(workers), ex=30)
+                    put(store, FLEET, json.dumps(workers))
                     await asyncio.sleep(0.5)
                 assert not b.sync.up and b.sync.applied == 0
                 reg = b.router.metrics.registry
@@ -608,14 +595,8 @@ def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: 
                 assert reg.get_sample_value("inferctl_router_state_store_failures_total") == 0
                 assert reg.get_sample_value("inferctl_router_state_store_another_fleet") == 1
                 return b.sync.status_doc()
-            finally:
-                c.close()
-                await b.sync.stop()
 
-    try:
-        doc = asyncio.run(main())
-    finally:
-        store.stop()
+    doc = with_store(main)
     conflicts = [r for r in caplog.records if "another fleet" in r.getMessage()]
     assert len(conflicts) == 1, [r.getMessage() for r in caplog.records]
     assert doc["another_fleet"] is True
