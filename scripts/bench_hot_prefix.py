@@ -27,8 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
-from servers import free_port, wait_ready
+from servers import free_port, routes_ok, wait_ready
 
 from infer_ctl.bench.client import LoadSpec
 from infer_ctl.bench.run import run_bench
@@ -72,16 +71,10 @@ def sglang_router(c: ThreadedSimCluster, policy: str = "cache_aware") -> Iterato
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
 
-    def routes() -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.post(url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},
-                              timeout=30).status_code == 200
-        return False
-
     try:
         # ready when it routes, and it is the one started (scripts/servers.py); it was measured after 60 s
         # whether it answered or not
-        wait_ready(url, proc, routes, "sglang-router", timeout=60)
+        wait_ready(url, proc, lambda: routes_ok(url), "sglang-router", timeout=60)
         yield url
     finally:
         proc.terminate()

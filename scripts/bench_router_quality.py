@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-from servers import foreign_listeners, free_port  # noqa: E402
+from servers import foreign_listeners, free_port, routes_ok  # noqa: E402
 
 from infer_ctl.bench.workloads import BenchRequest, zipf_weights  # noqa: E402
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer  # noqa: E402
@@ -437,11 +437,9 @@ def sglang_router(ws: list[Worker], logs: Path, name: str = "sglang-router") -> 
     while time.monotonic() < deadline:  # ready when it routes (its /health answers before workers are in)
         if p.p is not None and p.p.poll() is not None:
             raise RuntimeError(f"sglang-router exited: see {p.log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.post(p.url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},  # type: ignore[attr-defined]
-                          timeout=30).status_code == 200:
-                served_by(p.url, p, "sglang-router")  # type: ignore[attr-defined]
-                return p
+        if routes_ok(p.url):  # type: ignore[attr-defined]
+            served_by(p.url, p, "sglang-router")  # type: ignore[attr-defined]
+            return p
         time.sleep(0.3)
     p.stop()
     raise RuntimeError(f"sglang-router not routing after 60 s: see {p.log}")

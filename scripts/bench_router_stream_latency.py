@@ -17,6 +17,7 @@ worker's own (called directly) in the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -27,20 +28,9 @@ import time
 from pathlib import Path
 
 import httpx
-from servers import free_port, get_ok, stop_all, wait_ready
+from servers import free_port, get_ok, routes_ok, stop_all, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    def answers() -> bool:
-        try:
-            return httpx.post(url + "/generate", json={"text": "ready", "sampling_params": {"max_new_tokens": 1}},
-                              timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_ready(url, proc, answers, timeout=60)
 
 
 def ttft_ms(url: str, body: dict[str, object]) -> float:
@@ -88,8 +78,8 @@ def main() -> None:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         targets = {"direct (the worker)": worker, "inferctl router": f"http://127.0.0.1:{ip}",
                    "sglang-router 0.3.2": f"http://127.0.0.1:{sp}"}
-        ready(targets["inferctl router"], procs[1])
-        ready(targets["sglang-router 0.3.2"], procs[2])
+        for url, proc in ((targets["inferctl router"], procs[1]), (targets["sglang-router 0.3.2"], procs[2])):
+            wait_ready(url, proc, functools.partial(routes_ok, url), timeout=60)
         rng = random.Random(1)
         words = ["".join(rng.choice("abcdefghij") for _ in range(3)) for _ in range(1200)]
         system = " ".join(words)

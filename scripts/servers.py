@@ -123,6 +123,19 @@ def get_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def routes_ok(url: str, timeout: float = 30.0) -> bool:
+    """Whether a router at `url` routes: a one-token /generate answers 200 (its /health answers before
+    its workers are in). No proxy from the environment, as in `get_ok`."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = b'{"text": "ready", "sampling_params": {"max_new_tokens": 1}}'
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
 def wait_ready(url: str, proc: subprocess.Popen[bytes], answers: Callable[[], bool], what: str = "",
                timeout: float = 60.0, log: str = "") -> None:
     """Wait until `answers()` is true (the server at `url` is up), then make sure the server is `proc`'s:
