@@ -389,7 +389,7 @@ def main() -> None:
             conf = tmp / "nginx.conf"
             conf.write_text(NGINX_CONF.format(workers=os.cpu_count() or 1, tmp=tmp, dp=dp, pp=pp, port=port))
             # CPU counted over the master and its workers (cpu_seconds follows the children)
-            targets[FLOOR] = (f"http://127.0.0.1:{port}", start(["nginx", "-c", str(conf), "-p", str(tmp)]))
+            targets[FLOOR] = (f"http://127.0.0.1:{port}", start(["nginx", "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")]))
         np_ = free_port()
         targets["naive aiohttp proxy"] = (f"http://127.0.0.1:{np_}",
                                           start([sys.executable, __file__, "--naive", str(np_), pre, dec]))
