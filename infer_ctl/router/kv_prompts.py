@@ -198,16 +198,25 @@ class PromptView:
 
 
 def _hf_template(model_dir: str) -> Any:
-    """The chat template of `tokenizer_config.json` as a callable, or None without one."""
+    """The model's chat template as a callable, or None without one: `chat_template.jinja` beside the
+    tokenizer (the layout current model repositories use; transformers, and so SGLang, prefer it over the
+    config key), else `tokenizer_config.json`'s `chat_template`."""
     path = os.path.join(model_dir, "tokenizer_config.json")
     try:
         with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
     except (OSError, ValueError):
-        return None
+        cfg = {}
+    if not isinstance(cfg, dict):
+        cfg = {}
     tpl = cfg.get("chat_template")
     if isinstance(tpl, list):  # named templates: the default one
         tpl = next((t.get("template") for t in tpl if isinstance(t, dict) and t.get("name") == "default"), None)
+    try:
+        with open(os.path.join(model_dir, "chat_template.jinja"), encoding="utf-8") as f:
+            tpl = f.read()
+    except (OSError, UnicodeDecodeError):
+        pass
     if not isinstance(tpl, str):
         return None
     import jinja2

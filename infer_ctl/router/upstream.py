@@ -284,7 +284,7 @@ class Pool:
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
-        self._prefixes: dict[tuple[str, str], bytes] = {}
+        self._prefixes: dict[tuple[str, str, bool], bytes] = {}
         #: closed on purpose (its worker removed, or unhealthy: Upstreams.drop): a response finished later
         #: closes its connection instead of leaving it idle in a pool nobody uses, and a request whose
         #: connection that close broke fails, never re-sent to the worker on a fresh one
@@ -323,9 +323,15 @@ class Pool:
 
     def _head(self, method: str, path: str, length: int, headers: dict[str, str] | None) -> bytes:
         """The request head; its fixed part is built once per (method, path): this runs twice per PD request."""
-        prefix = self._prefixes.get((method, path))
+        # SGLang answers a body without `Content-Type: application/json` with 400 ("Unsupported Media
+        # Type" on the OpenAI routes, a validation error on /generate): every body the router sends is JSON,
+        # so it says so unless the caller passes its own type (the admin relay passes the client's).
+        typed = bool(length) and not (headers and any(k.lower() == "content-type" for k in headers))
+        prefix = self._prefixes.get((method, path, typed))
         if prefix is None:
-            prefix = self._prefixes[(method, path)] = f"{method} {path} HTTP/1.1\r\nHost: {self.authority}\r\n".encode("latin-1")
+            ctype = "Content-Type: application/json\r\n" if typed else ""
+            prefix = self._prefixes[(method, path, typed)] = (
+                f"{method} {path} HTTP/1.1\r\nHost: {self.authority}\r\n{ctype}".encode("latin-1"))
         extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("latin-1") if headers else b""
         return b"%sContent-Length: %d\r\n%s\r\n" % (prefix, length, extra)
 
