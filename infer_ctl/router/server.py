@@ -46,6 +46,10 @@ _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "
                           "content-type"})
 
 
+#: how long a worker may wait for its scheduler to be idle before flushing (SGLang's `?timeout=`)
+_FLUSH_WAIT_S = 20.0
+
+
 class RouterServer:
     def __init__(self, cfg: RouterConfig, proc: ProcessRole | None = None) -> None:
         """`proc`: one of several router processes (router/procs.py; follow.py says who does what)."""
@@ -287,7 +291,11 @@ class RouterServer:
 
         async def one(w: Any) -> None:
             try:
-                status, data = await asyncio.wait_for(router.upstreams.fetch(w.url, "POST", "/flush_cache"), 30)
+                # SGLang flushes only an idle scheduler and answers 400 at once otherwise; a PD prefill is
+                # briefly busy with each /health probe (a one-token prefill). `timeout` (0.5.23) makes it
+                # wait for idle instead, up to that many seconds.
+                status, data = await asyncio.wait_for(
+                    router.upstreams.fetch(w.url, "POST", f"/flush_cache?timeout={_FLUSH_WAIT_S:g}"), _FLUSH_WAIT_S + 5)
             except (UpstreamError, TimeoutError) as exc:
                 results[w.url] = {"ok": False, "error": str(exc) or type(exc).__name__}
                 return

@@ -1,0 +1,80 @@
+"""The `engine` tier's servers: real SGLang 0.5.23 on the CPU backend (tests/engine/engine.py), started
+once per session and shared by every test of the tier (each start costs ~25 s of a 2-core machine).
+
+    engine_fleet.colloc     collocated, page size 16, chat template in tokenizer_config.json, KV events
+    engine_fleet.colloc_p1  collocated, page size 1, chat template in chat_template.jinja, KV events
+    engine_fleet.prefill    PD prefill (Mooncake over TCP), page size 16, chat_template.jinja, KV events
+    engine_fleet.decode     PD decode
+
+Tests that change a server (flush, restart) put it back as they found it. Every test here is marked
+`engine` and `slow`; without the environment they skip naming the command that installs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.engine import engine, tiny_model
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.engine)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    py = engine.python()
+    if py is None:
+        pytest.skip(f"real SGLang 0.5.23 (CPU) not installed at {engine.VENV}: {engine.INSTALL_CMD}")
+    return py
+
+
+@dataclass
+class Models:
+    config: str  # chat template inside tokenizer_config.json
+    jinja: str   # chat template in chat_template.jinja
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return Models(config=tiny_model.write(str(root / "config-layout")),
+                  jinja=tiny_model.write(str(root / "jinja-layout"), template_file=True))
+
+
+@dataclass
+class Fleet:
+    colloc: engine.EngineServer
+    colloc_p1: engine.EngineServer
+    prefill: engine.EngineServer
+    decode: engine.EngineServer
+    models: Models
+
+    @property
+    def all(self) -> list[engine.EngineServer]:
+        return [self.colloc, self.colloc_p1, self.prefill, self.decode]
+
+
+@pytest.fixture(scope="session")
+def engine_fleet(engine_python: Path, tiny_models: Models,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    logs = tmp_path_factory.mktemp("engine-logs")
+    fleet = Fleet(
+        colloc=engine.EngineServer("colloc", tiny_models.config, logs, page_size=16, kv_events=True),
+        colloc_p1=engine.EngineServer("colloc-p1", tiny_models.jinja, logs, page_size=1, kv_events=True),
+        prefill=engine.EngineServer("prefill", tiny_models.jinja, logs, mode="prefill", kv_events=True),
+        decode=engine.EngineServer("decode", tiny_models.jinja, logs, mode="decode"),
+        models=tiny_models,
+    )
+    engine.start_all(fleet.all)
+    yield fleet
+    for s in fleet.all:
+        s.stop()
