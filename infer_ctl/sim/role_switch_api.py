@@ -11,6 +11,7 @@ from aiohttp import web
 
 from infer_ctl.core.sizing import presets as hw
 from infer_ctl.sim import contract
+from infer_ctl.sim.hicache_api import _bearer_ok
 from infer_ctl.sim.role_switch import Outcome, decide, parse_request, rebuild_failed
 from infer_ctl.sim.timing import preset
 
@@ -33,7 +34,7 @@ class RoleSwitchApi:
     def _refused(self, request: web.Request) -> web.Response | None:
         # AuthLevel.ADMIN_OPTIONAL: open without an admin key, the key's bearer token with one
         key = self.state.spec.admin_api_key
-        if key and request.headers.get("Authorization") != f"Bearer {key}":
+        if key is not None and not _bearer_ok(request.headers.get("Authorization"), key):
             return web.json_response({"error": "Unauthorized"}, status=401)
         return None
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infer_ctl.cli.main import main
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.role_switch import RoleSwitchState, SwitchRequest, decide
 
@@ -158,3 +159,16 @@ def test_a_failed_rebuild_needs_a_restart(fleet: ThreadedSimCluster) -> None:
     c.start_worker(DECODE)  # a new process: healthy, its launch role, the same bootstrap port
     assert c.workers[DECODE].bootstrap_port == port
     _expect(_switch(c, DECODE, new_role="prefill"), 200, "ok", "decode", "prefill", False)
+
+
+def test_sim_serve_flag_and_admin_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "serve", "--prefill", "1", "--enable-pd-role-switch"]) == 64
+    assert "speculative decoding" in capsys.readouterr().err  # the default preset runs EAGLE3
+    c = start_cluster_in_thread([_spec("prefill", admin_api_key="k")])
+    try:
+        assert _switch(c, 0, new_role="prefill").status_code == 401
+        ok = httpx.post(c.urls[0] + "/pd_role_switch", json={"new_role": "prefill"},
+                        headers={"Authorization": "bearer k"}, timeout=5)
+        assert ok.status_code == 200 and ok.json()["message"] == "ok"
+    finally:
+        c.stop()
