@@ -1,6 +1,7 @@
-"""`inferctl plan kv|spec|transfer|roofline|tiers|cost`: sizing math (pure functions in core.sizing).
+"""`inferctl plan kv|spec|transfer|roofline|tiers|cost|pd`: sizing math (pure functions in core.sizing).
 
-kv, spec, transfer and roofline live here; tiers and cost in cli/plan_tiers.py and cli/plan_cost.py;
+kv, spec, transfer and roofline live here; tiers, cost and pd in cli/plan_tiers.py, cli/plan_cost.py and
+cli/plan_pd.py;
 what they share in cli/plan_common.py.
 """
 
@@ -31,6 +32,7 @@ from infer_ctl.cli.plan_common import (
     tp_splits,
 )
 from infer_ctl.cli.plan_cost import cost
+from infer_ctl.cli.plan_pd import pd
 from infer_ctl.cli.plan_tiers import tiers
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
@@ -48,6 +50,7 @@ app = typer.Typer(
 )
 app.command("tiers")(tiers)
 app.command("cost")(cost)
+app.command("pd")(pd)
 
 
 @app.command("kv")

@@ -57,6 +57,7 @@ def serve(
     hicache_prefetch_policy: Annotated[str | None, typer.Option("--hicache-storage-prefetch-policy", help="timeout, wait_complete or best_effort.")] = None,
     hicache_host_memory_mode: Annotated[str | None, typer.Option("--hicache-host-memory-mode", help="cache, or buffer_only (host memory only stages to storage).")] = None,
     admin_api_key: Annotated[str | None, typer.Option("--admin-api-key", help="SGLang's admin key: GET/PUT/DELETE /hicache/storage-backend answer only with it.")] = None,
+    enable_pd_role_switch: Annotated[bool, typer.Option("--enable-pd-role-switch", help="SGLang's runtime role switch: POST /pd_role_switch (needs --no-spec).")] = False,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
     json_: JsonOpt = False,
@@ -72,7 +73,8 @@ def serve(
                                "hicache_storage_backend": hicache_storage_backend, "hicache_storage_gb": hicache_storage_gb,
                                "hicache_storage_gb_s": hicache_storage_gbs,
                                "hicache_prefetch_policy": hicache_prefetch_policy,
-                               "hicache_host_memory_mode": hicache_host_memory_mode, "admin_api_key": admin_api_key}.items()
+                               "hicache_host_memory_mode": hicache_host_memory_mode, "admin_api_key": admin_api_key,
+                               "enable_pd_role_switch": enable_pd_role_switch or None}.items()
              if v is not None}
     try:
         knobs.update(spec_knobs(domains=spec_domain, default_domain=spec_default_domain, drift=spec_drift,

@@ -37,6 +37,8 @@ class BootstrapServer:
     async def route(self, request: web.Request) -> web.Response:
         if request.method == "PUT":
             return web.Response(text="OK")
+        if not self.state.bootstrap_registered:  # a role-switch decode's bootstrap server: no prefill yet
+            return web.Response(text="Prefill server not fully registered yet (0 workers registered).", status=503)
         return web.json_response(
             {
                 "prefill_attn_tp_size": 1,

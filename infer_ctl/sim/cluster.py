@@ -49,8 +49,8 @@ class SimCluster:
         """Restart worker i on the same port(s) with a fresh cache and a new /server_info start time."""
         old = self.workers[i]
         spec = dataclasses.replace(old.spec, port=old.port)
-        if spec.role == "prefill":
-            spec.bootstrap_port = old.bootstrap_port
+        if spec.role == "prefill" or (spec.enable_pd_role_switch and spec.role != "mixed"):
+            spec.bootstrap_port = old.bootstrap_port  # every role-switch PD worker has a bootstrap server
         if old.ready:
             await old.stop()
         worker = SimWorker(spec)

@@ -95,6 +95,9 @@ class WorkerSpec:
     #: SGLang's --admin-api-key: the admin endpoints (`/hicache/storage-backend`) answer only with it
     #: (as a bearer token); without it they answer 400 "requires admin API key" (sim/hicache_api.py)
     admin_api_key: str | None = None
+    #: SGLang's --enable-pd-role-switch: POST /pd_role_switch moves the worker between prefill and decode
+    #: (sim/role_switch.py); its bootstrap server then runs in either role
+    enable_pd_role_switch: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -129,6 +132,12 @@ class WorkerSpec:
                                  "(--hicache-storage-backend)")
             if self.role == "decode":
                 raise ValueError("--hicache-host-memory-mode buffer_only is not supported on decode instances")
+        if self.enable_pd_role_switch and self.timing().spec_alpha is not None:
+            # SGLang 0.5.23 refuses it at launch (arg_groups/pd_disaggregation_hook.py): the draft's state is
+            # role-specific and not rebuilt on a flip
+            raise ValueError("--enable-pd-role-switch does not rebuild role-specific state for the following "
+                             "features: speculative decoding (--speculative-algorithm EAGLE3). Remove these "
+                             "options or drop --enable-pd-role-switch.")
         if self.hicache_storage_backend is not None and self.hicache_ratio is None and self.hicache_size_gb is None:
             raise ValueError("a HiCache storage backend needs a host tier (hicache_ratio or hicache_size_gb)")
 

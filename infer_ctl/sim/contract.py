@@ -124,6 +124,11 @@ def _pydantic(errors: list[dict[str, Any]]) -> str:
     return f"{head} {errors}"
 
 
+def validation_text(errors: list[dict[str, Any]]) -> str:
+    """A body model's errors as SGLang's 400 message (any endpoint with a pydantic body)."""
+    return _pydantic(errors)
+
+
 def body_error(body: Any) -> str | None:
     """The pydantic body-parse verdict (step 1), or None. `body` is the parsed JSON."""
     if not isinstance(body, dict):

@@ -27,7 +27,8 @@ def server_args(state: WorkerState) -> dict[str, Any]:
         "tokenizer_path": s.tokenizer_path or s.model,
         "host": s.host,
         "port": state.port,
-        "disaggregation_mode": state.mode,
+        "disaggregation_mode": state.launch_mode,  # ServerArgs: a role switch changes the scheduler's only
+        "enable_pd_role_switch": s.enable_pd_role_switch,
         "disaggregation_bootstrap_port": state.bootstrap_port or DEFAULT_BOOTSTRAP_PORT,
         "disaggregation_transfer_backend": "mooncake",
         "max_running_requests": t.max_running_requests,

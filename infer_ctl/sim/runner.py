@@ -78,8 +78,8 @@ class RequestRunner:
 
     async def run_item(self, item: GenItem, req: GenRequest, on_chunk: OnChunk | None = None) -> Result:
         """Run one prompt to completion; `on_chunk` receives stream chunks. Raises RequestError."""
-        spec, e = self.state.spec, self.state.running_engine()
-        if spec.role != "mixed" and item.pd.room is None:  # scheduler.py: an abort with status 400
+        e = self.state.running_engine()
+        if self.state.role != "mixed" and item.pd.room is None:  # scheduler.py: an abort with status 400
             raise RequestError(
                 400,
                 "Invalid request: Disaggregated request received without bootstrap room id. "
@@ -107,10 +107,15 @@ class RequestRunner:
             domain=e.spec.domain_of(domain_of(req.custom_labels)) if e.spec is not None else DEFAULT_DOMAIN,
         )
         try:
-            if spec.role == "prefill":
+            if self.state.role == "prefill":
                 return await self._run_prefill(item, sreq, on_chunk)
-            if spec.role == "decode":
-                cached = await self.fetch_kv(item)
+            if self.state.role == "decode":
+                # a request waiting for its KV keeps the decode busy (SGLang's prealloc / transfer queues)
+                self.state.kv_fetching += 1
+                try:
+                    cached = await self.fetch_kv(item)
+                finally:
+                    self.state.kv_fetching -= 1
                 e.submit_decode(sreq, cached)
             else:
                 e.submit_prefill(sreq)
@@ -210,7 +215,7 @@ class RequestRunner:
         """SGLang's logprob keys for `item` on this worker's role ({} unless return_logprob)."""
         if not item.return_logprob:
             return {}
-        n, role, tok = len(item.input_ids), self.state.spec.role, self.state.tokenizer
+        n, role, tok = len(item.input_ids), self.state.role, self.state.tokenizer
         start = n if item.logprob_start_len < 0 else item.logprob_start_len
         text_fn = (lambda t: tok.decode([t])) if item.return_text_in_logprobs else None
         return meta_logprobs(

@@ -24,6 +24,7 @@ from infer_ctl.sim.info_api import InfoApi, server_args
 from infer_ctl.sim.kv_faults import KvFaultsApi
 from infer_ctl.sim.native_api import NativeApi
 from infer_ctl.sim.openai_api import OpenAIApi
+from infer_ctl.sim.role_switch_api import RoleSwitchApi
 from infer_ctl.sim.rooms import RoomTable
 from infer_ctl.sim.runner import RequestRunner
 from infer_ctl.sim.spec_api import SpecApi
@@ -57,6 +58,7 @@ class SimWorker(WorkerState):
         self.spec_api = SpecApi(self)
         self.kv_faults_api = KvFaultsApi(self)
         self.hicache_api = HiCacheApi(self)
+        self.role_switch_api = RoleSwitchApi(self)
         self.bootstrap_server = BootstrapServer(self)
         self._runners: list[web.AppRunner] = []
         #: connections with a request in flight (both apps): stop() aborts them as a killed process would
@@ -68,6 +70,7 @@ class SimWorker(WorkerState):
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
+        self.relaunch_role()  # a new process runs its launch flags' role, whatever it was switched to
         self.open_kv_events()
         self.hicache_api.relaunch()  # a new process: the launch flags' storage backend, not a runtime attach
         self.cache.reset()  # with KV events: AllBlocksCleared, seq 0 of the new publisher
@@ -77,7 +80,9 @@ class SimWorker(WorkerState):
         self.kv.open()
         try:
             self.port = await self._serve(self._app(), self.port)
-            if self.spec.role == "prefill":
+            # SGLang 0.5.23 (managers/disagg_service.py): with role switching every PD instance runs a
+            # bootstrap server from launch, so one flipped to prefill already has it; a flip never rebuilds it
+            if self.spec.role == "prefill" or (self.spec.enable_pd_role_switch and self.spec.role != "mixed"):
                 self.bootstrap_port = await self._serve(self._bootstrap_app(), self.spec.bootstrap_port or 0)
             else:
                 self.bootstrap_port = self.spec.bootstrap_port
@@ -164,6 +169,7 @@ class SimWorker(WorkerState):
         r.add_put("/hicache/storage-backend", hc.attach)
         r.add_delete("/hicache/storage-backend", hc.detach)
         r.add_post("/hicache/storage-backend/clear", hc.clear)
+        r.add_post("/pd_role_switch", self.role_switch_api.switch)
         r.add_get("/sim/spec", self.spec_api.show)
         r.add_post("/sim/spec/alpha", self.spec_api.shift_alpha)
         r.add_get("/sim/kv/faults", self.kv_faults_api.show)

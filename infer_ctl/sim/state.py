@@ -15,6 +15,7 @@ from infer_ctl.sim.kv_config import parse_kv_events_config
 from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 from infer_ctl.sim.kv_publisher import ZmqKvPublisher
 from infer_ctl.sim.radix import RadixCache
+from infer_ctl.sim.role_switch import RoleSwitchState
 from infer_ctl.sim.rooms import RoomTable
 from infer_ctl.sim.spec_decode import spec_decoder_for
 from infer_ctl.sim.tiers import HiRadixCache
@@ -54,6 +55,13 @@ class WorkerState:
         #: prefill: injected faults of its KV transfers per decode URL (sim/kv_faults.py); kept by restarts
         self.kv_faults: dict[str, dict[str, float | bool]] = {}
         self.engine: Engine | None = None
+        #: the live role: the launch role (spec.role) until a POST /pd_role_switch changes it
+        self.role: str = spec.role
+        self.role_switch = RoleSwitchState(decode_graphs=spec.role == "decode")
+        #: prefill KV managers registered with this worker's bootstrap server (none on a decode; a flip to
+        #: prefill adds one, a flip away removes none: SGLang's CommonKVBootstrapServer never deregisters)
+        self.bootstrap_registered = 1 if spec.role == "prefill" else 0
+        self.kv_fetching = 0  # decode requests waiting for their KV (not yet in the engine)
         self.port = spec.port
         self.bootstrap_port: int | None = None
         self.start_time = 0.0
@@ -65,14 +73,19 @@ class WorkerState:
 
     @property
     def mode(self) -> str:
-        """SGLang's disaggregation_mode as it reports it ("null" on a mixed worker)."""
+        """SGLang's live disaggregation_mode ("null" on a mixed worker): the scheduler's, after a role switch."""
+        return "null" if self.role == "mixed" else self.role
+
+    @property
+    def launch_mode(self) -> str:
+        """The disaggregation_mode the worker was launched with: ServerArgs keep it across a role switch."""
         return "null" if self.spec.role == "mixed" else self.spec.role
 
     def make_engine(self) -> Engine:
         """A fresh engine for a start: queues, counters and the adaptive controller begin anew."""
         s = self.spec
         return Engine(
-            s.role,
+            self.role,
             self.timing,
             self.cache,
             time_scale=s.time_scale,
@@ -97,6 +110,17 @@ class WorkerState:
         if self.kv_publisher is not None:
             self.kv_publisher.close()
             self.kv_publisher = None
+
+    def relaunch_role(self) -> None:
+        self.role = self.spec.role
+        self.role_switch = RoleSwitchState(decode_graphs=self.spec.role == "decode")
+        self.bootstrap_registered = 1 if self.spec.role == "prefill" else 0
+
+    @property
+    def fully_idle(self) -> bool:
+        """SGLang's `Scheduler.is_fully_idle`: nothing queued, running, waiting for a decode or for KV."""
+        e = self.running_engine()
+        return e.idle and not self.kv_fetching and not self.rooms.waiting_for_decode and not self.rooms.inflight
 
     def running_engine(self) -> Engine:
         assert self.engine is not None, "worker not started"

@@ -50,7 +50,7 @@ def load_snapshot(state: WorkerState, include: set[str] | None = None) -> dict[s
         "disaggregation": {
             "prefill_bootstrap_queue_reqs": rooms.waiting_for_decode,
             "prefill_inflight_queue_reqs": rooms.inflight,
-            "decode_prealloc_queue_reqs": len(e.decode_waiting) if state.spec.role == "decode" else 0,
+            "decode_prealloc_queue_reqs": len(e.decode_waiting) if state.role == "decode" else 0,
             "decode_transfer_queue_reqs": 0,
             # set by the prefill's last finished transfer, 0.0 on a decode (SGLang 0.5.23 reports them in
             # PREFILL mode only: scheduler_components/metrics_reporter.py)
@@ -69,7 +69,8 @@ def metrics_text(state: WorkerState) -> str:
     e, load, rooms, spec = state.running_engine(), load_snapshot(state), state.rooms, state.spec
     labels = {
         "model_name": spec.model,
-        "engine_type": {"mixed": "unified"}.get(spec.role, spec.role),
+        # SGLang keeps one series across role flips: engine_type "dynamic" (metrics_collector.py)
+        "engine_type": "dynamic" if spec.enable_pd_role_switch else {"mixed": "unified"}.get(spec.role, spec.role),
         "tp_rank": "0",
         "pp_rank": "0",
         "moe_ep_rank": "0",

@@ -16,8 +16,8 @@ class RooflinePlan:
     bandwidth_bytes_s: float
     machine_balance: float  # FLOP per byte
     weights_bytes: int
-    kv_bytes_per_step: int
-    bytes_per_step: int
+    kv_bytes_per_step: float  # an int for whole batch and context
+    bytes_per_step: float
     flops_per_step: float
     arithmetic_intensity: float
     bound: str  # "bandwidth" or "compute"
@@ -33,9 +33,9 @@ def plan_roofline(
     peak_tflops: float,
     hbm_tb_s: float,
     gpus: int = 1,
-    batch: int = 1,
+    batch: float = 1,  # a mean batch (Little's law, plan pd) may be fractional
     kv_bytes_per_token: int = 0,
-    context: int = 0,
+    context: float = 0,
 ) -> RooflinePlan:
     # one message per value, named as the CLI option that sets it, so a usage error says what to fix
     for name, value, low, strict in (
