@@ -21,7 +21,7 @@ from infer_ctl.profile import load_profile, resolve_profile_path
 from infer_ctl.profile.model_config import local_model_config
 
 #: launch-plan warnings `profile validate` shows (the others are `launch --dry-run`'s)
-VALIDATE_WARNINGS = ("launch.hicache",)
+VALIDATE_WARNINGS = ("launch.hicache", "launch.override")
 
 app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
 
