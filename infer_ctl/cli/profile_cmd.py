@@ -21,7 +21,8 @@ from infer_ctl.profile import load_profile, resolve_profile_path
 from infer_ctl.profile.model_config import local_model_config
 
 #: launch-plan warnings `profile validate` shows (the others are `launch --dry-run`'s)
-VALIDATE_WARNINGS = ("launch.hicache", "launch.override")
+VALIDATE_WARNINGS = ("launch.hicache", "launch.override", "launch.draft_size", "launch.chunked_prefill",
+                     "launch.spec_lookahead", "launch.kv_storage_nic")
 
 app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
 

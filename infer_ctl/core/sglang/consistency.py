@@ -13,6 +13,7 @@ import json
 import re
 
 from infer_ctl.core.findings import Finding
+from infer_ctl.core.sglang.antipatterns import antipattern_findings
 from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args, visible_device_map
 from infer_ctl.core.sglang.contradictions import contradiction_findings, override_finding
 from infer_ctl.core.sglang.flags import flag_table
@@ -316,6 +317,7 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
         out.extend(_role_findings(inst, args[inst.name]))
         out.extend(_bootstrap_findings(inst, args[inst.name]))
     out.extend(contradiction_findings(profile, chosen, args))  # no model, no GPUs, collocated + PD
+    out.extend(antipattern_findings(profile, chosen, args))  # WARNs: big draft, unchunked, deep gamma, NIC
     out.extend(_pd_agreement(every, chosen, args, pool_step_args(profile, chosen)))
     out.extend(_ib_map_findings(profile, chosen))
     out.extend(_kv_events_findings(every, chosen, args))
