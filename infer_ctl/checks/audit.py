@@ -425,6 +425,9 @@ def audit(profile: Profile, nodes: list[Node], families: Sequence[CheckFamily], 
                     data={"families": result.families, "nodes": result.nodes,
                           "family_durations_s": {k: round(v, 3) for k, v in result.family_durations.items()}})
     if opts.since_last:
+        # the run's own counts stay: its status (the exit code) is the whole run's, not the changes'
+        report.data["run_counts"] = {s.value: n for s in Status
+                                     if (n := sum(1 for f in result.findings if f.status is s))}
         changes, changed = diff_runs(previous, result)
         report.findings = changed
         report.data["since"] = previous.get("ts") if previous else None

@@ -115,9 +115,11 @@ def _bootstrap_findings(
 
 
 def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[set[str], list[Finding]]:
-    """Names of instances `inferctl launch` has deployed (their env file exists on the node). A node
-    where nothing was ever launched is not judged on servers it never had (SKIP), so `audit` stays
-    meaningful on nodes before their first launch; a deployed server that is down is a FAIL."""
+    """Names of instances `inferctl launch` has deployed (their env file exists on the node). A server the
+    profile declares but that was never launched is a FAIL like one that is down: the profile says the
+    cluster serves with it, the router would route to it, and `inferctl status` fails it too (issue 29:
+    status, `check servers` and `audit` disagreed on a cluster never launched). Before the first launch,
+    `audit --only gpu,fabric` judges the nodes without their servers."""
     by_node: dict[str, list[Instance]] = {}
     for i in insts:
         by_node.setdefault(i.node, []).append(i)
@@ -148,12 +150,15 @@ def _deployed(profile: Profile, fleet: Fleet, insts: list[Instance]) -> tuple[se
                 findings.extend(per_instance.get(i.name, []))
             else:
                 findings.append(
-                    Finding.skip(
+                    Finding.fail(
                         "servers.deployed",
                         i.node,
                         i.name,
-                        f"not launched on this node (no {env_file_path(i)})",
-                        remedy="run `inferctl launch` to start it",
+                        f"the profile declares this {i.role} server, but it was never launched here (no "
+                        f"{env_file_path(i)}), so it is not serving",
+                        details={"url": i.url, "env_file": env_file_path(i)},
+                        remedy=f"run `inferctl launch --nodes {i.node}` to start it (or remove the node's "
+                        "role from the profile)",
                     )
                 )
     return deployed, findings
@@ -209,10 +214,8 @@ def check_servers(profile: Profile, fleet: Fleet, nodes: list[Node]) -> list[Fin
 
 
 def _run(ctx: AuditContext) -> list[Finding]:
-    # the audit judges what is deployed; instances never launched are left out rather than listed as
-    # skipped on every cron run (`inferctl check servers` still lists them)
-    findings = check_servers(ctx.profile, ctx.fleet, ctx.nodes)
-    return [f for f in findings if not (f.check == "servers.deployed" and f.status.value == "skip")]
+    # every finding, as `check servers` gives them: the JSON document promises all of them
+    return check_servers(ctx.profile, ctx.fleet, ctx.nodes)
 
 
 FAMILY = CheckFamily(

@@ -21,7 +21,8 @@ from infer_ctl.profile import load_profile, resolve_profile_path
 from infer_ctl.profile.model_config import local_model_config
 
 #: launch-plan warnings `profile validate` shows (the others are `launch --dry-run`'s)
-VALIDATE_WARNINGS = ("launch.hicache",)
+VALIDATE_WARNINGS = ("launch.hicache", "launch.override", "launch.draft_size", "launch.chunked_prefill",
+                     "launch.spec_lookahead", "launch.kv_storage_nic")
 
 app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
 
@@ -82,17 +83,26 @@ def show(
         bool, typer.Option("--yaml", help="Print YAML instead of a highlighted view.")
     ] = False,
 ) -> None:
-    """Print the resolved profile with every default filled in."""
+    """Print the resolved profile with every default filled in. Piped or redirected, it is plain YAML that
+    reloads to the same profile (`inferctl profile show > mine.yaml`)."""
     prof = load_profile(profile)
     data = prof.model_dump(mode="json")
     if json:
         typer.echo(dumps(data))
         raise typer.Exit(0)
+    import sys
+
     import yaml
 
-    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
-    if yaml_out:
+    # width: PyYAML folds long scalars at 80 columns by default; the folded form reloads the same, but a
+    # profile is a file people grep and diff, so one value stays on one line
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1 << 30)
+    if yaml_out or not sys.stdout.isatty():
+        # piped or redirected (`profile show > x.yaml`): the YAML itself, byte for byte. rich would crop
+        # each line at the console width (80 when not a terminal) and pad the end, which cut values
+        # ("RoCEv2 400G" -> "RoCEv2 40") in a file that still validated (issue 29)
         typer.echo(text, nl=False)
     else:
-        Console().print(Syntax(text, "yaml", background_color="default"))
+        # on a terminal: highlighted, and wrapped rather than cropped, so no value is hidden
+        Console().print(Syntax(text, "yaml", background_color="default", word_wrap=True))
     raise typer.Exit(0)

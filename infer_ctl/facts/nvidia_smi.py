@@ -24,7 +24,8 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     2: ("tool_failed", "nvidia-smi rejected its arguments"),
     4: ("no_permission", "nvidia-smi has no permission to query the GPUs"),
     8: ("hardware", "a GPU reports missing power cables"),
-    9: ("no_driver", "the NVIDIA kernel driver is not loaded"),
+    # installed but not loaded ("couldn't communicate with the NVIDIA driver"): not a node without GPUs
+    9: ("driver_not_loaded", "the NVIDIA kernel driver is not loaded"),
     10: ("hardware", "a GPU has an interrupt (IRQ) problem"),
     12: ("no_driver", "the NVML shared library (libnvidia-ml.so) was not found"),
     14: ("hardware", "a GPU's infoROM is corrupted"),

@@ -36,6 +36,10 @@ from infer_ctl.remote.base import Command
 SOURCES = ("auto", "nvml", "nvidia-smi")
 # NVML init errors that mean "no usable driver here" vs "driver present but broken".
 _NVML_NO_DRIVER = {9, 12}  # DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
+#: NVMLError_DriverNotLoaded: the user-space driver is there, the kernel module is not (nvidia-smi exit 9)
+_NVML_DRIVER_NOT_LOADED = 9
+#: nvidia-smi's words when the kernel module is not loaded (printed with exit 9)
+_SMI_NOT_LOADED = "couldn't communicate with the nvidia driver"
 _NVML_MISMATCH = 18  # LIB_RM_VERSION_MISMATCH
 _NVML_NO_PERMISSION = 4
 #: nvidia-smi's exit code for a corrupted infoROM (NHC csc_nvidia_smi.nhc)
@@ -104,6 +108,8 @@ def _smi_failure(qx: dict[str, Any]) -> tuple[str, str]:
         return "no_driver", "nvidia-smi is not installed (no NVIDIA driver on this node)"
     if rc is None and "timed out" in err:
         return "hung", f"nvidia-smi did not answer: {last} (a hung driver or GPU?)"
+    if _SMI_NOT_LOADED in err.lower():
+        return "driver_not_loaded", f"nvidia-smi exit {rc}: the NVIDIA kernel driver is not loaded ({last})"
     if "version mismatch" in err.lower():
         return "driver_mismatch", f"NVIDIA driver/library version mismatch: {last}"
     if isinstance(rc, int) and rc in EXIT_CODES:
@@ -119,6 +125,8 @@ def _nvml_failure(err: dict[str, Any] | None) -> tuple[str, str] | None:
     code = err.get("code")
     if code == _NVML_MISMATCH:
         return "driver_mismatch", f"NVML: {err.get('message')} (driver/library version mismatch)"
+    if code == _NVML_DRIVER_NOT_LOADED:
+        return "driver_not_loaded", f"NVML: {err.get('message')} (NVMLError_DriverNotLoaded: the NVIDIA kernel module is not loaded)"
     if code == _NVML_NO_PERMISSION:
         return "no_permission", f"NVML: {err.get('message')}"
     return None

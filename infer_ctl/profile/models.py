@@ -46,6 +46,9 @@ class DraftModel(StrictModel):
     num_draft_tokens: Annotated[int, Field(ge=1, le=256)] | None = None
     #: FR-Spec token map (EAGLE-2 only; EAGLE3 ignores it)
     token_map: str | None = None
+    #: a sizing preset of the draft (`inferctl plan kv --list-presets`): with the target's, its parameter
+    #: ratio estimates the draft's cost ratio where `speculative.cost_ratio` is unset (launch.draft_size)
+    preset: str | None = None
 
     @model_validator(mode="after")
     def _sglang_rules(self) -> Self:

@@ -169,7 +169,7 @@ class NodeGpuFacts:
     gpus: tuple[GpuFacts, ...] = ()
     #: node-level failure to read GPUs at all (no driver, NVML/RM mismatch, ...): judged UNKNOWN/FAIL
     error: str | None = None
-    #: "no_driver" | "driver_mismatch" | "no_permission" | "hardware" | "hung" | "tool_failed" | "unreachable"
+    #: "no_driver" | "driver_not_loaded" | "driver_mismatch" | "no_permission" | "hardware" | "hung" | "tool_failed" | "unreachable"
     error_kind: str | None = None
     #: XIDs from the kernel log; None = the kernel log could not be read (see xid_error)
     xids: tuple[XidEvent, ...] | None = None

@@ -59,6 +59,24 @@ def judge_gather_error(node: str, facts: NodeGpuFacts, expected: int) -> list[Fi
                 "without GPUs; check with `nvidia-smi` on the node",
             )
         ]
+    if kind == "driver_not_loaded":
+        # gpud and DCGM call this node unhealthy: the profile says it has GPUs and none can serve. The
+        # common cause is a kernel upgrade the module was not built for (DKMS did not run or failed).
+        if expected == 0:
+            return [Finding.unknown(
+                "gpu.driver", node, "node", f"{facts.error}; the profile declares no GPUs on this node",
+                details=details,
+                remedy="if the node has GPUs, set `gpus:` to their count and load the driver; if not, remove "
+                "the NVIDIA driver packages",
+            )]  # fmt: skip
+        return [Finding.fail(
+            "gpu.driver", node, "node", f"{facts.error}; the profile expects {expected} GPUs here",
+            details=details,
+            remedy="drain the node; the module is usually not built for the running kernel after a kernel "
+            "upgrade: check `lsmod | grep nvidia`, `dmesg | grep -i -e nvrm -e nvidia` and `dkms status` "
+            "against `uname -r`, then `sudo dkms autoinstall && sudo modprobe nvidia` (or reinstall the "
+            "driver for this kernel), or reboot into the kernel the module was built for",
+        )]  # fmt: skip
     if kind == "driver_mismatch":
         return [
             Finding.fail(

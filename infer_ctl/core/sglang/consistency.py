@@ -13,7 +13,9 @@ import json
 import re
 
 from infer_ctl.core.findings import Finding
+from infer_ctl.core.sglang.antipatterns import antipattern_findings
 from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args, visible_device_map
+from infer_ctl.core.sglang.contradictions import contradiction_findings, override_finding
 from infer_ctl.core.sglang.flags import flag_table
 from infer_ctl.core.sglang.hicache_rules import hicache_findings
 from infer_ctl.core.sglang.instance import Instance, instances
@@ -307,21 +309,15 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
             canonical = spec.canonical if spec else ov.flag
             if canonical in (ROLE_FLAG, BOOTSTRAP_FLAG):
                 continue  # judged below as FAILs
-            out.append(
-                Finding.warn(
-                    "launch.override",
-                    inst.node,
-                    inst.name,
-                    ov.message,
-                    details={"flag": ov.flag, "profile": ov.profile_value, "extra": ov.extra_value},
-                    remedy=f"change the profile setting instead of {ov.source}, or drop the extra arg",
-                )
-            )
+            # a FAIL for flags launch allocates from (--tp-size, --port, ...), else a WARN
+            out.append(override_finding(profile, inst, ov, canonical))
         out.extend(_flag_findings(inst, rendered[inst.name].argv))
         out.extend(_spec_findings(inst, args[inst.name]))
         out.extend(_host_findings(inst, args[inst.name], decode_hosts))
         out.extend(_role_findings(inst, args[inst.name]))
         out.extend(_bootstrap_findings(inst, args[inst.name]))
+    out.extend(contradiction_findings(profile, chosen, args))  # no model, no GPUs, collocated + PD
+    out.extend(antipattern_findings(profile, chosen, args))  # WARNs: big draft, unchunked, deep gamma, NIC
     out.extend(_pd_agreement(every, chosen, args, pool_step_args(profile, chosen)))
     out.extend(_ib_map_findings(profile, chosen))
     out.extend(_kv_events_findings(every, chosen, args))
