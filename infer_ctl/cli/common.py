@@ -36,6 +36,25 @@ NodesOpt = Annotated[
 RoleOpt = Annotated[
     str | None, typer.Option("--role", "-r", help="Only nodes with this role: prefill or decode.")
 ]
+_ROUTER_URL_HELP = "Router address: URL or HOST:PORT (default: the profile's router.listen)."
+RouterUrlOpt = Annotated[str | None, typer.Option("--url", help=_ROUTER_URL_HELP, show_default=False)]
+# check spec and spec control called it --router; kept as a second spelling (it means nothing else now:
+# demo's --router became --front), listed in their help as deprecated
+RouterUrlOldOpt = Annotated[
+    str | None,
+    typer.Option("--url", "--router", help=_ROUTER_URL_HELP + " --router: the old spelling, deprecated.",
+                 show_default=False),
+]
+
+
+def router_base_url(text: str | None) -> str | None:
+    """`127.0.0.1:8177` as `http://127.0.0.1:8177`: router.listen in the profile is HOST:PORT, so the same
+    spelling on the command line is what a user types (it failed with "URL missing http://")."""
+    if text is None or "://" in text:
+        return text
+    return f"http://{text}"
+
+
 # Fleet options shared by every command that reaches nodes (nodes, exec, check *, audit, ...).
 ParallelOpt = Annotated[
     int | None, typer.Option("--parallel", help="At most N nodes at once (default ssh.parallelism).")

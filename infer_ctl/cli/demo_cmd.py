@@ -16,10 +16,10 @@ from infer_ctl.exitcodes import ExitCode
 
 def demo(
     profile: Annotated[str, typer.Option("--profile", "-p", help="Profile whose cluster is simulated.")] = "builtin:local",
-    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests in the bench.")] = 160,
+    requests: Annotated[int, typer.Option("--requests", help="Requests in the bench.")] = 160,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests in flight.")] = 16,
     time_scale: Annotated[float, typer.Option("--time-scale", help="Wall s per model s (0.5 = twice as fast).")] = 1.0,
-    router: Annotated[str, typer.Option("--router", help=f"Front: {', '.join(ROUTERS)}.")] = "auto",
+    front: Annotated[str, typer.Option("--front", help=f"What fronts the workers: {', '.join(ROUTERS)} (was --router, which now always means a router's URL).")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and the workers.")] = 0,
     scenario: Annotated[str, typer.Option("--scenario", help="shared-prefix (the bench) or spec-drift (speculative acceptance, alert, controller).")] = "shared-prefix",
     control: Annotated[str, typer.Option("--control", help="spec-drift: the controller's mode, off, advise or act.")] = "act",
@@ -38,7 +38,7 @@ def demo(
         return
     if scenario != "shared-prefix":
         raise UsageError(f"unknown scenario {scenario!r}", remedy="use shared-prefix or spec-drift")
-    opts = DemoOptions(requests=requests, concurrency=concurrency, time_scale=time_scale, router=router, seed=seed)
+    opts = DemoOptions(requests=requests, concurrency=concurrency, time_scale=time_scale, router=front, seed=seed)
     with status_line(sess, "running the demo (simulated cluster + router + bench)"):
         outcome = run_demo(prof, opts, log=lambda m: sess.err.print(f"[dim]demo: {m}[/dim]") if not json_ else None)
     s = outcome.summary

@@ -59,7 +59,7 @@ def kv(
     kv_lora_rank: KvLoraRankOpt = None,
     rope_dim: RopeDimOpt = None,
     dtype: DtypeOpt = "bf16",
-    context: Annotated[int, typer.Option("--context", "-c", help="Tokens per request.")] = 8192,
+    context: Annotated[int, typer.Option("--context", help="Tokens per request.")] = 8192,
     hbm_gb: Annotated[
         float | None, typer.Option("--hbm-gb", help="HBM per replica in GB (10^9 bytes).")
     ] = None,
@@ -184,7 +184,7 @@ def spec(
     alpha: Annotated[float, typer.Option("--alpha", "-a", help="Per-token acceptance rate in [0, 1].")] = 0.8,
     gamma: Annotated[int, typer.Option("--gamma", "-g", help="Draft tokens per verification step.")] = 4,
     cost_ratio: Annotated[
-        float, typer.Option("--cost-ratio", "-c", help="Draft step cost / target step cost.")
+        float, typer.Option("--cost-ratio", help="Draft step cost / target step cost.")
     ] = 0.05,
     table: Annotated[
         bool, typer.Option("--table", help="Print speedup over a grid of alpha and gamma.")

@@ -211,7 +211,7 @@ def cost(
         float | None, typer.Option("--decode-efficiency", help="Decode achieved / roofline tokens/s.")
     ] = None,
     utilisation: Annotated[
-        float | None, typer.Option("--utilisation", "-u", help="Share of paid hours serving, in (0, 1].")
+        float | None, typer.Option("--utilisation", help="Share of paid hours serving, in (0, 1].")
     ] = None,
     cached_price_ratio: Annotated[
         float | None, typer.Option("--cached-price-ratio", help="Cached input token price / uncached, [0, 1].")

@@ -11,14 +11,23 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, seconds_parser, session
+from infer_ctl.cli.common import (
+    JsonOpt,
+    ProfileOpt,
+    RouterUrlOpt,
+    finish,
+    get_profile,
+    router_base_url,
+    seconds_parser,
+    session,
+)
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
 
 app = typer.Typer(help="The PD-aware, prefix-cache-aware router and its named prefixes.", no_args_is_help=True)
 
-UrlOpt = Annotated[str | None, typer.Option("--url", help="Router URL (default: the profile's router.listen).")]
+UrlOpt = RouterUrlOpt
 
 #: --kv-replay-timeout's range (the profile's router.kv_events.replay_timeout_s: more than 0, at most 300)
 REPLAY_TIMEOUT_RANGE = (0.001, 300.0)
@@ -31,6 +40,7 @@ _replay_timeout = seconds_parser(*REPLAY_TIMEOUT_RANGE)
 def _client(url: str | None, profile: str | None) -> Any:
     from infer_ctl.router.client import AdminClient
 
+    url = router_base_url(url)
     if url and profile is None:
         return AdminClient(url)
     # With -p, the profile names the token's environment variable, also when --url overrides the address.
@@ -50,7 +60,7 @@ def serve(
     listen: Annotated[str | None, typer.Option("--listen", help="HOST:PORT (default: router.listen).")] = None,
     prefill: Annotated[list[str] | None, typer.Option("--prefill", help="Prefill URL[@BOOTSTRAP_PORT]; repeatable.")] = None,
     decode: Annotated[list[str] | None, typer.Option("--decode", help="Decode URL; repeatable.")] = None,
-    worker: Annotated[list[str] | None, typer.Option("--worker", help="Collocated (plain) worker URL; repeatable.")] = None,
+    mixed: Annotated[list[str] | None, typer.Option("--mixed", help="Mixed (collocated, non-PD) worker URL; repeatable.")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="cache_aware, round_robin, power_of_two, random.")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning.")] = "info",
     log_requests: Annotated[bool, typer.Option("--log-requests", help="One structured log line per request.")] = False,
@@ -72,7 +82,7 @@ def serve(
     from infer_ctl.router.kv_settings import apply_flags
     from infer_ctl.router.procs import serve as serve_processes
 
-    cfg = _serve_config(profile, listen, prefill or [], decode or [], worker or [])
+    cfg = _serve_config(profile, listen, prefill or [], decode or [], mixed or [])
     apply_flags(cfg, enabled=kv_events, tokenizer=kv_tokenizer, replay_timeout_s=kv_replay_timeout,
                 max_blocks=kv_max_blocks, max_batches_per_s=kv_max_batches)
     if policy:
@@ -105,7 +115,7 @@ def _serve_config(profile: str | None, listen: str | None, prefill: list[str], d
     else:
         cfg = from_profile(get_profile(profile), listen=listen, workers=specs or None)
     if not cfg.workers:
-        raise UsageError("no workers to route to", remedy="give --prefill/--decode (or --worker), or a profile with nodes")
+        raise UsageError("no workers to route to", remedy="give --prefill/--decode (or --mixed), or a profile with nodes")
     cfg.validate()
     return cfg
 
