@@ -20,13 +20,19 @@ if TYPE_CHECKING:
     from infer_ctl.profile import Node, Profile
     from infer_ctl.remote.fleet import Fleet
 
+#: $INFERCTL_PROFILE is read by click for every --profile option (not only by the loader), so a command
+#: sees the same value whether the profile came from -p or the variable: `router serve` with workers on
+#: the command line ignored the variable but not -p, `demo` and `plan kv` never read it.
+PROFILE_ENV = "INFERCTL_PROFILE"
 ProfileOpt = Annotated[
     str | None,
     typer.Option(
         "--profile",
         "-p",
+        envvar=PROFILE_ENV,
         help="Profile YAML (default: $INFERCTL_PROFILE, then ./inferctl.yaml; builtin:local for the shipped one).",
         show_default=False,
+        show_envvar=False,
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout; no progress.")]

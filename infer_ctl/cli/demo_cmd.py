@@ -8,14 +8,14 @@ import typer
 
 from infer_ctl.bench.demo import ROUTERS, DemoOptions, run_demo
 from infer_ctl.bench.report import render
-from infer_ctl.cli.common import JsonOpt, finish, get_profile, session, status_line
+from infer_ctl.cli.common import PROFILE_ENV, JsonOpt, finish, get_profile, session, status_line
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
 
 
 def demo(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="Profile whose cluster is simulated.")] = "builtin:local",
+    profile: Annotated[str, typer.Option("--profile", "-p", envvar=PROFILE_ENV, show_envvar=False, help="Profile whose cluster is simulated (default: $INFERCTL_PROFILE, else builtin:local).")] = "builtin:local",
     requests: Annotated[int, typer.Option("--requests", help="Requests in the bench.")] = 160,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests in flight.")] = 16,
     time_scale: Annotated[float, typer.Option("--time-scale", help="Wall s per model s (0.5 = twice as fast).")] = 1.0,

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, finish, get_profile, session
+from infer_ctl.cli.common import PROFILE_ENV, JsonOpt, finish, get_profile, session
 from infer_ctl.cli.plan_common import (
     DtypeOpt,
     HeadDimOpt,
@@ -81,7 +81,7 @@ def kv(
                                  f"else {DEFAULT_MTU}).")
     ] = None,
     profile: Annotated[
-        str | None, typer.Option("--profile", "-p", help="Take --mtu and --tp from this profile.")
+        str | None, typer.Option("--profile", "-p", envvar=PROFILE_ENV, show_envvar=False, help="Take --mtu and --tp from this profile (default: $INFERCTL_PROFILE).")
     ] = None,
     list_presets: Annotated[
         bool, typer.Option("--list-presets", help="List model presets and exit.")
