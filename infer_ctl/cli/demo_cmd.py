@@ -34,7 +34,7 @@ def demo(
     if scenario == "spec-drift":
         from infer_ctl.cli.demo_spec import spec_drift
 
-        spec_drift(sess, prof, control=control, seed=seed, json_=json_)
+        spec_drift(sess, prof, control=control, seed=seed, json_=json_, profile_ref=profile)
         return
     if scenario != "shared-prefix":
         raise UsageError(f"unknown scenario {scenario!r}", remedy="use shared-prefix or spec-drift")
