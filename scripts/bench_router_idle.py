@@ -49,9 +49,9 @@ def main() -> int:
         # 127.0.0.1 it would connect, as would the router's SUB, and both would retry ~10 times a second
         kv = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}",
                          "replay_endpoint": f"tcp://*:{free_port()}"})
-        workers.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "sim", "serve", "-w",
+        workers.append(subprocess.Popen([sys.executable, "-m", "infer_ctl", "sim", "serve", "--worker",
                                          f"mixed@127.0.0.1:{port}", "--kv-events-config", kv], stdout=dn, stderr=dn))
-        flags += ["--worker", f"http://127.0.0.1:{port}"]
+        flags += ["--mixed", f"http://127.0.0.1:{port}"]
         urls.append(f"http://127.0.0.1:{port}")
     rport = free_port()
     router = subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen",

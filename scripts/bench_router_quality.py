@@ -370,7 +370,7 @@ def inferctl_router(ws: list[Worker], logs: Path, name: str = "inferctl", proces
     cmd += extra or []
     for w in ws:
         if w.role == "mixed":
-            cmd += ["--worker", w.url]
+            cmd += ["--mixed", w.url]
         elif w.role == "prefill":
             cmd += ["--prefill", f"{w.url} {w.bootstrap}"]
         else:

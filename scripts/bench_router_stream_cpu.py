@@ -95,7 +95,7 @@ def main() -> None:
             port = free_port()
             routers[co] = (f"http://127.0.0.1:{port}", subprocess.Popen(
                 [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
-                 "--worker", f"http://127.0.0.1:{sp}", "--log-level", "warning", "--processes", "1"],
+                 "--mixed", f"http://127.0.0.1:{sp}", "--log-level", "warning", "--processes", "1"],
                 cwd=co, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(co)},
                 stderr=subprocess.DEVNULL))
             procs.append(routers[co][1])

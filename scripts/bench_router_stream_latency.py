@@ -68,7 +68,7 @@ def main() -> None:
         wait_ready(worker, procs[0], lambda: get_ok(worker + "/health"), timeout=60)
         ip, sp = free_port(), free_port()
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{ip}", "--worker", worker,
+            [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{ip}", "--mixed", worker,
              "--policy", args.policy, "--log-level", "warning"]
             + (["--processes", str(args.processes)] if args.processes else []),
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

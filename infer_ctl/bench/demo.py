@@ -117,7 +117,7 @@ def _sglang_router(cluster: ThreadedSimCluster, timeout_s: float) -> Front:
                 return Front("sglang-router (Rust)", url, stop)
         time.sleep(0.3)
     stop()
-    raise DemoError("sglang-router did not become ready", remedy="run with --router inferctl or check `pip show sglang-router`")
+    raise DemoError("sglang-router did not become ready", remedy="run with --front inferctl or check `pip show sglang-router`")
 
 
 def _direct(cluster: ThreadedSimCluster, spec: WorkerSpec) -> Front:

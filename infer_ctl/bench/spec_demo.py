@@ -61,6 +61,8 @@ class SpecDemoOptions:
     max_new_tokens: int = 64
     time_scale: float = 0.25
     seed: int = 0
+    #: how the printed `apply with:` command names the profile: the one the demo was given
+    profile_ref: str = "builtin:local"
 
 
 @dataclass
@@ -292,7 +294,7 @@ def _scenario(prof: Profile, opts: SpecDemoOptions, cluster: ThreadedSimCluster,
     pool_names = {n: p.name for p in pools(prof) for n in p.nodes}
     url_to_pool = {u: pool_names[n] for u, n in url_to_node.items()}
     loop = SpecControlLoop(prof, router_url=router_url, mode="act" if opts.control == "act" else "advise",
-                           url_to_pool=url_to_pool, profile_ref="builtin:local",
+                           url_to_pool=url_to_pool, profile_ref=opts.profile_ref,
                            actuator=SimRelauncher(cluster, router_url, {n: u for u, n in url_to_node.items()}))
     phases: list[Phase] = []
     actions: list[dict[str, Any]] = []

@@ -81,8 +81,8 @@ def summarize(results: list[RequestResult], duration_s: float, slo: Slo, time_sc
         "requests": len(results),
         "completed": len(ok),
         "failed": len(results) - len(ok),
-        "duration_s": duration_s,
-        "model_duration_s": model_duration,
+        "duration_s": round(duration_s, 3),  # as every report's: float noise (0.006999...) is not data
+        "model_duration_s": round(model_duration, 3),
         "time_scale": time_scale,
         "ttft_s": _dist([r.ttft for r in ok if r.ttft is not None]),
         "itl_s": _dist([x for r in ok for x in r.itls]),

@@ -23,9 +23,9 @@ from infer_ctl.exitcodes import ExitCode
 def bench(
     url: Annotated[str, typer.Option("--url", "-u", help="Router or worker base URL, e.g. http://127.0.0.1:8000.")],
     workload: Annotated[str, typer.Option("--workload", "-w", help=f"One of: {', '.join(WORKLOADS)}.")] = "shared-prefix",
-    requests: Annotated[int, typer.Option("--requests", "-n", help="Number of requests.")] = 200,
+    requests: Annotated[int, typer.Option("--requests", help="Number of requests.")] = 200,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests (sessions) in flight.")] = 32,
-    rate: Annotated[float | None, typer.Option("--rate", "-r", help="Open loop: Poisson arrivals per second (overrides -c).")] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Open loop: Poisson arrivals per second (overrides --concurrency).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and arrivals.")] = 0,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Output tokens per request.")] = 128,
     api: Annotated[str, typer.Option("--api", help=f"Endpoint family: {', '.join(APIS)}.")] = "generate",

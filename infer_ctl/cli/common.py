@@ -20,13 +20,19 @@ if TYPE_CHECKING:
     from infer_ctl.profile import Node, Profile
     from infer_ctl.remote.fleet import Fleet
 
+#: $INFERCTL_PROFILE is read by click for every --profile option (not only by the loader), so a command
+#: sees the same value whether the profile came from -p or the variable: `router serve` with workers on
+#: the command line ignored the variable but not -p, `demo` and `plan kv` never read it.
+PROFILE_ENV = "INFERCTL_PROFILE"
 ProfileOpt = Annotated[
     str | None,
     typer.Option(
         "--profile",
         "-p",
+        envvar=PROFILE_ENV,
         help="Profile YAML (default: $INFERCTL_PROFILE, then ./inferctl.yaml; builtin:local for the shipped one).",
         show_default=False,
+        show_envvar=False,
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout; no progress.")]
@@ -36,6 +42,25 @@ NodesOpt = Annotated[
 RoleOpt = Annotated[
     str | None, typer.Option("--role", "-r", help="Only nodes with this role: prefill or decode.")
 ]
+_ROUTER_URL_HELP = "Router address: URL or HOST:PORT (default: the profile's router.listen)."
+RouterUrlOpt = Annotated[str | None, typer.Option("--url", help=_ROUTER_URL_HELP, show_default=False)]
+# check spec and spec control called it --router; kept as a second spelling (it means nothing else now:
+# demo's --router became --front), listed in their help as deprecated
+RouterUrlOldOpt = Annotated[
+    str | None,
+    typer.Option("--url", "--router", help=_ROUTER_URL_HELP + " --router: the old spelling, deprecated.",
+                 show_default=False),
+]
+
+
+def router_base_url(text: str | None) -> str | None:
+    """`127.0.0.1:8177` as `http://127.0.0.1:8177`: router.listen in the profile is HOST:PORT, so the same
+    spelling on the command line is what a user types (it failed with "URL missing http://")."""
+    if text is None or "://" in text:
+        return text
+    return f"http://{text}"
+
+
 # Fleet options shared by every command that reaches nodes (nodes, exec, check *, audit, ...).
 ParallelOpt = Annotated[
     int | None, typer.Option("--parallel", help="At most N nodes at once (default ssh.parallelism).")

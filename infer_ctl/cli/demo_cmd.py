@@ -8,18 +8,18 @@ import typer
 
 from infer_ctl.bench.demo import ROUTERS, DemoOptions, run_demo
 from infer_ctl.bench.report import render
-from infer_ctl.cli.common import JsonOpt, finish, get_profile, session, status_line
+from infer_ctl.cli.common import PROFILE_ENV, JsonOpt, finish, get_profile, session, status_line
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
 
 
 def demo(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="Profile whose cluster is simulated.")] = "builtin:local",
-    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests in the bench.")] = 160,
+    profile: Annotated[str, typer.Option("--profile", "-p", envvar=PROFILE_ENV, show_envvar=False, help="Profile whose cluster is simulated (default: $INFERCTL_PROFILE, else builtin:local).")] = "builtin:local",
+    requests: Annotated[int, typer.Option("--requests", help="Requests in the bench.")] = 160,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Requests in flight.")] = 16,
     time_scale: Annotated[float, typer.Option("--time-scale", help="Wall s per model s (0.5 = twice as fast).")] = 1.0,
-    router: Annotated[str, typer.Option("--router", help=f"Front: {', '.join(ROUTERS)}.")] = "auto",
+    front: Annotated[str, typer.Option("--front", help=f"What fronts the workers: {', '.join(ROUTERS)} (was --router, which now always means a router's URL).")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and the workers.")] = 0,
     scenario: Annotated[str, typer.Option("--scenario", help="shared-prefix (the bench) or spec-drift (speculative acceptance, alert, controller).")] = "shared-prefix",
     control: Annotated[str, typer.Option("--control", help="spec-drift: the controller's mode, off, advise or act.")] = "act",
@@ -34,11 +34,11 @@ def demo(
     if scenario == "spec-drift":
         from infer_ctl.cli.demo_spec import spec_drift
 
-        spec_drift(sess, prof, control=control, seed=seed, json_=json_)
+        spec_drift(sess, prof, control=control, seed=seed, json_=json_, profile_ref=profile)
         return
     if scenario != "shared-prefix":
         raise UsageError(f"unknown scenario {scenario!r}", remedy="use shared-prefix or spec-drift")
-    opts = DemoOptions(requests=requests, concurrency=concurrency, time_scale=time_scale, router=router, seed=seed)
+    opts = DemoOptions(requests=requests, concurrency=concurrency, time_scale=time_scale, router=front, seed=seed)
     with status_line(sess, "running the demo (simulated cluster + router + bench)"):
         outcome = run_demo(prof, opts, log=lambda m: sess.err.print(f"[dim]demo: {m}[/dim]") if not json_ else None)
     s = outcome.summary

@@ -16,13 +16,14 @@ from infer_ctl.exitcodes import ExitCode
 from infer_ctl.profile import Profile
 
 
-def spec_drift(sess: Session, prof: Profile, *, control: str, seed: int, json_: bool) -> None:
+def spec_drift(sess: Session, prof: Profile, *, control: str, seed: int, json_: bool,
+               profile_ref: str = "builtin:local") -> None:
     if control not in CONTROLS:
         raise UsageError(f"--control {control!r} is not a controller mode", remedy=f"use one of {', '.join(CONTROLS)}")
     # the embedded router logs its actions as warnings; the demo prints them itself
     logging.getLogger("infer_ctl.router").addHandler(logging.NullHandler())
     with status_line(sess, "running the spec-drift demo (simulated cluster + router + controller)"):
-        outcome = run_spec_demo(prof, SpecDemoOptions(control=control, seed=seed),
+        outcome = run_spec_demo(prof, SpecDemoOptions(control=control, seed=seed, profile_ref=profile_ref),
                                 log=lambda m: None if json_ else sess.err.print(f"[dim]demo: {m}[/dim]",
                                                                                  highlight=False))
     report = Report(command="demo", profile=prof.name, data={"scenario": "spec-drift", **outcome.as_dict()})

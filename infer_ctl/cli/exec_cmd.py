@@ -5,6 +5,7 @@ does not pay for them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -88,7 +89,7 @@ def exec_(
         exit_code_override=exec_exit_code(outcomes),
         data={"command_line": cmd.shell()},
     )
-    finish(sess, report, lambda console: render_exec(console, results))
+    finish(sess, report, lambda console: render_exec(console, results, sess.err))
 
 
 def to_command(words: list[str]) -> Command:
@@ -106,7 +107,15 @@ def _preview(text: str) -> str:
     )
 
 
-def render_exec(console: Console, results: list[dict[str, Any]]) -> None:
+def render_exec(console: Console, results: list[dict[str, Any]], err: Console | None = None) -> None:
+    if not console.is_terminal:  # piped: pdsh's `node: line`, identical outputs grouped (dshbak -c)
+        from infer_ctl.output.grouped_lines import write_grouped
+
+        def say(c: Console) -> Callable[[str], None]:
+            return lambda line: c.out(line, highlight=False)
+
+        write_grouped(results, say(console), say(err or console))
+        return
     table = Table(header_style="bold")
     for col in ("node", "host", "exit", "time", "output"):
         table.add_column(col, overflow="fold")

@@ -108,7 +108,7 @@ def logs(
     since: Annotated[
         str | None, typer.Option("--since", help="journalctl --since value (systemd nodes).")
     ] = None,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="How many last lines to show.")] = 100,
+    lines: Annotated[int, typer.Option("--lines", help="How many last lines to show.")] = 100,
 ) -> None:
     """Print an instance's server log (journal or log file). To a terminal, control sequences in it are
     shown as escapes; piped or redirected, the log text is written exactly."""

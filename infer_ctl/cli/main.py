@@ -199,6 +199,15 @@ def _json_error(args: Sequence[str], code: int, message: str, remedy: str | None
         pass
 
 
+def _retired_hint(args: Sequence[str], exc: BaseException) -> None:
+    from infer_ctl.cli.renamed import replacement
+
+    option = getattr(exc, "option_name", None)
+    hint = replacement(_command_name(args), option) if option else None
+    if hint:
+        typer.echo(f"  hint: {hint}", err=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     return _run(sys.argv[1:] if argv is None else argv)
 
@@ -217,6 +226,7 @@ def _run(args: list[str]) -> int:
     except _USAGE as exc:
         # usage errors: unknown command, bad option value, missing argument
         exc.show()  # type: ignore[attr-defined]
+        _retired_hint(args, exc)
         _json_error(args, ExitCode.USAGE, exc.format_message(), "see --help")  # type: ignore[attr-defined]
         return ExitCode.USAGE
     except InferctlError as exc:

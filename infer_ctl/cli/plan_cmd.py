@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, finish, get_profile, session
+from infer_ctl.cli.common import PROFILE_ENV, JsonOpt, finish, get_profile, session
 from infer_ctl.cli.plan_common import (
     DtypeOpt,
     HeadDimOpt,
@@ -62,7 +62,7 @@ def kv(
     kv_lora_rank: KvLoraRankOpt = None,
     rope_dim: RopeDimOpt = None,
     dtype: DtypeOpt = "bf16",
-    context: Annotated[int, typer.Option("--context", "-c", help="Tokens per request.")] = 8192,
+    context: Annotated[int, typer.Option("--context", help="Tokens per request.")] = 8192,
     hbm_gb: Annotated[
         float | None, typer.Option("--hbm-gb", help="HBM per replica in GB (10^9 bytes).")
     ] = None,
@@ -84,7 +84,7 @@ def kv(
                                  f"else {DEFAULT_MTU}).")
     ] = None,
     profile: Annotated[
-        str | None, typer.Option("--profile", "-p", help="Take --mtu and --tp from this profile.")
+        str | None, typer.Option("--profile", "-p", envvar=PROFILE_ENV, show_envvar=False, help="Take --mtu and --tp from this profile (default: $INFERCTL_PROFILE).")
     ] = None,
     list_presets: Annotated[
         bool, typer.Option("--list-presets", help="List model presets and exit.")
@@ -187,7 +187,7 @@ def spec(
     alpha: Annotated[float, typer.Option("--alpha", "-a", help="Per-token acceptance rate in [0, 1].")] = 0.8,
     gamma: Annotated[int, typer.Option("--gamma", "-g", help="Draft tokens per verification step.")] = 4,
     cost_ratio: Annotated[
-        float, typer.Option("--cost-ratio", "-c", help="Draft step cost / target step cost.")
+        float, typer.Option("--cost-ratio", help="Draft step cost / target step cost.")
     ] = 0.05,
     table: Annotated[
         bool, typer.Option("--table", help="Print speedup over a grid of alpha and gamma.")

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, finish, get_profile, session
+from infer_ctl.cli.common import PROFILE_ENV, JsonOpt, finish, get_profile, session
 from infer_ctl.cli.plan_common import guard
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
@@ -211,7 +211,7 @@ def cost(
         float | None, typer.Option("--decode-efficiency", help="Decode achieved / roofline tokens/s.")
     ] = None,
     utilisation: Annotated[
-        float | None, typer.Option("--utilisation", "-u", help="Share of paid hours serving, in (0, 1].")
+        float | None, typer.Option("--utilisation", help="Share of paid hours serving, in (0, 1].")
     ] = None,
     cached_price_ratio: Annotated[
         float | None, typer.Option("--cached-price-ratio", help="Cached input token price / uncached, [0, 1].")
@@ -228,7 +228,7 @@ def cost(
         float | None, typer.Option("--prefill-share", help="Collocated: share of GPU time in prefill.")
     ] = None,
     profile: Annotated[
-        str | None, typer.Option("--profile", "-p", help="Pools from this profile's nodes (prices via --pool).")
+        str | None, typer.Option("--profile", "-p", envvar=PROFILE_ENV, show_envvar=False, help="Pools from this profile's nodes (prices via --pool; default: $INFERCTL_PROFILE).")
     ] = None,
     json: JsonOpt = False,
 ) -> None:

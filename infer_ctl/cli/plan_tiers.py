@@ -67,7 +67,7 @@ def tiers(
     efficiency: Annotated[float, typer.Option("--efficiency", help="Prefill MFU: achieved / peak FLOPs.")] = 0.5,
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="SGLang --mem-fraction-static.")] = 1.0,
     page_size: Annotated[int, typer.Option("--page-size", help="SGLang --page-size (64 with HiCache).")] = 64,
-    context: Annotated[int, typer.Option("--context", "-c", help="L: tokens of one session.")] = 8192,
+    context: Annotated[int, typer.Option("--context", help="L: tokens of one session.")] = 8192,
     prefix: Annotated[int, typer.Option("--prefix", help="N: cached prefix whose hit is weighed.")] = 8192,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Sessions active in HBM (not cache).")] = 0,
     max_prefix: Annotated[int | None, typer.Option("--max-prefix", help="Longest prefix considered (default: the model's context length).")] = None,

@@ -91,7 +91,7 @@ def rollback_cmd(profile: ProfileOpt = None, nodes: NodesOpt = None, role: RoleO
 @app.command("lock")
 def lock_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="The lockfile to write (then set sglang.lock_file).")],
-    requirement: Annotated[list[str] | None, typer.Option("--requirement", "-r", help="A requirement (repeatable).")] = None,
+    requirement: Annotated[list[str] | None, typer.Option("--requirement", help="A requirement (repeatable).")] = None,
     pip_arg: Annotated[list[str] | None, typer.Option("--pip-arg", help="Extra pip argument (repeatable): the nodes' "
                        "platform, e.g. --pip-arg=--platform=manylinux_2_28_x86_64 --pip-arg=--python-version=3.12.")] = None,
     profile: ProfileOpt = None, json: JsonOpt = False,
@@ -108,7 +108,7 @@ def lock_cmd(
 @wheelhouse_app.command("build")
 def wheelhouse_build(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the wheelhouse into.")],
-    requirement: Annotated[list[str] | None, typer.Option("--requirement", "-r", help="A requirement (repeatable).")] = None,
+    requirement: Annotated[list[str] | None, typer.Option("--requirement", help="A requirement (repeatable).")] = None,
     pip_arg: Annotated[list[str] | None, typer.Option("--pip-arg", help="Extra pip download argument (repeatable), "
                        "e.g. --pip-arg=--platform=manylinux_2_28_x86_64 --pip-arg=--python-version=3.12.")] = None,
     lock: Annotated[Path | None, typer.Option("--lock", help="Download exactly this lockfile's files "

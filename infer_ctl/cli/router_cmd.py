@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,14 +13,23 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, seconds_parser, session
+from infer_ctl.cli.common import (
+    JsonOpt,
+    ProfileOpt,
+    RouterUrlOpt,
+    finish,
+    get_profile,
+    router_base_url,
+    seconds_parser,
+    session,
+)
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
 
 app = typer.Typer(help="The PD-aware, prefix-cache-aware router and its named prefixes.", no_args_is_help=True)
 
-UrlOpt = Annotated[str | None, typer.Option("--url", help="Router URL (default: the profile's router.listen).")]
+UrlOpt = RouterUrlOpt
 
 #: --kv-replay-timeout's range (the profile's router.kv_events.replay_timeout_s: more than 0, at most 300)
 REPLAY_TIMEOUT_RANGE = (0.001, 300.0)
@@ -28,20 +39,47 @@ _replay_timeout = seconds_parser(*REPLAY_TIMEOUT_RANGE)
 
 
 
-def _client(url: str | None, profile: str | None) -> Any:
+@dataclass
+class _Target:
+    """The router a command asks, and what the report says about it: its URL and the profile it came
+    from (None: --url without a profile), with the command's start time for duration_s."""
+
+    client: Any
+    url: str
+    profile: str | None
+    started: float = field(default_factory=time.monotonic)
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        return self.client.call(method, path, body)
+
+
+def _client(url: str | None, profile: str | None) -> _Target:
     from infer_ctl.router.client import AdminClient
 
+    url = router_base_url(url)
     if url and profile is None:
-        return AdminClient(url)
+        return _Target(AdminClient(url), url, None)
     # With -p, the profile names the token's environment variable, also when --url overrides the address.
     prof = get_profile(profile)
-    return AdminClient(url or f"http://{prof.router.listen}", prof.router.admin_token_env)
+    url = url or f"http://{prof.router.listen}"
+    return _Target(AdminClient(url, prof.router.admin_token_env), url, prof.name)
 
 
-def _done(json: bool, command: str, data: dict[str, Any], render: Any, code: ExitCode = ExitCode.OK) -> None:
+def _done(json: bool, command: str, data: dict[str, Any], render: Any, code: ExitCode = ExitCode.OK,
+          target: _Target | None = None) -> None:
     sess = session(json)
-    report = Report(command=command, profile=None, data=data, exit_code_override=code)
+    if target is not None:
+        sess.started = target.started
+        data = {**data, "router_url": target.url}
+    report = Report(command=command, profile=target.profile if target else None, data=data,
+                    exit_code_override=code)
     finish(sess, report, render)
+
+
+def _asked(target: _Target) -> str:
+    """Which router answered and why that one: on a shared machine the profile's address may be another
+    user's router."""
+    return f"router {target.url} (" + (f"profile {target.profile})" if target.profile else "from --url)")
 
 
 @app.command("serve")
@@ -50,7 +88,7 @@ def serve(
     listen: Annotated[str | None, typer.Option("--listen", help="HOST:PORT (default: router.listen).")] = None,
     prefill: Annotated[list[str] | None, typer.Option("--prefill", help="Prefill URL[@BOOTSTRAP_PORT]; repeatable.")] = None,
     decode: Annotated[list[str] | None, typer.Option("--decode", help="Decode URL; repeatable.")] = None,
-    worker: Annotated[list[str] | None, typer.Option("--worker", help="Collocated (plain) worker URL; repeatable.")] = None,
+    mixed: Annotated[list[str] | None, typer.Option("--mixed", help="Mixed (collocated, non-PD) worker URL; repeatable.")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="cache_aware, round_robin, power_of_two, random.")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning.")] = "info",
     log_requests: Annotated[bool, typer.Option("--log-requests", help="One structured log line per request.")] = False,
@@ -72,7 +110,7 @@ def serve(
     from infer_ctl.router.kv_settings import apply_flags
     from infer_ctl.router.procs import serve as serve_processes
 
-    cfg = _serve_config(profile, listen, prefill or [], decode or [], worker or [])
+    cfg = _serve_config(profile, listen, prefill or [], decode or [], mixed or [])
     apply_flags(cfg, enabled=kv_events, tokenizer=kv_tokenizer, replay_timeout_s=kv_replay_timeout,
                 max_blocks=kv_max_blocks, max_batches_per_s=kv_max_batches)
     if policy:
@@ -105,7 +143,7 @@ def _serve_config(profile: str | None, listen: str | None, prefill: list[str], d
     else:
         cfg = from_profile(get_profile(profile), listen=listen, workers=specs or None)
     if not cfg.workers:
-        raise UsageError("no workers to route to", remedy="give --prefill/--decode (or --worker), or a profile with nodes")
+        raise UsageError("no workers to route to", remedy="give --prefill/--decode (or --mixed), or a profile with nodes")
     cfg.validate()
     return cfg
 
@@ -114,7 +152,8 @@ def _serve_config(profile: str | None, listen: str | None, prefill: list[str], d
 def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) -> None:
     """Mode, policy, worker availability, index and prefix counts. Exit 1 if some worker is unavailable,
     2 if none is, 3 if the router is unreachable."""
-    doc = _client(url, profile).call("GET", "/admin/status")
+    target = _client(url, profile)
+    doc = target.call("GET", "/admin/status")
     w = doc["workers"]
     code = ExitCode.OK if w["available"] == w["total"] else ExitCode.WARN if w["available"] else ExitCode.FAIL
 
@@ -122,7 +161,7 @@ def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False
     held = f" ({w['held']} held down)" if w.get("held") else ""
 
     def render(c: Console) -> None:
-        c.print(f"router {doc['listen']}: mode {doc['mode']}, policy {doc['policy']}, "
+        c.print(f"{_asked(target)}: listening on {doc['listen']}, mode {doc['mode']}, policy {doc['policy']}, "
                 f"workers {w['available']}/{w['total']} available{held}, {doc['active_requests']} in flight, "
                 f"index {doc['index']['blocks']} blocks, prefixes {doc['prefixes']['active']} active")
         store = doc.get("state_store")  # several replicas: where they share their state
@@ -132,7 +171,7 @@ def status(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False
         for url, d in (spec.get("decodes") or {}).items():
             c.print(f"  speculative {url}: {_spec_cells(d)}", highlight=False)
 
-    _done(json, "router status", {"router": doc}, render, code)
+    _done(json, "router status", {"router": doc}, render, code, target)
 
 
 def _store_state(store: dict[str, Any]) -> str:
@@ -161,18 +200,18 @@ def workers(
         doc = client.call("GET", "/admin/workers")
         doc["speculative"] = _spec_doc(client)
         doc["pairs"] = _pairs_doc(client)
-        _done(json, "router workers", doc, lambda c: _render_workers(c, doc))
+        _done(json, "router workers", doc, lambda c: _render_workers(c, doc), target=client)
     elif action in ("drain", "undrain") and worker_url:
         body = {"url": worker_url, "timeout_s": 0} if action == "drain" else {"url": worker_url, "drain": False}
         doc = client.call("POST", "/admin/workers/drain", body)
         _done(json, f"router workers {action}", doc,
-              lambda c: c.print(f"{action}: {worker_url} ({doc.get('inflight', 0)} in flight)"))
+              lambda c: c.print(f"{action}: {worker_url} ({doc.get('inflight', 0)} in flight)"), target=client)
     elif action in ("add", "remove") and worker_url:
         if action == "add" and role not in ("prefill", "decode", "mixed"):
             raise UsageError("workers add needs --role prefill|decode|mixed", remedy="e.g. --role decode")
         body = {"url": worker_url, "role": role, "bootstrap_port": bootstrap_port}
         doc = client.call("POST", "/admin/workers" if action == "add" else "/admin/workers/remove", body)
-        _done(json, f"router workers {action}", doc, lambda c: c.print(f"{action}: {worker_url}"))
+        _done(json, f"router workers {action}", doc, lambda c: c.print(f"{action}: {worker_url}"), target=client)
     else:
         raise UsageError(f"bad workers action {action!r}",
                          remedy="use: workers [list | add URL --role R | remove URL | drain URL | undrain URL]")
@@ -325,7 +364,7 @@ def spec(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) 
             c.print(f"action {a.get('ts', '')} {a['pool']} {a['action']}: {a.get('message', '')}",
                     highlight=False, markup=False)
 
-    _done(json, "router spec", {"speculative": doc}, render)
+    _done(json, "router spec", {"speculative": doc}, render, target=client)
 
 
 #: --ttl: 0 is none; a plain float option took nan/inf and encoding the request failed
@@ -350,7 +389,7 @@ def prefixes(
     client = _client(url, profile)
     if action == "list":
         doc = client.call("GET", "/admin/prefixes")
-        _done(json, "router prefixes", doc, lambda c: c.print(_prefix_table(doc["prefixes"])))
+        _done(json, "router prefixes list", doc, lambda c: c.print(_prefix_table(doc["prefixes"])), target=client)
         return
     if action not in ("add", "expire", "warm", "remove") or not name:
         raise UsageError(f"bad prefixes action {action!r} or missing NAME",
@@ -358,7 +397,7 @@ def prefixes(
     if action == "remove":
         gone = client.call("POST", f"/admin/prefixes/{name}/remove")
         _done(json, "router prefixes remove", gone,
-              lambda c: c.print(f"remove: {name} (versions {', '.join(map(str, gone['versions']))})"))
+              lambda c: c.print(f"remove: {name} (versions {', '.join(map(str, gone['versions']))})"), target=client)
         return
     if action == "add":
         if (text is None) == (file is None):
@@ -377,7 +416,8 @@ def prefixes(
     else:
         doc = client.call("POST", f"/admin/prefixes/{name}/{action}")
     p = doc["prefix"]
-    _done(json, f"router prefixes {action}", doc, lambda c: c.print(f"{action}: {p['name']} v{p['version']} ({p['state']})"))
+    _done(json, f"router prefixes {action}", doc, lambda c: c.print(f"{action}: {p['name']} v{p['version']} ({p['state']})"),
+          target=client)
 
 
 def _read(file: Path | None) -> str:
@@ -410,7 +450,8 @@ def _prefix_table(rows: list[dict[str, Any]]) -> Table:
 def tenants(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) -> None:
     """Per tenant: requests, in flight, input/cached/output tokens, errors, refusals by limit and cost
     (router.tenants, router.pricing). Exit 1 when some tenant was refused by a limit."""
-    doc = _client(url, profile).call("GET", "/admin/tenants")
+    target = _client(url, profile)
+    doc = target.call("GET", "/admin/tenants")
     rows = doc.get("tenants") or []
     refused = any(sum((t.get("rejected") or {}).values()) for t in rows)
 
@@ -430,7 +471,7 @@ def tenants(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = Fals
                       ", ".join(f"{k} {v}" for k, v in rej.items()) or "0")
         c.print(t)
 
-    _done(json, "router tenants", doc, render, ExitCode.WARN if refused else ExitCode.OK)
+    _done(json, "router tenants", doc, render, ExitCode.WARN if refused else ExitCode.OK, target)
 
 
 @app.command("tenant-key")

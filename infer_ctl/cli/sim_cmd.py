@@ -24,7 +24,7 @@ app = typer.Typer(help="SGLang-compatible simulated workers (no GPU needed).", n
 
 @app.command("serve")
 def serve(
-    worker: Annotated[list[str] | None, typer.Option("--worker", "-w", help="ROLE@HOST:PORT/BOOTSTRAP_PORT (host, port and bootstrap port optional), repeatable; ROLE is prefill, decode or mixed.")] = None,
+    worker: Annotated[list[str] | None, typer.Option("--worker", help="ROLE@HOST:PORT/BOOTSTRAP_PORT (host, port and bootstrap port optional), repeatable; ROLE is prefill, decode or mixed.")] = None,
     prefill: Annotated[int, typer.Option("--prefill", help="Add N prefill workers on free ports.")] = 0,
     decode: Annotated[int, typer.Option("--decode", help="Add N decode workers on free ports.")] = 0,
     mixed: Annotated[int, typer.Option("--mixed", help="Add N mixed (non-PD) workers on free ports.")] = 0,
@@ -59,7 +59,7 @@ def serve(
     admin_api_key: Annotated[str | None, typer.Option("--admin-api-key", help="SGLang's admin key: GET/PUT/DELETE /hicache/storage-backend answer only with it.")] = None,
     enable_pd_role_switch: Annotated[bool, typer.Option("--enable-pd-role-switch", help="SGLang's runtime role switch: POST /pd_role_switch (needs --no-spec).")] = False,
     tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Served model name.")] = None,
+    model: Annotated[str | None, typer.Option("--served-model-name", help="The model name the workers report and accept (SGLang's --served-model-name).")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Start simulated prefill/decode/mixed workers and serve until interrupted (Ctrl-C or SIGTERM)."""

@@ -12,7 +12,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
+from infer_ctl.cli.common import (
+    JsonOpt,
+    ProfileOpt,
+    RouterUrlOldOpt,
+    finish,
+    get_profile,
+    router_base_url,
+    session,
+)
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
@@ -34,7 +42,7 @@ def _render(console: Console, records: list[dict[str, Any]]) -> None:
 @app.command("control")
 def control(
     profile: ProfileOpt = None,
-    router: Annotated[str | None, typer.Option("--router", help="Router URL (default: the profile's router.listen).")] = None,
+    router: RouterUrlOldOpt = None,
     once: Annotated[bool, typer.Option("--once", help="One round, then exit (for cron).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between rounds.")] = 30.0,
     history: Annotated[Path | None, typer.Option("--history", help="Append every action to this audit history (JSON lines).")] = None,
@@ -56,7 +64,7 @@ def control(
     if interval <= 0:
         raise UsageError(f"--interval must be positive, got {interval:g}", remedy="e.g. --interval 30")
     actuator = SshRelauncher(prof, console=None if json_out else sess.err) if mode == "act" else None
-    loop = SpecControlLoop(prof, router_url=router or router_url(prof), mode=mode, actuator=actuator,
+    loop = SpecControlLoop(prof, router_url=router_base_url(router) or router_url(prof), mode=mode, actuator=actuator,
                            history=history, profile_ref=profile or "PROFILE",
                            state_path=state or default_state_path(prof),
                            say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {m}[/dim]"))

@@ -6,9 +6,15 @@ import sys
 
 from rich.console import Console
 
+from infer_ctl.output.fit import FitTables
+
 
 def make_consoles(*, json_mode: bool = False, no_color: bool = False) -> tuple[Console, Console]:
     out = Console(file=sys.stdout, no_color=no_color, soft_wrap=False, highlight=False)
+    # piped or redirected: lines as long as they are (a reader or a file has no width to fit), tables as
+    # plain columns or key: value blocks (output/fit.py); on a terminal, tables too wide fold to blocks
+    out.soft_wrap = not out.is_terminal
+    out.push_render_hook(FitTables())
     err = Console(file=sys.stderr, no_color=no_color, highlight=False, quiet=False)
     return out, err
 

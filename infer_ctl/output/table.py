@@ -61,7 +61,7 @@ class FindingsView:
             )
         return table
 
-    def _blocks(self) -> list[Text | Padding]:
+    def _blocks(self, piped: bool) -> list[Text | Padding]:
         out: list[Text | Padding] = []
         if self.title:
             out.append(Text(self.title, style="bold"))
@@ -75,14 +75,21 @@ class FindingsView:
                     safe_cell(f"{f.node}  {f.subject}", multiline=False),
                 )
             )
-            out.append(Padding(safe_cell(self._message(f)), (0, 0, 0, 6)))
+            if piped:  # one line per message line, never wrapped at a pretend width, no trailing blanks
+                out += [Text("      ").append_text(line) for line in safe_cell(self._message(f)).split("\n")]
+            else:
+                out.append(Padding(safe_cell(self._message(f)), (0, 0, 0, 6)))
+        for line in out:
+            if piped and isinstance(line, Text):
+                line.no_wrap, line.overflow = True, "ignore"
         return out
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if options.max_width >= self.WIDE:
+        # piped: always the blocks (the table's box and folded cells are no use to grep)
+        if console.is_terminal and options.max_width >= self.WIDE:
             yield self._table()
         else:
-            yield from self._blocks()
+            yield from self._blocks(piped=not console.is_terminal)
 
 
 def findings_table(

@@ -41,9 +41,25 @@ def _diff_text(diff: str) -> Text:
     return Text("\n".join(terminal_safe(line, multiline=False) for line in diff.rstrip("\n").split("\n")))
 
 
-def render_plans(console: Console, plans: Sequence[NodePlan], *, title: str, show_diff: bool = True) -> None:
+def _shape(plan: NodePlan) -> tuple[object, ...]:
+    """What a node's block shows, without the node's name: equal shapes print once."""
+    return (plan.state, plan.error, tuple((e.kind, e.step, e.subject, e.summary, e.diff, e.before, e.after, e.remedy)
+                                          for e in plan.entries))
+
+
+def group_plans(plans: Sequence[NodePlan]) -> list[tuple[list[str], NodePlan]]:
+    """(node names, one plan) per distinct block, in first-seen order: three identical nodes are one block
+    ("nodes a, b, c"), not three copies (a fresh 3-node cluster's plan was 391 lines)."""
+    groups: dict[tuple[object, ...], tuple[list[str], NodePlan]] = {}
     for plan in plans:
-        header = Text.assemble((f"{title} — {plan.node}: ", "bold"), (plan.state.value.upper(), STATE_STYLE[plan.state]))
+        groups.setdefault(_shape(plan), ([], plan))[0].append(plan.node)
+    return list(groups.values())
+
+
+def render_plans(console: Console, plans: Sequence[NodePlan], *, title: str, show_diff: bool = True) -> None:
+    for nodes, plan in group_plans(plans):
+        who = f"nodes {', '.join(nodes)}" if len(nodes) > 1 else nodes[0]
+        header = Text.assemble((f"{title} — {who}: ", "bold"), (plan.state.value.upper(), STATE_STYLE[plan.state]))
         console.print(header)
         if plan.error:
             console.print(safe_cell(f"  {plan.error}", style="red"))

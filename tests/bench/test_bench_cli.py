@@ -20,7 +20,7 @@ def worker() -> Iterator[ThreadedSimCluster]:
 
 def test_bench_json_out_and_plot(worker: ThreadedSimCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = main(["bench", "--url", worker.urls[0], "-n", "40", "-c", "8", "--max-new-tokens", "16", "--json",
+    rc = main(["bench", "--url", worker.urls[0], "--requests", "40", "-c", "8", "--max-new-tokens", "16", "--json",
                "--out", str(out), "--plot", str(png)])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["exit_code"] == 0 and doc["command"] == "bench"
@@ -38,7 +38,7 @@ def test_bench_json_out_and_plot(worker: ThreadedSimCluster, tmp_path: Path, cap
 @pytest.mark.parametrize("workload", ["multi-turn", "random"])
 def test_bench_other_workloads_and_chat_api(worker: ThreadedSimCluster, workload: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["bench", "--url", worker.urls[0], "-w", workload, "-n", "12", "-c", "4", "--max-new-tokens", "8",
+    rc = main(["bench", "--url", worker.urls[0], "-w", workload, "--requests", "12", "-c", "4", "--max-new-tokens", "8",
                "--api", "chat", "--json"])
     s = json.loads(capsys.readouterr().out)["summary"]
     assert rc == 0 and s["completed"] == 12
@@ -47,7 +47,7 @@ def test_bench_other_workloads_and_chat_api(worker: ThreadedSimCluster, workload
 
 
 def test_bench_rate_mode_table(worker: ThreadedSimCluster, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["bench", "--url", worker.urls[0], "-n", "10", "--rate", "200", "--max-new-tokens", "4"])
+    rc = main(["bench", "--url", worker.urls[0], "--requests", "10", "--rate", "200", "--max-new-tokens", "4"])
     out = capsys.readouterr().out
     assert rc == 0 and "TTFT" in out and "goodput" in out and "cache hit rate" in out
 
@@ -58,7 +58,7 @@ def test_bench_unknown_workload_is_a_usage_error(capsys: pytest.CaptureFixture[s
 
 
 def test_bench_unreachable_url_fails_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["bench", "--url", "http://127.0.0.1:1", "-n", "3", "--json"])
+    rc = main(["bench", "--url", "http://127.0.0.1:1", "--requests", "3", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 2 and doc["summary"]["failed"] == 3
     assert any("Connect" in e for e in doc["summary"]["errors"])

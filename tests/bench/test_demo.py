@@ -16,7 +16,7 @@ def _threads() -> set[str]:
 
 def test_demo_through_the_inferctl_router(capsys: pytest.CaptureFixture[str]) -> None:
     before = _threads()
-    rc = main(["demo", "-n", "40", "-c", "8", "--json"])
+    rc = main(["demo", "--requests", "40", "-c", "8", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0, doc
     assert doc["router"] == "inferctl router" and doc["profile"] == "local"
@@ -26,11 +26,11 @@ def test_demo_through_the_inferctl_router(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_demo_without_router_uses_a_direct_worker(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["demo", "-n", "20", "--router", "none"])
+    rc = main(["demo", "--requests", "20", "--front", "none"])
     out = capsys.readouterr().out
     assert rc == 0 and "direct" in out and "TTFT" in out
 
 
 def test_demo_unknown_router_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["demo", "--router", "nginx"])
+    rc = main(["demo", "--front", "nginx"])
     assert rc == 64 and "unknown router" in capsys.readouterr().err

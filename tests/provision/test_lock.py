@@ -34,7 +34,7 @@ def _index(root: Path) -> Path:
 
 def _lock(tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     out = tmp_path / "sglang-0.5.23.lock"
-    code = main(["provision", "lock", "--out", str(out), "-r", "sglang==0.5.23", "--pip-arg=--no-index",
+    code = main(["provision", "lock", "--out", str(out), "--requirement", "sglang==0.5.23", "--pip-arg=--no-index",
                  f"--pip-arg=--find-links={index}", "--json"])  # fmt: skip
     assert code == 0, capsys.readouterr()
     capsys.readouterr()

@@ -56,7 +56,7 @@ def kinds(doc: dict[str, Any]) -> dict[str, set[str]]:
 
 def wheelhouse(tmp: Path, index: Path, version: str) -> Path:
     out = tmp / f"wh-{version}"
-    code = main(["provision", "wheelhouse", "build", "--out", str(out), "-r", f"sglang=={version}",
+    code = main(["provision", "wheelhouse", "build", "--out", str(out), "--requirement", f"sglang=={version}",
                  "--pip-arg=--no-index", f"--pip-arg=--find-links={index}", "--json"])
     assert code == 0
     return out

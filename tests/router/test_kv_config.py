@@ -101,13 +101,13 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
 
 def test_serve_flags_set_the_kv_settings(tmp_path: Path, served: list[RouterConfig]) -> None:
     (tmp_path / "tokenizer.json").write_text("{}")
-    argv = ["router", "serve", "--worker", "http://127.0.0.1:9", "--no-kv-events", "--kv-tokenizer", str(tmp_path),
+    argv = ["router", "serve", "--mixed", "http://127.0.0.1:9", "--no-kv-events", "--kv-tokenizer", str(tmp_path),
             "--kv-replay-timeout", "0.25", "--kv-max-blocks", "2048", "--kv-max-batches-per-s", "9"]
     assert main(argv) == 0
     cfg = served[0]
     assert (cfg.kv_events, cfg.tokenizer_path, cfg.kv_replay_timeout_s, cfg.kv_max_blocks, cfg.kv_max_batches_per_s) == (
         False, str(tmp_path), 0.25, 2048, 9)
-    assert main(["router", "serve", "--worker", "http://127.0.0.1:9"]) == 0
+    assert main(["router", "serve", "--mixed", "http://127.0.0.1:9"]) == 0
     assert served[1].kv_events is True and served[1].kv_max_blocks == RouterConfig().kv_max_blocks
 
 
@@ -120,7 +120,7 @@ def test_serve_flags_set_the_kv_settings(tmp_path: Path, served: list[RouterConf
 ])
 def test_bad_serve_flags_are_usage_errors(flags: list[str], fragment: str, served: list[RouterConfig],
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", *flags]) == 64
+    assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", *flags]) == 64
     assert fragment in capsys.readouterr().err
     assert not served
 

@@ -173,7 +173,7 @@ def test_predicted_cached_tokens_within_two_percent_per_request(kv_cluster: Thre
 
 def _serve_prefill(port: int, bport: int, cfg: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infer_ctl", "sim", "serve", "-w", f"prefill@127.0.0.1:{port}/{bport}",
+        [sys.executable, "-m", "infer_ctl", "sim", "serve", "--worker", f"prefill@127.0.0.1:{port}/{bport}",
          "--time-scale", str(TIME_SCALE), "--kv-events-config", cfg, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip

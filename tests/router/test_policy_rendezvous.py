@@ -161,6 +161,6 @@ def test_setting_from_profile_and_validated() -> None:
 def test_serve_flag_is_validated(capsys: pytest.CaptureFixture[str]) -> None:
     from infer_ctl.cli.main import main
 
-    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", "--miss-placement", "hashed"]) == 64
+    assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", "--miss-placement", "hashed"]) == 64
     err = capsys.readouterr().err
     assert "router.miss_placement" in err and "hashed" in err

@@ -100,7 +100,7 @@ def test_serve_runs_until_sigterm_then_drains(mixed: ThreadedSimCluster) -> None
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
-                             "--worker", mixed.urls[0]], stderr=subprocess.PIPE, env=env)
+                             "--mixed", mixed.urls[0]], stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 20
         ok = False
@@ -126,7 +126,7 @@ def test_serve_runs_until_sigterm_then_drains(mixed: ThreadedSimCluster) -> None
 def test_serve_refuses_non_loopback_without_token(listen: str, monkeypatch, capsys) -> None:
     # a name that merely starts with "127." can resolve anywhere: only literal loopback counts
     monkeypatch.delenv("INFERCTL_ROUTER_TOKEN", raising=False)
-    assert main(["router", "serve", "--listen", listen, "--worker", "http://127.0.0.1:9"]) == 64
+    assert main(["router", "serve", "--listen", listen, "--mixed", "http://127.0.0.1:9"]) == 64
     assert "without a token" in capsys.readouterr().err
 
 
@@ -201,7 +201,7 @@ def test_prefix_file_that_is_not_utf8_is_a_usage_error(tmp_path, capsys) -> None
 
 @pytest.mark.parametrize("listen", ["127.0.0.1", "127.0.0.1:99999", "127.0.0.1:http"])
 def test_bad_listen_address_is_a_usage_error(listen: str, capsys) -> None:
-    assert main(["router", "serve", "--listen", listen, "--worker", "http://127.0.0.1:9"]) == 64
+    assert main(["router", "serve", "--listen", listen, "--mixed", "http://127.0.0.1:9"]) == 64
     assert "HOST:PORT" in capsys.readouterr().err
 
 
@@ -222,12 +222,12 @@ def test_serve_flags_for_the_load_guard_and_the_board_reach_the_config(monkeypat
 
     seen: list[object] = []
     monkeypatch.setattr(procs, "serve", lambda cfg, n, level: seen.append(cfg) or 0)
-    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", "--balance-abs", "64", "--no-share-flights"]) == 0
+    assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", "--balance-abs", "64", "--no-share-flights"]) == 0
     cfg = seen[-1]
     assert cfg.balance_abs == 64 and cfg.coalesce_processes is False  # type: ignore[attr-defined]
-    assert main(["router", "serve", "--worker", "http://127.0.0.1:9"]) == 0
+    assert main(["router", "serve", "--mixed", "http://127.0.0.1:9"]) == 0
     assert seen[-1].balance_abs == 8 and seen[-1].coalesce_processes is True  # type: ignore[attr-defined]
-    assert main(["router", "serve", "--worker", "http://127.0.0.1:9", "--balance-abs", "-1"]) == 64
+    assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", "--balance-abs", "-1"]) == 64
     assert "--balance-abs" in capsys.readouterr().err
 
 

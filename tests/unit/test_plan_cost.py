@@ -29,7 +29,7 @@ _EIGHT_GPUS = ["--scenario", "custom", "--pool", "collocated:nodes=1,gpus=8,gpu_
 
 
 def test_collocated_given_throughput_hand_computed(capsys: pytest.CaptureFixture[str]) -> None:
-    s = _one([*_EIGHT_GPUS, "--output-tps", "2000", "--input-tps", "8000", "-u", "1",
+    s = _one([*_EIGHT_GPUS, "--output-tps", "2000", "--input-tps", "8000", "--utilisation", "1",
               "--prefill-share", "0.25", "--cache-hit-rate", "0.5", "--cached-price-ratio", "0.1"], capsys)
     c = s["cost"]
     # 8 GPUs x $2.50 = $20.00 per hour; 2,000 output tok/s x 3,600 s = 7,200,000 output tokens per hour
@@ -49,8 +49,8 @@ def test_collocated_given_throughput_hand_computed(capsys: pytest.CaptureFixture
 
 
 def test_utilisation_divides_the_tokens_not_the_bill(capsys: pytest.CaptureFixture[str]) -> None:
-    full = _one([*_EIGHT_GPUS, "--output-tps", "2000", "-u", "1"], capsys)["cost"]
-    half = _one([*_EIGHT_GPUS, "--output-tps", "2000", "-u", "0.5"], capsys)["cost"]
+    full = _one([*_EIGHT_GPUS, "--output-tps", "2000", "--utilisation", "1"], capsys)["cost"]
+    half = _one([*_EIGHT_GPUS, "--output-tps", "2000", "--utilisation", "0.5"], capsys)["cost"]
     assert half["hourly_usd"] == full["hourly_usd"] == 20.0
     assert half["usd_per_m_output_all_in"] == pytest.approx(2 * full["usd_per_m_output_all_in"], rel=1e-12)
     # no model and no --prefill-share: the collocated bill cannot be split into input and output
@@ -59,13 +59,13 @@ def test_utilisation_divides_the_tokens_not_the_bill(capsys: pytest.CaptureFixtu
 
 def test_node_hour_price(capsys: pytest.CaptureFixture[str]) -> None:
     c = _one(["--scenario", "custom", "--pool", "collocated:nodes=2,gpus=8,node_hour=30",
-              "--output-tps", "1000", "-u", "1"], capsys)["cost"]
+              "--output-tps", "1000", "--utilisation", "1"], capsys)["cost"]
     # 2 nodes x $30 = $60/h over 3.6 M tokens: $16.667 per M
     assert c["hourly_usd"] == 60 and c["usd_per_m_output_all_in"] == pytest.approx(60 / 3.6, rel=1e-12)
 
 
 def test_disaggregated_bills_each_pool_to_its_tokens(capsys: pytest.CaptureFixture[str]) -> None:
-    s = _one(["--scenario", "disaggregated", "--input-tps", "40000", "--output-tps", "10000", "-u", "1"], capsys)
+    s = _one(["--scenario", "disaggregated", "--input-tps", "40000", "--output-tps", "10000", "--utilisation", "1"], capsys)
     c = s["cost"]
     # 2 H100 nodes x 8 x $2.50 = $40 prefill + 6 H200 nodes x 8 x $3.50 = $168 decode = $208/h
     assert (c["hourly_usd"], c["prefill_hourly_usd"], c["decode_hourly_usd"]) == (208.0, 40.0, 168.0)
@@ -79,7 +79,7 @@ def test_disaggregated_bills_each_pool_to_its_tokens(capsys: pytest.CaptureFixtu
 
 def test_pool_overrides_change_only_what_they_name(capsys: pytest.CaptureFixture[str]) -> None:
     s = _one(["--scenario", "disaggregated", "--pool", "decode:nodes=3,gpu_hour=4", "--output-tps", "1000",
-              "-u", "1"], capsys)
+              "--utilisation", "1"], capsys)
     pools = {p["role"]: p for p in s["inputs"]["pools"]}
     assert pools["decode"]["nodes"] == 3 and pools["decode"]["node_hour_usd"] == 32.0  # 8 GPUs x $4
     assert pools["decode"]["accelerator"] == "h200" and pools["prefill"]["nodes"] == 2
@@ -88,7 +88,7 @@ def test_pool_overrides_change_only_what_they_name(capsys: pytest.CaptureFixture
 
 def test_pools_from_a_profile_prices_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
     doc = _doc(["-p", "builtin:reference-h100-h200", "--pool", "prefill:gpu_hour=2.5",
-                "--pool", "decode:gpu_hour=3.5", "--output-tps", "10000", "--input-tps", "40000", "-u", "1"], capsys)
+                "--pool", "decode:gpu_hour=3.5", "--output-tps", "10000", "--input-tps", "40000", "--utilisation", "1"], capsys)
     assert doc["profile"] == "prod-a" and len(doc["scenarios"]) == 1
     s = doc["scenarios"][0]
     pools = {p["role"]: p for p in s["inputs"]["pools"]}
@@ -119,7 +119,7 @@ def _run_bench(cluster: ThreadedSimCluster, stdout_doc: Path, out_file: Path,
                capsys: pytest.CaptureFixture[str]) -> None:
     if stdout_doc.exists():
         return
-    assert main(["bench", "--url", cluster.urls[0], "-n", "16", "-c", "4", "--max-new-tokens", "8", "--json",
+    assert main(["bench", "--url", cluster.urls[0], "--requests", "16", "-c", "4", "--max-new-tokens", "8", "--json",
                  "--out", str(out_file)]) == 0
     stdout_doc.write_text(capsys.readouterr().out)
 
@@ -134,7 +134,7 @@ def test_bench_result_is_a_throughput_source(bench_files: BenchFiles, capsys: py
     i, o, h = summary["input_token_throughput"], summary["output_token_throughput"], summary["cache_hit_rate"]
     assert o > 0 and h > 0, "the shared-prefix workload hits the simulated radix cache"
     for path in (stdout_doc, out_file):  # the `bench --json` document and the `bench --out` file
-        s = _one(["--scenario", "disaggregated", "--bench", str(path), "-u", "1"], capsys)
+        s = _one(["--scenario", "disaggregated", "--bench", str(path), "--utilisation", "1"], capsys)
         tp, c = s["throughput"], s["cost"]
         assert tp["source"] == f"bench {path}"
         assert (tp["input_tokens_s"], tp["output_tokens_s"], tp["cache_hit_rate"]) == (i, o, h)
@@ -147,7 +147,7 @@ def test_collocated_bench_is_split_by_the_roofline(bench_files: BenchFiles,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     stdout_doc, out_file, cluster = bench_files
     _run_bench(cluster, stdout_doc, out_file, capsys)
-    s = _one(["--scenario", "collocated", "--bench", str(stdout_doc), "-u", "1"], capsys)
+    s = _one(["--scenario", "collocated", "--bench", str(stdout_doc), "--utilisation", "1"], capsys)
     share = s["throughput"]["prefill_share"]
     assert 0 < share < 1
     assert s["cost"]["prefill_hourly_usd"] == pytest.approx(20 * share, rel=1e-12)
@@ -178,7 +178,7 @@ def test_three_scenarios_every_input_printed(capsys: pytest.CaptureFixture[str])
 
 def test_overrides_reach_every_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     base = _doc([], capsys)["scenarios"]
-    lower = _doc(["-u", "0.35"], capsys)["scenarios"]  # half the default 0.7
+    lower = _doc(["--utilisation", "0.35"], capsys)["scenarios"]  # half the default 0.7
     for a, b in zip(base, lower, strict=True):
         assert b["inputs"]["utilisation"] == 0.35
         assert b["cost"]["usd_per_m_output_all_in"] == pytest.approx(2 * a["cost"]["usd_per_m_output_all_in"])
@@ -207,8 +207,8 @@ def test_table_output(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
     [
         (["--pool", "collocated:node_hour=-3"], "--pool collocated:node_hour (cost per node-hour) must be >= 0, got -3"),
         (["--pool", "decode:gpu_hour=-1"], "--pool decode:gpu_hour (cost per GPU-hour) must be >= 0, got -1"),
-        (["-u", "0"], "--utilisation must be in (0, 1], got 0"),
-        (["-u", "1.2"], "--utilisation must be in (0, 1], got 1.2"),
+        (["--utilisation", "0"], "--utilisation must be in (0, 1], got 0"),
+        (["--utilisation", "1.2"], "--utilisation must be in (0, 1], got 1.2"),
         (["--cached-price-ratio", "2"], "--cached-price-ratio must be in [0, 1], got 2"),
         (["--scenario", "custom", "--pool", "collocated:gpu_hour=2"],
          "no throughput source: give --bench FILE, --output-tps N, or --model PRESET"),
