@@ -25,14 +25,14 @@ from infer_ctl.core.routing.pd import (
     new_room,
     with_bootstrap,
 )
-from infer_ctl.router import h1, sse
 from infer_ctl.router.calls import WorkerCalls
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
-from infer_ctl.router.jsonio import dumps, loads, loads_or_none
+from infer_ctl.router.http import h1, sse
+from infer_ctl.router.http.jsonio import dumps, loads, loads_or_none
+from infer_ctl.router.http.upstream import Response, UpstreamError
 from infer_ctl.router.relay import StreamRelay
 from infer_ctl.router.retry import AttemptFailed, check_status
-from infer_ctl.router.upstream import Response, UpstreamError
 from infer_ctl.router.workers import WorkerState
 
 _JSON = "application/json"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from infer_ctl.router.http.upstream import Response, UpstreamError, Upstreams
 from infer_ctl.router.metrics import RouterMetrics
-from infer_ctl.router.upstream import Response, UpstreamError, Upstreams
 from infer_ctl.router.workers import WorkerState
 
 _JSON = "application/json"

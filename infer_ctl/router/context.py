@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer_ctl.core.routing.prefixes import PrefixRecord
-from infer_ctl.router import h1
+from infer_ctl.router.http import h1
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.routing.prefixes import Placement, PrefixRecord, PrefixState
 from infer_ctl.router.config import WorkerSpec
-from infer_ctl.router.jsonio import dumps, loads
+from infer_ctl.router.http.jsonio import dumps, loads
 from infer_ctl.router.proxy import Router
 
 log = logging.getLogger("infer_ctl.router")

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.tenancy.estimate import request_estimate
-from infer_ctl.router.jsonio import DecodeError, dumps, loads
+from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
 from infer_ctl.router.retry import AttemptFailed
 from infer_ctl.router.spec_stats import fields_of
 from infer_ctl.router.tenants import Tenancy, TenantRefusal, TenantState
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from infer_ctl.router.calls import WorkerCalls
     from infer_ctl.router.config import RouterConfig
     from infer_ctl.router.context import RequestContext
+    from infer_ctl.router.http.upstream import Response
     from infer_ctl.router.tracing import RequestTrace, Tracing
-    from infer_ctl.router.upstream import Response
     from infer_ctl.router.workers import WorkerRegistry, WorkerState
 
 _OPENAI = frozenset({"/v1/completions", "/v1/chat/completions"})

@@ -25,7 +25,6 @@ from infer_ctl.core.routing.pd import parallel_samples, wants_logprobs
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.prompt import routing_text
-from infer_ctl.router import h1, sse
 from infer_ctl.router.admission import Admission
 from infer_ctl.router.attempt import AttemptRunner
 from infer_ctl.router.calls import WorkerCalls
@@ -33,7 +32,9 @@ from infer_ctl.router.coalesce import Coalescer
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
-from infer_ctl.router.jsonio import DecodeError, error_body, loads
+from infer_ctl.router.http import h1, sse
+from infer_ctl.router.http.jsonio import DecodeError, error_body, loads
+from infer_ctl.router.http.upstream import Upstreams
 from infer_ctl.router.kv_routing import KvRouting
 from infer_ctl.router.kv_subscriber import StreamSettings
 from infer_ctl.router.metrics import RouterMetrics
@@ -43,7 +44,6 @@ from infer_ctl.router.picker import PairPicker
 from infer_ctl.router.relay import StreamRelay
 from infer_ctl.router.retry import RetriesExhausted, with_retries
 from infer_ctl.router.spec_stats import SpecStats
-from infer_ctl.router.upstream import Upstreams
 from infer_ctl.router.workers import WorkerRegistry
 
 log = logging.getLogger("infer_ctl.router")

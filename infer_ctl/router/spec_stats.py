@@ -46,7 +46,7 @@ from infer_ctl.core.routing.spec_fields import (
     decode_generate_response,
     decode_openai_response,
 )
-from infer_ctl.router.jsonio import DecodeError, loads
+from infer_ctl.router.http.jsonio import DecodeError, loads
 
 LABEL_KEY = "domain"
 LABELS_HEADER = "x-custom-labels"  # SGLang's --tokenizer-metrics-custom-labels-header default

@@ -47,7 +47,7 @@ from infer_ctl.core.tenancy.pricing import RolePrice, worker_usd_per_s
 from infer_ctl.core.tenancy.shares import ShareClock
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.tenants import MIN_KEY_CHARS
-from infer_ctl.router.jsonio import dumps
+from infer_ctl.router.http.jsonio import dumps
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile

@@ -22,9 +22,9 @@ from infer_ctl.core.routing.pd import FAKE_BOOTSTRAP_HOST, bootstrap_host, new_r
 from infer_ctl.core.routing.policy import NoWorkerAvailable, choose_decode
 from infer_ctl.core.routing.prefixes import PrefixState, WarmAction
 from infer_ctl.core.routing.prompt import render_chat
-from infer_ctl.router.jsonio import dumps, loads_or_none
+from infer_ctl.router.http.jsonio import dumps, loads_or_none
+from infer_ctl.router.http.upstream import UpstreamError
 from infer_ctl.router.proxy import Router
-from infer_ctl.router.upstream import UpstreamError
 from infer_ctl.router.usage import token_counts
 
 log = logging.getLogger("infer_ctl.router.prefixes")

@@ -330,7 +330,7 @@ def test_a_request_on_a_reused_connection_is_not_resent_to_a_worker_gone_unhealt
     """Going unhealthy closes the worker's connections so that requests stuck on it are retried
     elsewhere (router/health.py). A request on a reused keep-alive connection took that close for a
     worker that had closed an idle connection and sent itself again, on a fresh connection, to the same
-    hung worker (router/upstream.py `Pool.request`): it hung until the request timeout. No coalescing."""
+    hung worker (router/http/upstream.py `Pool.request`): it hung until the request timeout. No coalescing."""
     a, b = Hangable(), Hangable()
     router = start_router_in_thread(router_config(workers=[a.url, b.url], policy="round_robin", coalesce=False,
                                                   health_interval_s=0.2, health_failures=2, retry_base_s=0.01,

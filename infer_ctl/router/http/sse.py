@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infer_ctl.router.jsonio import DecodeError, dumps, loads
+from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
 
 DONE = b"data: [DONE]\n\n"
 

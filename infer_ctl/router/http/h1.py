@@ -42,7 +42,7 @@ from typing import Any
 
 import httptools
 
-from infer_ctl.router.jsonio import error_body
+from infer_ctl.router.http.jsonio import error_body
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
