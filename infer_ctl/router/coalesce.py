@@ -103,7 +103,7 @@ class Coalescer:
         self.chars_per_token = chars_per_token
         self.pending = PendingBlocks()
         self.max_blocks = max(1, MAX_PENDING_CHARS // block_chars)
-        #: the exact index (router/kv_routing.py), for landing a leader on its worker's KV events
+        #: the exact index (router/kvindex/kv_routing.py), for landing a leader on its worker's KV events
         self.kv: Any = None
         #: the router's retries per request: a follower whose leader's worker failed is re-routed
         #: only while it has one left (else it goes to the worker itself, as without a hold)

@@ -21,7 +21,7 @@ from infer_ctl.core.routing.tiers import (
     weights_from,
 )
 from infer_ctl.errors import UsageError
-from infer_ctl.router.kv_settings import apply_profile as apply_kv_profile
+from infer_ctl.router.kvindex.kv_settings import apply_profile as apply_kv_profile
 from infer_ctl.router.tenants import TenantSpec, prices_from_profile, specs_from_profile
 from infer_ctl.router.tracing import TracingConfig, config_from
 
@@ -111,10 +111,10 @@ class RouterConfig:
     pair_max_failures: int = 3
     pair_probe_after_s: float = 60.0
     spec_max_labels: int = 16
-    #: KV events (router/kv_routing.py): subscribe to the workers that advertise them; the target
+    #: KV events (router/kvindex/kv_routing.py): subscribe to the workers that advertise them; the target
     #: model's directory (tokenizer.json, tokenizer_config.json) to tokenize prompts as real SGLang
-    #: workers do (simulated workers name their own); stream limits (router/kv_subscriber.py); from
-    #: the profile's router.kv_events and `router serve --kv-*` (router/kv_settings.py)
+    #: workers do (simulated workers name their own); stream limits (router/kvindex/kv_subscriber.py); from
+    #: the profile's router.kv_events and `router serve --kv-*` (router/kvindex/kv_settings.py)
     kv_events: bool = True
     tokenizer_path: str | None = None
     kv_max_blocks: int = 4_000_000
@@ -323,7 +323,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
     cfg.tenant_header = rs.tenant_header
     cfg.worker_usd_per_s = prices_from_profile(profile)
     cfg.tracing = config_from(rs.tracing, env)
-    apply_kv_profile(cfg, profile)  # router.kv_events (router/kv_settings.py)
+    apply_kv_profile(cfg, profile)  # router.kv_events (router/kvindex/kv_settings.py)
     _replicas_from(cfg, profile, env)
     return cfg
 

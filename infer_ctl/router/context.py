@@ -36,7 +36,7 @@ class RequestContext:
     attempts: int = 0
     #: the client stream once the relay committed to one (a timeout then ends it with an error event)
     resp: h1.StreamResponse | None = None
-    #: KV events (router/kv_routing.py): the whole prompt's anchor key, the chosen prefill's cached
+    #: KV events (router/kvindex/kv_routing.py): the whole prompt's anchor key, the chosen prefill's cached
     #: prompt units at the decision (None: predicted in characters only) and whether that was exact
     full_key: int | None = None
     #: predicted index: when the chosen worker's deepest matched block was last used (before this

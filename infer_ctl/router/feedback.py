@@ -22,7 +22,7 @@ from typing import Any
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.context import RequestContext
-from infer_ctl.router.kv_routing import KvRouting
+from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.usage import token_counts

@@ -129,7 +129,7 @@ class HealthChecker:
                             info_doc = loads(info)
                             instance, prio = _instance(info_doc)
                             self._bootstrap_port(w, info_doc)
-                            # KV events: discovery (router/kv_routing.py; a decode only with a radix cache)
+                            # KV events: discovery (router/kvindex/kv_routing.py; a decode only with a radix cache)
                             self.router.kv.configure(w.url, info_doc, w.role)
                             if w.role != "prefill":
                                 self.router.spec.observe_server_info(w.url, info_doc)

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
-from infer_ctl.router.kv_routing import KvRouting
+from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.spec_stats import SpecStats
 from infer_ctl.router.workers import WorkerRegistry
@@ -121,7 +121,7 @@ class RouterMetrics:
         self.decision.observe(seconds)
 
     def kv_event(self, worker: str, what: str, n: int) -> None:
-        """A KV event stream's counter (router/kv_subscriber.py `on_event`)."""
+        """A KV event stream's counter (router/kvindex/kv_subscriber.py `on_event`)."""
         if what == "events":
             self.kv_events.labels(worker).inc(n)
         elif what == "batches":

@@ -26,14 +26,14 @@ from infer_ctl.core.routing.policy import (
 )
 from infer_ctl.core.tenancy.buckets import retry_after_s
 from infer_ctl.router.context import RequestContext
-from infer_ctl.router.kv_routing import KvRouting
+from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.workers import WorkerRegistry, WorkerState
 
 
 class PairPicker:
-    #: the exact index from the workers' KV events (router/kv_routing.py), set by the Router; None: off
+    #: the exact index from the workers' KV events (router/kvindex/kv_routing.py), set by the Router; None: off
     kv: KvRouting | None = None
     #: in-flight prompts per worker (router/coalesce.py), counted as held on exact workers; None: off
     pending: PendingBlocks | None = None

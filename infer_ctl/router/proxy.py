@@ -35,8 +35,8 @@ from infer_ctl.router.feedback import Feedback
 from infer_ctl.router.http import h1, sse
 from infer_ctl.router.http.jsonio import DecodeError, error_body, loads
 from infer_ctl.router.http.upstream import Upstreams
-from infer_ctl.router.kv_routing import KvRouting
-from infer_ctl.router.kv_subscriber import StreamSettings
+from infer_ctl.router.kvindex.kv_routing import KvRouting
+from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
 from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.observe import RequestObserver, observing
 from infer_ctl.router.pair_health import PairTracker
@@ -79,7 +79,7 @@ class Router:
         #: tracing and tenants (observe.py); None with neither configured: the request path then only checks that
         self.observing = observing(cfg, clock=clock, registry=self.metrics.registry, workers=self.workers,
                                    chars_per_token=lambda: self.feedback.chars_per_token)
-        # the exact index from the prefills' KV events (router/kv_routing.py); the predicted index stays
+        # the exact index from the prefills' KV events (router/kvindex/kv_routing.py); the predicted index stays
         # the fallback for every worker whose stream is not trusted
         self.kv = KvRouting(enabled=cfg.kv_events and cfg.policy == "cache_aware", block_chars=cfg.block_chars,
                             tokenizer_path=cfg.tokenizer_path, metrics=self.metrics,

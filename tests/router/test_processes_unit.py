@@ -416,7 +416,7 @@ def test_a_prefill_that_stops_publishing_kv_events_is_logged_with_several_proces
         caplog: pytest.LogCaptureFixture) -> None:
     import asyncio
 
-    from infer_ctl.router.kv_routing import KvRouting
+    from infer_ctl.router.kvindex.kv_routing import KvRouting
 
     async def go() -> None:
         kv = KvRouting()

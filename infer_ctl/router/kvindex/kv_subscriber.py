@@ -28,7 +28,7 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   sees the drop; the subscription is opened again and the missed range replayed (counted as a gap);
   a replay whose connection drops the same way is rejected as `message_size` (counted, untrusted).
 
-An untrusted or down stream routes that worker on the predicted index (router/kv_routing.py); the rest
+An untrusted or down stream routes that worker on the predicted index (router/kvindex/kv_routing.py); the rest
 of the fleet stays exact. The task yields to the event loop every few messages, so a flood never stalls
 the request path, and ZMQ's receive high-water mark and maximum message size bound what it buffers.
 """

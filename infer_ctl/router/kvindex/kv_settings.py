@@ -30,7 +30,7 @@ class KvConfig(Protocol):
 
 
 def tokenizer_file(path: str) -> str:
-    """The tokenizer.json a tokenizer path names (router/kv_prompts.py reads the same file)."""
+    """The tokenizer.json a tokenizer path names (router/kvindex/kv_prompts.py reads the same file)."""
     return path if path.endswith(".json") else os.path.join(path, "tokenizer.json")
 
 

@@ -6,7 +6,7 @@ keeps a radix cache, `decode_radix_cache`): `kv_events` (SGLang 0.5.23's
 dp_size; dialed at the worker URL's host, DP rank r at base + r: `endpoints`),
 `page_size`, and `speculative_algorithm` (an EAGLE worker keys its radix tree by bigrams, which its
 stores also show). The first prefill's `/server_info` also chooses how prompts are tokenized
-(router/kv_prompts.py).
+(router/kvindex/kv_prompts.py).
 
 Request path (`cached`): per exact worker, the prompt units it holds (core/routing/anchors.py): a few
 dict lookups and a binary search per worker on the block chain the predicted index computed already.
@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
 from infer_ctl.core.routing.tiers import TierWeights
-from infer_ctl.router.kv_prompts import ChatKeys, PromptView, chat_layout, view_for
-from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
+from infer_ctl.router.kvindex.kv_prompts import ChatKeys, PromptView, chat_layout, view_for
+from infer_ctl.router.kvindex.kv_subscriber import KvStream, StreamSettings
 
 log = logging.getLogger("infer_ctl.router.kv")
 
