@@ -197,7 +197,7 @@ def remediate(profile: Profile, findings: Sequence[Finding], previous: Mapping[s
 
 def _push_pairs(profile: Profile, router: RouterWorkers, findings: Sequence[Finding], out: Outcome) -> None:
     """The run's pair-test verdicts to the router (POST /admin/pairs), so it avoids a prefill x decode pair
-    whose test failed and takes it back when one passes (router/pair_health.py)."""
+    whose test failed and takes it back when one passes (router/fleet/pair_health.py)."""
     verdicts = rem.pair_verdicts(findings)
     if not verdicts:
         return

@@ -342,7 +342,7 @@ class Admin:
         return _json({"recorded": record}, 201)
 
     async def pairs(self, request: web.Request) -> web.Response:
-        """Every prefill x decode pair the router knows something about (router/pair_health.py)."""
+        """Every prefill x decode pair the router knows something about (router/fleet/pair_health.py)."""
         tracker = self.router.pairs
         return _json({"pairs": tracker.health.snapshot(self.router.clock()), "avoided": tracker.avoided,
                       "fallbacks": tracker.fallbacks})

@@ -28,12 +28,12 @@ from infer_ctl.core.routing.pd import (
 from infer_ctl.router.calls import WorkerCalls
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
+from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http import h1, sse
 from infer_ctl.router.http.jsonio import dumps, loads, loads_or_none
 from infer_ctl.router.http.upstream import Response, UpstreamError
 from infer_ctl.router.relay import StreamRelay
 from infer_ctl.router.retry import AttemptFailed, check_status
-from infer_ctl.router.workers import WorkerState
 
 _JSON = "application/json"
 _PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from infer_ctl.router.fleet.metrics import RouterMetrics
+from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http.upstream import Response, UpstreamError, Upstreams
-from infer_ctl.router.metrics import RouterMetrics
-from infer_ctl.router.workers import WorkerState
 
 _JSON = "application/json"
 

@@ -12,7 +12,7 @@ followers are tried elsewhere (a retry each, while they have one); otherwise (it
 4xx) the first of its followers that can still go is promoted - it is sent, and becomes the flight the
 others wait for. A waiting request keeps its admission slot, counts as in flight on the worker, and is
 cancelled like any request (client gone, request timeout). With several router processes every
-process publishes its flights on the flight board (router/shared_flights.py) and mirrors the others'
+process publishes its flights on the flight board (router/fleet/shared_flights.py) and mirrors the others'
 into its overlay: a request waits for a flight of another process as for one of its own, released when
 that process publishes its landing (looked at every `POLL_S` while someone waits) or failure (tried
 elsewhere when the worker failed it, else one follower here takes over).
@@ -39,10 +39,10 @@ from infer_ctl.core.routing.coalesce import (
 )
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.context import RequestContext
+from infer_ctl.router.fleet.shared_flights import FAILED, FAILED_WORKER, POLL_S, FlightBoard, Remote
+from infer_ctl.router.fleet.shared_flights import LANDED as BOARD_LANDED
+from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.retry import AttemptFailed
-from infer_ctl.router.shared_flights import FAILED, FAILED_WORKER, POLL_S, FlightBoard, Remote
-from infer_ctl.router.shared_flights import LANDED as BOARD_LANDED
-from infer_ctl.router.workers import WorkerState
 
 log = logging.getLogger("infer_ctl.router")
 
@@ -320,7 +320,7 @@ class Coalescer:
         if isinstance(leader.tag, Remote) and self._poll is None:
             self._poll = asyncio.ensure_future(self._watch())
 
-    # ---- the other router processes' flights (router/shared_flights.py) -----------------------------
+    # ---- the other router processes' flights (router/fleet/shared_flights.py) -----------------------------
     def sync(self, workers: Sequence[str] = (), hashes: Sequence[int] = ()) -> None:
         """The mirror of the other processes' flights brought up to date (before a routing decision),
         and those on `workers` that a chain starting as `hashes` may share blocks with in the overlay."""

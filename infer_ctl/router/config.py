@@ -123,7 +123,7 @@ class RouterConfig:
     kv_max_message_bytes: int = 8 << 20
     #: in-flight prefix coalescing (router/coalesce.py; the profile's router.coalesce)
     coalesce: bool = True
-    #: with several router processes: coalesce across them (the flight board, router/shared_flights.py)
+    #: with several router processes: coalesce across them (the flight board, router/fleet/shared_flights.py)
     coalesce_processes: bool = True
     coalesce_min_tokens: int = 256
     coalesce_max_wait_s: float = 2.0

@@ -20,10 +20,10 @@ import dataclasses
 import logging
 from typing import Any
 
+from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http.jsonio import loads
 from infer_ctl.router.http.upstream import UpstreamError
 from infer_ctl.router.proxy import Router
-from infer_ctl.router.workers import WorkerState
 
 log = logging.getLogger("infer_ctl.router.health")
 

@@ -14,7 +14,7 @@ rather than reported frozen.
 
 Families whose value is already the whole router's in every process are taken from the answering
 process only and keep no process label: the per-worker in-flight gauge reads the shared load block
-(router/shared_load.py), so adding the processes' copies would count each request N times.
+(router/fleet/shared_load.py), so adding the processes' copies would count each request N times.
 
 Beside its exposition each process keeps a small JSON of the request counters `/admin/status` shows
 (`counters`: request-path anchoring, coalescing), rewritten when they change, touched otherwise. The

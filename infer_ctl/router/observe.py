@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from infer_ctl.router.calls import WorkerCalls
     from infer_ctl.router.config import RouterConfig
     from infer_ctl.router.context import RequestContext
+    from infer_ctl.router.fleet.workers import WorkerRegistry, WorkerState
     from infer_ctl.router.http.upstream import Response
     from infer_ctl.router.tracing import RequestTrace, Tracing
-    from infer_ctl.router.workers import WorkerRegistry, WorkerState
 
 _OPENAI = frozenset({"/v1/completions", "/v1/chat/completions"})
 

@@ -26,10 +26,10 @@ from infer_ctl.core.routing.policy import (
 )
 from infer_ctl.core.tenancy.buckets import retry_after_s
 from infer_ctl.router.context import RequestContext
+from infer_ctl.router.fleet.metrics import RouterMetrics
+from infer_ctl.router.fleet.pair_health import PairTracker
+from infer_ctl.router.fleet.workers import WorkerRegistry, WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
-from infer_ctl.router.metrics import RouterMetrics
-from infer_ctl.router.pair_health import PairTracker
-from infer_ctl.router.workers import WorkerRegistry, WorkerState
 
 
 class PairPicker:
@@ -49,7 +49,7 @@ class PairPicker:
         self.rng = rng
         self.clock = clock
         self.metrics = metrics
-        #: degraded prefill x decode pairs are avoided (router/pair_health.py); None: no pair health
+        #: degraded prefill x decode pairs are avoided (router/fleet/pair_health.py); None: no pair health
         self.pairs = pairs
         #: decision counter: round-robin position and tie-breaks
         self.seq = 0

@@ -1,7 +1,7 @@
 """`router serve --processes N`: a supervisor and N router processes on one listening address.
 
 The supervisor (the `router serve` process) decides N (`plan`), creates the shared in-flight block
-(router/shared_load.py: load, then the flight board of router/shared_flights.py) and a private state
+(router/fleet/shared_load.py: load, then the flight board of router/fleet/shared_flights.py) and a private state
 directory, and starts N copies of this module (`python -m infer_ctl.router.procs`; the config arrives
 pickled on stdin, so the admin token is never on a command line), all with one random PYTHONHASHSEED
 so that their block chains (Python's string hash) agree on the board. Each binds the same host:port with SO_REUSEPORT: the kernel spreads connections over
@@ -186,7 +186,7 @@ class Supervisor:
 
     def _spawn(self, role: ProcessRole) -> subprocess.Popen[bytes]:
         # one string hashing for every process (and every restart of one): the flight board compares
-        # the processes' block chains (router/shared_flights.py). Random per router, never logged
+        # the processes' block chains (router/fleet/shared_flights.py). Random per router, never logged
         env = {**os.environ, "PYTHONHASHSEED": str(self.hash_seed)}
         proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE, env=env,
                                 pass_fds=(self.port_lock,))  # the port's lock lives while any of them does
@@ -201,8 +201,8 @@ class Supervisor:
         self.stopping = True
 
     def run(self) -> int:
-        from infer_ctl.router import shared_flights
-        from infer_ctl.router.shared_load import SharedLoad
+        from infer_ctl.router.fleet import shared_flights
+        from infer_ctl.router.fleet.shared_load import SharedLoad
 
         cfg = self.cfg
         for sig in (signal.SIGTERM, signal.SIGINT):  # first: a signal from here on stops through the clean-up

@@ -32,19 +32,19 @@ from infer_ctl.router.coalesce import Coalescer
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.context import RequestContext
 from infer_ctl.router.feedback import Feedback
+from infer_ctl.router.fleet.metrics import RouterMetrics
+from infer_ctl.router.fleet.pair_health import PairTracker
+from infer_ctl.router.fleet.workers import WorkerRegistry
 from infer_ctl.router.http import h1, sse
 from infer_ctl.router.http.jsonio import DecodeError, error_body, loads
 from infer_ctl.router.http.upstream import Upstreams
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
-from infer_ctl.router.metrics import RouterMetrics
 from infer_ctl.router.observe import RequestObserver, observing
-from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.picker import PairPicker
 from infer_ctl.router.relay import StreamRelay
 from infer_ctl.router.retry import RetriesExhausted, with_retries
 from infer_ctl.router.spec_stats import SpecStats
-from infer_ctl.router.workers import WorkerRegistry
 
 log = logging.getLogger("infer_ctl.router")
 

@@ -19,8 +19,8 @@ from typing import TypeVar
 from infer_ctl.core.routing.breaker import backoff_s
 from infer_ctl.core.routing.policy import NoWorkerAvailable
 from infer_ctl.router.context import RequestContext
-from infer_ctl.router.metrics import RouterMetrics
-from infer_ctl.router.workers import WorkerState
+from infer_ctl.router.fleet.metrics import RouterMetrics
+from infer_ctl.router.fleet.workers import WorkerState
 
 log = logging.getLogger("infer_ctl.router")
 
@@ -62,7 +62,7 @@ async def with_retries(ctx: RequestContext, pick: Pick, attempt: Attempt[R], *, 
     """Run `attempt` on the pair `pick` chooses until one does not raise AttemptFailed, at most
     1 + max_retries times. Raises NoWorkerAvailable when not even the first attempt found a pair, and
     RetriesExhausted when every attempt failed. `observe(pre, dec, failure)` hears how each attempt ended
-    (failure None: it succeeded; the pair health of router/pair_health.py)."""
+    (failure None: it succeeded; the pair health of router/fleet/pair_health.py)."""
     excluded: set[str] = set()
     last: AttemptFailed | None = None
     for n in range(1 + max_retries):

@@ -1,4 +1,4 @@
-"""In-flight prefix coalescing across router processes (router/shared_flights.py, router/coalesce.py).
+"""In-flight prefix coalescing across router processes (router/fleet/shared_flights.py, router/coalesce.py).
 
 Two routers in this test process stand for two processes of one `router serve --processes 2`: they share
 one shared-memory block (load and flight board) exactly as the supervisor's processes do, over the same
@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from infer_ctl.router import shared_flights
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
-from infer_ctl.router.shared_load import SharedLoad
+from infer_ctl.router.fleet import shared_flights
+from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.test_coalesce_attacks import raw_stream_request
 from tests.router.test_coalesce_router import WORDS, meta, metric

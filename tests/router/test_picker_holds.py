@@ -14,9 +14,9 @@ import pytest
 from infer_ctl.core.routing.policy import NoWorkerAvailable
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.context import RequestContext
+from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.proxy import Router
 from infer_ctl.router.retry import AttemptFailed, with_retries
-from infer_ctl.router.workers import WorkerState
 
 P, D, A, B = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"
 

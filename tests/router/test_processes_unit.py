@@ -14,11 +14,11 @@ from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
 from infer_ctl.router import follow
 from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.fleet.shared_load import SharedLoad, row_cells
 from infer_ctl.router.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
 from infer_ctl.router.metrics_merge import merge
 from infer_ctl.router.procs import fetch_server_info, plan, reserve_port
 from infer_ctl.router.proxy import Router
-from infer_ctl.router.shared_load import SharedLoad, row_cells
 
 
 def pd_cfg(**kw: Any) -> RouterConfig:

@@ -92,7 +92,7 @@ def test_the_reason_names_the_field() -> None:
 def test_a_client_domain_all_does_not_collide_with_the_decode_wide_series() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from infer_ctl.router.metrics import _SpecCollector
+    from infer_ctl.router.fleet.metrics import _SpecCollector
 
     stats = SpecStats()
     stats.answered("http://d", {"custom_labels": {"domain": "ALL"}}, {}, None, _answer())

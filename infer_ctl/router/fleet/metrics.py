@@ -16,10 +16,10 @@ from prometheus_client.registry import Collector
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.router.fleet.pair_health import PairTracker
+from infer_ctl.router.fleet.workers import WorkerRegistry
 from infer_ctl.router.kvindex.kv_routing import KvRouting
-from infer_ctl.router.pair_health import PairTracker
 from infer_ctl.router.spec_stats import SpecStats
-from infer_ctl.router.workers import WorkerRegistry
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _FAST = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
@@ -212,7 +212,7 @@ class _StateCollector(Collector):
 
 
 class _PairCollector(Collector):
-    """Pair health (router/pair_health.py): degraded pairs and the last KV transfer attributed to each."""
+    """Pair health (router/fleet/pair_health.py): degraded pairs and the last KV transfer attributed to each."""
 
     def __init__(self, router: RouterState) -> None:
         self.router = router

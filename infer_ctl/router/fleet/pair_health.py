@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from infer_ctl.core.routing.pair_health import PairFloor, PairHealth
-from infer_ctl.router.workers import WorkerState
+from infer_ctl.router.fleet.workers import WorkerState
 
 _TRANSFER = re.compile(r"kv transfer|bootstrap|kvpoll|transfer failed", re.IGNORECASE)
 #: either side may report a failed transfer first (the prefill's request fails with it, and the router

@@ -42,7 +42,7 @@ class SharedLoad:
         self.processes = processes
         self.slots = slots
         self.stride = row_cells(slots)
-        #: cells per process after the load rows (the flight board, router/shared_flights.py), from
+        #: cells per process after the load rows (the flight board, router/fleet/shared_flights.py), from
         #: `extra_offset` on; zeroed with the process's load row
         self.extra = extra
         self.extra_offset = processes * self.stride

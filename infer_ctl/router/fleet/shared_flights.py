@@ -8,7 +8,7 @@ same worker in the same prefill batch: SGLang's fcfs does not de-duplicate withi
 docs/benchmarks.md ("After the review of the simulator's batch-time matching"): one process closed
 0.58 of the hit-rate headroom to the ceiling, two processes -0.82.
 
-The board lives in the shared load block (router/shared_load.py, after the load rows): one row per
+The board lives in the shared load block (router/fleet/shared_load.py, after the load rows): one row per
 process, written by that process only, read by the others; no lock. A row is a header (a version bumped
 after every change, the slots in use, and a probe of the process's string hashing) and `SLOTS` slots,
 each one flight: its id, state, worker slot, the blocks the worker held at the routing decision, and the
@@ -27,7 +27,7 @@ started some other way) is ignored, never misread.
 
 Consistency without a lock: a slot's `GEN` is odd while its writer changes it, and a reader takes a
 slot only when `GEN` is even and the same before and after it read the slot, and its hashes match the
-slot's checksum. Every cell is one aligned 8-byte word (router/shared_load.py says why such a load or
+slot's checksum. Every cell is one aligned 8-byte word (router/fleet/shared_load.py says why such a load or
 store is never torn). Whatever a reader can still get wrong (a weakly ordered CPU showing a new id with
 an old state) costs a hold, never an answer: a follower goes early and computes its prefix itself.
 """

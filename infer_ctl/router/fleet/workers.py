@@ -12,7 +12,7 @@ from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, WorkerSpec
 
 if TYPE_CHECKING:
-    from infer_ctl.router.shared_load import SharedLoad
+    from infer_ctl.router.fleet.shared_load import SharedLoad
 
 
 @dataclass
@@ -20,7 +20,7 @@ class WorkerState:
     spec: WorkerSpec
     breaker: CircuitBreaker
     #: this process's requests in flight on the worker (`inflight`); with several router processes,
-    #: also stored in this process's cell of the shared load block (router/shared_load.py)
+    #: also stored in this process's cell of the shared load block (router/fleet/shared_load.py)
     own_inflight: int = 0
     healthy: bool = True
     health_failures: int = 0
