@@ -19,7 +19,7 @@ from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
 from infer_ctl.router.follow import forget_worker
 from infer_ctl.router.http.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.metrics_merge import add_counters
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.state_sync import StateSync, StoreUnavailable, VerbRefused
 from infer_ctl.router.warmer import PrefixWarmer
 

@@ -121,7 +121,7 @@ class RouterConfig:
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
     kv_max_message_bytes: int = 8 << 20
-    #: in-flight prefix coalescing (router/coalesce.py; the profile's router.coalesce)
+    #: in-flight prefix coalescing (router/request/coalesce.py; the profile's router.coalesce)
     coalesce: bool = True
     #: with several router processes: coalesce across them (the flight board, router/fleet/shared_flights.py)
     coalesce_processes: bool = True

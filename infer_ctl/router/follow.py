@@ -30,7 +30,7 @@ from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.routing.prefixes import Placement, PrefixRecord, PrefixState
 from infer_ctl.router.config import WorkerSpec
 from infer_ctl.router.http.jsonio import dumps, loads
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 
 log = logging.getLogger("infer_ctl.router")
 

@@ -23,7 +23,7 @@ from typing import Any
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http.jsonio import loads
 from infer_ctl.router.http.upstream import UpstreamError
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 
 log = logging.getLogger("infer_ctl.router.health")
 

@@ -34,7 +34,7 @@ from infer_ctl.router.http.h1 import H1Server, Request, Response, StreamResponse
 from infer_ctl.router.http.jsonio import dumps, error_body
 from infer_ctl.router.http.upstream import Pool, UpstreamError
 from infer_ctl.router.metrics_merge import ProcessMetrics
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.warmer import PrefixWarmer
 
 log = logging.getLogger("infer_ctl.router")

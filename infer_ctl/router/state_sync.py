@@ -50,7 +50,7 @@ from prometheus_client import Counter, Gauge
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.errors import UsageError
 from infer_ctl.router.http.jsonio import dumps, loads
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 
 log = logging.getLogger("infer_ctl.router.state")
 

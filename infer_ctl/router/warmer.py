@@ -24,8 +24,8 @@ from infer_ctl.core.routing.prefixes import PrefixState, WarmAction
 from infer_ctl.core.routing.prompt import render_chat
 from infer_ctl.router.http.jsonio import dumps, loads_or_none
 from infer_ctl.router.http.upstream import UpstreamError
-from infer_ctl.router.proxy import Router
-from infer_ctl.router.usage import token_counts
+from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.request.usage import token_counts
 
 log = logging.getLogger("infer_ctl.router.prefixes")
 

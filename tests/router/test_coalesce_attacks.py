@@ -1,4 +1,4 @@
-"""Adversarial review of in-flight prefix coalescing (router/coalesce.py): what a hold does to a request
+"""Adversarial review of in-flight prefix coalescing (router/request/coalesce.py): what a hold does to a request
 when the leader or its worker misbehaves, on real routers and real loopback workers (the simulator,
 or a scripted aiohttp stand-in where the simulator cannot misbehave on demand)."""
 

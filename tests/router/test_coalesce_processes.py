@@ -1,4 +1,4 @@
-"""In-flight prefix coalescing across router processes (router/fleet/shared_flights.py, router/coalesce.py).
+"""In-flight prefix coalescing across router processes (router/fleet/shared_flights.py, router/request/coalesce.py).
 
 Two routers in this test process stand for two processes of one `router serve --processes 2`: they share
 one shared-memory block (load and flight board) exactly as the supervisor's processes do, over the same

@@ -1,4 +1,4 @@
-"""In-flight prefix coalescing through the real router (router/coalesce.py).
+"""In-flight prefix coalescing through the real router (router/request/coalesce.py).
 
 A burst of same-prefix requests on simulated workers: with coalescing, the first computes the prefix
 and the others wait for it, then hit (1 miss + N-1 hits); without, every request of the burst computes

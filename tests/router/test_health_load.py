@@ -6,7 +6,7 @@ import pytest
 
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.health import HealthChecker
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 
 
 @pytest.mark.parametrize(("ours", "waiting", "running", "external"), [

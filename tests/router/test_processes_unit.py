@@ -18,7 +18,7 @@ from infer_ctl.router.fleet.shared_load import SharedLoad, row_cells
 from infer_ctl.router.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
 from infer_ctl.router.metrics_merge import merge
 from infer_ctl.router.procs import fetch_server_info, plan, reserve_port
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 
 
 def pd_cfg(**kw: Any) -> RouterConfig:

@@ -21,7 +21,7 @@ from infer_ctl.cli import router_cmd
 from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.state_sync import StateSync, StoreUnavailable
 from tests.router.redis_server import RedisServer, need_redis
 

@@ -1,4 +1,4 @@
-"""The router's non-streaming PD hot path (router/attempt.py `unary`, `payload`) against scripted stand-in
+"""The router's non-streaming PD hot path (router/request/attempt.py `unary`, `payload`) against scripted stand-in
 upstreams (tiny aiohttp apps on loopback, not SGLang: they answer at once, fail or hang on purpose).
 
 What is real: the router, its HTTP server and upstream client, TCP on loopback. What is scripted: the

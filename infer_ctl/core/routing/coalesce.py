@@ -19,7 +19,7 @@ python/sglang/srt/managers/schedule_policy.py). Two parts:
   blocks in its chain become its own) and the others wait for it (`leader(..., exclude=)`: the flight
   computing a follower's shared part, not the follower itself).
 
-Pure: no clock, no I/O, no asyncio; the router (router/coalesce.py) waits and times.
+Pure: no clock, no I/O, no asyncio; the router (router/request/coalesce.py) waits and times.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def request_tokens(endpoint: str, body: Any, chars_per_token: float) -> int:
 
 def request_estimate(endpoint: str, body: Any, chars_per_token: float) -> tuple[int, int]:
     """(prompt, completion) estimated tokens of a request body ((0, 0) for one that is not a JSON object).
-    The prompt part alone is what a cancelled stream is settled against (router/observe.py)."""
+    The prompt part alone is what a cancelled stream is settled against (router/request/observe.py)."""
     if not isinstance(body, dict):
         return 0, 0
     cpt = chars_per_token if chars_per_token > 0 else 4.0

@@ -27,7 +27,7 @@ from infer_ctl.router.fleet.workers import WorkerState
 
 _TRANSFER = re.compile(r"kv transfer|bootstrap|kvpoll|transfer failed", re.IGNORECASE)
 #: either side may report a failed transfer first (the prefill's request fails with it, and the router
-#: ends the attempt on whichever answers first: router/attempt.py)
+#: ends the attempt on whichever answers first: router/request/attempt.py)
 _PAIR_CAUSES = frozenset({"decode_status", "decode_error", "stream_status", "prefill_status", "prefill_error"})
 
 

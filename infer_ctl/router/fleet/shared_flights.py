@@ -1,6 +1,6 @@
 """In-flight prompts shared by the router's processes (`router serve --processes N`): the flight board.
 
-Why: in-flight prefix coalescing (router/coalesce.py) makes a burst's followers wait for the request
+Why: in-flight prefix coalescing (router/request/coalesce.py) makes a burst's followers wait for the request
 computing their prefix, and the pending overlay sends them to its worker. Each process knew only its
 own flights, and SO_REUSEPORT spreads a tenant's burst over the processes by connection, so with two
 processes about half of every burst computed the new system prompt again on another worker (or on the

@@ -165,7 +165,7 @@ class KvRouting:
         self.first_sight = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
         #: router processes on this address (router/procs.py): a prefill that stops publishing is worth a warning
         self.processes = 1
-        #: called with the worker's URL after each applied batch (router/coalesce.py); None: nobody listens
+        #: called with the worker's URL after each applied batch (router/request/coalesce.py); None: nobody listens
         self.on_batch: Any = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ class KvRouting:
     def marks(self, url: str) -> tuple[int, int]:
         """How often the router's view of a worker's cache was started again (its streams' cleared
         batches and restarts) and how many blocks its stores brought: what changed since another call
-        (router/coalesce.py: whether a landed prompt's stores, or a clear, came in since it landed)."""
+        (router/request/coalesce.py: whether a landed prompt's stores, or a clear, came in since it landed)."""
         w = self.workers.get(url)
         if w is None:
             return -1, 0

@@ -1,6 +1,6 @@
 """The router's KV-events settings from a profile (`router.kv_events`) and from `router serve` flags.
 
-Both land on RouterConfig's kv_* fields (router/config.py), which router/proxy.py turns into KvRouting
+Both land on RouterConfig's kv_* fields (router/config.py), which router/request/proxy.py turns into KvRouting
 and StreamSettings. A tokenizer the operator names (key or flag) must be there at start: a wrong path
 would otherwise only show as a start-up log line and a fleet silently routed on the predicted index.
 The default (the profile's model path) stays soft: it may name the path on the GPU nodes only.

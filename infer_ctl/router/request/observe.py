@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
-from infer_ctl.router.retry import AttemptFailed
+from infer_ctl.router.request.retry import AttemptFailed
+from infer_ctl.router.request.usage import usage_totals
 from infer_ctl.router.spec_stats import fields_of
 from infer_ctl.router.tenants import Tenancy, TenantRefusal, TenantState
-from infer_ctl.router.usage import usage_totals
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from infer_ctl.router.calls import WorkerCalls
     from infer_ctl.router.config import RouterConfig
-    from infer_ctl.router.context import RequestContext
     from infer_ctl.router.fleet.workers import WorkerRegistry, WorkerState
     from infer_ctl.router.http.upstream import Response
+    from infer_ctl.router.request.calls import WorkerCalls
+    from infer_ctl.router.request.context import RequestContext
     from infer_ctl.router.tracing import RequestTrace, Tracing
 
 _OPENAI = frozenset({"/v1/completions", "/v1/chat/completions"})

@@ -1,6 +1,6 @@
 """In-flight prefix coalescing on the request path (docs/router.md "In-flight prefix coalescing").
 
-Wraps each attempt (router/retry.py runs it right after `pick`): the attempt's prompt becomes pending
+Wraps each attempt (router/request/retry.py runs it right after `pick`): the attempt's prompt becomes pending
 on its chosen prefill (core/routing/coalesce.py `PendingBlocks`, read by the picker's exact path), and
 when a live flight on that same worker is computing at least `min_tokens` of the prompt's shared part,
 the attempt waits for it before it is sent: until the leader's blocks land (its first streamed byte or
@@ -38,11 +38,11 @@ from infer_ctl.core.routing.coalesce import (
     should_hold,
 )
 from infer_ctl.core.tenancy.estimate import request_estimate
-from infer_ctl.router.context import RequestContext
 from infer_ctl.router.fleet.shared_flights import FAILED, FAILED_WORKER, POLL_S, FlightBoard, Remote
 from infer_ctl.router.fleet.shared_flights import LANDED as BOARD_LANDED
 from infer_ctl.router.fleet.workers import WorkerState
-from infer_ctl.router.retry import AttemptFailed
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.retry import AttemptFailed
 
 log = logging.getLogger("infer_ctl.router")
 

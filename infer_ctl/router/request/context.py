@@ -1,5 +1,5 @@
 """What the router knows about one client request while it handles it: parsed once at the entry point
-(router/proxy.py), then read and filled in by routing (picker.py), the attempts (attempt.py), the relay
+(router/request/proxy.py), then read and filled in by routing (picker.py), the attempts (attempt.py), the relay
 (relay.py) and the feedback (feedback.py)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class RequestContext:
     seen: float | None = None
     predicted_tokens: int | None = None
     exact: bool = False
-    #: in-flight prefix coalescing (router/coalesce.py): the chosen prefill's exact cached prompt units
+    #: in-flight prefix coalescing (router/request/coalesce.py): the chosen prefill's exact cached prompt units
     #: before the pending overlay, this attempt's flight (core/routing/coalesce.py; landed by attempt.py
     #: on the first byte or the answer), how a hold ended (None: not held) and when the request's
     #: holds must end, all of its attempts together (event-loop time; None: never held)

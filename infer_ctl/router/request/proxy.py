@@ -25,13 +25,7 @@ from infer_ctl.core.routing.pd import parallel_samples, wants_logprobs
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.prompt import routing_text
-from infer_ctl.router.admission import Admission
-from infer_ctl.router.attempt import AttemptRunner
-from infer_ctl.router.calls import WorkerCalls
-from infer_ctl.router.coalesce import Coalescer
 from infer_ctl.router.config import RouterConfig
-from infer_ctl.router.context import RequestContext
-from infer_ctl.router.feedback import Feedback
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry
@@ -40,10 +34,16 @@ from infer_ctl.router.http.jsonio import DecodeError, error_body, loads
 from infer_ctl.router.http.upstream import Upstreams
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
-from infer_ctl.router.observe import RequestObserver, observing
-from infer_ctl.router.picker import PairPicker
-from infer_ctl.router.relay import StreamRelay
-from infer_ctl.router.retry import RetriesExhausted, with_retries
+from infer_ctl.router.request.admission import Admission
+from infer_ctl.router.request.attempt import AttemptRunner
+from infer_ctl.router.request.calls import WorkerCalls
+from infer_ctl.router.request.coalesce import Coalescer
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.feedback import Feedback
+from infer_ctl.router.request.observe import RequestObserver, observing
+from infer_ctl.router.request.picker import PairPicker
+from infer_ctl.router.request.relay import StreamRelay
+from infer_ctl.router.request.retry import RetriesExhausted, with_retries
 from infer_ctl.router.spec_stats import SpecStats
 
 log = logging.getLogger("infer_ctl.router")
@@ -90,7 +90,7 @@ class Router:
                             tier_weights=cfg.tier_weights())
         self.kv.chars_per_token = lambda: self.feedback.chars_per_token
         self.picker.kv = self.kv
-        # in-flight prefix coalescing (router/coalesce.py): the pending overlay and the hold
+        # in-flight prefix coalescing (router/request/coalesce.py): the pending overlay and the hold
         self.coalesce = Coalescer(cfg.coalesce_config(), block_chars=cfg.block_chars,
                                   chars_per_token=lambda: self.feedback.chars_per_token, registry=self.metrics.registry,
                                   max_retries=cfg.max_retries)

@@ -25,15 +25,15 @@ from infer_ctl.core.routing.pd import (
     new_room,
     with_bootstrap,
 )
-from infer_ctl.router.calls import WorkerCalls
-from infer_ctl.router.context import RequestContext
-from infer_ctl.router.feedback import Feedback
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http import h1, sse
 from infer_ctl.router.http.jsonio import dumps, loads, loads_or_none
 from infer_ctl.router.http.upstream import Response, UpstreamError
-from infer_ctl.router.relay import StreamRelay
-from infer_ctl.router.retry import AttemptFailed, check_status
+from infer_ctl.router.request.calls import WorkerCalls
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.feedback import Feedback
+from infer_ctl.router.request.relay import StreamRelay
+from infer_ctl.router.request.retry import AttemptFailed, check_status
 
 _JSON = "application/json"
 _PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
@@ -56,7 +56,7 @@ def prefill_outcome(pt: asyncio.Task[Answer], pre: WorkerState) -> Answer:
 def landed(ctx: RequestContext) -> None:
     """The attempt's first byte or answer: its prompt is in the prefill's radix tree (SGLang inserts it
     at the end of the prefill forward, before the first token goes out), so requests held for it
-    (router/coalesce.py) may go."""
+    (router/request/coalesce.py) may go."""
     if ctx.flight is not None:
         ctx.flight.land()
 

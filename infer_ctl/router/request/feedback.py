@@ -21,12 +21,12 @@ from typing import Any
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
-from infer_ctl.router.context import RequestContext
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.usage import token_counts
 from infer_ctl.router.spec_stats import SpecStats
-from infer_ctl.router.usage import token_counts
 
 log = logging.getLogger("infer_ctl.router")
 

@@ -18,9 +18,9 @@ from typing import TypeVar
 
 from infer_ctl.core.routing.breaker import backoff_s
 from infer_ctl.core.routing.policy import NoWorkerAvailable
-from infer_ctl.router.context import RequestContext
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.request.context import RequestContext
 
 log = logging.getLogger("infer_ctl.router")
 

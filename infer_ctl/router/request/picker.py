@@ -25,20 +25,20 @@ from infer_ctl.core.routing.policy import (
     placement_key,
 )
 from infer_ctl.core.tenancy.buckets import retry_after_s
-from infer_ctl.router.context import RequestContext
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry, WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
+from infer_ctl.router.request.context import RequestContext
 
 
 class PairPicker:
     #: the exact index from the workers' KV events (router/kvindex/kv_routing.py), set by the Router; None: off
     kv: KvRouting | None = None
-    #: in-flight prompts per worker (router/coalesce.py), counted as held on exact workers; None: off
+    #: in-flight prompts per worker (router/request/coalesce.py), counted as held on exact workers; None: off
     pending: PendingBlocks | None = None
     #: brings the overlay's flights of the other router processes up to date, those on the workers
-    #: given that a chain starting as the hashes given may share blocks with (router/coalesce.py `sync`)
+    #: given that a chain starting as the hashes given may share blocks with (router/request/coalesce.py `sync`)
     sync_pending: Callable[[Sequence[str], Sequence[int]], None] | None = None
 
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,

@@ -15,14 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from infer_ctl.core.routing.pd import merge_input_logprobs
-from infer_ctl.router.calls import WorkerCalls
-from infer_ctl.router.context import RequestContext
-from infer_ctl.router.feedback import Feedback
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http import h1, sse
 from infer_ctl.router.http.upstream import Response, UpstreamError
-from infer_ctl.router.retry import AttemptFailed
+from infer_ctl.router.request.calls import WorkerCalls
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.feedback import Feedback
+from infer_ctl.router.request.retry import AttemptFailed
 
 log = logging.getLogger("infer_ctl.router")
 
