@@ -99,7 +99,7 @@ def _serve_config(profile: str | None, listen: str | None, prefill: list[str], d
         import os
 
         cfg = RouterConfig(host=host, port=port, workers=specs, admin_token=os.environ.get("INFERCTL_ROUTER_TOKEN"))
-        from infer_ctl.router.tracing import config_from
+        from infer_ctl.router.observe.tracing import config_from
 
         cfg.tracing = config_from(None, os.environ)  # without a profile: the standard OTEL_* environment
     else:

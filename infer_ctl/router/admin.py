@@ -320,7 +320,7 @@ class Admin:
         return _json({"worker": url, "draining": True, "drained": w.load_inflight == 0, "inflight": w.load_inflight})
 
     async def tenants(self, request: web.Request) -> web.Response:
-        """Per tenant: limits, buckets, in flight, requests, tokens, cost (router/tenants.py)."""
+        """Per tenant: limits, buckets, in flight, requests, tokens, cost (router/observe/tenants.py)."""
         obs = self.router.observing
         tenancy = obs.tenancy if obs is not None else None
         return _json(tenancy.snapshot() if tenancy is not None else {"mode": "off", "tenants": []})

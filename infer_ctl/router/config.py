@@ -22,8 +22,8 @@ from infer_ctl.core.routing.tiers import (
 )
 from infer_ctl.errors import UsageError
 from infer_ctl.router.kvindex.kv_settings import apply_profile as apply_kv_profile
-from infer_ctl.router.tenants import TenantSpec, prices_from_profile, specs_from_profile
-from infer_ctl.router.tracing import TracingConfig, config_from
+from infer_ctl.router.observe.tenants import TenantSpec, prices_from_profile, specs_from_profile
+from infer_ctl.router.observe.tracing import TracingConfig, config_from
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile
@@ -101,7 +101,7 @@ class RouterConfig:
     pin_priority: int = 1_000_000
     model_name: str | None = None
     log_requests: bool = False
-    #: speculative acceptance (router/spec_stats.py): rolling window per decode and label, in requests,
+    #: speculative acceptance (router/observe/spec_stats.py): rolling window per decode and label, in requests,
     #: and the number of workload labels kept per decode (more are counted as "other")
     spec_window_requests: int = 200
     #: pair health (core/routing/pair_health.py): KV floors, runs that degrade a pair, probe wait
@@ -136,8 +136,8 @@ class RouterConfig:
     prefill_tokens_per_s: float | None = None
     host_gb_s: float | None = None
     storage_gb_s: float | None = None
-    #: tenants (router/tenants.py: keys hashed, limits), the header naming them when none has a key,
-    #: each worker role's price in $/s (router.pricing) and tracing (router/tracing.py; None: off)
+    #: tenants (router/observe/tenants.py: keys hashed, limits), the header naming them when none has a key,
+    #: each worker role's price in $/s (router.pricing) and tracing (router/observe/tracing.py; None: off)
     tenants: list[TenantSpec] = field(default_factory=list)
     tenant_header: str = "x-inferctl-tenant"
     worker_usd_per_s: dict[str, float] = field(default_factory=dict)

@@ -306,7 +306,7 @@ class Supervisor:
 
 def serve(cfg: RouterConfig, requested: int | None, log_level: str = "info") -> int:
     """`router serve`: one process in this one (run.py), or a supervisor of several."""
-    from infer_ctl.router.logs import setup_logging
+    from infer_ctl.router.observe.logs import setup_logging
     from infer_ctl.router.run import serve_forever
 
     setup_logging(log_level)
@@ -411,7 +411,7 @@ def _leave(role: ProcessRole, member: int, supervisor: int) -> None:
 
 def _child() -> int:
     from infer_ctl.errors import InferctlError
-    from infer_ctl.router.logs import setup_logging
+    from infer_ctl.router.observe.logs import setup_logging
     from infer_ctl.router.run import serve_forever
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,4 +1,4 @@
-"""Hostile or corrupt speculative fields reaching the router (router/spec_stats.py through
+"""Hostile or corrupt speculative fields reaching the router (router/observe/spec_stats.py through
 core/routing/spec_fields.py): never a crash, never counted, never costly on the request path."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from infer_ctl.core.routing.spec_fields import (
     alpha_from_mean_correct,
     decode_meta_info,
 )
-from infer_ctl.router.spec_stats import SpecStats
+from infer_ctl.router.observe.spec_stats import SpecStats
 
 _GOOD: dict[str, Any] = {
     "spec_verify_ct": 10, "spec_accept_length": 3.0, "spec_accept_rate": 0.5, "spec_num_correct_drafts": 15,

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from infer_ctl.core.routing import spec_fields as sf
 from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
-from infer_ctl.router.tracing import TracingConfig, config_from
+from infer_ctl.router.observe.tracing import TracingConfig, config_from
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
 from tests.router.otlp_receiver import GrpcReceiver, HttpReceiver

@@ -1,5 +1,5 @@
 """What a request may cost a tenant's tokens-per-minute bucket, known before it runs: the reservation
-taken at admission (router/tenants.py), settled with the workers' reported usage when it ends.
+taken at admission (router/observe/tenants.py), settled with the workers' reported usage when it ends.
 
 prompt: its characters over the router's chars-per-token estimate (token ids counted as they are);
 completion: the request's own limit, else SGLang 0.5.23's default for the endpoint (python/sglang/srt/

@@ -19,7 +19,7 @@ from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry
 from infer_ctl.router.kvindex.kv_routing import KvRouting
-from infer_ctl.router.spec_stats import SpecStats
+from infer_ctl.router.observe.spec_stats import SpecStats
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _FAST = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
@@ -249,7 +249,7 @@ class _PairCollector(Collector):
 
 
 class _SpecCollector(Collector):
-    """Acceptance per decode and workload label over the rolling window (router/spec_stats.py)."""
+    """Acceptance per decode and workload label over the rolling window (router/observe/spec_stats.py)."""
 
     def __init__(self, router: RouterState) -> None:
         self.router = router

@@ -24,9 +24,9 @@ from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
+from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.usage import token_counts
-from infer_ctl.router.spec_stats import SpecStats
 
 log = logging.getLogger("infer_ctl.router")
 
@@ -35,7 +35,7 @@ class Feedback:
     def __init__(self, prefixes: PrefixRegistry, *, clock: Callable[[], float], metrics: RouterMetrics,
                  log_requests: bool, spec: SpecStats | None = None) -> None:
         self.prefixes = prefixes
-        #: speculative acceptance per decode and workload label (router/spec_stats.py)
+        #: speculative acceptance per decode and workload label (router/observe/spec_stats.py)
         self.spec = spec
         self.clock = clock
         self.metrics = metrics

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
+from infer_ctl.router.observe.spec_stats import fields_of
+from infer_ctl.router.observe.tenants import Tenancy, TenantRefusal, TenantState
 from infer_ctl.router.request.retry import AttemptFailed
 from infer_ctl.router.request.usage import usage_totals
-from infer_ctl.router.spec_stats import fields_of
-from infer_ctl.router.tenants import Tenancy, TenantRefusal, TenantState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from infer_ctl.router.config import RouterConfig
     from infer_ctl.router.fleet.workers import WorkerRegistry, WorkerState
     from infer_ctl.router.http.upstream import Response
+    from infer_ctl.router.observe.tracing import RequestTrace, Tracing
     from infer_ctl.router.request.calls import WorkerCalls
     from infer_ctl.router.request.context import RequestContext
-    from infer_ctl.router.tracing import RequestTrace, Tracing
 
 _OPENAI = frozenset({"/v1/completions", "/v1/chat/completions"})
 
@@ -46,7 +46,9 @@ def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: Collec
                           registry=registry, worker_roles=lambda: {w.url: w.role for w in workers.all()})
     tracing = None
     if cfg.tracing is not None:
-        from infer_ctl.router.tracing import Tracing  # imports the OpenTelemetry SDK: only when configured
+        from infer_ctl.router.observe.tracing import (
+            Tracing,  # imports the OpenTelemetry SDK: only when configured
+        )
 
         tracing = Tracing(cfg.tracing)
     if tenancy is None and tracing is None:

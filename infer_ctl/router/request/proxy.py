@@ -34,6 +34,7 @@ from infer_ctl.router.http.jsonio import DecodeError, error_body, loads
 from infer_ctl.router.http.upstream import Upstreams
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
+from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.request.admission import Admission
 from infer_ctl.router.request.attempt import AttemptRunner
 from infer_ctl.router.request.calls import WorkerCalls
@@ -44,7 +45,6 @@ from infer_ctl.router.request.observe import RequestObserver, observing
 from infer_ctl.router.request.picker import PairPicker
 from infer_ctl.router.request.relay import StreamRelay
 from infer_ctl.router.request.retry import RetriesExhausted, with_retries
-from infer_ctl.router.spec_stats import SpecStats
 
 log = logging.getLogger("infer_ctl.router")
 
