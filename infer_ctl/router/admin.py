@@ -16,11 +16,11 @@ from infer_ctl.core.routing.prefixes import KEEP_CHOICES, PrefixRegistry
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
-from infer_ctl.router.follow import forget_worker
 from infer_ctl.router.http.jsonio import DecodeError, dumps, error_body, loads
-from infer_ctl.router.metrics_merge import add_counters
 from infer_ctl.router.request.proxy import Router
-from infer_ctl.router.state_sync import StateSync, StoreUnavailable, VerbRefused
+from infer_ctl.router.scaleout.follow import forget_worker
+from infer_ctl.router.scaleout.metrics_merge import add_counters
+from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable, VerbRefused
 from infer_ctl.router.warmer import PrefixWarmer
 
 log = logging.getLogger("infer_ctl.router")
@@ -171,7 +171,7 @@ class Admin:
 
     def _counted(self, kv: dict[str, Any], co: dict[str, Any]) -> dict[str, Any]:
         """`kv_events` and `coalesce` of the status, with several processes (router/procs.py) their
-        counters summed over every live process (router/metrics_merge.py: this is the leader, the others'
+        counters summed over every live process (router/scaleout/metrics_merge.py: this is the leader, the others'
         are their files, at most a second or two old), and how many processes were counted."""
         peers = self.peer_counters() if self.peer_counters is not None else []
         if not peers:

@@ -142,7 +142,7 @@ class RouterConfig:
     tenant_header: str = "x-inferctl-tenant"
     worker_usd_per_s: dict[str, float] = field(default_factory=dict)
     tracing: TracingConfig | None = None
-    #: several replicas (router/state_sync.py): every replica's listen address, the Redis URL they share
+    #: several replicas (router/scaleout/state_sync.py): every replica's listen address, the Redis URL they share
     #: named prefixes and worker changes through (None: this router keeps its state to itself), its
     #: password (from the environment) and the key namespace (the profile's name)
     replicas: list[str] = field(default_factory=list)

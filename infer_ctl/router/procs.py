@@ -5,7 +5,7 @@ The supervisor (the `router serve` process) decides N (`plan`), creates the shar
 directory, and starts N copies of this module (`python -m infer_ctl.router.procs`; the config arrives
 pickled on stdin, so the admin token is never on a command line), all with one random PYTHONHASHSEED
 so that their block chains (Python's string hash) agree on the board. Each binds the same host:port with SO_REUSEPORT: the kernel spreads connections over
-them by a hash of the 4-tuple. Process 0 leads (router/follow.py); the followers start once the
+them by a hash of the 4-tuple. Process 0 leads (router/scaleout/follow.py); the followers start once the
 leader wrote its first snapshot. A process that exits unexpectedly (a follower killed with -9, the
 leader too) has its row of the load block zeroed and is started again; its clients' connections died
 with it, the other processes' requests are not touched. SIGTERM or SIGINT to the supervisor is passed
@@ -50,7 +50,7 @@ from typing import Any
 
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
-from infer_ctl.router.follow import ProcessRole
+from infer_ctl.router.scaleout.follow import ProcessRole
 
 log = logging.getLogger("infer_ctl.router")
 

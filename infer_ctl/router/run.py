@@ -8,8 +8,8 @@ import signal
 
 from infer_ctl.aio import new_event_loop
 from infer_ctl.router.config import RouterConfig
-from infer_ctl.router.follow import ProcessRole
 from infer_ctl.router.observe.logs import setup_logging
+from infer_ctl.router.scaleout.follow import ProcessRole
 from infer_ctl.router.server import RouterServer
 
 

@@ -101,7 +101,7 @@ class RouterMetrics:
         self._req_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._decision_children: dict[str, Any] = {}
         #: requests answered so far (a plain int: the multi-process metrics writer skips rendering
-        #: while it does not move, router/metrics_merge.py)
+        #: while it does not move, router/scaleout/metrics_merge.py)
         self.answered = 0
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:

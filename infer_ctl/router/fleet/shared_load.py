@@ -13,7 +13,7 @@ cells), which is what the policy needs anyway: a current estimate, one request o
 Rows are padded to whole cache lines so that two processes' stores never share a line (no false sharing
 on the request path). Worker slots are stable: the profile's workers take slots 0..n-1 in order, a worker
 added at runtime takes the next free one (the leader assigns it; followers learn it from the leader's
-snapshot, router/follow.py); slots are never reused while the router runs, so a removed worker's last
+snapshot, router/scaleout/follow.py); slots are never reused while the router runs, so a removed worker's last
 counts can never be read as a new worker's. A process that dies leaves its row behind; the supervisor
 zeroes the row before it starts the replacement (the dead process's requests died with its sockets).
 """

@@ -158,7 +158,7 @@ class KvRouting:
         #: seconds per second this process may spend anchoring, on the request path, prompts it has not
         #: anchored deeply enough while the workers hold blocks (another replica's, process's or
         #: frontend's traffic may have cached them: `anchor_first_sight`); 0: off, every prompt is
-        #: anchored after its first routing only (router/state_sync.py sets the replicas' budget)
+        #: anchored after its first routing only (router/scaleout/state_sync.py sets the replicas' budget)
         self.first_sight_budget = 0.05
         self._budget = 0.0
         self._budget_at = time.monotonic()

@@ -504,7 +504,7 @@ class Coalescer:
 
     def counters(self) -> dict[str, int]:
         """The per-process counts of `status_doc` (/admin/status sums them over the router's processes,
-        each process writing its own once a second: router/metrics_merge.py)."""
+        each process writing its own once a second: router/scaleout/metrics_merge.py)."""
         return {"holding": self.holding, "leaders_waited_for": sum(len(v) for v in self._waited.values()),
                 "promoted": self.promoted, "rerouted": self.rerouted}
 
