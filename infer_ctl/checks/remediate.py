@@ -25,7 +25,7 @@ from infer_ctl.core.findings import Finding
 from infer_ctl.errors import InferctlError
 from infer_ctl.launch.router_hook import router_url
 from infer_ctl.profile import Node, Profile
-from infer_ctl.router.client import AdminClient
+from infer_ctl.router.control.client import AdminClient
 
 _REMEDY_ROUTER = ("start the router (`inferctl router serve`), or set remediation.router_url; export the admin "
                   "token if it has one; the next audit retries")

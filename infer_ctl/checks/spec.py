@@ -41,7 +41,7 @@ from infer_ctl.errors import InferctlError
 from infer_ctl.launch import probe
 from infer_ctl.launch.router_hook import router_url
 from infer_ctl.profile import Profile
-from infer_ctl.router.client import AdminClient
+from infer_ctl.router.control.client import AdminClient
 
 SOURCE_CHECK = "spec.source"
 

@@ -29,7 +29,7 @@ _replay_timeout = seconds_parser(*REPLAY_TIMEOUT_RANGE)
 
 
 def _client(url: str | None, profile: str | None) -> Any:
-    from infer_ctl.router.client import AdminClient
+    from infer_ctl.router.control.client import AdminClient
 
     if url and profile is None:
         return AdminClient(url)
@@ -249,7 +249,7 @@ def _table(headers: list[str], first: list[str]) -> Table:
 
 def _worker_state(w: dict[str, Any]) -> str:
     if not w["healthy"]:
-        if w.get("held"):  # answers its checks, kept out by its flap hold-down (router/health.py)
+        if w.get("held"):  # answers its checks, kept out by its flap hold-down (router/control/health.py)
             return f"[red]held {math.ceil(w['holddown_left_s'])}s[/red]"
         return "[red]unhealthy[/red]"
     if w.get("draining"):

@@ -74,7 +74,7 @@ class RouterConfig:
     health_timeout_s: float = 2.0
     health_failures: int = 2
     health_successes: int = 1
-    #: flap damping (router/health.py): the longest hold-down of a worker that keeps going unhealthy
+    #: flap damping (router/control/health.py): the longest hold-down of a worker that keeps going unhealthy
     #: soon after it came back (0: none, every worker let back on its first passing checks)
     health_holddown_max_s: float = 60.0
     cb_failures: int = 5

@@ -24,18 +24,18 @@ from typing import Any
 from aiohttp import web
 
 from infer_ctl.errors import UsageError
-from infer_ctl.router.admin import Admin, authorized
 from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.control.admin import Admin, authorized
+from infer_ctl.router.control.health import HealthChecker
+from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
-from infer_ctl.router.health import HealthChecker
 from infer_ctl.router.http.h1 import H1Server, Request, Response, StreamResponse
 from infer_ctl.router.http.jsonio import dumps, error_body
 from infer_ctl.router.http.upstream import Pool, UpstreamError
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.follow import Follower, ProcessRole, Publisher
 from infer_ctl.router.scaleout.metrics_merge import ProcessMetrics
-from infer_ctl.router.warmer import PrefixWarmer
 
 log = logging.getLogger("infer_ctl.router")
 

@@ -328,7 +328,7 @@ def test_a_huge_prompt_puts_a_bounded_number_of_blocks_in_the_overlay(hangable: 
 # ---- found on the way (main too): a dropped worker's reused connection was re-sent to it -----------------
 def test_a_request_on_a_reused_connection_is_not_resent_to_a_worker_gone_unhealthy() -> None:
     """Going unhealthy closes the worker's connections so that requests stuck on it are retried
-    elsewhere (router/health.py). A request on a reused keep-alive connection took that close for a
+    elsewhere (router/control/health.py). A request on a reused keep-alive connection took that close for a
     worker that had closed an idle connection and sent itself again, on a fresh connection, to the same
     hung worker (router/http/upstream.py `Pool.request`): it hung until the request timeout. No coalescing."""
     a, b = Hangable(), Hangable()

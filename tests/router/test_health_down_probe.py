@@ -1,4 +1,4 @@
-"""A worker that is down is probed every second between health rounds (router/health.py DOWN_PROBE_S):
+"""A worker that is down is probed every second between health rounds (router/control/health.py DOWN_PROBE_S):
 restarted, it takes traffic again within a second of answering, not a health interval later."""
 
 from __future__ import annotations

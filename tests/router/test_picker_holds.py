@@ -1,6 +1,6 @@
 """What a routing decision that finds no worker says (router/request/picker.py): the 503's Retry-After only when
 the router knows when a request could be served (every worker the request needs that is out is held by
-flap damping, router/health.py), in PD mode over both roles; a half-open prefill's probe slot given back
+flap damping, router/control/health.py), in PD mode over both roles; a half-open prefill's probe slot given back
 when no decode is found; a retry that goes back to the worker that failed rather than to nothing."""
 
 from __future__ import annotations

@@ -73,9 +73,9 @@ def test_adding_a_worker_when_no_slot_is_left_answers_400_not_500() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from infer_ctl.router.admin import Admin
-    from infer_ctl.router.health import HealthChecker
-    from infer_ctl.router.warmer import PrefixWarmer
+    from infer_ctl.router.control.admin import Admin
+    from infer_ctl.router.control.health import HealthChecker
+    from infer_ctl.router.control.warmer import PrefixWarmer
 
     async def go(r: Router) -> tuple[int, str]:
         app = web.Application()

@@ -135,7 +135,7 @@ def test_serve_refuses_non_loopback_without_token(listen: str, monkeypatch, caps
     ("Basic tok", False), ("tok", False), ("", False),
 ])
 def test_admin_token_check(header: str, ok: bool) -> None:
-    from infer_ctl.router.admin import authorized
+    from infer_ctl.router.control.admin import authorized
 
     assert authorized("tok", header) is ok
     assert authorized(None, header) is True

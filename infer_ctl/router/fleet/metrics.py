@@ -156,14 +156,14 @@ class _StateCollector(Collector):
                                     labels=["worker", "role"])
         cb = GaugeMetricFamily("inferctl_router_worker_cb_state",
                                "Circuit breaker: 0 closed, 1 open, 2 half-open", labels=["worker"])
-        # flap damping (router/health.py): the hold-down chosen at the last ejection (0 once let back),
+        # flap damping (router/control/health.py): the hold-down chosen at the last ejection (0 once let back),
         # not what is left of it (/admin/workers `holddown_left_s`): the collector reads no clock
         holddown = GaugeMetricFamily("inferctl_router_worker_holddown_seconds",
                                      "Hold-down the unhealthy worker must answer its checks for before it is let "
                                      "back (flap damping; 0: none)", labels=["worker", "role"])
         ejections = CounterMetricFamily("inferctl_router_worker_ejections",
                                         "Times the worker went out: unhealthy, or found restarted between two "
-                                        "checks (router/health.py)", labels=["worker", "role"])
+                                        "checks (router/control/health.py)", labels=["worker", "role"])
         for w in router.workers.all():
             inflight.add_metric([w.url, w.role], w.load_inflight)
             healthy.add_metric([w.url, w.role], 1 if w.healthy else 0)

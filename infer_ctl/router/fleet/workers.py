@@ -26,7 +26,7 @@ class WorkerState:
     health_failures: int = 0
     health_successes: int = 0
     #: flap damping (core/routing/flap.py): a worker that goes unhealthy again soon after it came back
-    #: is let back after a hold-down that doubles with each such flap (router/health.py)
+    #: is let back after a hold-down that doubles with each such flap (router/control/health.py)
     flap: FlapDamper = field(default_factory=FlapDamper)
     #: worker-reported load (/v1/loads): waiting and running requests, KV capacity in tokens
     queued: int = 0

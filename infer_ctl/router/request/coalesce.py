@@ -336,7 +336,7 @@ class Coalescer:
                              "router process) failed on the worker")
 
     def worker_down(self, url: str) -> None:
-        """This process took `url` out (unhealthy: router/health.py; removed: follow.py
+        """This process took `url` out (unhealthy: router/control/health.py; removed: follow.py
         `forget_worker`): requests held here for another process's flight there are tried elsewhere
         now, as for a flight of this process, whose connection was closed (upstreams.drop)."""
         if self.board is not None:

@@ -186,7 +186,7 @@ class PairPicker:
 
 def _holds(pool: list[WorkerState], now: float) -> tuple[list[float], float | None]:
     """The flap hold-downs left of the workers in `pool` that answer their checks and take no request
-    (router/health.py): the 503 names them and when the first is let back if it keeps answering; without
+    (router/control/health.py): the 503 names them and when the first is let back if it keeps answering; without
     that it reads as though every worker were down. And how long until the pool can take a request where
     that is known (the 503's Retry-After): 0 when a worker can now, the first of those hold-downs to end
     when every other worker is held too, else None: one down without a hold-down is back on its next

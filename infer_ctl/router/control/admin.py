@@ -16,12 +16,12 @@ from infer_ctl.core.routing.prefixes import KEEP_CHOICES, PrefixRegistry
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
+from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.http.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.follow import forget_worker
 from infer_ctl.router.scaleout.metrics_merge import add_counters
 from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable, VerbRefused
-from infer_ctl.router.warmer import PrefixWarmer
 
 log = logging.getLogger("infer_ctl.router")
 #: what the speculative controller reports (docs/speculative.md)
@@ -152,7 +152,7 @@ class Admin:
             "active_requests": router.active,
             "queued_requests": router.waiting,
             "workers": {"total": len(workers), "available": sum(w.available(now) for w in workers),
-                        # answering their checks, kept out by their flap hold-down (router/health.py)
+                        # answering their checks, kept out by their flap hold-down (router/control/health.py)
                         "held": sum(w.flap_doc(now)["held"] for w in workers)},
             "index": {"blocks": len(router.index), "block_chars": router.index.block_chars,
                       "ttl_s": router.index.ttl_s, "evicted": router.index.evicted, "expired": router.index.expired},
