@@ -268,7 +268,7 @@ def run_spec_demo(profile: Profile, opts: SpecDemoOptions, log: Callable[[str], 
     for k, s in enumerate(decodes):  # dc-01: a general draft; the others: drafts tuned on code
         s.spec_workload = SpecWorkload(domains=dict(GENERAL_DRAFT if k == 0 else CODE_TUNED_DRAFT))
     cluster = start_cluster_in_thread(specs, port_fallback=True)
-    from infer_ctl.router.embed import router_config, start_router_in_thread
+    from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
     try:
         pre = cluster.by_role("prefill")

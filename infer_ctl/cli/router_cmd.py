@@ -69,8 +69,8 @@ def serve(
              "the workers' KV events (cache_aware policy) or with tenants; the start-up log says why.")] = None,
 ) -> None:
     """Run the router in the foreground until SIGINT/SIGTERM (then drain in-flight requests)."""
+    from infer_ctl.router.daemon.procs import serve as serve_processes
     from infer_ctl.router.kvindex.kv_settings import apply_flags
-    from infer_ctl.router.procs import serve as serve_processes
 
     cfg = _serve_config(profile, listen, prefill or [], decode or [], worker or [])
     apply_flags(cfg, enabled=kv_events, tokenizer=kv_tokenizer, replay_timeout_s=kv_replay_timeout,

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from infer_ctl.core.routing.coalesce import CoalesceConfig
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.router.request.attempt import landed
 from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
@@ -34,7 +34,7 @@ SLOW = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.01, "bootstrap
 
 
 def share(routers: list[RouterHandle]) -> SharedLoad:
-    """What router/server.py `_share` does in each process of several (load rows, then the board)."""
+    """What router/daemon/server.py `_share` does in each process of several (load rows, then the board)."""
     block = SharedLoad.create(len(routers), 8, extra=shared_flights.ROW_CELLS)
     for i, r in enumerate(routers):
         router = r.router

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.router.test_coalesce_attacks import SYSTEM, WORDS, Hangable, raw_stream_request, send

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for

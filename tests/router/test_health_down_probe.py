@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.kv_publisher import TestPublisher
 from tests.router.standin_http import StandinServer

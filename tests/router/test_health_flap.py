@@ -19,7 +19,7 @@ import pytest
 from infer_ctl.cli.main import main
 from infer_ctl.core.routing.flap import FlapDamper
 from infer_ctl.router.control import health
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.router.standin_http import StandinServer
 from tests.waiting import wait_for

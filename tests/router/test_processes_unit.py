@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.daemon.procs import fetch_server_info, plan, reserve_port
 from infer_ctl.router.fleet.shared_load import SharedLoad, row_cells
-from infer_ctl.router.procs import fetch_server_info, plan, reserve_port
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout import follow
 from infer_ctl.router.scaleout.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
@@ -359,7 +359,7 @@ class _Exited:
 
 
 def _supervisor(tmp_path: Any, lived_s: float, ready: bool) -> tuple[Any, Any, list[float]]:
-    from infer_ctl.router.procs import Supervisor
+    from infer_ctl.router.daemon.procs import Supervisor
     from infer_ctl.router.scaleout.follow import ProcessRole
 
     sup = Supervisor(pd_cfg(), 2)
@@ -440,7 +440,7 @@ def test_the_state_of_routers_killed_all_at_once_is_swept_at_the_next_start() ->
     from multiprocessing import resource_tracker, shared_memory
     from pathlib import Path
 
-    from infer_ctl.router.procs import _join, sweep_stale
+    from infer_ctl.router.daemon.procs import _join, sweep_stale
 
     dead, live, other = (tempfile.mkdtemp(prefix="inferctl-router-") for _ in range(3))
     shm = shared_memory.SharedMemory(create=True, size=64)

@@ -463,7 +463,7 @@ def test_a_supervisor_killed_with_9_leaves_no_process_no_files_and_the_port_free
 
 
 def test_sigterm_during_start_up_stops_everything(kv_cluster: ThreadedSimCluster) -> None:
-    from infer_ctl.router.procs import reserve_port
+    from infer_ctl.router.daemon.procs import reserve_port
 
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="router-procs-", suffix=".log")[1])

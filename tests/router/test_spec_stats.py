@@ -15,7 +15,7 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.core.routing.spec_fields import SpecFields, SpecTally, decode_meta_info
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.router.observe.spec_stats import (
     OTHER,
     UNLABELLED,

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from infer_ctl.aio import new_event_loop
 from infer_ctl.errors import UsageError
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
 
 def standin(behaviour: str, seen: list[bytes]) -> web.Application:

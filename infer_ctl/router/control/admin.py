@@ -170,7 +170,7 @@ class Admin:
         return {"first_sight": dict(self.router.kv.first_sight), "coalesce": self.router.coalesce.counters()}
 
     def _counted(self, kv: dict[str, Any], co: dict[str, Any]) -> dict[str, Any]:
-        """`kv_events` and `coalesce` of the status, with several processes (router/procs.py) their
+        """`kv_events` and `coalesce` of the status, with several processes (router/daemon/procs.py) their
         counters summed over every live process (router/scaleout/metrics_merge.py: this is the leader, the others'
         are their files, at most a second or two old), and how many processes were counted."""
         peers = self.peer_counters() if self.peer_counters is not None else []
@@ -184,7 +184,7 @@ class Admin:
         return {"kv_events": kv, "coalesce": co, "counters_processes": 1 + len(peers)}
 
     def _processes(self) -> dict[str, Any]:
-        """Several router processes (router/procs.py): each one's upstream calls in flight, from the shared
+        """Several router processes (router/daemon/procs.py): each one's upstream calls in flight, from the shared
         load block; `active_requests` and `queued_requests` above are this (the leader's) process's."""
         shared = self.router.workers.shared
         if shared is None:

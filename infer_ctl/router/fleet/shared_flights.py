@@ -22,7 +22,7 @@ request of this process waits for a remote flight; a mirrored flight joins the o
 decision here reads a chain on its worker starting with its first block (`materialize`).
 
 Block hashes are Python's `hash` of strings: the supervisor gives every router process one random
-`PYTHONHASHSEED` (router/procs.py), so the processes' chains agree. A row whose probe differs (a process
+`PYTHONHASHSEED` (router/daemon/procs.py), so the processes' chains agree. A row whose probe differs (a process
 started some other way) is ignored, never misread.
 
 Consistency without a lock: a slot's `GEN` is odd while its writer changes it, and a reader takes a

@@ -163,7 +163,7 @@ class KvRouting:
         self._budget = 0.0
         self._budget_at = time.monotonic()
         self.first_sight = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
-        #: router processes on this address (router/procs.py): a prefill that stops publishing is worth a warning
+        #: router processes on this address (router/daemon/procs.py): a prefill that stops publishing is worth a warning
         self.processes = 1
         #: called with the worker's URL after each applied batch (router/request/coalesce.py); None: nobody listens
         self.on_batch: Any = None
@@ -212,7 +212,7 @@ class KvRouting:
         desc = info.get("kv_events")
         if not isinstance(desc, dict):
             if url in self.workers and self.processes > 1 and role != "decode":
-                # the start-up check (router/procs.py) chose several processes because it published
+                # the start-up check (router/daemon/procs.py) chose several processes because it published
                 log.warning("KV events: the worker publishes no more KV events; each of the router's "
                             f"{self.processes} processes now routes it on its own predicted index, and "
                             "their predictions differ", extra={"worker": url, "remedy": (

@@ -1,4 +1,4 @@
-"""Leader and followers of a multi-process router (`router serve --processes N`, router/procs.py).
+"""Leader and followers of a multi-process router (`router serve --processes N`, router/daemon/procs.py).
 
 Process 0, the leader, owns what the operator changes: the worker list (add, remove, drain) and the named
 prefixes (register, warm, expire, TTL; the warmer runs there only), all through the admin API, which only

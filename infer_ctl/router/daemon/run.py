@@ -8,9 +8,9 @@ import signal
 
 from infer_ctl.aio import new_event_loop
 from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.daemon.server import RouterServer
 from infer_ctl.router.observe.logs import setup_logging
 from infer_ctl.router.scaleout.follow import ProcessRole
-from infer_ctl.router.server import RouterServer
 
 
 async def _main(cfg: RouterConfig, proc: ProcessRole | None = None) -> int:
@@ -27,7 +27,7 @@ async def _main(cfg: RouterConfig, proc: ProcessRole | None = None) -> int:
 
 def serve_forever(cfg: RouterConfig, log_level: str = "info", proc: ProcessRole | None = None,
                   handler: logging.Handler | None = None) -> int:
-    """`proc`: one of several router processes (router/procs.py), whose logging is set up already."""
+    """`proc`: one of several router processes (router/daemon/procs.py), whose logging is set up already."""
     if handler is None:
         setup_logging(log_level)
     loop = new_event_loop()

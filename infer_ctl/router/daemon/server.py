@@ -48,7 +48,7 @@ _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "
 
 class RouterServer:
     def __init__(self, cfg: RouterConfig, proc: ProcessRole | None = None) -> None:
-        """`proc`: one of several router processes (router/procs.py; follow.py says who does what)."""
+        """`proc`: one of several router processes (router/daemon/procs.py; follow.py says who does what)."""
         cfg.validate()
         self.cfg = cfg
         self.proc = proc

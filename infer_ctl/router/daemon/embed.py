@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from infer_ctl.aio import LoopThread
 from infer_ctl.router.config import RouterConfig, WorkerSpec, from_profile, worker
-from infer_ctl.router.server import RouterServer
+from infer_ctl.router.daemon.server import RouterServer
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile

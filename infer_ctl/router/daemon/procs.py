@@ -2,7 +2,7 @@
 
 The supervisor (the `router serve` process) decides N (`plan`), creates the shared in-flight block
 (router/fleet/shared_load.py: load, then the flight board of router/fleet/shared_flights.py) and a private state
-directory, and starts N copies of this module (`python -m infer_ctl.router.procs`; the config arrives
+directory, and starts N copies of this module (`python -m infer_ctl.router.daemon.procs`; the config arrives
 pickled on stdin, so the admin token is never on a command line), all with one random PYTHONHASHSEED
 so that their block chains (Python's string hash) agree on the board. Each binds the same host:port with SO_REUSEPORT: the kernel spreads connections over
 them by a hash of the 4-tuple. Process 0 leads (router/scaleout/follow.py); the followers start once the
@@ -188,7 +188,7 @@ class Supervisor:
         # one string hashing for every process (and every restart of one): the flight board compares
         # the processes' block chains (router/fleet/shared_flights.py). Random per router, never logged
         env = {**os.environ, "PYTHONHASHSEED": str(self.hash_seed)}
-        proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.procs"], stdin=subprocess.PIPE, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "infer_ctl.router.daemon.procs"], stdin=subprocess.PIPE, env=env,
                                 pass_fds=(self.port_lock,))  # the port's lock lives while any of them does
         assert proc.stdin is not None
         proc.stdin.write(pickle.dumps((self.cfg, role, self.log_level, os.getpid())))
@@ -306,8 +306,8 @@ class Supervisor:
 
 def serve(cfg: RouterConfig, requested: int | None, log_level: str = "info") -> int:
     """`router serve`: one process in this one (run.py), or a supervisor of several."""
+    from infer_ctl.router.daemon.run import serve_forever
     from infer_ctl.router.observe.logs import setup_logging
-    from infer_ctl.router.run import serve_forever
 
     setup_logging(log_level)
     n, why = plan(cfg, requested)
@@ -411,8 +411,8 @@ def _leave(role: ProcessRole, member: int, supervisor: int) -> None:
 
 def _child() -> int:
     from infer_ctl.errors import InferctlError
+    from infer_ctl.router.daemon.run import serve_forever
     from infer_ctl.router.observe.logs import setup_logging
-    from infer_ctl.router.run import serve_forever
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_on_signal)
