@@ -1,4 +1,4 @@
-"""CPU of the flight board (router/shared_flights.py) per request, in one Python process.
+"""CPU of the flight board (router/fleet/shared_flights.py) per request, in one Python process.
 
 A reader process's look at the board (`sync`, then `materialize` for its own decision's chain on two
 candidate workers) while N-1 other processes each land and free their oldest flight and publish a new
@@ -18,8 +18,8 @@ from collections import deque
 
 from infer_ctl.core.routing.coalesce import Flight, PendingBlocks
 from infer_ctl.core.routing.index import block_hashes
-from infer_ctl.router import shared_flights as sf
-from infer_ctl.router.shared_load import SharedLoad
+from infer_ctl.router.fleet import shared_flights as sf
+from infer_ctl.router.fleet.shared_load import SharedLoad
 
 URLS = [f"http://w{i}" for i in range(8)]
 

@@ -46,7 +46,7 @@ from infer_ctl.bench.client import LoadSpec
 from infer_ctl.bench.run import run_bench
 from infer_ctl.bench.stats import Slo
 from infer_ctl.bench.workloads import WorkloadSpec
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.timing import preset
 

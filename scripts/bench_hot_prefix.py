@@ -34,7 +34,7 @@ from infer_ctl.bench.run import run_bench
 from infer_ctl.bench.stats import Slo
 from infer_ctl.bench.workloads import WorkloadSpec, build
 from infer_ctl.router.config import PrefixSpec
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 
 #: wall seconds per modelled second; higher = slower but less distorted by this host's CPU contention

@@ -19,7 +19,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import start_cluster_in_thread
 from tests.router.conftest import pd_specs
 from tests.router.kv_publisher import CLEARED, TestPublisher

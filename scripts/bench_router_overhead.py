@@ -247,7 +247,7 @@ def otlp_sink() -> str:
 
 def router_source(checkout: Path) -> str:
     """Where `python -m infer_ctl` started in `checkout` imports the router from (checked, not assumed)."""
-    out = subprocess.run([sys.executable, "-c", "import infer_ctl.router.proxy as p; print(p.__file__)"],
+    out = subprocess.run([sys.executable, "-c", "import infer_ctl.router as p; print(p.__file__)"],
                          cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True,
                          text=True, check=True)
     return out.stdout.strip()

@@ -206,7 +206,7 @@ class Proc:
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the process and every descendant have used so far, reaped ones
         included. The whole tree: `inferctl router serve` with KV events on runs a supervisor and one
-        router process per core (router/procs.py), and the supervisor alone is nearly idle."""
+        router process per core (router/daemon/procs.py), and the supervisor alone is nearly idle."""
         return _tree_cpu_s(self.p.pid) if self.p is not None else 0.0
 
     def kill(self) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def overhead(n: int) -> dict[str, float]:
-    from infer_ctl.router.spec_stats import SpecStats
+    from infer_ctl.router.observe.spec_stats import SpecStats
 
     stats = SpecStats(window=200)
     meta = {"id": "a", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": 900,

@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _router_logger_restored() -> Iterator[None]:
-    """A test that runs `router serve` in-process (router/run.py, router/procs.py) gives the router's
+    """A test that runs `router serve` in-process (router/daemon/run.py, router/daemon/procs.py) gives the router's
     logger a JSON handler and turns propagation off, so a later test's caplog saw none of its records
     (a failure only in the full suite, depending on order): every test gets the logger back as it found it."""
     logger = logging.getLogger("infer_ctl.router")

@@ -1,6 +1,6 @@
 """`inferctl demo`: the simulated cluster of a profile, a router in front, a short bench, clean shutdown.
 
-The front is the inferctl router (`infer_ctl.router.embed`); `router="sglang"` puts SGLang's own Rust
+The front is the inferctl router (`infer_ctl.router.daemon.embed`); `router="sglang"` puts SGLang's own Rust
 router (PyPI sglang-router) there instead, and `router="none"` benchmarks one extra mixed worker directly.
 """
 
@@ -64,7 +64,7 @@ class DemoError(InferctlError):
 
 
 def _inferctl_router(profile: Profile, cluster: ThreadedSimCluster) -> Front:
-    from infer_ctl.router.embed import router_config, start_router_in_thread
+    from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
     host = profile.router.listen_host
     port = profile.router.listen_port

@@ -5,7 +5,7 @@ The story: both decode pools run EAGLE3 at 3 steps with a draft costing c = 0.2 
 dc-01's draft is a general one; dc-02's was tuned on code. Phase 1 sends code requests: both accept
 ~0.88. Then the traffic shifts to creative writing: dc-01 still accepts 0.75, dc-02 only 0.30, below
 the break-even of 3 steps (speculation is now slower than none there). The router measures it per
-decode (router/spec_stats.py), `check spec`'s judgement flags it (FAIL/WARN with the recommended gamma),
+decode (router/observe/spec_stats.py), `check spec`'s judgement flags it (FAIL/WARN with the recommended gamma),
 and the controller (launch/spec_control.py: the same loop as `inferctl spec control`)
 - with `control: act` relaunches ONLY dc-02 with the recommended lookahead: drained from the router
   first (no request in flight is dropped), restarted as a simulated worker with the new steps, put
@@ -270,7 +270,7 @@ def run_spec_demo(profile: Profile, opts: SpecDemoOptions, log: Callable[[str], 
     for k, s in enumerate(decodes):  # dc-01: a general draft; the others: drafts tuned on code
         s.spec_workload = SpecWorkload(domains=dict(GENERAL_DRAFT if k == 0 else CODE_TUNED_DRAFT))
     cluster = start_cluster_in_thread(specs, port_fallback=True)
-    from infer_ctl.router.embed import router_config, start_router_in_thread
+    from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
     try:
         pre = cluster.by_role("prefill")

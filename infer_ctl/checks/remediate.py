@@ -25,7 +25,7 @@ from infer_ctl.core.findings import Finding
 from infer_ctl.errors import InferctlError
 from infer_ctl.launch.router_hook import router_url
 from infer_ctl.profile import Node, Profile
-from infer_ctl.router.client import AdminClient
+from infer_ctl.router.control.client import AdminClient
 
 _REMEDY_ROUTER = ("start the router (`inferctl router serve`), or set remediation.router_url; export the admin "
                   "token if it has one; the next audit retries")
@@ -197,7 +197,7 @@ def remediate(profile: Profile, findings: Sequence[Finding], previous: Mapping[s
 
 def _push_pairs(profile: Profile, router: RouterWorkers, findings: Sequence[Finding], out: Outcome) -> None:
     """The run's pair-test verdicts to the router (POST /admin/pairs), so it avoids a prefill x decode pair
-    whose test failed and takes it back when one passes (router/pair_health.py)."""
+    whose test failed and takes it back when one passes (router/fleet/pair_health.py)."""
     verdicts = rem.pair_verdicts(findings)
     if not verdicts:
         return

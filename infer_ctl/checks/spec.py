@@ -3,7 +3,7 @@ decode, judged from the measured acceptance with the speedup formula (core/spec/
 
 Where the acceptance comes from, in this order:
 1. the router (`GET /admin/spec`): the rolling window of the last N finished requests per decode,
-   measured from SGLang's per-request fields (router/spec_stats.py) - the most precise source, with
+   measured from SGLang's per-request fields (router/observe/spec_stats.py) - the most precise source, with
    alpha estimated from the accepted-drafts histogram;
 2. else each decode's own `/metrics` (`sglang:spec_accept_rate`, `sglang:spec_num_draft_tokens`) and
    `/server_info` (`internal_states[].speculative_num_steps`, the live step count): SGLang recomputes the
@@ -41,7 +41,7 @@ from infer_ctl.errors import InferctlError
 from infer_ctl.launch import probe
 from infer_ctl.launch.router_hook import router_url
 from infer_ctl.profile import Profile
-from infer_ctl.router.client import AdminClient
+from infer_ctl.router.control.client import AdminClient
 
 SOURCE_CHECK = "spec.source"
 

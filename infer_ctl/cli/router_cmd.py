@@ -54,7 +54,7 @@ class _Target:
 
 
 def _client(url: str | None, profile: str | None) -> _Target:
-    from infer_ctl.router.client import AdminClient
+    from infer_ctl.router.control.client import AdminClient
 
     url = router_base_url(url)
     if url and profile is None:
@@ -107,8 +107,8 @@ def serve(
              "the workers' KV events (cache_aware policy) or with tenants; the start-up log says why.")] = None,
 ) -> None:
     """Run the router in the foreground until SIGINT/SIGTERM (then drain in-flight requests)."""
-    from infer_ctl.router.kv_settings import apply_flags
-    from infer_ctl.router.procs import serve as serve_processes
+    from infer_ctl.router.daemon.procs import serve as serve_processes
+    from infer_ctl.router.kvindex.kv_settings import apply_flags
 
     cfg = _serve_config(profile, listen, prefill or [], decode or [], mixed or [])
     apply_flags(cfg, enabled=kv_events, tokenizer=kv_tokenizer, replay_timeout_s=kv_replay_timeout,
@@ -137,7 +137,7 @@ def _serve_config(profile: str | None, listen: str | None, prefill: list[str], d
         import os
 
         cfg = RouterConfig(host=host, port=port, workers=specs, admin_token=os.environ.get("INFERCTL_ROUTER_TOKEN"))
-        from infer_ctl.router.tracing import config_from
+        from infer_ctl.router.observe.tracing import config_from
 
         cfg.tracing = config_from(None, os.environ)  # without a profile: the standard OTEL_* environment
     else:
@@ -288,7 +288,7 @@ def _table(headers: list[str], first: list[str]) -> Table:
 
 def _worker_state(w: dict[str, Any]) -> str:
     if not w["healthy"]:
-        if w.get("held"):  # answers its checks, kept out by its flap hold-down (router/health.py)
+        if w.get("held"):  # answers its checks, kept out by its flap hold-down (router/control/health.py)
             return f"[red]held {math.ceil(w['holddown_left_s'])}s[/red]"
         return "[red]unhealthy[/red]"
     if w.get("draining"):

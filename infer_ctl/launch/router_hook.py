@@ -32,7 +32,7 @@ from infer_ctl.core.sglang import Instance
 from infer_ctl.errors import InferctlError
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
-from infer_ctl.router.client import AdminClient
+from infer_ctl.router.control.client import AdminClient
 
 #: how long a server's in-flight requests may take to finish before it is taken out anyway
 DRAIN_TIMEOUT_S = 60.0

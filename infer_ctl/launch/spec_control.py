@@ -34,7 +34,7 @@ from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, poo
 from infer_ctl.errors import InferctlError
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
-from infer_ctl.router.client import AdminClient
+from infer_ctl.router.control.client import AdminClient
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ class RouterSettings(StrictModel):
     admin_token_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "INFERCTL_ROUTER_TOKEN"
     health_interval_s: Annotated[float, Field(gt=0)] = 5.0
     #: flap damping: the longest hold-down of a worker that keeps going unhealthy soon after it came
-    #: back (router/health.py; 0: none). Capped at a day: a larger one is a typo, not a policy
+    #: back (router/control/health.py; 0: none). Capped at a day: a larger one is a typo, not a policy
     health_holddown_max_s: Annotated[float, Field(ge=0, le=86400)] = 60.0
     request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     max_concurrent: Annotated[int, Field(ge=1)] = 1024

@@ -20,7 +20,7 @@ class KvEventsRouting(StrictModel):
     #: profile's directory. None: models.target.tokenizer_path or models.target.path
     tokenizer_path: Annotated[str, Field(min_length=1)] | None = None
     #: distinct blocks kept per worker stream, on any medium (a HiCache page in HBM and host counts
-    #: once: core/routing/blocks.py); more make the stream untrusted (router/kv_subscriber.py)
+    #: once: core/routing/blocks.py); more make the stream untrusted (router/kvindex/kv_subscriber.py)
     max_blocks: Annotated[int, Field(ge=1024, le=1 << 31)] = 4_000_000
     #: how long a gap replay (or the start-up replay from seq 0) may take before the stream is untrusted
     #: (finite: NaN passed as "should be less than or equal to 300", NaN failing every comparison)
@@ -28,6 +28,6 @@ class KvEventsRouting(StrictModel):
     #: batches a second one publisher may send; more is a flood (the stream is untrusted, paused)
     max_batches_per_s: Annotated[int, Field(ge=1)] = 5000
     #: the largest KV-event message accepted (ZMQ's MAXMSGSIZE): a bigger one drops the connection
-    #: undecoded (router/kv_subscriber.py DEFAULT_MAX_MESSAGE_BYTES says why 8 MiB: a ~595k-token
+    #: undecoded (router/kvindex/kv_subscriber.py DEFAULT_MAX_MESSAGE_BYTES says why 8 MiB: a ~595k-token
     #: single store at page size 1); raise it for longer contexts with chunked prefill off
     max_message_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 8 << 20

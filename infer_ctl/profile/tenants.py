@@ -38,7 +38,7 @@ class Tenant(StrictModel):
     requests_per_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     burst: Annotated[int, Field(ge=1)] | None = None
     #: token bucket on prompt + completion tokens: an estimate reserved at admission, settled with what the
-    #: workers report when the request ends (router/tenants.py)
+    #: workers report when the request ends (router/observe/tenants.py)
     tokens_per_min: Annotated[int, Field(ge=1)] | None = None
     max_concurrency: Annotated[int, Field(ge=1)] | None = None
     #: named prefixes (router.prefixes) whose warm replicas this tenant's requests may use; None: all

@@ -21,9 +21,9 @@ from infer_ctl.core.routing.tiers import (
     weights_from,
 )
 from infer_ctl.errors import UsageError
-from infer_ctl.router.kv_settings import apply_profile as apply_kv_profile
-from infer_ctl.router.tenants import TenantSpec, prices_from_profile, specs_from_profile
-from infer_ctl.router.tracing import TracingConfig, config_from
+from infer_ctl.router.kvindex.kv_settings import apply_profile as apply_kv_profile
+from infer_ctl.router.observe.tenants import TenantSpec, prices_from_profile, specs_from_profile
+from infer_ctl.router.observe.tracing import TracingConfig, config_from
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile
@@ -74,7 +74,7 @@ class RouterConfig:
     health_timeout_s: float = 2.0
     health_failures: int = 2
     health_successes: int = 1
-    #: flap damping (router/health.py): the longest hold-down of a worker that keeps going unhealthy
+    #: flap damping (router/control/health.py): the longest hold-down of a worker that keeps going unhealthy
     #: soon after it came back (0: none, every worker let back on its first passing checks)
     health_holddown_max_s: float = 60.0
     cb_failures: int = 5
@@ -101,7 +101,7 @@ class RouterConfig:
     pin_priority: int = 1_000_000
     model_name: str | None = None
     log_requests: bool = False
-    #: speculative acceptance (router/spec_stats.py): rolling window per decode and label, in requests,
+    #: speculative acceptance (router/observe/spec_stats.py): rolling window per decode and label, in requests,
     #: and the number of workload labels kept per decode (more are counted as "other")
     spec_window_requests: int = 200
     #: pair health (core/routing/pair_health.py): KV floors, runs that degrade a pair, probe wait
@@ -111,19 +111,19 @@ class RouterConfig:
     pair_max_failures: int = 3
     pair_probe_after_s: float = 60.0
     spec_max_labels: int = 16
-    #: KV events (router/kv_routing.py): subscribe to the workers that advertise them; the target
+    #: KV events (router/kvindex/kv_routing.py): subscribe to the workers that advertise them; the target
     #: model's directory (tokenizer.json, tokenizer_config.json) to tokenize prompts as real SGLang
-    #: workers do (simulated workers name their own); stream limits (router/kv_subscriber.py); from
-    #: the profile's router.kv_events and `router serve --kv-*` (router/kv_settings.py)
+    #: workers do (simulated workers name their own); stream limits (router/kvindex/kv_subscriber.py); from
+    #: the profile's router.kv_events and `router serve --kv-*` (router/kvindex/kv_settings.py)
     kv_events: bool = True
     tokenizer_path: str | None = None
     kv_max_blocks: int = 4_000_000
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
     kv_max_message_bytes: int = 8 << 20
-    #: in-flight prefix coalescing (router/coalesce.py; the profile's router.coalesce)
+    #: in-flight prefix coalescing (router/request/coalesce.py; the profile's router.coalesce)
     coalesce: bool = True
-    #: with several router processes: coalesce across them (the flight board, router/shared_flights.py)
+    #: with several router processes: coalesce across them (the flight board, router/fleet/shared_flights.py)
     coalesce_processes: bool = True
     coalesce_min_tokens: int = 256
     coalesce_max_wait_s: float = 2.0
@@ -136,13 +136,13 @@ class RouterConfig:
     prefill_tokens_per_s: float | None = None
     host_gb_s: float | None = None
     storage_gb_s: float | None = None
-    #: tenants (router/tenants.py: keys hashed, limits), the header naming them when none has a key,
-    #: each worker role's price in $/s (router.pricing) and tracing (router/tracing.py; None: off)
+    #: tenants (router/observe/tenants.py: keys hashed, limits), the header naming them when none has a key,
+    #: each worker role's price in $/s (router.pricing) and tracing (router/observe/tracing.py; None: off)
     tenants: list[TenantSpec] = field(default_factory=list)
     tenant_header: str = "x-inferctl-tenant"
     worker_usd_per_s: dict[str, float] = field(default_factory=dict)
     tracing: TracingConfig | None = None
-    #: several replicas (router/state_sync.py): every replica's listen address, the Redis URL they share
+    #: several replicas (router/scaleout/state_sync.py): every replica's listen address, the Redis URL they share
     #: named prefixes and worker changes through (None: this router keeps its state to itself), its
     #: password (from the environment) and the key namespace (the profile's name)
     replicas: list[str] = field(default_factory=list)
@@ -323,7 +323,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
     cfg.tenant_header = rs.tenant_header
     cfg.worker_usd_per_s = prices_from_profile(profile)
     cfg.tracing = config_from(rs.tracing, env)
-    apply_kv_profile(cfg, profile)  # router.kv_events (router/kv_settings.py)
+    apply_kv_profile(cfg, profile)  # router.kv_events (router/kvindex/kv_settings.py)
     _replicas_from(cfg, profile, env)
     return cfg
 

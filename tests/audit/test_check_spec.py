@@ -18,7 +18,7 @@ import yaml
 from infer_ctl.checks.registry import families
 from infer_ctl.cli.main import main
 from infer_ctl.core.routing.spec_fields import alpha_from_mean_correct, decode_metrics_text
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.sshd_harness import free_port
 

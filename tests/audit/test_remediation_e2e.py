@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from infer_ctl.cli.main import main
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.audit.test_audit_e2e import H100, XID79, standin_gpu_node
 

@@ -126,8 +126,8 @@ def test_launch_status_drift_logs_stop(cluster_profile: Any, capsys: pytest.Capt
 
         # rolling restart with the router running: the decode leaves its pool before the restart and
         # comes back once healthy (real router, admin API on loopback)
-        from infer_ctl.router.client import AdminClient
-        from infer_ctl.router.embed import router_config, start_router_in_thread
+        from infer_ctl.router.control.client import AdminClient
+        from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
         urls = {r["instance"]: r["url"] for r in st.values()}
         boot = data["sglang"]["prefill"]["bootstrap_port"]

@@ -95,7 +95,7 @@ class Sampler:
 
 @pytest.fixture
 def router_for(tmp_path: Path) -> Iterator[Any]:
-    from infer_ctl.router.embed import router_config, start_router_in_thread
+    from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
     handles = []
 

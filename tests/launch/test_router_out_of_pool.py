@@ -12,7 +12,7 @@ import httpx
 from infer_ctl.core.sglang import instances
 from infer_ctl.launch.router_hook import OutOfPool, RouterNotifier
 from infer_ctl.profile.load import validate_profile_data
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
 
 def _setup(listen: str) -> Any:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from infer_ctl.cli.main import main
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.sshd_harness import free_port
 

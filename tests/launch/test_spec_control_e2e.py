@@ -34,7 +34,7 @@ def _window(router: str, url: str) -> dict[str, Any]:
 def test_act_relaunches_only_the_drifted_decode_with_the_recommended_steps(
     ssh_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infer_ctl.router.embed import router_config, start_router_in_thread
+    from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
     cluster = ssh_cluster(3, names=["pf-01", "dc-01", "dc-02"], roles=[["prefill"], ["decode"], ["decode"]])
     model = tmp_path / "models" / "Llama-3.1-70B-Instruct"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 
 #: wall seconds per modelled second: the simulated 70B runs 20x faster than on H100s

@@ -1,4 +1,4 @@
-"""Adversarial review of in-flight prefix coalescing (router/coalesce.py): what a hold does to a request
+"""Adversarial review of in-flight prefix coalescing (router/request/coalesce.py): what a hold does to a request
 when the leader or its worker misbehaves, on real routers and real loopback workers (the simulator,
 or a scripted aiohttp stand-in where the simulator cannot misbehave on demand)."""
 
@@ -19,7 +19,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for
@@ -328,9 +328,9 @@ def test_a_huge_prompt_puts_a_bounded_number_of_blocks_in_the_overlay(hangable: 
 # ---- found on the way (main too): a dropped worker's reused connection was re-sent to it -----------------
 def test_a_request_on_a_reused_connection_is_not_resent_to_a_worker_gone_unhealthy() -> None:
     """Going unhealthy closes the worker's connections so that requests stuck on it are retried
-    elsewhere (router/health.py). A request on a reused keep-alive connection took that close for a
+    elsewhere (router/control/health.py). A request on a reused keep-alive connection took that close for a
     worker that had closed an idle connection and sent itself again, on a fresh connection, to the same
-    hung worker (router/upstream.py `Pool.request`): it hung until the request timeout. No coalescing."""
+    hung worker (router/http/upstream.py `Pool.request`): it hung until the request timeout. No coalescing."""
     a, b = Hangable(), Hangable()
     router = start_router_in_thread(router_config(workers=[a.url, b.url], policy="round_robin", coalesce=False,
                                                   health_interval_s=0.2, health_failures=2, retry_base_s=0.01,

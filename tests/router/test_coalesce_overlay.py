@@ -1,4 +1,4 @@
-"""The pending overlay (router/coalesce.py) against what a worker's KV events report, on real loopback
+"""The pending overlay (router/request/coalesce.py) against what a worker's KV events report, on real loopback
 workers (the simulator, KV events on) and the real router.
 
 A landed prompt leaves the overlay once its worker's KV events cover it (the exact index holds it, or
@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 
 from infer_ctl.core.routing.coalesce import CoalesceConfig
-from infer_ctl.router.attempt import landed
-from infer_ctl.router.coalesce import Coalescer
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.request.attempt import landed
+from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for

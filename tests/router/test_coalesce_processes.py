@@ -1,4 +1,4 @@
-"""In-flight prefix coalescing across router processes (router/shared_flights.py, router/coalesce.py).
+"""In-flight prefix coalescing across router processes (router/fleet/shared_flights.py, router/request/coalesce.py).
 
 Two routers in this test process stand for two processes of one `router serve --processes 2`: they share
 one shared-memory block (load and flight board) exactly as the supervisor's processes do, over the same
@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from infer_ctl.router import shared_flights
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
-from infer_ctl.router.shared_load import SharedLoad
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.fleet import shared_flights
+from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.test_coalesce_attacks import raw_stream_request
 from tests.router.test_coalesce_router import WORDS, meta, metric
@@ -34,7 +34,7 @@ SLOW = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.01, "bootstrap
 
 
 def share(routers: list[RouterHandle]) -> SharedLoad:
-    """What router/server.py `_share` does in each process of several (load rows, then the board)."""
+    """What router/daemon/server.py `_share` does in each process of several (load rows, then the board)."""
     block = SharedLoad.create(len(routers), 8, extra=shared_flights.ROW_CELLS)
     for i, r in enumerate(routers):
         router = r.router

@@ -1,4 +1,4 @@
-"""A failed leader hands over (router/coalesce.py `_promote`): when its client goes away (or it gets a
+"""A failed leader hands over (router/request/coalesce.py `_promote`): when its client goes away (or it gets a
 4xx), one follower is promoted - it is sent and computes the prefix - and the others wait for it,
 within the max_wait_s of their first hold; when its worker failed it, the followers are re-routed
 instead of being promoted one after another onto that worker. Real routers, real loopback workers
@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from infer_ctl.router.coalesce import Coalescer
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.router.test_coalesce_attacks import SYSTEM, WORDS, Hangable, raw_stream_request, send
 from tests.router.test_coalesce_router import meta, metric

@@ -1,4 +1,4 @@
-"""In-flight prefix coalescing through the real router (router/coalesce.py).
+"""In-flight prefix coalescing through the real router (router/request/coalesce.py).
 
 A burst of same-prefix requests on simulated workers: with coalescing, the first computes the prefix
 and the others wait for it, then hit (1 miss + N-1 hits); without, every request of the burst computes
@@ -23,7 +23,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for

@@ -17,8 +17,8 @@ from infer_ctl.checks.audit import AuditResult, textfile_text
 from infer_ctl.checks.remediation_state import textfile_families
 from infer_ctl.core.findings import Finding
 from infer_ctl.router.config import PrefixSpec
-from infer_ctl.router.embed import router_config, start_router_in_thread
-from infer_ctl.router.tenants import TenantSpec, key_digest
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
+from infer_ctl.router.observe.tenants import TenantSpec, key_digest
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
 

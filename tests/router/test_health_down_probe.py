@@ -1,4 +1,4 @@
-"""A worker that is down is probed every second between health rounds (router/health.py DOWN_PROBE_S):
+"""A worker that is down is probed every second between health rounds (router/control/health.py DOWN_PROBE_S):
 restarted, it takes traffic again within a second of answering, not a health interval later."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.kv_publisher import TestPublisher
 from tests.router.standin_http import StandinServer

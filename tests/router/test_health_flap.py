@@ -1,4 +1,4 @@
-"""Flap damping of the active health checks (router/health.py, core/routing/flap.py): a worker that goes
+"""Flap damping of the active health checks (router/control/health.py, core/routing/flap.py): a worker that goes
 unhealthy again soon after it was let back is held out for a hold-down that doubles with each flap in a
 row (capped), still probed and let back once it answered every check for the hold-down; a first
 ejection, or one after a stable period, has none. Real loopback workers (simulated SGLang servers, and
@@ -18,8 +18,8 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.core.routing.flap import FlapDamper
-from infer_ctl.router import health
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.control import health
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.router.standin_http import StandinServer
 from tests.waiting import wait_for
@@ -315,8 +315,8 @@ def clocked_checker() -> tuple[list[float], Any, Any]:
     """One worker, the health checker's `apply` driven by hand on a clock the test moves (`now[0]`), the
     worker seen once (process start-0) and healthy."""
     from infer_ctl.router.config import RouterConfig, worker
-    from infer_ctl.router.health import HealthChecker
-    from infer_ctl.router.proxy import Router
+    from infer_ctl.router.control.health import HealthChecker
+    from infer_ctl.router.request.proxy import Router
 
     now = [0.0]
     router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
@@ -392,8 +392,8 @@ HOLDDOWN_1 = health.HOLDDOWN_BASE_S
 def test_the_passing_checks_a_worker_comes_back_on_are_one_process_s() -> None:
     """health_successes 3: three answers in a row from one server, not from three crash-looping ones."""
     from infer_ctl.router.config import RouterConfig, worker
-    from infer_ctl.router.health import HealthChecker
-    from infer_ctl.router.proxy import Router
+    from infer_ctl.router.control.health import HealthChecker
+    from infer_ctl.router.request.proxy import Router
 
     router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
                                  health_successes=3), clock=lambda: 0.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.health import HealthChecker
-from infer_ctl.router.proxy import Router
+from infer_ctl.router.control.health import HealthChecker
+from infer_ctl.router.request.proxy import Router
 
 
 @pytest.mark.parametrize(("ours", "waiting", "running", "external"), [
@@ -27,7 +27,7 @@ def test_load_poll_counts_only_other_clients(ours: int, waiting: int, running: i
 def test_pd_warmups_use_a_real_pair_unless_asked(warm_via: str, fake: bool) -> None:
     """SGLang 0.5.23 sets skip_radix_cache_insert for bootstrap_host 2.2.2.2: a fake-host warm-up caches
     nothing, so the default must be a real prefill+decode pair."""
-    from infer_ctl.router.warmer import PrefixWarmer
+    from infer_ctl.router.control.warmer import PrefixWarmer
 
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998), worker("http://127.0.0.1:2", "decode")],
                        warm_via=warm_via)

@@ -16,7 +16,7 @@ from infer_ctl.cli.main import main
 from infer_ctl.errors import ProfileError, UsageError
 from infer_ctl.profile import parse_profile_text
 from infer_ctl.router.config import RouterConfig, from_profile
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
 from tests.router.kv_publisher import CLEARED, TestPublisher, stored
@@ -87,7 +87,7 @@ def test_a_named_tokenizer_that_is_not_there_is_a_usage_error(tmp_path: Path) ->
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[RouterConfig]:
     """The config `router serve` would run (serve_forever replaced: the flags are what is tested)."""
-    import infer_ctl.router.run as run
+    import infer_ctl.router.daemon.run as run
 
     got: list[RouterConfig] = []
 

@@ -22,7 +22,7 @@ import pytest
 
 from infer_ctl.core.kvevents.hashing import block_hashes, last_digest, page_digests
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer, render_chat
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
 from tests.sim.kv_client import free_port, kv_config

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.sim.kv_client import kv_config
 

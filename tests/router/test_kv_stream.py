@@ -1,4 +1,4 @@
-"""The router's KV-events stream (router/kv_subscriber.py) against a publisher the test controls, over
+"""The router's KV-events stream (router/kvindex/kv_subscriber.py) against a publisher the test controls, over
 real ZMQ sockets: catch-up by replay, a gap replayed, a gap the buffer cannot fill, a publisher restart,
 and hostile publishers (bad msgpack, huge lists, unknown events, orphans, a flood), which are counted and
 make the stream untrusted without stopping the event loop; AllBlocksCleared repairs it."""
@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from infer_ctl.router.kv_subscriber import KvStream, StreamSettings
+from infer_ctl.router.kvindex.kv_subscriber import KvStream, StreamSettings
 from tests.router.kv_publisher import CLEARED, TestPublisher, removed, stored
 
 
@@ -418,7 +418,7 @@ def test_a_stream_silent_over_several_idle_checks_keeps_receiving_and_replays_wh
     """The receive in progress is kept across idle checks (not cancelled and armed again): a batch after
     a long silence is applied, and a replay asked for during the silence (restarted()) runs at the next
     idle check with that receive cancelled, so the replay, not a stale receive, reads what follows."""
-    from infer_ctl.router import kv_subscriber
+    from infer_ctl.router.kvindex import kv_subscriber
 
     monkeypatch.setattr(kv_subscriber, "_IDLE_S", 0.05)
 

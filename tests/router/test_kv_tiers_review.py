@@ -18,7 +18,7 @@ from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
 from infer_ctl.core.routing.tiers import TierWeights, weights_from
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
-from infer_ctl.router.follow import _record, _record_doc
+from infer_ctl.router.scaleout.follow import _record, _record_doc
 from tests.router.test_kv_index import Tok, worker_pages
 from tests.router.test_kv_tiers import _prompt
 

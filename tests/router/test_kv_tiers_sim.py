@@ -18,7 +18,7 @@ import pytest
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
 from infer_ctl.core.routing.prefixes import TIER_GRACE_S
 from infer_ctl.router.config import PrefixSpec
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
 from tests.router.test_kv_events_router import exact_everywhere, prompt, wait_for

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
 PREFILL_LP = [[None, 11, None], [-0.5, 12, None]]
 DECODE_LP = [[-0.25, 13, None]]

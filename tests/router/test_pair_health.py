@@ -4,7 +4,7 @@ failed transfers), what the picker avoids, the probe and the return (pure: `now`
 from __future__ import annotations
 
 from infer_ctl.core.routing.pair_health import PairFloor, PairHealth
-from infer_ctl.router.pair_health import kv_numbers
+from infer_ctl.router.fleet.pair_health import kv_numbers
 
 P, D = "http://p:30000", "http://d:30001"
 

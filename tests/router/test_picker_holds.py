@@ -1,6 +1,6 @@
-"""What a routing decision that finds no worker says (router/picker.py): the 503's Retry-After only when
+"""What a routing decision that finds no worker says (router/request/picker.py): the 503's Retry-After only when
 the router knows when a request could be served (every worker the request needs that is out is held by
-flap damping, router/health.py), in PD mode over both roles; a half-open prefill's probe slot given back
+flap damping, router/control/health.py), in PD mode over both roles; a half-open prefill's probe slot given back
 when no decode is found; a retry that goes back to the worker that failed rather than to nothing."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 
 from infer_ctl.core.routing.policy import NoWorkerAvailable
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.context import RequestContext
-from infer_ctl.router.proxy import Router
-from infer_ctl.router.retry import AttemptFailed, with_retries
-from infer_ctl.router.workers import WorkerState
+from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.request.retry import AttemptFailed, with_retries
 
 P, D, A, B = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"
 

@@ -14,7 +14,7 @@ from infer_ctl.cli.main import main
 from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
 from infer_ctl.profile.router import NamedPrefix
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
 W = [WorkerView("http://p0:1")]
 URL = W[0].url

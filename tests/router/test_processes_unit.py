@@ -12,13 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
-from infer_ctl.router import follow
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
-from infer_ctl.router.metrics_merge import merge
-from infer_ctl.router.procs import fetch_server_info, plan, reserve_port
-from infer_ctl.router.proxy import Router
-from infer_ctl.router.shared_load import SharedLoad, row_cells
+from infer_ctl.router.daemon.procs import fetch_server_info, plan, reserve_port
+from infer_ctl.router.fleet.shared_load import SharedLoad, row_cells
+from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.scaleout import follow
+from infer_ctl.router.scaleout.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
+from infer_ctl.router.scaleout.metrics_merge import merge
 
 
 def pd_cfg(**kw: Any) -> RouterConfig:
@@ -73,9 +73,9 @@ def test_adding_a_worker_when_no_slot_is_left_answers_400_not_500() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from infer_ctl.router.admin import Admin
-    from infer_ctl.router.health import HealthChecker
-    from infer_ctl.router.warmer import PrefixWarmer
+    from infer_ctl.router.control.admin import Admin
+    from infer_ctl.router.control.health import HealthChecker
+    from infer_ctl.router.control.warmer import PrefixWarmer
 
     async def go(r: Router) -> tuple[int, str]:
         app = web.Application()
@@ -359,8 +359,8 @@ class _Exited:
 
 
 def _supervisor(tmp_path: Any, lived_s: float, ready: bool) -> tuple[Any, Any, list[float]]:
-    from infer_ctl.router.follow import ProcessRole
-    from infer_ctl.router.procs import Supervisor
+    from infer_ctl.router.daemon.procs import Supervisor
+    from infer_ctl.router.scaleout.follow import ProcessRole
 
     sup = Supervisor(pd_cfg(), 2)
     role = ProcessRole(1, 2, str(tmp_path), "unused", 8)
@@ -416,7 +416,7 @@ def test_a_prefill_that_stops_publishing_kv_events_is_logged_with_several_proces
         caplog: pytest.LogCaptureFixture) -> None:
     import asyncio
 
-    from infer_ctl.router.kv_routing import KvRouting
+    from infer_ctl.router.kvindex.kv_routing import KvRouting
 
     async def go() -> None:
         kv = KvRouting()
@@ -440,7 +440,7 @@ def test_the_state_of_routers_killed_all_at_once_is_swept_at_the_next_start() ->
     from multiprocessing import resource_tracker, shared_memory
     from pathlib import Path
 
-    from infer_ctl.router.procs import _join, sweep_stale
+    from infer_ctl.router.daemon.procs import _join, sweep_stale
 
     dead, live, other = (tempfile.mkdtemp(prefix="inferctl-router-") for _ in range(3))
     shm = shared_memory.SharedMemory(create=True, size=64)
@@ -464,7 +464,7 @@ def test_the_state_of_routers_killed_all_at_once_is_swept_at_the_next_start() ->
 def test_a_scrape_leaves_out_a_dead_processs_stale_file(tmp_path: Any) -> None:
     import time
 
-    from infer_ctl.router.metrics_merge import STALE_S, ProcessMetrics
+    from infer_ctl.router.scaleout.metrics_merge import STALE_S, ProcessMetrics
 
     fam = ('# HELP inferctl_router_requests_total r\n# TYPE inferctl_router_requests_total counter\n'
            'inferctl_router_requests_total{status="200"} %d.0\n')
@@ -485,7 +485,7 @@ def test_an_idle_process_touches_its_metrics_file_instead_of_rendering(tmp_path:
     import asyncio
     import time
 
-    from infer_ctl.router import metrics_merge
+    from infer_ctl.router.scaleout import metrics_merge
 
     monkeypatch.setattr(metrics_merge, "WRITE_S", 0.01)
     renders, answered = [], [0]
@@ -531,8 +531,8 @@ def test_each_process_keeps_its_admin_counters_and_the_leader_adds_them_up(tmp_p
     import json
     import time
 
-    from infer_ctl.router import metrics_merge
-    from infer_ctl.router.metrics_merge import STALE_S, ProcessMetrics, add_counters, counters_file
+    from infer_ctl.router.scaleout import metrics_merge
+    from infer_ctl.router.scaleout.metrics_merge import STALE_S, ProcessMetrics, add_counters, counters_file
 
     monkeypatch.setattr(metrics_merge, "WRITE_S", 0.01)
     files = {i: tmp_path / f"metrics-{i}.prom" for i in range(3)}
@@ -570,7 +570,7 @@ def test_a_peer_counters_file_from_the_future_or_hostile_is_left_out(tmp_path: A
     import json
     import time
 
-    from infer_ctl.router import metrics_merge as mm
+    from infer_ctl.router.scaleout import metrics_merge as mm
 
     files = {i: tmp_path / f"metrics-{i}.prom" for i in range(6)}
     ok = {"first_sight": {"anchored": 1, "over_budget": 0, "seconds": 0.5}, "coalesce": {"promoted": 2}}

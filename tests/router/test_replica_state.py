@@ -11,7 +11,7 @@ from infer_ctl.core.routing.prefixes import PrefixRegistry, PrefixState
 from infer_ctl.errors import InferctlError
 from infer_ctl.profile.load import parse_profile_text
 from infer_ctl.router.config import from_profile
-from infer_ctl.router.state_sync import redact
+from infer_ctl.router.scaleout.state_sync import redact
 
 W = [WorkerView(f"http://p{i}:1") for i in range(4)]
 

@@ -1,4 +1,4 @@
-"""The replicas' shared state (router/state_sync.py) against a hostile or misbehaving store: two
+"""The replicas' shared state (router/scaleout/state_sync.py) against a hostile or misbehaving store: two
 in-process replicas (real Router objects, their StateSync) over a real redis-server, and the store
 written behind their backs (records in another format, garbage, a huge rev, a restore from an older
 snapshot, a worker change overtaken by a later one, clocks that disagree, a store that stops answering).
@@ -21,8 +21,8 @@ from infer_ctl.cli import router_cmd
 from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.proxy import Router
-from infer_ctl.router.state_sync import StateSync, StoreUnavailable
+from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable
 from tests.router.redis_server import RedisServer, need_redis
 
 NS = "t"

@@ -16,7 +16,7 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.exitcodes import ExitCode
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.ports import free_port
 from tests.router.conftest import TIME_SCALE
@@ -135,7 +135,7 @@ def test_serve_refuses_non_loopback_without_token(listen: str, monkeypatch, caps
     ("Basic tok", False), ("tok", False), ("", False),
 ])
 def test_admin_token_check(header: str, ok: bool) -> None:
-    from infer_ctl.router.admin import authorized
+    from infer_ctl.router.control.admin import authorized
 
     assert authorized("tok", header) is ok
     assert authorized(None, header) is True
@@ -218,7 +218,7 @@ def test_serve_flags_for_the_load_guard_and_the_board_reach_the_config(monkeypat
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """`--balance-abs N` sets the load guard and `--no-share-flights` turns the flight board off (what
     the benchmarks' A/B runs pass); a negative guard is a usage error naming the flag."""
-    from infer_ctl.router import procs
+    from infer_ctl.router.daemon import procs
 
     seen: list[object] = []
     monkeypatch.setattr(procs, "serve", lambda cfg, n, level: seen.append(cfg) or 0)

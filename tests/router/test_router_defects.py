@@ -18,7 +18,7 @@ from aiohttp import web
 
 from infer_ctl.aio import LoopThread
 from infer_ctl.cli.main import main
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
 from tests.waiting import wait_for

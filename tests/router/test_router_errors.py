@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from infer_ctl.aio import new_event_loop
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from tests.router.test_router_faults import wait_for
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, worker
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import start_cluster_in_thread
 from tests.router.conftest import pd_router, pd_specs
 from tests.waiting import wait_for

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from infer_ctl.cli.main import main
-from infer_ctl.router.embed import RouterHandle
+from infer_ctl.router.daemon.embed import RouterHandle
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_router, pd_specs
 

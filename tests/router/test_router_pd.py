@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from infer_ctl.router.embed import RouterHandle
+from infer_ctl.router.daemon.embed import RouterHandle
 from infer_ctl.sim.cluster import ThreadedSimCluster
 
 PROMPT = "You are a terse assistant for Example Corp. " * 20
@@ -118,7 +118,7 @@ def test_metrics_expose_the_documented_families(router: RouterHandle) -> None:
 def test_prefill_without_a_bootstrap_port_uses_the_one_it_reports(pd_cluster: ThreadedSimCluster) -> None:
     """`--prefill URL` without @PORT: sent as null, a decode would use its own default port (8998 in
     SGLang) and fail the transfer; the router fills in the port from the prefill's /server_info."""
-    from infer_ctl.router.embed import router_config, start_router_in_thread
+    from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
     pre = [w for w in pd_cluster.workers if w.spec.role == "prefill"][:1]
     dec = [w.url for w in pd_cluster.workers if w.spec.role == "decode"]

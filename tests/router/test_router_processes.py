@@ -253,7 +253,7 @@ def test_a_prompt_cached_through_one_process_is_routed_to_the_same_prefill_by_th
 
 def test_a_burst_split_over_both_processes_computes_its_prefix_once() -> None:
     """A new prefix computing on a prefill through one process: the same prefix through the other
-    process goes to that prefill and waits for it (the flight board, router/shared_flights.py; the
+    process goes to that prefill and waits for it (the flight board, router/fleet/shared_flights.py; the
     processes hash alike because the supervisor gives them one PYTHONHASHSEED), then hits. Before the
     board the follower process knew nothing of the leader's prefill and placed its request by load."""
     kw: dict[str, Any] = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.02,
@@ -463,7 +463,7 @@ def test_a_supervisor_killed_with_9_leaves_no_process_no_files_and_the_port_free
 
 
 def test_sigterm_during_start_up_stops_everything(kv_cluster: ThreadedSimCluster) -> None:
-    from infer_ctl.router.procs import reserve_port
+    from infer_ctl.router.daemon.procs import reserve_port
 
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="router-procs-", suffix=".log")[1])

@@ -1,4 +1,4 @@
-"""The flight board (router/shared_flights.py): one router process's in-flight prompts mirrored into
+"""The flight board (router/fleet/shared_flights.py): one router process's in-flight prompts mirrored into
 another's pending overlay through the shared block, without a lock. Two boards on one real shared-memory
 block stand for two processes (each writes only its own row)."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from infer_ctl.core.routing.coalesce import Flight, PendingBlocks
 from infer_ctl.core.routing.index import block_hashes
-from infer_ctl.router import shared_flights as sf
-from infer_ctl.router.shared_load import SharedLoad
+from infer_ctl.router.fleet import shared_flights as sf
+from infer_ctl.router.fleet.shared_load import SharedLoad
 
 URLS = ["http://w0", "http://w1", "http://w2"]
 CLIENT = "client"

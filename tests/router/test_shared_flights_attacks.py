@@ -1,5 +1,5 @@
-"""Attacks on the flight board (router/shared_flights.py) and the hold across router processes
-(router/coalesce.py): each test is a way the board misled another process's requests - held through a
+"""Attacks on the flight board (router/fleet/shared_flights.py) and the hold across router processes
+(router/request/coalesce.py): each test is a way the board misled another process's requests - held through a
 leader's whole answer, held for a follower that computes nothing, a dead process's flights taken for
 landed, computing flights kept off a board full of landed ones - and fails on the code before its fix.
 
@@ -19,13 +19,13 @@ from prometheus_client import CollectorRegistry
 from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.coalesce import CoalesceConfig, PendingBlocks
 from infer_ctl.core.routing.index import block_hashes
-from infer_ctl.router import shared_flights as sf
-from infer_ctl.router.coalesce import Coalescer
 from infer_ctl.router.config import WorkerSpec
-from infer_ctl.router.context import RequestContext
-from infer_ctl.router.retry import AttemptFailed
-from infer_ctl.router.shared_load import SharedLoad
-from infer_ctl.router.workers import WorkerState
+from infer_ctl.router.fleet import shared_flights as sf
+from infer_ctl.router.fleet.shared_load import SharedLoad
+from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.request.coalesce import Coalescer
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.retry import AttemptFailed
 from tests.router.test_shared_flights import URLS, Proc, chain, flight
 
 SYSTEM = "A tenant's new system prompt. " + " ".join(f"rule {i}: answer politely" for i in range(120))

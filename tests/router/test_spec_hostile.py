@@ -1,4 +1,4 @@
-"""Hostile or corrupt speculative fields reaching the router (router/spec_stats.py through
+"""Hostile or corrupt speculative fields reaching the router (router/observe/spec_stats.py through
 core/routing/spec_fields.py): never a crash, never counted, never costly on the request path."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from infer_ctl.core.routing.spec_fields import (
     alpha_from_mean_correct,
     decode_meta_info,
 )
-from infer_ctl.router.spec_stats import SpecStats
+from infer_ctl.router.observe.spec_stats import SpecStats
 
 _GOOD: dict[str, Any] = {
     "spec_verify_ct": 10, "spec_accept_length": 3.0, "spec_accept_rate": 0.5, "spec_num_correct_drafts": 15,
@@ -92,7 +92,7 @@ def test_the_reason_names_the_field() -> None:
 def test_a_client_domain_all_does_not_collide_with_the_decode_wide_series() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from infer_ctl.router.metrics import _SpecCollector
+    from infer_ctl.router.fleet.metrics import _SpecCollector
 
     stats = SpecStats()
     stats.answered("http://d", {"custom_labels": {"domain": "ALL"}}, {}, None, _answer())

@@ -1,4 +1,4 @@
-"""The router's speculative acceptance (router/spec_stats.py): the window and EMA arithmetic, labels, and
+"""The router's speculative acceptance (router/observe/spec_stats.py): the window and EMA arithmetic, labels, and
 end to end against simulated SGLang workers (real HTTP, PD bootstrap, the simulator's acceptance draws)
 behind the real router: every finished response, stream and not, PD and collocated, per decode."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.core.routing.spec_fields import SpecFields, SpecTally, decode_meta_info
-from infer_ctl.router.embed import router_config, start_router_in_thread
-from infer_ctl.router.spec_stats import (
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
+from infer_ctl.router.observe.spec_stats import (
     OTHER,
     UNLABELLED,
     Rolling,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
 
 def app(behaviour: str, calls: dict[str, int]) -> web.Application:

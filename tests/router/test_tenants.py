@@ -18,8 +18,8 @@ import pytest
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.load import parse_profile_text
 from infer_ctl.router.config import from_profile
-from infer_ctl.router.embed import router_config, start_router_in_thread
-from infer_ctl.router.tenants import TenantSpec, key_digest
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
+from infer_ctl.router.observe.tenants import TenantSpec, key_digest
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
 from tests.router.test_tracing_otlp import recording  # noqa: F401 - the header-recording stand-ins

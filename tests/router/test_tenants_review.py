@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from infer_ctl.router.tenants import TenantSpec, key_digest
+from infer_ctl.router.observe.tenants import TenantSpec, key_digest
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
 from tests.router.test_tenants import KEY_A, KEY_B, _post, _router

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from infer_ctl.core.routing import spec_fields as sf
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
-from infer_ctl.router.tracing import TracingConfig, config_from
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.observe.tracing import TracingConfig, config_from
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
 from tests.router.otlp_receiver import GrpcReceiver, HttpReceiver
@@ -298,7 +298,7 @@ def test_exporter_headers_come_from_the_environment_only(cluster: ThreadedSimClu
 
 
 def test_a_router_without_tracing_does_not_import_opentelemetry() -> None:
-    code = ("import sys; from infer_ctl.router.embed import router_config, start_router_in_thread; "
+    code = ("import sys; from infer_ctl.router.daemon.embed import router_config, start_router_in_thread; "
             "h = start_router_in_thread(router_config(workers=['http://127.0.0.1:9'])); h.stop(); "
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

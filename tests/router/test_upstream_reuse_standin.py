@@ -18,7 +18,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
 
 def app(role: str, peers: list[int]) -> web.Application:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,21 +64,35 @@ def test_an_upward_import_and_a_forbidden_library_break_their_contracts(tmp_path
     assert "toypkg.low -> socket (l.1)" in done.stdout
 
 
-def test_the_projects_contracts_catch_an_upward_import(tmp_path: Path) -> None:
-    """The project's own configuration, on a copy of infer_ctl where core imports the CLI."""
+def _lint_copy_with(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
+    """The project's own configuration, on a copy of infer_ctl with `line` added to `module` (a path
+    inside infer_ctl/)."""
     copy = tmp_path / "infer_ctl"
     shutil.copytree(ROOT / "infer_ctl", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    findings = copy / "core" / "findings.py"
-    findings.write_text(findings.read_text() + textwrap.dedent("""
-        from infer_ctl.cli import main as _upward  # noqa: E402  (the violation under test)
-    """))
+    source = copy / module
+    source.write_text(source.read_text() + "\n" + line + "  # noqa: E402  (the violation under test)\n")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    done = _lint(tmp_path, tmp_path / "pyproject.toml")
+    return _lint(tmp_path, tmp_path / "pyproject.toml")
+
+
+def test_the_projects_contracts_catch_an_upward_import(tmp_path: Path) -> None:
+    """The project's own configuration, on a copy of infer_ctl where core imports the CLI."""
+    done = _lint_copy_with(tmp_path, "core/findings.py", "from infer_ctl.cli import main as _upward")
     assert done.returncode == 1, done.stdout + done.stderr
     broken = done.stdout.split("Broken contracts", 1)[-1]
     assert "infer_ctl.core is not allowed to import infer_ctl.cli" in broken
     assert "infer_ctl.core.findings -> infer_ctl.cli.main" in broken
     assert "No cycles are allowed in infer_ctl" in broken  # cli imports core: now a circle
+
+
+def test_the_router_rooms_catch_an_upward_import(tmp_path: Path) -> None:
+    """Inside the router (the `router-rooms` contract): its HTTP plumbing imports the request path."""
+    done = _lint_copy_with(tmp_path, "router/http/jsonio.py", "from infer_ctl.router.request import proxy as _up")
+    assert done.returncode == 1, done.stdout + done.stderr
+    broken = done.stdout.split("Broken contracts", 1)[-1]
+    assert "infer_ctl.router.http is not allowed to import infer_ctl.router.request" in broken
+    assert "infer_ctl.router.http.jsonio -> infer_ctl.router.request.proxy" in broken
+    assert "No cycles are allowed in infer_ctl.router" in broken  # request imports http: now a circle
 
 
 def test_core_imports_cleanly_without_ui_libraries() -> None:

@@ -1,4 +1,4 @@
-"""The router's data-plane HTTP/1.1 server (router/h1.py) over real loopback sockets: keep-alive, pipelining,
+"""The router's data-plane HTTP/1.1 server (router/http/h1.py) over real loopback sockets: keep-alive, pipelining,
 chunked request bodies, 413 before the body is read, JSON 400s on malformed HTTP (a URL over the limit,
 protocol upgrades), the 500 safety net, streaming, and cancellation of the request's task when the client
 disconnects. The handler here is a test one; the router's own behaviour on top of it is covered in
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from infer_ctl.aio import new_event_loop
-from infer_ctl.router.h1 import H1Server, Request, Response, StreamResponse
+from infer_ctl.router.http.h1 import H1Server, Request, Response, StreamResponse
 
 
 class Served:
@@ -217,7 +217,7 @@ def test_oversized_headers_get_a_400(srv: Served) -> None:
 
 
 def test_idle_keep_alive_connections_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import infer_ctl.router.h1 as h1
+    import infer_ctl.router.http.h1 as h1
 
     monkeypatch.setattr(h1, "KEEPALIVE_S", 0.2)
     served = Served()
@@ -295,7 +295,7 @@ def trickle(sock: socket.socket, data: bytes, gap: float) -> bytes:
     b"\r\n" * 200,  # blank lines between requests keep nothing alive
 ], ids=["headers", "body", "crlf"])
 def test_a_request_trickled_byte_by_byte_times_out(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
-    import infer_ctl.router.h1 as h1
+    import infer_ctl.router.http.h1 as h1
 
     monkeypatch.setattr(h1, "READ_TIMEOUT_S", 0.3)
     monkeypatch.setattr(h1, "KEEPALIVE_S", 0.3)
@@ -329,7 +329,7 @@ def test_a_stream_to_a_client_that_stops_reading_is_aborted_after_the_write_time
     # a client that keeps its connection open but never reads would hold the handler (and the upstream
     # request with its KV slot) forever, waiting on back-pressure; after WRITE_TIMEOUT_S the connection is
     # aborted and the handler cancelled, as for a client that disconnected
-    import infer_ctl.router.h1 as h1
+    import infer_ctl.router.http.h1 as h1
 
     monkeypatch.setattr(h1, "WRITE_TIMEOUT_S", 0.3)
     served = Served()
@@ -352,7 +352,7 @@ def test_a_stream_to_a_client_that_stops_reading_is_aborted_after_the_write_time
 
 def test_a_slow_reader_that_keeps_draining_is_not_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
     # the timeout bounds one wait for the client to drain, not the length of the stream
-    import infer_ctl.router.h1 as h1
+    import infer_ctl.router.http.h1 as h1
 
     monkeypatch.setattr(h1, "WRITE_TIMEOUT_S", 0.5)
     served = Served()

@@ -1,4 +1,4 @@
-"""The router's non-streaming PD hot path (router/attempt.py `unary`, `payload`) against scripted stand-in
+"""The router's non-streaming PD hot path (router/request/attempt.py `unary`, `payload`) against scripted stand-in
 upstreams (tiny aiohttp apps on loopback, not SGLang: they answer at once, fail or hang on purpose).
 
 What is real: the router, its HTTP server and upstream client, TCP on loopback. What is scripted: the
@@ -22,7 +22,7 @@ from aiohttp import web
 
 from infer_ctl.aio import new_event_loop
 from infer_ctl.errors import UsageError
-from infer_ctl.router.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
 
 def standin(behaviour: str, seen: list[bytes]) -> web.Application:

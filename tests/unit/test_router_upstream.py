@@ -1,4 +1,4 @@
-"""The upstream client's response parser (router/upstream.py `_Conn`), fed bytes as a worker's socket
+"""The upstream client's response parser (router/http/upstream.py `_Conn`), fed bytes as a worker's socket
 would deliver them: status line, header names and values (whitespace, latin-1 bytes, 1xx heads), framing.
 Pure: no socket; the connection's pool is a real Pool that is never connected."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from infer_ctl.router.upstream import Pool, UpstreamError, _Conn
+from infer_ctl.router.http.upstream import Pool, UpstreamError, _Conn
 
 
 def fed(*pieces: bytes) -> _Conn:
@@ -62,7 +62,7 @@ def test_a_response_finished_after_its_pool_closed_closes_its_connection() -> No
     """A worker dropped (removed, or unhealthy) while a response of it was still read: the connection is
     closed when that response is released, not left idle in the dropped pool (open to the worker, and
     never used or closed again)."""
-    from infer_ctl.router.upstream import Response
+    from infer_ctl.router.http.upstream import Response
 
     class Transport:
         closed = False

@@ -1,5 +1,5 @@
-"""Tokens per minute with a reservation at admission (core/tenancy/estimate.py, router/tenants.py,
-router/observe.py): requests in flight at once can overshoot the bucket by one request, not by all of
+"""Tokens per minute with a reservation at admission (core/tenancy/estimate.py, router/observe/tenants.py,
+router/request/observe.py): requests in flight at once can overshoot the bucket by one request, not by all of
 them; each is settled with its reported usage when it ends. Real Tenancy and Observing objects on a
 clock the test moves; the estimate's numbers are exact for given bodies."""
 
@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from infer_ctl.core.tenancy.buckets import TokenBucket
 from infer_ctl.core.tenancy.estimate import request_tokens
-from infer_ctl.router.observe import Observing, RequestObserver
-from infer_ctl.router.tenants import Tenancy, TenantSpec
+from infer_ctl.router.observe.tenants import Tenancy, TenantSpec
+from infer_ctl.router.request.observe import Observing, RequestObserver
 
 HEADERS = {"x-inferctl-tenant": "t"}
 

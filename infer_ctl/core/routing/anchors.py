@@ -22,7 +22,7 @@ Which tokens belong to a text block: a token counts once its end, and one charac
 it, lie inside the block, so the same text prefix always gives the same tokens (tokenizers decide a
 piece by its characters plus lookahead; the resumed tokenization is checked against the token before
 the resume point and falls back to a full one when it differs). A chat prompt is tokenized in the
-worker's template; its blocks are mapped to the worker's text by `ends` (router/kv_prompts.py).
+worker's template; its blocks are mapped to the worker's text by `ends` (router/kvindex/kv_prompts.py).
 
 Anchors are kept in LRU order, touched leaf-first as in the predicted index, so eviction keeps them
 prefix-closed and the binary search valid.

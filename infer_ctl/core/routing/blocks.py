@@ -11,7 +11,7 @@ cached": a prompt is matched by hashing its pages and asking for the deepest has
 refuses what it cannot trust without changing anything: a malformed or unknown event, a list longer than
 `max_event_blocks`, a store under a parent the worker never stored (the stream lost something), more
 blocks than `max_blocks` (bounded memory whatever a publisher sends). The caller then stops trusting the
-stream (router/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU,
+stream (router/kvindex/kv_subscriber.py). The medium is kept per block (SGLang's StorageMedium: GPU,
 CPU_PINNED, ...): `holds` reads the device, `tiers` the lower media for the tier-weighted score
 (core/routing/tiers.py, core/routing/anchors.py).
 

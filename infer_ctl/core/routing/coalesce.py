@@ -19,7 +19,7 @@ python/sglang/srt/managers/schedule_policy.py). Two parts:
   blocks in its chain become its own) and the others wait for it (`leader(..., exclude=)`: the flight
   computing a follower's shared part, not the follower itself).
 
-Pure: no clock, no I/O, no asyncio; the router (router/coalesce.py) waits and times.
+Pure: no clock, no I/O, no asyncio; the router (router/request/coalesce.py) waits and times.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class PendingBlocks:
         worker did not hold at the decision) it computes itself unless a live flight already does.
         Returns the index of the first block it computes (the chain's length when none): the blocks
         before it are the worker's or another flight's (the flight board publishes that much as held,
-        router/shared_flights.py, so that another process never takes a held follower for the
+        router/fleet/shared_flights.py, so that another process never takes a held follower for the
         flight computing its leader's blocks)."""
         if flight.added:
             return len(flight.hashes)

@@ -6,7 +6,7 @@ A pair is *degraded* for one of three reasons, each with its own way back:
 - `pair_test`: the last P x D pair test of the audit (pushed through POST /admin/pairs) failed. It
   returns when a later push says the pair passed: the router itself cannot re-run an RDMA test.
 - `kv_slow`: `bad_samples` consecutive KV transfers of the pair were slower than `min_speed_gb_s` or took
-  longer than `max_latency_ms` (SGLang's own per-transfer numbers; see router/pair_health.py for where
+  longer than `max_latency_ms` (SGLang's own per-transfer numbers; see router/fleet/pair_health.py for where
   they come from). After `probe_after_s` the pair gets one request as a probe; a good transfer returns it,
   a bad one restarts the wait.
 - `kv_failed`: `max_failures` consecutive requests on the pair failed in the KV transfer (the decode's

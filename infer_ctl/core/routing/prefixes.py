@@ -8,7 +8,7 @@ and is renewed only by the operator (`add` again or `warm`), never by traffic: a
 forever is a pin that never ends (Mooncake#3028). Non-active versions are not warmed and give no
 affinity; they stay listed (with their statistics) until `forget_after_s`.
 
-Several router replicas (router/state_sync.py) share the operator-level state of each name — versions,
+Several router replicas (router/scaleout/state_sync.py) share the operator-level state of each name — versions,
 texts, settings, states and absolute times — as the document `export_name` writes and `load_name` reads;
 placements, warm-up progress and statistics stay each replica's own. With `shared_placement` the K
 workers of a prefix are chosen by rendezvous hash instead of load, so replicas that agree on which
@@ -194,7 +194,7 @@ class PrefixRegistry:
         self._settings: dict[str, Settings] = {}
         #: bumped by every method here that changes what a record says (not its statistics or last hit):
         #: the leader serializes its state for the other router processes only when it moved
-        #: (router/follow.py); a field set from outside should bump it too
+        #: (router/scaleout/follow.py); a field set from outside should bump it too
         self.changes = 0
 
     # ---- operator verbs -------------------------------------------------------------------------
@@ -447,7 +447,7 @@ class PrefixRegistry:
             if rec.placements.pop(worker, None) is not None:
                 self.changes += 1
 
-    # ---- the shared document (router/state_sync.py) ----------------------------------------------
+    # ---- the shared document (router/scaleout/state_sync.py) ----------------------------------------------
     def get(self, name: str, version: int) -> PrefixRecord | None:
         return next((r for r in self._records.get(name, []) if r.version == version), None)
 

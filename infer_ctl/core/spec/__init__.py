@@ -4,4 +4,4 @@ steps of SGLang's adaptive mode (adaptive.py), the decode pools of a profile and
 runs (pools.py), and the controller's decisions with hysteresis and a cool-down (controller.py).
 
 The measurements come from `core.routing.spec_fields` (the one decoder of SGLang's fields), gathered by
-the router (`router/spec_stats.py`) or read from the workers (`checks/spec.py`)."""
+the router (`router/observe/spec_stats.py`) or read from the workers (`checks/spec.py`)."""

@@ -8,7 +8,7 @@ and a tenant whose bucket is empty or in debt is refused until the refill brings
 (`wait_s`). Over a long run the tenant gets `rate` tokens per second whatever its request sizes, which
 is what a tokens-per-minute limit promises. Because every admitted request's estimate is in the bucket
 at once, the overshoot is bounded by one request: the last one admitted while the level was above zero,
-plus whatever the estimates undercount (router/tenants.py).
+plus whatever the estimates undercount (router/observe/tenants.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a request may cost a tenant's tokens-per-minute bucket, known before it runs: the reservation
-taken at admission (router/tenants.py), settled with the workers' reported usage when it ends.
+taken at admission (router/observe/tenants.py), settled with the workers' reported usage when it ends.
 
 prompt: its characters over the router's chars-per-token estimate (token ids counted as they are);
 completion: the request's own limit, else SGLang 0.5.23's default for the endpoint (python/sglang/srt/
@@ -61,7 +61,7 @@ def request_tokens(endpoint: str, body: Any, chars_per_token: float) -> int:
 
 def request_estimate(endpoint: str, body: Any, chars_per_token: float) -> tuple[int, int]:
     """(prompt, completion) estimated tokens of a request body ((0, 0) for one that is not a JSON object).
-    The prompt part alone is what a cancelled stream is settled against (router/observe.py)."""
+    The prompt part alone is what a cancelled stream is settled against (router/request/observe.py)."""
     if not isinstance(body, dict):
         return 0, 0
     cpt = chars_per_token if chars_per_token > 0 else 4.0

@@ -1,0 +1,1 @@
+"""The daemon: the HTTP server and its lifecycle, foreground and embedded runs, the multi-process supervisor."""

@@ -1,0 +1,90 @@
+"""Run the router inside another program (the demo, tests, benchmarks): its own event loop in a thread.
+
+    cfg = router_config(prefill=[(url, bootstrap_port)], decode=[url], profile=profile)
+    handle = start_router_in_thread(cfg)
+    handle.url; handle.stop()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from infer_ctl.aio import LoopThread
+from infer_ctl.router.config import RouterConfig, WorkerSpec, from_profile, worker
+from infer_ctl.router.daemon.server import RouterServer
+
+if TYPE_CHECKING:
+    from infer_ctl.profile import Profile
+
+T = TypeVar("T")
+
+
+def router_config(*, prefill: Sequence[tuple[str, int | None]] = (), decode: Sequence[str] = (),
+                  workers: Sequence[str] = (), profile: Profile | None = None, listen: str = "127.0.0.1:0",
+                  **overrides: Any) -> RouterConfig:
+    """A config for explicit workers: PD (prefill (url, bootstrap_port) pairs + decode urls) or collocated
+    (`workers`). Settings and named prefixes come from `profile` when given; `overrides` set any
+    RouterConfig field."""
+    specs: list[WorkerSpec] = [worker(u, "prefill", bp) for u, bp in prefill]
+    specs += [worker(u, "decode") for u in decode]
+    specs += [worker(u, "mixed") for u in workers]
+    if profile is not None:
+        cfg = from_profile(profile, listen=listen, workers=specs)
+    else:
+        host, _, port = listen.rpartition(":")
+        cfg = RouterConfig(host=host or "127.0.0.1", port=int(port), workers=specs)
+    for key, value in overrides.items():
+        if not hasattr(cfg, key):
+            raise TypeError(f"unknown router setting {key!r}")
+        setattr(cfg, key, value)
+    return cfg
+
+
+class RouterHandle:
+    """A router serving from a daemon thread. `stop()` drains and closes it."""
+
+    def __init__(self, cfg: RouterConfig, timeout: float = 30.0) -> None:
+        self._runner = LoopThread("inferctl-router", timeout)
+        self.loop = self._runner.loop
+        self.server = RouterServer(cfg)
+        try:
+            self.call(self.server.start())
+        except BaseException:
+            self._runner.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def router(self) -> Any:
+        return self.server.router
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self._runner.call(coro, timeout)
+
+    def where(self) -> str:
+        """What the router's loop is doing (its thread's and tasks' stacks): for a test's failure message."""
+        return self._runner.where()
+
+    def stop(self, drain: bool = True) -> None:
+        if self._runner.closed:
+            return
+        try:
+            # the drain may take all of drain_timeout_s; the closing steps after it get the usual timeout
+            wait = self._runner.timeout + (self.server.cfg.drain_timeout_s if drain else 0.0)
+            self.call(self.server.stop(drain=drain), wait)
+        finally:
+            self._runner.close()
+
+    def __enter__(self) -> RouterHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_router_in_thread(config: RouterConfig) -> RouterHandle:
+    return RouterHandle(config)

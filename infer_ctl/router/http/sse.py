@@ -1,0 +1,54 @@
+"""Server-sent-event helpers for relaying SGLang streams (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
+
+DONE = b"data: [DONE]\n\n"
+
+
+class EventSplitter:
+    """Feeds raw stream bytes, yields complete events (without the blank-line terminator)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data
+        if b"\r\n" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        parts = buf.split(b"\n\n")
+        self._buf = parts.pop()
+        return [p for p in parts if p]
+
+
+def event_json(event: bytes) -> Any | None:
+    """The JSON of a `data:` event, or None for [DONE], comments and non-JSON data."""
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if payload == b"[DONE]" or not payload:
+                return None
+            try:
+                return loads(payload)
+            except DecodeError:
+                return None
+    return None
+
+
+def first_event_json(stream: bytes) -> Any | None:
+    for event in EventSplitter().feed(stream + b"\n\n"):
+        obj = event_json(event)
+        if obj is not None:
+            return obj
+    return None
+
+
+def data_event(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def error_event(status: int, message: str, kind: str = "upstream_error") -> bytes:
+    return data_event({"error": {"message": message, "type": kind, "code": status}}) + DONE

@@ -1,0 +1,1 @@
+"""Observation: tracing, tenants, speculative-decoding statistics, structured logs."""

@@ -1,0 +1,249 @@
+"""One attempt of a request on one chosen pair (PD) or worker (collocated).
+
+PD: the same body, with bootstrap fields (a fresh room per attempt), goes to the prefill and the decode
+concurrently; the client gets the decode's answer. A prefill that fails before the decode answered ends
+the attempt at once - the decode would otherwise wait for a KV transfer that never comes - as a retry
+(transport error, retryable status) or by passing its 4xx on. With `return_logprob` the prefill's
+prompt logprobs are merged into the decode's answer; otherwise the prefill's answer is left to finish
+in the background (closing it would make the worker abort a request that already succeeded).
+
+Failures before the client got a byte raise retry.AttemptFailed. The prefill call and the decode call
+are the two upstream calls of an attempt (both through calls.WorkerCalls): where per-attempt, prefill
+and decode tracing spans begin and end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from infer_ctl.core.routing.pd import (
+    batch_size,
+    bootstrap_host,
+    merge_input_logprobs,
+    new_room,
+    with_bootstrap,
+)
+from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.http import h1, sse
+from infer_ctl.router.http.jsonio import dumps, loads, loads_or_none
+from infer_ctl.router.http.upstream import Response, UpstreamError
+from infer_ctl.router.request.calls import WorkerCalls
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.feedback import Feedback
+from infer_ctl.router.request.relay import StreamRelay
+from infer_ctl.router.request.retry import AttemptFailed, check_status
+
+_JSON = "application/json"
+_PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
+
+Answer = tuple[int, bytes, str]
+Reply = h1.StreamResponse | h1.Response
+
+
+def prefill_outcome(pt: asyncio.Task[Answer], pre: WorkerState) -> Answer:
+    """A prefill that finished before its decode: raises AttemptFailed when it failed retryably, else
+    returns its answer (a 4xx to pass on, or a success)."""
+    exc = pt.exception()
+    if exc is not None:
+        raise AttemptFailed("prefill_error", pre.url, str(exc))
+    status, data, ctype = pt.result()
+    check_status("prefill_status", pre, status, data, "prefill answered ")
+    return status, data, ctype
+
+
+def landed(ctx: RequestContext) -> None:
+    """The attempt's first byte or answer: its prompt is in the prefill's radix tree (SGLang inserts it
+    at the end of the prefill forward, before the first token goes out), so requests held for it
+    (router/request/coalesce.py) may go."""
+    if ctx.flight is not None:
+        ctx.flight.land()
+
+
+def cancel(*tasks: asyncio.Task[Any] | None) -> None:
+    for t in tasks:
+        if t is not None and not t.done():
+            t.cancel()
+
+
+class AttemptRunner:
+    def __init__(self, calls: WorkerCalls, relay: StreamRelay, feedback: Feedback, *, rng: random.Random,
+                 request_timeout_s: float) -> None:
+        self.calls = calls
+        self.relay = relay
+        self.feedback = feedback
+        self.rng = rng
+        self.request_timeout_s = request_timeout_s
+        #: prefill answers left to finish after the client got the decode's (`finish_later`): a drain
+        #: waits for them too, or their accounting and tracing spans would be cut off at shutdown
+        self.lingering: set[asyncio.Task[Any]] = set()
+
+    def payload(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> bytes:
+        """The body both workers get: the client's, plus the PD bootstrap fields with a new room."""
+        if dec is None:
+            return ctx.raw  # collocated: the client's body as it came (it parsed as a JSON object)
+        body = ctx.body
+        host = bootstrap_host(pre.url)
+        if not (_PD_KEYS & body.keys()):
+            # Splice the PD fields in before the object's closing brace instead of re-serialising the
+            # whole body: `raw` parsed as a JSON object (so, without trailing whitespace, it ends in `}`)
+            # and has none of these keys, so the result is the same object plus the fields.
+            raw = ctx.raw.rstrip(b" \t\r\n")
+            if raw.endswith(b"}"):
+                port, n = pre.spec.bootstrap_port, batch_size(ctx.endpoint, body)
+                fields: dict[str, Any] = (
+                    {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": new_room(self.rng)} if n is None
+                    else {"bootstrap_host": [host] * n, "bootstrap_port": [port] * n,
+                          "bootstrap_room": [new_room(self.rng) for _ in range(n)]})
+                if ctx.obs is not None:
+                    ctx.obs.room(fields["bootstrap_room"])
+                return raw[:-1] + (b"," if body else b"") + dumps(fields)[1:]
+        out = with_bootstrap(body, ctx.endpoint, host, pre.spec.bootstrap_port, self.rng)
+        if ctx.obs is not None:
+            ctx.obs.room(out["bootstrap_room"])
+        return dumps(out)
+
+    def finish_later(self, task: asyncio.Task[Any]) -> None:
+        """A prefill answer the client does not need: let it complete (closing it would make the worker
+        abort a request that already succeeded), bounded by the request timeout."""
+        if task.done():
+            if not task.cancelled():
+                task.exception()
+            return
+        # A timer and a callback, not another task: this runs on every PD request.
+        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, task.cancel)
+        self.lingering.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            timer.cancel()
+            self.lingering.discard(t)
+            if not t.cancelled():
+                t.exception()
+
+        task.add_done_callback(done)
+
+    # ---- non-streaming ---------------------------------------------------------------------------
+    async def unary(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Reply:
+        calls = self.calls
+        # with tracing or tenants, the calls go through the request's observer (a span, the share clock)
+        read = calls.read if ctx.obs is None else ctx.obs.calls(calls)[0]
+        payload = self.payload(ctx, pre, dec)
+        if dec is None:  # collocated: one call, awaited in this task
+            try:
+                status, data, ctype = await read(pre, ctx.endpoint, payload, ctx.headers)
+            except UpstreamError as exc:
+                raise AttemptFailed("worker_error", pre.url, str(exc)) from None
+            check_status("worker_status", pre, status, data)
+            if status == 200:
+                landed(ctx)
+                self.feedback.answered(ctx, pre, loads_or_none(data))
+            return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+        # PD: the prefill runs as a task, the decode in this task. A prefill that fails (or answers 4xx)
+        # while the decode is still waiting cancels this task's wait - the decode would otherwise wait for
+        # a KV transfer that never comes. One task per request instead of two plus asyncio.wait: this is
+        # the router's hottest path. The cancellation is ours only while `waiting` holds; it is undone
+        # with uncancel() so that a timeout or a client disconnect arriving at the same time still wins.
+        task = asyncio.current_task()
+        assert task is not None
+        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers))
+        waiting = True
+        aborted = False
+
+        def prefill_done(t: asyncio.Task[Answer]) -> None:
+            nonlocal aborted
+            if t.cancelled():
+                return
+            if t.exception() is None and t.result()[0] == 200:
+                landed(ctx)  # the prefill is done: its prompt is in its radix tree
+            if not waiting:
+                return
+            if t.exception() is not None or t.result()[0] >= 400:
+                aborted = True
+                task.cancel()
+
+        pt.add_done_callback(prefill_done)
+        try:
+            try:
+                status, data, ctype = await read(dec, ctx.endpoint, payload, ctx.headers)
+            except UpstreamError as exc:
+                raise AttemptFailed("decode_error", dec.url, str(exc)) from None
+            except asyncio.CancelledError:
+                if not aborted or task.uncancel() > 0:
+                    raise
+                status, data, ctype = prefill_outcome(pt, pre)  # the prefill's 4xx, passed on
+                return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+            finally:
+                waiting = False
+            check_status("decode_status", dec, status, data)
+            obj: Any = None
+            if status == 200 and ctx.logprobs:
+                try:
+                    pstatus, pdata, _ = await pt
+                except UpstreamError:  # the decode succeeded: answer without the prompt's logprobs
+                    pstatus, pdata = 0, b""
+                obj = loads(data)
+                if pstatus == 200:
+                    data = dumps(merge_input_logprobs(loads(pdata), obj))
+            else:
+                self.finish_later(pt)
+            if status == 200:
+                landed(ctx)
+                self.feedback.answered(ctx, pre, obj if obj is not None else loads_or_none(data))
+            return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+        except BaseException:
+            cancel(pt)
+            raise
+
+    # ---- streaming -------------------------------------------------------------------------------
+    async def stream(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Reply:
+        calls = self.calls
+        read, open_, release = (calls.read, calls.open, calls.done) if ctx.obs is None else ctx.obs.calls(calls)
+        payload = self.payload(ctx, pre, dec)
+        target = dec or pre
+        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
+        dt = asyncio.ensure_future(open_(target, ctx.endpoint, payload, ctx.headers))
+        upstream: Response | None = None
+        try:
+            if pt is not None:
+                # until the decode's stream opened: a prefill that fails ends the attempt
+                done, _ = await asyncio.wait((pt, dt), return_when=asyncio.FIRST_COMPLETED)
+                if pt in done and not dt.done():
+                    status, data, ctype = prefill_outcome(pt, pre)
+                    if status >= 400:
+                        cancel(dt)
+                        return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+            try:
+                upstream = await dt
+            except UpstreamError as exc:
+                raise AttemptFailed("decode_error" if dec else "worker_error", target.url, str(exc)) from None
+            if upstream.status != 200:
+                data = await upstream.read()
+                calls.record(target, upstream.status)
+                check_status("stream_status", target, upstream.status, data)
+                return h1.Response(upstream.status, data, _JSON, headers=ctx.headers)
+            first = await self.relay.first_chunk(target, upstream)
+            landed(ctx)
+            return await self.relay.run(ctx, pre, target, upstream, first, await self._prefill_meta(ctx, pt))
+        except BaseException:
+            cancel(pt, dt)
+            if upstream is None and dt.done() and not dt.cancelled() and dt.exception() is None:
+                release(target, dt.result())  # opened concurrently with our cancellation: release it
+            raise
+        finally:
+            if upstream is not None:
+                release(target, upstream)
+
+    async def _prefill_meta(self, ctx: RequestContext, pt: asyncio.Task[Answer] | None) -> Any:
+        """The prefill's first event when the client wants the prompt's logprobs (merged into every
+        streamed event); otherwise the prefill is left to finish on its own."""
+        if pt is None:
+            return None
+        if not ctx.logprobs:
+            self.finish_later(pt)
+            return None
+        try:
+            pstatus, pdata, _ = await pt
+        except UpstreamError:
+            return None
+        return sse.first_event_json(pdata) if pstatus == 200 else None

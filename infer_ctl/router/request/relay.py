@@ -1,0 +1,133 @@
+"""The streaming relay: a worker's SSE stream copied to the client chunk by chunk.
+
+The router commits to the client only once the stream's first chunk exists (`first_chunk`): until
+then a failure is an AttemptFailed and the request is retried. From the first byte on nothing is
+retried; a stream that breaks ends with an error event (`data: {"error": ...}` then `data: [DONE]`),
+never silently. Back-pressure is end to end: `resp.write` waits while the client's socket is full, and
+the upstream client pauses reading from the worker while its chunks are not taken. With the prompt's
+logprobs from the prefill (`prefill_meta`), each event is rewritten with them merged in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from infer_ctl.core.routing.pd import merge_input_logprobs
+from infer_ctl.router.fleet.metrics import RouterMetrics
+from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.http import h1, sse
+from infer_ctl.router.http.upstream import Response, UpstreamError
+from infer_ctl.router.request.calls import WorkerCalls
+from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.feedback import Feedback
+from infer_ctl.router.request.retry import AttemptFailed
+
+log = logging.getLogger("infer_ctl.router")
+
+
+class StreamRelay:
+    def __init__(self, calls: WorkerCalls, feedback: Feedback, *, clock: Callable[[], float],
+                 metrics: RouterMetrics) -> None:
+        self.calls = calls
+        self.feedback = feedback
+        self.clock = clock
+        self.metrics = metrics
+
+    async def first_chunk(self, target: WorkerState, upstream: Response) -> bytes:
+        """The stream's first chunk; a stream that breaks or ends before it is a retryable failure."""
+        try:
+            first = await upstream.next_chunk()
+        except UpstreamError as exc:
+            self.calls.failed(target, "stream", str(exc))
+            raise AttemptFailed("stream_error", target.url, str(exc)) from None
+        if first is None:
+            self.calls.failed(target, "stream", "stream ended before any data")
+            raise AttemptFailed("stream_empty", target.url, "stream ended before any data")
+        return first
+
+    async def run(self, ctx: RequestContext, pre: WorkerState, target: WorkerState, upstream: Response, first: bytes,
+                  prefill_meta: Any) -> h1.StreamResponse:
+        """Commit to the client and copy the rest of the stream; `pre` is credited with the answer."""
+        resp = ctx.resp = h1.StreamResponse(200, {
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": ctx.rid})
+        splitter = sse.EventSplitter()
+        last_json: Any = None
+        #: a /generate batch's stream (chunks carry SGLang's top-level `index`): each prompt's last chunk,
+        #: whose meta_info is that prompt's usage; the last event alone is one prompt's (the tenants'
+        #: tokens_per_min charged one prompt of a streamed batch and gave the others' reservation back)
+        items: dict[int, Any] | None = None
+        chunk: bytes | None = first
+        t_prev = t_first = self.clock()
+        self.metrics.ttft.observe(t_prev - ctx.started)
+        if ctx.obs is not None:
+            ctx.obs.first_chunk(t_first - ctx.started)
+        error: str | None = None
+        while chunk is not None:
+            events = splitter.feed(chunk)
+            if prefill_meta is not None:
+                out = []
+                for ev in events:
+                    obj = sse.event_json(ev)
+                    if obj is None:
+                        out.append(ev + b"\n\n")
+                    else:
+                        last_json = merge_input_logprobs(prefill_meta, obj)
+                        out.append(sse.data_event(last_json))
+                        items = _item(items, last_json)
+                chunk = b"".join(out)
+            else:
+                for ev in reversed(events):
+                    obj = sse.event_json(ev)
+                    if obj is not None:
+                        last_json = obj
+                        break
+                if items is not None or (isinstance(last_json, dict) and "index" in last_json):
+                    for ev in events:  # a batch: every event, so no prompt's last chunk is missed
+                        items = _item(items, sse.event_json(ev))
+            if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
+                ctx.obs.stream_chunk(len(events), last_json, items)
+            # socket writes are much of the router's CPU per streamed request: the head goes with the first
+            # piece, and the end of the stream with the last one when the worker's stream is complete
+            last = upstream.complete
+            if not resp.prepared:
+                await resp.prepare(ctx.request, chunk)
+                if last:
+                    await resp.write(b"", last=True)
+            elif chunk or last:
+                await resp.write(chunk, last)
+            if chunk:
+                now = self.clock()
+                self.metrics.itl.observe(now - t_prev)
+                t_prev = now
+            try:
+                chunk = await upstream.next_chunk()
+            except UpstreamError as exc:
+                error = str(exc)
+                self.calls.failed(target, "stream", error)
+                break
+        if error is not None:
+            self.metrics.stream_errors.inc()
+            log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
+            await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
+        else:
+            target.breaker.record(True, self.clock())
+            if items:
+                self.feedback.answered(ctx, pre, [items[i] for i in sorted(items)])  # as a whole batch answers
+            elif last_json is not None:
+                self.feedback.answered(ctx, pre, last_json)
+            if ctx.obs is not None:
+                ctx.obs.streamed(t_first - ctx.started, t_first, t_prev)
+        await resp.write_eof()
+        return resp
+
+
+def _item(items: dict[int, Any] | None, obj: Any) -> dict[int, Any] | None:
+    """Keep `obj` as its batch item's latest chunk (SGLang's /generate batch streams: `index`)."""
+    if isinstance(obj, dict):
+        i = obj.get("index")
+        if isinstance(i, int) and not isinstance(i, bool) and isinstance(obj.get("meta_info"), dict):
+            items = {} if items is None else items
+            items[i] = obj
+    return items
