@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 
 BOX = re.compile("[\u2500-\u259f]")

@@ -11,7 +11,7 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.resources import builtin_profile_path
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from tests.engine.conftest import Fleet
 from tests.engine.engine import EngineServer
 from tests.waiting import wait_for
@@ -114,7 +114,7 @@ def test_exact_index_against_sglang_cached_tokens(kv_router: tuple[RouterHandle,
 def test_template_layout_is_read(engine_fleet: Fleet) -> None:
     """The chat_template.jinja layout: the router renders chat prompts with the worker's template (it
     logged 'the model has no chat template' and fell back to the predicted index before)."""
-    from infer_ctl.router.kv_prompts import view_for
+    from infer_ctl.router.kvindex.kv_prompts import view_for
 
     view, why = view_for({}, engine_fleet.models.jinja)
     assert view is not None and "no chat template" not in why

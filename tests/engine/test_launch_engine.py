@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from infer_ctl.profile import load_profile
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from tests.engine import engine
 from tests.engine.conftest import Models
 from tests.ports import free_port_range
@@ -52,8 +52,7 @@ def _profile(tmp: Path, model: str, *, decode_extra: list[str] | None = None) ->
             "env": {"SGLANG_USE_CPU_ENGINE": "1", "MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1",
                     "OMP_NUM_THREADS": "1"},
             "extra_args": {"prefill": CPU_ARGS,
-                           "decode": CPU_ARGS + ["--disaggregation-decode-retraction-backup", "cpu_tensor",
-                                                 *(decode_extra or [])]},
+                           "decode": [*CPU_ARGS, "--disaggregation-decode-retraction-backup", "cpu_tensor", *(decode_extra or [])]},
         },
         "router": {"listen": f"127.0.0.1:{base + 3}"},
     }

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from infer_ctl.router.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from tests.engine.conftest import Fleet
 from tests.waiting import wait_for
 
