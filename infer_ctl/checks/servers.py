@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from infer_ctl.checks.hicache import hicache_findings
 from infer_ctl.checks.registry import AuditContext, CheckFamily
+from infer_ctl.core.engine_identity import identify
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.sglang import Instance, build_argv, env_file_path, instances, server_args
 from infer_ctl.core.sglang.deployed import judge_files, judge_restart_pending, parse_env_file
@@ -63,6 +64,8 @@ def _http_findings(profile: Profile, leaders: list[Instance]) -> tuple[list[Find
                 continue
             findings.append(Finding.ok("servers.health", inst.node, inst.name, f"healthy at {inst.url}"))
             info = probe.server_info(http, inst)
+            if info.status is not None:  # it answered: judge what it is (a timeout says nothing about that)
+                findings.append(_engine_finding(profile, inst, info))
             if not info.ok:
                 findings.append(
                     Finding.unknown(
@@ -79,6 +82,21 @@ def _http_findings(profile: Profile, leaders: list[Instance]) -> tuple[list[Find
             if ld.ok:
                 findings.extend(judge_loads(inst, ld.data))
     return findings, infos
+
+
+def _engine_finding(profile: Profile, inst: Instance, info: Any) -> Finding:
+    """servers.engine: SGLang at the pinned version, another version (WARN), the simulator (OK, named), or
+    another program answering on the port (FAIL: nothing inferctl judges of it means anything)."""
+    ident = identify(info.data if info.ok else None, pinned=profile.sglang.version, status=info.status or 0)
+    if ident.kind == "not-sglang":
+        return Finding.fail("servers.engine", inst.node, inst.name, f"{inst.url}: {ident.summary}",
+                            remedy=f"another program holds port {inst.url.rsplit(':', 1)[-1]}: find it with "
+                                   f"`ss -ltnp` on {inst.node}, stop it, then `inferctl launch --nodes {inst.node}`")
+    if ident.kind == "other-version":
+        return Finding.warn("servers.engine", inst.node, inst.name, f"{inst.url}: {ident.summary}",
+                            remedy=f"relaunch with the pinned venv (`inferctl provision --apply`, then "
+                                   f"`inferctl launch --nodes {inst.node}`), or pin sglang.version: {ident.version}")
+    return Finding.ok("servers.engine", inst.node, inst.name, f"{inst.url}: {ident.summary}")
 
 
 def _bootstrap_findings(

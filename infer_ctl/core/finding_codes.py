@@ -84,6 +84,7 @@ CODES: dict[str, str] = {
     "servers.hicache_backup": "IC-SRV-010",
     "servers.files": "IC-SRV-011",
     "servers.restart_pending": "IC-SRV-012",
+    "servers.engine": "IC-SRV-013",
     # ---- tokenizer ------------------------------------------------------------------------------
     "tokenizer.internal": "IC-TOK-000",
     "tokenizer.profile": "IC-TOK-001",

@@ -28,33 +28,36 @@ from tests.engine import engine
 from tests.engine.conftest import Models
 from tests.ports import free_port_range
 
-CPU_ARGS = ["--device", "cpu", "--load-format", "dummy", "--attention-backend", "torch_native",
+CPU_ARGS = [  # page 32: whole 4,096-byte packets for this model's 128-byte rows (launch.kv_page)
+   "--device", "cpu", "--load-format", "dummy", "--attention-backend", "torch_native",
             "--disable-overlap-schedule", "--max-total-tokens", "8192", "--page-size", "32"]
 
 
-def _profile(tmp: Path, model: str, *, decode_extra: list[str] | None = None) -> dict[str, Any]:
+def _profile(tmp: Path, model: str, *, extra: list[str] | None = None) -> dict[str, Any]:
+    """Two collocated servers on two loopback addresses: a rolling relaunch keeps one serving (over PD a
+    pool of one has nothing to serve with while its server restarts; PD launch is what the router tests'
+    fleet and docs/launch.md cover)."""
     venvs = tmp / "venvs"
     venvs.mkdir(exist_ok=True)
     if not (venvs / "0.5.23").exists():
         (venvs / "0.5.23").symlink_to(engine.VENV)  # the whole venv: its python finds pyvenv.cfg
-    base = free_port_range(4)
+    port = free_port_range(1)
+    router_port = free_port_range(1)
     return {
         "name": "engine-local",
-        "nodes": [{"name": "pf", "host": "127.0.0.1", "connection": "local", "roles": ["prefill"], "gpus": 0},
-                  {"name": "dc", "host": "127.0.0.1", "connection": "local", "roles": ["decode"], "gpus": 0}],
+        "collocated": True,
+        "nodes": [{"name": f"n{i}", "host": f"127.0.0.{i}", "connection": "local", "roles": ["prefill", "decode"],
+                   "gpus": 0} for i in (1, 2)],
         "models": {"target": {"path": model, "tp": 1}},
         "sglang": {
             "version": "0.5.23", "venv": str(venvs), "log_dir": str(tmp / "{node}" / "log"),
-            "transfer_backend": "mooncake",
             "lifecycle": {"supervisor": "process", "config_dir": str(tmp / "{node}" / "etc"),
                           "start_timeout_s": 300, "stop_timeout_s": 30},
-            "prefill": {"port": base, "bootstrap_port": base + 1}, "decode": {"port": base + 2},
-            "env": {"SGLANG_USE_CPU_ENGINE": "1", "MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1",
-                    "OMP_NUM_THREADS": "1"},
-            "extra_args": {"prefill": CPU_ARGS,
-                           "decode": [*CPU_ARGS, "--disaggregation-decode-retraction-backup", "cpu_tensor", *(decode_extra or [])]},
+            "collocated": {"port": port},
+            "env": {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"},
+            "extra_args": {"collocated": [*CPU_ARGS, *(extra or [])]},
         },
-        "router": {"listen": f"127.0.0.1:{base + 3}"},
+        "router": {"listen": f"127.0.0.1:{router_port}"},
     }
 
 
@@ -95,14 +98,15 @@ def test_status_check_audit_agree_on_running_servers(launched: Path) -> None:
     code, check = cli("check", "servers", "-p", str(launched))
     assert code == 0, check
     got = _statuses(check, "servers.")
-    assert got[("servers.health", "pf-prefill")] == got[("servers.health", "dc-decode")] == "ok"
-    assert got[("servers.drift", "pf-prefill")] == "ok", check
+    health = {k: v for k, v in got.items() if k[0] == "servers.health"}
+    assert len(health) == 2 and set(health.values()) == {"ok"}, check
+    assert {v for k, v in got.items() if k[0] == "servers.drift"} == {"ok"}, check
     code, audit = cli("audit", "--only", "servers", "-p", str(launched))
     assert code == 0 and _statuses(audit, "servers.") == got
 
 
 def test_logs_and_check_args(launched: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "infer_ctl", "logs", "pf-prefill", "-p", str(launched),
+    proc = subprocess.run([sys.executable, "-m", "infer_ctl", "logs", "n1-collocated", "-p", str(launched),
                            "--lines", "200"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "The server is fired up and ready to roll!" in proc.stdout, proc.stdout[-2000:]
     code, doc = cli("launch", "--dry-run", "--check-args", "-p", str(launched))
@@ -111,14 +115,16 @@ def test_logs_and_check_args(launched: Path) -> None:
 
 
 def test_drift_then_rolling_relaunch_under_load(launched: Path, tiny_models: Models) -> None:
-    """The profile changes (decode: --max-running-requests 16): check servers names the drift; a rolling
+    """The profile changes (--max-running-requests 16): check servers names the drift; a rolling
     relaunch replaces both servers one at a time while a client keeps sending through the router, and
     not one of its requests fails."""
     data = yaml.safe_load(launched.read_text())
-    data["sglang"]["extra_args"]["decode"] = data["sglang"]["extra_args"]["decode"] + ["--max-running-requests", "16"]
+    data["sglang"]["extra_args"]["collocated"] = [*data["sglang"]["extra_args"]["collocated"],
+                                                  "--max-running-requests", "16"]
     _write(launched, data)
     code, check = cli("check", "servers", "-p", str(launched))
-    assert code != 0 and _statuses(check, "servers.drift")[("servers.drift", "dc-decode")] != "ok", check
+    drift = {k: v for k, v in _statuses(check, "servers.drift").items()}
+    assert code != 0 and len(drift) == 2 and "ok" not in drift.values(), check
 
     profile = load_profile(str(launched))
     handle: RouterHandle = start_router_in_thread(router_config(profile=profile, listen=data["router"]["listen"],

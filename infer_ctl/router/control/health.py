@@ -20,6 +20,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from infer_ctl.core.engine_identity import identify
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http.jsonio import loads
 from infer_ctl.router.http.upstream import UpstreamError
@@ -62,10 +63,27 @@ class HealthChecker:
     def __init__(self, router: Router) -> None:
         self.router = router
         self._checking: set[str] = set()
+        #: what answers at each worker (core/sglang/identity.py), logged when first seen and when it changes
+        self._engines: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
         #: checks started outside a round (a probe of a worker that is down, a suspect): stopped with it
         self._probes: set[asyncio.Task[None]] = set()
         router.calls.suspect = self.suspect
+
+    def _identify(self, w: WorkerState, status: int, body: bytes) -> None:
+        """Say what answers at a worker (SGLang at the tested version, another version, the simulator, or
+        not SGLang): once at start-up and again when it changes (a relaunch with another venv)."""
+        try:
+            doc = loads(body) if status == 200 else None
+        except ValueError:
+            doc = None
+        ident = identify(doc, status=status)
+        if self._engines.get(w.url) == ident.summary:
+            return
+        self._engines[w.url] = ident.summary
+        level = logging.INFO if ident.kind in ("sglang", "simulator") else logging.WARNING
+        log.log(level, "worker is %s", ident.summary, extra={"worker": w.url, "role": w.role,
+                                                           "engine": ident.kind, "engine_version": ident.version})
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -125,6 +143,7 @@ class HealthChecker:
                     ok = status == 200
                     if ok:
                         s2, info = await up.fetch(w.url, "GET", "/server_info")
+                        self._identify(w, s2, info)
                         if s2 == 200:
                             info_doc = loads(info)
                             instance, prio = _instance(info_doc)
