@@ -184,7 +184,9 @@ def cpu_seconds(pid: int) -> float:
 
 INFERCTL = "inferctl router"
 TRACED = "inferctl router (tracing on)"
-SGLANG = "sglang-router 0.3.2"
+#: the peer (--peer): SGLang's current gateway by default; sglang-router 0.3.2 for the figures measured before it
+PEERS = {"smg": "smg 1.13.0", "sglang-router": "sglang-router 0.3.2"}
+SGLANG = PEERS["smg"]
 BASELINE = "inferctl router (baseline)"
 MULTI = "inferctl router, N processes"
 FLOOR = "nginx PD fan-out (floor)"
@@ -301,8 +303,12 @@ def main() -> None:
                     help="also measure this checkout's router with tracing on (OTLP/HTTP to a local sink)")
     ap.add_argument("--floor", action="store_true",
                     help="also measure nginx doing only the PD fan-out (proxy to the decode, mirror to the prefill)")
+    ap.add_argument("--peer", choices=sorted(PEERS), default="smg",
+                    help="the peer router: smg 1.13.0 (SGLang's current gateway, default) or sglang-router 0.3.2")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    global SGLANG
+    SGLANG = PEERS[args.peer]
     if args.floor and not shutil.which("nginx"):
         raise SystemExit("--floor needs nginx (Debian: apt-get install nginx-light)")
     if args.standin:
@@ -379,11 +385,16 @@ def main() -> None:
                                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
                                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}))
         sp = free_port()
+        # the peer in its default (best) mode, its log kept and read after the run: a peer that misbehaves
+        # (workers it refuses, retries, HTTP/2 probes) is found out before its ratio is reported
+        peer_log = open(tmp / "peer.log", "wb")  # noqa: SIM115 - closed by stop_all's process exit
+        peer_cmd = ([shutil.which("smg") or "smg", "launch"] if args.peer == "smg"
+                    else [sys.executable, "-m", "sglang_router.launch_router"])
         targets[SGLANG] = (f"http://127.0.0.1:{sp}", start(
-            [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill", pre, str(bp),
+            [*peer_cmd, "--pd-disaggregation", "--prefill", pre, str(bp),
              "--decode", dec, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(sp),
-             "--prometheus-port", str(free_port()), "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+             "--prometheus-port", str(free_port()), "--log-level", "warn" if args.peer == "smg" else "warning"],
+            stdout=peer_log, stderr=subprocess.STDOUT))
         if args.floor:
             port = free_port()
             conf = tmp / "nginx.conf"
@@ -459,9 +470,15 @@ def main() -> None:
                       "median_of_ratios": statistics.median(reps),
                       "ratio_of_medians": med(INFERCTL, kind, key) / med(BASELINE, kind, key)}
                 for kind, key in ((ck, "rps"), (ck, "cpu_us_per_req"), ("c1", "p50_ms"))}
+        peer_lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln)  # smg colours its log even into a file
+                      for ln in (tmp / "peer.log").read_text(errors="replace").splitlines()]
+        doc["peer_log"] = {"lines": len(peer_lines),
+                           "warnings_or_errors": [ln[:300] for ln in peer_lines
+                                                  if re.search(r"WARN|ERROR", ln)][:10]}
         if args.json:
             print(json.dumps(doc, indent=2))
             return
+        print(f"{SGLANG} log: {len(peer_lines)} lines, warnings/errors: {doc['peer_log']['warnings_or_errors'] or 'none'}")
         print(f"medians of {args.repeat} repetitions x {args.duration} s; load average (1/5/15 min) "
               f"before {loads['before']}, after {loads['after']} on {os.cpu_count()} CPUs")
         for name, src in sources.items():
@@ -471,9 +488,9 @@ def main() -> None:
         for r in rows:
             print(f"{r['target']:28} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['added_p50_ms']:8.3f} {r['added_p99_ms']:8.3f} "
                   f"{r['rps']:11.0f} {r['cpu_us_per_req']:10.0f} {r['errors']:7.0f}")
-        print(f"inferctl / sglang-router requests/s: {ratio:.2f}x (per repetition: "
+        print(f"inferctl / {SGLANG} requests/s: {ratio:.2f}x (per repetition: "
               + ", ".join(f"{x:.2f}" for x in sg_reps) + ")")
-        print(f"sglang-router CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
+        print(f"{SGLANG} CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
               "(the requests/s ratio both would reach with a core each)")
         if args.processes:
             print(f"inferctl with {args.processes} processes / sglang-router requests/s: "
