@@ -3,7 +3,8 @@ once per session and shared by every test of the tier (each start costs ~25 s of
 
     engine_fleet.colloc     collocated, page size 16, chat template in tokenizer_config.json, KV events
     engine_fleet.colloc_p1  collocated, page size 1, chat template in chat_template.jinja, KV events
-    engine_fleet.prefill    PD prefill (Mooncake over TCP), page size 16, chat_template.jinja, KV events
+    engine_fleet.prefill    PD prefill (Mooncake over TCP), page size 16, chat_template.jinja, KV events,
+                            --enable-pd-role-switch
     engine_fleet.decode     PD decode
 
 Tests that change a server (flush, restart) put it back as they found it. Every test here is marked
@@ -27,6 +28,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if here in item.path.parents:
             item.add_marker(pytest.mark.engine)
             item.add_marker(pytest.mark.slow)
+            if item.get_closest_marker("timeout") is None:
+                # the session's servers start inside the first test's time (~1 min on an idle 2-core machine)
+                item.add_marker(pytest.mark.timeout(600))
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +74,10 @@ def engine_fleet(engine_python: Path, tiny_models: Models,
     fleet = Fleet(
         colloc=engine.EngineServer("colloc", tiny_models.config, logs, page_size=16, kv_events=True),
         colloc_p1=engine.EngineServer("colloc-p1", tiny_models.jinja, logs, page_size=1, kv_events=True),
-        prefill=engine.EngineServer("prefill", tiny_models.jinja, logs, mode="prefill", kv_events=True),
+        # --enable-pd-role-switch: tests/engine/test_role_switch_engine.py asks it (prepare-only and refusals:
+        # nothing switches, the other tests see a plain prefill)
+        prefill=engine.EngineServer("prefill", tiny_models.jinja, logs, mode="prefill", kv_events=True,
+                                    extra=["--enable-pd-role-switch"]),
         decode=engine.EngineServer("decode", tiny_models.jinja, logs, mode="decode"),
         models=tiny_models,
     )

@@ -114,6 +114,7 @@ def test_logs_and_check_args(launched: Path) -> None:
     assert not [f for f in doc["findings"] if f["status"] == "fail"], doc
 
 
+@pytest.mark.timeout(900)  # two server restarts, one at a time, each waited for (minutes on a loaded machine)
 def test_drift_then_rolling_relaunch_under_load(launched: Path, tiny_models: Models) -> None:
     """The profile changes (--max-running-requests 16): check servers names the drift; a rolling
     relaunch replaces both servers one at a time while a client keeps sending through the router, and

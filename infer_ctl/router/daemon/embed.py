@@ -24,13 +24,14 @@ def router_config(*, prefill: Sequence[tuple[str, int | None]] = (), decode: Seq
                   workers: Sequence[str] = (), profile: Profile | None = None, listen: str = "127.0.0.1:0",
                   **overrides: Any) -> RouterConfig:
     """A config for explicit workers: PD (prefill (url, bootstrap_port) pairs + decode urls) or collocated
-    (`workers`). Settings and named prefixes come from `profile` when given; `overrides` set any
+    (`workers`). Settings and named prefixes come from `profile` when given, and its servers unless workers
+    are given; `overrides` set any
     RouterConfig field."""
     specs: list[WorkerSpec] = [worker(u, "prefill", bp) for u, bp in prefill]
     specs += [worker(u, "decode") for u in decode]
     specs += [worker(u, "mixed") for u in workers]
     if profile is not None:
-        cfg = from_profile(profile, listen=listen, workers=specs)
+        cfg = from_profile(profile, listen=listen, workers=specs or None)  # none given: the profile's servers
     else:
         host, _, port = listen.rpartition(":")
         cfg = RouterConfig(host=host or "127.0.0.1", port=int(port), workers=specs)
