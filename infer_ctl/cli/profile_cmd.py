@@ -1,4 +1,4 @@
-"""`inferctl profile validate|show`."""
+"""`inferctl profile init|validate|show`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, session
+from infer_ctl.cli.profile_init import init
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.report import Report
 from infer_ctl.core.sglang.consistency import launch_problems
@@ -24,7 +25,8 @@ from infer_ctl.profile.model_config import local_model_config
 VALIDATE_WARNINGS = ("launch.hicache", "launch.override", "launch.draft_size", "launch.chunked_prefill",
                      "launch.spec_lookahead", "launch.kv_storage_nic")
 
-app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
+app = typer.Typer(help="Write a first profile, validate it, show it resolved.", no_args_is_help=True)
+app.command("init")(init)
 
 
 @app.command("validate")
