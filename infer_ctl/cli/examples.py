@@ -77,6 +77,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "sim serve": ("inferctl sim serve --prefill 2 --decode 2", "inferctl sim serve --from-profile -p builtin:local"),
     "bench": (
         "inferctl bench --url http://127.0.0.1:8000 --workload shared-prefix --requests 500 --concurrency 32",
+        "inferctl bench --url http://127.0.0.1:8000 --requests 50 --tenant-key-env ACME_KEY",
     ),
     "demo": ("inferctl demo", "inferctl demo --scenario spec-drift"),
 }
