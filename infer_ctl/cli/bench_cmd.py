@@ -51,6 +51,7 @@ def bench(
     json_: JsonOpt = False,
 ) -> None:
     """Run a workload (SGLang bench_serving style) and print TTFT/ITL/E2E percentiles, throughput, goodput.
+
     Exit 0 all completed, 1 some failed, 2 none completed, 3 nothing listens at --url (stopped at once)."""
     sess = session(json_)
     api_key = tenant_key(tenant_key_env)

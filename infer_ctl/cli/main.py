@@ -247,7 +247,12 @@ def _run(args: list[str]) -> int:
     debug = "--debug" in args or os.environ.get("INFERCTL_DEBUG") == "1"
     try:
         app = summary_app() if _is_root_help(args) else build_app(args)
-        result = click_command(app).main(args=args, prog_name="inferctl", standalone_mode=False)
+        cmd = click_command(app)
+        # context + invoke rather than cmd.main(): typer >= 0.29's main turns Ctrl-C into a plain return
+        # value of 130, so the boundary below never saw the KeyboardInterrupt and exited 130 without the
+        # "interrupted" line (or, with --json, without a document)
+        with cmd.make_context("inferctl", list(args)) as ctx:
+            result = cmd.invoke(ctx)
         return int(result) if isinstance(result, int) else 0
     except _EXIT as exc:
         return int(getattr(exc, "exit_code", 0))
