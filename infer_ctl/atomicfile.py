@@ -17,9 +17,12 @@ def write_atomic(
     mode: int = 0o644,
     owner: str | None = None,
     make_parents: bool = True,
+    exclusive: bool = False,
 ) -> Path:
     """`owner` is `user`, `user:group` or `:group`, applied before the rename so the file never appears
-    with the wrong owner."""
+    with the wrong owner. `exclusive`: raise FileExistsError rather than replace an existing file; the
+    check and the write are one step (link(2) refuses an existing name), so two writers cannot both
+    think the name was free."""
     target = Path(path)
     if make_parents:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -39,7 +42,11 @@ def write_atomic(
                 shutil.chown(tmp, user=user)
             else:
                 shutil.chown(tmp, group=group)
-        os.replace(tmp, target)
+        if exclusive:
+            os.link(tmp, target)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -11,7 +11,7 @@ import asyncio
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -40,6 +40,18 @@ class LoadSpec:
     #: SGLang's per-request label (`custom_labels: {"domain": ...}`): the router and SGLang's metrics
     #: account each request to it
     domain: str | None = None
+    #: a tenant's API key, sent as `Authorization: Bearer` (the router's tenants); read by the CLI from
+    #: an environment variable so the secret is never in argv (ps, shell history); kept out of repr
+    api_key: str | None = field(default=None, repr=False)
+
+
+@dataclass
+class LoadRun:
+    results: list[RequestResult]
+    duration_s: float
+    #: why the run stopped before sending everything (None: it sent everything), and how many it did not send
+    stopped: str | None = None
+    not_sent: int = 0
 
 
 async def detect_time_scale(url: str, timeout_s: float = 5.0) -> float:
@@ -148,6 +160,9 @@ async def send_one(
         res.ok = res.ttft is not None or req.max_new_tokens == 0
         if not res.ok:
             res.error = "the stream ended without any token"
+    except aiohttp.ClientConnectorError as exc:  # refused, unresolvable, no route: nothing answered
+        res.error = f"{type(exc).__name__}: {exc}"
+        res.unreachable = True
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
         res.error = f"{type(exc).__name__}: {exc}"[:300]
     return res
@@ -191,8 +206,12 @@ async def run_load(
     requests: list[BenchRequest],
     load: LoadSpec,
     on_result: Callable[[RequestResult], None] | None = None,
-) -> tuple[list[RequestResult], float]:
-    """Run the workload; returns the results (in request order) and the wall duration."""
+) -> LoadRun:
+    """Run the workload; returns the results (in request order) and the wall duration.
+
+    Fail fast: a connection refused (or unresolvable host) before any request succeeded means nothing
+    listens there, so no further request is sent. Against a dead address the run used to send every
+    request and print an empty table (issue 29)."""
     if load.api not in APIS:
         raise ValueError(f"unknown api {load.api!r}; known: {', '.join(APIS)}")
     if load.rate is None and (load.concurrency is None or load.concurrency < 1):
@@ -203,13 +222,22 @@ async def run_load(
     results: list[RequestResult] = []
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=load.timeout_s)
+    headers = {"Authorization": f"Bearer {load.api_key}"} if load.api_key else None
+    completed = 0
+    stopped: str | None = None
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t_run = loop.time()
 
         async def job(reqs: list[BenchRequest]) -> None:
+            nonlocal completed, stopped
             for r in reqs:
-                res = await send_one(session, url, r, load, t_run)
+                if stopped:
+                    return
+                res = await send_one(session, url, r, load, t_run, headers)
                 results.append(res)
+                completed += res.ok
+                if res.unreachable and not completed and stopped is None:
+                    stopped = f"cannot connect to {url}: {res.error}"
                 if on_result:
                     on_result(res)
 
@@ -218,6 +246,8 @@ async def run_load(
             rng = random.Random(load.seed)
             tasks = []
             for j in jobs:
+                if stopped:
+                    break
                 tasks.append(asyncio.create_task(job(j)))
                 await asyncio.sleep(rng.expovariate(load.rate))
             await asyncio.gather(*tasks)
@@ -227,11 +257,11 @@ async def run_load(
                 queue.put_nowait(j)
 
             async def worker() -> None:
-                while not queue.empty():
+                while not queue.empty() and not stopped:
                     await job(queue.get_nowait())
 
             assert load.concurrency is not None
             await asyncio.gather(*(worker() for _ in range(min(load.concurrency, len(jobs)))))
         duration = loop.time() - t_run
     results.sort(key=lambda r: r.index)
-    return results, duration
+    return LoadRun(results, duration, stopped, len(requests) - len(results))

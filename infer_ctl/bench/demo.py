@@ -63,7 +63,8 @@ class DemoError(InferctlError):
     pass
 
 
-def _inferctl_router(profile: Profile, cluster: ThreadedSimCluster) -> Front:
+def _inferctl_router(profile: Profile, cluster: ThreadedSimCluster,
+                     log: Callable[[str], None] = lambda _m: None) -> Front:
     from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 
     host = profile.router.listen_host
@@ -71,12 +72,22 @@ def _inferctl_router(profile: Profile, cluster: ThreadedSimCluster) -> Front:
     prefill = [(w.url, w.bootstrap_port) for w in cluster.by_role("prefill")]
     decode = [w.url for w in cluster.by_role("decode")]
     mixed = [w.url for w in cluster.by_role("mixed")]
+
+    def start(listen: str) -> Any:
+        return start_router_in_thread(router_config(prefill=prefill, decode=decode, workers=mixed,
+                                                    profile=profile, listen=listen))
+
     try:
-        handle = start_router_in_thread(router_config(prefill=prefill, decode=decode, workers=mixed,
-                                                      profile=profile, listen=f"{host}:{port}"))
-    except OSError:  # the profile's router port is busy: any free one will do for a demo
-        handle = start_router_in_thread(router_config(prefill=prefill, decode=decode, workers=mixed,
-                                                      profile=profile, listen=f"{host}:0"))
+        handle = start(f"{host}:{port}")
+    except (OSError, UsageError) as exc:
+        # the profile's router port is busy (the router says so as a UsageError naming `router serve`'s
+        # --listen, which demo does not have, and exit 64): any free port will do for a demo
+        log(f"{host}:{port} (the profile's router.listen) is taken ({exc}); the demo's router takes a free port")
+        try:
+            handle = start(f"{host}:0")
+        except (OSError, UsageError) as again:
+            raise DemoError(f"the demo's router cannot listen on {host}: {again}",
+                            remedy="set router.listen to a free HOST:PORT in the profile given with -p") from None
     return Front("inferctl router", handle.url, handle.stop)
 
 
@@ -126,10 +137,11 @@ def _direct(cluster: ThreadedSimCluster, spec: WorkerSpec) -> Front:
     return Front("direct (mixed worker, no router)", cluster.workers[-1].url, lambda: None)
 
 
-def _front(kind: str, profile: Profile, cluster: ThreadedSimCluster, opts: DemoOptions) -> Front:
+def _front(kind: str, profile: Profile, cluster: ThreadedSimCluster, opts: DemoOptions,
+           log: Callable[[str], None] = lambda _m: None) -> Front:
     if kind in ("auto", "inferctl"):
         try:
-            return _inferctl_router(profile, cluster)
+            return _inferctl_router(profile, cluster, log)
         except ImportError:
             if kind == "inferctl":
                 raise
@@ -164,7 +176,7 @@ def run_demo(profile: Profile, opts: DemoOptions, log: Callable[[str], None] = l
     with demo_cluster(profile, opts) as cluster:
         log(f"started {len(cluster.workers)} simulated workers: "
             + ", ".join(f"{w.spec.role} {w.url}" for w in cluster.workers))
-        front = _front(opts.router, profile, cluster, opts)
+        front = _front(opts.router, profile, cluster, opts, log)
         try:
             log(f"{front.name} listening on {front.url}; running {opts.requests} {opts.workload} requests")
             wl = WorkloadSpec(name=opts.workload, requests=opts.requests, seed=opts.seed,

@@ -53,7 +53,9 @@ def totals_table(s: dict[str, Any]) -> Table:
         if spec.get("alpha") is not None:
             t.add_row("alpha (per-draft acceptance, estimated)", f"{spec['alpha']:.2f}")
     for err, n in list(s.get("errors", {}).items())[:3]:
-        t.add_row(f"error x{n}", err[:80])
+        t.add_row(f"error x{n}", err)  # whole: tables fold long cells (output/fit.py) rather than cut them
+    if s.get("stopped"):
+        t.add_row("stopped", f"{s['stopped']}; {s['not_sent']} requests not sent")
     return t
 
 

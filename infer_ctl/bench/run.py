@@ -22,8 +22,12 @@ async def bench_async(url: str, workload: WorkloadSpec, load: LoadSpec, slo: Slo
     requests = build(workload)
     scale = time_scale if time_scale is not None else await detect_time_scale(url)
     load = replace(load, time_scale=scale)
-    results, duration = await run_load(url, requests, load)
-    summary = summarize(results, duration, slo, scale)
+    run = await run_load(url, requests, load)
+    results = run.results
+    summary = summarize(results, run.duration_s, slo, scale)
+    if run.stopped:
+        summary["stopped"] = run.stopped
+        summary["not_sent"] = run.not_sent
     summary["workload"] = {"name": workload.name, "requests": workload.requests, "seed": workload.seed,
                            "max_new_tokens": workload.max_new_tokens}
     summary["load"] = {"concurrency": load.concurrency if load.rate is None else None, "rate": load.rate,

@@ -22,6 +22,8 @@ class RequestResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    #: the connection itself failed (refused, unresolvable, no route): nothing listens at the URL
+    unreachable: bool = False
     #: SGLang's speculative fields of the finishing chunk (core/routing/spec_fields.py), when it had them
     spec: SpecFields | None = None
 
@@ -75,7 +77,9 @@ def summarize(results: list[RequestResult], duration_s: float, slo: Slo, time_sc
     errors: dict[str, int] = {}
     for r in results:
         if not r.ok:
-            key = (r.error or "error")[:120]
+            # whole: cut at 120 characters, a connection error ended at "[Connec" and hid the reason.
+            # Messages are bounded where they are made (an HTTP body at 300 characters)
+            key = r.error or "error"
             errors[key] = errors.get(key, 0) + 1
     return {
         "requests": len(results),

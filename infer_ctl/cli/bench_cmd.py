@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from typing import Annotated
 
@@ -20,6 +21,17 @@ from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
 
 
+def tenant_key(var: str | None) -> str | None:
+    """The key from the environment variable `var` (the secret never passes through argv)."""
+    if var is None:
+        return None
+    key = os.environ.get(var, "").strip()
+    if not key:
+        raise UsageError(f"--tenant-key-env {var}: the variable is not set or empty",
+                         remedy=f"export {var}=<the tenant's key> (inferctl router tenant-key makes one)")
+    return key
+
+
 def bench(
     url: Annotated[str, typer.Option("--url", "-u", help="Router or worker base URL, e.g. http://127.0.0.1:8000.")],
     workload: Annotated[str, typer.Option("--workload", "-w", help=f"One of: {', '.join(WORKLOADS)}.")] = "shared-prefix",
@@ -35,13 +47,18 @@ def bench(
     domain: Annotated[str | None, typer.Option("--domain", help="Label every request with SGLang's custom_labels domain (e.g. code, chat).")] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write the JSON summary + per-request results here.")] = None,
     plot_path: Annotated[str | None, typer.Option("--plot", help="Write latency CDFs and hit rate over time (PNG).")] = None,
+    tenant_key_env: Annotated[str | None, typer.Option("--tenant-key-env", metavar="VAR", help="Send the API key in this environment variable as Authorization: Bearer (a router tenant's key; never the key itself on the command line).")] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Run a workload (SGLang bench_serving style) and print TTFT/ITL/E2E percentiles, throughput, goodput."""
+    """Run a workload (SGLang bench_serving style) and print TTFT/ITL/E2E percentiles, throughput, goodput.
+
+    Exit 0 all completed, 1 some failed, 2 none completed, 3 nothing listens at --url (stopped at once)."""
     sess = session(json_)
+    api_key = tenant_key(tenant_key_env)
     try:
         wl = WorkloadSpec(name=workload, requests=requests, seed=seed, max_new_tokens=max_new_tokens)
-        load = LoadSpec(concurrency=None if rate else concurrency, rate=rate, seed=seed, api=api, domain=domain)
+        load = LoadSpec(concurrency=None if rate else concurrency, rate=rate, seed=seed, api=api, domain=domain,
+                        api_key=api_key)
         outcome = run_bench(url, wl, load, Slo(slo_ttft_ms / 1000, slo_tpot_ms / 1000), time_scale=time_scale)
     except ValueError as exc:
         raise UsageError(str(exc), remedy="see `inferctl bench --help`") from None
@@ -54,4 +71,9 @@ def bench(
         plot(outcome.results, plot_path)
     report = Report(command="bench", profile=None, data={"summary": s})
     report.exit_code_override = ExitCode.OK if s["failed"] == 0 else ExitCode.FAIL if not s["completed"] else ExitCode.WARN
+    if s.get("stopped"):  # nothing listens there: unreachable, as `router status` and `nodes` say it
+        report.exit_code_override = ExitCode.UNKNOWN
+        if not json_:
+            typer.echo(f"inferctl: error: {s['stopped']}", err=True)
+            typer.echo("  hint: check --url (is the router or server running there?)", err=True)
     finish(sess, report, lambda console: render(console, s, f"inferctl bench: {workload} -> {url}"))

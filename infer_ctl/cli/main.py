@@ -148,6 +148,37 @@ def build_app(args: Sequence[str] | None = None) -> typer.Typer:
     return app
 
 
+def click_command(app: typer.Typer) -> typer.core.TyperGroup:
+    """The click command of `app` in the house help style (placeholders, examples: cli/helpfmt.py)."""
+    from typer.main import get_command
+
+    from infer_ctl.cli.helpfmt import polish
+
+    return polish(get_command(app))
+
+
+_HELP_FLAGS = {"--help", "-h", "--debug"}
+
+
+def _is_root_help(args: Sequence[str]) -> bool:
+    return all(a in _HELP_FLAGS for a in args)
+
+
+def summary_app() -> typer.Typer:
+    """Root help from the verbs' one-line summaries (cli/summaries.py), importing no command module:
+    loading them all took 1.2-4 s for sixteen lines."""
+    from infer_ctl.cli.summaries import SUMMARIES
+
+    app = _new_app()
+    for name, text in SUMMARIES.items():
+        app.command(name, help=text, add_help_option=False)(_unreachable)
+    return app
+
+
+def _unreachable() -> None:  # pragma: no cover - a summary stub only prints in root help
+    raise AssertionError("summary stubs are never run")
+
+
 def _debug_log_path() -> Path:
     return state_dir() / "debug.log"
 
@@ -215,7 +246,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: list[str]) -> int:
     debug = "--debug" in args or os.environ.get("INFERCTL_DEBUG") == "1"
     try:
-        result = build_app(args)(args=args, prog_name="inferctl", standalone_mode=False)
+        app = summary_app() if _is_root_help(args) else build_app(args)
+        cmd = click_command(app)
+        # context + invoke rather than cmd.main(): typer >= 0.29's main turns Ctrl-C into a plain return
+        # value of 130, so the boundary below never saw the KeyboardInterrupt and exited 130 without the
+        # "interrupted" line (or, with --json, without a document)
+        with cmd.make_context("inferctl", list(args)) as ctx:
+            result = cmd.invoke(ctx)
         return int(result) if isinstance(result, int) else 0
     except _EXIT as exc:
         return int(getattr(exc, "exit_code", 0))

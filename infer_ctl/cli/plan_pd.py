@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infer_ctl.cli.common import JsonOpt, finish, get_profile, session
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
 from infer_ctl.cli.plan_common import finite_options, guard
 from infer_ctl.core.findings import Finding, Status
 from infer_ctl.core.report import Report
@@ -108,7 +108,8 @@ def pd(
     decode_efficiency: Annotated[float, typer.Option("--decode-efficiency", help="Achieved / roofline.")] = 0.7,
     mem_fraction: Annotated[float, typer.Option("--mem-fraction", help="SGLang --mem-fraction-static.")] = 0.85,
     attainment: Annotated[float, typer.Option("--attainment", help="Share of requests the capacity keeps.")] = 0.9,
-    profile: Annotated[str | None, typer.Option("--profile", "-p", help="Model, GPUs and pools' hardware.")] = None,
+    # model, GPUs and the pools' hardware; $INFERCTL_PROFILE too, as in every command (issue 29 item 2)
+    profile: ProfileOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """The prefill:decode split with the most goodput per GPU, and whether collocated does as well."""

@@ -1,4 +1,4 @@
-"""`inferctl profile validate|show`."""
+"""`inferctl profile init|validate|show`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from rich.console import Console
 from rich.syntax import Syntax
 
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, session
+from infer_ctl.cli.profile_init import init
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.report import Report
 from infer_ctl.core.sglang.consistency import launch_problems
 from infer_ctl.core.sglang.kv_page import kv_page_findings
 from infer_ctl.errors import ProfileError
 from infer_ctl.exitcodes import ExitCode
-from infer_ctl.output.json_doc import dumps
 from infer_ctl.output.table import render_findings_report
 from infer_ctl.profile import load_profile, resolve_profile_path
 from infer_ctl.profile.model_config import local_model_config
@@ -24,7 +24,8 @@ from infer_ctl.profile.model_config import local_model_config
 VALIDATE_WARNINGS = ("launch.hicache", "launch.override", "launch.draft_size", "launch.chunked_prefill",
                      "launch.spec_lookahead", "launch.kv_storage_nic")
 
-app = typer.Typer(help="Validate and show the cluster profile.", no_args_is_help=True)
+app = typer.Typer(help="Write a first profile, validate it, show it resolved.", no_args_is_help=True)
+app.command("init")(init)
 
 
 @app.command("validate")
@@ -85,11 +86,15 @@ def show(
 ) -> None:
     """Print the resolved profile with every default filled in. Piped or redirected, it is plain YAML that
     reloads to the same profile (`inferctl profile show > mine.yaml`)."""
-    prof = load_profile(profile)
+    sess = session(json)
+    path = resolve_profile_path(profile)
+    prof = load_profile(path)
     data = prof.model_dump(mode="json")
     if json:
-        typer.echo(dumps(data))
-        raise typer.Exit(0)
+        # the standard envelope (docs/json-output.md), the resolved profile under "resolved": a script
+        # reads command, status and exit_code here as from every other command (it was the bare mapping)
+        finish(sess, Report(command="profile show", profile=prof.name, data={"path": str(path), "resolved": data}),
+               lambda c: None)
     import sys
 
     import yaml

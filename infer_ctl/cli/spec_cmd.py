@@ -83,5 +83,20 @@ def control(
             pass
     code = (ExitCode.FAIL if any(r["action"] == "failed" for r in records) else
             ExitCode.WARN if records else ExitCode.OK)
-    report = Report("spec control", prof.name, data={"mode": mode, "actions": records}, exit_code_override=code)
-    finish(sess, report, lambda c: _render(c, records) if once else None)
+    decisions = list(loop.last_round.values())
+    report = Report("spec control", prof.name, data={"mode": mode, "actions": records, "pools": decisions},
+                    exit_code_override=code)
+    finish(sess, report, lambda c: _render_round(c, records, decisions, mode) if once else None)
+
+
+def _render_round(console: Console, records: list[dict[str, Any]], decisions: list[dict[str, Any]],
+                  mode: str) -> None:
+    """--once: the actions, then every pool's decision, "no change" included (it printed nothing)."""
+    _render(console, records)
+    for d in decisions:
+        alpha = "alpha unknown" if d.get("alpha") is None else f"alpha {d['alpha']:.2f}"
+        console.print(f"pool {d['pool']}: {d['decision']} ({alpha} over {d.get('requests', 0)} requests)",
+                      markup=False, highlight=False)
+    if not decisions:
+        console.print(f"no change ({mode}): the router reported no decode pool with speculative statistics",
+                      markup=False, highlight=False)

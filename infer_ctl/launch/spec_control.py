@@ -130,6 +130,8 @@ class SpecControlLoop:
         self.alerting: set[str] = set()
         #: pool -> the setting last advised (advice is given once per setting)
         self.advised: dict[str, tuple[int, tuple[int, ...] | None]] = {}
+        #: pool -> what the last round saw and decided (see _tick)
+        self.last_round: dict[str, dict[str, Any]] = {}
         self._load_state()
 
     # ---- state that outlives the process ---------------------------------------------------------
@@ -193,12 +195,23 @@ class SpecControlLoop:
         now = self.clock()
         obs = self.observe()
         records = self._alerts(obs)
+        # every pool's decision this round, also "no change": `spec control --once --advise` printed
+        # nothing when there was no new action (a repeated advice is recorded once), so a cron run could
+        # not tell "all well" from "not looked"
+        self.last_round = {o.pool: {"pool": o.pool, "alpha": None if o.alpha is None else round(o.alpha, 4),
+                                    "requests": o.requests, "num_steps": o.num_steps, "decision": "no change"}
+                           for o in obs}
         for change in self.controller.step(obs, now):
             pool = self.pools[change.pool]
+            decided = self.last_round.setdefault(change.pool, {"pool": change.pool})
+            verb = "advise" if self.mode == "advise" else change.action
+            decided["decision"] = f"{verb}: num_steps {change.num_steps} ({change.reason})"
             if self.mode == "advise":
                 if self.advised.get(change.pool) != (change.num_steps, change.adaptive_steps):
                     self.advised[change.pool] = (change.num_steps, change.adaptive_steps)
                     records.append(self._record("advise", change, pool))
+                else:
+                    decided["decision"] += "; advised before, unchanged"
                 continue
             assert self.actuator is not None
             self.say(f"{change.action} pool {change.pool}: {change.reason}")

@@ -57,8 +57,43 @@ def test_bench_unknown_workload_is_a_usage_error(capsys: pytest.CaptureFixture[s
     assert rc == 64 and "unknown workload" in capsys.readouterr().err
 
 
-def test_bench_unreachable_url_fails_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_unreachable_url_fails_with_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    # nothing listens: unreachable (3), as router status and nodes say it; it was 2, after every request
     rc = main(["bench", "--url", "http://127.0.0.1:1", "--requests", "3", "--json"])
     doc = json.loads(capsys.readouterr().out)
-    assert rc == 2 and doc["summary"]["failed"] == 3
+    assert rc == 3 and doc["summary"]["failed"] == 3
     assert any("Connect" in e for e in doc["summary"]["errors"])
+
+
+def test_bench_unreachable_url_stops_at_once_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    # 400 requests one at a time to a dead address: it sent all 400, then an empty table whose error was
+    # cut at 120 characters ("... [Connec")
+    rc = main(["bench", "--url", "http://127.0.0.1:1", "--requests", "400", "-c", "1"])
+    captured = capsys.readouterr()
+    assert rc == 3
+    assert "cannot connect to http://127.0.0.1:1" in captured.err and "check --url" in captured.err
+    assert "Connect call failed" in captured.out  # the whole reason, not "[Connec"
+    assert "399 requests not sent" in captured.out
+
+
+def test_bench_sends_the_tenant_key_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infer_ctl.bench import client
+
+    seen: list[object] = []
+
+    async def fake_send(session, url, req, load, t_run, headers=None):  # type: ignore[no-untyped-def]
+        seen.append(headers)
+        return client.RequestResult(index=req.index, tenant=req.tenant, ok=True, start=0.0, ttft=0.01, e2e=0.02)
+
+    monkeypatch.setattr(client, "send_one", fake_send)
+    monkeypatch.setenv("ACME_KEY", "sk-acme-1")
+    assert main(["bench", "--url", "http://127.0.0.1:1", "--requests", "2", "--time-scale", "1",
+                 "--tenant-key-env", "ACME_KEY", "--json"]) == 0
+    assert seen == [{"Authorization": "Bearer sk-acme-1"}] * 2
+
+
+def test_bench_tenant_key_variable_unset_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_SUCH_KEY", raising=False)
+    assert main(["bench", "--url", "http://127.0.0.1:1", "--tenant-key-env", "NO_SUCH_KEY"]) == 64
+    assert "NO_SUCH_KEY" in capsys.readouterr().err

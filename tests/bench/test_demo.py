@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,24 @@ def test_demo_without_router_uses_a_direct_worker(capsys: pytest.CaptureFixture[
 def test_demo_unknown_router_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["demo", "--front", "nginx"])
     assert rc == 64 and "unknown router" in capsys.readouterr().err
+
+
+def test_demo_with_the_router_port_taken_uses_a_free_one(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # port 8000 busy: the demo said "pick another --listen" (it has none) and exited 64, a usage code
+    import socket
+
+    from infer_ctl.resources import builtin_profile_path
+
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        local = builtin_profile_path("local")
+        assert local is not None
+        prof = tmp_path / "busy.yaml"
+        prof.write_text(local.read_text().replace("listen: 127.0.0.1:8000", f"listen: 127.0.0.1:{port}"))
+        rc = main(["demo", "-p", str(prof), "--requests", "8", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0, doc
+    assert doc["router_url"] != f"http://127.0.0.1:{port}" and doc["summary"]["completed"] == 8

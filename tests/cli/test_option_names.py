@@ -17,9 +17,12 @@ ONE_MEANING = {
     "--profile": "the cluster profile (-p, $INFERCTL_PROFILE)",
     "--role": "a PD role: prefill, decode, mixed/collocated (filters nodes, or names a worker's role)",
     "--url": "the HTTP address inferctl talks to (a router, or for bench any SGLang-compatible server)",
-    "--prefill": "the prefill workers (sim serve: how many to start; router serve: their URLs)",
-    "--decode": "the decode workers (sim serve: how many to start; router serve: their URLs)",
-    "--mixed": "the mixed (non-PD) workers (sim serve: how many to start; router serve: their URLs)",
+    "--prefill": "the prefill workers (sim serve: how many to start; router serve: their URLs; profile init: "
+    "their nodes)",
+    "--decode": "the decode workers (sim serve: how many to start; router serve: their URLs; profile init: "
+    "their nodes)",
+    "--mixed": "the mixed (non-PD) workers (sim serve: how many to start; router serve: their URLs; profile "
+    "init: their nodes)",
     "--model": "a model preset of the sizing math (plan --list-presets)",
     "--accelerator": "a GPU preset of the sizing math",
     "--batch": "concurrent sequences per decode step",
@@ -49,6 +52,16 @@ ONE_MEANING = {
     "--weight-dtype": "weight dtype",
     "--weights-gb": "weights in GB",
     "--parallel": "at most N nodes at once",
+    "--gpus": "a number of GPUs (plan roofline: one replica's; plan pd: the pool split; profile init: a node's)",
+    "--rate": "arrivals per second (requests/s)",
+    "--output-tokens": "output tokens per request",
+    "--decode-efficiency": "achieved / roofline decode tokens/s",
+    "--bandwidth-gbps": "link rate of one NIC in Gb/s",
+    "--links": "NICs a transfer stripes over",
+    "--latency-us": "fabric latency in microseconds",
+    "--name": "the name of the thing the command makes or acts on",
+    "--user": "a login name",
+    "--force": "replace what exists",
 }
 
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from typer.main import get_command
-
-from infer_ctl.cli.main import build_app
+from infer_ctl.cli.main import build_app, click_command
 
 
 def root() -> Any:
-    return get_command(build_app([]))
+    return click_command(build_app([]))
 
 
 def commands() -> Iterator[tuple[str, Any]]:

@@ -73,6 +73,9 @@ def test_advise_once_per_setting_with_the_profile_change_and_the_command(
             assert main([*args, "--json"]) == 1
             doc = json.loads(capsys.readouterr().out)
             assert doc["mode"] == "advise"
+            # every pool's decision, "no change" included (--once --advise printed nothing without an action)
+            pools = {p["pool"]: p["decision"] for p in doc["pools"]}
+            assert pools["dc-01"] == "no change" and pools["dc-02"].startswith("advise: num_steps 2")
             actions = doc["actions"]
             assert [(a["action"], a["pool"]) for a in actions] == [("alert", "dc-02"), ("advise", "dc-02")]
             advice = actions[1]
@@ -88,6 +91,7 @@ def test_advise_once_per_setting_with_the_profile_change_and_the_command(
             assert main([*args]) == 1
             out = capsys.readouterr().out
             assert "advise pool dc-02" in out and "apply with: inferctl launch" in out
+            assert "pool dc-01: no change (alpha 0." in out
             info = httpx.get(cluster.workers[2].url + "/server_info").json()
             assert info["internal_states"][0]["speculative_num_steps"] == 3
         finally:

@@ -84,8 +84,11 @@ def test_validate_json_on_invalid_profile(tmp_path: Path, capsys: pytest.Capture
 def test_profile_show_json_fills_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "show", "-p", "builtin:local", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["sglang"]["prefill"]["bootstrap_port"] == 8998
-    assert doc["ssh"]["host_key_policy"] == "reject"
+    # the standard envelope (issue 29 item 10), the profile with its defaults under "resolved"
+    assert (doc["command"], doc["profile"], doc["status"], doc["exit_code"]) == ("profile show", "local", "ok", 0)
+    assert doc["path"].endswith("local.yaml")
+    assert doc["resolved"]["sglang"]["prefill"]["bootstrap_port"] == 8998
+    assert doc["resolved"]["ssh"]["host_key_policy"] == "reject"
 
 
 @pytest.mark.parametrize(
