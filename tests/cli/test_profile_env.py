@@ -40,7 +40,7 @@ def test_router_serve_with_workers_takes_listen_from_the_env_profile(monkeypatch
                                                                      tmp_path: Any) -> None:
     # with workers on the command line, $INFERCTL_PROFILE was ignored (127.0.0.1:8000) while -p was not
     from infer_ctl.resources import builtin_profile_path
-    from infer_ctl.router import procs
+    from infer_ctl.router.daemon import procs
 
     local = builtin_profile_path("local")
     assert local is not None

@@ -151,3 +151,20 @@ def test_abort_on_client_disconnect(routed: RouterHandle, engine_fleet: Fleet) -
     t0 = time.monotonic()
     assert wait_for(lambda: running() == 0, timeout=30), "the engine kept generating for a gone client"
     assert time.monotonic() - t0 < 30
+
+
+def test_router_spec_reads_the_engines_meta_info(routed: RouterHandle) -> None:
+    """`router spec` over real SGLang without a draft model (EAGLE does not run on the CPU device): the
+    router read the engine's meta_info on every answer and reports no speculative decoding, not an error
+    or invented acceptance."""
+    import subprocess
+    import sys
+
+    httpx.post(routed.url + "/generate", timeout=60, json={"text": "fox", "sampling_params": {"max_new_tokens": 3}})
+    proc = subprocess.run([sys.executable, "-m", "infer_ctl", "router", "spec", "--url", routed.url, "--json"],
+                          capture_output=True, text=True, timeout=60)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["exit_code"] == 0, proc.stdout + proc.stderr
+    assert doc["router_url"] == routed.url
+    # no decode reports speculative fields, so none is listed with an acceptance it does not have
+    assert doc["speculative"]["decodes"] == [] and doc["speculative"]["labels"] == {}, doc
