@@ -54,3 +54,32 @@ def write_atomic(
             pass
         raise
     return target
+
+
+class ShortWrite(OSError):
+    """An append that the kernel cut short and that made no progress (disk full, quota)."""
+
+
+def append_line(path: str | os.PathLike[str], line: str, *, mode: int = 0o644) -> None:
+    """Append one line to a JSON-lines file (the audit history, the spec controller's actions).
+
+    A file whose last line is torn (a crash or a full disk mid-write) gets a newline first, so the torn
+    line stays one bad line that readers skip instead of swallowing this record too. O_APPEND puts each
+    write() at the end; a short write (a full disk, a signal) is continued until every byte is down, and
+    one that writes nothing raises, so a record is never silently half there."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    payload = (line if line.endswith("\n") else line + "\n").encode("utf-8")
+    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, mode)
+    try:
+        size = os.fstat(fd).st_size
+        if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+            payload = b"\n" + payload
+        view = memoryview(payload)
+        while view:
+            n = os.write(fd, view)
+            if n <= 0:
+                raise ShortWrite(f"{target}: wrote {len(payload) - len(view)} of {len(payload)} bytes")
+            view = view[n:]
+    finally:
+        os.close(fd)

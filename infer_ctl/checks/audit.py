@@ -27,6 +27,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infer_ctl.atomicfile import append_line
 from infer_ctl.checks.history import records_newest_first
 from infer_ctl.checks.registry import AuditContext, CheckFamily
 from infer_ctl.core.findings import Finding, Status, overall_status, worst
@@ -161,16 +162,9 @@ def _plain(value: Any) -> Any:
 
 
 def append_history(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """One line per run. A single write() of a line under PIPE_BUF-ish sizes is effectively atomic
-    with O_APPEND; a torn last line (crash mid-write) is skipped by read_last_run."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record, separators=(",", ":")) + "\n"
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode("utf-8"))
-    finally:
-        os.close(fd)
+    """One line per run (atomicfile.append_line: a torn last line gets its newline first, a short
+    write is finished or raises); a torn line is skipped by the readers (checks/history.py)."""
+    append_line(path, json.dumps(record, separators=(",", ":")))
 
 
 def read_last_run(

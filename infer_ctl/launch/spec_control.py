@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from infer_ctl.atomicfile import write_atomic
+from infer_ctl.atomicfile import append_line, write_atomic
 from infer_ctl.core.sglang import instances
 from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolChange, PoolObservation, PoolState
 from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, pools
@@ -91,14 +91,8 @@ def observations(doc: dict[str, Any], url_to_pool: dict[str, str]) -> list[PoolO
 
 
 def append_action(history: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """One JSON line, appended with one write (the audit history's own way, checks/audit.py)."""
-    target = Path(history)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8"))
-    finally:
-        os.close(fd)
+    """One JSON line, appended the audit history's own way (atomicfile.append_line)."""
+    append_line(history, json.dumps(record, separators=(",", ":")))
 
 
 def default_state_path(profile: Profile) -> Path:

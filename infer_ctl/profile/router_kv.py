@@ -31,3 +31,6 @@ class KvEventsRouting(StrictModel):
     #: undecoded (router/kvindex/kv_subscriber.py DEFAULT_MAX_MESSAGE_BYTES says why 8 MiB: a ~595k-token
     #: single store at page size 1); raise it for longer contexts with chunked prefill off
     max_message_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 8 << 20
+    #: the longest prompt (characters) the exact index tokenizes to anchor it: a longer one is routed on
+    #: the predicted index (tokenizing 29 MB took 16 s of CPU; router/kvindex/kv_routing.py)
+    anchor_max_chars: Annotated[int, Field(ge=1024, le=1 << 30)] = 256 << 10

@@ -121,6 +121,8 @@ class RouterConfig:
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
     kv_max_message_bytes: int = 8 << 20
+    #: the longest prompt (characters) the exact index anchors; longer ones route on the predicted index
+    kv_anchor_max_chars: int = 256 << 10
     #: in-flight prefix coalescing (router/request/coalesce.py; the profile's router.coalesce)
     coalesce: bool = True
     #: with several router processes: coalesce across them (the flight board, router/fleet/shared_flights.py)
@@ -377,6 +379,7 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
     "kv_replay_timeout_s": (float, 0.0, True, None),
     "kv_max_batches_per_s": (int, 1, False, None),
     "kv_max_message_bytes": (int, 1, False, None),
+    "kv_anchor_max_chars": (int, 1, False, None),
     "coalesce_min_tokens": (int, 1, False, None),
     # the profile's bounds: a string or None failed in math.isfinite as an internal error, and a day-plus
     # hold-down cap passed

@@ -138,7 +138,8 @@ class PrefixWarmer:
                 hashes = router.index.hashes(text)
                 router.index.insert(hashes, w.url, router.clock())
                 # the exact index learns the prefix's pages (anchors) as it does a routed prompt's
-                router.kv.routed(path, body, text, hashes, full_key(hashes, text, router.kv.block_chars))
+                router.kv.routed(path, body, text, hashes, full_key(hashes, text, router.kv.block_chars),
+                                 answered=True)
             log.info("named prefix warmed" if ok else "named prefix warm-up failed",
                      extra={"prefix": action.name, "version": action.version, "worker": action.worker,
                             "pinned": bool(body.get("priority"))})

@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 from typing import Any
 
@@ -28,6 +27,7 @@ from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.control.admin import Admin, authorized
 from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.control.warmer import PrefixWarmer
+from infer_ctl.router.daemon.admin_dir import make_admin_dir
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.router.http.h1 import H1Server, Request, Response, StreamResponse
@@ -66,6 +66,7 @@ class RouterServer:
         self.http = H1Server(self.dispatch, cfg.max_body_bytes)
         self.runner: web.AppRunner | None = None
         self._admin_dir: str | None = None
+        self._admin_lock: int | None = None
         self._admin_pool: Pool | None = None
         self.port = cfg.port
         self._generate = set(GENERATE_ENDPOINTS)
@@ -138,8 +139,7 @@ class RouterServer:
     async def start(self) -> None:
         proc = self.proc
         if proc is None:
-            self._admin_dir = tempfile.mkdtemp(prefix="inferctl-router-admin-")
-            os.chmod(self._admin_dir, 0o700)
+            self._admin_dir, self._admin_lock = make_admin_dir()  # (dead routers' ones swept first)
             sock = os.path.join(self._admin_dir, "admin.sock")
         else:  # the supervisor's private directory; only the leader serves the admin API there
             sock = proc.admin_sock
@@ -158,6 +158,9 @@ class RouterServer:
                 await self.runner.cleanup()
             if self._admin_dir is not None:
                 shutil.rmtree(self._admin_dir, ignore_errors=True)
+            if self._admin_lock is not None:
+                os.close(self._admin_lock)
+                self._admin_lock = None
             raise UsageError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}",
                              remedy="stop the process using that address or pick another --listen") from None
         self.router.kv.start()
@@ -236,6 +239,9 @@ class RouterServer:
             await self.runner.cleanup()
         if self._admin_dir is not None:
             shutil.rmtree(self._admin_dir, ignore_errors=True)
+        if self._admin_lock is not None:
+            os.close(self._admin_lock)
+            self._admin_lock = None
         router.upstreams.close()
         if router.observing is not None:
             await router.observing.close()  # the spans still queued go to the collector

@@ -16,15 +16,27 @@ core/routing/tiers.py: computed once from the router's configuration), so an HBM
 hit, which beats a cold worker of equal load. After the decision
 (`routed`), the prompt is queued for anchoring, which runs in a background task, newest first when it
 falls behind (a prompt the queue drops is anchored the next time it comes).
+
+Anchoring tokenizes the whole prompt: 2 s for a 1 MB prompt, 16 s for 29 MB (under the 32 MiB body
+limit), a one-request denial of service when it ran on the event loop (issue 28). So it runs on one
+worker thread (the tokenizer releases the GIL: kv_prompts.py; the rest yields every switch interval),
+one prompt at a time under `_lock` (the request path's first-sight anchoring takes it only when free);
+the loop's readers only look up single dict entries, each atomic. A prompt over `anchor_max_chars` is
+not anchored (routed on the predicted index; counted), and one over `_HOLD_CHARS` waits for its
+worker's answer (`account`): a prompt the worker rejected (over its context, malformed) is never
+tokenized. Smaller ones are anchored at once, as cheap as the lookups (and the next request with their
+prefix wants them before the answer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,6 +53,10 @@ log = logging.getLogger("infer_ctl.router.kv")
 #: its radix cache keys pages by bigrams (RadixKey.maybe_to_bigram_view). NEXTN is EAGLE's alias.
 _BIGRAM_ALGOS = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
 _ONE = TierWeights().of  # every tier at 1: the unweighted cached length
+#: prompts longer than this (characters) are anchored only once their worker answered (module docstring)
+_HOLD_CHARS = 32 << 10
+#: prompts held for an answer at most: the oldest is forgotten (a request that never got one)
+_HOLD_MAX = 256
 
 
 def bigram_keys(info: dict[str, Any]) -> bool:
@@ -129,8 +145,15 @@ def endpoints(url: str, desc: dict[str, Any]) -> list[tuple[str, str | None]] | 
 class KvRouting:
     def __init__(self, *, enabled: bool = True, block_chars: int = 64, tokenizer_path: str | None = None,
                  settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None,
-                 tier_weights: TierWeights | None = None) -> None:
+                 tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10) -> None:
         self.enabled = enabled
+        #: the longest prompt (characters of routing text) anchored; longer ones are routed on the
+        #: predicted index (`anchor_skipped["too_long"]`)
+        self.anchor_max_chars = anchor_max_chars
+        self.anchor_skipped = {"too_long": 0, "unanswered": 0}
+        self._held: OrderedDict[int, tuple[str, dict[str, Any], str, list[int], int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         #: what a cached token on a lower tier counts (None: only HBM counts, host pages are ignored)
         self.tier_weights = tier_weights
         self._weight = tier_weights.of if tier_weights is not None else None
@@ -174,6 +197,8 @@ class KvRouting:
         self._task = asyncio.ensure_future(self._builder())
 
     async def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         tasks = [self._task] if self._task else []
         for w in self.workers.values():
             for s in w.streams:
@@ -344,8 +369,8 @@ class KvRouting:
         router: through another replica or router process ("Several replicas", "Several processes"),
         another frontend, or a direct call; the lookup after this finds it. Otherwise it is new to the
         fleet and this cost a few ms once. Returns whether it anchored."""
-        if self.first_sight_budget <= 0 or self.view is None or len(hashes) < 2:
-            return False
+        if self.first_sight_budget <= 0 or self.view is None or len(hashes) < 2 or len(text) > _HOLD_CHARS:
+            return False  # (a long prompt is tokenized off the loop only: the anchoring thread's)
         exact = [w for w in self.workers.values() if w.exact]
         if not any(s.blocks.device for w in exact for s in w.streams):
             return False  # nothing cached anywhere: unseen it is
@@ -360,8 +385,14 @@ class KvRouting:
         if self._budget <= 0:
             self.first_sight["over_budget"] += 1
             return False
+        if not self._lock.acquire(blocking=False):  # the anchoring thread is building: never wait for it here
+            self.first_sight["over_budget"] += 1
+            return False
         t0 = time.perf_counter()
-        self.build(endpoint, body, text, list(hashes), full_key(hashes, text, self.block_chars))
+        try:
+            self.build(endpoint, body, text, list(hashes), full_key(hashes, text, self.block_chars))
+        finally:
+            self._lock.release()
         took = time.perf_counter() - t0
         self._budget -= took
         self.first_sight["anchored"] += 1
@@ -408,8 +439,10 @@ class KvRouting:
                         return n
         return None
 
-    def routed(self, endpoint: str, body: dict[str, Any], text: str, hashes: list[int], fk: int) -> None:
-        """After a routing decision: anchor this prompt off the request path (once per new text)."""
+    def routed(self, endpoint: str, body: dict[str, Any], text: str, hashes: list[int], fk: int,
+               answered: bool = False) -> None:
+        """After a routing decision: anchor this prompt off the request path (once per new text).
+        `answered`: the worker already accepted it (a named prefix's warm-up), so a long one is not held."""
         if self.view is None or not text or not self.workers:
             return
         spaces = {w.space() for w in self.workers.values()}
@@ -417,9 +450,22 @@ class KvRouting:
         keys = self.keys(kind, body, hashes)
         if all(self.table(s, kind).known(fk) and self.table(s, kind).depth(keys) == len(keys) for s in spaces):
             return
+        if len(text) > self.anchor_max_chars:
+            self.anchor_skipped["too_long"] += 1
+            return
+        if len(text) > _HOLD_CHARS and not answered:  # anchored once the worker answered it (`account`)
+            self._held[fk] = (endpoint, body, text, hashes, fk)
+            self._held.move_to_end(fk)
+            if len(self._held) > _HOLD_MAX:
+                self._held.popitem(last=False)
+                self.anchor_skipped["unanswered"] += 1
+            return
+        self._enqueue((endpoint, body, text, hashes, fk))
+
+    def _enqueue(self, item: tuple[str, dict[str, Any], str, list[int], int]) -> None:
         if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
-        self._queue.append((endpoint, body, text, hashes, fk))
+        self._queue.append(item)
         if self._wake is not None:
             self._wake.set()
 
@@ -431,8 +477,12 @@ class KvRouting:
         return int(max((len(s.blocks.device) for s in w.streams), default=0) * w.page_size * cpt)
 
     def account(self, url: str, *, exact: int | None, predicted: int, prompt_tokens: int | None,
-                reported: int | None) -> None:
-        """One answer from a prefill: the accounting `router workers` shows, and the queue cost."""
+                reported: int | None, full_key: int | None = None) -> None:
+        """One answer from a prefill: the accounting `router workers` shows, and the queue cost; a long
+        prompt held for its answer (`routed`) is anchored now."""
+        held = self._held.pop(full_key, None) if full_key is not None else None
+        if held is not None:
+            self._enqueue(held)
         if prompt_tokens and reported is not None:
             uncached = max(0, prompt_tokens - reported)
             self.queue_cost = uncached if self.queue_cost is None else 0.9 * self.queue_cost + 0.1 * uncached
@@ -458,10 +508,16 @@ class KvRouting:
                 if not self._queue:
                     break
                 item = self._queue.pop()  # newest first: the next requests most likely share it
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferctl-kv-anchor")
                 try:
-                    self.build(*item)
+                    await asyncio.get_running_loop().run_in_executor(self._pool, self._build_locked, item)
                 except Exception:  # a prompt that cannot be anchored only costs its exactness
                     log.exception("KV events: anchoring a prompt failed")
+
+    def _build_locked(self, item: tuple[str, dict[str, Any], str, list[int], int]) -> None:
+        with self._lock:
+            self.build(*item)
 
     def build(self, endpoint: str, body: dict[str, Any], text: str, hashes: list[int], fk: int) -> None:
         view = self.view
@@ -482,7 +538,7 @@ class KvRouting:
     def drain_builds(self) -> None:
         """Anchor everything queued now (tests, and the moment before a benchmark measures)."""
         while self._queue:
-            self.build(*self._queue.pop())
+            self._build_locked(self._queue.pop())
 
     # ---- views ----------------------------------------------------------------------------------------
     def worker_doc(self, url: str, role: str = "prefill") -> dict[str, Any]:
@@ -514,6 +570,7 @@ class KvRouting:
                 "anchors": {f"{kind}/page {ps}{' bigram' if bg else ''}": len(t)
                             for (ps, bg, kind), t in self.tables.items()},
                 "anchor_builds_dropped": self.dropped, "anchor_build_seconds": round(self.build_seconds, 3),
+                "anchor_skipped": dict(self.anchor_skipped), "anchor_held": len(self._held),
                 **({"first_sight": {**self.first_sight, "seconds": round(self.first_sight["seconds"], 3)}}
                    if self.first_sight_budget > 0 else {})}
 

@@ -27,6 +27,7 @@ class KvConfig(Protocol):
     kv_replay_timeout_s: float
     kv_max_batches_per_s: int
     kv_max_message_bytes: int
+    kv_anchor_max_chars: int
 
 
 def tokenizer_file(path: str) -> str:
@@ -55,6 +56,7 @@ def apply_profile(cfg: KvConfig, profile: Profile) -> None:
     cfg.kv_replay_timeout_s = kv.replay_timeout_s
     cfg.kv_max_batches_per_s = kv.max_batches_per_s
     cfg.kv_max_message_bytes = kv.max_message_bytes
+    cfg.kv_anchor_max_chars = kv.anchor_max_chars
     if kv.tokenizer_path is not None and kv.enabled:
         cfg.tokenizer_path = checked_tokenizer(kv.tokenizer_path, "router.kv_events.tokenizer_path",
                                                profile.base_dir)

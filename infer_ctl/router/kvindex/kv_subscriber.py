@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
+from infer_ctl.router.kvindex.replay_cursor import ReplayCursor
 
 log = logging.getLogger("infer_ctl.router.kv")
 
-END_SEQ = -1
 _YIELD_EVERY = 32
 #: how often a silent socket's monitor is read (a dropped connection is noticed within this)
 _IDLE_S = 0.5
@@ -74,6 +74,11 @@ class StreamSettings:
     #: batches a second, under max_batches_per_s, would otherwise stall every request
     max_bytes_per_s: int = 16 << 20
     flood_pause_s: float = 30.0
+    #: a replay's own budget (replay_cursor.py): batches in one replay (SGLang buffers 10,000 by default:
+    #: a replay of every one of them is legitimate, many times that is not a buffer) and bytes a second
+    #: (what it decodes holds the loop; a legitimate replay is its buffer, read once)
+    replay_max_batches: int = 100_000
+    replay_max_bytes_per_s: int = 64 << 20
 
 
 @dataclass
@@ -337,10 +342,8 @@ class KvStream:
                 self._untrusted("gap", f"replay did not fill seq {self.last_seq + 1}..{seq - 1}")
 
     async def _replay(self, sub: Any, start: int) -> None:
-        """Ask the replay socket for every batch from `start` and apply them in order."""
-        import zmq
-        import zmq.asyncio
-
+        """Ask the replay socket for every batch from `start` and apply them in order: the socket I/O
+        here, the sequence rules in replay_cursor.py."""
         self.stats.replays += 1
         if self.replay_endpoint is None:
             if start == 0 and self.last_seq is None:
@@ -349,34 +352,57 @@ class KvStream:
             self._replay_failed(start, "the worker has no replay endpoint")
             return
         self.state, self.reason = "replaying", f"replaying from seq {start}"
+        from_seq = self.last_seq if self.last_seq is not None else -1
+        cur = ReplayCursor(start, self.last_seq, attempts=_REPLAY_ATTEMPTS, gap_asks=_REPLAY_ATTEMPTS,
+                           max_batches=self.settings.replay_max_batches, timeout_s=self.settings.replay_timeout_s)
+        try:
+            ok = await self._replay_io(start, cur)
+        except TimeoutError as exc:  # (the cursor's "no answer" arrives as a failed step, this is a guard)
+            self._replay_failed(start, str(exc) or "no replay answer")
+            return
+        if not ok:
+            return
+        if self.last_seq is None:
+            self.last_seq = start - 1  # nothing published yet: the next batch is `start`
+        self._dup_from, self._dup_upto = from_seq, self.last_seq
+        self._emit("replay_ok")
+        self.state, self.reason = "exact", "in sync"
+
+    async def _replay_io(self, start: int, cur: ReplayCursor) -> bool:
+        """The replay's DEALER: whether it ended in sync (else the stream is already untrusted)."""
+        import zmq
+        import zmq.asyncio
+
+        assert self.replay_endpoint is not None
         ctx = zmq.asyncio.Context.instance()
         dealer = ctx.socket(zmq.DEALER)
-        from_seq = self.last_seq if self.last_seq is not None else -1
         watch: _Watch | None = None
+        budget = _Rate(self.settings.replay_max_bytes_per_s)
         try:
             dealer.setsockopt(zmq.LINGER, 0)
+            # The live socket's receive limit (100,000), far over SGLang's buffer (10,000 batches by
+            # default): the publisher's ROUTER drops whatever does not fit our pipe, so ZMQ's default
+            # (1,000 messages) holed every replay of a busy worker's buffer while this loop was busy. Not
+            # unbounded (0): a hostile replay socket would fill memory at network speed meanwhile.
+            dealer.setsockopt(zmq.RCVHWM, self.settings.rcv_hwm)
             dealer.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
             if "[" in self.replay_endpoint:
                 dealer.setsockopt(zmq.IPV6, 1)
             watch = _Watch(dealer)
             dealer.connect(self.replay_endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            attempts, timeout = 1, self.settings.replay_timeout_s
-            waited = 0.0
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + cur.wait_s
             n = 0
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    waited += timeout
-                    if attempts >= _REPLAY_ATTEMPTS:
-                        raise TimeoutError(f"no replay answer within {waited:g}s ({attempts} requests)")
-                    # ask again from what is still missing; a late answer to the earlier request is
-                    # harmless: its batches already applied are skipped below, its end marker ends this
-                    attempts, timeout = attempts + 1, timeout * 2
-                    again = start if self.last_seq is None else max(start, self.last_seq + 1)
-                    await dealer.send_multipart([b"", again.to_bytes(8, "big")])
-                    deadline = time.monotonic() + timeout
+                    step = cur.timeout()
+                    if step.kind == "fail":
+                        self._replay_failed(start, step.why)
+                        return False
+                    # a late answer to the earlier request is harmless: what it repeats is skipped
+                    await dealer.send_multipart([b"", step.seq.to_bytes(8, "big")])
+                    deadline = time.monotonic() + cur.wait_s
                     continue
                 try:
                     frames = await asyncio.wait_for(dealer.recv_multipart(), min(left, _IDLE_S / 2))
@@ -384,43 +410,41 @@ class KvStream:
                     if await watch.dropped():  # no reconnect: a protocol error, a batch over the limit
                         self._reject("message_size", f"replay from seq {start}: a batch over max_message_bytes "
                                      f"({self.settings.max_message_bytes} bytes) dropped the connection")
-                        return
+                        return False
                     continue
+                deadline = time.monotonic() + cur.wait_s  # an answer in progress is waited for, however long
                 size = sum(len(f) for f in frames)
-                self._flood_check(size)  # a replay socket is held to the live stream's budget
+                if budget.over(size):  # what a replay decodes holds the loop: its own byte budget
+                    raise _Flood(f"a replay over {self.settings.replay_max_bytes_per_s} bytes/s")
                 if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
                     self._reject("malformed", f"a replay message of {len(frames)} frames")
-                    return
-                seq = int.from_bytes(frames[2], "big", signed=True)
-                if seq == END_SEQ:
-                    break
-                last = self.last_seq
-                if seq < start or (last is not None and seq <= last):
+                    return False
+                step = cur.message(int.from_bytes(frames[2], "big", signed=True))
+                if step.kind == "done":
+                    return True
+                if step.kind == "fail":
+                    self._replay_failed(start, step.why)
+                    return False
+                if step.kind == "ask":
+                    self.stats.gaps += 1
+                    self._emit("gap")
+                    log.warning("KV events: a hole in the replay, asking again from the missing seq",
+                                extra={"worker": self.worker, "seq": step.seq})
+                    await dealer.send_multipart([b"", step.seq.to_bytes(8, "big")])
                     continue
-                want = start if last is None else last + 1
-                if seq != want:
-                    self._replay_failed(start, f"the worker's buffer starts at seq {seq}, after {want}")
-                    return
-                if last is None:
-                    self.last_seq = seq - 1
-                self._apply(seq, frames[3])
-                if self.state == "untrusted":
-                    return
+                if step.kind == "apply":
+                    if self.last_seq is None:
+                        self.last_seq = step.seq - 1
+                    self._apply(step.seq, frames[3])
+                    if self.state == "untrusted":
+                        return False
                 n += 1
                 if n % _YIELD_EVERY == 0 or size > 1 << 16:
                     await asyncio.sleep(0)
-        except TimeoutError as exc:
-            self._replay_failed(start, str(exc) or "no replay answer")
-            return
         finally:
             if watch is not None:
                 watch.close()
             dealer.close(linger=0)
-        if self.last_seq is None:
-            self.last_seq = start - 1  # nothing published yet: the next batch is `start`
-        self._dup_from, self._dup_upto = from_seq, self.last_seq
-        self._emit("replay_ok")
-        self.state, self.reason = "exact", "in sync"
 
     def _replay_failed(self, start: int, why: str) -> None:
         self.stats.replay_failures += 1
@@ -522,6 +546,22 @@ class KvStream:
 
 class _Flood(Exception):
     pass
+
+
+class _Rate:
+    """Bytes a second over a one-second window: whether one more message goes over."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.start = time.monotonic()
+        self.n = 0
+
+    def over(self, size: int) -> bool:
+        now = time.monotonic()
+        if now - self.start >= 1.0:
+            self.start, self.n = now, 0
+        self.n += size
+        return self.n > self.limit
 
 
 class _Dropped(Exception):

@@ -61,7 +61,7 @@ class Feedback:
             self._correct(ctx, pre, predicted, cached, cpt)
         if self.kv is not None:
             self.kv.account(pre.url, exact=predicted if ctx.exact else None, predicted=int(ctx.predicted_chars / cpt),
-                            prompt_tokens=prompt_tokens, reported=cached)
+                            prompt_tokens=prompt_tokens, reported=cached, full_key=ctx.full_key)
         m = self.metrics
         m.predicted_tokens.inc(predicted)
         if prompt_tokens:

@@ -87,7 +87,7 @@ class Router:
                                                     replay_timeout_s=cfg.kv_replay_timeout_s,
                                                     max_batches_per_s=cfg.kv_max_batches_per_s,
                                                     max_message_bytes=cfg.kv_max_message_bytes),
-                            tier_weights=cfg.tier_weights())
+                            tier_weights=cfg.tier_weights(), anchor_max_chars=cfg.kv_anchor_max_chars)
         self.kv.chars_per_token = lambda: self.feedback.chars_per_token
         self.picker.kv = self.kv
         # in-flight prefix coalescing (router/request/coalesce.py): the pending overlay and the hold
