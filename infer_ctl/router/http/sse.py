@@ -24,6 +24,11 @@ class EventSplitter:
         return [p for p in parts if p]
 
 
+def is_done(event: bytes) -> bool:
+    """Whether an event (as EventSplitter yields it) is the stream's `data: [DONE]`."""
+    return any(line.startswith(b"data:") and line[5:].strip() == b"[DONE]" for line in event.split(b"\n"))
+
+
 def event_json(event: bytes) -> Any | None:
     """The JSON of a `data:` event, or None for [DONE], comments and non-JSON data."""
     for line in event.split(b"\n"):

@@ -200,7 +200,10 @@ class Router:
             status = resp.status
             return resp
         except (asyncio.CancelledError, ConnectionError):
-            status = 499  # the client went away (nginx's "client closed request"): not the router's failure
+            # the client went away (nginx's "client closed request", 499): not the router's failure, and
+            # no failure at all once its stream's [DONE] was delivered (clients close before the terminator)
+            stream = request.stream
+            status = 200 if stream is not None and stream.delivered else 499
             raise
         except Exception:
             # A bug must still produce a JSON answer, never a dropped request.

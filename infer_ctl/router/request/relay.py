@@ -64,6 +64,19 @@ class StreamRelay:
         if ctx.obs is not None:
             ctx.obs.first_chunk(t_first - ctx.started)
         error: str | None = None
+        booked = False
+
+        def succeeded() -> None:
+            nonlocal booked
+            booked = True
+            target.breaker.record(True, self.clock())
+            if items:
+                self.feedback.answered(ctx, pre, [items[i] for i in sorted(items)])  # as a whole batch answers
+            elif last_json is not None:
+                self.feedback.answered(ctx, pre, last_json)
+            if ctx.obs is not None:
+                ctx.obs.streamed(t_first - ctx.started, t_first, t_prev)
+
         while chunk is not None:
             events = splitter.feed(chunk)
             if prefill_meta is not None:
@@ -97,6 +110,11 @@ class StreamRelay:
                     await resp.write(b"", last=True)
             elif chunk or last:
                 await resp.write(chunk, last)
+            if not resp.delivered and events and b"[DONE]" in events[-1] and sse.is_done(events[-1]):
+                # the client has the whole content: a close from here on is a success (h1.StreamResponse.
+                # delivered), so the success is booked now, not after the worker's terminator arrives
+                resp.delivered = True
+                succeeded()
             if chunk:
                 now = self.clock()
                 self.metrics.itl.observe(now - t_prev)
@@ -104,6 +122,8 @@ class StreamRelay:
             try:
                 chunk = await upstream.next_chunk()
             except UpstreamError as exc:
+                if resp.delivered:  # lost after [DONE]: the client has everything it asked for
+                    break
                 error = str(exc)
                 self.calls.failed(target, "stream", error)
                 break
@@ -111,14 +131,8 @@ class StreamRelay:
             self.metrics.stream_errors.inc()
             log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
             await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
-        else:
-            target.breaker.record(True, self.clock())
-            if items:
-                self.feedback.answered(ctx, pre, [items[i] for i in sorted(items)])  # as a whole batch answers
-            elif last_json is not None:
-                self.feedback.answered(ctx, pre, last_json)
-            if ctx.obs is not None:
-                ctx.obs.streamed(t_first - ctx.started, t_first, t_prev)
+        elif not booked:
+            succeeded()
         await resp.write_eof()
         return resp
 
