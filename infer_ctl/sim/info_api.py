@@ -144,6 +144,28 @@ class InfoApi:
         }
         return web.json_response({"object": "list", "data": [model]})
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """SGLang's /v1/tokenize for `prompt` (a string or a list of them): the ids /generate would give
+        that text (the router's mid-stream recovery asks for them). Chat `messages` are not rendered here."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"object": "error", "message": "malformed JSON", "type": "BadRequestError",
+                                      "code": 400}, status=400)
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        tok = self.state.tokenizer
+        if isinstance(prompt, str):
+            ids: Any = tok.encode(prompt)
+            count: Any = len(ids)
+        elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            ids = [tok.encode(p) for p in prompt]
+            count = [len(i) for i in ids]
+        else:
+            return web.json_response({"object": "error", "message": "Exactly one of 'prompt' or 'messages' must be "
+                                      "provided (the simulator tokenizes prompts only).", "type": "BadRequestError",
+                                      "code": 400}, status=400)
+        return web.json_response({"tokens": ids, "count": count, "max_model_len": self.state.spec.context_length})
+
     async def loads(self, request: web.Request) -> web.Response:
         raw = request.query.get("include")
         include = {p.strip() for p in raw.split(",")} if raw else None

@@ -158,6 +158,8 @@ class SimWorker(WorkerState):
             r.add_get(path, info.model_info)
         r.add_get("/v1/models", info.models)
         r.add_get("/v1/loads", info.loads)
+        for path in ("/v1/tokenize", "/tokenize"):
+            r.add_post(path, info.tokenize)
         r.add_route("*", "/flush_cache", info.flush_cache)
         r.add_get("/metrics", info.metrics)
         r.add_post("/generate", native.generate)

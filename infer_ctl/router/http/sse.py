@@ -15,6 +15,11 @@ class EventSplitter:
     def __init__(self) -> None:
         self._buf = b""
 
+    @property
+    def pending(self) -> bool:
+        """Whether an incomplete event is buffered (the last feed ended inside one)."""
+        return bool(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data
         if b"\r\n" in buf:

@@ -43,6 +43,7 @@ from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.feedback import Feedback
 from infer_ctl.router.request.observe import RequestObserver, observing
 from infer_ctl.router.request.picker import PairPicker
+from infer_ctl.router.request.recovery import StreamRecovery
 from infer_ctl.router.request.relay import StreamRelay
 from infer_ctl.router.request.retry import RetriesExhausted, with_retries
 
@@ -102,6 +103,10 @@ class Router:
         relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
         self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
                                       request_timeout_s=cfg.request_timeout_s)
+        relay.recovery = StreamRecovery(enabled=cfg.stream_recovery, pick=self.picker.pick,
+                                        open_stream=self.attempts.open_stream, upstreams=self.upstreams, rng=self.rng,
+                                        metrics=self.metrics, max_tries=1 + cfg.max_retries,
+                                        linger=self.attempts.finish_later)
         self._rid_prefix = os.urandom(4).hex()
         self._rid_seq = 0
         self._background: set[asyncio.Task[Any]] = set()
