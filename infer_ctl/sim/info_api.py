@@ -144,6 +144,17 @@ class InfoApi:
         }
         return web.json_response({"object": "list", "data": [model]})
 
+    async def model(self, request: web.Request) -> web.Response:
+        """SGLang 0.5.23's GET /v1/models/{model}: the served model's card, or a 404 naming the model."""
+        spec, name = self.state.spec, request.match_info["model"]
+        if name != spec.model:
+            return web.json_response({"error": {"message": f"The model '{name}' does not exist",
+                                                "type": "invalid_request_error", "param": "model",
+                                                "code": "model_not_found"}}, status=404)
+        return web.json_response({"id": name, "object": "model", "created": int(self.state.start_time),
+                                  "owned_by": "sglang", "root": name, "parent": None,
+                                  "max_model_len": spec.context_length})
+
     async def tokenize(self, request: web.Request) -> web.Response:
         """SGLang's /v1/tokenize for `prompt` (a string or a list of them): the ids /generate would give
         that text (the router's mid-stream recovery asks for them). Chat `messages` are not rendered here."""

@@ -405,7 +405,7 @@ class H1Connection(asyncio.Protocol):
                 try:
                     resp: Response | StreamResponse
                     if req.invalid is not None and not req.too_large:
-                        resp = Response(400, error_body(400, req.invalid, "invalid_request"))
+                        resp = Response(400, error_body(400, req.invalid, "invalid_request_error"))
                     else:
                         resp = await self.srv.handler(req)
                 except asyncio.CancelledError:
@@ -504,7 +504,7 @@ class H1Connection(asyncio.Protocol):
     def _fatal(self, status: int, message: str) -> None:
         self.discarding = True
         if self.task is None and not self.closed:
-            self.write(Response(status, error_body(status, message, "invalid_request")).encode(True))
+            self.write(Response(status, error_body(status, message, "invalid_request_error")).encode(True))
             self._finish_close(True)  # lingering: the client may still be sending
         else:
             self.close_after = True  # answer what is in progress, then close

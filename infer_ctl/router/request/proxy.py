@@ -230,9 +230,9 @@ class Router:
         try:
             body = loads(raw)
         except (DecodeError, ValueError, UnicodeDecodeError) as exc:
-            return self.error(endpoint, rid, 400, f"malformed JSON body: {exc}", "invalid_request", "bad_json")
+            return self.error(endpoint, rid, 400, f"malformed JSON body: {exc}", "invalid_request_error", "bad_json")
         if not isinstance(body, dict):
-            return self.error(endpoint, rid, 400, "the body must be a JSON object", "invalid_request", "bad_json")
+            return self.error(endpoint, rid, 400, "the body must be a JSON object", "invalid_request_error", "bad_json")
         if obs is not None:
             raw = obs.rewrite(endpoint, body, raw)  # the tenant's priority (and stream usage), when it has one
         if self.mode == "pd" and (n := parallel_samples(body)) > 1:
@@ -240,7 +240,7 @@ class Router:
             # on a PD pair that fails the transfer; refused now instead of retried into a 500
             return self.error(endpoint, rid, 400, f"n = {n}: parallel sampling (n > 1) is not supported over "
                               "prefill/decode disaggregation (SGLang gives every sample one bootstrap room); send "
-                              "n = 1 requests in parallel", "invalid_request", "pd_parallel_sampling")
+                              "n = 1 requests in parallel", "invalid_request_error", "pd_parallel_sampling")
         text = routing_text(endpoint, body)
         ctx = RequestContext(
             rid=rid, endpoint=endpoint, request=request, raw=raw, body=body, stream=bool(body.get("stream")), text=text,
