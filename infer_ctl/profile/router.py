@@ -133,6 +133,10 @@ class RouterSettings(StrictModel):
     rewarm_idle_s: Annotated[float, Field(gt=0)] = 300.0
     #: on shutdown, wait this long for in-flight requests
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    #: mid-stream recovery: a stream whose decode fails after its first byte is continued on another pair
+    #: from the prompt plus the tokens already sent (docs/router.md, "Mid-stream recovery"); off: such a
+    #: stream ends with an error event
+    stream_recovery: bool = True
     #: circuit breaker: consecutive failures that open it, and how long it stays open
     cb_failures: Annotated[int, Field(ge=1)] = 5
     cb_open_s: Annotated[float, Field(gt=0)] = 10.0

@@ -88,6 +88,8 @@ class RouterConfig:
     max_retries: int = 2
     retry_base_s: float = 0.02
     drain_timeout_s: float = 30.0
+    #: continue a stream whose decode failed after the first byte on another pair (request/recovery.py)
+    stream_recovery: bool = True
     admin_token: str | None = None
     admin_token_env: str = "INFERCTL_ROUTER_TOKEN"
     prefixes: list[PrefixSpec] = field(default_factory=list)
@@ -311,6 +313,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         tokenizer_path=(profile.models.target.tokenizer_path or profile.models.target.path) if profile.models else None,
         max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
         balance_rel=rs.balance_rel, miss_placement=rs.miss_placement, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
+        stream_recovery=rs.stream_recovery,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s, health_holddown_max_s=rs.health_holddown_max_s,
         spec_window_requests=profile.speculative.window_requests,
         pair_min_kv_speed_gb_s=rs.pair_health.min_kv_speed_gb_s, pair_max_kv_latency_ms=rs.pair_health.max_kv_latency_ms,

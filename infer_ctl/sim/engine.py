@@ -37,6 +37,24 @@ def request_seed(
     return int.from_bytes(h.digest(), "big")
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def fold_context(h: int, ids: list[int]) -> int:
+    """A running hash of a token sequence: fold(fold(h, a), b) == fold(h, a + b), so the context of a
+    continuation sent as input_ids = prompt + emitted tokens hashes as the uninterrupted sequence did."""
+    for t in ids:
+        h = ((h ^ (t + 1)) * 0x100000001B3) & _MASK64
+    return h
+
+
+def greedy_token(h: int) -> int:
+    """The greedy choice after a context whose fold is `h` (splitmix64's finaliser, then the word list)."""
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (h ^ (h >> 31)) % len(WORDS)
+
+
 _log = logging.getLogger("infer_ctl.sim")
 #: SGLANG_CACHE_HIT_RATE_WINDOW_SECONDS (default 15): the window of the recent cache hit rate
 HIT_RATE_WINDOW_S = 15.0
@@ -50,6 +68,11 @@ class SimRequest:
     priority: int = 0
     sampling_seed: int | None = None
     sample: int = 0
+    #: temperature 0: output tokens are `greedy_token` of the context (the same on every worker, like one
+    #: model's weights), not draws of the request's seeded generator
+    greedy: bool = False
+    #: greedy: the running fold of the context's ids (None until the first token)
+    context_hash: int | None = None
     #: SGLang matches at most this many prompt tokens in the radix cache (logprob_start_len: the tokens
     #: whose input logprobs are asked for must be computed); None = no limit
     max_prefix: int | None = None
@@ -391,7 +414,7 @@ class Engine:
         req.first_token_at = at
         self.metrics.ttft.observe(self.model_seconds(at - req.arrived))
         if req.max_new_tokens > 0:
-            self._emit(req, [req.rng.randrange(len(WORDS))], at)
+            self._emit(req, [self._next_token(req)], at)
         else:
             self._finish(req, at)
 
@@ -433,13 +456,24 @@ class Engine:
                 correct.append(accepted)
                 n = min(accepted + 1, left)  # tokens past max_new_tokens are verified, not emitted
             produced += n
-            self._emit(req, [req.rng.randrange(len(WORDS)) for _ in range(n)], end)
+            self._emit(req, [self._next_token(req) for _ in range(n)], end)
         if spec is not None and correct:
             spec.verify_done(correct)
         self.last_gen_throughput = produced / model_s if model_s else 0.0
         self.running = [r for r in self.running if not r.finished]
         if self.decode_radix:
             self.cache.end_step()
+
+    @staticmethod
+    def _next_token(req: SimRequest) -> int:
+        drawn = req.rng.randrange(len(WORDS))  # drawn for greedy requests too: the acceptance draws stay put
+        if not req.greedy:
+            return drawn
+        if req.context_hash is None:
+            req.context_hash = fold_context(0xCBF29CE484222325, req.input_ids + req.output_ids)
+        token = greedy_token(req.context_hash)
+        req.context_hash = fold_context(req.context_hash, [token])
+        return token
 
     def _emit(self, req: SimRequest, tokens: list[int], at: float) -> None:
         if req.last_token_at is not None:

@@ -144,6 +144,39 @@ class InfoApi:
         }
         return web.json_response({"object": "list", "data": [model]})
 
+    async def model(self, request: web.Request) -> web.Response:
+        """SGLang 0.5.23's GET /v1/models/{model}: the served model's card, or a 404 naming the model."""
+        spec, name = self.state.spec, request.match_info["model"]
+        if name != spec.model:
+            return web.json_response({"error": {"message": f"The model '{name}' does not exist",
+                                                "type": "invalid_request_error", "param": "model",
+                                                "code": "model_not_found"}}, status=404)
+        return web.json_response({"id": name, "object": "model", "created": int(self.state.start_time),
+                                  "owned_by": "sglang", "root": name, "parent": None,
+                                  "max_model_len": spec.context_length})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """SGLang's /v1/tokenize for `prompt` (a string or a list of them): the ids /generate would give
+        that text (the router's mid-stream recovery asks for them). Chat `messages` are not rendered here."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"object": "error", "message": "malformed JSON", "type": "BadRequestError",
+                                      "code": 400}, status=400)
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        tok = self.state.tokenizer
+        if isinstance(prompt, str):
+            ids: Any = tok.encode(prompt)
+            count: Any = len(ids)
+        elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            ids = [tok.encode(p) for p in prompt]
+            count = [len(i) for i in ids]
+        else:
+            return web.json_response({"object": "error", "message": "Exactly one of 'prompt' or 'messages' must be "
+                                      "provided (the simulator tokenizes prompts only).", "type": "BadRequestError",
+                                      "code": 400}, status=400)
+        return web.json_response({"tokens": ids, "count": count, "max_model_len": self.state.spec.context_length})
+
     async def loads(self, request: web.Request) -> web.Response:
         raw = request.query.get("include")
         include = {p.strip() for p in raw.split(",")} if raw else None

@@ -57,6 +57,9 @@ class GenItem:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    #: temperature 0: each output token is a function of the whole context (engine.greedy_token), as a
+    #: model's greedy choice is, so a continuation from prompt + emitted tokens goes on exactly
+    greedy: bool = False
 
 
 @dataclass
@@ -212,6 +215,7 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
                 logprob_start_len=int(starts[i]) if want[i] else -1,
                 top_logprobs_num=int(tops[i] or 0) if want[i] else 0,
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
+                greedy=param_list[i].get("temperature") == 0,
             )
         )
     return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), parallel=copies,

@@ -100,6 +100,7 @@ class RequestRunner:
             priority=item.priority,
             sampling_seed=item.sampling_seed,
             sample=item.sample,
+            greedy=item.greedy,
             max_prefix=(n if item.logprob_start_len < 0 else item.logprob_start_len)
             if item.return_logprob
             else None,

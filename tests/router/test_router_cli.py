@@ -158,7 +158,7 @@ def test_two_authorization_headers_are_a_400_on_every_path(mixed: ThreadedSimClu
         r = httpx.request(method, handle.url + path, headers=two, json={"prompt": "hi", "max_tokens": 1})
         assert r.status_code == 400, r.text
         assert r.json()["error"] == {"message": "more than one Authorization header; send it once",
-                                     "type": "invalid_request", "code": 400}
+                                     "type": "invalid_request_error", "code": 400}
         assert httpx.get(handle.url + "/admin/status", headers={"Authorization": "Bearer tok"}).status_code == 200
 
 
@@ -177,7 +177,7 @@ def test_two_authorization_headers_are_a_400_on_every_path(mixed: ThreadedSimClu
 def test_admin_rejects_malformed_fields(live: RouterHandle, path: str, body: dict) -> None:
     r = httpx.post(live.url + path, json=body)
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["type"] == "invalid_request"
+    assert r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_human_tables_never_truncate_worker_urls_or_prefix_names(live: RouterHandle, mixed: ThreadedSimCluster,

@@ -95,7 +95,7 @@ def test_client_disconnect_cancels_the_upstream_request(router: RouterHandle, pd
 
 def test_bad_requests_get_json_errors(router: RouterHandle) -> None:
     bad = httpx.post(router.url + "/generate", content=b"{not json", timeout=10)
-    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request"
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     arr = httpx.post(router.url + "/generate", json=[1, 2], timeout=10)
     assert arr.status_code == 400 and "JSON object" in arr.json()["error"]["message"]
     # a worker-side client error is passed through, not retried

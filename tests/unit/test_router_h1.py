@@ -372,7 +372,7 @@ def test_a_slow_reader_that_keeps_draining_is_not_cut_off(monkeypatch: pytest.Mo
         served.stop()
 
 
-def error_doc(status: int, message: str, kind: str = "invalid_request") -> dict[str, object]:
+def error_doc(status: int, message: str, kind: str = "invalid_request_error") -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "code": status}}
 
 

@@ -32,7 +32,7 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=dumps(obj), content_type="application/json")
 
 
-def _err(status: int, message: str, kind: str = "invalid_request") -> web.Response:
+def _err(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
     return web.Response(status=status, body=error_body(status, message, kind), content_type="application/json")
 
 
@@ -132,10 +132,10 @@ class Admin:
         try:
             body = loads(await request.read())
         except (DecodeError, ValueError):
-            raise web.HTTPBadRequest(body=error_body(400, "malformed JSON body", "invalid_request"),
+            raise web.HTTPBadRequest(body=error_body(400, "malformed JSON body", "invalid_request_error"),
                                      content_type="application/json") from None
         if not isinstance(body, dict):
-            raise web.HTTPBadRequest(body=error_body(400, "the body must be a JSON object", "invalid_request"),
+            raise web.HTTPBadRequest(body=error_body(400, "the body must be a JSON object", "invalid_request_error"),
                                      content_type="application/json")
         return body
 
@@ -402,12 +402,12 @@ class Admin:
             if (ttl is not None and (not _number(ttl) or ttl <= 0)) or not _integer(replicas) \
                     or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
                 raise VerbRefused(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer "
-                                  f"1..{MAX_PREFIX_REPLICAS}, pin a boolean, format text or chat", "invalid_request")
+                                  f"1..{MAX_PREFIX_REPLICAS}, pin a boolean, format text or chat", "invalid_request_error")
             if keep is not None and keep not in KEEP_CHOICES:
-                raise VerbRefused(400, f"keep must be hbm, host or null, got {str(keep)[:20]!r}", "invalid_request")
+                raise VerbRefused(400, f"keep must be hbm, host or null, got {str(keep)[:20]!r}", "invalid_request_error")
             if keep == "host" and pin:
                 raise VerbRefused(400, "keep host and pin conflict: pin keeps the prefix in HBM (give keep hbm, "
-                                  "or pin false)", "invalid_request")
+                                  "or pin false)", "invalid_request_error")
             return reg.register(name, text, now=now, ttl_s=ttl, replicas=replicas, pin=pin, fmt=fmt, keep=keep)
 
         rec = await self._change(name, verb)

@@ -101,6 +101,11 @@ class RouterServer:
                 return _error(405, f"{path} takes GET", "method_not_allowed")
             resp: Response = await handler(request)
             return resp
+        if path.startswith("/v1/models/"):  # SGLang 0.5.23's model card (404 for another model): the worker's answer
+            if method not in ("GET", "HEAD"):
+                return _error(405, f"{path} takes GET", "method_not_allowed")
+            model_card: Response = await self.proxy_get(path)(request)
+            return model_card
         if path == "/flush_cache":
             # Destructive for every worker's cache: behind the admin token, like SGLang's own admin key.
             if not authorized(self.cfg.admin_token, request.headers.get("authorization", "")):

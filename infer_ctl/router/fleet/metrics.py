@@ -75,6 +75,10 @@ class RouterMetrics:
                                      registry=r)
         self.stream_errors = Counter("inferctl_router_stream_errors_total",
                                      "Streams ended with an error event after the first byte", registry=r)
+        self.recoveries = Counter("inferctl_router_stream_recoveries_total",
+                                  "Streams broken after their first byte, by how mid-stream recovery ended: resumed "
+                                  "(continued on another pair), not_continuable (not exactly: error event), failed "
+                                  "(no pair could continue it: error event)", ["outcome"], registry=r)
         self.spec_actions = Counter("inferctl_router_spec_actions_total",
                                     "Speculative-decoding controller actions (advise, relaunch, restore) by pool",
                                     ["pool", "action"], registry=r)

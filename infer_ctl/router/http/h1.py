@@ -76,7 +76,7 @@ class Request:
     """One parsed request. Header names are lower-case."""
 
     __slots__ = ("body", "conn", "content_length", "headers", "http10", "invalid", "method", "path", "query",
-                 "too_large")
+                 "stream", "too_large")
 
     def __init__(self, method: str, path: str, query: str, headers: dict[str, str], conn: H1Connection) -> None:
         self.method = method
@@ -91,6 +91,9 @@ class Request:
         self.http10 = False
         #: why the request is answered 400 without reaching the handler (a repeated `_SINGLE` header)
         self.invalid: str | None = None
+        #: the streamed response once one was prepared for this request: whether its content was delivered
+        #: (`StreamResponse.delivered`) decides how a client's close is counted (proxy.py)
+        self.stream: StreamResponse | None = None
 
 
 class Response:
@@ -126,12 +129,17 @@ class StreamResponse:
         self.finished = False
         #: False for an HTTP/1.0 client, which does not know chunked encoding: the close ends the stream
         self.chunked = True
+        #: the content is complete at the client even if the chunked terminator never reaches it: an SSE
+        #: stream's `data: [DONE]` was handed to the socket (set by the relay). The OpenAI SDK and
+        #: `inferctl bench` close on [DONE], before the terminator: that is a success, not a 499.
+        self.delivered = False
         self._conn: H1Connection | None = None
 
     async def prepare(self, request: Request, first: bytes = b"") -> None:
         """Send the head; `first`: the body's first piece, sent with it in one write (a relayed stream
         has its first chunk before it commits: one socket write fewer per stream)."""
         conn = self._conn = request.conn
+        request.stream = self
         self.chunked = not request.http10
         head = b"HTTP/1.1 %d %s\r\n" % (self.status, _reason(self.status))
         if self.chunked:
@@ -397,7 +405,7 @@ class H1Connection(asyncio.Protocol):
                 try:
                     resp: Response | StreamResponse
                     if req.invalid is not None and not req.too_large:
-                        resp = Response(400, error_body(400, req.invalid, "invalid_request"))
+                        resp = Response(400, error_body(400, req.invalid, "invalid_request_error"))
                     else:
                         resp = await self.srv.handler(req)
                 except asyncio.CancelledError:
@@ -496,7 +504,7 @@ class H1Connection(asyncio.Protocol):
     def _fatal(self, status: int, message: str) -> None:
         self.discarding = True
         if self.task is None and not self.closed:
-            self.write(Response(status, error_body(status, message, "invalid_request")).encode(True))
+            self.write(Response(status, error_body(status, message, "invalid_request_error")).encode(True))
             self._finish_close(True)  # lingering: the client may still be sending
         else:
             self.close_after = True  # answer what is in progress, then close

@@ -15,6 +15,11 @@ class EventSplitter:
     def __init__(self) -> None:
         self._buf = b""
 
+    @property
+    def pending(self) -> bool:
+        """Whether an incomplete event is buffered (the last feed ended inside one)."""
+        return bool(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data
         if b"\r\n" in buf:
@@ -22,6 +27,11 @@ class EventSplitter:
         parts = buf.split(b"\n\n")
         self._buf = parts.pop()
         return [p for p in parts if p]
+
+
+def is_done(event: bytes) -> bool:
+    """Whether an event (as EventSplitter yields it) is the stream's `data: [DONE]`."""
+    return any(line.startswith(b"data:") and line[5:].strip() == b"[DONE]" for line in event.split(b"\n"))
 
 
 def event_json(event: bytes) -> Any | None:

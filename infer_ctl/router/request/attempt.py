@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from infer_ctl.core.routing.pd import (
@@ -40,6 +42,19 @@ _PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
 
 Answer = tuple[int, bytes, str]
 Reply = h1.StreamResponse | h1.Response
+
+
+@dataclass(slots=True)
+class OpenStream:
+    """A worker stream whose first chunk arrived: what the relay copies on (`open_stream`)."""
+
+    pre: WorkerState
+    target: WorkerState
+    upstream: Response
+    first: bytes
+    #: the PD prefill's answer, still arriving (None: collocated)
+    prefill: asyncio.Task[Answer] | None
+    release: Callable[[], None]
 
 
 def prefill_outcome(pt: asyncio.Task[Answer], pre: WorkerState) -> Answer:
@@ -197,9 +212,26 @@ class AttemptRunner:
 
     # ---- streaming -------------------------------------------------------------------------------
     async def stream(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Reply:
+        opened = await self.open_stream(ctx, pre, dec, self.payload(ctx, pre, dec))
+        if not isinstance(opened, OpenStream):
+            return opened
+        try:
+            landed(ctx)
+            return await self.relay.run(ctx, pre, opened.target, opened.upstream, opened.first,
+                                        await self._prefill_meta(ctx, opened.prefill))
+        except BaseException:
+            cancel(opened.prefill)
+            raise
+        finally:
+            opened.release()
+
+    async def open_stream(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None,
+                          payload: bytes) -> OpenStream | h1.Response:
+        """Send `payload` to the pair and wait for the stream's first chunk: an OpenStream (its `release`
+        must be called when the stream ends), or a worker's non-retryable answer to pass on. Raises
+        AttemptFailed before the first chunk. Mid-stream recovery (recovery.py) opens its continuations here."""
         calls = self.calls
         read, open_, release = (calls.read, calls.open, calls.done) if ctx.obs is None else ctx.obs.calls(calls)
-        payload = self.payload(ctx, pre, dec)
         target = dec or pre
         pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
         dt = asyncio.ensure_future(open_(target, ctx.endpoint, payload, ctx.headers))
@@ -218,21 +250,23 @@ class AttemptRunner:
             except UpstreamError as exc:
                 raise AttemptFailed("decode_error" if dec else "worker_error", target.url, str(exc)) from None
             if upstream.status != 200:
-                data = await upstream.read()
+                try:
+                    data = await upstream.read()
+                finally:
+                    release(target, upstream)
                 calls.record(target, upstream.status)
                 check_status("stream_status", target, upstream.status, data)
                 return h1.Response(upstream.status, data, _JSON, headers=ctx.headers)
             first = await self.relay.first_chunk(target, upstream)
-            landed(ctx)
-            return await self.relay.run(ctx, pre, target, upstream, first, await self._prefill_meta(ctx, pt))
         except BaseException:
             cancel(pt, dt)
             if upstream is None and dt.done() and not dt.cancelled() and dt.exception() is None:
                 release(target, dt.result())  # opened concurrently with our cancellation: release it
-            raise
-        finally:
-            if upstream is not None:
+            elif upstream is not None and upstream.status == 200:
                 release(target, upstream)
+            raise
+        opened = upstream
+        return OpenStream(pre, target, opened, first, pt, lambda: release(target, opened))
 
     async def _prefill_meta(self, ctx: RequestContext, pt: asyncio.Task[Answer] | None) -> Any:
         """The prefill's first event when the client wants the prompt's logprobs (merged into every

@@ -210,6 +210,14 @@ class RequestObserver:
         if self.trace is not None:
             self.trace.streamed(ttft_s, first, last, self.completion)
 
+    def recovery(self, outcome: str, reason: str | None, tokens_sent: int) -> None:
+        """Mid-stream recovery (recovery.py) ended a broken stream this way: an event on the request's span."""
+        if self.trace is not None:
+            attrs: dict[str, Any] = {"inferctl.recovery.outcome": outcome, "inferctl.recovery.tokens_sent": tokens_sent}
+            if reason:
+                attrs["inferctl.recovery.reason"] = reason
+            self.trace.span.add_event("stream_recovery", attrs)
+
     def room(self, room: Any) -> None:
         if self.trace is not None:
             self.trace.room(room)

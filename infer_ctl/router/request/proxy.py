@@ -43,6 +43,7 @@ from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.feedback import Feedback
 from infer_ctl.router.request.observe import RequestObserver, observing
 from infer_ctl.router.request.picker import PairPicker
+from infer_ctl.router.request.recovery import StreamRecovery
 from infer_ctl.router.request.relay import StreamRelay
 from infer_ctl.router.request.retry import RetriesExhausted, with_retries
 
@@ -102,6 +103,10 @@ class Router:
         relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
         self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
                                       request_timeout_s=cfg.request_timeout_s)
+        relay.recovery = StreamRecovery(enabled=cfg.stream_recovery, pick=self.picker.pick,
+                                        open_stream=self.attempts.open_stream, upstreams=self.upstreams, rng=self.rng,
+                                        metrics=self.metrics, max_tries=1 + cfg.max_retries,
+                                        linger=self.attempts.finish_later)
         self._rid_prefix = os.urandom(4).hex()
         self._rid_seq = 0
         self._background: set[asyncio.Task[Any]] = set()
@@ -200,7 +205,10 @@ class Router:
             status = resp.status
             return resp
         except (asyncio.CancelledError, ConnectionError):
-            status = 499  # the client went away (nginx's "client closed request"): not the router's failure
+            # the client went away (nginx's "client closed request", 499): not the router's failure, and
+            # no failure at all once its stream's [DONE] was delivered (clients close before the terminator)
+            stream = request.stream
+            status = 200 if stream is not None and stream.delivered else 499
             raise
         except Exception:
             # A bug must still produce a JSON answer, never a dropped request.
@@ -222,9 +230,9 @@ class Router:
         try:
             body = loads(raw)
         except (DecodeError, ValueError, UnicodeDecodeError) as exc:
-            return self.error(endpoint, rid, 400, f"malformed JSON body: {exc}", "invalid_request", "bad_json")
+            return self.error(endpoint, rid, 400, f"malformed JSON body: {exc}", "invalid_request_error", "bad_json")
         if not isinstance(body, dict):
-            return self.error(endpoint, rid, 400, "the body must be a JSON object", "invalid_request", "bad_json")
+            return self.error(endpoint, rid, 400, "the body must be a JSON object", "invalid_request_error", "bad_json")
         if obs is not None:
             raw = obs.rewrite(endpoint, body, raw)  # the tenant's priority (and stream usage), when it has one
         if self.mode == "pd" and (n := parallel_samples(body)) > 1:
@@ -232,7 +240,7 @@ class Router:
             # on a PD pair that fails the transfer; refused now instead of retried into a 500
             return self.error(endpoint, rid, 400, f"n = {n}: parallel sampling (n > 1) is not supported over "
                               "prefill/decode disaggregation (SGLang gives every sample one bootstrap room); send "
-                              "n = 1 requests in parallel", "invalid_request", "pd_parallel_sampling")
+                              "n = 1 requests in parallel", "invalid_request_error", "pd_parallel_sampling")
         text = routing_text(endpoint, body)
         ctx = RequestContext(
             rid=rid, endpoint=endpoint, request=request, raw=raw, body=body, stream=bool(body.get("stream")), text=text,

@@ -3,7 +3,8 @@
 The router commits to the client only once the stream's first chunk exists (`first_chunk`): until
 then a failure is an AttemptFailed and the request is retried. From the first byte on nothing is
 retried; a stream that breaks ends with an error event (`data: {"error": ...}` then `data: [DONE]`),
-never silently. Back-pressure is end to end: `resp.write` waits while the client's socket is full, and
+never silently - unless mid-stream recovery (recovery.py) continues it from another pair, in which
+case the client sees one unbroken stream. Back-pressure is end to end: `resp.write` waits while the client's socket is full, and
 the upstream client pauses reading from the worker while its chunks are not taken. With the prompt's
 logprobs from the prefill (`prefill_meta`), each event is rewritten with them merged in.
 """
@@ -22,7 +23,9 @@ from infer_ctl.router.http.upstream import Response, UpstreamError
 from infer_ctl.router.request.calls import WorkerCalls
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.feedback import Feedback
+from infer_ctl.router.request.recovery import StreamRecovery
 from infer_ctl.router.request.retry import AttemptFailed
+from infer_ctl.router.request.stream import StreamTrack
 
 log = logging.getLogger("infer_ctl.router")
 
@@ -34,6 +37,8 @@ class StreamRelay:
         self.feedback = feedback
         self.clock = clock
         self.metrics = metrics
+        #: mid-stream recovery (recovery.py); set by the router once the attempt runner exists
+        self.recovery: StreamRecovery | None = None
 
     async def first_chunk(self, target: WorkerState, upstream: Response) -> bytes:
         """The stream's first chunk; a stream that breaks or ends before it is a retryable failure."""
@@ -64,54 +69,15 @@ class StreamRelay:
         if ctx.obs is not None:
             ctx.obs.first_chunk(t_first - ctx.started)
         error: str | None = None
-        while chunk is not None:
-            events = splitter.feed(chunk)
-            if prefill_meta is not None:
-                out = []
-                for ev in events:
-                    obj = sse.event_json(ev)
-                    if obj is None:
-                        out.append(ev + b"\n\n")
-                    else:
-                        last_json = merge_input_logprobs(prefill_meta, obj)
-                        out.append(sse.data_event(last_json))
-                        items = _item(items, last_json)
-                chunk = b"".join(out)
-            else:
-                for ev in reversed(events):
-                    obj = sse.event_json(ev)
-                    if obj is not None:
-                        last_json = obj
-                        break
-                if items is not None or (isinstance(last_json, dict) and "index" in last_json):
-                    for ev in events:  # a batch: every event, so no prompt's last chunk is missed
-                        items = _item(items, sse.event_json(ev))
-            if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
-                ctx.obs.stream_chunk(len(events), last_json, items)
-            # socket writes are much of the router's CPU per streamed request: the head goes with the first
-            # piece, and the end of the stream with the last one when the worker's stream is complete
-            last = upstream.complete
-            if not resp.prepared:
-                await resp.prepare(ctx.request, chunk)
-                if last:
-                    await resp.write(b"", last=True)
-            elif chunk or last:
-                await resp.write(chunk, last)
-            if chunk:
-                now = self.clock()
-                self.metrics.itl.observe(now - t_prev)
-                t_prev = now
-            try:
-                chunk = await upstream.next_chunk()
-            except UpstreamError as exc:
-                error = str(exc)
-                self.calls.failed(target, "stream", error)
-                break
-        if error is not None:
-            self.metrics.stream_errors.inc()
-            log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
-            await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
-        else:
+        booked = False
+        #: mid-stream recovery (recovery.py): what the client was sent, when this stream could be continued
+        track = self.recovery.watch(ctx) if self.recovery is not None else None
+        #: continuations opened by recovery: released when the stream ends (the first is the attempt's)
+        opened: list[Any] = []
+
+        def succeeded() -> None:
+            nonlocal booked
+            booked = True
             target.breaker.record(True, self.clock())
             if items:
                 self.feedback.answered(ctx, pre, [items[i] for i in sorted(items)])  # as a whole batch answers
@@ -119,8 +85,103 @@ class StreamRelay:
                 self.feedback.answered(ctx, pre, last_json)
             if ctx.obs is not None:
                 ctx.obs.streamed(t_first - ctx.started, t_first, t_prev)
+
+        try:
+            while chunk is not None:
+                events = splitter.feed(chunk)
+                if track is not None and track.active:
+                    chunk, last_json = _tracked(track, events, chunk, splitter, last_json)
+                elif prefill_meta is not None:
+                    out = []
+                    for ev in events:
+                        obj = sse.event_json(ev)
+                        if obj is None:
+                            out.append(ev + b"\n\n")
+                        else:
+                            last_json = merge_input_logprobs(prefill_meta, obj)
+                            out.append(sse.data_event(last_json))
+                            items = _item(items, last_json)
+                    chunk = b"".join(out)
+                else:
+                    for ev in reversed(events):
+                        obj = sse.event_json(ev)
+                        if obj is not None:
+                            last_json = obj
+                            break
+                    if items is not None or (isinstance(last_json, dict) and "index" in last_json):
+                        for ev in events:  # a batch: every event, so no prompt's last chunk is missed
+                            items = _item(items, sse.event_json(ev))
+                if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
+                    ctx.obs.stream_chunk(len(events), last_json, items)
+                # socket writes are much of the router's CPU per streamed request: the head goes with the first
+                # piece, and the end of the stream with the last one when the worker's stream is complete
+                last = upstream.complete
+                if not resp.prepared:
+                    await resp.prepare(ctx.request, chunk)
+                    if last:
+                        await resp.write(b"", last=True)
+                elif chunk or last:
+                    await resp.write(chunk, last)
+                if not resp.delivered and events and b"[DONE]" in events[-1] and sse.is_done(events[-1]):
+                    # the client has the whole content: a close from here on is a success (h1.StreamResponse.
+                    # delivered), so the success is booked now, not after the worker's terminator arrives
+                    resp.delivered = True
+                    succeeded()
+                if chunk:
+                    now = self.clock()
+                    self.metrics.itl.observe(now - t_prev)
+                    t_prev = now
+                try:
+                    chunk = await upstream.next_chunk()
+                except UpstreamError as exc:
+                    if resp.delivered:  # lost after [DONE]: the client has everything it asked for
+                        break
+                    error = str(exc)
+                    self.calls.failed(target, "stream", error)
+                    if track is None or self.recovery is None:
+                        break
+                    more = await self.recovery.resume(ctx, track, target, error)
+                    if more is None:
+                        break
+                    opened.append(more)  # the rest of the stream comes from a new pair
+                    pre, target, upstream, chunk = more.pre, more.target, more.upstream, more.first
+                    splitter = sse.EventSplitter()
+                    error = None
+        except BaseException:
+            for o in opened:
+                if o.prefill is not None and not o.prefill.done():
+                    o.prefill.cancel()
+            raise
+        finally:
+            for o in opened:
+                o.release()
+        if error is not None:
+            self.metrics.stream_errors.inc()
+            log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
+            await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
+        elif not booked:
+            succeeded()
         await resp.write_eof()
         return resp
+
+
+def _tracked(track: StreamTrack, events: list[bytes], chunk: bytes, splitter: sse.EventSplitter,
+             last_json: Any) -> tuple[bytes, Any]:
+    """A recoverable stream's chunk: every event is read into `track`, and only whole events are sent
+    (a cut inside an event would leave the client half of it before the continuation). Rewritten only
+    after a recovery; otherwise the worker's bytes go out as they came."""
+    rewrite = track.rewriting
+    out: list[bytes] | None = [] if rewrite or splitter.pending or b"\r" in chunk else None
+    for ev in events:
+        obj = sse.event_json(ev)
+        if obj is not None:
+            if rewrite:
+                obj = track.rewrite(obj)
+            track.seen(obj)
+            last_json = obj
+        if out is not None:
+            out.append(sse.data_event(obj) if rewrite and obj is not None else ev + b"\n\n")
+    return (chunk if out is None else b"".join(out)), last_json
 
 
 def _item(items: dict[int, Any] | None, obj: Any) -> dict[int, Any] | None:
