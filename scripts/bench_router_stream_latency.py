@@ -2,8 +2,8 @@
 """What a router adds to a streamed request's time to first token, one request at a time.
 
 One simulated collocated worker (`inferctl sim serve`, time scale 1, KV events on, a cache large enough
-for the run), and in front of it `inferctl router serve` and sglang-router 0.3.2 (regular mode, the
-same policy); the load generator is this script. Every request is a 1,200-word shared system prompt plus
+for the run), and in front of it `inferctl router serve` and the peer (smg 1.13.0, SGLang's current
+gateway, by default; sglang-router 0.3.2 with --peer sglang-router), regular mode, the same policy; the load generator is this script. Every request is a 1,200-word shared system prompt plus
 its own 48-word question, streamed, 4 output tokens, on a new client connection (no kept-alive
 connection can hold a chunk: docs/benchmarks.md, TTFT), and the three targets are called in turn for
 each request, so all three see the same machine. Each target gets its own question (the worker
@@ -21,9 +21,12 @@ import functools
 import json
 import os
 import random
+import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,6 +56,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=80)
     ap.add_argument("--policy", default="cache_aware", choices=["cache_aware", "round_robin"])
     ap.add_argument("--processes", type=int, default=None, help="router serve --processes (default: its own)")
+    ap.add_argument("--peer", choices=["smg", "sglang-router"], default="smg")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERCTL_ROUTER_TOKEN": ""}
@@ -72,13 +76,17 @@ def main() -> None:
              "--policy", args.policy, "--log-level", "warning"]
             + (["--processes", str(args.processes)] if args.processes else []),
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        peer = "smg 1.13.0" if args.peer == "smg" else "sglang-router 0.3.2"
+        peer_cmd = ([shutil.which("smg") or "smg", "launch"] if args.peer == "smg"
+                    else [sys.executable, "-m", "sglang_router.launch_router"])
+        peer_log = tempfile.NamedTemporaryFile(prefix="peer-", suffix=".log", delete=False)  # noqa: SIM115
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", worker, "--policy", args.policy,
-             "--host", "127.0.0.1", "--port", str(sp), "--prometheus-port", str(free_port()), "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        targets = {"direct (the worker)": worker, "inferctl router": f"http://127.0.0.1:{ip}",
-                   "sglang-router 0.3.2": f"http://127.0.0.1:{sp}"}
-        for url, proc in ((targets["inferctl router"], procs[1]), (targets["sglang-router 0.3.2"], procs[2])):
+            [*peer_cmd, "--worker-urls", worker, "--policy", args.policy,
+             "--host", "127.0.0.1", "--port", str(sp), "--prometheus-port", str(free_port()),
+             "--log-level", "warn" if args.peer == "smg" else "warning"],
+            stdout=peer_log, stderr=subprocess.STDOUT))
+        targets = {"direct (the worker)": worker, "inferctl router": f"http://127.0.0.1:{ip}", peer: f"http://127.0.0.1:{sp}"}
+        for url, proc in ((targets["inferctl router"], procs[1]), (targets[peer], procs[2])):
             wait_ready(url, proc, functools.partial(routes_ok, url), timeout=60)
         rng = random.Random(1)
         words = ["".join(rng.choice("abcdefghij") for _ in range(3)) for _ in range(1200)]
@@ -101,9 +109,13 @@ def main() -> None:
                "load_average_after": [round(x, 2) for x in os.getloadavg()],
                "rows": [{"target": name, "p50_ms": round(statistics.median(v), 3), "mean_ms": round(statistics.mean(v), 3),
                          "added_p50_ms": round(statistics.median(v) - direct, 3)} for name, v in runs.items()]}
+        # the peer's own log, read: a peer that misbehaves is found out before its figure is reported
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in Path(peer_log.name).read_text(errors="replace").splitlines()]
+        doc["peer_log_warnings"] = [ln[:300] for ln in lines if re.search(r"WARN|ERROR", ln)][:10]
         if args.json:
             print(json.dumps(doc, indent=2))
             return
+        print(f"{peer} log warnings/errors: {doc['peer_log_warnings'] or 'none'}")
         print(f"{args.requests} streamed requests per target, policy {args.policy}, load {doc['load_average_before']}"
               f" -> {doc['load_average_after']}")
         for row in doc["rows"]:
