@@ -11,14 +11,14 @@ because the simulator took any body).
    allowed" (loc `['header', 'content-type']`).
 
 Both render through SGLang's RequestValidationError handler (400 ErrorResponse, type "Bad Request").
-The texts are built as FastAPI builds them: `str(exc)` then `str(exc.errors())`. FastAPI appends the
-endpoint's source location ("File .../http_server.py, line 928, in generate_request") to the
-`/generate` one, which names a path on the engine's machine: the simulator leaves it out. Pure module.
+The texts are built as FastAPI builds them (`contract.validation_text`). FastAPI appends the endpoint's
+source location ("File .../http_server.py, line 928, in generate_request") to the `/generate` one, which
+names a path on the engine's machine: the simulator leaves it out. Pure module.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from infer_ctl.sim.contract import validation_text
 
 UNSUPPORTED = "Unsupported Media Type: Only 'application/json' is allowed"
 
@@ -39,19 +39,13 @@ def openai_accepts(content_type: str | None) -> bool:
     return (content_type or "").lower().split(";", maxsplit=1)[0] == "application/json"
 
 
-def _render(errors: list[dict[str, Any]], context: str = "") -> str:
-    n = len(errors)
-    head = f"{n} validation error{'s' if n > 1 else ''}:\n" + "\n".join(f"  {e}" for e in errors)
-    return f"{head}{context} {errors}"
-
-
 def unsupported_media_type() -> str:
     """The OpenAI routes' message for a missing or non-JSON Content-Type (byte-exact with SGLang's)."""
-    return _render([{"loc": ["header", "content-type"], "msg": UNSUPPORTED, "type": "value_error"}])
+    return validation_text([{"loc": ["header", "content-type"], "msg": UNSUPPORTED, "type": "value_error"}])
 
 
 def generate_not_json(raw: bytes) -> str:
     """`/generate`'s message for a body FastAPI did not decode (rule 1), less the endpoint location."""
-    return _render([{"type": "dataclass_type", "loc": ("body",),
+    return validation_text([{"type": "dataclass_type", "loc": ("body",),
                      "msg": "Input should be a dictionary or an instance of GenerateReqInput",
                      "input": raw, "ctx": {"class_name": "GenerateReqInput"}}])
