@@ -58,7 +58,7 @@ def serve(
     hicache_host_memory_mode: Annotated[str | None, typer.Option("--hicache-host-memory-mode", help="cache, or buffer_only (host memory only stages to storage).")] = None,
     admin_api_key: Annotated[str | None, typer.Option("--admin-api-key", help="SGLang's admin key: GET/PUT/DELETE /hicache/storage-backend answer only with it.")] = None,
     enable_pd_role_switch: Annotated[bool, typer.Option("--enable-pd-role-switch", help="SGLang's runtime role switch: POST /pd_role_switch (needs --no-spec).")] = False,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json to use instead of the built-in one.")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer.json, or the model directory holding it, to use instead of the built-in one.")] = None,
     model: Annotated[str | None, typer.Option("--served-model-name", help="The model name the workers report and accept (SGLang's --served-model-name).")] = None,
     json_: JsonOpt = False,
 ) -> None:

@@ -118,9 +118,12 @@ def contract_error(body: dict[str, Any]) -> str | None:
 
 
 def _pydantic(errors: list[dict[str, Any]]) -> str:
-    """FastAPI's RequestValidationError text as SGLang's handler renders it (shape, not byte-exact)."""
+    """FastAPI's RequestValidationError text as SGLang's handler renders it, `f"{str(exc)} {exc.errors()}"`
+    (measured against the engine: tests/engine/test_sim_differential.py); the endpoint location FastAPI
+    adds to str(exc) names a file on the engine's machine and is left out. The errors themselves are
+    pydantic-like, not byte-exact (the JSON decoder's words differ)."""
     n = len(errors)
-    head = f"{n} validation error{'s' if n > 1 else ''}:\n" + "".join(f"  {e}\n" for e in errors)
+    head = f"{n} validation error{'s' if n > 1 else ''}:\n" + "\n".join(f"  {e}" for e in errors)
     return f"{head} {errors}"
 
 

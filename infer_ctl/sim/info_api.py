@@ -131,29 +131,23 @@ class InfoApi:
             }
         )
 
-    async def models(self, request: web.Request) -> web.Response:
+    def _model_card(self) -> dict[str, Any]:
         spec = self.state.spec
-        model = {
-            "id": spec.model,
-            "object": "model",
-            "created": int(self.state.start_time),
-            "owned_by": "sglang",
-            "root": spec.model,
-            "parent": None,
-            "max_model_len": spec.context_length,
-        }
-        return web.json_response({"object": "list", "data": [model]})
+        # SGLang's ModelCard: `created` is the time of the request (a default factory), not of the launch
+        return {"id": spec.model, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                "root": spec.model, "parent": None, "max_model_len": spec.context_length}
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: web.Request) -> web.Response:
-        """SGLang 0.5.23's GET /v1/models/{model}: the served model's card, or a 404 naming the model."""
-        spec, name = self.state.spec, request.match_info["model"]
-        if name != spec.model:
+        """`GET /v1/models/{model:path}` (SGLang 0.5.23 `retrieve_model`): the card, or its 404 body."""
+        name = request.match_info["model"]
+        if name != self.state.spec.model:
             return web.json_response({"error": {"message": f"The model '{name}' does not exist",
                                                 "type": "invalid_request_error", "param": "model",
                                                 "code": "model_not_found"}}, status=404)
-        return web.json_response({"id": name, "object": "model", "created": int(self.state.start_time),
-                                  "owned_by": "sglang", "root": name, "parent": None,
-                                  "max_model_len": spec.context_length})
+        return web.json_response(self._model_card())
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """SGLang's /v1/tokenize for `prompt` (a string or a list of them): the ids /generate would give
@@ -207,11 +201,9 @@ class InfoApi:
             if not e.idle:
                 return web.Response(status=400, text="Timed out waiting for idle state.")
         if not e.idle:
-            return web.Response(
-                status=400,
-                text=f"Cache not flushed because there are pending requests. #queue-req: "
-                f"{len(e.prefill_queue) + len(e.decode_waiting)}, #running-req: {len(e.running)}",
-            )
+            # SGLang logs "Cache not flushed because there are pending requests..." on the scheduler; the
+            # client gets the empty result message's fallback (http_server.flush_cache)
+            return web.Response(status=400, text="Flush cache failed.\n")
         self.state.cache.reset()
         return web.Response(
             text="Cache flushed.\nPlease check backend logs for more details. (When there are running or "

@@ -50,6 +50,11 @@ class Histogram:
         self.n += 1
 
 
+#: SGLang's KV transfer histograms (metrics_collector.py, registered on PD workers)
+KV_LATENCY_MS_BUCKETS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
+KV_SPEED_GB_S_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
+
+
 @dataclass
 class WorkerMetrics:
     ttft: Histogram = field(default_factory=Histogram)
@@ -75,8 +80,17 @@ class WorkerMetrics:
     #: /v1/loads accept_length and /server_info avg_spec_accept_length
     spec_total_accept_tokens: int = 0
     spec_total_forward_ct: int = 0
+    #: the last finished transfer's (a prefill's /v1/loads disaggregation section)
     kv_transfer_latency_ms: float = 0.0
     kv_transfer_speed_gb_s: float = 0.0
+    #: every finished transfer: SGLang's /metrics exports these as histograms, not gauges
+    kv_transfer_latency: Histogram = field(default_factory=lambda: Histogram(KV_LATENCY_MS_BUCKETS))
+    kv_transfer_speed: Histogram = field(default_factory=lambda: Histogram(KV_SPEED_GB_S_BUCKETS))
+
+    def observe_transfer(self, latency_ms: float, speed_gb_s: float) -> None:
+        self.kv_transfer_latency_ms, self.kv_transfer_speed_gb_s = latency_ms, speed_gb_s
+        self.kv_transfer_latency.observe(latency_ms)
+        self.kv_transfer_speed.observe(speed_gb_s)
 
     @property
     def cache_hit_rate(self) -> float:
@@ -99,8 +113,11 @@ GAUGE_HELP = {
 }
 
 
-def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -> str:
-    """Prometheus text for one worker. `gauges` maps metric suffix -> value (load, cache, PD queues)."""
+def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float],
+           counters: dict[str, float] | None = None, pd: bool = False) -> str:
+    """Prometheus text for one worker. `gauges` maps metric suffix -> value (load, cache, PD queues),
+    `counters` likewise for counters kept elsewhere (the cache's evictions); `pd`: a PD worker's KV
+    transfer histograms (SGLang registers them in PD mode only)."""
     lab = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels.items())
     out: list[str] = []
 
@@ -122,7 +139,10 @@ def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -
     hist("inter_token_latency_seconds", m.itl, "Histogram of inter-token latency in seconds.")
     hist("e2e_request_latency_seconds", m.e2e, "Histogram of End-to-end request latency in seconds")
     hist("queue_time_seconds", m.queue_time, "Histogram of queueing time in seconds.")
-    counters = {
+    if pd:
+        hist("kv_transfer_latency_ms", m.kv_transfer_latency, "Histogram of KV cache transfer latency in ms.")
+        hist("kv_transfer_speed_gb_s", m.kv_transfer_speed, "Histogram of KV cache transfer speed in GB/s.")
+    all_counters = {
         "prompt_tokens_total": (m.prompt_tokens, "Number of prefill tokens processed."),
         "generation_tokens_total": (m.generation_tokens, "Number of generation tokens processed."),
         "cached_tokens_total": (m.cached_tokens, "Number of cached prompt tokens."),
@@ -131,8 +151,9 @@ def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -
         "num_bootstrap_failed_reqs_total": (m.bootstrap_failed, "Number of bootstrap failed requests."),
         "num_transfer_failed_reqs_total": (m.transfer_failed, "Number of transfer failed requests."),
         "spec_verify_calls_total": (m.spec_verify_calls, "Number of speculative decoding verification calls."),
+        **{name: (value, f"The {name.replace('_', ' ')}.") for name, value in (counters or {}).items()},
     }
-    for name, (count, help_) in counters.items():
+    for name, (count, help_) in all_counters.items():
         family(name, "counter", help_)
         out.append(f"sglang:{name}{{{lab}}} {format_value(count)}")
     all_gauges: dict[str, float] = {
@@ -141,7 +162,6 @@ def render(m: WorkerMetrics, labels: dict[str, str], gauges: dict[str, float]) -
         "spec_accept_rate": m.spec_accept_rate,
         "spec_num_steps": m.spec_num_steps,
         "spec_num_draft_tokens": m.spec_num_draft_tokens,
-        "kv_transfer_latency_ms": m.kv_transfer_latency_ms,
         **gauges,
     }
     for name, value in all_gauges.items():

@@ -16,7 +16,7 @@ from infer_ctl.sim import protocol as proto
 from infer_ctl.sim.protocol import GenItem, GenRequest, RequestError
 from infer_ctl.sim.runner import RequestRunner, Result
 from infer_ctl.sim.state import WorkerState
-from infer_ctl.sim.wire import SSE_DONE, SSE_HEADERS, read_json, sse
+from infer_ctl.sim.wire import SSE_DONE, SSE_HEADERS, read_generate_body, sse
 
 
 class NativeApi:
@@ -27,7 +27,7 @@ class NativeApi:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body: Any = None
         try:
-            body = await read_json(request)
+            body = await read_generate_body(request)
             req = proto.parse_generate(body, self.state.tokenizer)
             self.runner.validate(req)
         except RequestError as exc:

@@ -19,7 +19,7 @@ from infer_ctl.sim.protocol import GenRequest, RequestError
 from infer_ctl.sim.runner import RequestRunner, Result
 from infer_ctl.sim.spec_workload import CUSTOM_LABELS_HEADER, labels_from_header
 from infer_ctl.sim.state import WorkerState
-from infer_ctl.sim.wire import SSE_DONE, SSE_HEADERS, read_json, sse
+from infer_ctl.sim.wire import SSE_DONE, SSE_HEADERS, read_openai_body, sse
 
 
 class OpenAIApi:
@@ -36,7 +36,7 @@ class OpenAIApi:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         runner = self.runner
         try:
-            req = proto.parse_openai(await read_json(request), self.state.tokenizer, chat)
+            req = proto.parse_openai(await read_openai_body(request), self.state.tokenizer, chat)
             # SGLang's OpenAI endpoints take per-request labels from this header (serving_base.py)
             req.custom_labels = req.custom_labels or labels_from_header(request.headers.get(CUSTOM_LABELS_HEADER))
             runner.validate(req)
@@ -62,12 +62,8 @@ class OpenAIApi:
                 "matched_stop": None,
             }
             if chat:
-                choice["message"] = {
-                    "role": "assistant",
-                    "content": res["text"],
-                    "reasoning_content": None,
-                    "tool_calls": None,
-                }
+                # SGLang leaves tool_calls out of the message when there are none
+                choice["message"] = {"role": "assistant", "content": res["text"], "reasoning_content": None}
             else:
                 choice["text"] = res["text"]
             choices.append(choice)
@@ -83,14 +79,18 @@ class OpenAIApi:
             }
         )
 
-    def _usage(self, metas: list[dict[str, Any]]) -> dict[str, Any]:
-        """SGLang's UsageInfo for n choices: the prompt counted once, completions summed."""
-        return proto.usage(
+    def _usage(self, metas: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
+        """SGLang's UsageInfo for n choices: the prompt counted once, completions summed. The usage chunk of
+        a completions stream has no completion_tokens_details (SGLang builds that one without it)."""
+        usage = proto.usage(
             metas[0]["prompt_tokens"],
             sum(m["completion_tokens"] for m in metas),
             metas[0]["cached_tokens"],
             self.state.spec.enable_cache_report,
         )
+        if stream:
+            del usage["completion_tokens_details"]
+        return usage
 
     async def _stream(
         self,
@@ -106,15 +106,20 @@ class OpenAIApi:
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
         def chunk(index: int, delta_text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
-            choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None}
+            # the shapes SGLang 0.5.23 streams (measured: tests/engine/test_sim_differential.py): a chat
+            # delta always carries reasoning_content, the finishing one no content; a completions chunk
+            # carries "usage": null until the usage chunk
+            choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": None, "matched_stop": None}
             if chat:
-                delta: dict[str, Any] = {"content": delta_text}
+                delta: dict[str, Any] = {"reasoning_content": None}
                 if first:
                     delta["role"] = "assistant"
+                if delta_text or finish is None:
+                    delta["content"] = delta_text
                 choice["delta"] = delta
-            else:
-                choice["text"] = delta_text
-            return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+                return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+            choice["text"] = delta_text
+            return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": None}
 
         sent = [{"len": 0, "first": True} for _ in req.items]
 
@@ -165,7 +170,7 @@ class OpenAIApi:
                             "created": created,
                             "model": model,
                             "choices": [],
-                            "usage": self._usage(metas),
+                            "usage": self._usage(metas, stream=not chat),
                         }
                     )
                 )

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from infer_ctl.sim import contract
+from infer_ctl.sim import contract, sampling
 from infer_ctl.sim.tokenizer import Tokenizer, render_chat
 
 # Room 0 is never valid: SGLang's decode reads a metadata room of 0 as "not yet landed".
@@ -74,6 +74,9 @@ class GenRequest:
     include_usage: bool = False
     #: SGLang's per-request metric labels (`custom_labels`); the simulator reads the workload domain there
     custom_labels: dict[str, str] | None = None
+    #: SamplingParams.verify's refusal (sampling.py); raised after the context-length checks, as SGLang's
+    #: tokenizer manager validates the input before it builds the sampling params
+    sampling_error: str | None = None
 
 
 def _labels(value: Any) -> dict[str, str] | None:
@@ -218,8 +221,10 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
                 greedy=param_list[i].get("temperature") == 0,
             )
         )
+    checked = (sampling.verify(p) for p in param_list if isinstance(p, dict))
     return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), parallel=copies,
-                      custom_labels=_labels(body.get("custom_labels")))
+                      custom_labels=_labels(body.get("custom_labels")),
+                      sampling_error=next((e for e in checked if e is not None), None))
 
 
 def _openai_int(body: dict[str, Any], key: str) -> int | None:
@@ -294,6 +299,7 @@ def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
         model=body.get("model"),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
         custom_labels=_labels(body.get("custom_labels")),
+        sampling_error=sampling.verify({**sampling.from_openai(body), "max_new_tokens": mnt}),
     )
 
 

@@ -38,7 +38,8 @@ class RequestRunner:
         self.fetch_kv = fetch_kv
 
     def validate(self, req: GenRequest) -> None:
-        """SGLang's context-length checks (tokenizer_manager), before anything is queued."""
+        """SGLang's context-length checks (tokenizer_manager), then its sampling-parameter checks, before
+        anything is queued."""
         ctx = self.state.spec.context_length
         for it in req.items:
             n = len(it.input_ids)
@@ -54,6 +55,8 @@ class RequestRunner:
                     f"messages and {it.max_new_tokens} tokens for the completion. Please reduce the number "
                     "of tokens in the input messages or the completion to fit within the limit.",
                 )
+        if req.sampling_error is not None:
+            raise RequestError(400, req.sampling_error)
 
     async def parallel_warmup(self, req: GenRequest) -> None:
         """SGLang's n > 1 path (`tokenizer_manager._handle_batch_request`): before any sample, each prompt
@@ -166,9 +169,8 @@ class RequestRunner:
             if entry.failure:  # another request took the same room meanwhile (rooms.RoomTable.register)
                 raise RequestError(500, entry.failure)
             # SGLang's last-transfer values (disaggregation/prefill.py; speed as req_time_stats.py: MiB / 1024 / s)
-            e.metrics.kv_transfer_latency_ms = transfer_s * 1000
             nbytes = sreq.prompt_tokens * st.timing.kv_bytes_per_token
-            e.metrics.kv_transfer_speed_gb_s = nbytes / 2**30 / transfer_s if transfer_s > 0 else 0.0
+            e.metrics.observe_transfer(transfer_s * 1000, nbytes / 2**30 / transfer_s if transfer_s > 0 else 0.0)
             rooms.land(entry, sreq.cached_tokens, transfer_s * 1000)
             sreq.finished_at = asyncio.get_running_loop().time()
         except BaseException:

@@ -157,7 +157,7 @@ class SimWorker(WorkerState):
         for path in ("/model_info", "/get_model_info"):
             r.add_get(path, info.model_info)
         r.add_get("/v1/models", info.models)
-        r.add_get("/v1/models/{model:.+}", info.model)
+        r.add_get("/v1/models/{model:.+}", info.model)  # a model path holds slashes
         r.add_get("/v1/loads", info.loads)
         for path in ("/v1/tokenize", "/tokenize"):
             r.add_post(path, info.tokenize)

@@ -83,7 +83,6 @@ def metrics_text(state: WorkerState) -> str:
         "kv_available_tokens": max(0, state.timing.kv_capacity_tokens - load["num_used_tokens"]),
         "gen_throughput": load["gen_throughput"],
         "utilization": load["utilization"],
-        "evicted_tokens_total": state.cache.evicted_total,
         "num_prefill_bootstrap_queue_reqs": rooms.waiting_for_decode,
         "num_prefill_inflight_queue_reqs": rooms.inflight,
         "num_decode_prealloc_queue_reqs": load["disaggregation"]["decode_prealloc_queue_reqs"],
@@ -92,6 +91,8 @@ def metrics_text(state: WorkerState) -> str:
     # the room table counts PD failures on the prefill side, the KV receiver on the decode side
     e.metrics.bootstrap_failed = rooms.bootstrap_failed
     e.metrics.transfer_failed = max(e.metrics.transfer_failed, rooms.transfer_failed)
-    text = render_metrics(e.metrics, labels, gauges)
+    # SGLang's sglang:evicted_tokens_total is a counter (device KV slots freed by eviction)
+    text = render_metrics(e.metrics, labels, gauges, counters={"evicted_tokens_total": state.cache.evicted_total},
+                          pd=state.launch_mode != "null")
     tiers = tier_families(state.cache, labels)  # HiCache's series (sim/tiers.py), none without tiers
     return text if not tiers else text.rstrip("\n") + "\n" + render_families(tiers)

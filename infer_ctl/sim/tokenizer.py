@@ -8,6 +8,7 @@ are drawn from a small fixed word list whose ids decode back to text.
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 # the built-in tokenizer and the chat template live in core so a router tokenizes as a simulated worker does
@@ -25,7 +26,9 @@ class Tokenizer(Protocol):
 
 
 class FileTokenizer:
-    """A Hugging Face `tokenizer.json` loaded with the `tokenizers` library (the `tokenizers` extra)."""
+    """A Hugging Face `tokenizer.json` loaded with the `tokenizers` library (the `tokenizers` extra). `path`
+    may be the model directory that holds it, as SGLang's `--tokenizer-path` is: `/server_info` and
+    `/model_info` then report the same path as the engine launched with that directory."""
 
     def __init__(self, path: str) -> None:
         try:
@@ -34,7 +37,7 @@ class FileTokenizer:
             from infer_ctl.errors import MissingExtraError
 
             raise MissingExtraError("tokenizers", "tokenizers", "a simulator with a tokenizer file") from exc
-        self._tok = HfTokenizer.from_file(path)
+        self._tok = HfTokenizer.from_file(os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path)
         self.name = path
 
     def encode(self, text: str) -> list[int]:

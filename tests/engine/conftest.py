@@ -7,6 +7,9 @@ once per session and shared by every test of the tier (each start costs ~25 s of
                             --enable-pd-role-switch
     engine_fleet.decode     PD decode
 
+The collocated pair is its own fixture (`engine_colloc`), which the fleet reuses: a module that needs only
+those two starts no PD pair.
+
 Tests that change a server (flush, restart) put it back as they found it. Every test here is marked
 `engine` and `slow`; without the environment they skip naming the command that installs it.
 """
@@ -67,21 +70,44 @@ class Fleet:
         return [self.colloc, self.colloc_p1, self.prefill, self.decode]
 
 
+@dataclass
+class Colloc:
+    colloc: engine.EngineServer
+    colloc_p1: engine.EngineServer
+
+
 @pytest.fixture(scope="session")
-def engine_fleet(engine_python: Path, tiny_models: Models,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    logs = tmp_path_factory.mktemp("engine-logs")
+def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine-logs")
+
+
+@pytest.fixture(scope="session")
+def engine_colloc(engine_python: Path, tiny_models: Models, engine_logs: Path) -> Iterator[Colloc]:
+    """The two collocated servers alone: a test module that needs no PD pair (the differential test)
+    starts 2 servers, not 4, on a 2-core machine."""
+    pair = Colloc(
+        colloc=engine.EngineServer("colloc", tiny_models.config, engine_logs, page_size=16, kv_events=True),
+        colloc_p1=engine.EngineServer("colloc-p1", tiny_models.jinja, engine_logs, page_size=1, kv_events=True),
+    )
+    engine.start_all([pair.colloc, pair.colloc_p1])
+    yield pair
+    for s in (pair.colloc, pair.colloc_p1):
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_fleet(engine_colloc: Colloc, tiny_models: Models, engine_logs: Path) -> Iterator[Fleet]:
     fleet = Fleet(
-        colloc=engine.EngineServer("colloc", tiny_models.config, logs, page_size=16, kv_events=True),
-        colloc_p1=engine.EngineServer("colloc-p1", tiny_models.jinja, logs, page_size=1, kv_events=True),
+        colloc=engine_colloc.colloc,
+        colloc_p1=engine_colloc.colloc_p1,
         # --enable-pd-role-switch: tests/engine/test_role_switch_engine.py asks it (prepare-only and refusals:
         # nothing switches, the other tests see a plain prefill)
-        prefill=engine.EngineServer("prefill", tiny_models.jinja, logs, mode="prefill", kv_events=True,
+        prefill=engine.EngineServer("prefill", tiny_models.jinja, engine_logs, mode="prefill", kv_events=True,
                                     extra=["--enable-pd-role-switch"]),
-        decode=engine.EngineServer("decode", tiny_models.jinja, logs, mode="decode"),
+        decode=engine.EngineServer("decode", tiny_models.jinja, engine_logs, mode="decode"),
         models=tiny_models,
     )
-    engine.start_all(fleet.all)
+    engine.start_all([fleet.prefill, fleet.decode])
     yield fleet
-    for s in fleet.all:
+    for s in (fleet.prefill, fleet.decode):
         s.stop()

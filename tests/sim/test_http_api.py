@@ -115,7 +115,9 @@ def test_chat_completions_stream_with_usage(mixed: str) -> None:
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"  # type: ignore[index]
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
     assert chunks[-1]["usage"]["completion_tokens"] == 6  # type: ignore[index]
-    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks[:-1])  # type: ignore[index]
+    # as SGLang's, the finishing chunk's delta carries no content (tests/engine/test_sim_differential.py)
+    assert "content" not in chunks[-2]["choices"][0]["delta"]  # type: ignore[index]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])  # type: ignore[index]
     assert text.strip()
 
 
@@ -210,7 +212,9 @@ def test_flush_cache_busy_is_400_and_client_disconnect_aborts(mixed: str) -> Non
         lines = r.iter_lines()  # keep the iterator: dropping it closes the stream
         assert next(lines).startswith("data:")  # the request is running now
         busy = httpx.get(mixed + "/flush_cache")
-        assert busy.status_code == 400 and "pending requests" in busy.text
+        # SGLang 0.5.23 answers its fallback text; "pending requests" is only in its scheduler's log
+        # (measured against the engine: tests/engine/test_sim_differential.py)
+        assert busy.status_code == 400 and busy.text == "Flush cache failed.\n"
     # closing the stream disconnects the client; SGLang aborts the request and the server goes idle
     for _ in range(200):
         if httpx.get(mixed + "/v1/loads").json()["loads"][0]["num_running_reqs"] == 0:
