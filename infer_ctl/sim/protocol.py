@@ -218,7 +218,8 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
                 logprob_start_len=int(starts[i]) if want[i] else -1,
                 top_logprobs_num=int(tops[i] or 0) if want[i] else 0,
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
-                greedy=param_list[i].get("temperature") == 0,
+                # no sampling_params at all is SGLang's default sampling (temperature 1.0), not greedy
+                greedy=isinstance(param_list[i], dict) and param_list[i].get("temperature") == 0,
             )
         )
     checked = (sampling.verify(p) for p in param_list if isinstance(p, dict))
