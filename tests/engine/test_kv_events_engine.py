@@ -106,9 +106,12 @@ def test_exact_index_against_sglang_cached_tokens(kv_router: tuple[RouterHandle,
     assert acc["requests"] == 10 and acc["reported"] > 0 and acc["exact"] >= 0.85 * acc["reported"], acc
     doc = _workers(router)[server.url]
     assert doc["index"] == "exact" and doc["kv_blocks"] > 0
-    # a flush: SGLang publishes AllBlocksCleared and the index empties
+    # a flush: SGLang publishes AllBlocksCleared and the index empties (up to the few tokens the router's
+    # own /health probes put back at page size 1: SGLang's /health runs a one-token generation)
+    held = doc["kv_blocks"]
     _flush(server)
-    assert wait_for(lambda: _workers(router)[server.url]["kv_blocks"] == 0, timeout=15)
+    assert wait_for(lambda: _workers(router)[server.url]["kv_blocks"] <= (8 if server.page_size == 1 else 0),
+                    timeout=15), (held, _workers(router)[server.url])
 
 
 def test_template_layout_is_read(engine_fleet: Fleet) -> None:
