@@ -199,6 +199,7 @@ class HealthChecker:
                 w.instance = instance
             w.radix_priority = prio
             if load is not None:
+                w.polled_at = now
                 w.queued, w.running, cap = load
                 w.external = max(0, w.queued + w.running - w.load_inflight)
                 if cap and w.role in ("prefill", "mixed"):

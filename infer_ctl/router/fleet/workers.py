@@ -38,6 +38,9 @@ class WorkerState:
     #: prefill only: the bootstrap port the worker reports in /server_info (disaggregation_bootstrap_port)
     bootstrap_reported: int | None = None
     max_total_tokens: int | None = None
+    #: router clock of the last /v1/loads answer: how fresh `queued`/`running` are (pd control refuses to
+    #: switch on a stale view, core/pd/control.py)
+    polled_at: float | None = None
     #: identity of the worker process (/server_info start time); a change means a restart
     instance: str | None = None
     #: the worker evicts by priority (--radix-eviction-policy priority): pinned warm-ups get priority
