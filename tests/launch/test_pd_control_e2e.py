@@ -174,3 +174,36 @@ def test_admin_pd_view(fleet: tuple[ThreadedSimCluster, RouterHandle]) -> None:
     assert doc["counters"]["ttft_count"] >= 1 and doc["counters"]["itl_count"] >= 1
     r = httpx.post(handle.url + "/admin/pd/actions", json={"action": "bogus"}, timeout=5)
     assert r.status_code == 400
+
+
+class _Calm(PdControlLoop):
+    """The real loop, its window one where both pools meet their objectives: only capacity back acts."""
+
+    def observe(self) -> Observation:
+        servers, _, stale = parse(self.client.call("GET", "/admin/pd"))
+        return Observation(tuple(servers), Window(50, 0.1, 0.01, 100.0, 50.0), stale)
+
+
+def test_capacity_back_a_dead_decode_is_covered_by_a_prefill_and_given_back(
+        fleet: tuple[ThreadedSimCluster, RouterHandle], tmp_path: Path) -> None:
+    c, handle = fleet
+    prof = validate_profile_data(PROFILE)
+    client = AdminClient(handle.url, timeout=30)
+    loop = _Calm(prof, router_url=handle.url, mode="act", client=client, state_path=tmp_path / "s.json",
+                 switcher=RoleSwitcher(client, decode_cuda_graph_memory_gb=2.0, drain_timeout_s=10))
+    assert loop.tick() == []
+    dead = c.urls[3]
+    c.stop_worker(3)  # kill -9 of one of two decodes, as the router sees it: it stops answering
+    wait_for(lambda: not next(w for w in _pd_doc(handle)["workers"] if w["url"] == dead)["healthy"], 10)
+    recs = loop.tick()
+    assert [r["action"] for r in recs] == ["cover"] and recs[0]["covers"] == dead, recs
+    cover = recs[0]["server"]
+    assert _roles(handle)[cover] == "decode" and recs[0]["result"]["seconds"] < 10
+    assert _generate(handle).status_code == 200
+    assert loop.tick() == []  # covered once
+    c.start_worker(3)  # the relaunch
+    wait_for(lambda: next(w for w in _pd_doc(handle)["workers"] if w["url"] == dead)["available"], 15)
+    recs = loop.tick()
+    assert [(r["action"], r["server"], r["to_role"]) for r in recs] == [("restore", cover, "prefill")]
+    assert sorted(_roles(handle).values()) == ["decode", "decode", "prefill", "prefill"]
+    assert loop.state.covers == {}

@@ -152,3 +152,15 @@ def test_decision_as_dict_names_the_move() -> None:
     d = Decision("switch", "why", "http://p0", "prefill", "decode", {"prefill": 0.2, "decode": 2.0})
     assert d.as_dict() == {"decision": "switch", "reason": "why", "pressures": {"prefill": 0.2, "decode": 2.0},
                            "server": "http://p0", "from_role": "prefill", "to_role": "decode"}
+
+
+def test_capacity_back_for_a_server_drained_by_remediation_and_kept_while_it_is_gone() -> None:
+    st = State()
+    drained = tuple(Server(s.url, s.role, available=False, draining=True) if s.url == "http://p1" else s
+                    for s in _fleet())
+    d = decide(_obs(0.2, 0.01, servers=drained), st, S, 0.0)
+    assert (d.action, d.to_role, d.covers, d.server) == ("cover", "prefill", "http://p1", "http://d0")
+    switched(st, d, 0.0, ok=True, fatal=False)
+    gone = tuple(s for s in drained if s.url != "http://p1")  # removed while it relaunches
+    assert decide(_obs(0.2, 0.01, servers=gone), st, S, 1.0).action != "restore"
+    assert st.covers == {"http://p1": "http://d0"}

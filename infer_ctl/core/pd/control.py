@@ -19,7 +19,7 @@ the donor pool to the short one only when
 A server whose rebuild failed (SGLang: `safe_to_restore: false`, restart required) is never chosen again
 (`fatal`): SGLang leaves it half torn down, and a retry cannot succeed.
 
-Capacity back (issue 30 item 4): a pool with a server down (unhealthy, not drained by anyone) may borrow
+Capacity back (issue 30 item 4): a pool with a server down (unhealthy, or drained by `audit --remediate`) may borrow
 a server of the other pool at once (no dwell: the dead server's load is already on the rest) when the
 other pool has headroom (its pressure with one server less stays under `trigger`), and gives it back when
 the dead one is healthy again.
@@ -237,14 +237,17 @@ def _capacity(obs: Observation, st: State, s: Settings, p: dict[str, float | Non
         if c is None:  # the borrowed server is gone from the router: nothing to give back
             del st.covers[dead]
             continue
-        if d is None or (d.healthy and d.available):
+        # a down server removed from the router may be relaunching: the cover stays until it is back
+        if d is not None and d.healthy and d.available:
             return Decision("restore", f"{dead} is back: {cover} returns to the {other(c.role)} pool", server=cover,
                             from_role=c.role, to_role=other(c.role), pressures=p, covers=dead)
     if not s.cover_failures:
         return None
     covered = set(st.covers)
     for d in obs.servers:
-        if d.healthy or d.draining or d.url in covered or d.role not in ROLES or d.url in st.fatal:
+        # down: unhealthy, or drained by someone else (`audit --remediate`): this controller's own drains
+        # end within its round, and a server it left drained after a failed rebuild is in `fatal`
+        if (d.healthy and not d.draining) or d.url in covered or d.role not in ROLES or d.url in st.fatal:
             continue
         donor = _pool(obs, other(d.role), st)
         if len(donor) <= s.min_servers:
