@@ -70,6 +70,9 @@ class RouterConfig:
     prefix_ttl_s: float = 1800.0
     index_max_tokens: int = 2_000_000
     block_chars: int = 64
+    #: a decode whose estimated free KV cannot hold the request's prompt + max tokens is not chosen while
+    #: another can (core/routing/policy.py choose_decode); False: least loaded by request count only
+    decode_capacity: bool = True
     health_interval_s: float = 5.0
     health_timeout_s: float = 2.0
     health_failures: int = 2

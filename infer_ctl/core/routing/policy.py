@@ -46,6 +46,8 @@ class WorkerView:
     queued: int = 0
     #: healthy and its circuit breaker lets requests through
     available: bool = True
+    #: a decode's free KV tokens as the router estimates them (router/fleet/workers.py `kv_free`); None: unknown
+    kv_free: int | None = None
 
     @property
     def load(self) -> int:
@@ -267,8 +269,15 @@ def _spread(ok: Sequence[WorkerView], matches: dict[str, int], rng: random.Rando
     return Choice(best.url, reason, matches[best.url])
 
 
-def choose_decode(workers: Sequence[WorkerView], rng: random.Random, *, policy: str = "load", seq: int = 0) -> Choice:
+def choose_decode(workers: Sequence[WorkerView], rng: random.Random, *, policy: str = "load", seq: int = 0,
+                  need: int | None = None) -> Choice:
+    """`need`: the KV tokens the request may grow to (prompt + max tokens): a decode whose free KV cannot
+    hold it is not chosen while another can (SGLang would retract running requests there to make room, and
+    each retraction costs a recompute or a host round trip); when none can, the policy chooses among all."""
     cands = _available(workers)
+    if need is not None:
+        room = [w for w in cands if w.kv_free is None or w.kv_free >= need]
+        cands = room or cands
     if policy == "round_robin":
         return Choice(cands[seq % len(cands)].url, "round_robin")
     least = min(w.load for w in cands)

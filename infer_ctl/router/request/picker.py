@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from infer_ctl.core.routing.capacity import kv_need
 from infer_ctl.core.routing.coalesce import PendingBlocks
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import (
@@ -136,8 +137,13 @@ class PairPicker:
                 n = ctx.predicted_chars // self.index.block_chars
                 ctx.seen = self.index.last_use(ctx.hashes[n - 1], choice.url) if n and not ctx.exact else None
             else:
+                # decode chosen by capacity (core/routing/capacity.py): the KV the request may grow to
+                need = kv_need(ctx.endpoint, ctx.body, len(ctx.text), self.kv.chars_per_token() or 4.0
+                               if self.kv is not None else 4.0) if self.workers.cfg.decode_capacity else None
                 choice = choose_decode(views, self.rng, policy="round_robin" if self.policy.policy == "round_robin" else "load",
-                                       seq=self.seq)
+                                       seq=self.seq, need=need)
+                if need is not None:
+                    self.workers.by_url[choice.url].routed(need)
             w = self.workers.by_url[choice.url]
             if w.breaker.acquire(now):
                 return w
