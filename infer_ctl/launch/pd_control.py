@@ -41,7 +41,7 @@ def settings_of(profile: Profile) -> Settings:
     p = profile.pd
     return Settings(ttft_slo_s=p.ttft_slo_s, itl_slo_s=p.itl_slo_s, trigger=p.trigger, hysteresis=p.hysteresis,
                     sustain_s=p.sustain_s, cooldown_s=p.cooldown_s, min_requests=p.min_requests, stale_s=p.stale_s,
-                    min_servers=p.min_servers, cover_failures=p.cover_failures)
+                    min_servers=p.min_servers, cover_failures=p.cover_failures, queue_target=p.queue_target)
 
 
 def default_state_path(profile: Profile) -> Path:
@@ -55,7 +55,8 @@ def parse(doc: dict[str, Any]) -> tuple[list[Server], Counters, float | None]:
         if not isinstance(w, dict) or w.get("role") not in ("prefill", "decode"):
             continue
         servers.append(Server(str(w["url"]), str(w["role"]), bool(w.get("available")), bool(w.get("healthy", True)),
-                              bool(w.get("draining")), int(w.get("inflight") or 0) + int(w.get("queued") or 0)))
+                              bool(w.get("draining")), int(w.get("inflight") or 0) + int(w.get("queued") or 0),
+                              int(w.get("queued") or 0)))
         # a down server is polled by probes that fail: its age says nothing about the view of the others
         if w.get("healthy", True) and not w.get("draining"):
             ages.append(w.get("load_age_s"))
@@ -116,7 +117,7 @@ class PdControlLoop:
             doc = json.loads(self.state_path.read_text(encoding="utf-8"))
             st = doc["state"]
             self.state = State(st.get("want"), st.get("since"), st.get("last_switch_at"), list(st.get("fatal") or []),
-                               dict(st.get("covers") or {}))
+                               dict(st.get("covers") or {}), dict(st.get("queue_ema") or {}))
             c = doc.get("counters")
             self.prev = Counters(**c) if isinstance(c, dict) else self.prev
         except (OSError, ValueError, KeyError, TypeError):

@@ -45,5 +45,7 @@ class PdControlSettings(StrictModel):
     decode_cuda_graph_memory_gb: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     #: how long the drain through the router may take before the switch is given up (the server put back)
     drain_timeout_s: Positive = 60.0
+    #: requests waiting per server (as the workers report them) that count as a pressure of 1.0
+    queue_target: Positive = 4.0
     #: a dead server's pool may borrow a server of the other pool while it relaunches (issue 30 item 4)
     cover_failures: bool = True

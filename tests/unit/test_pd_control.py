@@ -164,3 +164,16 @@ def test_capacity_back_for_a_server_drained_by_remediation_and_kept_while_it_is_
     gone = tuple(s for s in drained if s.url != "http://p1")  # removed while it relaunches
     assert decide(_obs(0.2, 0.01, servers=gone), st, S, 1.0).action != "restore"
     assert st.covers == {"http://p1": "http://d0"}
+
+
+def test_ttft_counts_against_the_pool_with_the_longer_queue() -> None:
+    # long outputs: the decodes' queues are long, TTFT is high (requests wait for a decode slot), ITL fine
+    queued = tuple(Server(s.url, s.role, queued=8 if s.role == "decode" else 0) for s in _fleet())
+    st = State()
+    d = decide(_obs(2.5, 0.02, servers=queued), st, S, 0.0)
+    assert (d.action, d.to_role) == ("hold", "decode") and d.pressures["decode"] == 2.5
+    assert decide(_obs(2.5, 0.02, servers=queued), st, S, 10.0).action == "switch"
+    # the same TTFT with the prefills' queues long is the prefill pool's
+    queued = tuple(Server(s.url, s.role, queued=8 if s.role == "prefill" else 0) for s in _fleet())
+    d = decide(_obs(2.5, 0.02, servers=queued), State(), S, 0.0)
+    assert d.to_role == "prefill" and d.pressures["prefill"] == 2.5

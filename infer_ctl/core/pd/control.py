@@ -49,6 +49,8 @@ class Settings:
     stale_s: float = 10.0
     min_servers: int = 1
     cover_failures: bool = True
+    #: requests waiting per server that count as a pressure of 1.0
+    queue_target: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class Server:
     draining: bool = False
     #: requests on it: the router's in flight plus what the worker reports queued
     load: int = 0
+    #: requests the worker reports waiting (/v1/loads num_waiting_reqs: a decode's include those waiting for a
+    #: KV slot)
+    queued: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,8 @@ class State:
     fatal: list[str] = field(default_factory=list)
     #: capacity back: a down server's URL -> the server borrowed from the other pool to cover it
     covers: dict[str, str] = field(default_factory=dict)
+    #: the pools' queues per server, smoothed over rounds (one sample is one instant)
+    queue_ema: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -154,12 +161,34 @@ class Decision:
         return out
 
 
-def pressures(w: Window, s: Settings) -> dict[str, float | None]:
-    """The pools' pressures over the window, None where it holds too few streamed requests."""
+def queues(obs: Observation) -> dict[str, float]:
+    """Requests the workers report waiting, per available server of each pool."""
+    out = {}
+    for role in ROLES:
+        pool = [x for x in obs.servers if x.role == role and x.available]
+        out[role] = sum(x.queued for x in pool) / len(pool) if pool else 0.0
+    return out
+
+
+def pressures(w: Window, s: Settings, queue: dict[str, float] | None = None) -> dict[str, float | None]:
+    """The pools' pressures, None where the window holds too few streamed requests.
+
+    Prefill: TTFT over its objective; decode: ITL over its objective; each at least its queue per server
+    over `queue_target` (`queue`: the controller's smoothed queues). A request that waits for a decode slot
+    waits before its first token too (SGLang's prefill holds its KV until the decode preallocates), so TTFT
+    counts against the pool with the longer queue: a long-output mix shows as TTFT with the decodes'
+    queues long, not as ITL (a decode's step time barely grows with its batch while it reads weights)."""
     if w.streamed < s.min_requests:
         return {"prefill": None, "decode": None}
-    return {"prefill": None if w.ttft_mean is None else w.ttft_mean / s.ttft_slo_s,
-            "decode": None if w.itl_mean is None else w.itl_mean / s.itl_slo_s}
+    q = queue or {"prefill": 0.0, "decode": 0.0}
+    ttft = None if w.ttft_mean is None else w.ttft_mean / s.ttft_slo_s
+    itl = None if w.itl_mean is None else w.itl_mean / s.itl_slo_s
+    ttft_to = "decode" if q["decode"] > q["prefill"] else "prefill"
+    out: dict[str, float | None] = {}
+    for role, own in (("prefill", None), ("decode", itl)):
+        parts = [v for v in (own, ttft if ttft_to == role else None, q[role] / s.queue_target) if v is not None]
+        out[role] = max(parts)
+    return out
 
 
 def _pool(obs: Observation, role: str, st: State) -> list[Server]:
@@ -177,7 +206,9 @@ def projected(p: float, n: int) -> float:
 
 def decide(obs: Observation, st: State, s: Settings, now: float) -> Decision:
     """The round's decision; updates the dwell in `st` (the caller records a switch with `switched`)."""
-    p = pressures(obs.window, s)
+    for role, q in queues(obs).items():
+        st.queue_ema[role] = q if role not in st.queue_ema else (st.queue_ema[role] + q) / 2
+    p = pressures(obs.window, s, st.queue_ema)
     if obs.stale_s is None or obs.stale_s > s.stale_s:
         st.want = st.since = None  # a stale view does not count toward the dwell either
         age = "never polled" if obs.stale_s is None else f"{obs.stale_s:.1f} s old"
