@@ -151,7 +151,9 @@ class PdControlLoop:
     def observe(self) -> Observation:
         servers, counters, stale = parse(self.client.call("GET", "/admin/pd"))
         win = window(self.prev, counters)
-        self.prev = counters
+        if win.streamed >= self.settings.min_requests or self.prev is None:
+            # a window too thin to judge grows into the next round's instead of being thrown away
+            self.prev = counters
         return Observation(tuple(servers), win, stale)
 
     def tick(self) -> list[dict[str, Any]]:

@@ -227,10 +227,11 @@ def decide(obs: Observation, st: State, s: Settings, now: float) -> Decision:
         if pt >= s.trigger and pt >= (1 + s.hysteresis) * after:
             moves.append((pt / after if after else math.inf, to, donor, after))
     if not moves:
+        if None in p.values():  # no evidence either way: the dwell neither advances nor starts over
+            return Decision("none", "too few streamed requests in the window", pressures=p)
         st.want = st.since = None
-        why = ("too few streamed requests in the window" if None in p.values() else
-               "the split fits the mix (no pool misses its objective by more than the other would without a server)")
-        return Decision("none", why, pressures=p)
+        return Decision("none", "the split fits the mix (no pool misses its objective by more than the other "
+                                "would without a server)", pressures=p)
     _, to, donor, after = max(moves, key=lambda m: m[0])
     if st.want != to:
         st.want, st.since = to, now
