@@ -84,3 +84,33 @@ def test_long_outputs_overflow_a_decode_by_request_count_and_not_by_capacity() -
     assert failed == 0 and by_count > 0
     failed, by_capacity = _run(decode_capacity=True)
     assert failed == 0 and by_capacity == 0, (by_count, by_capacity)
+
+
+def test_a_decode_nvlink_connected_to_the_prefill_is_preferred_while_about_as_loaded() -> None:
+    rng = random.Random(0)
+    far, close = WorkerView("http://far", 0), WorkerView("http://close", 2)
+    assert choose_decode([far, close], rng).url == "http://far"
+    assert choose_decode([far, close], rng, near={"http://close"}).url == "http://close"
+    busy = WorkerView("http://close", 3)  # over the slack: the least loaded wins
+    assert choose_decode([far, busy], rng, near={"http://close"}).url == "http://far"
+    # capacity first: a near decode that cannot hold the request is not preferred
+    full = WorkerView("http://close", 0, 0, True, 100)
+    assert choose_decode([WorkerView("http://far", 1), full], rng, need=1_000, near={"http://close"}).url == "http://far"
+
+
+def test_nvlink_domains_come_from_the_profile_by_host() -> None:
+    from infer_ctl.profile.load import validate_profile_data
+    from infer_ctl.router.config import from_profile
+
+    prof = validate_profile_data({
+        "name": "nvl", "models": {"target": {"path": "/m/t", "tp": 8}},
+        "nodes": [{"name": "a", "host": "10.0.0.1", "roles": ["prefill", "decode"], "nvlink_domain": "rack1"},
+                  {"name": "b", "host": "10.0.0.2", "roles": ["decode"], "nvlink_domain": "rack1"},
+                  {"name": "c", "host": "10.0.0.3", "roles": ["prefill", "decode"]}]})
+    cfg = from_profile(prof, env={})
+    assert cfg.nvlink_domains == {"10.0.0.1": "rack1", "10.0.0.2": "rack1"}
+    reg = WorkerRegistry(cfg)
+    pre_a = next(w.url for w in reg.all() if w.role == "prefill" and "10.0.0.1" in w.url)
+    pre_c = next(w.url for w in reg.all() if w.role == "prefill" and "10.0.0.3" in w.url)
+    assert {u.split("//")[1].split(":")[0] for u in reg.near(pre_a)} == {"10.0.0.1", "10.0.0.2"}
+    assert reg.near(pre_c) == set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.flap import FlapDamper
@@ -201,6 +202,16 @@ class WorkerRegistry:
     def prefill_like(self) -> list[WorkerState]:
         """Workers that compute prompts: prefill in PD mode, every worker in collocated mode."""
         return self.role("prefill", "mixed")
+
+    def near(self, url: str) -> set[str]:
+        """The decodes in the NVLink domain of worker `url`'s host (RouterConfig.nvlink_domains); empty when
+        its host has none."""
+        domains = self.cfg.nvlink_domains
+        dom = domains.get(urlsplit(url).hostname or "") if domains else None
+        if dom is None:
+            return set()
+        return {w.url for w in self.by_url.values() if w.spec.role == "decode"
+                and domains.get(urlsplit(w.url).hostname or "") == dom}
 
     def all(self) -> list[WorkerState]:
         return list(self.by_url.values())
