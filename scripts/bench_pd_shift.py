@@ -71,7 +71,7 @@ def kill(seed: int) -> dict[str, Any]:
     c = start_cluster_in_thread([WorkerSpec("prefill", seed=seed, **base), WorkerSpec("prefill", seed=seed + 1, **base),
                                  WorkerSpec("decode", seed=seed + 2, **base), WorkerSpec("decode", seed=seed + 3, **base)])
     prof = validate_profile_data({
-        "name": "pd-kill", "models": {"target": {"path": "/m/t", "tp": 8}}, "router": {"listen": "127.0.0.1:0"},
+        "name": "pd-kill", "models": {"target": {"path": "/m/t", "tp": 8}}, "router": {"listen": "127.0.0.1:0", "health_interval_s": 0.2},
         "nodes": [{"name": "p", "host": "127.0.0.1", "roles": ["prefill"]},
                   {"name": "d", "host": "127.0.0.2", "roles": ["decode"]}],
         "sglang": {"pd_role_switch": True},

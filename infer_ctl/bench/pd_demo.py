@@ -110,7 +110,7 @@ def _profile(opts: PdShiftOptions) -> Any:
         "nodes": [{"name": "pf-01", "host": "127.0.0.1", "roles": ["prefill"]},
                   {"name": "dc-01", "host": "127.0.0.2", "roles": ["decode"]}],
         "models": {"target": {"path": "/m/llama-3.1-70b", "tp": 8}},
-        "router": {"listen": "127.0.0.1:0"},
+        "router": {"listen": "127.0.0.1:0", "health_interval_s": 0.2},
         "sglang": {"pd_role_switch": True},
         "pd": {"control": "act", "ttft_slo_s": opts.ttft_slo_s, "itl_slo_s": opts.itl_slo_s, "sustain_s": 1.0,
                "cooldown_s": 3.0, "min_requests": 5, "stale_s": 2.0, "drain_timeout_s": 10.0,

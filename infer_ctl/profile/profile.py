@@ -225,6 +225,12 @@ class Profile(StrictModel):
                 ("pd", "control"),
                 "act switches only servers launched with role switching: set sglang.pd_role_switch: true (and "
                 "relaunch), or use control: advise"))
+        if self.pd.control != "off" and self.pd.stale_s <= self.router.health_interval_s:
+            out.append(CrossFieldError(
+                ("pd", "stale_s"),
+                f"{self.pd.stale_s:g} s is not above router.health_interval_s ({self.router.health_interval_s:g} s): "
+                "the router polls each worker's load that often, so every view would be stale and nothing would "
+                "ever be switched"))
         if self.pd.control == "act" and "router" not in self.model_fields_set:
             out.append(CrossFieldError(
                 ("pd", "control"),

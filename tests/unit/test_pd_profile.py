@@ -61,3 +61,9 @@ def test_role_switch_on_a_collocated_profile_is_refused() -> None:
     data["nodes"] = [{"name": "n1", "host": "10.0.0.11", "roles": ["prefill", "decode"]}]
     with pytest.raises(ProfileError, match=r"sglang\.pd_role_switch"):
         validate_profile_data(data)
+
+
+def test_a_stale_limit_the_routers_polls_cannot_meet_is_refused() -> None:
+    with pytest.raises(ProfileError, match=r"pd\.stale_s.*health_interval_s"):
+        validate_profile_data(_data(pd={"control": "advise", "stale_s": 5}, router={"health_interval_s": 5}))
+    assert validate_profile_data(_data(pd={"control": "off", "stale_s": 5}, router={"health_interval_s": 5}))
