@@ -21,8 +21,8 @@ def demo(
     time_scale: Annotated[float, typer.Option("--time-scale", help="Wall s per model s (0.5 = twice as fast).")] = 1.0,
     front: Annotated[str, typer.Option("--front", help=f"What fronts the workers: {', '.join(ROUTERS)} (was --router, which now always means a router's URL).")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and the workers.")] = 0,
-    scenario: Annotated[str, typer.Option("--scenario", help="shared-prefix (the bench) or spec-drift (speculative acceptance, alert, controller).")] = "shared-prefix",
-    control: Annotated[str, typer.Option("--control", help="spec-drift: the controller's mode, off, advise or act.")] = "act",
+    scenario: Annotated[str, typer.Option("--scenario", help="shared-prefix (the bench), spec-drift (speculative acceptance, alert, controller) or pd-shift (the prefill:decode balance controller).")] = "shared-prefix",
+    control: Annotated[str, typer.Option("--control", help="spec-drift: the controller's mode, off, advise or act; pd-shift: act or off.")] = "act",
     json_: JsonOpt = False,
 ) -> None:
     """Start the profile's cluster as simulated SGLang workers, route a shared-prefix bench through the
@@ -36,8 +36,13 @@ def demo(
 
         spec_drift(sess, prof, control=control, seed=seed, json_=json_, profile_ref=profile)
         return
+    if scenario == "pd-shift":
+        from infer_ctl.cli.demo_pd import pd_shift
+
+        pd_shift(sess, control=control, seed=seed, json_=json_)
+        return
     if scenario != "shared-prefix":
-        raise UsageError(f"unknown scenario {scenario!r}", remedy="use shared-prefix or spec-drift")
+        raise UsageError(f"unknown scenario {scenario!r}", remedy="use shared-prefix, spec-drift or pd-shift")
     opts = DemoOptions(requests=requests, concurrency=concurrency, time_scale=time_scale, router=front, seed=seed)
     with status_line(sess, "running the demo (simulated cluster + router + bench)"):
         outcome = run_demo(prof, opts, log=lambda m: sess.err.print(f"[dim]demo: {m}[/dim]") if not json_ else None)

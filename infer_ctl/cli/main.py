@@ -113,6 +113,7 @@ VERBS: dict[str, tuple[str, Attach]] = {
     "launch": ("infer_ctl.cli.launch_cmd", _launch_verbs),  # also status, stop, logs
     "router": ("infer_ctl.cli.router_cmd", _typer("router")),
     "spec": ("infer_ctl.cli.spec_cmd", _typer("spec")),
+    "pd": ("infer_ctl.cli.pd_cmd", _typer("pd")),
     "plan": ("infer_ctl.cli.plan_cmd", _typer("plan")),
     "sim": ("infer_ctl.cli.sim_cmd", _typer("sim")),
     "bench": ("infer_ctl.cli.bench_cmd", _command("bench", "bench")),
@@ -201,7 +202,7 @@ def _print_error(exc: InferctlError) -> None:
         typer.echo(f"  hint: {exc.remedy}", err=True)
 
 
-_GROUPS = {"profile", "plan", "check", "router", "sim", "provision", "spec"}
+_GROUPS = {"profile", "plan", "check", "router", "sim", "provision", "spec", "pd"}
 
 
 def _command_name(args: Sequence[str]) -> str:

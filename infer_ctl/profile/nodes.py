@@ -50,6 +50,10 @@ class Node(StrictModel):
     gpus: Annotated[int, Field(ge=0, le=64)] = 8
     rdma: RdmaConfig | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    #: nodes with the same value reach each other over NVLink (one node, or an NVL72-class rack): the router
+    #: prefers a decode in its prefill's domain, whose KV transfer then does not cross the NICs
+    #: (docs/router.md, "Decode chosen by capacity"). None: not NVLink-connected to any other server
+    nvlink_domain: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     overrides: NodeOverrides = Field(default_factory=NodeOverrides)
 
     def has_role(self, role: Role | str) -> bool:

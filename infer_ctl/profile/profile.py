@@ -14,6 +14,7 @@ from infer_ctl.profile.gpu import GpuPolicy
 from infer_ctl.profile.hicache import hicache_problems
 from infer_ctl.profile.models import Models
 from infer_ctl.profile.nodes import Node, NodeName, Role
+from infer_ctl.profile.pd import PdControlSettings
 from infer_ctl.profile.remediation import RemediationSettings
 from infer_ctl.profile.router import RouterSettings
 from infer_ctl.profile.sglang import SglangSettings
@@ -52,6 +53,8 @@ class Profile(StrictModel):
     sglang: SglangSettings = Field(default_factory=SglangSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
+    #: the prefill:decode balance controller (`inferctl pd control`; profile/pd.py)
+    pd: PdControlSettings = Field(default_factory=PdControlSettings)
     #: `audit --remediate` (off by default; profile/remediation.py)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
 
@@ -133,6 +136,7 @@ class Profile(StrictModel):
         problems.extend(CrossFieldError(("router", "tenants", *loc), message)
                         for loc, message in tenant_problems(self.router.tenants))
         problems.extend(self._speculative_problems())
+        problems.extend(self._pd_problems())
         problems.extend(self._hicache_problems())
         return problems
 
@@ -199,6 +203,39 @@ class Profile(StrictModel):
         for i, pool in enumerate(spec.pools):
             if names[pool.name] > 1:
                 out.append(CrossFieldError(("speculative", "pools", i, "name"), f"duplicate pool name {pool.name!r}"))
+        return out
+
+    def _pd_problems(self) -> list[CrossFieldError]:
+        """SGLang 0.5.23 refuses --enable-pd-role-switch with any speculative algorithm (its launch check,
+        sglang/srt/arg_groups/pd_disaggregation_hook.py) and on a server that is not prefill/decode; the
+        controller's `act` switches only servers launched with it and drains them through a router."""
+        out: list[CrossFieldError] = []
+        draft = self.models.draft if self.models else None
+        if self.sglang.pd_role_switch and draft is not None:
+            out.append(CrossFieldError(
+                ("sglang", "pd_role_switch"),
+                f"cannot be combined with speculative decoding (models.draft: {draft.algorithm.value}): SGLang "
+                "refuses --enable-pd-role-switch with any speculative algorithm; remove models.draft or set "
+                "sglang.pd_role_switch: false"))
+        if self.sglang.pd_role_switch and self.collocated:
+            out.append(CrossFieldError(("sglang", "pd_role_switch"),
+                                       "needs prefill/decode servers; a collocated profile has no pools to switch"))
+        if self.pd.control == "act" and not self.sglang.pd_role_switch:
+            out.append(CrossFieldError(
+                ("pd", "control"),
+                "act switches only servers launched with role switching: set sglang.pd_role_switch: true (and "
+                "relaunch), or use control: advise"))
+        if self.pd.control != "off" and self.pd.stale_s <= self.router.health_interval_s:
+            out.append(CrossFieldError(
+                ("pd", "stale_s"),
+                f"{self.pd.stale_s:g} s is not above router.health_interval_s ({self.router.health_interval_s:g} s): "
+                "the router polls each worker's load that often, so every view would be stale and nothing would "
+                "ever be switched"))
+        if self.pd.control == "act" and "router" not in self.model_fields_set:
+            out.append(CrossFieldError(
+                ("pd", "control"),
+                "act needs a router: the controller reads the pools there and drains each server through it; "
+                "add a `router:` section (and run `inferctl router serve`), or use control: advise"))
         return out
 
     def _override_problems(self, i: int, node: Node) -> list[CrossFieldError]:

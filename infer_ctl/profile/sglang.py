@@ -154,3 +154,7 @@ class SglangSettings(StrictModel):
     dist_init_port: Port = 25000
     disaggregation: DisaggregationTimeouts = Field(default_factory=DisaggregationTimeouts)
     lifecycle: Lifecycle = Field(default_factory=Lifecycle)
+    #: SGLang 0.5.23's --enable-pd-role-switch on every prefill and decode server: `inferctl pd control`
+    #: may move them between the pools at runtime (POST /pd_role_switch). SGLang refuses it together with
+    #: speculative decoding (models.draft), and so does the profile
+    pd_role_switch: bool = False

@@ -70,6 +70,12 @@ class RouterConfig:
     prefix_ttl_s: float = 1800.0
     index_max_tokens: int = 2_000_000
     block_chars: int = 64
+    #: a decode whose estimated free KV cannot hold the request's prompt + max tokens is not chosen while
+    #: another can (core/routing/policy.py choose_decode); False: least loaded by request count only
+    decode_capacity: bool = True
+    #: worker host -> its NVLink domain (the profile's nodes[].nvlink_domain): a decode in the prefill's domain
+    #: is preferred when it is about as loaded as the least loaded one
+    nvlink_domains: dict[str, str] = field(default_factory=dict)
     health_interval_s: float = 5.0
     health_timeout_s: float = 2.0
     health_failures: int = 2
@@ -304,6 +310,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         for p in rs.prefixes
     ]
     cfg = RouterConfig(
+        nvlink_domains={n.host: n.nvlink_domain for n in profile.nodes if n.nvlink_domain},
         host=host, port=port, workers=workers, policy=rs.policy, prefix_ttl_s=rs.prefix_ttl_s,
         index_max_tokens=rs.index_max_tokens, health_interval_s=rs.health_interval_s,
         request_timeout_s=rs.request_timeout_s, max_concurrent=rs.max_concurrent,

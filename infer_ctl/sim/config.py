@@ -98,6 +98,10 @@ class WorkerSpec:
     #: SGLang's --enable-pd-role-switch: POST /pd_role_switch moves the worker between prefill and decode
     #: (sim/role_switch.py); its bootstrap server then runs in either role
     enable_pd_role_switch: bool = False
+    #: SGLang's decode admission and retraction: admit on the tokens held so far plus 512 reserved, retract
+    #: the request with the fewest output tokens when the KV pool runs out (counted per request as
+    #: meta_info num_retractions). Off: admission reserves prompt + max_new_tokens, nothing is retracted
+    decode_retraction: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -60,6 +60,10 @@ _log = logging.getLogger("infer_ctl.sim")
 HIT_RATE_WINDOW_S = 15.0
 
 
+#: SGLang's SGLANG_NUM_RESERVED_DECODE_TOKENS default: the room a newly admitted decode request is given to grow
+RESERVED_DECODE_TOKENS = 512
+
+
 @dataclass(eq=False)
 class SimRequest:
     rid: str
@@ -91,6 +95,8 @@ class SimRequest:
     decode_prefix_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     verify_ct: int = 0
+    #: times the decode retracted it for KV space (SGLang's meta_info num_retractions)
+    retractions: int = 0
     accepted_drafts: int = 0
     #: index k = verify steps that accepted k drafts (SGLang's spec_correct_drafts_histogram)
     spec_histogram: list[int] = field(default_factory=list)
@@ -130,6 +136,7 @@ class Engine:
         seed: int,
         spec: SpecDecoder | None = None,
         decode_radix: bool = False,
+        retraction: bool = False,
     ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
@@ -140,6 +147,11 @@ class Engine:
         self.seed = seed
         #: a decode running its own radix cache (SGLang's --disaggregation-decode-enable-radix-cache)
         self.decode_radix = decode_radix and role == "decode"
+        #: SGLang's decode admission (WorkerSpec.decode_retraction): a request is admitted when its tokens so
+        #: far plus RESERVED_DECODE_TOKENS fit, and one is retracted when the pool runs out mid-decode
+        self.retraction = retraction
+        #: requests retracted so far (SGLang exports the last interval's as sglang:num_retracted_reqs)
+        self.retracted_total = 0
         self.metrics = spec.metrics if spec is not None else WorkerMetrics()
         #: speculative decoding (None = off); by default every request at the preset's alpha
         self.spec = spec
@@ -418,12 +430,17 @@ class Engine:
         else:
             self._finish(req, at)
 
+    def _held(self, r: SimRequest) -> int:
+        """KV a running request counts against the pool: all it may grow to, or (retraction) what it holds."""
+        return r.prompt_tokens + (len(r.output_ids) if self.retraction else r.max_new_tokens)
+
     def _admit(self) -> None:
         t = self.timing
-        used = sum(r.prompt_tokens + r.max_new_tokens for r in self.running)
+        used = sum(self._held(r) for r in self.running)
         while self.decode_waiting and len(self.running) < t.max_running_requests:
             req = self.decode_waiting[0]
-            need = req.prompt_tokens + req.max_new_tokens
+            need = (req.prompt_tokens + len(req.output_ids) + RESERVED_DECODE_TOKENS if self.retraction
+                    else req.prompt_tokens + req.max_new_tokens)
             if self.running and used + need > t.kv_capacity_tokens:
                 break  # KV pool full: wait for running requests to finish (SGLang's waiting queue)
             self.decode_waiting.popleft()
@@ -433,8 +450,22 @@ class Engine:
                 self.running.append(req)
                 used += need
 
+    def _retract(self) -> None:
+        """SGLang's retract_decode: while the next step's tokens do not fit, the running request with the
+        fewest output tokens goes back to the waiting queue (its KV kept on the host: it resumes where it
+        was, SGLang's --disaggregation-decode-retraction-backup cpu_tensor)."""
+        cap = self.timing.kv_capacity_tokens
+        while len(self.running) > 1 and sum(self._held(r) + 1 for r in self.running) > cap:
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -r.prompt_tokens))
+            self.running.remove(victim)
+            victim.retractions += 1
+            self.retracted_total += 1
+            self.decode_waiting.appendleft(victim)
+
     async def _decode_step(self, loop: asyncio.AbstractEventLoop) -> None:
         t, spec = self.timing, self.spec
+        if self.retraction:
+            self._retract()
         batch = list(self.running)
         context = sum(r.prompt_tokens + len(r.output_ids) for r in batch)
         steps = spec.steps_for_batch(len(batch)) if spec is not None else None

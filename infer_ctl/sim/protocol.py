@@ -321,6 +321,7 @@ def meta_info(
     e2e_latency: float | None = None,
     spec: dict[str, Any] | None = None,
     cached_details: dict[str, Any] | None = None,
+    retractions: int = 0,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": rid,
@@ -334,7 +335,7 @@ def meta_info(
         # nothing was cached (the function returns None, and the tokenizer manager copies it)
         "cached_tokens_details": cached_details or ({"device": cached_tokens, "host": 0} if cached_tokens else None),
         "weight_version": "default",
-        "num_retractions": 0,
+        "num_retractions": retractions,
     }
     if e2e_latency is not None:
         meta["e2e_latency"] = e2e_latency

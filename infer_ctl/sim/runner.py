@@ -249,6 +249,7 @@ class RequestRunner:
             e2e_latency=e2e,
             spec=spec,
             cached_details=cached_details(st.cache, sreq.cached_tokens, sreq.cached_host, sreq.cached_storage),
+            retractions=sreq.retractions,
         )
         meta.update(self._logprobs(item, sreq.output_ids))
         if len(sreq.output_ids) > sreq.text_upto:  # decode only the new tokens: text is cumulative

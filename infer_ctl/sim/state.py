@@ -92,6 +92,7 @@ class WorkerState:
             seed=s.seed,
             spec=spec_decoder_for(s, self.timing),
             decode_radix=s.decode_radix_cache,
+            retraction=s.decode_retraction,
         )
 
     def open_kv_events(self) -> None:

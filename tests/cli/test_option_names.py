@@ -14,6 +14,7 @@ from tests.cli.tree import commands, options
 #: here. A new shared name with differing help fails the test until its one meaning is stated (or it is
 #: renamed): that is the review point.
 ONE_MEANING = {
+    "--advise": "only advise, whatever the profile's control setting says (speculative.control, pd.control)",
     "--profile": "the cluster profile (-p, $INFERCTL_PROFILE)",
     "--role": "a PD role: prefill, decode, mixed/collocated (filters nodes, or names a worker's role)",
     "--url": "the HTTP address inferctl talks to (a router, or for bench any SGLang-compatible server)",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from infer_ctl.core.routing.index import PrefixIndex
@@ -46,6 +46,8 @@ class WorkerView:
     queued: int = 0
     #: healthy and its circuit breaker lets requests through
     available: bool = True
+    #: a decode's free KV tokens as the router estimates them (router/fleet/workers.py `kv_free`); None: unknown
+    kv_free: int | None = None
 
     @property
     def load(self) -> int:
@@ -74,6 +76,8 @@ class PolicyConfig:
 #: enough that unrelated prompts rarely share it, short enough to sit inside a system prompt; a prompt
 #: shorter than this is keyed on all of it)
 PLACEMENT_KEY_CHARS = 1024
+#: requests a decode NVLink-connected to the prefill may carry above the least loaded one and still be chosen
+NEAR_SLACK = 2
 MISS_PLACEMENTS = ("power_of_two", "rendezvous")
 
 
@@ -267,8 +271,21 @@ def _spread(ok: Sequence[WorkerView], matches: dict[str, int], rng: random.Rando
     return Choice(best.url, reason, matches[best.url])
 
 
-def choose_decode(workers: Sequence[WorkerView], rng: random.Random, *, policy: str = "load", seq: int = 0) -> Choice:
+def choose_decode(workers: Sequence[WorkerView], rng: random.Random, *, policy: str = "load", seq: int = 0,
+                  need: int | None = None, near: Collection[str] | None = None) -> Choice:
+    """`need`: the KV tokens the request may grow to (prompt + max tokens): a decode whose free KV cannot
+    hold it is not chosen while another can (SGLang would retract running requests there to make room, and
+    each retraction costs a recompute or a host round trip); when none can, the policy chooses among all."""
     cands = _available(workers)
+    if need is not None:
+        room = [w for w in cands if w.kv_free is None or w.kv_free >= need]
+        cands = room or cands
+    if near:
+        # `near`: the decodes NVLink-connected to the request's prefill: preferred while about as loaded as
+        # the least loaded decode (a transfer over NVLink instead of the NICs is not worth a longer batch)
+        close = [w for w in cands if w.url in near]
+        if close and min(w.load for w in close) <= min(w.load for w in cands) + NEAR_SLACK:
+            cands = close
     if policy == "round_robin":
         return Choice(cands[seq % len(cands)].url, "round_robin")
     least = min(w.load for w in cands)

@@ -156,6 +156,8 @@ def profile_options(profile: Profile, instance: Instance) -> list[Option]:
         add(Option("--disaggregation-transfer-backend", profile.sglang.transfer_backend))
         if instance.bootstrap_port is not None:
             add(Option("--disaggregation-bootstrap-port", str(instance.bootstrap_port)))
+        if profile.sglang.pd_role_switch:  # pd control's runtime switch (profile/pd.py)
+            add(Option("--enable-pd-role-switch"))
         ib = ib_device_arg(profile, instance)
         if ib:
             add(Option(IB_DEVICE_FLAG, ib))

@@ -17,6 +17,7 @@ from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
 from infer_ctl.router.control.warmer import PrefixWarmer
+from infer_ctl.router.fleet.metrics import counter_value, histogram_totals
 from infer_ctl.router.http.jsonio import DecodeError, dumps, error_body, loads
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.follow import forget_worker
@@ -26,6 +27,8 @@ from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable, Ve
 log = logging.getLogger("infer_ctl.router")
 #: what the speculative controller reports (docs/speculative.md)
 SPEC_ACTIONS = ("alert", "advise", "relaunch", "restore", "failed")
+#: what `inferctl pd control` reports (launch/pd_control.py); `stale` and `hold` are decisions, recorded too
+PD_ACTIONS = ("advise", "switch", "cover", "restore", "failed", "refused", "stale", "hold")
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
@@ -104,6 +107,8 @@ class Admin:
         r.add_get("/admin/spec", g(self.spec))
         r.add_get("/admin/tenants", g(self.tenants))
         r.add_post("/admin/spec/actions", g(self.spec_action))
+        r.add_get("/admin/pd", g(self.pd))
+        r.add_post("/admin/pd/actions", g(self.pd_action))
         r.add_get("/admin/pairs", g(self.pairs))
         r.add_post("/admin/pairs", g(self.push_pair))
         r.add_get("/admin/prefixes", g(self.prefixes))
@@ -339,6 +344,47 @@ class Admin:
         self.router.metrics.spec_actions.labels(pool, action).inc()
         log.warning("speculative controller action", extra={"pool": pool, "action": action,
                                                              "detail": body.get("message")})
+        return _json({"recorded": record}, 201)
+
+    async def pd(self, request: web.Request) -> web.Response:
+        """The pools as `inferctl pd control` judges them (core/pd/control.py): each worker's role, state and
+        load with the age of its last load poll (a stale view switches nothing), and the cumulative counters
+        its window is the difference of: streamed TTFT and ITL, prompt tokens, requests answered. With
+        several router processes the counters are this (the leader's) process's share."""
+        router = self.router
+        now = router.clock()
+        m = router.metrics
+        ttft, itl = histogram_totals(m.ttft), histogram_totals(m.itl)
+        workers = [{"url": w.url, "role": w.role, "available": w.available(now), "healthy": w.healthy,
+                    "draining": w.draining, "inflight": w.load_inflight, "queued": w.queued, "running": w.running,
+                    "load_age_s": None if w.polled_at is None else round(max(0.0, now - w.polled_at), 3)}
+                   for w in router.workers.all()]
+        return _json({"workers": workers, "counters": {
+            "ttft_sum": ttft[0], "ttft_count": ttft[1], "itl_sum": itl[0], "itl_count": itl[1],
+            "prompt_tokens": int(counter_value(m.prompt_tokens)), "requests": m.answered}})
+
+    async def pd_action(self, request: web.Request) -> web.Response:
+        """The PD balance controller reports what it did or decided: logged, counted, and a span when the
+        router traces (the controller's own process holds no exporter: the router's is the one configured)."""
+        body = await self._body(request)
+        action, to_role = body.get("action"), body.get("to_role")
+        if action not in PD_ACTIONS or to_role not in (None, "prefill", "decode"):
+            return _err(400, f"give action ({', '.join(PD_ACTIONS)}) and to_role (prefill, decode or null)")
+        record = {k: v for k, v in body.items() if isinstance(k, str)}
+        self.router.metrics.pd_actions.labels(action, to_role or "").inc()
+        log.warning("pd controller action", extra={"action": action, "server": body.get("server"),
+                                                   "to_role": to_role, "detail": body.get("reason")})
+        obs = self.router.observing
+        tracing = obs.tracing if obs is not None else None
+        if tracing is not None:
+            span = tracing.tracer.start_span(f"pd {action}", kind=tracing.INTERNAL)
+            for k in ("server", "from_role", "to_role", "covers", "reason"):
+                if isinstance(body.get(k), str):
+                    span.set_attribute(f"inferctl.pd.{k}", body[k])
+            result = body.get("result")
+            if isinstance(result, dict) and result.get("ok") is False:
+                span.set_status(tracing.Status(tracing.ERROR, str(result.get("message", ""))[:200]))
+            span.end()
         return _json({"recorded": record}, 201)
 
     async def pairs(self, request: web.Request) -> web.Response:

@@ -59,6 +59,13 @@ def _loads(doc: Any) -> tuple[int, int, int | None]:
     return queued, running, cap
 
 
+def _used(doc: Any) -> int:
+    """KV tokens in use over the ranks (/v1/loads num_used_tokens)."""
+    ranks = doc.get("loads") if isinstance(doc, dict) else doc
+    ranks = [ranks] if isinstance(ranks, dict) else ranks if isinstance(ranks, list) else []
+    return sum(int(r.get("num_used_tokens", 0) or 0) for r in ranks if isinstance(r, dict))
+
+
 class HealthChecker:
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -156,6 +163,8 @@ class HealthChecker:
                         if s3 == 200:
                             load_doc = loads(ld)
                             load = _loads(load_doc)
+                            if w.role == "decode":  # decode chosen by capacity (fleet/workers.py kv_free)
+                                w.kv_total, w.kv_used = load[2], _used(load_doc)
                             self.router.pairs.kv_poll(w, load_doc)  # a prefill's last KV transfer
             except (UpstreamError, TimeoutError, ValueError) as exc:
                 w.last_error = f"health check: {exc or type(exc).__name__}"
@@ -218,6 +227,7 @@ class HealthChecker:
                 w.instance = instance
             w.radix_priority = prio
             if load is not None:
+                w.polled_at = now
                 w.queued, w.running, cap = load
                 w.external = max(0, w.queued + w.running - w.load_inflight)
                 if cap and w.role in ("prefill", "mixed"):

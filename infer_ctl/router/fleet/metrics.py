@@ -82,6 +82,9 @@ class RouterMetrics:
         self.spec_actions = Counter("inferctl_router_spec_actions_total",
                                     "Speculative-decoding controller actions (advise, relaunch, restore) by pool",
                                     ["pool", "action"], registry=r)
+        self.pd_actions = Counter("inferctl_router_pd_actions_total",
+                                  "Prefill:decode balance controller actions (advise, switch, cover, restore, "
+                                  "failed) by the role the server moved to", ["action", "to_role"], registry=r)
         self.kv_events = Counter("inferctl_router_kv_events_total", "KV events applied (SGLang's BlockStored, "
                                  "BlockRemoved, AllBlocksCleared), by worker", ["worker"], registry=r)
         self.kv_batches = Counter("inferctl_router_kv_batches_total", "KV event batches applied, by worker",
@@ -288,3 +291,20 @@ class _SpecCollector(Collector):
                     if value is not None:
                         fam.add_metric(key, value)
         yield from (rate, length, alpha, ema, reqs, steps)
+
+
+def histogram_totals(h: Histogram) -> tuple[float, int]:
+    """An unlabelled histogram's sum and count (pd control's window: GET /admin/pd)."""
+    total, count = 0.0, 0
+    for metric in h.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_sum"):
+                total = float(sample.value)
+            elif sample.name.endswith("_count"):
+                count = int(sample.value)
+    return total, count
+
+
+def counter_value(c: Counter) -> float:
+    """An unlabelled counter's value."""
+    return next((float(s.value) for m in c.collect() for s in m.samples if s.name.endswith("_total")), 0.0)

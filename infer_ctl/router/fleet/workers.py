@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.flap import FlapDamper
@@ -38,6 +39,14 @@ class WorkerState:
     #: prefill only: the bootstrap port the worker reports in /server_info (disaggregation_bootstrap_port)
     bootstrap_reported: int | None = None
     max_total_tokens: int | None = None
+    #: a decode's KV pool and what it reported in use at the last poll (/v1/loads max_total_num_tokens,
+    #: num_used_tokens); `need_ema`: the KV tokens the requests routed to it may grow to, on average
+    kv_total: int | None = None
+    kv_used: int = 0
+    need_ema: float | None = None
+    #: router clock of the last /v1/loads answer: how fresh `queued`/`running` are (pd control refuses to
+    #: switch on a stale view, core/pd/control.py)
+    polled_at: float | None = None
     #: identity of the worker process (/server_info start time); a change means a restart
     instance: str | None = None
     #: the worker evicts by priority (--radix-eviction-policy priority): pinned warm-ups get priority
@@ -86,7 +95,20 @@ class WorkerState:
         return self.healthy and not self.removed and not self.draining and self.breaker.allows(now)
 
     def view(self, now: float) -> WorkerView:
-        return WorkerView(self.spec.url, self.load_inflight, self.external, self.available(now))
+        return WorkerView(self.spec.url, self.load_inflight, self.external, self.available(now), self.kv_free())
+
+    def kv_free(self) -> int | None:
+        """A decode's free KV as the router estimates it: the pool less the larger of what the worker held at
+        its last poll and what this router's requests on it may grow to (in flight x their average need).
+        The poll alone is seconds old and counts what running requests hold, not what they will grow to."""
+        if self.kv_total is None or self.role != "decode":
+            return None
+        committed = self.load_inflight * self.need_ema if self.need_ema is not None else 0.0
+        return max(0, int(self.kv_total - max(float(self.kv_used), committed)))
+
+    def routed(self, need: int) -> None:
+        """A request that may grow to `need` KV tokens was sent here (the average over about 20 requests)."""
+        self.need_ema = float(need) if self.need_ema is None else self.need_ema + (need - self.need_ema) / 20
 
     def as_dict(self, now: float) -> dict[str, Any]:
         return {
@@ -180,6 +202,16 @@ class WorkerRegistry:
     def prefill_like(self) -> list[WorkerState]:
         """Workers that compute prompts: prefill in PD mode, every worker in collocated mode."""
         return self.role("prefill", "mixed")
+
+    def near(self, url: str) -> set[str]:
+        """The decodes in the NVLink domain of worker `url`'s host (RouterConfig.nvlink_domains); empty when
+        its host has none."""
+        domains = self.cfg.nvlink_domains
+        dom = domains.get(urlsplit(url).hostname or "") if domains else None
+        if dom is None:
+            return set()
+        return {w.url for w in self.by_url.values() if w.spec.role == "decode"
+                and domains.get(urlsplit(w.url).hostname or "") == dom}
 
     def all(self) -> list[WorkerState]:
         return list(self.by_url.values())

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from infer_ctl.core.routing.capacity import kv_need
 from infer_ctl.core.routing.coalesce import PendingBlocks
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import (
@@ -70,7 +71,7 @@ class PairPicker:
         if pd:
             try:
                 dec = self._choose(ctx, decodes if pairs is None else pairs.decodes(pre.url, decodes, now), excluded,
-                                   now, False, pd)
+                                   now, False, pd, near=self.workers.near(pre.url))
             except NoWorkerAvailable:
                 pre.breaker.release()  # the prefill's half-open probe slot, taken for a request never sent
                 raise
@@ -85,11 +86,11 @@ class PairPicker:
         return pre, dec
 
     def _choose(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
-                pd: bool, decodes: list[WorkerState] | None = None) -> WorkerState:
+                pd: bool, decodes: list[WorkerState] | None = None, near: set[str] | None = None) -> WorkerState:
         """`decodes` (PD, choosing the prefill): the decodes the request needs too, whose wait the 503's
         Retry-After includes."""
         try:
-            return self._choose_in(ctx, pool, excluded, now, prefill, pd)
+            return self._choose_in(ctx, pool, excluded, now, prefill, pd, near)
         except NoWorkerAvailable as exc:  # the policy's or ours: say which workers only a hold-down keeps out
             held, wait = _holds(pool, now)
             if not held:
@@ -104,7 +105,7 @@ class PairPicker:
                                     retry_after_s=retry_after_s(wait) if wait else None) from None
 
     def _choose_in(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
-                   pd: bool) -> WorkerState:
+                   pd: bool, near: set[str] | None = None) -> WorkerState:
         # Prefer workers that have not failed this request; fall back to them rather than to nothing (a
         # retry that found only unavailable ones besides the worker that failed goes to that one again,
         # as it does where that worker is alone in its role).
@@ -136,8 +137,13 @@ class PairPicker:
                 n = ctx.predicted_chars // self.index.block_chars
                 ctx.seen = self.index.last_use(ctx.hashes[n - 1], choice.url) if n and not ctx.exact else None
             else:
+                # decode chosen by capacity (core/routing/capacity.py): the KV the request may grow to
+                need = kv_need(ctx.endpoint, ctx.body, len(ctx.text), self.kv.chars_per_token() or 4.0
+                               if self.kv is not None else 4.0) if self.workers.cfg.decode_capacity else None
                 choice = choose_decode(views, self.rng, policy="round_robin" if self.policy.policy == "round_robin" else "load",
-                                       seq=self.seq)
+                                       seq=self.seq, need=need, near=near)
+                if need is not None:
+                    self.workers.by_url[choice.url].routed(need)
             w = self.workers.by_url[choice.url]
             if w.breaker.acquire(now):
                 return w

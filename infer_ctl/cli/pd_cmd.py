@@ -1,0 +1,99 @@
+"""`inferctl pd control`: the prefill:decode balance controller (docs/pd-control.md).
+
+With `pd.control: advise` it says which server would move between the pools and why; with `act` it moves
+it (SGLang's runtime role switch, servers launched with `sglang.pd_role_switch: true`) and records it.
+`--once` runs one round (cron); otherwise it loops every `--interval` seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from infer_ctl.cli.common import (
+    JsonOpt,
+    ProfileOpt,
+    RouterUrlOpt,
+    finish,
+    get_profile,
+    router_base_url,
+    session,
+)
+from infer_ctl.core.report import Report
+from infer_ctl.errors import UsageError
+from infer_ctl.exitcodes import ExitCode
+
+app = typer.Typer(help="Prefill:decode disaggregation in operation: the pool balance controller.",
+                  no_args_is_help=True)
+
+
+def _render(console: Console, records: list[dict[str, Any]]) -> None:
+    for r in records:
+        who = f" {r['server']}" if r.get("server") else ""
+        move = f" ({r['from_role']} -> {r['to_role']})" if r.get("server") and r.get("to_role") else ""
+        console.print(f"[bold]{r['action']}[/bold]{who}{move}: {r.get('reason', '')}", highlight=False)
+        if r.get("finding"):
+            f = r["finding"]
+            console.print(f"  finding: {f['worker']}: {f['message']}"
+                          + ("  (restart required; never retried)" if f.get("restart_required") else ""),
+                          markup=False, highlight=False)
+        elif r.get("result"):
+            console.print(f"  result: {r['result']['message']}", markup=False, highlight=False)
+
+
+@app.command("control")
+def control(
+    profile: ProfileOpt = None,
+    url: RouterUrlOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="One round, then exit (for cron).")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between rounds.")] = 5.0,
+    history: Annotated[Path | None, typer.Option("--history", help="Append every decision to this file (JSON lines).")] = None,
+    advise: Annotated[bool, typer.Option("--advise", help="Only advise, whatever pd.control says.")] = False,
+    state: Annotated[Path | None, typer.Option("--state", help="Controller state file (default: the state directory).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Watch the pools' TTFT and ITL at the router; move one server between prefill and decode when the mix
+    stays shifted (pd.control). Exit 0 nothing to do, 1 advice given or a server moved, 2 a switch failed or
+    was refused, 3 the router is unreachable."""
+    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
+    from infer_ctl.launch.pd_switch import RoleSwitcher
+    from infer_ctl.launch.router_hook import router_url
+    from infer_ctl.router.control.client import AdminClient
+
+    sess, prof = session(json_out), get_profile(profile)
+    mode = "advise" if advise else prof.pd.control
+    if mode == "off":
+        raise UsageError("pd.control is off: the controller has nothing to do",
+                         remedy="set pd.control: advise (or act, with sglang.pd_role_switch: true) in the profile, "
+                                "or pass --advise")
+    if interval <= 0:
+        raise UsageError(f"--interval must be positive, got {interval:g}", remedy="e.g. --interval 5")
+    url = router_base_url(url) or router_url(prof)
+    client = AdminClient(url, prof.router.admin_token_env, timeout=max(10.0, prof.pd.drain_timeout_s + 5))
+    hc = prof.sglang.hicache
+    switcher = RoleSwitcher(client, decode_cuda_graph_memory_gb=prof.pd.decode_cuda_graph_memory_gb,
+                            drain_timeout_s=prof.pd.drain_timeout_s,
+                            admin_key_env=hc.admin_api_key_env if hc is not None else None) if mode == "act" else None
+    loop = PdControlLoop(prof, router_url=url, mode=mode, switcher=switcher, history=history,
+                         state_path=state or default_state_path(prof), client=client,
+                         say=lambda m: None if json_out else sess.err.print(f"[dim]pd control: {m}[/dim]"))
+    records: list[dict[str, Any]] = []
+    if once:
+        records = loop.tick()
+    else:
+        def show(batch: list[dict[str, Any]]) -> None:
+            records.extend(batch)
+            if not json_out:
+                _render(sess.out, batch)
+
+        try:
+            loop.run(interval, on_records=show)
+        except KeyboardInterrupt:
+            pass
+    acted = [r for r in records if r["action"] in ("advise", "switch", "cover", "restore", "failed", "refused")]
+    code = (ExitCode.FAIL if any(r["action"] in ("failed", "refused") for r in records) else
+            ExitCode.WARN if acted else ExitCode.OK)
+    report = Report("pd control", prof.name, data={"mode": mode, "actions": records}, exit_code_override=code)
+    finish(sess, report, lambda c: _render(c, records) if once else None)

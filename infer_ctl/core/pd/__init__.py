@@ -1,0 +1,1 @@
+"""The prefill:decode balance in operation: the controller's decision (control.py), pure."""

@@ -1,0 +1,224 @@
+"""The PD balance controller loop (`inferctl pd control`, docs/pd-control.md): read the pools at the router
+(`GET /admin/pd`), decide with core/pd/control.py, then advise (say which server would move and why) or
+act (launch/pd_switch.py: drain, switch, put back in the other pool), and record every decision.
+
+Mirrors `spec control` (launch/spec_control.py): one round at a time per state file (flock, released by
+the kernel when the holder dies), the timers, fatal servers and borrowed servers in a state file so a
+restarted controller keeps its cool-down and never retries a failed rebuild, every decision appended to
+a history file as one JSON line (one O_APPEND write: a line is whole or absent; `read_history` skips a
+torn last line), and reported to the router (`POST /admin/pd/actions`: the Prometheus counter
+`inferctl_router_pd_actions_total{action,to_role}` and a span when the router traces).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from infer_ctl.atomicfile import write_atomic
+from infer_ctl.core.pd.control import Counters, Observation, Server, Settings, State, decide, switched, window
+from infer_ctl.errors import InferctlError
+from infer_ctl.launch.pd_switch import SwitchResult
+from infer_ctl.launch.spec_control import append_action
+from infer_ctl.paths import state_dir
+from infer_ctl.profile import Profile
+from infer_ctl.router.control.client import AdminClient
+
+
+class Switcher(Protocol):
+    def switch(self, url: str, from_role: str, to_role: str) -> SwitchResult: ...
+
+
+def settings_of(profile: Profile) -> Settings:
+    p = profile.pd
+    return Settings(ttft_slo_s=p.ttft_slo_s, itl_slo_s=p.itl_slo_s, trigger=p.trigger, hysteresis=p.hysteresis,
+                    sustain_s=p.sustain_s, cooldown_s=p.cooldown_s, min_requests=p.min_requests, stale_s=p.stale_s,
+                    min_servers=p.min_servers, cover_failures=p.cover_failures, queue_target=p.queue_target)
+
+
+def default_state_path(profile: Profile) -> Path:
+    return state_dir() / f"pd-control-{profile.name}.json"
+
+
+def parse(doc: dict[str, Any]) -> tuple[list[Server], Counters, float | None]:
+    """GET /admin/pd -> the servers, the counters, the oldest load poll's age (None: one never polled)."""
+    servers, ages = [], []
+    for w in doc.get("workers") or []:
+        if not isinstance(w, dict) or w.get("role") not in ("prefill", "decode"):
+            continue
+        servers.append(Server(str(w["url"]), str(w["role"]), bool(w.get("available")), bool(w.get("healthy", True)),
+                              bool(w.get("draining")), int(w.get("inflight") or 0) + int(w.get("queued") or 0),
+                              int(w.get("queued") or 0)))
+        # a down server is polled by probes that fail: its age says nothing about the view of the others
+        if w.get("healthy", True) and not w.get("draining"):
+            ages.append(w.get("load_age_s"))
+    c = doc.get("counters") or {}
+    counters = Counters(float(c.get("ttft_sum") or 0), int(c.get("ttft_count") or 0), float(c.get("itl_sum") or 0),
+                        int(c.get("itl_count") or 0), int(c.get("prompt_tokens") or 0), int(c.get("requests") or 0))
+    known = [float(a) for a in ages if isinstance(a, int | float)]
+    stale = None if not ages or len(known) < len(ages) else max(known)
+    return servers, counters, stale
+
+
+def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The history's records; a line that does not parse (torn by a crash mid-write on a filesystem
+    without atomic appends, or cut by a full disk) is skipped, not fatal."""
+    out = []
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+class PdControlLoop:
+    def __init__(self, profile: Profile, *, router_url: str, mode: str, switcher: Switcher | None = None,
+                 history: str | os.PathLike[str] | None = None, state_path: str | os.PathLike[str] | None = None,
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _m: None,
+                 client: AdminClient | None = None) -> None:
+        if mode not in ("advise", "act"):
+            raise ValueError(f"mode must be advise or act, got {mode!r}")
+        if mode == "act" and switcher is None:
+            raise ValueError("act needs a switcher")
+        self.profile = profile
+        self.mode = mode
+        self.switcher = switcher
+        self.history = history
+        self.clock = clock
+        self.say = say
+        self.client = client or AdminClient(router_url, profile.router.admin_token_env, timeout=10.0)
+        self.settings = settings_of(profile)
+        self.state = State()
+        self.state_path = Path(state_path) if state_path is not None else None
+        self.prev: Counters | None = None
+        #: the last decision recorded that was not an action: repeated ones are not recorded again
+        self.last_noted: tuple[str, str | None] | None = None
+
+    # ---- state that outlives the process ---------------------------------------------------------
+    def _load_state(self) -> None:
+        if self.state_path is None or not self.state_path.exists():
+            return
+        try:
+            doc = json.loads(self.state_path.read_text(encoding="utf-8"))
+            st = doc["state"]
+            self.state = State(st.get("want"), st.get("since"), st.get("last_switch_at"), list(st.get("fatal") or []),
+                               dict(st.get("covers") or {}), dict(st.get("queue_ema") or {}))
+            c = doc.get("counters")
+            self.prev = Counters(**c) if isinstance(c, dict) else self.prev
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+
+    def _save_state(self) -> None:
+        if self.state_path is None:
+            return
+        doc = {"state": asdict(self.state), "counters": asdict(self.prev) if self.prev else None}
+        write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n")
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        """One controller at a time per state file (spec_control.py says why): flock, released on death."""
+        if self.state_path is None:
+            yield True
+            return
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{self.state_path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    # ---- one round ---------------------------------------------------------------------------------
+    def observe(self) -> Observation:
+        servers, counters, stale = parse(self.client.call("GET", "/admin/pd"))
+        win = window(self.prev, counters)
+        if win.streamed >= self.settings.min_requests or self.prev is None:
+            # a window too thin to judge grows into the next round's instead of being thrown away
+            self.prev = counters
+        return Observation(tuple(servers), win, stale)
+
+    def tick(self) -> list[dict[str, Any]]:
+        with self._exclusive() as mine:
+            if not mine:
+                self.say(f"another controller holds {self.state_path}.lock: this round is skipped")
+                return []
+            self._load_state()
+            try:
+                return self._tick()
+            finally:
+                self._save_state()
+
+    def _tick(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        obs = self.observe()
+        d = decide(obs, self.state, self.settings, now)
+        base = {**d.as_dict(), "window": obs.window.as_dict()}
+        if d.action in ("none", "stale", "hold"):
+            key = (d.action, d.to_role)
+            if key == self.last_noted or d.action == "none":
+                self.last_noted = key if d.action != "none" else None
+                return []
+            self.last_noted = key
+            return [self._post({**base, "action": d.action})]
+        self.last_noted = None
+        assert d.server is not None and d.from_role is not None and d.to_role is not None
+        if self.mode == "advise":
+            self.state.want = self.state.since = None  # advice is given once per shift, not every round
+            self.state.last_switch_at = now
+            return [self._post({**base, "action": "advise", "command": "inferctl pd control (act)"})]
+        assert self.switcher is not None
+        self.say(f"{d.action} {d.server}: {d.from_role} -> {d.to_role}: {d.reason}")
+        try:
+            result = self.switcher.switch(d.server, d.from_role, d.to_role)
+        except InferctlError as exc:
+            result = SwitchResult(False, exc.message)
+        switched(self.state, d, self.clock(), ok=result.ok, fatal=result.fatal)
+        rec = {**base, "action": d.action if result.ok else ("failed" if result.fatal else "refused"),
+               "result": result.as_dict()}
+        if not result.ok:
+            # the finding: the worker, and SGLang's own words
+            rec["finding"] = {"worker": d.server, "message": result.worker_message or result.message,
+                              "restart_required": result.fatal}
+        return [self._post(rec)]
+
+    def _post(self, rec: dict[str, Any]) -> dict[str, Any]:
+        rec = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"), **rec}
+        try:
+            self.client.call("POST", "/admin/pd/actions", rec)
+        except InferctlError as exc:
+            rec["router_error"] = exc.message
+        if self.history is not None:
+            append_action(self.history, {"kind": "pd_action", "profile_name": self.profile.name, **rec})
+        return rec
+
+    def run(self, interval_s: float, *, rounds: int | None = None, stop: Callable[[], bool] = lambda: False,
+            on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None) -> None:
+        n = 0
+        while not stop() and (rounds is None or n < rounds):
+            started = time.monotonic()
+            on_records(self.tick())
+            n += 1
+            if rounds is not None and n >= rounds:
+                break
+            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+
+
