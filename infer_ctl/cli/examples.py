@@ -63,6 +63,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "router tenant-key": ("inferctl router tenant-key",),
     "spec": ("inferctl spec control --once --advise",),
     "spec control": ("inferctl spec control --once --advise", "inferctl spec control --interval 60"),
+    "pd": ("inferctl pd control --once --advise",),
+    "pd control": ("inferctl pd control --once --advise", "inferctl pd control --interval 5 --history pd.jsonl"),
     # sizing
     "plan": ("inferctl plan kv --model llama-3.1-70b --context 8192",),
     "plan kv": ("inferctl plan kv --model llama-3.1-70b --context 8192 --hbm-gb 640", "inferctl plan kv --list-presets"),

@@ -33,6 +33,7 @@ SUMMARIES: dict[str, str] = {
     "check": "Run one family of health checks (gpu, fabric, tokenizer, servers, spec).",
     "router": "The PD-aware, prefix-cache-aware router and its named prefixes.",
     "spec": "Speculative decoding in operation: the acceptance controller.",
+    "pd": "Prefill:decode disaggregation in operation: the pool balance controller.",
     "plan": "Sizing math: KV footprint and tiers, speculative speedup, KV transfer time, roofline, cost.",
     "sim": "SGLang-compatible simulated workers (no GPU needed).",
 }
