@@ -219,6 +219,9 @@ class SpecStats:
         self.decodes: dict[str, DecodeSpec] = {}
         #: the controller's actions reported to the router (newest last), for the status view
         self.actions: deque[dict[str, Any]] = deque(maxlen=50)
+        #: per decode (or collocated worker): its /server_info disaggregation_transfer_backend and
+        #: disaggregation_ib_device, the KV fabric its requests' spans name (tracing.py)
+        self.fabric: dict[str, tuple[str | None, str | None]] = {}
 
     def _decode(self, url: str) -> DecodeSpec:
         d = self.decodes.get(url)
@@ -269,8 +272,11 @@ class SpecStats:
 
     # ---- what the health checks learn ----------------------------------------------------------
     def observe_server_info(self, url: str, info: Any) -> None:
-        """A decode's (or collocated worker's) draft/target pair and live step count."""
-        if not isinstance(info, Mapping) or not info.get("speculative_algorithm"):
+        """A decode's (or collocated worker's) draft/target pair and live step count, and its KV fabric."""
+        if not isinstance(info, Mapping):
+            return
+        self.fabric[url] = (_str(info.get("disaggregation_transfer_backend")), _str(info.get("disaggregation_ib_device")))
+        if not info.get("speculative_algorithm"):
             return
         d = self._decode(url)
         d.target = _str(info.get("model_path"))
@@ -298,6 +304,7 @@ class SpecStats:
     def drop(self, url: str) -> None:
         """The decode left the router."""
         self.decodes.pop(url, None)
+        self.fabric.pop(url, None)
 
     # ---- readers -------------------------------------------------------------------------------
     def record_action(self, action: dict[str, Any]) -> None:
