@@ -321,6 +321,13 @@ def _ask(router: RouterHandle, kind: str, trace_id: str) -> tuple[Any, Any]:
                        json={"text": "the span " * 20, "sampling_params": {"max_new_tokens": 16, "temperature": 0.3}})
         assert r.status_code == 200, r.text
         return r.json(), r.json()
+    if kind == "generate_stream":
+        with httpx.stream("POST", router.url + "/generate", headers=headers, timeout=30, json={
+                "text": "the span " * 20, "stream": True,
+                "sampling_params": {"max_new_tokens": 16, "temperature": 0.3}}) as r:
+            assert r.status_code == 200
+            objs = _sse_objects(r)
+        return objs[-1], objs[-1]  # the last chunk's meta_info: the usage and the speculative fields
     body: dict[str, Any] = {"model": "sim-70b", "messages": [{"role": "user", "content": "the span " * 20}],
                             "max_tokens": 16, "temperature": 0.3}
     if kind == "chat":
@@ -337,10 +344,10 @@ def _ask(router: RouterHandle, kind: str, trace_id: str) -> tuple[Any, Any]:
     return objs[-1], ext
 
 
-@pytest.mark.parametrize("kind", ["generate", "chat", "chat_stream"])
+@pytest.mark.parametrize("kind", ["generate", "generate_stream", "chat", "chat_stream"])
 def test_the_request_span_carries_what_sglang_and_the_router_measured(cluster: ThreadedSimCluster, kind: str) -> None:
     rx = HttpReceiver()
-    trace_id = {"generate": "1" * 32, "chat": "2" * 32, "chat_stream": "3" * 32}[kind]
+    trace_id = {"generate": "1" * 32, "chat": "2" * 32, "chat_stream": "3" * 32, "generate_stream": "4" * 32}[kind]
     dec_url = next(w.url for w in cluster.workers if w.spec.role == "decode")
     info = httpx.get(dec_url + "/server_info", timeout=10).json()
     try:
@@ -365,7 +372,7 @@ def test_the_request_span_carries_what_sglang_and_the_router_measured(cluster: T
     # GenAI semantic conventions
     assert a["gen_ai.request.model"] == "sim-70b" and a["gen_ai.request.temperature"] == 0.3
     assert a["gen_ai.request.max_tokens"] == 16
-    if kind == "generate":
+    if kind.startswith("generate"):
         meta = usage_holder["meta_info"]
         prompt, completion, cached = meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"]
         spec = sf.decode_generate_response(spec_holder)
@@ -394,7 +401,7 @@ def test_the_request_span_carries_what_sglang_and_the_router_measured(cluster: T
     assert a["inferctl.kv.transfer_bytes"] == int(a["inferctl.kv.transfer_gb_s"] * 1e9 * a["inferctl.kv.transfer_ms"] / 1e3)
     assert a["inferctl.cache.prefix_match"] is (cached > 0)  # the worker's cached_tokens, as a flag
     assert isinstance(a["inferctl.cache.predicted_match"], bool)
-    if kind == "chat_stream":  # the router's own clock: gaps between content chunks
+    if kind.endswith("stream"):  # the router's own clock: gaps between content chunks
         assert 0 < a["inferctl.itl.p50_s"] <= a["inferctl.itl.p99_s"] <= a["inferctl.itl.max_s"]
         assert a["inferctl.itl.chunks"] >= 2
     else:
