@@ -42,8 +42,15 @@ from infer_ctl.launch import probe
 from infer_ctl.launch.router_hook import router_url
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
+from infer_ctl.router.observe.temperature import HIGH as HIGH_BAND
 
 SOURCE_CHECK = "spec.source"
+TEMPERATURE_CHECK = "spec.temperature"
+#: a lookahead this long (draft steps per verify) is the seed's "long gamma" ...
+LONG_GAMMA = 6
+#: ... and more than this share of a pool's requests above temperature 1.2 is "high-temperature traffic":
+#: a quarter of the traffic is where the wasted drafts become a visible share of the pool's decode compute
+HOT_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class DecodeAcceptance:
     #: verify steps in the window (weights the pool's pooled alpha)
     verify_ct: int = 0
     source: str = "router"
+    #: the router's count of the decode's last window of requests per temperature band (None: not known)
+    temperature_bands: dict[str, int] | None = None
 
     @property
     def pair(self) -> str:
@@ -78,7 +87,8 @@ def from_router(doc: dict[str, Any]) -> list[DecodeAcceptance]:
             url=str(d.get("url", "")), alpha=win.get("alpha"), requests=int(win.get("requests") or 0),
             num_steps=d.get("num_steps"), adaptive=d.get("adaptive"), accept_length=win.get("accept_length"),
             accept_rate=win.get("accept_rate"), target=d.get("target"), draft=d.get("draft"),
-            verify_ct=int(win.get("verify_ct") or 0), source="router"))
+            verify_ct=int(win.get("verify_ct") or 0), source="router",
+            temperature_bands=(d.get("temperature_bands") or {}).get("window")))
     return out
 
 
@@ -192,6 +202,44 @@ def judge_acceptance(profile: Profile, observed: list[DecodeAcceptance], *, toke
     return out
 
 
+def judge_temperature(profile: Profile, observed: list[DecodeAcceptance]) -> list[Finding]:
+    """`spec.temperature` per pool whose decodes run gamma >= LONG_GAMMA (see the module docstring)."""
+    by_url = {i.url: i for i in _decode_instances(profile)}
+    pools: dict[str, tuple[str, int, dict[str, int]]] = {}  # pool -> (node, gamma, summed bands)
+    for d in observed:
+        if d.temperature_bands is None or not d.num_steps or d.num_steps < LONG_GAMMA:
+            continue
+        inst = by_url.get(d.url)
+        pool = pool_of(profile, inst.node) if inst else None
+        name = pool.name if pool else d.url
+        node, gamma, bands = pools.get(name, (inst.node if inst else "router", 0, {}))
+        for band, n in d.temperature_bands.items():
+            bands[band] = bands.get(band, 0) + int(n)
+        pools[name] = (node, max(gamma, d.num_steps), bands)
+    out = []
+    min_requests = profile.speculative.min_requests
+    for name, (node, gamma, bands) in pools.items():
+        total, hot = sum(bands.values()), bands.get(HIGH_BAND, 0)
+        details = {"pool": name, "gamma": gamma, "requests": total, "bands": bands, "hot_share_limit": HOT_SHARE}
+        if total < min_requests:
+            out.append(Finding.skip(TEMPERATURE_CHECK, node, name,
+                                    f"pool {name}: gamma {gamma}, {total} requests in the window, fewer than "
+                                    f"speculative.min_requests {min_requests}: not judged yet", details=details))
+            continue
+        share = hot / total
+        details["hot_share"] = round(share, 4)
+        msg = (f"pool {name}: lookahead gamma {gamma} with {share:.0%} of its last {total} requests above "
+               f"temperature 1.2 (limit {HOT_SHARE:.0%})")
+        if share > HOT_SHARE:
+            out.append(Finding.warn(TEMPERATURE_CHECK, node, name, msg, details=details, remedy=(
+                f"shorten the pool's lookahead (speculative.pools[].num_steps or models.draft.num_steps, gamma <= "
+                f"{LONG_GAMMA - 2}, or adaptive_steps), or send the high-temperature traffic to a pool with a short "
+                f"lookahead or none: drafts past the first rejection are wasted at high temperature")))
+        else:
+            out.append(Finding.ok(TEMPERATURE_CHECK, node, name, msg, details=details))
+    return out
+
+
 def check_spec(profile: Profile, *, router: str | None = None, history: str | Path | None = None,
                use_router: bool = True) -> tuple[list[Finding], dict[str, Any]]:
     """Findings and what was read (`source`: the router's URL, or "workers")."""
@@ -205,9 +253,9 @@ def check_spec(profile: Profile, *, router: str | None = None, history: str | Pa
     if use_router:
         observed, why = router_acceptance(profile, router)
     if observed is not None:
-        return judge_acceptance(profile, observed, tokenizer_hint=hint) or [
+        return (judge_acceptance(profile, observed, tokenizer_hint=hint) or [
             Finding.skip("spec.acceptance", "router", why, "the router has measured no speculative response yet")
-        ], {"source": why}
+        ]) + judge_temperature(profile, observed), {"source": why}
     found, problems = worker_acceptance(profile, _decode_instances(profile))
     findings = problems + judge_acceptance(profile, found, tokenizer_hint=hint)
     if not found:

@@ -147,6 +147,7 @@ CODES: dict[str, str] = {
     "spec.internal": "IC-SPC-000",
     "spec.acceptance": "IC-SPC-001",
     "spec.source": "IC-SPC-002",
+    "spec.temperature": "IC-SPC-003",
     # ---- remediation (audit --remediate) --------------------------------------------------------
     "remediation.drain": "IC-RMD-001",
     "remediation.held": "IC-RMD-002",

@@ -112,6 +112,8 @@ class RouterConfig:
     #: speculative acceptance (router/observe/spec_stats.py): rolling window per decode and label, in requests,
     #: and the number of workload labels kept per decode (more are counted as "other")
     spec_window_requests: int = 200
+    #: the draft's cost per step relative to the target's (speculative.cost_ratio): the spans' speedup model
+    spec_cost_ratio: float = 0.1
     #: pair health (core/routing/pair_health.py): KV floors, runs that degrade a pair, probe wait
     pair_min_kv_speed_gb_s: float | None = None
     pair_max_kv_latency_ms: float | None = None
@@ -323,6 +325,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         stream_recovery=rs.stream_recovery,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s, health_holddown_max_s=rs.health_holddown_max_s,
         spec_window_requests=profile.speculative.window_requests,
+        spec_cost_ratio=profile.speculative.cost_ratio if profile.speculative.cost_ratio is not None else 0.1,
         pair_min_kv_speed_gb_s=rs.pair_health.min_kv_speed_gb_s, pair_max_kv_latency_ms=rs.pair_health.max_kv_latency_ms,
         pair_bad_samples=rs.pair_health.bad_samples, pair_max_failures=rs.pair_health.max_transfer_failures,
         pair_probe_after_s=rs.pair_health.probe_after_s,

@@ -3,6 +3,10 @@
 Shapes follow SGLang 0.5.23 `entrypoints/openai/serving_{chat,completions}.py`: n choices (prompt
 counted once in `usage`), `usage.prompt_tokens_details.cached_tokens` when cache reporting is on,
 `stream_options.include_usage` as a last chunk with empty `choices`; `logprobs` is always null.
+`return_spec_tokens_details: true` adds the speculative fields as SGLang does (`sglext.spec_tokens_details`:
+one object, a list when n > 1; entrypoints/openai/utils.py spec_tokens_details_from_meta_info): on the
+whole answer, and on a stream as its own chunk with empty `choices` before the usage chunk
+(serving_chat.py; no chunk when no choice speculated).
 """
 
 from __future__ import annotations
@@ -76,8 +80,19 @@ class OpenAIApi:
                 "choices": choices,
                 "usage": self._usage([r["meta_info"] for r in results]),
                 "metadata": {"weight_version": "default"},
+                **self._sglext(req, [r["meta_info"] for r in results]),
             }
         )
+
+    @staticmethod
+    def _sglext(req: GenRequest, metas: list[dict[str, Any]]) -> dict[str, Any]:
+        """`{"sglext": {"spec_tokens_details": ...}}` when asked and some choice speculated, else nothing."""
+        if not req.spec_details:
+            return {}
+        details = [_spec_details(m) for m in metas if "spec_verify_ct" in m]
+        if not details:
+            return {}
+        return {"sglext": {"spec_tokens_details": details if req.parallel > 1 else details[0]}}
 
     def _usage(self, metas: list[dict[str, Any]], stream: bool = False) -> dict[str, Any]:
         """SGLang's UsageInfo for n choices: the prompt counted once, completions summed. The usage chunk of
@@ -161,6 +176,9 @@ class OpenAIApi:
                     meta = t.result()["meta_info"]
                     metas.append(meta)
                     await resp.write(sse(chunk(i, "", "length" if meta["completion_tokens"] else "stop")))
+            ext = self._sglext(req, metas)
+            if ext:
+                await resp.write(sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [], **ext}))
             if req.include_usage and metas:
                 await resp.write(
                     sse(
@@ -179,3 +197,18 @@ class OpenAIApi:
             for t in tasks:
                 t.cancel()
         return resp
+
+
+def _spec_details(meta: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's SpecTokensDetails of one choice (absent fields as its defaults: 0 / [])."""
+    return {
+        "spec_accept_rate": meta.get("spec_accept_rate") or 0.0,
+        "spec_accept_length": meta.get("spec_accept_length") or 0.0,
+        "spec_cap_length": 0.0,
+        "spec_block_accept_length": 0.0,
+        "spec_num_correct_drafts": meta.get("spec_num_correct_drafts") or 0,
+        "spec_num_proposed_drafts": meta.get("spec_num_proposed_drafts") or 0,
+        "spec_verify_ct": meta.get("spec_verify_ct") or 0,
+        "spec_correct_drafts_histogram": meta.get("spec_correct_drafts_histogram") or [],
+        "spec_cap_lens_histogram": [],
+    }

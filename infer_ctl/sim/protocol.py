@@ -72,6 +72,8 @@ class GenRequest:
     #: OpenAI-only bits
     model: str | None = None
     include_usage: bool = False
+    #: SGLang's `return_spec_tokens_details` (protocol.py): the speculative fields under `sglext`
+    spec_details: bool = False
     #: SGLang's per-request metric labels (`custom_labels`); the simulator reads the workload domain there
     custom_labels: dict[str, str] | None = None
     #: SamplingParams.verify's refusal (sampling.py); raised after the context-length checks, as SGLang's
@@ -299,6 +301,7 @@ def parse_openai(body: Any, tok: Tokenizer, chat: bool) -> GenRequest:
         parallel=copies,
         model=body.get("model"),
         include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
+        spec_details=body.get("return_spec_tokens_details") is True,
         custom_labels=_labels(body.get("custom_labels")),
         sampling_error=sampling.verify({**sampling.from_openai(body), "max_new_tokens": mnt}),
     )

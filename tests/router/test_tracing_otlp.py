@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -304,3 +305,104 @@ def test_a_router_without_tracing_does_not_import_opentelemetry() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# ---- the seed's span, attribute by attribute (issue 29) -------------------------------------------
+def _sse_objects(r: httpx.Response) -> list[Any]:
+    return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def _ask(router: RouterHandle, kind: str, trace_id: str) -> tuple[Any, Any]:
+    """One request of `kind` under the client's trace `trace_id`: (the answer's usage holder, its speculative
+    fields holder) as the client received them."""
+    headers = {"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"}
+    if kind == "generate":
+        r = httpx.post(router.url + "/generate", headers=headers, timeout=30,
+                       json={"text": "the span " * 20, "sampling_params": {"max_new_tokens": 16, "temperature": 0.3}})
+        assert r.status_code == 200, r.text
+        return r.json(), r.json()
+    if kind == "generate_stream":
+        with httpx.stream("POST", router.url + "/generate", headers=headers, timeout=30, json={
+                "text": "the span " * 20, "stream": True,
+                "sampling_params": {"max_new_tokens": 16, "temperature": 0.3}}) as r:
+            assert r.status_code == 200
+            objs = _sse_objects(r)
+        return objs[-1], objs[-1]  # the last chunk's meta_info: the usage and the speculative fields
+    body: dict[str, Any] = {"model": "sim-70b", "messages": [{"role": "user", "content": "the span " * 20}],
+                            "max_tokens": 16, "temperature": 0.3}
+    if kind == "chat":
+        r = httpx.post(router.url + "/v1/chat/completions", headers=headers, timeout=30, json=body)
+        assert r.status_code == 200, r.text
+        return r.json(), r.json()
+    with httpx.stream("POST", router.url + "/v1/chat/completions", headers=headers, timeout=30,
+                      json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        objs = _sse_objects(r)
+    # SGLang's stream: the speculative fields in a chunk of their own (empty choices), then the usage chunk
+    (ext,) = [o for o in objs if "sglext" in o]
+    assert ext["choices"] == [] and objs[-1]["choices"] == [] and "usage" in objs[-1]
+    return objs[-1], ext
+
+
+@pytest.mark.parametrize("kind", ["generate", "generate_stream", "chat", "chat_stream"])
+def test_the_request_span_carries_what_sglang_and_the_router_measured(cluster: ThreadedSimCluster, kind: str) -> None:
+    rx = HttpReceiver()
+    trace_id = {"generate": "1" * 32, "chat": "2" * 32, "chat_stream": "3" * 32, "generate_stream": "4" * 32}[kind]
+    dec_url = next(w.url for w in cluster.workers if w.spec.role == "decode")
+    info = httpx.get(dec_url + "/server_info", timeout=10).json()
+    try:
+        router = _router(cluster, TracingConfig("http/protobuf", rx.endpoint, None, None))
+        try:
+            # a first request through the pair, then a health poll: the prefill's /v1/loads reports that
+            # transfer (the pair's KV numbers) and the decode's /server_info its speculation and fabric
+            assert httpx.post(router.url + "/generate", json={"text": "warm " * 20, "sampling_params": {
+                "max_new_tokens": 2}}, timeout=30).status_code == 200
+            deadline = time.monotonic() + 10
+            while not any(p.samples for p in router.server.router.pairs.health.pairs.values()):
+                assert time.monotonic() < deadline, "no KV transfer sample"
+                time.sleep(0.1)
+            usage_holder, spec_holder = _ask(router, kind, trace_id)
+        finally:
+            router.stop()
+        spans = [s for s in rx.wait_for(10) if s["trace_id"] == trace_id]
+        (req,) = [s for s in spans if s["kind"] == SERVER]
+    finally:
+        rx.close()
+    a = req["attributes"]
+    # GenAI semantic conventions
+    assert a["gen_ai.request.model"] == "sim-70b" and a["gen_ai.request.temperature"] == 0.3
+    assert a["gen_ai.request.max_tokens"] == 16
+    if kind.startswith("generate"):
+        meta = usage_holder["meta_info"]
+        prompt, completion, cached = meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"]
+        spec = sf.decode_generate_response(spec_holder)
+    else:
+        u = usage_holder["usage"]
+        prompt, completion = u["prompt_tokens"], u["completion_tokens"]
+        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+        spec = sf.decode_openai_response(spec_holder)
+    assert a["gen_ai.usage.input_tokens"] == prompt and a["gen_ai.usage.output_tokens"] == completion
+    assert a["gen_ai.response.finish_reasons"] == ["length"]
+    # SGLang's per-request speculative fields (meta_info / sglext.spec_tokens_details)
+    (f,) = [x for x in spec if x is not None]
+    assert a["inferctl.spec.verify_steps"] == f.verify_ct
+    assert a["inferctl.spec.drafted_tokens"] == f.num_proposed_drafts
+    assert a["inferctl.spec.accepted_tokens"] == f.num_correct_drafts
+    assert a["inferctl.spec.accept_length"] == pytest.approx(f.accept_length, rel=1e-3)
+    assert a["inferctl.spec.gamma"] == info["speculative_num_draft_tokens"] - 1 == 3
+    assert a["inferctl.spec.speedup"] == pytest.approx(f.accept_length / (3 * 0.1 + 1), rel=1e-3)
+    # the decode's /server_info
+    assert a["inferctl.spec.draft_model"] == info["speculative_draft_model_path"]
+    assert a["inferctl.spec.num_steps"] == info["speculative_num_steps"]
+    assert a["inferctl.spec.algorithm"] == "EAGLE3"
+    assert a["inferctl.kv.transfer_backend"] == info["disaggregation_transfer_backend"]
+    # the router's pair measurement (the prefill's last KV transfer) and prefix flags
+    assert a["inferctl.kv.transfer_ms"] > 0 and a["inferctl.kv.transfer_gb_s"] > 0
+    assert a["inferctl.kv.transfer_bytes"] == int(a["inferctl.kv.transfer_gb_s"] * 1e9 * a["inferctl.kv.transfer_ms"] / 1e3)
+    assert a["inferctl.cache.prefix_match"] is (cached > 0)  # the worker's cached_tokens, as a flag
+    assert isinstance(a["inferctl.cache.predicted_match"], bool)
+    if kind.endswith("stream"):  # the router's own clock: gaps between content chunks
+        assert 0 < a["inferctl.itl.p50_s"] <= a["inferctl.itl.p99_s"] <= a["inferctl.itl.max_s"]
+        assert a["inferctl.itl.chunks"] >= 2
+    else:
+        assert "inferctl.itl.p50_s" not in a

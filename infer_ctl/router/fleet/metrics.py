@@ -20,6 +20,7 @@ from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.observe.spec_stats import SpecStats
+from infer_ctl.router.observe.temperature import BANDS
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _FAST = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
@@ -279,7 +280,14 @@ class _SpecCollector(Collector):
         steps = GaugeMetricFamily("inferctl_router_spec_num_steps",
                                   "The decode's live speculative step count (/server_info internal_states)",
                                   labels=["decode", "target", "draft"])
+        # every answer of a speculative decode by its request's temperature band (observe/temperature.py)
+        bands = CounterMetricFamily("inferctl_router_spec_requests",
+                                    "Requests answered by a speculative decode, by sampling temperature band",
+                                    labels=["decode", "temperature_band"])
         for d in self.router.spec.decodes.values():
+            for band, n in zip(BANDS, d.temperature.totals, strict=True):
+                if n:
+                    bands.add_metric([d.url, band], n)
             if d.num_steps is not None:
                 steps.add_metric([d.url, d.target or "", d.draft or ""], d.num_steps)
             for name, roll in (("all", d.overall), *d.labels.items()):
@@ -290,7 +298,7 @@ class _SpecCollector(Collector):
                                    (alpha, r["window"]["alpha"]), (ema, r["ema"]["alpha"])):
                     if value is not None:
                         fam.add_metric(key, value)
-        yield from (rate, length, alpha, ema, reqs, steps)
+        yield from (rate, length, alpha, ema, reqs, steps, bands)
 
 
 def histogram_totals(h: Histogram) -> tuple[float, int]:

@@ -47,6 +47,7 @@ from infer_ctl.core.routing.spec_fields import (
     decode_openai_response,
 )
 from infer_ctl.router.http.jsonio import DecodeError, loads
+from infer_ctl.router.observe.temperature import TemperatureBands, band_of, temperature_of
 
 LABEL_KEY = "domain"
 LABELS_HEADER = "x-custom-labels"  # SGLang's --tokenizer-metrics-custom-labels-header default
@@ -151,15 +152,19 @@ class DecodeSpec:
     adaptive: bool | None = None
     overall: Rolling = field(init=False)
     labels: dict[str, Rolling] = field(default_factory=dict)
+    #: the decode's requests by temperature band (temperature.py): gamma >= 6 on hot traffic wastes drafts
+    temperature: TemperatureBands = field(init=False)
 
     def __post_init__(self) -> None:
         self.overall = Rolling(self.window)
+        self.temperature = TemperatureBands(self.window)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "url": self.url, "target": self.target, "draft": self.draft, "algorithm": self.algorithm,
             "num_steps": self.num_steps, "eagle_topk": self.eagle_topk, "adaptive": self.adaptive,
             **self.overall.as_dict(),
+            "temperature_bands": self.temperature.as_dict(),
             "labels": {name: r.as_dict() for name, r in sorted(self.labels.items())},
         }
 
@@ -214,6 +219,9 @@ class SpecStats:
         self.decodes: dict[str, DecodeSpec] = {}
         #: the controller's actions reported to the router (newest last), for the status view
         self.actions: deque[dict[str, Any]] = deque(maxlen=50)
+        #: per decode (or collocated worker): its /server_info disaggregation_transfer_backend and
+        #: disaggregation_ib_device, the KV fabric its requests' spans name (tracing.py)
+        self.fabric: dict[str, tuple[str | None, str | None]] = {}
 
     def _decode(self, url: str) -> DecodeSpec:
         d = self.decodes.get(url)
@@ -225,6 +233,9 @@ class SpecStats:
     def answered(self, decode: str, body: Mapping[str, Any], headers: Mapping[str, str], named: str | None,
                  obj: Any) -> None:
         """One finished answer of `decode` (the worker that generated it)."""
+        known = self.decodes.get(decode)
+        if known is not None and known.algorithm:  # a speculative decode: every answer of it was speculated
+            known.temperature.add(band_of(temperature_of(body)))
         if type(obj) is dict and "sglext" not in obj:  # the common case, checked without a call chain:
             meta = obj.get("meta_info")  # an answer without speculative fields costs two lookups
             if type(meta) is not dict or (META_VERIFY_CT not in meta and META_CORRECT_DRAFTS_HISTOGRAM not in meta):
@@ -234,6 +245,8 @@ class SpecStats:
             return
         now = self.clock()
         d = self._decode(decode)
+        if known is None or not known.algorithm:  # its /server_info not read yet: the fields say it speculates
+            d.temperature.add(band_of(temperature_of(body)))
         roll = self._label(d, workload_label(body, headers, named), now)
         for f in found:
             c = counts_of(f)
@@ -259,8 +272,11 @@ class SpecStats:
 
     # ---- what the health checks learn ----------------------------------------------------------
     def observe_server_info(self, url: str, info: Any) -> None:
-        """A decode's (or collocated worker's) draft/target pair and live step count."""
-        if not isinstance(info, Mapping) or not info.get("speculative_algorithm"):
+        """A decode's (or collocated worker's) draft/target pair and live step count, and its KV fabric."""
+        if not isinstance(info, Mapping):
+            return
+        self.fabric[url] = (_str(info.get("disaggregation_transfer_backend")), _str(info.get("disaggregation_ib_device")))
+        if not info.get("speculative_algorithm"):
             return
         d = self._decode(url)
         d.target = _str(info.get("model_path"))
@@ -283,10 +299,12 @@ class SpecStats:
         if d is not None:
             d.overall = Rolling(self.window)
             d.labels.clear()
+            d.temperature.restart()
 
     def drop(self, url: str) -> None:
         """The decode left the router."""
         self.decodes.pop(url, None)
+        self.fabric.pop(url, None)
 
     # ---- readers -------------------------------------------------------------------------------
     def record_action(self, action: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ Attributes follow OpenTelemetry's GenAI semantic conventions where one exists
 operation.name, gen_ai.provider.name, gen_ai.request.*, gen_ai.response.*, gen_ai.usage.input_tokens,
 gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens, gen_ai.response.time_to_first_chunk)
 and HTTP/server ones for the calls (http.response.status_code, server.address, server.port); the rest
-is `inferctl.*`.
+is `inferctl.*` (span_attrs.py: each one's source).
 
 The OpenTelemetry SDK is imported only when tracing is configured (`Tracing.start`): a router without
 tracing never loads it, and its request path pays one `is None` check per hook.
@@ -28,12 +28,21 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from infer_ctl.errors import UsageError
+from infer_ctl.router.http.sse import event_json
+from infer_ctl.router.observe.span_attrs import (
+    MAX_GAPS,
+    decode_attributes,
+    itl_attributes,
+    kv_attributes,
+    spec_attributes,
+)
+from infer_ctl.router.observe.spec_stats import fields_of
 
 if TYPE_CHECKING:
     from infer_ctl.profile.tracing import TracingSettings
@@ -53,6 +62,18 @@ class TracingConfig:
     service_name: str | None
     #: None: the SDK's OTEL_TRACES_SAMPLER[_ARG] (default: parent-based, always on)
     sample_ratio: float | None
+
+
+@dataclass
+class ServingFacts:
+    """What the router knows of the workers that served a request, read when its span ends: the decodes'
+    /server_info (spec_stats.SpecStats), the pairs' KV transfers (fleet/pair_health.PairTracker), the
+    speedup model's cost ratio (the profile's speculative.cost_ratio)."""
+
+    spec: Any = None
+    pairs: Any = None
+    cost_ratio: float = 0.1
+    clock: Callable[[], float] = field(default=time.monotonic)
 
 
 def _truthy(v: str | None) -> bool:
@@ -119,9 +140,13 @@ class Tracing:
         self.Status, self.ERROR = Status, StatusCode.ERROR
         self.in_context = set_span_in_context
         self.cfg = cfg
+        #: the serving workers' facts (request/observe.py sets them once the router's parts exist)
+        self.facts: ServingFacts | None = None
 
     def request(self, headers: Mapping[str, str], endpoint: str, rid: str) -> RequestTrace:
-        return RequestTrace(self, headers, endpoint, rid)
+        trace = RequestTrace(self, headers, endpoint, rid)
+        trace.facts = self.facts
+        return trace
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         return bool(self.provider.force_flush(int(timeout_s * 1000)))
@@ -155,6 +180,16 @@ class RequestTrace:
         self.decode_started_ns: int | None = None
         self.decode_span: Any = None
         self.prefill_done_ns: int | None = None
+        #: set by the observer (request/observe.py): the workers' facts, read at the end
+        self.facts: ServingFacts | None = None
+        #: a stream's content chunks' arrival times (ITL percentiles) and its `sglext` event: SGLang sends
+        #: an OpenAI stream's speculative fields in a chunk of their own before the usage chunk
+        #: (serving_chat.py, only with return_spec_tokens_details), never in the last event
+        self.chunk_times: list[float] = []
+        self.stream_ext: Any = None
+        #: an OpenAI stream's finish reason per choice: sent on each choice's last delta, before the usage
+        #: chunk that ends the stream (whose `choices` is empty)
+        self.stream_finish: dict[int, str] = {}
 
     # ---- the request ---------------------------------------------------------------------------
     def describe(self, body: Mapping[str, Any], model: str | None, tenant: str | None) -> None:
@@ -187,7 +222,7 @@ class RequestTrace:
                 s.set_attribute("gen_ai.response.id", rid)
             if isinstance(item.get("model"), str):
                 s.set_attribute("gen_ai.response.model", item["model"])
-            reasons = _finish_reasons(item)
+            reasons = _finish_reasons(item) or [self.stream_finish[i] for i in sorted(self.stream_finish)]
             if reasons:
                 s.set_attribute("gen_ai.response.finish_reasons", reasons)
         if prompt is not None:
@@ -197,15 +232,31 @@ class RequestTrace:
         if cached is not None:
             s.set_attribute("gen_ai.usage.cache_read.input_tokens", cached)
             s.set_attribute("inferctl.cache.actual_tokens", cached)
+            # the explicit flag: the worker reused a cached prefix (SGLang's cached_tokens > 0)
+            s.set_attribute("inferctl.cache.prefix_match", cached > 0)
         s.set_attribute("inferctl.cache.predicted_tokens", predicted_tokens)
-        if spec:
-            verify = sum(f.verify_ct for f in spec)
-            proposed = sum(f.num_proposed_drafts for f in spec)
-            if verify:
-                s.set_attribute("inferctl.spec.accept_length", sum(f.completion_tokens for f in spec) / verify)
-                s.set_attribute("inferctl.spec.verify_steps", verify)
-            if proposed:
-                s.set_attribute("inferctl.spec.accept_rate", sum(f.num_correct_drafts for f in spec) / proposed)
+        s.set_attribute("inferctl.cache.predicted_match", predicted_tokens > 0)
+        if not spec and self.stream_ext is not None:
+            spec = fields_of(self.stream_ext)
+        cost = self.facts.cost_ratio if self.facts is not None else 0.1
+        for key, value in spec_attributes(spec, cost).items():
+            s.set_attribute(key, value)
+
+    def chunk(self, events: list[bytes]) -> None:
+        """The relay received these SSE events (one read). A read with content is one arrival for the ITL;
+        the stream's tail (the `sglext` and usage chunks, empty `choices`, and [DONE]) is not."""
+        content = False
+        for ev in events:
+            if b'"sglext"' in ev:
+                obj = event_json(ev)
+                if isinstance(obj, dict) and isinstance(obj.get("sglext"), dict):
+                    self.stream_ext = obj
+            elif b"[DONE]" not in ev and b'"choices":[]' not in ev and b'"choices": []' not in ev:
+                content = True
+                if b'"finish_reason":"' in ev or b'"finish_reason": "' in ev:
+                    self._finished(event_json(ev))
+        if content and len(self.chunk_times) <= MAX_GAPS:
+            self.chunk_times.append(time.monotonic())
 
     def streamed(self, ttft_s: float, first: float, last: float, completion: int | None) -> None:
         """A streamed answer: time to first chunk, and the mean gap per output token after the first
@@ -226,10 +277,35 @@ class RequestTrace:
                 s.set_attribute("inferctl.prefill", ctx.prefill)
             if ctx.decode:
                 s.set_attribute("inferctl.decode", ctx.decode)
+            if getattr(ctx, "named", None) is not None:
+                s.set_attribute("inferctl.prefix.name", ctx.named.name)
+            self._served(ctx)
+        for key, value in itl_attributes(self.chunk_times).items():
+            s.set_attribute(key, value)
         if status >= 500:
             s.set_status(self.t.Status(self.t.ERROR, f"HTTP {status}"))
             s.set_attribute("error.type", str(status))
         s.end()
+
+    def _finished(self, obj: Any) -> None:
+        choices = obj.get("choices") if isinstance(obj, dict) else None
+        for c in choices if isinstance(choices, list) else []:
+            if isinstance(c, dict) and isinstance(c.get("finish_reason"), str) and isinstance(c.get("index"), int):
+                self.stream_finish[c["index"]] = c["finish_reason"]
+
+    def _served(self, ctx: Any) -> None:
+        """The decode's (or collocated worker's) speculation and KV fabric, the pair's last KV transfer."""
+        f = self.facts
+        worker = ctx.decode or ctx.prefill
+        if f is None or not worker:
+            return
+        spec = f.spec
+        attrs = decode_attributes(spec.decodes.get(worker) if spec is not None else None,
+                                  spec.fabric.get(worker) if spec is not None else None)
+        if ctx.decode and ctx.prefill and f.pairs is not None:
+            attrs.update(kv_attributes(f.pairs.health.pairs.get((ctx.prefill, ctx.decode)), f.clock()))
+        for key, value in attrs.items():
+            self.span.set_attribute(key, value)
 
     # ---- attempts and calls --------------------------------------------------------------------
     def attempt_start(self, n: int, pre: Any, dec: Any, reason: str, predicted_tokens: int) -> None:

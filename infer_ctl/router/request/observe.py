@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from infer_ctl.core.routing.spec_fields import OPENAI_REQUEST_FLAG
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
 from infer_ctl.router.observe.spec_stats import fields_of
@@ -38,7 +39,7 @@ _OPENAI = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: CollectorRegistry, workers: WorkerRegistry,
-              chars_per_token: Callable[[], float]) -> Observing | None:
+              chars_per_token: Callable[[], float], spec: Any = None, pairs: Any = None) -> Observing | None:
     """The router's tracing and tenants, or None when it has neither (tenants, pricing, tracing)."""
     tenancy = None
     if cfg.tenants or cfg.worker_usd_per_s:
@@ -46,11 +47,14 @@ def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: Collec
                           registry=registry, worker_roles=lambda: {w.url: w.role for w in workers.all()})
     tracing = None
     if cfg.tracing is not None:
-        from infer_ctl.router.observe.tracing import (
-            Tracing,  # imports the OpenTelemetry SDK: only when configured
+        from infer_ctl.router.observe.tracing import (  # imports the OpenTelemetry SDK: only when configured
+            ServingFacts,
+            Tracing,
         )
 
         tracing = Tracing(cfg.tracing)
+        # what the spans name of the serving workers (the decodes' /server_info, the pairs' KV transfers)
+        tracing.facts = ServingFacts(spec, pairs, cfg.spec_cost_ratio, clock)
     if tenancy is None and tracing is None:
         return None
     return Observing(tenancy, tracing, model_name=cfg.model_name, chars_per_token=chars_per_token)
@@ -128,11 +132,17 @@ class RequestObserver:
     def rewrite(self, endpoint: str, body: dict[str, Any], raw: bytes) -> bytes:
         """The body to send for this tenant (`body` is changed in place; `raw` re-serialised only then)."""
         spec = self.tenant.spec if self.tenant is not None else None
-        if spec is None or self.o.tenancy is None or self.o.tenancy.anonymous:
+        tenants = spec is not None and self.o.tenancy is not None and not self.o.tenancy.anonymous
+        if not tenants and self.trace is None:
             return raw
         changed = False
-        if spec.priority is not None and body.get("priority") != spec.priority:
+        if spec is not None and tenants and spec.priority is not None and body.get("priority") != spec.priority:
             body["priority"] = spec.priority  # the tenant's, never the client's own claim
+            changed = True
+        if self.trace is not None and endpoint in _OPENAI and OPENAI_REQUEST_FLAG not in body:
+            # SGLang reports an OpenAI answer's speculative fields only when asked (sglext.spec_tokens_details;
+            # /generate's meta_info always has them): the span's spec attributes need them
+            body[OPENAI_REQUEST_FLAG] = True
             changed = True
         if endpoint in _OPENAI and body.get("stream"):
             so = body.get("stream_options")
@@ -182,12 +192,15 @@ class RequestObserver:
         if self.trace is not None:
             self.trace.answered(obj, prompt, cached, completion, predicted_tokens, fields_of(obj))
 
-    def stream_chunk(self, events: int, last: Any, items: dict[int, Any] | None) -> None:
+    def stream_chunk(self, events: list[bytes], last: Any, items: dict[int, Any] | None) -> None:
         """The relay forwarded `events` SSE events, the last JSON one `last` (`items`: a /generate batch's
-        latest chunk per prompt). Counted only for a tokens_per_min tenant; see `streamed_tokens`."""
+        latest chunk per prompt). Traced: their arrival (ITL) and an OpenAI stream's `sglext` event.
+        Counted only for a tokens_per_min tenant; see `streamed_tokens`."""
+        if self.trace is not None:
+            self.trace.chunk(events)
         if self.prompt_est is None:
             return
-        self.stream_events += events
+        self.stream_events += len(events)
         if items:
             self.stream_meta = sum(_completion_of(o) for o in items.values())
         elif isinstance(last, dict) and isinstance(last.get("meta_info"), dict):

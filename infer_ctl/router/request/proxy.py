@@ -79,7 +79,7 @@ class Router:
                                  spec=self.spec)
         #: tracing and tenants (observe.py); None with neither configured: the request path then only checks that
         self.observing = observing(cfg, clock=clock, registry=self.metrics.registry, workers=self.workers,
-                                   chars_per_token=lambda: self.feedback.chars_per_token)
+                                   chars_per_token=lambda: self.feedback.chars_per_token, spec=self.spec, pairs=self.pairs)
         # the exact index from the prefills' KV events (router/kvindex/kv_routing.py); the predicted index stays
         # the fallback for every worker whose stream is not trusted
         self.kv = KvRouting(enabled=cfg.kv_events and cfg.policy == "cache_aware", block_chars=cfg.block_chars,

@@ -112,7 +112,7 @@ class StreamRelay:
                         for ev in events:  # a batch: every event, so no prompt's last chunk is missed
                             items = _item(items, sse.event_json(ev))
                 if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
-                    ctx.obs.stream_chunk(len(events), last_json, items)
+                    ctx.obs.stream_chunk(events, last_json, items)
                 # socket writes are much of the router's CPU per streamed request: the head goes with the first
                 # piece, and the end of the stream with the last one when the worker's stream is complete
                 last = upstream.complete
