@@ -405,13 +405,13 @@ class H1Connection(asyncio.Protocol):
                 try:
                     resp: Response | StreamResponse
                     if req.invalid is not None and not req.too_large:
-                        resp = Response(400, error_body(400, req.invalid, "invalid_request_error"))
+                        resp = Response(400, error_body(400, req.invalid))
                     else:
                         resp = await self.srv.handler(req)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # the handler's own safety net failed: still answer
-                    resp = Response(500, error_body(500, "internal router error; see the router's log", "internal_error"))
+                    resp = Response(500, error_body(500, "internal router error; see the router's log"))
                 if self.closed:
                     return
                 if isinstance(resp, Response):
@@ -504,7 +504,7 @@ class H1Connection(asyncio.Protocol):
     def _fatal(self, status: int, message: str) -> None:
         self.discarding = True
         if self.task is None and not self.closed:
-            self.write(Response(status, error_body(status, message, "invalid_request_error")).encode(True))
+            self.write(Response(status, error_body(status, message)).encode(True))
             self._finish_close(True)  # lingering: the client may still be sending
         else:
             self.close_after = True  # answer what is in progress, then close

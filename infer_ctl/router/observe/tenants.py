@@ -47,7 +47,7 @@ from infer_ctl.core.tenancy.pricing import RolePrice, worker_usd_per_s
 from infer_ctl.core.tenancy.shares import ShareClock
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.tenants import MIN_KEY_CHARS
-from infer_ctl.router.http.jsonio import dumps
+from infer_ctl.router.http.jsonio import dumps, openai_error_type
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile
@@ -183,7 +183,7 @@ class TenantRefusal:
     retry_after: int | None = None
 
     def body(self) -> bytes:
-        err: dict[str, Any] = {"message": self.message, "type": "unauthorized" if self.status == 401 else "rate_limited",
+        err: dict[str, Any] = {"message": self.message, "type": openai_error_type(self.status),
                                "code": self.status, "limit": self.limit}
         if self.retry_after is not None:
             err["retry_after_s"] = self.retry_after
