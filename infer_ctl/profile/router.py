@@ -115,6 +115,10 @@ class RouterSettings(StrictModel):
     health_holddown_max_s: Annotated[float, Field(ge=0, le=86400)] = 60.0
     request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     max_concurrent: Annotated[int, Field(ge=1)] = 1024
+    #: open client connections per router process; past it a new one gets 503 + Retry-After and is
+    #: closed (idle slow-header connections exhausted the descriptors, and then every client was reset).
+    #: None: min(the hard RLIMIT_NOFILE - 256, 50,000), read at start once the soft limit is raised
+    max_connections: Annotated[int, Field(ge=1)] | None = None
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
     #: requests waiting for a slot beyond max_concurrent; more are answered 429

@@ -28,6 +28,7 @@ from infer_ctl.router.control.admin import Admin, authorized
 from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.daemon.admin_dir import make_admin_dir
+from infer_ctl.router.daemon.nofile import default_max_connections, raise_nofile
 from infer_ctl.router.daemon.server_info import pd_server_info
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
@@ -158,6 +159,9 @@ class RouterServer:
             await self.runner.setup()
             await web.UnixSite(self.runner, sock).start()
         self._admin_pool = Pool("localhost", 0, unix=sock, max_idle=4)
+        soft, _ = raise_nofile()  # systemd's soft 1,024 would cap the router near 1,000 clients
+        self.http.max_connections = self.cfg.max_connections or default_max_connections(soft)
+        self.router.metrics.connections = lambda: (len(self.http.conns), self.http.refused)
         try:
             self.port = await self.http.listen(self.cfg.host, self.cfg.port, reuse_port=proc is not None)
         except OSError as exc:  # includes socket.gaierror (unresolvable host)
@@ -186,7 +190,7 @@ class RouterServer:
             proc.ready_file(proc.index).touch()  # the supervisor logs once every process listens
         log.info("router listening", extra={"url": self.url, "mode": self.router.mode,
                                             "workers": len(self.router.workers.all()), "policy": self.cfg.policy,
-                                            **extra})
+                                            "max_connections": self.http.max_connections, **extra})
 
     def _share(self, proc: ProcessRole) -> None:
         """Before the first request: count in-flight load in the shared block, and take the leader's

@@ -7,7 +7,7 @@ collector, so the request path never updates them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -103,6 +103,9 @@ class RouterMetrics:
                                     "Times a worker's KV event stream became untrusted", ["worker"], registry=r)
         self.kv_restarts = Counter("inferctl_router_kv_restarts_total",
                                    "Publisher restarts seen on a worker's KV event stream", ["worker"], registry=r)
+        #: (open, refused) client connections of the HTTP front (daemon/server.py sets it; 0s until then)
+        self.connections: Callable[[], tuple[int, int]] | None = None
+        r.register(_ConnectionCollector(self))
         r.register(_StateCollector(router))
         r.register(_SpecCollector(router))
         r.register(_PairCollector(router))
@@ -218,6 +221,24 @@ class _StateCollector(Collector):
         yield kv_blocks
         yield GaugeMetricFamily("inferctl_router_kv_untrusted_streams", "KV event streams not trusted now",
                                 value=untrusted)
+
+
+class _ConnectionCollector(Collector):
+    """The connection cap (router.max_connections, http/h1.py): read at scrape time from the front."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        read = self.metrics.connections
+        open_, refused = read() if read is not None else (0, 0)
+        yield GaugeMetricFamily("inferctl_router_connections_open", "Client connections open (the cap counts "
+                                "these; refused ones are not)", value=open_)
+        yield CounterMetricFamily("inferctl_router_connections_refused", "Client connections answered 503 and "
+                                  "closed because router.max_connections were open", value=refused)
 
 
 class _PairCollector(Collector):

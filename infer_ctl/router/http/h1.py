@@ -47,6 +47,8 @@ from infer_ctl.router.http.jsonio import error_body
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
 _LINGER_S = 1.0
+#: refused connections lingering at once (each holds a descriptor for up to _LINGER_S past the cap)
+_MAX_REFUSING = 256
 _MAX_HEAD = 64 * 1024
 #: headers a request may carry once (RFC 9110 11.6.2 gives Authorization one set of credentials; RFC
 #: 9112 3.2: more than one Host is a 400), lower-case
@@ -186,10 +188,15 @@ Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
 class H1Server:
     """Owns the listening socket's connections; `handler` answers every request."""
 
-    def __init__(self, handler: Handler, max_body: int) -> None:
+    def __init__(self, handler: Handler, max_body: int, max_connections: int | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
         self.conns: set[H1Connection] = set()
+        #: past this many open connections a new one is answered 503 and closed (None: no cap)
+        self.max_connections = max_connections
+        #: connections refused by the cap so far, and those of them still lingering (below)
+        self.refused = 0
+        self.refusing = 0
         self.server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -264,10 +271,17 @@ class H1Connection(asyncio.Protocol):
         self.last_active = 0.0
         #: loop time of the first byte of the request being received; None between requests
         self.reading_since: float | None = None
+        #: answered 503 by the connection cap (`_refuse`), and whether it lingers (counted in srv.refusing)
+        self.refused = False
+        self.lingers = False
 
     # ---- transport events ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        srv = self.srv
+        if srv.max_connections is not None and len(srv.conns) >= srv.max_connections:
+            self._refuse()
+            return
         self.last_active = asyncio.get_running_loop().time()
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -277,7 +291,33 @@ class H1Connection(asyncio.Protocol):
                 pass
         self.srv.conns.add(self)
 
+    def _refuse(self) -> None:
+        """Over the connection cap: 503 with Retry-After, then close. Answered at once, before the client's
+        request is read, so a client past the cap gets an answer its HTTP library retries, not a reset
+        (an accept failing on EMFILE resets every new client). The refused connection is not in `conns`,
+        so it never counts against the cap nor reaches a handler. Like the 413 it lingers, reading and
+        dropping what the client sends (closing with unread data resets the connection before the client
+        reads the 503) - up to _MAX_REFUSING of them at a time, beyond which it is closed at once."""
+        srv = self.srv
+        srv.refused += 1
+        self.refused = True
+        self.discarding = True
+        resp = Response(503, error_body(503, f"the router is at its limit of {srv.max_connections} open "
+                                             "connections; retry in a second"), headers={"Retry-After": "1"})
+        self.transport.write(resp.encode(True))
+        if srv.refusing < _MAX_REFUSING:
+            srv.refusing += 1
+            self.lingers = True
+            self._finish_close(True)
+        else:
+            self.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.refused:
+            self.closed = True
+            if self.lingers:
+                self.srv.refusing -= 1
+            return
         self.closed = True
         self.srv.conns.discard(self)
         self.pending.clear()
