@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, IPvAnyNetwork, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.pair_health import PairHealthSettings
@@ -149,6 +149,10 @@ class RouterSettings(StrictModel):
     tenants: list[Tenant] = Field(default_factory=list)
     #: names the tenant when no tenant has a key (lower-case HTTP header name)
     tenant_header: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")] = "x-inferctl-tenant"
+    #: header mode: the proxies (CIDRs) whose connections may name a tenant by that header; others that
+    #: send it get 403. Empty: ANY client may claim ANY tenant (docs/observability.md). Beside
+    #: tenant_header, not under `tenants` (a list of tenants)
+    tenant_trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
     #: what the workers cost: live cost per tenant (inferctl_tenant_cost_dollars_total)
     pricing: Pricing | None = None
     tracing: TracingSettings = Field(default_factory=TracingSettings)

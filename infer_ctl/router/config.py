@@ -146,6 +146,8 @@ class RouterConfig:
     #: each worker role's price in $/s (router.pricing) and tracing (router/observe/tracing.py; None: off)
     tenants: list[TenantSpec] = field(default_factory=list)
     tenant_header: str = "x-inferctl-tenant"
+    #: header mode: the CIDRs whose connections may name a tenant by header (empty: any client may)
+    tenant_trusted_proxies: list[str] = field(default_factory=list)
     worker_usd_per_s: dict[str, float] = field(default_factory=dict)
     tracing: TracingConfig | None = None
     #: several replicas (router/scaleout/state_sync.py): every replica's listen address, the Redis URL they share
@@ -328,6 +330,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
     )
     cfg.tenants = specs_from_profile(profile, env)
     cfg.tenant_header = rs.tenant_header
+    cfg.tenant_trusted_proxies = [str(n) for n in rs.tenant_trusted_proxies]
     cfg.worker_usd_per_s = prices_from_profile(profile)
     cfg.tracing = config_from(rs.tracing, env)
     apply_kv_profile(cfg, profile)  # router.kv_events (router/kvindex/kv_settings.py)

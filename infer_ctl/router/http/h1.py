@@ -53,6 +53,7 @@ _MAX_HEAD = 64 * 1024
 #: headers a request may carry once (RFC 9110 11.6.2 gives Authorization one set of credentials; RFC
 #: 9112 3.2: more than one Host is a 400), lower-case
 _SINGLE = frozenset({"authorization", "host"})
+_NONE: frozenset[str] = frozenset()
 #: idle keep-alive connections are closed after this long (aiohttp's default too)
 KEEPALIVE_S = 75.0
 #: a request's head and body must arrive within this long of its first byte (slowloris: a client that
@@ -78,7 +79,7 @@ class Request:
     """One parsed request. Header names are lower-case."""
 
     __slots__ = ("body", "conn", "content_length", "headers", "http10", "invalid", "method", "path", "query",
-                 "stream", "too_large")
+                 "repeated", "stream", "too_large")
 
     def __init__(self, method: str, path: str, query: str, headers: dict[str, str], conn: H1Connection) -> None:
         self.method = method
@@ -93,9 +94,18 @@ class Request:
         self.http10 = False
         #: why the request is answered 400 without reaching the handler (a repeated `_SINGLE` header)
         self.invalid: str | None = None
+        #: header names the request carries more than once (`headers` holds the last value of each): a
+        #: handler that needs one value refuses them (the tenant header, observe/tenants.py)
+        self.repeated: frozenset[str] = _NONE
         #: the streamed response once one was prepared for this request: whether its content was delivered
         #: (`StreamResponse.delivered`) decides how a client's close is counted (proxy.py)
         self.stream: StreamResponse | None = None
+
+    @property
+    def peer(self) -> str | None:
+        """The client's IP address (None on a unix socket)."""
+        name = self.conn.transport.get_extra_info("peername") if self.conn.transport is not None else None
+        return name[0] if isinstance(name, tuple) and name and isinstance(name[0], str) else None
 
 
 class Response:
@@ -386,7 +396,8 @@ class H1Connection(asyncio.Protocol):
         req.http10 = self.parser.get_http_version() == "1.0"
         if len(headers) < len(self.hdrs):  # some name repeats: a single-valued one must not
             names = [k.decode("latin-1").lower() for k, _ in self.hdrs]
-            dup = next((n for n in names if n in _SINGLE and names.count(n) > 1), None)
+            req.repeated = frozenset(n for n in names if names.count(n) > 1)
+            dup = next((n for n in names if n in _SINGLE and n in req.repeated), None)
             if dup is not None:
                 req.invalid = f"more than one {dup.title()} header; send it once"
         if req.content_length is not None and req.content_length > self.srv.max_body:

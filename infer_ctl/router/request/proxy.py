@@ -184,7 +184,8 @@ class Router:
         rid = request.headers.get("x-request-id") or self.new_rid()
         obs: RequestObserver | None = None
         if self.observing is not None:
-            obs, denied = self.observing.start(request.headers, endpoint, rid, request.body)
+            obs, denied = self.observing.start(request.headers, endpoint, rid, request.body,
+                                               repeated=request.repeated, peer=request.peer)
             if denied is not None:  # a tenant's key or limit (tenants.py): refused before taking a slot
                 self.metrics.rejected.labels(f"tenant_{denied.limit}").inc()
                 return h1.Response(denied.status, denied.body(), _JSON, {"X-Request-Id": rid, **denied.headers()})
