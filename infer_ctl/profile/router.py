@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, IPvAnyNetwork, field_validator, model_validator
 
 from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.pair_health import PairHealthSettings
@@ -115,6 +115,10 @@ class RouterSettings(StrictModel):
     health_holddown_max_s: Annotated[float, Field(ge=0, le=86400)] = 60.0
     request_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     max_concurrent: Annotated[int, Field(ge=1)] = 1024
+    #: open client connections per router process; past it a new one gets 503 + Retry-After and is
+    #: closed (idle slow-header connections exhausted the descriptors, and then every client was reset).
+    #: None: min(the hard RLIMIT_NOFILE - 256, 50,000), read at start once the soft limit is raised
+    max_connections: Annotated[int, Field(ge=1)] | None = None
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
     #: requests waiting for a slot beyond max_concurrent; more are answered 429
@@ -145,6 +149,10 @@ class RouterSettings(StrictModel):
     tenants: list[Tenant] = Field(default_factory=list)
     #: names the tenant when no tenant has a key (lower-case HTTP header name)
     tenant_header: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")] = "x-inferctl-tenant"
+    #: header mode: the proxies (CIDRs) whose connections may name a tenant by that header; others that
+    #: send it get 403. Empty: ANY client may claim ANY tenant (docs/observability.md). Beside
+    #: tenant_header, not under `tenants` (a list of tenants)
+    tenant_trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
     #: what the workers cost: live cost per tenant (inferctl_tenant_cost_dollars_total)
     pricing: Pricing | None = None
     tracing: TracingSettings = Field(default_factory=TracingSettings)

@@ -88,6 +88,8 @@ class RouterConfig:
     cb_successes: int = 2
     request_timeout_s: float = 600.0
     max_concurrent: int = 1024
+    #: open client connections per process (None: from RLIMIT_NOFILE at start, daemon/nofile.py)
+    max_connections: int | None = None
     max_queue: int = 1024
     queue_timeout_s: float = 30.0
     max_body_bytes: int = 32 * 1024 * 1024
@@ -152,6 +154,8 @@ class RouterConfig:
     #: each worker role's price in $/s (router.pricing) and tracing (router/observe/tracing.py; None: off)
     tenants: list[TenantSpec] = field(default_factory=list)
     tenant_header: str = "x-inferctl-tenant"
+    #: header mode: the CIDRs whose connections may name a tenant by header (empty: any client may)
+    tenant_trusted_proxies: list[str] = field(default_factory=list)
     worker_usd_per_s: dict[str, float] = field(default_factory=dict)
     tracing: TracingConfig | None = None
     #: several replicas (router/scaleout/state_sync.py): every replica's listen address, the Redis URL they share
@@ -315,7 +319,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         nvlink_domains={n.host: n.nvlink_domain for n in profile.nodes if n.nvlink_domain},
         host=host, port=port, workers=workers, policy=rs.policy, prefix_ttl_s=rs.prefix_ttl_s,
         index_max_tokens=rs.index_max_tokens, health_interval_s=rs.health_interval_s,
-        request_timeout_s=rs.request_timeout_s, max_concurrent=rs.max_concurrent,
+        request_timeout_s=rs.request_timeout_s, max_concurrent=rs.max_concurrent, max_connections=rs.max_connections,
         max_body_bytes=rs.max_body_bytes, max_retries=rs.max_retries, admin_token_env=rs.admin_token_env,
         admin_token=env.get(rs.admin_token_env) or None, prefixes=prefixes,
         model_name=profile.models.target.path if profile.models else None,
@@ -336,6 +340,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
     )
     cfg.tenants = specs_from_profile(profile, env)
     cfg.tenant_header = rs.tenant_header
+    cfg.tenant_trusted_proxies = [str(n) for n in rs.tenant_trusted_proxies]
     cfg.worker_usd_per_s = prices_from_profile(profile)
     cfg.tracing = config_from(rs.tracing, env)
     apply_kv_profile(cfg, profile)  # router.kv_events (router/kvindex/kv_settings.py)
@@ -375,6 +380,7 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
     "cb_successes": (int, 1, False, None),
     "request_timeout_s": (float, 0.0, True, None),
     "max_concurrent": (int, 1, False, None),
+    "max_connections": (int, 1, False, None),
     "max_queue": (int, 0, False, None),
     "queue_timeout_s": (float, 0.0, True, None),
     "max_body_bytes": (int, 1, False, None),
@@ -411,8 +417,8 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
 
 #: Those of them None leaves unset: the pair-health floors (a NaN floor judged no transfer bad; a string
 #: one raised TypeError in the prefill's health checks once requests went through it, and what those
-#: checks found was never applied)
-_OPTIONAL = frozenset({"pair_min_kv_speed_gb_s", "pair_max_kv_latency_ms"})
+#: checks found was never applied), and max_connections (chosen from RLIMIT_NOFILE at start)
+_OPTIONAL = frozenset({"pair_min_kv_speed_gb_s", "pair_max_kv_latency_ms", "max_connections"})
 
 #: What to say beyond the bounds, where a flag or a meaning helps
 _HINTS = {

@@ -160,3 +160,36 @@ def test_launch_clears_the_start_limit_before_restarting(start_limited: Any) -> 
     log = calls.read_text().splitlines()
     unit = unit_name(inst)
     assert log.index(f"reset-failed -- {unit}") < log.index(f"restart -- {unit}")
+
+
+@needs_analyze
+def test_the_router_unit_verifies_and_raises_the_descriptor_limit(tmp_path: Path) -> None:
+    """templates/inferctl-router.service.j2 (issue 28 item 4): LimitNOFILE= set, systemd's parser accepts it."""
+    import jinja2
+
+    from infer_ctl.resources import templates_dir
+
+    inferctl = tmp_path / "bin" / "inferctl"
+    inferctl.parent.mkdir()
+    inferctl.write_text("#!/bin/sh\nexit 0\n")
+    inferctl.chmod(0o755)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    for user in ("inferctl", "root"):
+        text = env.get_template("inferctl-router.service.j2").render(
+            profile_name="prod", user=user, limit_nofile=1048576,
+            exec_start=f"{inferctl} router serve -p /etc/inferctl/prod.yaml")
+        assert "\nLimitNOFILE=1048576\n" in text
+        unit = tmp_path / "inferctl-router.service"
+        unit.write_text(text)
+        done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=tmp_path)
+        assert (done.returncode, done.stdout + done.stderr) == (0, ""), user
+
+
+def test_every_sglang_unit_sets_a_descriptor_limit() -> None:
+    from infer_ctl.resources import templates_dir
+
+    assert "LimitNOFILE={{ limit_nofile }}" in (templates_dir() / "sglang-server.service.j2").read_text()
+    for role in ("prefill", "decode", "collocated"):
+        assert '{% extends "sglang-server.service.j2" %}' in (templates_dir() / f"sglang-{role}.service.j2").read_text()

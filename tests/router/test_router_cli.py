@@ -145,7 +145,7 @@ def test_lowercase_bearer_scheme_is_accepted_over_http(mixed: ThreadedSimCluster
     with start_router_in_thread(router_config(workers=mixed.urls[:1], admin_token="tok")) as handle:
         assert httpx.get(handle.url + "/admin/status", headers={"Authorization": "bearer tok"}).status_code == 200
         r = httpx.get(handle.url + "/admin/status", headers={"Authorization": "Bearer wrong"})
-        assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
 @pytest.mark.parametrize(("method", "path"), [("GET", "/admin/status"), ("POST", "/flush_cache"),

@@ -150,7 +150,7 @@ def test_every_attempt_failing_on_worker_5xx_gives_the_router_502() -> None:
             r = gen(router.url, "hello there")
             assert r.status_code == 502
             err = r.json()["error"]
-            assert err["type"] == "upstream_error" and err["code"] == 502
+            assert err["type"] == "server_error" and err["code"] == 502
             assert "all 3 attempts failed" in err["message"] and "HTTP 503" in err["message"]
             assert "worker overloaded" in err["message"]  # the worker's own words, inside the router's JSON
             assert sum(w.calls for w in workers) == 3

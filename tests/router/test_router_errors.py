@@ -90,7 +90,7 @@ def test_every_attempt_failing_on_the_transport_is_a_502_naming_the_last_error(w
         r = httpx.post(router.url + "/generate", json={"text": "x"}, headers={"X-Request-Id": "req-502"}, timeout=10)
         assert r.status_code == 502 and r.headers["x-request-id"] == "req-502"
         assert r.json() == error_doc(
-            502, f"all 3 attempts failed; last: connection to 127.0.0.1:{port} lost: closed by peer", "upstream_error")
+            502, f"all 3 attempts failed; last: connection to 127.0.0.1:{port} lost: closed by peer", "server_error")
         text = metrics(router.url)
         assert 'inferctl_router_retries_total{cause="worker_error"} 2.0' in text
         assert 'inferctl_router_retries_total{cause="exhausted"} 1.0' in text
@@ -103,7 +103,7 @@ def test_retryable_answers_without_a_body_end_in_the_routers_own_502(workers: An
     with start_router_in_thread(cfg) as router:
         r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
         assert r.status_code == 502
-        assert r.json() == error_doc(502, "all 2 attempts failed; last: HTTP 502", "upstream_error")
+        assert r.json() == error_doc(502, "all 2 attempts failed; last: HTTP 502", "server_error")
 
 
 def test_a_request_queued_past_queue_timeout_is_a_429_and_the_running_one_a_504(workers: Any) -> None:
@@ -116,11 +116,11 @@ def test_a_request_queued_past_queue_timeout_is_a_429_and_the_running_one_a_504(
         t = time.monotonic()
         r = httpx.post(router.url + "/generate", json={"text": "waits"}, timeout=10)
         assert r.status_code == 429 and time.monotonic() - t < 1.5  # well before the running one ends
-        assert r.json() == error_doc(429, "queued too long waiting for a slot; retry later", "rate_limited")
+        assert r.json() == error_doc(429, "queued too long waiting for a slot; retry later", "rate_limit_error")
         assert router.router.waiting == 0
         held = first.result()
         assert held.status_code == 504
-        assert held.json() == error_doc(504, "no response within 2s", "timeout")
+        assert held.json() == error_doc(504, "no response within 2s", "server_error")
         text = metrics(router.url)
         assert 'inferctl_router_rejected_total{reason="queue_timeout"} 1.0' in text
         assert 'inferctl_router_rejected_total{reason="timeout"} 1.0' in text
@@ -140,7 +140,7 @@ def test_a_bug_in_the_request_path_is_a_json_500_and_the_router_keeps_serving(
             r = httpx.post(router.url + "/generate", json={"text": "x"}, headers={"X-Request-Id": "req-500"},
                            timeout=10)
         assert r.status_code == 500 and r.headers["x-request-id"] == "req-500"
-        assert r.json() == error_doc(500, "internal router error; see the router's log", "internal_error")
+        assert r.json() == error_doc(500, "internal router error; see the router's log", "server_error")
         logged = [rec for rec in caplog.records if rec.getMessage() == "internal error"]
         assert logged and logged[0].exc_info is not None and "planted routing bug" in str(logged[0].exc_info[1])
         assert router.router.active == 0  # its slot was given back

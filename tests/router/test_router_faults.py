@@ -105,17 +105,17 @@ def test_body_limit_413_and_concurrency_limit_429() -> None:
     router = pd_router(cluster, max_body_bytes=2048, max_concurrent=1, max_queue=0)
     try:
         big = gen(router.url, "x" * 4096)
-        assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
-        assert big.json() == {"error": {"message": "request body over 2048 bytes", "type": "request_too_large",
+        assert big.status_code == 413 and big.json()["error"]["type"] == "invalid_request_error"
+        assert big.json() == {"error": {"message": "request body over 2048 bytes", "type": "invalid_request_error",
                                         "code": 413}}
         with ThreadPoolExecutor(2) as pool:
             slow = pool.submit(gen, router.url, "slow one", 600)
             assert wait_for(lambda: router.router.active == 1)
             fast = pool.submit(gen, router.url, "second", 1)
             assert fast.result().status_code == 429
-            assert fast.result().json()["error"]["type"] == "rate_limited"
+            assert fast.result().json()["error"]["type"] == "rate_limit_error"
             assert fast.result().json() == {"error": {"message": "too many concurrent requests; retry later",
-                                                      "type": "rate_limited", "code": 429}}
+                                                      "type": "rate_limit_error", "code": 429}}
             assert slow.result().status_code == 200
     finally:
         router.stop()
@@ -134,7 +134,7 @@ def test_graceful_shutdown_finishes_in_flight_requests() -> None:
             late = httpx.post(router.url + "/generate", json={"text": "late"}, timeout=5)
             assert late.status_code == 503  # draining: refused, not dropped
             assert late.json() == {"error": {"message": "router is shutting down; retry on another router",
-                                             "type": "unavailable", "code": 503}}
+                                             "type": "server_error", "code": 503}}
             assert [f.result().status_code for f in inflight] == [200, 200]
             stopper.result()
     finally:
@@ -177,7 +177,7 @@ def test_no_available_worker_is_a_503_with_a_remedy() -> None:
         assert r.status_code == 503 and r.headers["x-request-id"] == "req-503"
         assert "retry-after" not in r.headers  # down, not held: nobody knows when it is back
         assert r.json() == {"error": {"message": "no available worker; check `inferctl router workers`",
-                                      "type": "unavailable", "code": 503}}
+                                      "type": "server_error", "code": 503}}
         assert 'inferctl_router_rejected_total{reason="no_worker"} 1.0' in httpx.get(router.url + "/metrics").text
         health = httpx.get(router.url + "/health")
         assert health.status_code == 503

@@ -114,4 +114,4 @@ def test_request_timeout_is_a_504_json_error(upstreams) -> None:
     cfg = router_config(prefill=[(pre, 1)], decode=[slow], request_timeout_s=0.5, health_interval_s=60)
     with start_router_in_thread(cfg) as router:
         r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
-        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        assert r.status_code == 504 and r.json()["error"]["type"] == "server_error"

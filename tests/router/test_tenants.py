@@ -85,7 +85,7 @@ def test_two_tenants_at_their_limits_one_is_refused_the_other_unaffected(cluster
         for r in refused:
             assert int(r.headers["retry-after"]) >= 1
             err = r.json()["error"]
-            assert err["limit"] == "requests_per_s" and err["code"] == 429 and err["type"] == "rate_limited"
+            assert err["limit"] == "requests_per_s" and err["code"] == 429 and err["type"] == "rate_limit_error"
             assert "team-b" not in r.text
         time.sleep(int(refused[-1].headers["retry-after"]))
         again = _post(router.url, KEY_A)

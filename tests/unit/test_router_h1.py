@@ -408,7 +408,7 @@ def test_a_handler_that_raises_still_gets_a_json_500_and_the_connection_lives_on
         s.sendall(post("/boom", b"{}") + post("/after", b"{}"))
         (status, headers, body), (status2, _, body2) = read_responses(s, 2)
     assert status == 500 and headers.get("connection") is None
-    assert json.loads(body) == error_doc(500, "internal router error; see the router's log", "internal_error")
+    assert json.loads(body) == error_doc(500, "internal router error; see the router's log", "server_error")
     assert status2 == 200 and json.loads(body2)["path"] == "/after"
 
 

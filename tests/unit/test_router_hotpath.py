@@ -95,7 +95,7 @@ def test_prefill_server_error_is_retried_then_reported(upstreams: Any) -> None:
         r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
         # every attempt failed on a worker 5xx: the router's own 502 JSON (issue 19 (c)), naming the 503
         assert r.status_code == 502 and time.monotonic() - t < 3.0
-        assert r.json()["error"]["type"] == "upstream_error" and "HTTP 503" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "server_error" and "HTTP 503" in r.json()["error"]["message"]
         assert len(seen) - before == 3  # one try and two retries
         metrics = httpx.get(router.url + "/metrics").text
         assert 'inferctl_router_retries_total{cause="prefill_status"} 2.0' in metrics
@@ -107,7 +107,7 @@ def test_request_timeout_still_wins_over_a_hanging_pair(upstreams: Any) -> None:
     cfg = router_config(prefill=[(hang, 1)], decode=[hang2], health_interval_s=60, request_timeout_s=0.5)
     with start_router_in_thread(cfg) as router:
         r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
-        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        assert r.status_code == 504 and r.json()["error"]["type"] == "server_error"
         # the connection's task still serves the next request (no stray cancellation left behind)
         with httpx.Client(timeout=10) as c:
             assert c.post(router.url + "/generate", json={"text": "y"}).status_code == 504
@@ -152,7 +152,7 @@ def test_flush_cache_needs_the_admin_token_when_one_is_set(upstreams: Any, monke
     cfg.admin_token = "s3cret"
     with start_router_in_thread(cfg) as router:
         r = httpx.post(router.url + "/flush_cache", timeout=10)
-        assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         r = httpx.post(router.url + "/flush_cache", headers={"Authorization": "Bearer s3cret"}, timeout=10)
         assert r.status_code in (200, 502) and "workers" in r.json()  # the stand-ins have no /flush_cache
 
@@ -188,6 +188,8 @@ def test_sglang_deprecated_aliases_and_ready_are_served(upstreams: Any) -> None:
     pre, _ = upstreams["ok_prefill"]
     dec, _ = upstreams["ok_decode"]
     with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[dec], health_interval_s=60)) as router:
-        assert httpx.get(router.url + "/get_server_info", timeout=10).json() == {"status": "ok"}
+        # PD: the prefill's document plus every worker's per role (issue 28 item 10, the gateway's shape)
+        assert httpx.get(router.url + "/get_server_info", timeout=10).json() == {
+            "status": "ok", "prefill": [{"status": "ok"}], "decode": [{"status": "ok"}]}
         assert httpx.get(router.url + "/ready", timeout=10).status_code == 200
         assert httpx.get(router.url + "/no_such_path", timeout=10).status_code == 404

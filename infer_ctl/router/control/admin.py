@@ -35,8 +35,8 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=dumps(obj), content_type="application/json")
 
 
-def _err(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    return web.Response(status=status, body=error_body(status, message, kind), content_type="application/json")
+def _err(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=error_body(status, message), content_type="application/json")
 
 
 def _integer(v: Any) -> bool:
@@ -124,7 +124,7 @@ class Admin:
                 return web.Response(
                     status=401, content_type="application/json",
                     body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
-                                    f"${self.router.cfg.admin_token_env}", "unauthorized"),
+                                    f"${self.router.cfg.admin_token_env}"),
                     headers={"WWW-Authenticate": "Bearer"})
             resp = await handler(request)
             if self.on_change is not None and request.method != "GET":
@@ -137,10 +137,10 @@ class Admin:
         try:
             body = loads(await request.read())
         except (DecodeError, ValueError):
-            raise web.HTTPBadRequest(body=error_body(400, "malformed JSON body", "invalid_request_error"),
+            raise web.HTTPBadRequest(body=error_body(400, "malformed JSON body"),
                                      content_type="application/json") from None
         if not isinstance(body, dict):
-            raise web.HTTPBadRequest(body=error_body(400, "the body must be a JSON object", "invalid_request_error"),
+            raise web.HTTPBadRequest(body=error_body(400, "the body must be a JSON object"),
                                      content_type="application/json")
         return body
 
@@ -218,7 +218,7 @@ class Admin:
                                 else worker(url, role, bport))
             probe = self.router.workers.by_url
             if spec.url in probe:
-                return _err(409, f"worker {spec.url} is already registered", "conflict")
+                return _err(409, f"worker {spec.url} is already registered")
             modes = {w.role for w in self.router.workers.all()}
             if modes and (("mixed" in modes) != (spec.role == "mixed")):
                 return _err(400, "cannot mix collocated and prefill/decode workers in one router")
@@ -230,7 +230,7 @@ class Admin:
                 return refused
             shared = self.router.workers.by_url.get(spec.url)
             if shared is None:
-                return _err(409, f"worker {spec.url} was not added (see the router's log)", "conflict")
+                return _err(409, f"worker {spec.url} was not added (see the router's log)")
             state = shared
         else:
             try:
@@ -248,7 +248,7 @@ class Admin:
             url = "http://" + url
         w = self.router.workers.by_url.get(url)
         if w is None:
-            return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
+            return _err(404, f"no worker {url!r}; see `inferctl router workers`")
         if self.sync is not None:
             refused = await self._shared_worker(url, {"present": False, **w.spec.as_dict(), "draining": False})
             if refused is not None:
@@ -266,7 +266,7 @@ class Admin:
         try:
             await self.sync.change_worker(url, record)
         except StoreUnavailable as exc:
-            return _err(503, str(exc), "unavailable")
+            return _err(503, str(exc))
         return None
 
     async def apply_worker(self, url: str, record: dict[str, Any]) -> None:
@@ -304,7 +304,7 @@ class Admin:
         url = _norm(body.get("url"))
         w = self.router.workers.by_url.get(url)
         if w is None:
-            return _err(404, f"no worker {url!r}; see `inferctl router workers`", "not_found")
+            return _err(404, f"no worker {url!r}; see `inferctl router workers`")
         timeout = body.get("timeout_s", 30.0)
         if not _number(timeout) or not 0 <= timeout <= 3600:
             return _err(400, "timeout_s must be a number of seconds in 0..3600")
@@ -421,9 +421,9 @@ class Admin:
                 return verb(self.router.prefixes, self.router.clock())
             return await self.sync.change_prefix(name, verb)
         except VerbRefused as exc:
-            return _err(exc.status, exc.message, exc.kind)
+            return _err(exc.status, exc.message)  # the type a client sees follows the status
         except StoreUnavailable as exc:
-            return _err(503, str(exc), "unavailable")
+            return _err(503, str(exc))
 
     def _local(self, rec: Any) -> Any:
         """This replica's copy of a record a verb returned (the verb may have run on the stored copy)."""

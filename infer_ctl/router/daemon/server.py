@@ -28,6 +28,8 @@ from infer_ctl.router.control.admin import Admin, authorized
 from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.daemon.admin_dir import make_admin_dir
+from infer_ctl.router.daemon.nofile import default_max_connections, raise_nofile
+from infer_ctl.router.daemon.server_info import pd_server_info
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.router.http.h1 import H1Server, Request, Response, StreamResponse
@@ -72,8 +74,10 @@ class RouterServer:
         self._generate = set(GENERATE_ENDPOINTS)
         self._gets: dict[str, Any] = {"/health": self.health_endpoint, "/health_generate": self.health_endpoint,
                                       "/ready": self.health_endpoint, "/metrics": self.metrics}
-        for path in ("/v1/models", "/model_info", "/server_info"):
+        for path in ("/v1/models", "/model_info"):
             self._gets[path] = self.proxy_get(path)
+        self._proxy_server_info = self.proxy_get("/server_info")
+        self._gets["/server_info"] = self.server_info
         # SGLang's deprecated aliases, still served by 0.5.23 workers and used by SGLang's own frontend
         self._gets["/get_server_info"] = self._gets["/server_info"]
         self._gets["/get_model_info"] = self._gets["/model_info"]
@@ -93,34 +97,34 @@ class RouterServer:
         path, method = request.path, request.method
         if path in self._generate:
             if method != "POST":
-                return _error(405, f"{path} takes POST", "method_not_allowed")
+                return _error(405, f"{path} takes POST")
             return await self.router.handle(request, path)
         handler = self._gets.get(path)
         if handler is not None:
             if method not in ("GET", "HEAD"):
-                return _error(405, f"{path} takes GET", "method_not_allowed")
+                return _error(405, f"{path} takes GET")
             resp: Response = await handler(request)
             return resp
         if path.startswith("/v1/models/"):  # SGLang 0.5.23's model card (404 for another model): the worker's answer
             if method not in ("GET", "HEAD"):
-                return _error(405, f"{path} takes GET", "method_not_allowed")
+                return _error(405, f"{path} takes GET")
             model_card: Response = await self.proxy_get(path)(request)
             return model_card
         if path == "/flush_cache":
             # Destructive for every worker's cache: behind the admin token, like SGLang's own admin key.
             if not authorized(self.cfg.admin_token, request.headers.get("authorization", "")):
                 resp = _error(401, "missing or wrong bearer token; send Authorization: Bearer "
-                                   f"${self.cfg.admin_token_env}", "unauthorized")
+                                   f"${self.cfg.admin_token_env}")
                 resp.headers = {"WWW-Authenticate": "Bearer"}
                 return resp
             return await self.flush_cache(request)
         if path.startswith("/admin/") or path == "/admin":
             return await self.relay_admin(request)
-        return _error(404, f"no endpoint {path}; see docs/router.md for the router's endpoints", "not_found")
+        return _error(404, f"no endpoint {path}; see docs/router.md for the router's endpoints")
 
     async def relay_admin(self, request: Request) -> Response:
         if request.too_large:
-            return _error(413, f"request body over {self.cfg.max_body_bytes} bytes", "request_too_large")
+            return _error(413, f"request body over {self.cfg.max_body_bytes} bytes")
         assert self._admin_pool is not None
         headers = {k: v for k, v in request.headers.items()
                    if k in ("authorization", "content-type", "x-request-id", "accept")}
@@ -132,11 +136,10 @@ class RouterServer:
             if self.proc is not None and not self.proc.leader and isinstance(exc, UpstreamError):
                 # the leader process is being restarted (its socket is gone or refuses): not an error of
                 # the admin API, and over in a second or two
-                busy = _error(503, "the router's leader process is restarting; retry in a few seconds",
-                              "unavailable")
+                busy = _error(503, "the router's leader process is restarting; retry in a few seconds")
                 busy.headers = {"Retry-After": "2"}
                 return busy
-            return _error(500, f"admin API failed: {exc}; see the router's log", "internal_error")
+            return _error(500, f"admin API failed: {exc}; see the router's log")
         extra = {k: v for k, v in resp.headers.items() if k not in _HOP_HEADERS}
         return Response(resp.status, data, resp.headers.get("content-type", _JSON), extra or None)
 
@@ -156,6 +159,9 @@ class RouterServer:
             await self.runner.setup()
             await web.UnixSite(self.runner, sock).start()
         self._admin_pool = Pool("localhost", 0, unix=sock, max_idle=4)
+        soft, _ = raise_nofile()  # systemd's soft 1,024 would cap the router near 1,000 clients
+        self.http.max_connections = self.cfg.max_connections or default_max_connections(soft)
+        self.router.metrics.connections = lambda: (len(self.http.conns), self.http.refused)
         try:
             self.port = await self.http.listen(self.cfg.host, self.cfg.port, reuse_port=proc is not None)
         except OSError as exc:  # includes socket.gaierror (unresolvable host)
@@ -184,7 +190,7 @@ class RouterServer:
             proc.ready_file(proc.index).touch()  # the supervisor logs once every process listens
         log.info("router listening", extra={"url": self.url, "mode": self.router.mode,
                                             "workers": len(self.router.workers.all()), "policy": self.cfg.policy,
-                                            **extra})
+                                            "max_connections": self.http.max_connections, **extra})
 
     def _share(self, proc: ProcessRole) -> None:
         """Before the first request: count in-flight load in the shared block, and take the leader's
@@ -286,9 +292,18 @@ class RouterServer:
             if path == "/v1/models" and self.cfg.model_name:
                 return Response(200, dumps({"object": "list", "data": [
                     {"id": self.cfg.model_name, "object": "model", "owned_by": "sglang"}]}))
-            return _error(503, "no worker answered; check `inferctl router workers`", "unavailable")
+            return _error(503, "no worker answered; check `inferctl router workers`")
 
         return handler
+
+    async def server_info(self, request: Request) -> Response:
+        """Collocated: one worker's answer. PD: also every prefill's and decode's (server_info.py)."""
+        if self.router.mode == "pd":
+            doc = await pd_server_info(self.router)
+            if doc is not None:
+                return Response(200, dumps(doc))
+        resp: Response = await self._proxy_server_info(request)
+        return resp
 
     async def metrics(self, request: Request) -> Response:
         # several processes: every one answers for all of them (metrics_merge.py)
@@ -321,5 +336,5 @@ class RouterServer:
         return Response(200 if ok else 502, dumps({"ok": ok, "workers": results}))
 
 
-def _error(status: int, message: str, kind: str) -> Response:
-    return Response(status, error_body(status, message, kind))
+def _error(status: int, message: str) -> Response:
+    return Response(status, error_body(status, message))

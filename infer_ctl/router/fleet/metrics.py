@@ -7,7 +7,7 @@ collector, so the request path never updates them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -23,6 +23,8 @@ from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.observe.temperature import BANDS
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: SGLang's "GB" of kv_transfer_speed_gb_s (total MiB / 1024)
+_GIB = 2**30
 _FAST = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
 
 
@@ -74,6 +76,9 @@ class RouterMetrics:
                                      "Cached prompt tokens the workers reported (cached_tokens)", registry=r)
         self.prompt_tokens = Counter("inferctl_router_prompt_tokens_total", "Prompt tokens the workers reported",
                                      registry=r)
+        # output tokens/s with or without tenants (inferctl_tenant_output_tokens_total exists only with them)
+        self.output_tokens = Counter("inferctl_router_output_tokens_total",
+                                     "Completion (output) tokens the workers reported", registry=r)
         self.stream_errors = Counter("inferctl_router_stream_errors_total",
                                      "Streams ended with an error event after the first byte", registry=r)
         self.recoveries = Counter("inferctl_router_stream_recoveries_total",
@@ -102,6 +107,9 @@ class RouterMetrics:
                                     "Times a worker's KV event stream became untrusted", ["worker"], registry=r)
         self.kv_restarts = Counter("inferctl_router_kv_restarts_total",
                                    "Publisher restarts seen on a worker's KV event stream", ["worker"], registry=r)
+        #: (open, refused) client connections of the HTTP front (daemon/server.py sets it; 0s until then)
+        self.connections: Callable[[], tuple[int, int]] | None = None
+        r.register(_ConnectionCollector(self))
         r.register(_StateCollector(router))
         r.register(_SpecCollector(router))
         r.register(_PairCollector(router))
@@ -219,6 +227,24 @@ class _StateCollector(Collector):
                                 value=untrusted)
 
 
+class _ConnectionCollector(Collector):
+    """The connection cap (router.max_connections, http/h1.py): read at scrape time from the front."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        read = self.metrics.connections
+        open_, refused = read() if read is not None else (0, 0)
+        yield GaugeMetricFamily("inferctl_router_connections_open", "Client connections open (the cap counts "
+                                "these; refused ones are not)", value=open_)
+        yield CounterMetricFamily("inferctl_router_connections_refused", "Client connections answered 503 and "
+                                  "closed because router.max_connections were open", value=refused)
+
+
 class _PairCollector(Collector):
     """Pair health (router/fleet/pair_health.py): degraded pairs and the last KV transfer attributed to each."""
 
@@ -233,10 +259,12 @@ class _PairCollector(Collector):
         degraded = GaugeMetricFamily("inferctl_router_pair_degraded",
                                      "1 while the router avoids the prefill x decode pair, by reason",
                                      labels=["prefill", "decode", "reason"])
-        speed = GaugeMetricFamily("inferctl_router_pair_kv_transfer_speed_gb_s",
-                                  "Last KV transfer speed SGLang reported for the pair (GB/s)", labels=["prefill", "decode"])
-        latency = GaugeMetricFamily("inferctl_router_pair_kv_transfer_latency_ms",
-                                    "Last KV transfer latency SGLang reported for the pair (ms)", labels=["prefill", "decode"])
+        # in base units (promtool check metrics): SGLang reports GB/s as MiB/1024 per second (GiB/s,
+        # observability/req_time_stats.py) and milliseconds
+        speed = GaugeMetricFamily("inferctl_router_pair_kv_transfer_bytes_per_second",
+                                  "Last KV transfer speed SGLang reported for the pair", labels=["prefill", "decode"])
+        latency = GaugeMetricFamily("inferctl_router_pair_kv_transfer_latency_seconds",
+                                    "Last KV transfer latency SGLang reported for the pair", labels=["prefill", "decode"])
         failed = CounterMetricFamily("inferctl_router_pair_kv_transfers_failed",
                                      "Requests whose KV transfer failed on the pair", labels=["prefill", "decode"])
         for st in tracker.health.pairs.values():
@@ -244,9 +272,9 @@ class _PairCollector(Collector):
             if st.reason is not None:
                 degraded.add_metric([*labels, st.reason], 1)
             if st.speed_gb_s is not None:
-                speed.add_metric(labels, st.speed_gb_s)
+                speed.add_metric(labels, st.speed_gb_s * _GIB)
             if st.latency_ms is not None:
-                latency.add_metric(labels, st.latency_ms)
+                latency.add_metric(labels, st.latency_ms / 1000)
             failed.add_metric(labels, st.transfers_failed)
         yield from (degraded, speed, latency, failed)
         yield CounterMetricFamily("inferctl_router_pair_avoided", "Routing decisions that left out a degraded pair",

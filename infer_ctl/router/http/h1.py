@@ -47,10 +47,13 @@ from infer_ctl.router.http.jsonio import error_body
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
 _LINGER_S = 1.0
+#: refused connections lingering at once (each holds a descriptor for up to _LINGER_S past the cap)
+_MAX_REFUSING = 256
 _MAX_HEAD = 64 * 1024
 #: headers a request may carry once (RFC 9110 11.6.2 gives Authorization one set of credentials; RFC
 #: 9112 3.2: more than one Host is a 400), lower-case
 _SINGLE = frozenset({"authorization", "host"})
+_NONE: frozenset[str] = frozenset()
 #: idle keep-alive connections are closed after this long (aiohttp's default too)
 KEEPALIVE_S = 75.0
 #: a request's head and body must arrive within this long of its first byte (slowloris: a client that
@@ -76,7 +79,7 @@ class Request:
     """One parsed request. Header names are lower-case."""
 
     __slots__ = ("body", "conn", "content_length", "headers", "http10", "invalid", "method", "path", "query",
-                 "stream", "too_large")
+                 "repeated", "stream", "too_large")
 
     def __init__(self, method: str, path: str, query: str, headers: dict[str, str], conn: H1Connection) -> None:
         self.method = method
@@ -91,9 +94,18 @@ class Request:
         self.http10 = False
         #: why the request is answered 400 without reaching the handler (a repeated `_SINGLE` header)
         self.invalid: str | None = None
+        #: header names the request carries more than once (`headers` holds the last value of each): a
+        #: handler that needs one value refuses them (the tenant header, observe/tenants.py)
+        self.repeated: frozenset[str] = _NONE
         #: the streamed response once one was prepared for this request: whether its content was delivered
         #: (`StreamResponse.delivered`) decides how a client's close is counted (proxy.py)
         self.stream: StreamResponse | None = None
+
+    @property
+    def peer(self) -> str | None:
+        """The client's IP address (None on a unix socket)."""
+        name = self.conn.transport.get_extra_info("peername") if self.conn.transport is not None else None
+        return name[0] if isinstance(name, tuple) and name and isinstance(name[0], str) else None
 
 
 class Response:
@@ -186,10 +198,15 @@ Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
 class H1Server:
     """Owns the listening socket's connections; `handler` answers every request."""
 
-    def __init__(self, handler: Handler, max_body: int) -> None:
+    def __init__(self, handler: Handler, max_body: int, max_connections: int | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
         self.conns: set[H1Connection] = set()
+        #: past this many open connections a new one is answered 503 and closed (None: no cap)
+        self.max_connections = max_connections
+        #: connections refused by the cap so far, and those of them still lingering (below)
+        self.refused = 0
+        self.refusing = 0
         self.server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -264,10 +281,17 @@ class H1Connection(asyncio.Protocol):
         self.last_active = 0.0
         #: loop time of the first byte of the request being received; None between requests
         self.reading_since: float | None = None
+        #: answered 503 by the connection cap (`_refuse`), and whether it lingers (counted in srv.refusing)
+        self.refused = False
+        self.lingers = False
 
     # ---- transport events ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        srv = self.srv
+        if srv.max_connections is not None and len(srv.conns) >= srv.max_connections:
+            self._refuse()
+            return
         self.last_active = asyncio.get_running_loop().time()
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -277,7 +301,33 @@ class H1Connection(asyncio.Protocol):
                 pass
         self.srv.conns.add(self)
 
+    def _refuse(self) -> None:
+        """Over the connection cap: 503 with Retry-After, then close. Answered at once, before the client's
+        request is read, so a client past the cap gets an answer its HTTP library retries, not a reset
+        (an accept failing on EMFILE resets every new client). The refused connection is not in `conns`,
+        so it never counts against the cap nor reaches a handler. Like the 413 it lingers, reading and
+        dropping what the client sends (closing with unread data resets the connection before the client
+        reads the 503) - up to _MAX_REFUSING of them at a time, beyond which it is closed at once."""
+        srv = self.srv
+        srv.refused += 1
+        self.refused = True
+        self.discarding = True
+        resp = Response(503, error_body(503, f"the router is at its limit of {srv.max_connections} open "
+                                             "connections; retry in a second"), headers={"Retry-After": "1"})
+        self.transport.write(resp.encode(True))
+        if srv.refusing < _MAX_REFUSING:
+            srv.refusing += 1
+            self.lingers = True
+            self._finish_close(True)
+        else:
+            self.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.refused:
+            self.closed = True
+            if self.lingers:
+                self.srv.refusing -= 1
+            return
         self.closed = True
         self.srv.conns.discard(self)
         self.pending.clear()
@@ -346,7 +396,8 @@ class H1Connection(asyncio.Protocol):
         req.http10 = self.parser.get_http_version() == "1.0"
         if len(headers) < len(self.hdrs):  # some name repeats: a single-valued one must not
             names = [k.decode("latin-1").lower() for k, _ in self.hdrs]
-            dup = next((n for n in names if n in _SINGLE and names.count(n) > 1), None)
+            req.repeated = frozenset(n for n in names if names.count(n) > 1)
+            dup = next((n for n in names if n in _SINGLE and n in req.repeated), None)
             if dup is not None:
                 req.invalid = f"more than one {dup.title()} header; send it once"
         if req.content_length is not None and req.content_length > self.srv.max_body:
@@ -405,13 +456,13 @@ class H1Connection(asyncio.Protocol):
                 try:
                     resp: Response | StreamResponse
                     if req.invalid is not None and not req.too_large:
-                        resp = Response(400, error_body(400, req.invalid, "invalid_request_error"))
+                        resp = Response(400, error_body(400, req.invalid))
                     else:
                         resp = await self.srv.handler(req)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # the handler's own safety net failed: still answer
-                    resp = Response(500, error_body(500, "internal router error; see the router's log", "internal_error"))
+                    resp = Response(500, error_body(500, "internal router error; see the router's log"))
                 if self.closed:
                     return
                 if isinstance(resp, Response):
@@ -504,7 +555,7 @@ class H1Connection(asyncio.Protocol):
     def _fatal(self, status: int, message: str) -> None:
         self.discarding = True
         if self.task is None and not self.closed:
-            self.write(Response(status, error_body(status, message, "invalid_request_error")).encode(True))
+            self.write(Response(status, error_body(status, message)).encode(True))
             self._finish_close(True)  # lingering: the client may still be sending
         else:
             self.close_after = True  # answer what is in progress, then close

@@ -26,9 +26,24 @@ except ImportError:  # pragma: no cover
     DecodeError = ValueError
 
 
-def error_body(status: int, message: str, kind: str) -> bytes:
-    """OpenAI-style error document; every router-made error uses it."""
-    return dumps({"error": {"message": message, "type": kind, "code": status}})
+def openai_error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status. Clients branch on it (OpenAI's error-codes guide names
+    invalid_request_error, authentication_error-style 401s, rate_limit_error and server_error), so the
+    router's own finer reasons (queue full, no worker, ...) stay in the message and in
+    inferctl_router_rejected_total{reason}, not here. Every 4xx the client caused - malformed body, 404,
+    405, 413, 409 - is invalid_request_error."""
+    if status == 401:
+        return "authentication_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(status: int, message: str) -> bytes:
+    """OpenAI-style error document; every router-made error uses it (`type` from the status)."""
+    return dumps({"error": {"message": message, "type": openai_error_type(status), "code": status}})
 
 
 def loads_or_none(data: bytes) -> Any:

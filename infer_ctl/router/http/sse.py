@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
+from infer_ctl.router.http.jsonio import DecodeError, dumps, loads, openai_error_type
 
 DONE = b"data: [DONE]\n\n"
 
@@ -60,5 +60,5 @@ def data_event(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
-def error_event(status: int, message: str, kind: str = "upstream_error") -> bytes:
-    return data_event({"error": {"message": message, "type": kind, "code": status}}) + DONE
+def error_event(status: int, message: str) -> bytes:
+    return data_event({"error": {"message": message, "type": openai_error_type(status), "code": status}}) + DONE

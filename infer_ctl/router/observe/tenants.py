@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,11 +48,13 @@ from infer_ctl.core.tenancy.pricing import RolePrice, worker_usd_per_s
 from infer_ctl.core.tenancy.shares import ShareClock
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.tenants import MIN_KEY_CHARS
-from infer_ctl.router.http.jsonio import dumps
+from infer_ctl.router.http.jsonio import dumps, openai_error_type
+from infer_ctl.router.observe.trusted import parse_networks, trusted
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile
 
+log = logging.getLogger("infer_ctl.router")
 #: the tenant of every request when pricing is configured without tenants
 NO_TENANT = "none"
 LIMITS = ("auth", "max_concurrency", "tokens_per_min", "requests_per_s")
@@ -183,7 +186,7 @@ class TenantRefusal:
     retry_after: int | None = None
 
     def body(self) -> bytes:
-        err: dict[str, Any] = {"message": self.message, "type": "unauthorized" if self.status == 401 else "rate_limited",
+        err: dict[str, Any] = {"message": self.message, "type": openai_error_type(self.status),
                                "code": self.status, "limit": self.limit}
         if self.retry_after is not None:
             err["retry_after_s"] = self.retry_after
@@ -202,8 +205,11 @@ UNKNOWN_TENANT = TenantRefusal(401, "auth", "missing or unknown tenant")
 class Tenancy:
     def __init__(self, specs: list[TenantSpec], *, header: str, worker_usd_per_s: Mapping[str, float],
                  clock: Callable[[], float], registry: CollectorRegistry,
-                 worker_roles: Callable[[], Mapping[str, str]] = dict) -> None:
+                 worker_roles: Callable[[], Mapping[str, str]] = dict, trusted_proxies: Sequence[str] = ()) -> None:
+        """`trusted_proxies`: in header mode, the CIDRs whose connections may name a tenant (observe/trusted.py);
+        empty: every client may."""
         self.clock = clock
+        self.trusted = parse_networks(trusted_proxies)
         #: worker url -> role, read at scrape time (the idle cost per role)
         self.worker_roles = worker_roles
         self.header = header
@@ -219,6 +225,10 @@ class Tenancy:
         #: no tenants configured (pricing only): every request is the one NO_TENANT
         self.anonymous = not specs
         self._keyed = [t for t in self.tenants.values() if t.spec.digest is not None]
+        if specs and not self._keyed and not self.trusted:
+            log.warning("tenants are named by the %s header and router.tenant_trusted_proxies is empty: any client "
+                        "can claim any tenant (its limits and its bill); set it to your front proxies' CIDRs",
+                        header)
         self._default = self.tenants.get("default")
         self.worker_usd_per_s = dict(worker_usd_per_s)
         self.clocks: dict[str, ShareClock] = {}
@@ -227,6 +237,17 @@ class Tenancy:
         registry.register(_TenantCollector(self))
 
     # ---- admission -----------------------------------------------------------------------------
+    def header_refusal(self, headers: Mapping[str, str], repeated: Collection[str], peer: str | None) -> TenantRefusal | None:
+        """Header mode: a tenant header sent twice is ambiguous (400: a front proxy that adds the header
+        would otherwise be overridden by a client's own copy, whichever came last), and one from a
+        connection outside trusted_proxies is refused (403)."""
+        if self.header in repeated:
+            return TenantRefusal(400, "auth", f"the {self.header} header is sent more than once: ambiguous; send it once")
+        if self.trusted and self.header in headers and not trusted(self.trusted, peer):
+            return TenantRefusal(403, "auth", f"{self.header} is only accepted from the router's trusted proxies "
+                                              "(router.tenant_trusted_proxies); send the request through one")
+        return None
+
     def identify(self, headers: Mapping[str, str]) -> TenantState | None:
         if self.anonymous:
             return self.tenants[NO_TENANT]
@@ -243,8 +264,13 @@ class Tenancy:
                 found = t
         return found
 
-    def admit(self, headers: Mapping[str, str]) -> tuple[TenantState | None, TenantRefusal | None]:
-        """The request's tenant, or why it is refused. An admitted request calls `leave` exactly once."""
+    def admit(self, headers: Mapping[str, str], repeated: Collection[str] = (),
+              peer: str | None = None) -> tuple[TenantState | None, TenantRefusal | None]:
+        """The request's tenant, or why it is refused. An admitted request calls `leave` exactly once.
+        `repeated`: the header names the request carries more than once; `peer`: its client's address."""
+        if not self.anonymous and not self._keyed and (refused := self.header_refusal(headers, repeated, peer)):
+            self.unknown_rejected += 1
+            return None, refused
         tenant = self.identify(headers)
         if tenant is None:
             self.unknown_rejected += 1

@@ -14,13 +14,12 @@ class Refusal(NamedTuple):
 
     status: int
     message: str
-    kind: str
     reason: str
 
 
-DRAINING = Refusal(503, "router is shutting down; retry on another router", "unavailable", "draining")
-OVERLOADED = Refusal(429, "too many concurrent requests; retry later", "rate_limited", "overloaded")
-QUEUE_TIMEOUT = Refusal(429, "queued too long waiting for a slot; retry later", "rate_limited", "queue_timeout")
+DRAINING = Refusal(503, "router is shutting down; retry on another router", "draining")
+OVERLOADED = Refusal(429, "too many concurrent requests; retry later", "overloaded")
+QUEUE_TIMEOUT = Refusal(429, "queued too long waiting for a slot; retry later", "queue_timeout")
 
 
 class Admission:

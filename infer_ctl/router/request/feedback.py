@@ -26,7 +26,7 @@ from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.request.context import RequestContext
-from infer_ctl.router.request.usage import token_counts
+from infer_ctl.router.request.usage import token_counts, usage_totals
 
 log = logging.getLogger("infer_ctl.router")
 
@@ -68,6 +68,8 @@ class Feedback:
             m.prompt_tokens.inc(prompt_tokens)
         if cached is not None:
             m.actual_tokens.inc(cached)
+        if completion := usage_totals(obj)[2]:  # a /generate batch: every item's (as the tenants count)
+            m.output_tokens.inc(completion)
         if ctx.named is not None:
             self.prefixes.record_response(ctx.named, pre.url, predicted_tokens=predicted, prompt_tokens=prompt_tokens or 0,
                                           cached_tokens=cached, prefix_tokens=int(len(ctx.named.text) / cpt),

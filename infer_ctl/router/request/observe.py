@@ -14,7 +14,7 @@ the observer of a request
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.routing.spec_fields import OPENAI_REQUEST_FLAG
@@ -44,7 +44,8 @@ def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: Collec
     tenancy = None
     if cfg.tenants or cfg.worker_usd_per_s:
         tenancy = Tenancy(cfg.tenants, header=cfg.tenant_header, worker_usd_per_s=cfg.worker_usd_per_s, clock=clock,
-                          registry=registry, worker_roles=lambda: {w.url: w.role for w in workers.all()})
+                          registry=registry, worker_roles=lambda: {w.url: w.role for w in workers.all()},
+                          trusted_proxies=cfg.tenant_trusted_proxies)
     tracing = None
     if cfg.tracing is not None:
         from infer_ctl.router.observe.tracing import (  # imports the OpenTelemetry SDK: only when configured
@@ -83,11 +84,12 @@ class Observing:
         if self.tracing is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.shutdown)
 
-    def start(self, headers: Mapping[str, str], endpoint: str, rid: str,
-              body: bytes = b"") -> tuple[RequestObserver | None, TenantRefusal | None]:
+    def start(self, headers: Mapping[str, str], endpoint: str, rid: str, body: bytes = b"", *,
+              repeated: Collection[str] = (), peer: str | None = None) -> tuple[RequestObserver | None, TenantRefusal | None]:
+        """`repeated`, `peer`: the header names sent more than once and the client's address (tenants.py)."""
         tenant, reserved, prompt = None, 0, None
         if self.tenancy is not None:
-            tenant, refusal = self.tenancy.admit(headers)
+            tenant, refusal = self.tenancy.admit(headers, repeated, peer)
             if refusal is not None:
                 return None, refusal
             if tenant is not None and tenant.tpm is not None:

@@ -168,7 +168,7 @@ class Router:
             task.cancel()
 
     # ---- the request path --------------------------------------------------------------------------
-    def error(self, endpoint: str, rid: str, status: int, message: str, kind: str,
+    def error(self, endpoint: str, rid: str, status: int, message: str,
               reason: str | None = None, retry_after_s: int | None = None) -> h1.Response:
         """An error the router itself answers; `reason` counts it in rejected_total."""
         if reason:
@@ -178,13 +178,14 @@ class Router:
         headers = {"X-Request-Id": rid}
         if retry_after_s is not None:  # RFC 9110 §10.2.3: the OpenAI SDK, among others, waits that long before it retries
             headers["Retry-After"] = str(retry_after_s)
-        return h1.Response(status, error_body(status, message, kind), _JSON, headers)
+        return h1.Response(status, error_body(status, message), _JSON, headers)
 
     async def handle(self, request: h1.Request, endpoint: str) -> Reply:
         rid = request.headers.get("x-request-id") or self.new_rid()
         obs: RequestObserver | None = None
         if self.observing is not None:
-            obs, denied = self.observing.start(request.headers, endpoint, rid, request.body)
+            obs, denied = self.observing.start(request.headers, endpoint, rid, request.body,
+                                               repeated=request.repeated, peer=request.peer)
             if denied is not None:  # a tenant's key or limit (tenants.py): refused before taking a slot
                 self.metrics.rejected.labels(f"tenant_{denied.limit}").inc()
                 return h1.Response(denied.status, denied.body(), _JSON, {"X-Request-Id": rid, **denied.headers()})
@@ -197,7 +198,7 @@ class Router:
         if refusal is not None:
             if obs is not None:
                 obs.finish(refusal.status)
-            return self.error(endpoint, rid, refusal.status, refusal.message, refusal.kind, refusal.reason)
+            return self.error(endpoint, rid, refusal.status, refusal.message, refusal.reason)
         t0 = self.clock()
         status = 500
         try:
@@ -213,7 +214,7 @@ class Router:
         except Exception:
             # A bug must still produce a JSON answer, never a dropped request.
             log.exception("internal error", extra={"rid": rid, "endpoint": endpoint})
-            return self.error(endpoint, rid, 500, "internal router error; see the router's log", "internal_error")
+            return self.error(endpoint, rid, 500, "internal router error; see the router's log")
         finally:
             self.admission.leave()
             self.metrics.observe_request(endpoint, status, self.clock() - t0)
@@ -224,15 +225,14 @@ class Router:
                       obs: RequestObserver | None = None) -> Reply:
         cfg = self.cfg
         if request.too_large:  # known from Content-Length (or the chunks so far): the body was not read
-            return self.error(endpoint, rid, 413, f"request body over {cfg.max_body_bytes} bytes", "request_too_large",
-                              "too_large")
+            return self.error(endpoint, rid, 413, f"request body over {cfg.max_body_bytes} bytes", "too_large")
         raw = request.body
         try:
             body = loads(raw)
         except (DecodeError, ValueError, UnicodeDecodeError) as exc:
-            return self.error(endpoint, rid, 400, f"malformed JSON body: {exc}", "invalid_request_error", "bad_json")
+            return self.error(endpoint, rid, 400, f"malformed JSON body: {exc}", "bad_json")
         if not isinstance(body, dict):
-            return self.error(endpoint, rid, 400, "the body must be a JSON object", "invalid_request_error", "bad_json")
+            return self.error(endpoint, rid, 400, "the body must be a JSON object", "bad_json")
         if obs is not None:
             raw = obs.rewrite(endpoint, body, raw)  # the tenant's priority (and stream usage), when it has one
         if self.mode == "pd" and (n := parallel_samples(body)) > 1:
@@ -240,7 +240,7 @@ class Router:
             # on a PD pair that fails the transfer; refused now instead of retried into a 500
             return self.error(endpoint, rid, 400, f"n = {n}: parallel sampling (n > 1) is not supported over "
                               "prefill/decode disaggregation (SGLang gives every sample one bootstrap room); send "
-                              "n = 1 requests in parallel", "invalid_request_error", "pd_parallel_sampling")
+                              "n = 1 requests in parallel", "pd_parallel_sampling")
         text = routing_text(endpoint, body)
         ctx = RequestContext(
             rid=rid, endpoint=endpoint, request=request, raw=raw, body=body, stream=bool(body.get("stream")), text=text,
@@ -262,19 +262,18 @@ class Router:
                                           max_retries=cfg.max_retries, base_s=cfg.retry_base_s, rng=self.rng,
                                           metrics=self.metrics, observe=self.pairs.outcome)
         except NoWorkerAvailable as exc:
-            return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "unavailable", "no_worker",
+            return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "no_worker",
                               retry_after_s=exc.retry_after_s)
         except RetriesExhausted as out:
             last = out.last
             if last.status in (408, 429) and last.body:
                 return h1.Response(last.status, last.body, _JSON, headers=ctx.headers)  # "later": the worker's own
             detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
-            return self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}",
-                              "upstream_error")
+            return self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}")
         except TimeoutError:
             if ctx.resp is not None and ctx.resp.prepared:
                 with contextlib.suppress(Exception):
-                    await ctx.resp.write(sse.error_event(504, "request timed out at the router", "timeout"))
+                    await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()
                 return ctx.resp
-            return self.error(endpoint, rid, 504, f"no response within {cfg.request_timeout_s:g}s", "timeout", "timeout")
+            return self.error(endpoint, rid, 504, f"no response within {cfg.request_timeout_s:g}s", "timeout")
