@@ -41,13 +41,15 @@ CHAT = [{"role": "system", "content": "You are the billing assistant of a bank."
         {"role": "user", "content": "What is the capital of France?"}]
 
 
-def streamed(url: str, max_tokens: int) -> tuple[float, float]:
+def streamed(url: str, max_tokens: int, model: str) -> tuple[float, float]:
     """(TTFT, total) in ms of one streamed chat request."""
     t0 = time.perf_counter()
     first = None
     with httpx.stream("POST", url + "/v1/chat/completions", timeout=120,
-                      json={"model": "tiny", "messages": CHAT, "max_tokens": max_tokens, "stream": True}) as r:
-        r.raise_for_status()
+                      json={"model": model, "messages": CHAT, "max_tokens": max_tokens, "stream": True}) as r:
+        if r.status_code != 200:
+            r.read()
+            raise RuntimeError(f"{url}: HTTP {r.status_code} {r.text[:500]}")
         for line in r.iter_lines():
             if line.startswith("data: ") and first is None and '"content"' in line:
                 first = time.perf_counter()
@@ -106,24 +108,30 @@ def main() -> None:
             procs.append(subprocess.Popen(
                 [str(engine.smg()), "launch", "--pd-disaggregation", "--prefill", pre.url, str(pre.bootstrap_port),
                  "--decode", dec.url, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(sp),
-                 "--log-level", "warn"], stdout=fh, stderr=subprocess.STDOUT))
+                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"],
+                stdout=fh, stderr=subprocess.STDOUT))
         targets = {"inferctl router": router.url, "smg 1.13.0": f"http://127.0.0.1:{sp}"}
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # smg registers workers in the background after it listens
-            try:
-                if httpx.post(targets["smg 1.13.0"] + "/generate", timeout=30,
-                              json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        # both route only once their first health round found the workers (smg registers them in the
+        # background after it listens)
+        for url in targets.values():
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.post(url + "/generate", timeout=30,
+                                  json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+        # the served model's name (the model path: no --served-model-name): smg routes by it and answers a
+        # request for another model 503 "no prefill workers" (read in its log); the router ignores it
         for url in targets.values():  # warm-up
-            streamed(url, 2)
+            streamed(url, 2, model)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
         for i in range(args.requests):
             order = list(targets) if i % 2 == 0 else list(reversed(targets))
             for name in order:
-                samples[name].append(streamed(targets[name], args.max_tokens))
+                samples[name].append(streamed(targets[name], args.max_tokens, model))
         loops = {name: closed_loop(url, args.clients, args.seconds) for name, url in targets.items()}
         rows = {name: {"ttft_p50_ms": statistics.median(t for t, _ in s), "total_p50_ms": statistics.median(e for _, e in s),
                        "rps": loops[name]["rps"], "errors": loops[name]["errors"]} for name, s in samples.items()}

@@ -493,11 +493,11 @@ def main() -> None:
         print(f"{SGLANG} CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
               "(the requests/s ratio both would reach with a core each)")
         if args.processes:
-            print(f"inferctl with {args.processes} processes / sglang-router requests/s: "
+            print(f"inferctl with {args.processes} processes / {SGLANG} requests/s: "
                   f"{doc['rps_ratio_processes_vs_sglang']:.2f}x (per repetition: "
                   + ", ".join(f"{x:.2f}" for x in doc["per_repetition_ratios_processes"]) + ")")  # type: ignore[attr-defined]
         if args.floor:
-            print(f"nginx PD fan-out (no routing) / sglang-router requests/s: {doc['rps_ratio_floor_vs_sglang']:.2f}x "
+            print(f"nginx PD fan-out (no routing) / {SGLANG} requests/s: {doc['rps_ratio_floor_vs_sglang']:.2f}x "
                   "(per repetition: " + ", ".join(f"{x:.2f}" for x in doc["per_repetition_ratios_floor"]) + ")")  # type: ignore[attr-defined]
         if args.tracing:
             tr = doc["tracing_on_vs_off"]
