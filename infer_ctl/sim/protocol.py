@@ -215,7 +215,7 @@ def parse_generate(body: Any, tok: Tokenizer) -> GenRequest:
                 logprob_start_len=int(starts[i]) if want[i] else -1,
                 top_logprobs_num=int(tops[i] or 0) if want[i] else 0,
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs")),
-                greedy=param_list[i].get("temperature") == 0,
+                greedy=(param_list[i] or {}).get("temperature") == 0,  # SGLang's default is 1.0
             )
         )
     return GenRequest(items=items, batched=batched, stream=bool(body.get("stream")), parallel=copies,
