@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from infer_ctl.remote.fleet import NodeOutcome
     from infer_ctl.remote.probe import NodeInfo
 
-# Re-exported for commands that imported them from here before they moved to cli/common.py.
-AcceptOpt = AcceptNewHostKeysOpt
-__all__ = ["AcceptOpt", "ParallelOpt", "nodes", "render_nodes"]
-
 
 def nodes(
     profile: ProfileOpt = None,

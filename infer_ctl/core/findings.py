@@ -135,6 +135,3 @@ def _jsonable(value: Any) -> Any:
 def overall_status(findings: Iterable[Finding]) -> Status:
     return worst(f.status for f in findings)
 
-
-def exit_code_for(findings: Iterable[Finding]) -> ExitCode:
-    return overall_status(findings).exit_code

@@ -159,15 +159,15 @@ def test_policy_exact_path_scores_overlap_minus_load() -> None:
     assert pick.reason == "fallback" and pick.url in ("a", "c", "b")
 
 
-def test_forget_beyond_and_forget_older() -> None:
+def test_forget_older() -> None:
     idx = PrefixIndex(block_chars=4)
     a, b = idx.hashes("aaaabbbbcccc"), idx.hashes("xxxxyyyy")
     idx.insert(a, "w", now=1.0)
     idx.insert(b, "w", now=2.0)
-    assert idx.forget_beyond(a, "w", keep_chars=4) == 2
-    assert idx.match(a, ["w"], now=2.0)["w"] == 4
+    assert idx.match(a, ["w"], now=2.0)["w"] == 12
     assert idx.last_use(b[0], "w") == 2.0
-    assert idx.forget_older("w", 1.0) == 1  # a's first block, used at 1.0; b (2.0) stays
+    assert idx.forget_older("w", 1.0) == 3  # a's blocks, used at 1.0; b (2.0) stays
+    assert idx.match(a, ["w"], now=2.0)["w"] == 0
     assert idx.match(b, ["w"], now=2.0)["w"] == 8 and len(idx) == 2
 
 

@@ -21,7 +21,7 @@ from infer_ctl.core.routing.policy import (
     WorkerView,
     choose_prefill,
     placement_key,
-    rendezvous_order,
+    rendezvous_rank,
 )
 from infer_ctl.errors import ProfileError, UsageError
 from infer_ctl.profile import parse_profile_text
@@ -32,6 +32,11 @@ ROOT = Path(__file__).resolve().parents[2]
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]
 CFG = PolicyConfig(miss_placement="rendezvous")
 P2C = PolicyConfig()  # the default
+
+
+def rendezvous_order(key: bytes, urls: list[str]) -> list[str]:
+    """The key's order of the workers, by the weight the policy ranks them with (highest first)."""
+    return sorted(urls, key=lambda u: rendezvous_rank(key, u), reverse=True)
 
 
 def texts(n: int, seed: int = 0) -> list[str]:

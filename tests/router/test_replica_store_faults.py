@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from infer_ctl.cli import router_cmd
 from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.control import client as admin_client
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable
 from tests.router.redis_server import RedisServer, need_redis
@@ -606,9 +606,10 @@ def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: 
             return {"listen": "127.0.0.1:1", "mode": "pd", "policy": "kv", "workers": {"available": 2, "total": 2},
                     "active_requests": 0, "index": {"blocks": 0}, "prefixes": {"active": 0}, "state_store": doc}
 
-    monkeypatch.setattr(router_cmd, "_client", lambda url, profile: Client())
+    # the admin client stands in for the router; the command's own target (URL, profile) is the real one
+    monkeypatch.setattr(admin_client, "AdminClient", lambda url, *a, **kw: Client())
     capsys.readouterr()
-    main_cli(["router", "status", "--url", "http://127.0.0.1:1"])
+    assert main_cli(["router", "status", "--url", "http://127.0.0.1:1"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps lines
     assert "NOT USED, its namespace is another fleet's" in out and "UNREACHABLE" not in out, out
 

@@ -77,6 +77,13 @@ def test_generate_non_stream_meta_info(mixed: str) -> None:
     assert isinstance(body["text"], str) and body["text"]
 
 
+def test_generate_without_sampling_params_takes_sglangs_defaults(mixed: str) -> None:
+    """No sampling_params at all (curl's first try): SGLang's defaults (128 new tokens, temperature 1.0)."""
+    r = httpx.post(mixed + "/generate", json={"text": "The capital of France is"})
+    assert r.status_code == 200, r.text
+    assert r.json()["meta_info"]["completion_tokens"] == 128
+
+
 def test_generate_input_ids_and_stream(mixed: str) -> None:
     body = {"input_ids": [1, 2, 3, 4, 5], "stream": True, "sampling_params": {"max_new_tokens": 10}}
     with httpx.stream("POST", mixed + "/generate", json=body) as r:

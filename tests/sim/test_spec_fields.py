@@ -125,11 +125,6 @@ def test_metrics_loads_and_server_info() -> None:
     g = sf.decode_metrics_text(text)
     assert g == sf.SpecGauges(accept_length=2.75, accept_rate=0.58, num_steps=5, num_draft_tokens=None,
                               verify_calls_total=1234)
-    body = {"loads": [{"dp_rank": 0, "speculative": {"accept_length": 2.5, "accept_rate": 0.5}},
-                      {"dp_rank": 1}, {"dp_rank": 2, "speculative": [3.0, 0.7]}]}
-    assert sf.decode_loads(body) == [sf.SpecLoad(0, 2.5, 0.5), sf.SpecLoad(2, 3.0, 0.7)]
-    with pytest.raises(sf.SpecFieldError):
-        sf.decode_loads({"loads": [{"speculative": "x"}]})
     info = {"internal_states": [{"avg_spec_accept_length": 2.4, "speculative_num_steps": 1,
                                  "speculative_num_draft_tokens": 2, "speculative_adaptive": True}, {}]}
     assert sf.decode_server_info(info) == [sf.SpecInternalState(2.4, 1, 2, True),

@@ -22,6 +22,14 @@ from infer_ctl.sim.spec_workload import MISMATCH_ALPHA, DriftStep, SpecWorkload
 FAST = 0.002  # wall seconds per model second
 
 
+def spec_sections(body: dict[str, Any]) -> list[dict[str, float]]:
+    """The ranks' `speculative` sections of a `/v1/loads` answer, in SGLang's shape
+    (`managers/load_snapshot.py`: {accept_length, accept_rate}; absent before the first interval)."""
+    out = [load[sf.LOADS_SECTION] for load in body["loads"] if sf.LOADS_SECTION in load]
+    assert all(set(sec) == set(sf.LOADS_FIELDS) for sec in out), out
+    return out
+
+
 def _generate(url: str, n: int, *, domain: str | None = None, tokens: int = 64, tag: str | None = None,
               **extra: Any) -> list[sf.SpecFields | None]:
     """n prompts in one batch; a `tag` makes them (and so their seeded draws) the same on every run."""
@@ -86,9 +94,9 @@ def test_openai_header_labels_the_domain() -> None:
                 url + "/v1/chat/completions",
                 json={"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 200},
             ).raise_for_status(), range(32)))
-        (load,) = sf.decode_loads(httpx.get(url + "/v1/loads?include=spec").json())
+        (load,) = spec_sections(httpx.get(url + "/v1/loads?include=spec").json())
     # ~2.3 tokens per verify at chat's 0.68 (preset default 0.8 would give ~2.95)
-    assert load.accept_length == pytest.approx(expected_tokens(0.68, 3), rel=0.05)
+    assert load["accept_length"] == pytest.approx(expected_tokens(0.68, 3), rel=0.05)
 
 
 def test_gauges_loads_and_internal_states_follow_sglangs_intervals() -> None:
@@ -96,20 +104,20 @@ def test_gauges_loads_and_internal_states_follow_sglangs_intervals() -> None:
                                   WorkerSpec("mixed", time_scale=FAST, speculative=False)]) as c:
         url, off = c.urls
         # nothing before the first interval completed
-        assert sf.decode_loads(httpx.get(url + "/v1/loads").json()) == []
+        assert spec_sections(httpx.get(url + "/v1/loads").json()) == []
         (st,) = sf.decode_server_info(httpx.get(url + "/server_info").json())
         assert st == sf.SpecInternalState(None, 3, 4, False)
         assert sf.decode_metrics_text(httpx.get(url + "/metrics").text).accept_length == 0
         fields = _generate(url, 1, tokens=20)  # ~7 decode batches: still no interval
-        assert sf.decode_loads(httpx.get(url + "/v1/loads").json()) == []
+        assert spec_sections(httpx.get(url + "/v1/loads").json()) == []
         fields += _generate(url, 1, tokens=400)
         g = sf.decode_metrics_text(httpx.get(url + "/metrics").text)
         assert g.num_steps == 3 and g.num_draft_tokens == 4
         assert g.accept_length is not None and 2.0 < g.accept_length < 3.6
         assert g.verify_calls_total == sum(f.verify_ct for f in fields if f)
-        (load,) = sf.decode_loads(httpx.get(url + "/v1/loads?include=spec").json())
+        (load,) = spec_sections(httpx.get(url + "/v1/loads?include=spec").json())
         (st,) = sf.decode_server_info(httpx.get(url + "/server_info").json())
-        assert st.avg_accept_length == pytest.approx(load.accept_length) and load.accept_rate == g.accept_rate
+        assert st.avg_accept_length == pytest.approx(load["accept_length"]) and load["accept_rate"] == g.accept_rate
         # include= selects sections as SGLang's LoadSnapshot.to_dict does
         (core,) = httpx.get(url + "/v1/loads?include=core").json()["loads"]
         assert "speculative" not in core and "disaggregation" not in core and "num_running_reqs" in core
@@ -119,7 +127,7 @@ def test_gauges_loads_and_internal_states_follow_sglangs_intervals() -> None:
         assert bad.status_code == 400 and "Invalid include sections" in bad.json()["detail"]
         # speculation off: no section, no fields, no internal state
         assert _generate(off, 2, tokens=200) == [None, None]
-        assert sf.decode_loads(httpx.get(off + "/v1/loads").json()) == []
+        assert spec_sections(httpx.get(off + "/v1/loads").json()) == []
         assert sf.decode_server_info(httpx.get(off + "/server_info").json())[0].num_steps is None
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from infer_ctl.core.findings import Finding, Status, exit_code_for
+from infer_ctl.core.findings import Finding, Status
+from infer_ctl.core.report import Report
 from infer_ctl.core.tokenizer import compare_tokenizers
 from infer_ctl.facts.tokenizer.directory import LoadedSide, load_tokenizer_dir
 from infer_ctl.facts.tokenizer.encoder import build_encoder
@@ -66,13 +67,13 @@ def test_real_near_miss_pair_v3_vs_v4(ds_v4_dir: Path, against_v3: Callable[[Pat
     # the base vocabulary really is shared: merges, pipeline and ordinary text agree
     assert by_key[("tokenizer.merges", "target vs draft")].status is Status.OK
     assert by_key[("tokenizer.probes", "built-in corpus")].status is Status.OK
-    assert exit_code_for(findings) == 2
+    assert Report("check", None, findings=findings).exit_code == 2
 
 
 def test_identical_copies_pass(mutated_v3: Callable[..., Path], against_v3: Callable[[Path], list[Finding]]) -> None:
     findings = against_v3(mutated_v3())
     assert problems(findings) == set()
-    assert exit_code_for(findings) == 0
+    assert Report("check", None, findings=findings).exit_code == 0
     assert "byte-identical" in findings[0].message
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infer_ctl.core.findings import Finding, Status, exit_code_for, overall_status, worst
+from infer_ctl.core.findings import Finding, Status, overall_status, worst
 from infer_ctl.core.promtext import MetricFamily, findings_families, render
 from infer_ctl.core.report import Report
 from infer_ctl.exitcodes import ExitCode
@@ -32,7 +32,7 @@ S = Status
 def test_aggregation(statuses: list[Status], overall: Status, code: int) -> None:
     findings = [Finding.make(s, "x.y", "n", "s", "m") for s in statuses]
     assert overall_status(findings) is overall
-    assert exit_code_for(findings) == code
+    assert Report("check", None, findings=findings).exit_code == code
     assert worst(statuses) is overall
 
 

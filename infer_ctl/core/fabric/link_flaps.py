@@ -12,7 +12,7 @@ audit saw still counts after the journal rotated it away.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +78,3 @@ def judge_link_flaps(node: str, log: LinkLog, previous: Mapping[str, Any] | None
                               details={"events": len(log.events)}))
     return out
 
-
-def flaps_of(findings: Sequence[Finding]) -> list[Finding]:
-    return [f for f in findings if f.check == "fabric.link_flaps"]

@@ -206,7 +206,7 @@ class AnchorTable:
             fresh.append((hashes[k], a))
             prev = a
         total = tokens0 + len(ids)
-        full = self._full_anchor(total, len(seq), units0, digests, page_hashes, prev)
+        full = self._full_anchor(total, units0, digests, page_hashes, prev)
         for key, a in reversed(fresh):  # leaf first: parents end up more recent
             self._blocks[key] = a
             self._blocks.move_to_end(key)
@@ -235,7 +235,7 @@ class AnchorTable:
             check = prev.check if prev else None
         return Anchor(units0 + p * ps, block, digest, tuple(seq[p * ps : s]), tokens0 + i, resume, check)
 
-    def _full_anchor(self, total: int, seq_len: int, units0: int, digests: bytes, page_hashes: list[int],
+    def _full_anchor(self, total: int, units0: int, digests: bytes, page_hashes: list[int],
                      prev: Anchor | None) -> Anchor:
         """What an identical request finds: SGLang matches at most n - 1 of n prompt tokens
         (`Req._compute_max_prefix_len`), n - 2 keys on a bigram tree, in whole pages."""

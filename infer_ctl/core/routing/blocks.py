@@ -24,7 +24,7 @@ only), 4 x for a publisher naming all of MEDIA.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,17 +285,3 @@ def _member(sets: tuple[set[int], ...]) -> Callable[[int], bool]:
         return lambda h: h in a or h in b or h in c
     return lambda h: any(h in s for s in sets)
 
-
-def deepest_held(blocks: WorkerBlocks, chain: Iterable[int | None]) -> int:
-    """How many leading entries of `chain` (block hashes of a prompt's pages, in order; None: nothing
-    to hold) the worker holds. A radix cache is prefix-closed, so this is a binary search."""
-    seq = list(chain)
-    lo, hi = 0, len(seq)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        h = seq[mid - 1]
-        if h is None or blocks.holds(h):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

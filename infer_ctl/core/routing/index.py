@@ -122,21 +122,6 @@ class PrefixIndex:
         self._total -= dropped
         return dropped
 
-    def forget_beyond(self, hashes: Sequence[int], worker: str, keep_chars: int) -> int:
-        """The worker holds no more of this path than `keep_chars`: drop its deeper part for this
-        worker. Returns blocks dropped. (The cached-token feedback uses `forget_older` instead: after a
-        prefill the worker holds the whole prompt again, so the path itself is not what was lost.)"""
-        entries = self._by_worker.get(worker)
-        if not entries:
-            return 0
-        keep = max(0, keep_chars // self.block_chars)
-        dropped = 0
-        for h in hashes[keep:]:
-            if entries.pop(h, None) is not None:
-                dropped += 1
-        self._total -= dropped
-        return dropped
-
     def drop_worker(self, worker: str) -> int:
         """The worker restarted, was flushed, went unhealthy or was removed: its cache is gone."""
         entries = self._by_worker.pop(worker, None)

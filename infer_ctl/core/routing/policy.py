@@ -95,10 +95,6 @@ def rendezvous_rank(key: bytes, url: str) -> int:
     return int.from_bytes(hashlib.blake2b(key + url.encode(), digest_size=8).digest(), "big")
 
 
-def rendezvous_order(key: bytes, urls: Sequence[str]) -> list[str]:
-    return sorted(urls, key=lambda u: rendezvous_rank(key, u), reverse=True)
-
-
 def home(cands: Sequence[WorkerView], key: bytes, cfg: PolicyConfig) -> WorkerView:
     """The first worker in the key's rendezvous order whose load is within the slack of the least
     loaded (bounded load: the least-loaded worker always qualifies)."""

@@ -406,33 +406,6 @@ def decode_metrics_text(text: str) -> SpecGauges:
 
 
 @dataclass(frozen=True)
-class SpecLoad:
-    """One DP rank's `speculative` section of `/v1/loads`."""
-
-    dp_rank: int
-    accept_length: float
-    accept_rate: float
-
-
-def decode_loads(body: Any) -> list[SpecLoad]:
-    """The ranks of a `/v1/loads` answer that have a speculative section (none before the first interval)."""
-    loads = body.get("loads") if isinstance(body, Mapping) else None
-    out: list[SpecLoad] = []
-    for load in loads if isinstance(loads, list) else []:
-        sec = load.get(LOADS_SECTION) if isinstance(load, Mapping) else None
-        if sec is None:
-            continue
-        if isinstance(sec, list) and len(sec) == 2:  # msgspec array_like wire form
-            sec = dict(zip(LOADS_FIELDS, sec, strict=True))
-        if not isinstance(sec, Mapping):
-            raise SpecFieldError(f"/v1/loads {LOADS_SECTION} must be an object, got {sec!r}")
-        rank = load.get("dp_rank", 0)
-        out.append(SpecLoad(int(rank) if isinstance(rank, int) else 0, _float(sec, "accept_length"),
-                            _float(sec, "accept_rate")))
-    return out
-
-
-@dataclass(frozen=True)
 class SpecInternalState:
     """The speculative part of one `/server_info` `internal_states` entry (None where absent)."""
 

@@ -2,9 +2,11 @@
 
 The choice itself is pure (core/routing/policy.py); this module feeds it the workers' live state,
 takes a circuit-breaker slot on the chosen worker (a half-open breaker lets one probe through) and
-records the decision. Where the router *predicts* the cache: the chosen prefill is assumed to hold the
-prompt's blocks from now on (`index.insert`). An index fed by the workers' own KV events would learn
-that from the worker instead; this insert is the one line it replaces.
+records the decision. The router *predicts* the cache: the chosen prefill is assumed to hold the
+prompt's blocks from now on (`index.insert`), with or without KV events. With the workers' KV events
+(router/kvindex/kv_routing.py) the exact index learns what each worker holds from the worker itself;
+this module reads it as the policy's input where a worker's stream is trusted (`_exact`, the predicted
+index for the others) and hands it the routed prompt to anchor (`kv.routed`).
 """
 
 from __future__ import annotations
