@@ -99,7 +99,13 @@ class RouterConfig:
     #: radix-cache insert for it, so it warms nothing there; only for workers known to cache it)
     warm_via: str = "auto"
     warm_fake_timeout_s: float = 5.0
-    #: priority sent with pinned warm-ups (workers running --radix-eviction-policy priority keep them)
+    #: how pins are kept (core/routing/prefixes.py, "Pins"): touch (warmed again after pin_touch_s without
+    #: traffic; an ended pin ages out like any prefix) or priority (warm-ups carry pin_priority, which
+    #: workers running --radix-eviction-policy priority keep, but SGLang never lowers a node's priority:
+    #: the pin stays on the worker after it expires or is superseded, until the worker restarts)
+    pin_via: str = "touch"
+    pin_touch_s: float = 5.0
+    #: priority sent with pinned warm-ups under pin_via priority
     pin_priority: int = 1_000_000
     model_name: str | None = None
     log_requests: bool = False
@@ -313,7 +319,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         tokenizer_path=(profile.models.target.tokenizer_path or profile.models.target.path) if profile.models else None,
         max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
         balance_rel=rs.balance_rel, miss_placement=rs.miss_placement, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
-        stream_recovery=rs.stream_recovery,
+        stream_recovery=rs.stream_recovery, pin_via=rs.pin_via, pin_touch_s=rs.pin_touch_s,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s, health_holddown_max_s=rs.health_holddown_max_s,
         spec_window_requests=profile.speculative.window_requests,
         pair_min_kv_speed_gb_s=rs.pair_health.min_kv_speed_gb_s, pair_max_kv_latency_ms=rs.pair_health.max_kv_latency_ms,
