@@ -126,6 +126,7 @@ class RouterConfig:
     kv_events: bool = True
     tokenizer_path: str | None = None
     kv_max_blocks: int = 4_000_000
+    kv_max_blocks_per_medium: int | None = None
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
     kv_max_message_bytes: int = 8 << 20
@@ -385,6 +386,7 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
     "pair_max_failures": (int, 1, False, None),
     "pair_probe_after_s": (float, 0.0, True, None),
     "kv_max_blocks": (int, 1, False, None),
+    "kv_max_blocks_per_medium": (int, 1, False, None),
     "kv_replay_timeout_s": (float, 0.0, True, None),
     "kv_max_batches_per_s": (int, 1, False, None),
     "kv_max_message_bytes": (int, 1, False, None),
@@ -408,7 +410,7 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
 #: Those of them None leaves unset: the pair-health floors (a NaN floor judged no transfer bad; a string
 #: one raised TypeError in the prefill's health checks once requests went through it, and what those
 #: checks found was never applied)
-_OPTIONAL = frozenset({"pair_min_kv_speed_gb_s", "pair_max_kv_latency_ms"})
+_OPTIONAL = frozenset({"pair_min_kv_speed_gb_s", "pair_max_kv_latency_ms", "kv_max_blocks_per_medium"})
 
 #: What to say beyond the bounds, where a flag or a meaning helps
 _HINTS = {
