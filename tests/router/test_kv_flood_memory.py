@@ -101,3 +101,11 @@ def test_an_untrusted_stream_frees_its_blocks_at_once() -> None:
 
     asyncio.run(main())
     assert s.state == "untrusted" and len(s.blocks) == 0 and s.blocks.snapshot() == {"GPU": 0}
+
+
+def test_a_flooding_stream_frees_its_blocks_when_it_is_paused() -> None:
+    s = _stream()
+    asyncio.run(s._apply(1, _batch([stored(list(range(1, 1001)), None, m) for m in ("GPU", "DISK")])))
+    assert s.blocks.snapshot() == {"GPU": 1000, "DISK": 1000}
+    s._reject("flood", "more than 16777216 bytes/s")  # what _run does before the pause
+    assert s.state == "untrusted" and len(s.blocks) == 0  # not held through the 30 s pause

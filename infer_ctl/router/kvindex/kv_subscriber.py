@@ -552,8 +552,9 @@ class KvStream:
         if self.state != "untrusted":
             self.stats.untrusted += 1
             self._emit("untrusted")
-        if kind == "capacity":
-            # a stream at its memory bound (max_blocks, max_blocks_per_medium): an untrusted stream is not
+        if kind in ("capacity", "flood"):
+            # a stream at its memory bound (max_blocks, max_blocks_per_medium) or flooding (closed and
+            # paused, then replayed from 0 into fresh blocks anyway): an untrusted stream is not
             # read (its worker is routed on the predicted index) and is repaired only into fresh blocks,
             # so its memory is freed now, not when the stream is reset (a flooding publisher held 1 GB
             # that way, issue 28 item 2). Other rejections keep what was held (bounded the same way).
