@@ -87,3 +87,24 @@ def test_a_pin_is_touched_after_pin_touch_s_idle_and_no_longer_once_it_ended() -
     reg.warm_done(touch, True, 2.5)
     reg.tick(11)  # expired: no more touches
     assert [a.name for a in reg.plan_warmups(w, 20)] == []
+
+
+def test_a_superseded_pin_is_no_longer_touched() -> None:
+    from infer_ctl.core.routing.policy import WorkerView
+    from infer_ctl.core.routing.prefixes import PrefixRegistry
+
+    w = [WorkerView("http://p0:1")]
+    reg = PrefixRegistry(rewarm_idle_s=100, pin_touch_s=2)
+    reg.register("sys", "A" * 400, now=0, pin=True)
+    for action in reg.plan_warmups(w, 0):
+        reg.warm_done(action, True, 0)
+    reg.register("sys", "B" * 400, now=1, pin=True)  # a new text: v1 superseded
+    for action in reg.plan_warmups(w, 1):
+        assert action.version == 2
+        reg.warm_done(action, True, 1)
+    touched = []
+    for t in (3.5, 6.0, 9.0):
+        for a in reg.plan_warmups(w, t):
+            touched.append(a.version)
+            reg.warm_done(a, True, t)
+    assert touched and set(touched) == {2}  # the new version is touched, the old one never
