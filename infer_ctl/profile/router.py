@@ -141,6 +141,11 @@ class RouterSettings(StrictModel):
     #: from the prompt plus the tokens already sent (docs/router.md, "Mid-stream recovery"); off: such a
     #: stream ends with an error event
     stream_recovery: bool = True
+    #: how a pinned named prefix is kept: touch (warmed again after pin_touch_s idle; an expired or
+    #: superseded pin then ages out like any prefix) or priority (warm-ups carry a high priority for
+    #: --radix-eviction-policy priority; SGLang never lowers it, so the pin outlives its TTL on the worker)
+    pin_via: Literal["touch", "priority"] = "touch"
+    pin_touch_s: Annotated[float, Field(gt=0)] = 5.0
     #: circuit breaker: consecutive failures that open it, and how long it stays open
     cb_failures: Annotated[int, Field(ge=1)] = 5
     cb_open_s: Annotated[float, Field(gt=0)] = 10.0

@@ -22,6 +22,10 @@ class KvEventsRouting(StrictModel):
     #: distinct blocks kept per worker stream, on any medium (a HiCache page in HBM and host counts
     #: once: core/routing/blocks.py); more make the stream untrusted (router/kvindex/kv_subscriber.py)
     max_blocks: Annotated[int, Field(ge=1024, le=1 << 31)] = 4_000_000
+    #: each storage medium's own bound (GPU, CPU_PINNED, DISK, EXTERNAL; None: max_blocks): a batch
+    #: passing it is refused (counted in inferctl_router_kv_blocks_refused_total by medium, the stream
+    #: untrusted and its blocks freed); ~86 bytes of router memory an entry
+    max_blocks_per_medium: Annotated[int, Field(ge=1024, le=1 << 31)] | None = None
     #: how long a gap replay (or the start-up replay from seq 0) may take before the stream is untrusted
     #: (finite: NaN passed as "should be less than or equal to 300", NaN failing every comparison)
     replay_timeout_s: Annotated[float, Field(gt=0, le=300, allow_inf_nan=False)] = 2.0

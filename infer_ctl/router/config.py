@@ -107,7 +107,13 @@ class RouterConfig:
     #: radix-cache insert for it, so it warms nothing there; only for workers known to cache it)
     warm_via: str = "auto"
     warm_fake_timeout_s: float = 5.0
-    #: priority sent with pinned warm-ups (workers running --radix-eviction-policy priority keep them)
+    #: how pins are kept (core/routing/prefixes.py, "Pins"): touch (warmed again after pin_touch_s without
+    #: traffic; an ended pin ages out like any prefix) or priority (warm-ups carry pin_priority, which
+    #: workers running --radix-eviction-policy priority keep, but SGLang never lowers a node's priority:
+    #: the pin stays on the worker after it expires or is superseded, until the worker restarts)
+    pin_via: str = "touch"
+    pin_touch_s: float = 5.0
+    #: priority sent with pinned warm-ups under pin_via priority
     pin_priority: int = 1_000_000
     model_name: str | None = None
     log_requests: bool = False
@@ -130,6 +136,7 @@ class RouterConfig:
     kv_events: bool = True
     tokenizer_path: str | None = None
     kv_max_blocks: int = 4_000_000
+    kv_max_blocks_per_medium: int | None = None
     kv_replay_timeout_s: float = 2.0
     kv_max_batches_per_s: int = 5000
     kv_max_message_bytes: int = 8 << 20
@@ -326,7 +333,7 @@ def from_profile(profile: Profile, *, listen: str | None = None, workers: list[W
         tokenizer_path=(profile.models.target.tokenizer_path or profile.models.target.path) if profile.models else None,
         max_queue=rs.max_queue, cache_threshold=rs.cache_threshold, balance_abs=rs.balance_abs,
         balance_rel=rs.balance_rel, miss_placement=rs.miss_placement, rewarm_idle_s=rs.rewarm_idle_s, drain_timeout_s=rs.drain_timeout_s,
-        stream_recovery=rs.stream_recovery,
+        stream_recovery=rs.stream_recovery, pin_via=rs.pin_via, pin_touch_s=rs.pin_touch_s,
         cb_failures=rs.cb_failures, cb_open_s=rs.cb_open_s, health_holddown_max_s=rs.health_holddown_max_s,
         spec_window_requests=profile.speculative.window_requests,
         spec_cost_ratio=profile.speculative.cost_ratio if profile.speculative.cost_ratio is not None else 0.1,
@@ -395,6 +402,7 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
     "pair_max_failures": (int, 1, False, None),
     "pair_probe_after_s": (float, 0.0, True, None),
     "kv_max_blocks": (int, 1, False, None),
+    "kv_max_blocks_per_medium": (int, 1, False, None),
     "kv_replay_timeout_s": (float, 0.0, True, None),
     "kv_max_batches_per_s": (int, 1, False, None),
     "kv_max_message_bytes": (int, 1, False, None),
@@ -417,8 +425,10 @@ _BOUNDS: dict[str, tuple[type, float, bool, float | None]] = {
 
 #: Those of them None leaves unset: the pair-health floors (a NaN floor judged no transfer bad; a string
 #: one raised TypeError in the prefill's health checks once requests went through it, and what those
-#: checks found was never applied), and max_connections (chosen from RLIMIT_NOFILE at start)
-_OPTIONAL = frozenset({"pair_min_kv_speed_gb_s", "pair_max_kv_latency_ms", "max_connections"})
+#: checks found was never applied), max_connections (chosen from RLIMIT_NOFILE at start) and
+#: kv_max_blocks_per_medium (no bound beside kv_max_blocks)
+_OPTIONAL = frozenset({"pair_min_kv_speed_gb_s", "pair_max_kv_latency_ms", "max_connections",
+                       "kv_max_blocks_per_medium"})
 
 #: What to say beyond the bounds, where a flag or a meaning helps
 _HINTS = {

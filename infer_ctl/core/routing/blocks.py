@@ -19,12 +19,21 @@ CPU_PINNED, ...): `holds` reads the device, `tiers` the lower media for the tier
 backed up to host (SGLang's write_through stores it once per medium, same hash) is one block, so the
 bound reads as the worker's cache in pages whatever its write policy. Each medium has its own set, so the
 memory is at most one entry per medium a block is on: 2 x `max_blocks` for SGLang (GPU and CPU_PINNED
-only), 4 x for a publisher naming all of MEDIA.
+only), 4 x for a publisher naming all of MEDIA. `max_blocks_per_medium` bounds each medium's set on its
+own (None: `max_blocks`): a batch that would pass it is refused whole like one over `max_blocks`, and
+its blocks on that medium are counted in `refused` (the metric of refused blocks by medium). Memory is
+about 86 bytes an entry (a Python int and its set slot, measured: 4M entries 345 MB), so a stream holds
+at most ~86 B x (max_blocks + the lower media's caps).
+
+`apply_steps` applies a batch in slices of `step_blocks` hashes, yielding between them, so the caller
+can let its event loop run: one set update of 800,000 hashes held a loaded 2-core host's loop 0.8-1.6 s
+(issue 28 item 2). Readers may see a batch half applied: stores arrive in chain order, so what is held
+stays a prefix of each chain; a `clear` meanwhile ends the batch (`_epoch`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +67,10 @@ class BatchEffect:
     unknown_removed: int = 0
 
 
+#: hashes per slice of `apply_steps`: ~5-20 ms of set work on a loaded host
+STEP_BLOCKS = 50_000
+
+
 def _hashes(ev: dict[str, Any], limit: int) -> list[int]:
     hashes = ev.get("block_hashes")
     if not isinstance(hashes, list):
@@ -83,8 +96,14 @@ def _medium(ev: dict[str, Any]) -> str:
 class WorkerBlocks:
     """The blocks one worker holds, per storage medium."""
 
-    def __init__(self, *, max_blocks: int = 4_000_000, max_event_blocks: int | None = None) -> None:
+    def __init__(self, *, max_blocks: int = 4_000_000, max_event_blocks: int | None = None,
+                 max_blocks_per_medium: int | None = None) -> None:
         self.max_blocks = max_blocks
+        self.max_blocks_per_medium = max_blocks if max_blocks_per_medium is None else max_blocks_per_medium
+        #: blocks of batches refused for passing max_blocks_per_medium, per medium (what they listed there)
+        self.refused: dict[str, int] = {}
+        #: bumped by `clear`: a batch being applied in steps stops there (its sets were dropped)
+        self._epoch = 0
         # None: max_blocks. SGLang merges consecutive stores of a chain (and all removals of a step) into
         # one event (KVCacheEventRecorder.enqueue, sglang/srt/mem_cache/events.py) and removes a node's
         # pages in one, so at its default page size 1 evicting a cached prompt of n tokens is one
@@ -138,6 +157,7 @@ class WorkerBlocks:
         return out
 
     def clear(self) -> None:
+        self._epoch += 1
         self.device = set()
         self.other = {}
         self._tiers = None
@@ -157,50 +177,86 @@ class WorkerBlocks:
 
     def apply(self, events: Any) -> BatchEffect:
         """Apply one batch's events, all or nothing. Raises EventRejected (nothing applied)."""
+        steps = self.apply_steps(events)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                eff: BatchEffect = done.value
+                return eff
+
+    def apply_steps(self, events: Any, step_blocks: int = STEP_BLOCKS) -> Generator[None, None, BatchEffect]:
+        """`apply` in slices of `step_blocks` hashes, yielding between them (module docstring). The batch
+        is validated whole before the first slice (EventRejected: nothing applied)."""
         if not isinstance(events, list):
             raise EventRejected("malformed", "events is not a list")
-        plan = self._validate(events)
+        epoch = self._epoch
+        plan = yield from self._validate(events, step_blocks)
         eff = BatchEffect()
-        self._tiers = None  # which media are empty may change
+        if self._epoch != epoch:  # cleared while it was checked: what it was checked against is gone
+            return eff
         for kind, medium, hashes, ev in plan:
             if kind == "AllBlocksCleared":
                 self.clear()
+                epoch = self._epoch
                 eff.cleared = True
-            elif kind == "BlockStored":
-                target = self._set(medium)
-                others = self._others(target)
-                if others:  # a block already on another medium (a host backup, a load back) is not new
-                    new = set(hashes).difference(target)
-                    self._distinct += len(new.difference(*others))
-                    target.update(new)
+                continue
+            for i in range(0, max(len(hashes), 1), step_blocks):
+                if i:
+                    yield
+                    if self._epoch != epoch:  # cleared meanwhile (a restart, a reset): the batch is moot
+                        return eff
+                self._tiers = None  # which media are empty may change
+                part = hashes[i:i + step_blocks] if len(hashes) > step_blocks else hashes
+                if kind == "BlockStored":
+                    self._store(medium, part)
                 else:
-                    before = len(target)
-                    target.update(hashes)
-                    self._distinct += len(target) - before
+                    self._remove(medium, part, eff)
+            if kind == "BlockStored":
                 eff.stored += len(hashes)
                 eff.block_size = ev.get("block_size")
                 tokens = ev.get("token_ids")
                 if tokens:
                     eff.bigram = isinstance(tokens[0], list | tuple)
-            else:
-                # a removal creates no set: only stores bring a medium in
-                target = self.device if medium == DEVICE else self.other.get(medium, set())
-                held = target.intersection(hashes)  # set operations: no Python loop per hash
-                if held:
-                    target.difference_update(held)
-                    others = self._others(target)
-                    # a block leaving one medium stays held while another has it (HBM evicts a backed-up page)
-                    self._distinct -= len(held.difference(*others)) if others else len(held)
-                eff.removed += len(held)
-                eff.unknown_removed += len(hashes) - len(held)
         return eff
 
-    def _validate(self, events: list[Any]) -> list[tuple[str, str, list[int], dict[str, Any]]]:
+    def _store(self, medium: str, hashes: list[int]) -> None:
+        target = self._set(medium)
+        others = self._others(target)
+        if others:  # a block already on another medium (a host backup, a load back) is not new
+            new = set(hashes).difference(target)
+            self._distinct += len(new.difference(*others))
+            target.update(new)
+        else:
+            before = len(target)
+            target.update(hashes)
+            self._distinct += len(target) - before
+
+    def _remove(self, medium: str, hashes: list[int], eff: BatchEffect) -> None:
+        # a removal creates no set: only stores bring a medium in
+        target = self.device if medium == DEVICE else self.other.get(medium, set())
+        held = target.intersection(hashes)  # set operations: no Python loop per hash
+        if held:
+            target.difference_update(held)
+            others = self._others(target)
+            # a block leaving one medium stays held while another has it (HBM evicts a backed-up page)
+            self._distinct -= len(held.difference(*others)) if others else len(held)
+        eff.removed += len(held)
+        eff.unknown_removed += len(hashes) - len(held)
+
+    def _validate(self, events: list[Any], step_blocks: int = STEP_BLOCKS
+                  ) -> Generator[None, None, list[tuple[str, str, list[int], dict[str, Any]]]]:
         """Check the whole batch before any of it is applied: stores chain to held (or earlier) blocks
-        and the worker stays within max_blocks."""
+        and the worker stays within max_blocks. Yields after each event of more than `step_blocks`
+        hashes (their type check is one C pass, ~10 ms for 200,000 on a quiet host): the checks of a
+        batch of four such events held the loop ~40 ms in one piece. Nothing is applied meanwhile."""
         plan: list[tuple[str, str, list[int], dict[str, Any]]] = []
-        stored_here: set[int] = set()
+        # this batch's stores so far, as lists: a parent is nearly always the last block of an earlier
+        # store (SGLang merges a chain's stores), so the set of them all (0.1-1 s for 800,000 hashes on a
+        # loaded host) is built only when a parent is not found that way (`_stored_in`)
+        stored_here: list[list[int]] = []
         size = len(self)
+        per_medium = {DEVICE: len(self.device), **{m: len(v) for m, v in self.other.items()}}
         cleared = False
         near = False  # the listed hashes alone may pass max_blocks: counted exactly after the walk
         for ev in events:
@@ -211,8 +267,9 @@ class WorkerBlocks:
                 raise EventRejected("unknown_event", f"unknown event type {str(kind)[:40]!r}")
             if kind == "AllBlocksCleared":
                 plan.append((kind, DEVICE, [], ev))
-                stored_here = set()
+                stored_here = []
                 size = 0
+                per_medium = {}
                 cleared = True
                 continue
             listed = ev.get("block_hashes")
@@ -233,24 +290,35 @@ class WorkerBlocks:
                 tokens = ev.get("token_ids")
                 if not isinstance(tokens, list) or len(tokens) > bs * len(hashes):
                     raise EventRejected("malformed", "token_ids is not a list of at most block_size per block")
-                if parent is not None and parent not in stored_here and not (
-                    not cleared and self._held_anywhere(parent)
+                if parent is not None and not (not cleared and self._held_anywhere(parent)) and not _stored_in(
+                    parent, stored_here
                 ):
                     raise EventRejected("orphan", f"BlockStored under parent {parent} the worker never stored")
                 size += len(hashes)
-                stored_here.update(hashes)
+                if hashes:
+                    stored_here.append(hashes)
+                # listed, not distinct: a re-stored block passes the medium's bound only when it is near
+                n = per_medium[medium] = per_medium.get(medium, 0) + len(hashes)
+                if n > self.max_blocks_per_medium and self._medium_passes(medium, plan, hashes):
+                    self.refused[medium] = self.refused.get(medium, 0) + len(hashes)
+                    raise EventRejected("capacity", f"more than {self.max_blocks_per_medium} blocks on medium "
+                                                    f"{medium} (max_blocks_per_medium)")
             plan.append((kind, medium, hashes, ev))
-        if near and self._passes_bound(plan):
+            if len(hashes) > step_blocks:
+                yield
+        if near and (yield from self._passes_bound(plan, step_blocks)):
             raise EventRejected("capacity", f"more than {self.max_blocks} blocks on one worker")
         return plan
 
-    def _passes_bound(self, plan: list[tuple[str, str, list[int], dict[str, Any]]]) -> bool:
+    def _passes_bound(self, plan: list[tuple[str, str, list[int], dict[str, Any]]],
+                      step_blocks: int = STEP_BLOCKS) -> Generator[None, None, bool]:
         """Whether the distinct blocks pass max_blocks at some store of the batch, counted as they stand
         there (its removals not subtracted): what is held plus what the stores so far add that no medium
         holds. Each store, not the batch's end: a clear at its end would otherwise let the sets grow to
         the whole batch's stores while it is applied (bounded by the message size alone). Only walked
         when the listed counts come near max_blocks: a host backup of held pages lists them again
-        without adding one."""
+        without adding one. Yields after each store of more than `step_blocks` (a batch of 800,000
+        near the bound held a quiet host's loop ~100 ms here in one piece)."""
         held = [s for s in (self.device, *self.other.values()) if s]
         size = len(self)
         added: set[int] = set()
@@ -263,7 +331,26 @@ class WorkerBlocks:
                 if size > self.max_blocks:
                     return True
                 added |= new
+                if len(hashes) > step_blocks:
+                    yield
         return False
+
+    def _medium_passes(self, medium: str, plan: list[tuple[str, str, list[int], dict[str, Any]]],
+                       hashes: list[int]) -> bool:
+        """Whether `medium`'s set would pass max_blocks_per_medium with this batch's stores on it so far
+        (and `hashes`), counted distinct; its removals not subtracted (as `_passes_bound`)."""
+        held: set[int] = set() if any(k == "AllBlocksCleared" for k, *_ in plan) else (
+            self.device if medium == DEVICE else self.other.get(medium, set()))
+        n = len(held)
+        added: set[int] = set()
+        for kind, m, hs, _ev in plan:
+            if kind == "AllBlocksCleared":
+                n, added = 0, set()
+            elif kind == "BlockStored" and m == medium:
+                new = set(hs).difference(added, held)
+                n += len(new)
+                added |= new
+        return n + len(set(hashes).difference(added, held)) > self.max_blocks_per_medium
 
     def _held_anywhere(self, block: int) -> bool:
         return block in self.device or any(block in s for s in self.other.values())
@@ -272,6 +359,14 @@ class WorkerBlocks:
         out = {DEVICE: len(self.device)}
         out.update({m: len(s) for m, s in self.other.items()})
         return out
+
+
+def _stored_in(block: int, stored: list[list[int]]) -> bool:
+    """Whether an earlier store of the batch listed `block`: the last block of a store first (a chain's
+    continuation), then the whole lists."""
+    if any(hs[-1] == block for hs in stored):
+        return True
+    return any(block in hs for hs in stored)  # list scans at C speed, no set built
 
 
 def _member(sets: tuple[set[int], ...]) -> Callable[[int], bool]:

@@ -25,6 +25,15 @@ tier a replica holds the prefix in: `plan_warmups(tiers=...)`):
   which loads it back.
 - `host`: warm enough in host memory. The replica counts as warm while the prefix sits in HBM or in the
   host tier: no idle re-warm then, and none because it left HBM; only once it left both tiers.
+
+Pins (`pin`, and `keep: hbm`). SGLang 0.5.23 sets a radix node's priority to the max of the priorities
+of the requests that inserted it and never lowers it (`RadixCache._insert_helper`; a match touches only
+`last_access_time`), and has no per-prefix eviction (`/flush_cache` drops the whole tree, only while
+idle). A pin made by priority therefore outlives its TTL and its supersession: re-sending the prefix
+at priority 0 changes nothing. So pins are kept by touching by default (`pin_touch_s`): a pinned
+replica idle that long (no traffic, no warm-up) is warmed again, which makes it the most recently used
+entry; once the pin ends the touches stop and it ages out like any other prefix. The daemon may keep
+the priority pins instead (`pin_touch_s` None), which cannot be undone on the worker.
 """
 
 from __future__ import annotations
@@ -184,8 +193,12 @@ class WarmAction:
 
 class PrefixRegistry:
     def __init__(self, *, rewarm_idle_s: float = 300.0, forget_after_s: float = 3600.0,
-                 max_warm_failures: int = 3, shared_placement: bool = False) -> None:
+                 max_warm_failures: int = 3, shared_placement: bool = False,
+                 pin_touch_s: float | None = None) -> None:
         self.rewarm_idle_s = rewarm_idle_s
+        #: pins kept by touching (module docstring, "Pins"): a pinned replica (or keep hbm) idle this
+        #: long is warmed again; None: pins are kept by the warm-up's priority alone
+        self.pin_touch_s = pin_touch_s
         self.shared_placement = shared_placement
         self.forget_after_s = forget_after_s
         self.max_warm_failures = max_warm_failures
@@ -360,7 +373,7 @@ class PrefixRegistry:
                 if p.warming:
                     continue
                 last = max(t for t in (p.warmed_at, p.last_hit, -1e18) if t is not None)
-                idle = now - last >= self.rewarm_idle_s
+                idle = now - last >= self._idle_s(rec)
                 if p.needs_rewarm or p.warmed_at is None or idle or (rec.keep and tiers):
                     streak = p.left_streak
                     idle, left = self._kept(rec, p, now, tiers, idle, self._left_cap_s)
@@ -375,6 +388,12 @@ class PrefixRegistry:
         if changed:
             self.changes += 1
         return actions
+
+    def _idle_s(self, rec: PrefixRecord) -> float:
+        """How long a replica may go untouched before it is warmed again: a pin's touch interval is shorter."""
+        if self.pin_touch_s is not None and (rec.pin or rec.keep == "hbm"):
+            return min(self.pin_touch_s, self.rewarm_idle_s)
+        return self.rewarm_idle_s
 
     @property
     def _left_cap_s(self) -> float:

@@ -6,9 +6,13 @@ through a real prefill+decode pair with max_new_tokens 1 (`warm_via: pair`, the 
 without a decode) but SGLang 0.5.23 never caches such a request: `Req.skip_radix_cache_insert` is set
 for `bootstrap_host == FAKE_BOOTSTRAP_HOST` (managers/schedule_batch.py) and honoured by every insert
 path (mem_cache/common.py), so a fake-host warm-up computes the prompt and throws it away.
-`warm_via: fake_bootstrap` remains for workers known to cache fake-host requests. Pinned prefixes are
-sent with a high `priority` to workers that run `--radix-eviction-policy priority`, which never evict
-them before lower-priority entries.
+`warm_via: fake_bootstrap` remains for workers known to cache fake-host requests.
+
+Pins (core/routing/prefixes.py, "Pins"): by default (`pin_via: touch`) a pinned replica is warmed again
+after `pin_touch_s` without traffic, at no priority, so an expired or superseded pin ages out of the
+worker like any prefix. Under `pin_via: priority` pinned warm-ups carry `pin_priority` to workers that
+run `--radix-eviction-policy priority`; SGLang 0.5.23 takes the max of a node's priorities and never
+lowers it, so such a pin stays on the worker after it ends (logged once per ended version).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ class PrefixWarmer:
         self._wake = asyncio.Event()
         #: the routing text's block chain of each prefix version whose tier is watched (`keep`)
         self._hashes: dict[tuple[str, int], list[int]] = {}
+        self.pin_by_priority = router.cfg.pin_via == "priority"
+        # the registry plans the touches; set here, where the pins are kept (the leader's warmer)
+        router.prefixes.pin_touch_s = None if self.pin_by_priority else router.cfg.pin_touch_s
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -70,7 +77,11 @@ class PrefixWarmer:
         router = self.router
         now = router.clock()
         for rec in router.prefixes.tick(now):
-            log.warning("named prefix expired", extra={"prefix": rec.name, "version": rec.version})
+            stuck = sorted(rec.placements) if self.pin_by_priority and (rec.pin or rec.keep == "hbm") else []
+            log.warning("named prefix expired" + (
+                "; it stays pinned on its workers (SGLang never lowers a cached prefix's priority: restart "
+                "them to drop it, or use pin_via: touch)" if stuck else ""),
+                extra={"prefix": rec.name, "version": rec.version, **({"pinned_on": stuck} if stuck else {})})
         router.index.expire(now)
         views = [w.view(now) for w in router.workers.prefill_like()]
         for action in router.prefixes.plan_warmups(views, now, self._tiers()):
@@ -123,7 +134,7 @@ class PrefixWarmer:
         try:
             if w is None:
                 return False
-            path, body = self._body(action, action.pin and w.radix_priority)
+            path, body = self._body(action, action.pin and w.radix_priority and self.pin_by_priority)
             body["rid"] = f"warm-{action.name}-v{action.version}-{router.new_rid()}"
             async with asyncio.timeout(router.cfg.request_timeout_s):
                 if router.mode == "collocated":

@@ -105,6 +105,9 @@ class RouterMetrics:
                                    "capacity, flood, ...)", ["worker", "kind"], registry=r)
         self.kv_untrusted = Counter("inferctl_router_kv_untrusted_total",
                                     "Times a worker's KV event stream became untrusted", ["worker"], registry=r)
+        self.kv_refused = Counter("inferctl_router_kv_blocks_refused_total",
+                                  "KV event blocks in batches refused for passing a medium's bound "
+                                  "(kv_events.max_blocks_per_medium)", ["worker", "medium"], registry=r)
         self.kv_restarts = Counter("inferctl_router_kv_restarts_total",
                                    "Publisher restarts seen on a worker's KV event stream", ["worker"], registry=r)
         #: (open, refused) client connections of the HTTP front (daemon/server.py sets it; 0s until then)
@@ -152,6 +155,8 @@ class RouterMetrics:
             self.kv_restarts.labels(worker).inc(n)
         elif what.startswith("rejected:"):
             self.kv_rejected.labels(worker, what[9:]).inc(n)
+        elif what.startswith("refused:"):
+            self.kv_refused.labels(worker, what[8:]).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -215,14 +220,24 @@ class _StateCollector(Collector):
                                      labels=["worker", "state"])
         kv_blocks = GaugeMetricFamily("inferctl_router_kv_blocks", "Blocks the worker's KV events say it holds",
                                       labels=["worker"])
+        by_medium = GaugeMetricFamily("inferctl_router_kv_blocks_by_medium",
+                                      "Blocks the worker's KV event streams hold per storage medium (a page in "
+                                      "HBM and host memory counts on each)", labels=["worker", "medium"])
         untrusted = 0
         for url, wkv in router.kv.workers.items():
+            media: dict[str, int] = {}
+            for s in wkv.streams:
+                for m, n in s.blocks.snapshot().items():
+                    media[m] = media.get(m, 0) + n
+            for m, n in sorted(media.items()):
+                by_medium.add_metric([url, m], n)
             st = wkv.state
             kv_state.add_metric([url, "exact" if st == "exact" else st if st == "replaying" else "predicted"], 1)
             kv_blocks.add_metric([url], sum(len(s.blocks) for s in wkv.streams))
             untrusted += sum(s.state == "untrusted" for s in wkv.streams)
         yield kv_state
         yield kv_blocks
+        yield by_medium
         yield GaugeMetricFamily("inferctl_router_kv_untrusted_streams", "KV event streams not trusted now",
                                 value=untrusted)
 

@@ -168,6 +168,8 @@ class KvRouting:
         self.tables: dict[tuple[int, bool, str], AnchorTable] = {}
         self.view: PromptView | None = None
         self.view_reason = "no prefill reported its tokenizer yet"
+        #: the reasons for no tokenizer already logged (`configure`)
+        self._view_logged: set[str] = set()
         self._queue: deque[tuple[str, dict[str, Any], str, list[int], int]] = deque(maxlen=512)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -231,7 +233,9 @@ class KvRouting:
             self.view, self.view_reason = view_for(info, self.tokenizer_path)
             if self.view is not None:
                 log.info("KV events: prompts tokenized with " + self.view_reason, extra={"worker": url})
-            else:
+            elif self.view_reason not in self._view_logged:
+                # once per cause: every health check configures every worker again (a warning each 5 s)
+                self._view_logged.add(self.view_reason)
                 log.warning("KV events: no tokenizer, every worker routed on the predicted index: " + self.view_reason,
                             extra={"worker": url})
         desc = info.get("kv_events")

@@ -24,6 +24,7 @@ class KvConfig(Protocol):
     kv_events: bool
     tokenizer_path: str | None
     kv_max_blocks: int
+    kv_max_blocks_per_medium: int | None
     kv_replay_timeout_s: float
     kv_max_batches_per_s: int
     kv_max_message_bytes: int
@@ -53,6 +54,7 @@ def apply_profile(cfg: KvConfig, profile: Profile) -> None:
     kv = profile.router.kv_events
     cfg.kv_events = kv.enabled
     cfg.kv_max_blocks = kv.max_blocks
+    cfg.kv_max_blocks_per_medium = kv.max_blocks_per_medium
     cfg.kv_replay_timeout_s = kv.replay_timeout_s
     cfg.kv_max_batches_per_s = kv.max_batches_per_s
     cfg.kv_max_message_bytes = kv.max_message_bytes

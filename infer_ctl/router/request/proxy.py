@@ -85,6 +85,7 @@ class Router:
         self.kv = KvRouting(enabled=cfg.kv_events and cfg.policy == "cache_aware", block_chars=cfg.block_chars,
                             tokenizer_path=cfg.tokenizer_path, metrics=self.metrics,
                             settings=StreamSettings(max_blocks=cfg.kv_max_blocks,
+                                                    max_blocks_per_medium=cfg.kv_max_blocks_per_medium,
                                                     replay_timeout_s=cfg.kv_replay_timeout_s,
                                                     max_batches_per_s=cfg.kv_max_batches_per_s,
                                                     max_message_bytes=cfg.kv_max_message_bytes),
