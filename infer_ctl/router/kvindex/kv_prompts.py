@@ -231,7 +231,12 @@ def _hf_template(model_dir: str) -> Any:
         raise jinja2.TemplateError(message)
 
     env.globals["raise_exception"] = raise_exception
-    compiled = env.from_string(tpl)
+    try:
+        compiled = env.from_string(tpl)
+    except jinja2.TemplateError as exc:  # SGLang starts with it (compiled per request): route on the prediction
+        log.warning("the model's chat template does not compile: chat requests are routed on the predicted index",
+                    extra={"model_dir": model_dir, "error": str(exc)})
+        return None
 
     def token(name: str) -> str:
         v = cfg.get(name)
