@@ -61,6 +61,14 @@ def _http_findings(profile: Profile, leaders: list[Instance]) -> tuple[list[Find
                         remedy=f"`inferctl status`, `inferctl logs {inst.name}`; relaunch with `inferctl launch`",
                     )
                 )
+                if h.status is not None:
+                    # something answers HTTP on the port but not SGLang's /health: name what it is (a
+                    # relaunch cannot bind a port another program holds)
+                    other = probe.server_info(http, inst)
+                    if other.status is not None:
+                        ident = _engine_finding(profile, inst, other)
+                        if ident.status != "ok":
+                            findings.append(ident)
                 continue
             findings.append(Finding.ok("servers.health", inst.node, inst.name, f"healthy at {inst.url}"))
             info = probe.server_info(http, inst)
@@ -90,8 +98,10 @@ def _engine_finding(profile: Profile, inst: Instance, info: Any) -> Finding:
     ident = identify(info.data if info.ok else None, pinned=profile.sglang.version, status=info.status or 0)
     if ident.kind == "not-sglang":
         return Finding.fail("servers.engine", inst.node, inst.name, f"{inst.url}: {ident.summary}",
-                            remedy=f"another program holds port {inst.url.rsplit(':', 1)[-1]}: find it with "
-                                   f"`ss -ltnp` on {inst.node}, stop it, then `inferctl launch --nodes {inst.node}`")
+                            remedy=f"`curl {inst.url}/get_server_info`: an SGLang older than 0.5 answers it "
+                                   "(relaunch with the pinned venv: `inferctl provision --apply`); otherwise another "
+                                   f"program holds port {inst.url.rsplit(':', 1)[-1]}: find it with `ss -ltnp` on "
+                                   f"{inst.node}, stop it, then `inferctl launch --nodes {inst.node}`")
     if ident.kind == "other-version":
         return Finding.warn("servers.engine", inst.node, inst.name, f"{inst.url}: {ident.summary}",
                             remedy=f"relaunch with the pinned venv (`inferctl provision --apply`, then "

@@ -32,8 +32,8 @@ class Identity:
 def identify(info: Any, *, pinned: str | None = TESTED_VERSION, status: int = 200) -> Identity:
     """Judge a `/server_info` answer (`info`: the decoded body, `status`: its HTTP status)."""
     if status != 200:
-        return Identity("not-sglang", None, f"/server_info answered HTTP {status}: not an SGLang server "
-                                            "(SGLang >= 0.5 serves it)")
+        return Identity("not-sglang", None, f"/server_info answered HTTP {status}: not SGLang 0.5 or later "
+                                            "(which serves it; an older SGLang serves /get_server_info)")
     if not isinstance(info, dict):
         return Identity("not-sglang", None, "/server_info is not a JSON object: not an SGLang server")
     version = info.get("version")

@@ -32,7 +32,10 @@ INSTALL_CMD = "sudo scripts/install-test-deps.sh (builds the SGLang 0.5.23 CPU e
 #: memory: 2 GB per server), no overlap scheduler (its CPU path is untested upstream)
 COMMON = ["--load-format", "dummy", "--device", "cpu", "--disable-overlap-schedule",
           "--attention-backend", "torch_native", "--host", "127.0.0.1", "--max-total-tokens", "8192",
-          "--enable-metrics", "--enable-cache-report", "--log-level", "info"]
+          "--enable-metrics", "--enable-cache-report", "--log-level", "info",
+          # an idle scheduler otherwise polls its sockets without pause: 4 idle servers held most of a
+          # 2-core machine while the other tests ran (load 18 measured)
+          "--sleep-on-idle"]
 
 
 def python() -> Path | None:

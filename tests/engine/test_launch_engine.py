@@ -30,7 +30,7 @@ from tests.ports import free_port_range
 
 CPU_ARGS = [  # page 32: whole 4,096-byte packets for this model's 128-byte rows (launch.kv_page)
    "--device", "cpu", "--load-format", "dummy", "--attention-backend", "torch_native",
-            "--disable-overlap-schedule", "--max-total-tokens", "8192", "--page-size", "32"]
+            "--disable-overlap-schedule", "--max-total-tokens", "8192", "--page-size", "32", "--sleep-on-idle"]
 
 
 def _profile(tmp: Path, model: str, *, extra: list[str] | None = None) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def test_pinned_version_is_the_profiles() -> None:
 
 
 @pytest.mark.parametrize("path_answer,needle", [
-    ({"/server_info": (404, b'{"detail":"Not Found"}')}, "not an SGLang server"),
+    ({"/server_info": (404, b'{"detail":"Not Found"}')}, "not SGLang 0.5 or later"),
     ({"/server_info": (200, json.dumps({**SGLANG, "version": "0.4.10"}).encode())}, "SGLang 0.4.10, not the 0.5.23"),
 ])
 def test_router_names_what_answers_at_a_worker(path_answer: dict[str, tuple[int, bytes]], needle: str,
@@ -53,3 +53,29 @@ def test_router_names_what_answers_at_a_worker(path_answer: dict[str, tuple[int,
     finally:
         router.stop()
         worker.close()
+
+
+def test_check_servers_names_another_program_on_the_port() -> None:
+    """A program that is not SGLang holds a server's port (here a JSON API answering 404 everywhere):
+    besides /health failing, check servers says what answers there, so the remedy is not a relaunch that
+    cannot bind the port."""
+    from infer_ctl.checks.servers import _http_findings
+    from infer_ctl.core.sglang import instances
+    from infer_ctl.profile.load import validate_profile_data
+
+    other = StandinServer(lambda path: (404, b'{"detail":"Not Found"}'))
+    port = int(other.url.rsplit(":", 1)[1])
+    try:
+        profile = validate_profile_data({
+            "name": "t", "collocated": True,
+            "nodes": [{"name": "n1", "host": "127.0.0.1", "connection": "local", "roles": ["prefill", "decode"],
+                       "gpus": 0}],
+            "models": {"target": {"path": "/m", "tp": 1}},
+            "sglang": {"collocated": {"port": port}, "extra_args": {"collocated": ["--device", "cpu"]}},
+        })
+        findings, _ = _http_findings(profile, list(instances(profile)))
+    finally:
+        other.close()
+    got = {f.check: f for f in findings}
+    assert got["servers.health"].status == "fail"
+    assert got["servers.engine"].status == "fail" and "not SGLang" in got["servers.engine"].message
