@@ -1,5 +1,6 @@
 """The `engine` tier's servers: real SGLang 0.5.23 on the CPU backend (tests/engine/engine.py), started
-once per session and shared by every test of the tier (each start costs ~25 s of a 2-core machine).
+once for this package and shared by every test of the tier (each start costs ~25 s of a 2-core machine);
+package scope stops them as soon as the tier's last test ends, not at the end of the whole suite.
 
     engine_fleet.colloc     collocated, page size 16, chat template in tokenizer_config.json, KV events
     engine_fleet.colloc_p1  collocated, page size 1, chat template in chat_template.jinja, KV events
@@ -36,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.timeout(600))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine_python() -> Path:
     py = engine.python()
     if py is None:
@@ -50,7 +51,7 @@ class Models:
     jinja: str   # chat template in chat_template.jinja
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     root = tmp_path_factory.mktemp("tiny-models")
     return Models(config=tiny_model.write(str(root / "config-layout")),
@@ -76,12 +77,12 @@ class Colloc:
     colloc_p1: engine.EngineServer
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("engine-logs")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine_colloc(engine_python: Path, tiny_models: Models, engine_logs: Path) -> Iterator[Colloc]:
     """The two collocated servers alone: a test module that needs no PD pair (the differential test)
     starts 2 servers, not 4, on a 2-core machine."""
@@ -95,7 +96,7 @@ def engine_colloc(engine_python: Path, tiny_models: Models, engine_logs: Path) -
         s.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine_fleet(engine_colloc: Colloc, tiny_models: Models, engine_logs: Path) -> Iterator[Fleet]:
     fleet = Fleet(
         colloc=engine_colloc.colloc,
