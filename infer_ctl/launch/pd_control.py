@@ -19,15 +19,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.pd.control import Counters, Observation, Server, Settings, State, decide, switched, window
 from infer_ctl.errors import InferctlError
+from infer_ctl.launch.control_loop import post_action, run_rounds
 from infer_ctl.launch.pd_switch import SwitchResult
-from infer_ctl.launch.spec_control import append_action
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
@@ -201,24 +200,11 @@ class PdControlLoop:
         return [self._post(rec)]
 
     def _post(self, rec: dict[str, Any]) -> dict[str, Any]:
-        rec = {"ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"), **rec}
-        try:
-            self.client.call("POST", "/admin/pd/actions", rec)
-        except InferctlError as exc:
-            rec["router_error"] = exc.message
-        if self.history is not None:
-            append_action(self.history, {"kind": "pd_action", "profile_name": self.profile.name, **rec})
-        return rec
+        return post_action(self.client, "/admin/pd/actions", self.history, "pd_action", self.profile.name, rec,
+                           timespec="milliseconds")
 
     def run(self, interval_s: float, *, rounds: int | None = None, stop: Callable[[], bool] = lambda: False,
             on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None) -> None:
-        n = 0
-        while not stop() and (rounds is None or n < rounds):
-            started = time.monotonic()
-            on_records(self.tick())
-            n += 1
-            if rounds is not None and n >= rounds:
-                break
-            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        run_rounds(self.tick, interval_s, rounds=rounds, stop=stop, on_records=on_records)
 
 

@@ -23,15 +23,15 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from infer_ctl.atomicfile import append_line, write_atomic
+from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.sglang import instances
 from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolChange, PoolObservation, PoolState
 from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, pools
 from infer_ctl.errors import InferctlError
+from infer_ctl.launch.control_loop import post_action, run_rounds
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
@@ -88,11 +88,6 @@ def observations(doc: dict[str, Any], url_to_pool: dict[str, str]) -> list[PoolO
         out.append(PoolObservation(pool, a["sum"] / a["w"] if a["w"] else None, a["requests"],
                                    min(steps) if steps else None, a["adaptive"]))
     return out
-
-
-def append_action(history: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """One JSON line, appended the audit history's own way (atomicfile.append_line)."""
-    append_line(history, json.dumps(record, separators=(",", ":")))
 
 
 def default_state_path(profile: Profile) -> Path:
@@ -250,22 +245,9 @@ class SpecControlLoop:
         return self._post(rec)
 
     def _post(self, rec: dict[str, Any]) -> dict[str, Any]:
-        rec = {"ts": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"), **rec}
-        try:
-            self.client.call("POST", "/admin/spec/actions", rec)
-        except InferctlError as exc:  # the router went away: the history and the output still have it
-            rec["router_error"] = exc.message
-        if self.history is not None:
-            append_action(self.history, {"kind": "spec_action", "profile_name": self.profile.name, **rec})
-        return rec
+        return post_action(self.client, "/admin/spec/actions", self.history, "spec_action", self.profile.name, rec,
+                           timespec="seconds")
 
     def run(self, interval_s: float, *, rounds: int | None = None, stop: Callable[[], bool] = lambda: False,
             on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None) -> None:
-        n = 0
-        while not stop() and (rounds is None or n < rounds):
-            started = time.monotonic()
-            on_records(self.tick())
-            n += 1
-            if rounds is not None and n >= rounds:
-                break
-            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        run_rounds(self.tick, interval_s, rounds=rounds, stop=stop, on_records=on_records)
