@@ -89,7 +89,7 @@ class HealthChecker:
             return
         self._engines[w.url] = ident.summary
         level = logging.INFO if ident.kind in ("sglang", "simulator") else logging.WARNING
-        log.log(level, "worker is %s", ident.summary, extra={"worker": w.url, "role": w.role,
+        log.log(level, "what answers at the worker: %s", ident.summary, extra={"worker": w.url, "role": w.role,
                                                            "engine": ident.kind, "engine_version": ident.version})
 
     def start(self) -> None:
