@@ -77,13 +77,10 @@ class HealthChecker:
         self._probes: set[asyncio.Task[None]] = set()
         router.calls.suspect = self.suspect
 
-    def _identify(self, w: WorkerState, status: int, body: bytes) -> None:
+    def _identify(self, w: WorkerState, status: int, doc: Any) -> None:
         """Say what answers at a worker (SGLang at the tested version, another version, the simulator, or
-        not SGLang): once at start-up and again when it changes (a relaunch with another venv)."""
-        try:
-            doc = loads(body) if status == 200 else None
-        except ValueError:
-            doc = None
+        not SGLang), from its decoded /server_info: once at start-up and again when it changes (a relaunch
+        with another venv)."""
         ident = identify(doc, status=status)
         if self._engines.get(w.url) == ident.summary:
             return
@@ -150,9 +147,13 @@ class HealthChecker:
                     ok = status == 200
                     if ok:
                         s2, info = await up.fetch(w.url, "GET", "/server_info")
-                        self._identify(w, s2, info)
-                        if s2 == 200:
-                            info_doc = loads(info)
+                        try:  # decoded once, for the identity and everything below
+                            info_doc = loads(info) if s2 == 200 else None
+                        except ValueError:
+                            self._identify(w, s2, None)
+                            raise
+                        self._identify(w, s2, info_doc)
+                        if info_doc is not None:
                             instance, prio = _instance(info_doc)
                             self._bootstrap_port(w, info_doc)
                             # KV events: discovery (router/kvindex/kv_routing.py; a decode only with a radix cache)
