@@ -98,15 +98,25 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one_at_start(mixed: Thr
         with start_router_in_thread(router_config(workers=mixed.urls)) as router:
             now = resource.getrlimit(resource.RLIMIT_NOFILE)
             assert now[0] == hard or (hard == resource.RLIM_INFINITY and now[0] > lower)
-            assert router.server.http.max_connections == nofile.default_max_connections(now[0])
+            assert router.server.http.max_connections == nofile.default_max_connections(now[0], 1024)
+            assert router.server.http.max_refusing == nofile.refusing_budget(now[0])
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_the_default_cap_leaves_headroom_under_the_limit() -> None:
-    assert nofile.default_max_connections(1024) == 1024 - nofile.HEADROOM
-    assert nofile.default_max_connections(1 << 20) == nofile.DEFAULT_MAX
-    assert nofile.default_max_connections(100) == 1
+    """Clients, two upstream connections per request in flight, the lingering refusals and the reserve fit
+    under the limit. Before, the cap was the limit less 256: with 256 refusals lingering, the accept failed
+    with EMFILE at 22,000 connections on a 20,000 limit and clients past the cap were reset."""
+    for soft, mc in ((1024, 1024), (20_000, 1024), (65_536, 1024), (1 << 20, 1024), (4096, 16), (100, 1024)):
+        cap = nofile.default_max_connections(soft, mc)
+        if soft > 200:
+            assert cap + 2 * min(cap, mc) + nofile.refusing_budget(soft) + nofile.RESERVE <= soft, (soft, mc)
+        assert 1 <= cap <= nofile.DEFAULT_MAX
+    assert nofile.default_max_connections(20_000, 1024) == 20_000 - 64 - 1024 - 2 * 1024
+    assert nofile.default_max_connections(1 << 20, 1024) == nofile.DEFAULT_MAX
+    assert nofile.default_max_connections(1024, 1024) == (1024 - 64 - 128) // 3  # few descriptors: a third
+    assert nofile.refusing_budget(1024) == 128 and nofile.refusing_budget(1 << 20) == nofile.MAX_REFUSING
 
 
 def test_the_cap_flows_from_the_profile() -> None:

@@ -28,7 +28,7 @@ from infer_ctl.router.control.admin import Admin, authorized
 from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.daemon.admin_dir import make_admin_dir
-from infer_ctl.router.daemon.nofile import default_max_connections, raise_nofile
+from infer_ctl.router.daemon.nofile import default_max_connections, raise_nofile, refusing_budget
 from infer_ctl.router.daemon.server_info import pd_server_info
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
@@ -160,7 +160,9 @@ class RouterServer:
             await web.UnixSite(self.runner, sock).start()
         self._admin_pool = Pool("localhost", 0, unix=sock, max_idle=4)
         soft, _ = raise_nofile()  # systemd's soft 1,024 would cap the router near 1,000 clients
-        self.http.max_connections = self.cfg.max_connections or default_max_connections(soft)
+        self.http.max_connections = (self.cfg.max_connections
+                                     or default_max_connections(soft, self.cfg.max_concurrent))
+        self.http.max_refusing = refusing_budget(soft)
         self.router.metrics.connections = lambda: (len(self.http.conns), self.http.refused)
         try:
             self.port = await self.http.listen(self.cfg.host, self.cfg.port, reuse_port=proc is not None)

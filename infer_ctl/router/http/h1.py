@@ -47,8 +47,6 @@ from infer_ctl.router.http.jsonio import error_body
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
 _LINGER_S = 1.0
-#: refused connections lingering at once (each holds a descriptor for up to _LINGER_S past the cap)
-_MAX_REFUSING = 256
 _MAX_HEAD = 64 * 1024
 #: headers a request may carry once (RFC 9110 11.6.2 gives Authorization one set of credentials; RFC
 #: 9112 3.2: more than one Host is a 400), lower-case
@@ -207,6 +205,9 @@ class H1Server:
         #: connections refused by the cap so far, and those of them still lingering (below)
         self.refused = 0
         self.refusing = 0
+        #: refused connections lingering at once (each holds a descriptor for up to _LINGER_S past the cap;
+        #: the daemon sizes it beside the cap, daemon/nofile.py)
+        self.max_refusing = 256
         self.server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -307,7 +308,7 @@ class H1Connection(asyncio.Protocol):
         (an accept failing on EMFILE resets every new client). The refused connection is not in `conns`,
         so it never counts against the cap nor reaches a handler. Like the 413 it lingers, reading and
         dropping what the client sends (closing with unread data resets the connection before the client
-        reads the 503) - up to _MAX_REFUSING of them at a time, beyond which it is closed at once."""
+        reads the 503) - up to `max_refusing` of them at a time, beyond which it is closed at once."""
         srv = self.srv
         srv.refused += 1
         self.refused = True
@@ -315,7 +316,7 @@ class H1Connection(asyncio.Protocol):
         resp = Response(503, error_body(503, f"the router is at its limit of {srv.max_connections} open "
                                              "connections; retry in a second"), headers={"Retry-After": "1"})
         self.transport.write(resp.encode(True))
-        if srv.refusing < _MAX_REFUSING:
+        if srv.refusing < srv.max_refusing:
             srv.refusing += 1
             self.lingers = True
             self._finish_close(True)
