@@ -42,7 +42,7 @@ from typing import Any
 
 import httptools
 
-from infer_ctl.router.http.jsonio import error_body
+from infer_ctl.router.http.jsonio import JSON_TYPE, error_body
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
@@ -114,7 +114,7 @@ class Response:
     __slots__ = ("body", "content_type", "headers", "status")
     prepared = False
 
-    def __init__(self, status: int = 200, body: bytes = b"", content_type: str = "application/json",
+    def __init__(self, status: int = 200, body: bytes = b"", content_type: str = JSON_TYPE,
                  headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.body = body
