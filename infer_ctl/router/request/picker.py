@@ -27,6 +27,7 @@ from infer_ctl.core.routing.policy import (
     choose_prefill,
     placement_key,
 )
+from infer_ctl.core.routing.retry import next_candidates
 from infer_ctl.core.tenancy.buckets import retry_after_s
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.pair_health import PairTracker
@@ -108,10 +109,8 @@ class PairPicker:
 
     def _choose_in(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
                    pd: bool, near: set[str] | None = None) -> WorkerState:
-        # Prefer workers that have not failed this request; fall back to them rather than to nothing (a
-        # retry that found only unavailable ones besides the worker that failed goes to that one again,
-        # as it does where that worker is alone in its role).
-        cands = ([w for w in pool if w.url not in excluded and w.available(now)] or pool) if excluded else pool
+        # a retry prefers the workers that have not failed this request (core/routing/retry.py)
+        cands = list(next_candidates(pool, excluded, _url, lambda w: w.available(now)))
         exact = self._exact(ctx, cands, now) if prefill else None
         key = placement_key(ctx.text) if prefill and self.policy.miss_placement == "rendezvous" else None
         for _ in range(len(cands) + 1):
@@ -187,6 +186,10 @@ class PairPicker:
             block_chars=self.index.block_chars, chars_per_token=cpt, queue_cost_tokens=kv.queue_cost,
             footprint_chars={u: kv.footprint_chars(u, cpt) if u in cached else self.index.footprint(u) for u in urls})
         return inputs, set(cached), cached
+
+
+def _url(w: WorkerState) -> str:
+    return w.url
 
 
 def _holds(pool: list[WorkerState], now: float) -> tuple[list[float], float | None]:

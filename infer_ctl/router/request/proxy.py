@@ -25,6 +25,7 @@ from infer_ctl.core.routing.pd import parallel_samples, wants_logprobs
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.prompt import routing_text
+from infer_ctl.core.routing.retry import pass_on_answer
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.pair_health import PairTracker
@@ -266,7 +267,7 @@ class Router:
                               retry_after_s=exc.retry_after_s)
         except RetriesExhausted as out:
             last = out.last
-            if last.status in (408, 429) and last.body:
+            if last.status is not None and pass_on_answer(last.status, last.body):
                 return h1.Response(last.status, last.body, JSON_TYPE, headers=ctx.headers)  # "later": the worker's own
             detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
             return self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}")
