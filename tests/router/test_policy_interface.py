@@ -21,7 +21,7 @@ def test_every_configurable_policy_has_one_module_behind_the_interface() -> None
     views = [WorkerView(A), WorkerView(B, inflight=3)]
     for name, pol in POLICIES.items():
         p: PrefillPolicy = pol
-        req = PrefillRequest(views, PolicyConfig(policy=name), random.Random(1), seq=1, index=PrefixIndex())
+        req = PrefillRequest(views, PolicyConfig(policy=name), random.Random(1), seq=1, prefix_index=PrefixIndex())
         assert p.choose(req).url in (A, B)
     # the names the facade dispatches on are the policies' own reasons (round robin walks the counter)
     assert [choose_prefill(hashes=[], text_chars=0, workers=views, index=PrefixIndex(), now=0,

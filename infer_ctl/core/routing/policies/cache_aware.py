@@ -46,8 +46,8 @@ class CacheAware:
             matches = {w.url: tokens.cached_tokens.get(w.url, 0) for w in cands}
             prompt_len = tokens.prompt_tokens
         else:
-            assert req.index is not None
-            matches = req.index.match(req.hashes, [w.url for w in cands], req.now)
+            assert req.prefix_index is not None
+            matches = req.prefix_index.match(req.hashes, [w.url for w in cands], req.now)
             prompt_len = req.text_chars
         if req.replicas:
             named = named_prefix(cands, matches, req.replicas, min_load, cfg, rng, prompt_len)
@@ -81,8 +81,8 @@ def _miss(req: PrefillRequest, matches: Mapping[str, int], min_load: int) -> Cho
     elif req.tokens is not None and req.tokens.footprint_chars is not None:
         size = req.tokens.footprint_chars
     else:
-        assert req.index is not None
-        size = {w.url: req.index.footprint(w.url) for w in cands}
+        assert req.prefix_index is not None
+        size = {w.url: req.prefix_index.footprint(w.url) for w in cands}
     busiest = max(cands, key=lambda w: w.load)
     if overloaded(busiest, min_load, cfg):
         least = [w for w in cands if w.load == min_load]
