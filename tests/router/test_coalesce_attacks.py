@@ -106,7 +106,7 @@ def send(router: RouterHandle, text: str, timeout: float = 30) -> int:
 
 def coalescer_is_empty(router: RouterHandle) -> bool:
     co = router.router.coalesce
-    return (not co.pending.snapshot() and not co._waited and not co._futures and not co._landed and not co._queue
+    return (not co.pending.snapshot() and not co.holds.waited and not co.holds.futures and not co.landings.landed and not co.holds.queue
             and co.holding == 0)
 
 

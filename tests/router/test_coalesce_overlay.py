@@ -117,7 +117,7 @@ def test_a_landed_flight_leaves_the_overlay_at_its_workers_next_batch_while_its_
 
         await co.run(ctx, pre, None, attempt)
         assert seen == {"computing": 3, "batch before landing": 3, "landed": 3, "batch after landing": 0}
-        assert not co.pending.snapshot() and not co._landed
+        assert not co.pending.snapshot() and not co.landings.landed
 
     asyncio.run(main())
 
@@ -204,7 +204,7 @@ def test_a_batch_of_other_blocks_before_a_landed_prompts_stores_keeps_it_pending
         # the stores come (turn 1's, then turn 2's): both leave the overlay
         ga.release()
         assert wait_for(lambda: router.call(held())[wa] >= 900, timeout=10)
-        assert wait_for(lambda: not co._landed, timeout=10), co._landed
+        assert wait_for(lambda: not co.landings.landed, timeout=10), co.landings.landed
         assert all(s.exact and not s.stats.rejected for s in kv.workers[wa].streams)  # in order all along
     finally:
         for g in gates:
@@ -232,7 +232,7 @@ def test_a_cleared_cache_after_landing_drops_a_landed_prompt_before_its_stores_c
         gate.passing = 1
         assert httpx.post(cluster.urls[0] + "/flush_cache", timeout=5).status_code == 200
         gate.release(drop=True)
-        assert wait_for(lambda: not co.pending.snapshot() and not co._landed, timeout=10), co.pending.snapshot()
+        assert wait_for(lambda: not co.pending.snapshot() and not co.landings.landed, timeout=10), co.pending.snapshot()
     finally:
         if gate is not None:
             gate.release(drop=True)

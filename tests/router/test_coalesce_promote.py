@@ -114,7 +114,7 @@ def test_a_chain_of_clients_gone_ends_with_one_follower_computing_for_the_rest()
         assert not hit(m2) and hit(m3), (m2, m3)
         assert held(router, "promoted") == 2 and held(router, "landed") == 1
         assert held(router, "leader_failed") == 0 and held(router, "timeout") == 0
-        assert wait_for(lambda: router.router.active == 0 and not co._queue and not co._futures, timeout=10)
+        assert wait_for(lambda: router.router.active == 0 and not co.holds.queue and not co.holds.futures, timeout=10)
 
 
 def test_a_long_unary_follower_is_not_promoted_over_a_streaming_one() -> None:

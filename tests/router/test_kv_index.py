@@ -16,6 +16,7 @@ from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.index import block_hashes as text_chain
 from infer_ctl.core.routing.pd import parallel_samples
 from infer_ctl.core.routing.policy import PolicyConfig, WorkerView, choose_prefill
+from infer_ctl.core.routing.units import ScoreInputs
 
 TOK = BuiltinTokenizer()
 
@@ -147,15 +148,15 @@ def test_policy_exact_path_scores_overlap_minus_load() -> None:
     views = [WorkerView("a", inflight=0), WorkerView("b", inflight=2), WorkerView("c", inflight=0)]
     # b holds 90 % but has 2 requests queued that each cost 100 units; a holds 60 %: b still wins
     pick = choose_prefill(hashes=[], text_chars=0, workers=views, index=idx, now=0, cfg=cfg, rng=rng,
-                          cached={"a": 600, "b": 900, "c": 0}, prompt_units=1000, queue_cost=100)
+                          tokens=ScoreInputs({"a": 600, "b": 900, "c": 0}, 1000, 100))
     assert (pick.url, pick.reason, pick.matched_chars) == ("b", "cache_hit", 900)
     # at 300 units per queued request, recomputing 300 units on a is cheaper than waiting on b
     pick = choose_prefill(hashes=[], text_chars=0, workers=views, index=idx, now=0, cfg=cfg, rng=rng,
-                          cached={"a": 600, "b": 900, "c": 0}, prompt_units=1000, queue_cost=300)
+                          tokens=ScoreInputs({"a": 600, "b": 900, "c": 0}, 1000, 300))
     assert pick.url == "a"
     # nobody holds enough: the fallback, by load and footprint
     pick = choose_prefill(hashes=[], text_chars=0, workers=views, index=idx, now=0, cfg=cfg, rng=rng,
-                          cached={"a": 10, "b": 0, "c": 0}, prompt_units=1000, footprint={"a": 5, "b": 0, "c": 0})
+                          tokens=ScoreInputs({"a": 10, "b": 0, "c": 0}, 1000, None), footprint={"a": 5, "b": 0, "c": 0})
     assert pick.reason == "fallback" and pick.url in ("a", "c", "b")
 
 

@@ -14,6 +14,7 @@ from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.index import block_hashes as text_chain
 from infer_ctl.core.routing.policy import PolicyConfig, WorkerView, choose_prefill
 from infer_ctl.core.routing.tiers import BLIND, TierWeights, weights_from
+from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.core.sizing.tiers import hit_weight
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
@@ -138,8 +139,7 @@ def test_policy_prefers_hbm_hit_then_host_hit_then_least_loaded() -> None:
         cached = {n: table.cached_units(hs, fk, d, held[n], weight.of if weight else None) for n in names}
         views = [WorkerView(n, inflight=(loads or {}).get(n, 0)) for n in names]
         c = choose_prefill(hashes=hs, text_chars=len(text), workers=views, index=PrefixIndex(), now=0,
-                           cfg=PolicyConfig(), rng=random.Random(1), cached=cached, prompt_units=len(ids),
-                           queue_cost=200, footprint=dict.fromkeys(names, 0))
+                           cfg=PolicyConfig(), rng=random.Random(1), tokens=ScoreInputs(cached, len(ids), 200), footprint=dict.fromkeys(names, 0))
         return c.url, c.reason
 
     for seed_order in (["hbm", "host", "cold"], ["cold", "host", "hbm"]):

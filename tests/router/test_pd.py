@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from infer_ctl.core.routing.breaker import BreakerState, CircuitBreaker, backoff_s
+from infer_ctl.core.routing.breaker import BreakerState, CircuitBreaker
 from infer_ctl.core.routing.pd import (
     ROOM_MAX,
     batch_size,
@@ -15,6 +15,7 @@ from infer_ctl.core.routing.pd import (
     with_bootstrap,
 )
 from infer_ctl.core.routing.prompt import routing_text
+from infer_ctl.core.routing.retry import backoff_s
 
 
 @pytest.mark.parametrize(

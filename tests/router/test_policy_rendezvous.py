@@ -23,6 +23,7 @@ from infer_ctl.core.routing.policy import (
     placement_key,
     rendezvous_rank,
 )
+from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.errors import ProfileError, UsageError
 from infer_ctl.profile import parse_profile_text
 from infer_ctl.router.config import RouterConfig, from_profile
@@ -129,8 +130,7 @@ def test_ties_among_equal_holders_follow_the_rendezvous_order() -> None:
         assert key is not None
         holders = {URLS[0]: 500, URLS[2]: 500, URLS[3]: 0, URLS[1]: 0}
         picks = {choose_prefill(hashes=[], text_chars=0, workers=views, index=ix, now=0.0, cfg=CFG,
-                                rng=random.Random(s), key=key, cached=holders, prompt_units=600,
-                                queue_cost=600).url for s in range(8)}
+                                rng=random.Random(s), key=key, tokens=ScoreInputs(holders, 600, 600)).url for s in range(8)}
         assert picks == {next(u for u in rendezvous_order(key, URLS) if u in (URLS[0], URLS[2]))}
         # on the predicted index too (equal match, equal load)
         for u in (URLS[1], URLS[3]):

@@ -33,15 +33,15 @@ class Proc:
     def sync(self) -> int:
         n = self.board.sync(self.pending, lambda f, s: self.heard.append((f, s, f.cause)),
                             lambda f: ("worker", f.worker), CLIENT)
-        for url, first in list(self.board._lazy):  # as if a decision here read every chain mirrored
+        for url, first in list(self.board.mirror.lazy):  # as if a decision here read every chain mirrored
             self.board.materialize(self.pending, url, [first])
         return n
 
     def mirrored(self) -> dict[tuple[str, tuple[int, ...]], str]:
-        return {(f.worker, tuple(f.hashes)): f.state for m in self.board._mirror for f in m.values()}
+        return {(f.worker, tuple(f.hashes)): f.state for m in self.board.mirror.rows for f in m.values()}
 
     def mirror_counts(self) -> Counter[tuple[str, tuple[int, ...], str]]:
-        return Counter((f.worker, tuple(f.hashes), f.state) for m in self.board._mirror for f in m.values())
+        return Counter((f.worker, tuple(f.hashes), f.state) for m in self.board.mirror.rows for f in m.values())
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_a_slot_reused_between_two_looks_ends_the_old_flight_and_mirrors_the_new
     b.sync()
     a.board.free(f1)
     a.board.publish(f2, 0)  # the same (lowest free) slot
-    assert a.board._mine[f2] == 0
+    assert a.board.own.slots[f2] == 0
     b.sync()
     assert [s for _, s, _ in b.heard] == ["landed"]  # its followers go
     assert b.mirrored() == {(URLS[1], tuple(f2.hashes)): "computing"}
@@ -113,17 +113,17 @@ def test_a_slot_being_written_or_torn_is_not_mirrored_until_whole(block: SharedL
     a, b = Proc(block, 0), Proc(block, 1)
     f = flight(URLS[0], chain("torn"))
     a.board.publish(f, 0)
-    base = a.board._slot(0, 0)
+    base = sf.slot_base(a.board.own.offset, 0, 0)
     block.cells[base + sf.GEN] += 1  # odd: a writer mid-change
     assert b.sync() == 0 and not b.mirrored()
     block.cells[base + sf.GEN] += 1
     block.cells[base + sf._SLOT_HEAD + 5] ^= 1  # a hash that does not match the checksum
-    block.cells[a.board._row + sf.VERSION] += 1
+    block.cells[a.board.own.base + sf.VERSION] += 1
     b.sync()  # mirrored (its first block), but its chain never joins the overlay torn
     assert b.pending.blocks(URLS[0]) == 0
     block.cells[base + sf._SLOT_HEAD + 5] ^= 1
     block.cells[base + sf.GEN] += 2
-    block.cells[a.board._row + sf.VERSION] += 1
+    block.cells[a.board.own.base + sf.VERSION] += 1
     b.sync()
     assert len(b.mirrored()) == 1 and b.pending.depth(URLS[0], f.hashes) == len(f.hashes)
 
@@ -133,9 +133,9 @@ def test_a_row_of_another_hashing_or_an_unknown_worker_is_ignored_without_rescan
     f = flight(URLS[2], chain("elsewhere"))  # a worker b does not know
     a.board.publish(f, 0)
     assert b.sync() == 0 and not b.mirrored()
-    assert b.board._seen[0] == block.cells[a.board._row + sf.VERSION]  # the row counts as read
-    block.cells[a.board._row + sf.PROBE] ^= 2  # another PYTHONHASHSEED
-    block.cells[a.board._row + sf.VERSION] += 1
+    assert b.board.mirror.seen[0] == block.cells[a.board.own.base + sf.VERSION]  # the row counts as read
+    block.cells[a.board.own.base + sf.PROBE] ^= 2  # another PYTHONHASHSEED
+    block.cells[a.board.own.base + sf.VERSION] += 1
     g = flight(URLS[0], chain("known"))
     a.board.publish(g, 0)
     assert b.sync() == 0 and not b.mirrored() and b.board.foreign == {0}

@@ -279,7 +279,7 @@ def test_a_row_zeroed_while_it_is_read_fails_its_flights_rather_than_landing_the
     f = flight(URLS[0], chain("dies mid-read"))
     a.board.publish(f, 0)
     b.sync()
-    row = a.board._row
+    row = a.board.own.base
     block.cells[row + sf._ROW_HEAD:row + sf.ROW_CELLS] = memoryview(bytes((sf.ROW_CELLS - sf._ROW_HEAD) * 8)).cast("q")
     block.cells[row + sf.VERSION] += 1  # the header as the reader read it, before the zeroing reached it
     b.sync()
@@ -298,12 +298,12 @@ def test_a_board_full_of_landed_flights_still_publishes_a_computing_one(block: S
         a.board.state(f, sf.LANDED)
     new = flight(URLS[1], chain("computing now"))
     a.board.publish(new, 0)
-    assert a.board.unpublished == 0 and a.board._mine[new] == 0  # the first landed one's slot
+    assert a.board.unpublished == 0 and a.board.own.slots[new] == 0  # the first landed one's slot
     b.sync()
     assert b.mirrored()[(URLS[1], tuple(new.hashes))] == "computing"
     assert (URLS[0], tuple(landed[0].hashes)) not in b.mirrored()
     a.board.free(landed[0])  # its request's end later: nothing left to free
-    assert a.board._mine[new] == 0
+    assert a.board.own.slots[new] == 0
 
 
 def test_a_follower_promoted_in_another_process_computes_there_for_this_ones_requests(block: SharedLoad) -> None:
@@ -351,5 +351,5 @@ def test_a_mirrored_flight_joins_the_overlay_only_for_a_decision_on_a_chain_like
     a.board.free(one)
     a.board.free(two)
     sync()
-    assert pending.blocks(URLS[0]) == 0 and not b.board._lazy and not b.mirrored()
+    assert pending.blocks(URLS[0]) == 0 and not b.board.mirror.lazy and not b.mirrored()
     assert sorted(s for _, s, _ in b.heard) == ["landed", "landed"]

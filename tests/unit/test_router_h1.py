@@ -439,12 +439,14 @@ def test_repeated_headers_that_may_repeat_are_still_handled(srv: Served) -> None
 
 
 class _Writes:
-    """What a StreamResponse hands its connection: each transport write, as one item."""
+    """What a StreamResponse hands its connection (and the connection's writer, `out`): each transport
+    write, as one item."""
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
         self.close_after = False
         self.pending: list[Request] = []
+        self.out = self
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)

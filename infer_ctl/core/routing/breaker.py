@@ -88,9 +88,3 @@ class CircuitBreaker:
         self.opened_at = now
         self.successes = 0
 
-
-def backoff_s(attempt: int, rand: float, *, base_s: float = 0.02, mult: float = 2.0, cap_s: float = 1.0,
-              jitter: float = 0.5) -> float:
-    """Delay before retry `attempt` (1-based): exponential, capped, with +-jitter; `rand` in [0, 1)."""
-    raw = min(cap_s, base_s * mult ** max(0, attempt - 1))
-    return max(0.0, raw * (1.0 + jitter * (2.0 * rand - 1.0)))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from infer_ctl.core.routing.units import CHARS_PER_TOKEN
+
 #: SGLang 0.5.23 defaults when the request names no limit (module docstring)
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -64,7 +66,7 @@ def request_estimate(endpoint: str, body: Any, chars_per_token: float) -> tuple[
     The prompt part alone is what a cancelled stream is settled against (router/request/observe.py)."""
     if not isinstance(body, dict):
         return 0, 0
-    cpt = chars_per_token if chars_per_token > 0 else 4.0
+    cpt = chars_per_token if chars_per_token > 0 else CHARS_PER_TOKEN
     n = _count(body.get("n")) or 1
     if endpoint.endswith("/chat/completions"):
         prompts = [_chat_chars(body.get("messages")) / cpt]

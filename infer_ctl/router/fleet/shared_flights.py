@@ -95,53 +95,41 @@ class Remote:
     blocks: int = 0
 
 
-class FlightBoard:
-    """One process's view of the board: its own row (`publish`, `state`, `free`) and a mirror of the
-    others' (`sync`)."""
+def slot_base(offset: int, process: int, slot: int) -> int:
+    """The first cell of `process`'s slot `slot` on a board at `offset`."""
+    return offset + process * ROW_CELLS + _ROW_HEAD + slot * SLOT_CELLS
 
-    def __init__(self, cells: memoryview, offset: int, processes: int, process: int,
-                 slot_url: Callable[[int], str | None], url_slot: Callable[[str], int | None]) -> None:
-        if len(cells) < offset + processes * ROW_CELLS:
-            raise ValueError(f"the shared block holds {len(cells)} cells, the flight board needs "
-                             f"{offset + processes * ROW_CELLS}")
+
+class OwnRow:
+    """This process's row of the board: the flights it publishes, written by it alone."""
+
+    def __init__(self, cells: memoryview, offset: int, process: int, url_slot: Callable[[str], int | None],
+                 probe_value: int) -> None:
         self.cells = cells
         self.offset = offset
-        self.processes = processes
         self.process = process
-        self.slot_url, self.url_slot = slot_url, url_slot
-        self._row = offset + process * ROW_CELLS
-        self._probe = probe()
-        # ---- this process's row
+        self.url_slot = url_slot
+        #: the row's first cell
+        self.base = offset + process * ROW_CELLS
         self._free = list(range(SLOTS))  # a heap: the lowest free slot first, so USED stays small
-        self._mine: dict[Flight, int] = {}
+        #: the published flights and their slots
+        self.slots: dict[Flight, int] = {}
         #: published flights that landed or failed, first ended first: a new flight takes the slot of
         #: the oldest when every slot is taken (an ended flight only tells where blocks are pending;
         #: a computing one is what another process's request waits for)
         self._ended: dict[Flight, None] = {}
         self._next_id = 1
-        epoch = time.monotonic_ns()
         #: flights not published (every slot taken, or no slot for their worker)
         self.unpublished = 0
-        # ---- the others' rows
-        self._seen = [0] * processes  # each row's VERSION when it was last read whole
-        self._epoch = [0] * processes  # each row's EPOCH the mirror is of
-        self._mirror: list[dict[int, Flight]] = [{} for _ in range(processes)]  # slot -> mirrored flight
-        self._gens = [[0] * SLOTS for _ in range(processes)]  # each slot's GEN when it was last looked at
-        #: mirrored flights not in the overlay yet, by (worker, first block): added by `materialize`
-        #: when a decision here looks at a chain starting so on that worker
-        self._lazy: dict[tuple[str, int], dict[Flight, None]] = {}
-        self.foreign: set[int] = set()  # rows ignored: another hashing (logged once by the caller)
-        cells[self._row:self._row + ROW_CELLS] = memoryview(bytes(ROW_CELLS * 8)).cast("q")
-        cells[self._row + EPOCH] = epoch
-        cells[self._row + PROBE] = self._probe
-        cells[self._row + VERSION] = epoch
+        epoch = time.monotonic_ns()
+        row = self.base
+        cells[row:row + ROW_CELLS] = memoryview(bytes(ROW_CELLS * 8)).cast("q")
+        cells[row + EPOCH] = epoch
+        cells[row + PROBE] = probe_value
+        cells[row + VERSION] = epoch
 
-    # ---- writing this process's row ----------------------------------------------------------------
     def publish(self, flight: Flight, held_blocks: int, late: bool = False) -> None:
-        """`flight` (just added to this process's overlay) is in flight on its worker; the worker or
-        other flights compute its first `held_blocks` blocks. `late`: this process hears its landing
-        only from its whole answer (a unary request with a long answer, its worker's KV events not
-        trusted), so another process's requests should not wait for it (as this process's do not)."""
+        """FlightBoard.publish."""
         worker = self.url_slot(flight.worker)
         if self._ended and not self._free:
             self.free(next(iter(self._ended)))
@@ -149,48 +137,50 @@ class FlightBoard:
             self.unpublished += 1
             return
         slot = heapq.heappop(self._free)
-        self._mine[flight] = slot
+        self.slots[flight] = slot
         hashes = flight.hashes[:BLOCKS]
-        if slot >= self.cells[self._row + USED]:
-            self.cells[self._row + USED] = slot + 1
+        if slot >= self.cells[self.base + USED]:
+            self.cells[self.base + USED] = slot + 1
         self._write(slot, {ID: self._next_id, STATE: COMPUTING, WORKER: worker, HELD: held_blocks,
                            LATE: int(late), N: len(hashes), SUM: _checksum(hashes)}, hashes)
         self._next_id += 1
 
     def state(self, flight: Flight, state: int) -> None:
-        """`flight` landed or failed (it stays published until `free`, or until its slot is needed)."""
-        slot = self._mine.get(flight)
+        slot = self.slots.get(flight)
         if slot is not None:
             self._set(slot, state)
             self._ended[flight] = None
 
     def claim(self, flight: Flight, held_blocks: int) -> None:
-        """`flight` computes its blocks from `held_blocks` on that nobody computes (a follower promoted
-        in a failed leader's place: coalesce.py `_promote`)."""
-        slot = self._mine.get(flight)
+        slot = self.slots.get(flight)
         if slot is not None:
             self._write(slot, {HELD: held_blocks})
 
     def free(self, flight: Flight) -> None:
-        """`flight` left this process's overlay."""
-        slot = self._mine.pop(flight, None)
+        slot = self.slots.pop(flight, None)
         if slot is None:
             return
         self._ended.pop(flight, None)
         heapq.heappush(self._free, slot)
-        self.cells[self._row + USED] = max(self._mine.values(), default=-1) + 1
+        self.cells[self.base + USED] = max(self.slots.values(), default=-1) + 1
         self._set(slot, FREE)
+
+    def close(self) -> None:
+        for flight in list(self.slots):
+            self.free(flight)
+        self.cells[self.base + PROBE] = 0
+        self.cells[self.base + VERSION] += 1
 
     def _set(self, slot: int, state: int) -> None:
         cells = {STATE: state}
         if state == FREE:
-            cells[LAST] = self.cells[self._slot(self.process, slot) + STATE]
+            cells[LAST] = self.cells[slot_base(self.offset, self.process, slot) + STATE]
         self._write(slot, cells)
 
     def _write(self, slot: int, cells: dict[int, int], hashes: Sequence[int] = ()) -> None:
         """Change one of this process's slots as readers expect (module docstring): GEN odd while the
         cells (and the chain) are written, even again after, then the row's VERSION bumped."""
-        c, base = self.cells, self._slot(self.process, slot)
+        c, base = self.cells, slot_base(self.offset, self.process, slot)
         gen = c[base + GEN] + 1
         c[base + GEN] = gen
         for cell, value in cells.items():
@@ -198,12 +188,31 @@ class FlightBoard:
         if hashes:
             c[base + _SLOT_HEAD:base + _SLOT_HEAD + len(hashes)] = memoryview(array("q", hashes))
         c[base + GEN] = gen + 1
-        c[self._row + VERSION] += 1
+        c[self.base + VERSION] += 1
 
-    def _slot(self, process: int, slot: int) -> int:
-        return self.offset + process * ROW_CELLS + _ROW_HEAD + slot * SLOT_CELLS
 
-    # ---- mirroring the others' rows ------------------------------------------------------------------
+class Mirror:
+    """The other processes' rows, mirrored into this process's pending overlay (module docstring)."""
+
+    def __init__(self, cells: memoryview, offset: int, processes: int, process: int,
+                 slot_url: Callable[[int], str | None], probe_value: int) -> None:
+        self.cells = cells
+        self.offset = offset
+        self.processes = processes
+        self.process = process
+        self.slot_url = slot_url
+        self._probe = probe_value
+        #: each row's VERSION when it was last read whole
+        self.seen = [0] * processes
+        self._epoch = [0] * processes  # each row's EPOCH the mirror is of
+        #: per process, slot -> mirrored flight
+        self.rows: list[dict[int, Flight]] = [{} for _ in range(processes)]
+        self._gens = [[0] * SLOTS for _ in range(processes)]  # each slot's GEN when it was last looked at
+        #: mirrored flights not in the overlay yet, by (worker, first block): added by `materialize`
+        #: when a decision here looks at a chain starting so on that worker
+        self.lazy: dict[tuple[str, int], dict[Flight, None]] = {}
+        self.foreign: set[int] = set()  # rows ignored: another hashing (logged once by the caller)
+
     def sync(self, pending: PendingBlocks, on_done: Callable[[Flight, str], None],
              failed_cause: Callable[[Flight], object], client_cause: object) -> int:
         """Bring the mirror of every other process's flights up to date in `pending`: new ones are
@@ -216,7 +225,7 @@ class FlightBoard:
                 continue
             row = self.offset + p * ROW_CELLS
             version = c[row + VERSION]
-            if version == self._seen[p]:
+            if version == self.seen[p]:
                 continue
             if c[row + PROBE] != self._probe or c[row + EPOCH] != self._epoch[p]:
                 changed += self._drop_row(p, pending, client_cause)  # gone, restarted, or foreign
@@ -224,11 +233,11 @@ class FlightBoard:
                 if c[row + PROBE] != self._probe:
                     if c[row + PROBE]:
                         self.foreign.add(p)
-                    self._seen[p] = version
+                    self.seen[p] = version
                     continue
             self.foreign.discard(p)
             whole = True
-            mirror, seen = self._mirror[p], self._gens[p]
+            mirror, seen = self.rows[p], self._gens[p]
             used = min(max(c[row + USED], 0), SLOTS)
             # every slot's GEN in one strided copy: only the slots whose GEN moved since their last
             # look are looked at (a row changes at every request of its process; its unchanged slots
@@ -244,7 +253,7 @@ class FlightBoard:
                 else:
                     changed += n
             if whole:
-                self._seen[p] = version
+                self.seen[p] = version
         return changed
 
     def _look(self, p: int, slot: int, mirror: dict[int, Flight], pending: PendingBlocks,
@@ -252,7 +261,7 @@ class FlightBoard:
               client_cause: object) -> int:
         """One slot whose GEN moved: how many flights changed, -1 when it must be looked at again."""
         c = self.cells
-        base = self._slot(p, slot)
+        base = slot_base(self.offset, p, slot)
         gen = c[base + GEN]
         if gen & 1:
             return -1  # being written
@@ -285,7 +294,7 @@ class FlightBoard:
                 return -1  # changed while read
             if flight is not _IGNORED:
                 flight.on_done = lambda s, f=flight: on_done(f, s)
-                self._lazy.setdefault((flight.worker, flight.hashes[0]), {})[flight] = None
+                self.lazy.setdefault((flight.worker, flight.hashes[0]), {})[flight] = None
                 mirror[slot] = flight
                 changed += 1
         self._gens[p][slot] = gen
@@ -322,7 +331,7 @@ class FlightBoard:
         there fail as that worker's failure (their followers here are tried elsewhere now, not when the
         owner's own health checks or admin snapshot catch up). Returns how many."""
         n = 0
-        for mirror in self._mirror:
+        for mirror in self.rows:
             for flight in list(mirror.values()):
                 if flight.worker == url and flight.computing:
                     flight.fail(failed_cause(flight))
@@ -338,7 +347,7 @@ class FlightBoard:
         if not hashes:
             return 0
         key = (worker, hashes[0])
-        bucket = self._lazy.pop(key, None)
+        bucket = self.lazy.pop(key, None)
         if not bucket:
             return 0
         n, later = 0, dict[Flight, None]()
@@ -353,12 +362,12 @@ class FlightBoard:
             pending.add(flight, tag.held)
             n += 1
         if later:
-            self._lazy[key] = later
+            self.lazy[key] = later
         return n
 
     def _chain(self, tag: Remote) -> list[int] | None:
         """A mirrored flight's whole published chain, None when its slot does not hold it whole now."""
-        c, base = self.cells, self._slot(tag.process, tag.slot)
+        c, base = self.cells, slot_base(self.offset, tag.process, tag.slot)
         gen = c[base + GEN]
         if gen & 1 or c[base + ID] != tag.id or c[self.offset + tag.process * ROW_CELLS + EPOCH] != \
                 self._epoch[tag.process]:
@@ -373,14 +382,14 @@ class FlightBoard:
             pending.remove(flight)
             return
         key = (flight.worker, flight.hashes[0])
-        bucket = self._lazy.get(key)
+        bucket = self.lazy.get(key)
         if bucket is not None:
             bucket.pop(flight, None)
             if not bucket:
-                del self._lazy[key]
+                del self.lazy[key]
 
     def _drop_row(self, p: int, pending: PendingBlocks, client_cause: object) -> int:
-        mirror, n = self._mirror[p], 0
+        mirror, n = self.rows[p], 0
         for flight in mirror.values():
             if flight.computing:
                 flight.fail(client_cause)
@@ -390,14 +399,66 @@ class FlightBoard:
         self._gens[p] = [0] * SLOTS  # a restarted row's generations count from 0 again
         return n
 
+
+class FlightBoard:
+    """One process's view of the board: its own row (`publish`, `state`, `claim`, `free`: OwnRow) and a
+    mirror of the others' (`sync`, `materialize`, `fail_worker`: Mirror)."""
+
+    def __init__(self, cells: memoryview, offset: int, processes: int, process: int,
+                 slot_url: Callable[[int], str | None], url_slot: Callable[[str], int | None]) -> None:
+        if len(cells) < offset + processes * ROW_CELLS:
+            raise ValueError(f"the shared block holds {len(cells)} cells, the flight board needs "
+                             f"{offset + processes * ROW_CELLS}")
+        value = probe()
+        self.own = OwnRow(cells, offset, process, url_slot, value)
+        self.mirror = Mirror(cells, offset, processes, process, slot_url, value)
+
+    @property
+    def unpublished(self) -> int:
+        return self.own.unpublished
+
+    @property
+    def foreign(self) -> set[int]:
+        return self.mirror.foreign
+
+    def publish(self, flight: Flight, held_blocks: int, late: bool = False) -> None:
+        """`flight` (just added to this process's overlay) is in flight on its worker; the worker or
+        other flights compute its first `held_blocks` blocks. `late`: this process hears its landing
+        only from its whole answer (a unary request with a long answer, its worker's KV events not
+        trusted), so another process's requests should not wait for it (as this process's do not)."""
+        self.own.publish(flight, held_blocks, late)
+
+    def state(self, flight: Flight, state: int) -> None:
+        """`flight` landed or failed (it stays published until `free`, or until its slot is needed)."""
+        self.own.state(flight, state)
+
+    def claim(self, flight: Flight, held_blocks: int) -> None:
+        """`flight` computes its blocks from `held_blocks` on that nobody computes (a follower promoted
+        in a failed leader's place: coalesce.py `_promote`)."""
+        self.own.claim(flight, held_blocks)
+
+    def free(self, flight: Flight) -> None:
+        """`flight` left this process's overlay."""
+        self.own.free(flight)
+
+    def sync(self, pending: PendingBlocks, on_done: Callable[[Flight, str], None],
+             failed_cause: Callable[[Flight], object], client_cause: object) -> int:
+        """Mirror.sync."""
+        return self.mirror.sync(pending, on_done, failed_cause, client_cause)
+
+    def fail_worker(self, url: str, failed_cause: Callable[[Flight], object]) -> int:
+        """Mirror.fail_worker."""
+        return self.mirror.fail_worker(url, failed_cause)
+
+    def materialize(self, pending: PendingBlocks, worker: str, hashes: Sequence[int]) -> int:
+        """Mirror.materialize."""
+        return self.mirror.materialize(pending, worker, hashes)
+
     def status_doc(self) -> dict[str, object]:
         """This process's side of the board (`/admin/status` `coalesce.board`)."""
-        return {"published": len(self._mine), "mirrored": sum(len(m) for m in self._mirror),
-                "unpublished": self.unpublished, "foreign_processes": sorted(self.foreign)}
+        return {"published": len(self.own.slots), "mirrored": sum(len(m) for m in self.mirror.rows),
+                "unpublished": self.own.unpublished, "foreign_processes": sorted(self.mirror.foreign)}
 
     def close(self) -> None:
         """This process stops: its row is emptied (its requests ended with it)."""
-        for flight in list(self._mine):
-            self.free(flight)
-        self.cells[self._row + PROBE] = 0
-        self.cells[self._row + VERSION] += 1
+        self.own.close()

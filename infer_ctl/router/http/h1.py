@@ -42,7 +42,7 @@ from typing import Any
 
 import httptools
 
-from infer_ctl.router.http.jsonio import error_body
+from infer_ctl.router.http.jsonio import JSON_TYPE, error_body
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 8
@@ -112,7 +112,7 @@ class Response:
     __slots__ = ("body", "content_type", "headers", "status")
     prepared = False
 
-    def __init__(self, status: int = 200, body: bytes = b"", content_type: str = "application/json",
+    def __init__(self, status: int = 200, body: bytes = b"", content_type: str = JSON_TYPE,
                  headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.body = body
@@ -159,8 +159,8 @@ class StreamResponse:
         if not self.chunked or (conn.close_after and not conn.pending):
             head += b"Connection: close\r\n"
         self.prepared = True
-        conn.write(head + b"\r\n" + (self._frame(first) if first else b""))
-        await conn.drain()
+        conn.out.write(head + b"\r\n" + (self._frame(first) if first else b""))
+        await conn.out.drain()
 
     def _frame(self, data: bytes) -> bytes:
         return b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
@@ -177,8 +177,8 @@ class StreamResponse:
             if self.chunked:
                 out += b"0\r\n\r\n"
         if out:
-            self._conn.write(out)
-        await self._conn.drain()
+            self._conn.out.write(out)
+        await self._conn.out.drain()
 
     async def write_eof(self) -> None:
         if self.finished or self._conn is None:
@@ -186,8 +186,8 @@ class StreamResponse:
         self.finished = True
         if not self.chunked:
             return
-        self._conn.write(b"0\r\n\r\n")
-        await self._conn.drain()
+        self._conn.out.write(b"0\r\n\r\n")
+        await self._conn.out.drain()
 
 
 Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
@@ -227,11 +227,12 @@ class H1Server:
         loop = asyncio.get_running_loop()
         now = loop.time()
         for conn in list(self.conns):
-            if conn.write_paused_since is not None:
-                if conn.write_progressed():
-                    conn.write_paused_since = now  # a slow reader, but a reader: the wait starts over
-                elif conn.write_paused_since < now - WRITE_TIMEOUT_S:
-                    conn.write_timed_out()
+            out = conn.out
+            if out.paused_since is not None:
+                if out.progressed():
+                    out.paused_since = now  # a slow reader, but a reader: the wait starts over
+                elif out.paused_since < now - WRITE_TIMEOUT_S:
+                    out.timed_out()
             elif conn.reading_since is not None:
                 if conn.reading_since < now - READ_TIMEOUT_S:
                     conn.read_timed_out()
@@ -272,12 +273,8 @@ class H1Connection(asyncio.Protocol):
         self.discarding = False
         self.closed = False
         self.paused_reading = False
-        self.write_paused = False
-        #: loop time the transport's write buffer went over its high-water mark; None while it is below
-        self.write_paused_since: float | None = None
-        #: unsent() when last looked at while paused (nothing is added while paused, so it only shrinks)
-        self.write_paused_size = 0
-        self.drain_waiter: asyncio.Future[None] | None = None
+        #: the response bytes' way to the client, with back-pressure
+        self.out = ClientWriter(self)
         self.head_bytes = 0
         self.last_active = 0.0
         #: loop time of the first byte of the request being received; None between requests
@@ -334,7 +331,7 @@ class H1Connection(asyncio.Protocol):
         self.pending.clear()
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client went away: cancel its request (and so the upstream calls)
-        self._wake_drain(ConnectionResetError("client disconnected"))
+        self.out.wake(ConnectionResetError("client disconnected"))
 
     def data_received(self, data: bytes) -> None:
         # last_active is not refreshed here: only a request (on_message_begin) or an answer counts as
@@ -352,14 +349,10 @@ class H1Connection(asyncio.Protocol):
                 self._fatal(400, f"malformed HTTP request: {cause if isinstance(cause, httptools.HttpParserError) else exc}")
 
     def pause_writing(self) -> None:
-        self.write_paused = True
-        self.write_paused_since = asyncio.get_running_loop().time()
-        self.write_paused_size = self.unsent()
+        self.out.pause()
 
     def resume_writing(self) -> None:
-        self.write_paused = False
-        self.write_paused_since = None
-        self._wake_drain(None)
+        self.out.resume()
 
     # ---- parser callbacks ------------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -471,9 +464,9 @@ class H1Connection(asyncio.Protocol):
                     data = resp.encode(close or req.too_large)
                     if req.method == "HEAD":
                         data = data[: len(data) - len(resp.body)]
-                    self.write(data)
-                    if self.write_paused:  # a client that does not read: wait before answering more
-                        await self.drain()
+                    self.out.write(data)
+                    if self.out.paused:  # a client that does not read: wait before answering more
+                        await self.out.drain()
                 elif not resp.finished:  # a stream the handler did not end: end it
                     await resp.write_eof()
                 if isinstance(resp, StreamResponse) and not resp.chunked:
@@ -516,66 +509,58 @@ class H1Connection(asyncio.Protocol):
             self.discarding = True
             self.close_after = True  # answer what is in progress, then close
 
-    def unsent(self) -> int:
-        """Bytes of response not yet taken by the client: the transport's buffer plus the kernel's send
-        queue. The kernel's queue (megabytes on loopback) counts too because the transport's buffer only
-        shrinks once the kernel has room for a large part of it: a slow reader that keeps taking data
-        shows progress there first."""
-        size = int(self.transport.get_write_buffer_size())
-        sock = self.transport.get_extra_info("socket")
-        if _OUTQ is not None and sock is not None:
-            try:
-                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
-            except OSError:  # pragma: no cover - not a socket the ioctl knows
-                pass
-        return size
-
-    def write_progressed(self) -> bool:
-        """Whether the client took any of the buffered response since the last look."""
-        size = self.unsent()
-        progressed = size < self.write_paused_size
-        self.write_paused_size = size
-        return progressed
-
-    def write_timed_out(self) -> None:
-        """The client has taken nothing for WRITE_TIMEOUT_S: abort (a close would wait for the buffer to
-        flush, which it never does). connection_lost then cancels the handler's task, which cancels the
-        upstream request, exactly as for a client that disconnected."""
-        self.write_paused_since = None
-        self.discarding = True
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None:
-            # linger 0: the close sends a reset and drops what the kernel still holds for the client,
-            # instead of keeping it (and retrying it) for a client that does not read
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:  # pragma: no cover - not a TCP socket
-                pass
-        self.transport.abort()
-
     def _fatal(self, status: int, message: str) -> None:
         self.discarding = True
         if self.task is None and not self.closed:
-            self.write(Response(status, error_body(status, message)).encode(True))
+            self.out.write(Response(status, error_body(status, message)).encode(True))
             self._finish_close(True)  # lingering: the client may still be sending
         else:
             self.close_after = True  # answer what is in progress, then close
 
-    # ---- writing ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.close()
+
+
+class ClientWriter:
+    """A connection's writing side: the response bytes to the client, with back-pressure (`drain` waits
+    while the transport's buffer is over its high-water mark) and the write timeout's measures (the server's
+    sweep aborts a connection whose client has taken nothing for WRITE_TIMEOUT_S)."""
+
+    def __init__(self, conn: H1Connection) -> None:
+        self.conn = conn
+        self.paused = False
+        #: loop time the transport's write buffer went over its high-water mark; None while it is below
+        self.paused_since: float | None = None
+        #: unsent() when last looked at while paused (nothing is added while paused, so it only shrinks)
+        self.paused_size = 0
+        self.drain_waiter: asyncio.Future[None] | None = None
+
+    def pause(self) -> None:
+        self.paused = True
+        self.paused_since = asyncio.get_running_loop().time()
+        self.paused_size = self.unsent()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.paused_since = None
+        self.wake(None)
+
     def write(self, data: bytes) -> None:
-        if self.closed or self.transport.is_closing():
+        conn = self.conn
+        if conn.closed or conn.transport.is_closing():
             raise ConnectionResetError("client disconnected")
-        self.transport.write(data)
+        conn.transport.write(data)
 
     async def drain(self) -> None:
-        if self.closed:
+        if self.conn.closed:
             raise ConnectionResetError("client disconnected")
-        if not self.write_paused:
+        if not self.paused:
             return
         waiter = self.drain_waiter = asyncio.get_running_loop().create_future()
         await waiter
 
-    def _wake_drain(self, exc: BaseException | None) -> None:
+    def wake(self, exc: BaseException | None) -> None:
         waiter = self.drain_waiter
         self.drain_waiter = None
         if waiter is not None and not waiter.done():
@@ -584,6 +569,39 @@ class H1Connection(asyncio.Protocol):
             else:
                 waiter.set_exception(exc)
 
-    def close(self) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.close()
+    def unsent(self) -> int:
+        """Bytes of response not yet taken by the client: the transport's buffer plus the kernel's send
+        queue. The kernel's queue (megabytes on loopback) counts too because the transport's buffer only
+        shrinks once the kernel has room for a large part of it: a slow reader that keeps taking data
+        shows progress there first."""
+        size = int(self.conn.transport.get_write_buffer_size())
+        sock = self.conn.transport.get_extra_info("socket")
+        if _OUTQ is not None and sock is not None:
+            try:
+                size += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+            except OSError:  # pragma: no cover - not a socket the ioctl knows
+                pass
+        return size
+
+    def progressed(self) -> bool:
+        """Whether the client took any of the buffered response since the last look."""
+        size = self.unsent()
+        progressed = size < self.paused_size
+        self.paused_size = size
+        return progressed
+
+    def timed_out(self) -> None:
+        """The client has taken nothing for WRITE_TIMEOUT_S: abort (a close would wait for the buffer to
+        flush, which it never does). connection_lost then cancels the handler's task, which cancels the
+        upstream request, exactly as for a client that disconnected."""
+        self.paused_since = None
+        self.conn.discarding = True
+        sock = self.conn.transport.get_extra_info("socket")
+        if sock is not None:
+            # linger 0: the close sends a reset and drops what the kernel still holds for the client,
+            # instead of keeping it (and retrying it) for a client that does not read
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:  # pragma: no cover - not a TCP socket
+                pass
+        self.conn.transport.abort()

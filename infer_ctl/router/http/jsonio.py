@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+#: the Content-Type of every JSON body the router writes
+JSON_TYPE = "application/json"
+
 try:  # pragma: no cover - depends on the environment
     import orjson
 

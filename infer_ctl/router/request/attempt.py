@@ -29,7 +29,7 @@ from infer_ctl.core.routing.pd import (
 )
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http import h1, sse
-from infer_ctl.router.http.jsonio import dumps, loads, loads_or_none
+from infer_ctl.router.http.jsonio import JSON_TYPE, dumps, loads, loads_or_none
 from infer_ctl.router.http.upstream import Response, UpstreamError
 from infer_ctl.router.request.calls import WorkerCalls
 from infer_ctl.router.request.context import RequestContext
@@ -37,7 +37,6 @@ from infer_ctl.router.request.feedback import Feedback
 from infer_ctl.router.request.relay import StreamRelay
 from infer_ctl.router.request.retry import AttemptFailed, check_status
 
-_JSON = "application/json"
 _PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
 
 Answer = tuple[int, bytes, str]
@@ -256,7 +255,7 @@ class AttemptRunner:
                     release(target, upstream)
                 calls.record(target, upstream.status)
                 check_status("stream_status", target, upstream.status, data)
-                return h1.Response(upstream.status, data, _JSON, headers=ctx.headers)
+                return h1.Response(upstream.status, data, JSON_TYPE, headers=ctx.headers)
             first = await self.relay.first_chunk(target, upstream)
         except BaseException:
             cancel(pt, dt)

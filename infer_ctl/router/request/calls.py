@@ -12,9 +12,8 @@ from collections.abc import Callable
 
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.http.jsonio import JSON_TYPE
 from infer_ctl.router.http.upstream import Response, UpstreamError, Upstreams
-
-_JSON = "application/json"
 
 
 class WorkerCalls:
@@ -41,7 +40,7 @@ class WorkerCalls:
         finally:
             w.inflight -= 1
         self.record(w, resp.status)
-        return resp.status, data, resp.headers.get("content-type", _JSON)
+        return resp.status, data, resp.headers.get("content-type", JSON_TYPE)
 
     async def open(self, w: WorkerState, path: str, payload: bytes, headers: dict[str, str]) -> Response:
         """POST and return once the answer's head arrived; the worker counts as in flight until `done`."""

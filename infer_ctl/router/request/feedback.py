@@ -3,7 +3,7 @@ characters, workers count tokens), predicted vs reported cached tokens (the inde
 the named prefix's statistics (which trigger a re-warm when it was evicted), the correction of the
 predicted index by the reported cached tokens, and the per-request log line.
 
-The ratio starts at 4.0 and is learned from the first answers at once (their mean, then a slow moving
+The ratio starts at CHARS_PER_TOKEN (core/routing/units.py) and is learned from the first answers at once (their mean, then a slow moving
 average), and a change is passed on (`on_ratio`) so each prefill's index capacity, which is converted
 with it, is corrected now rather than at the next health check.
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.core.routing.units import CHARS_PER_TOKEN, ratio
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
@@ -41,9 +42,9 @@ class Feedback:
         self.metrics = metrics
         self.log_requests = log_requests
         #: learned from responses (prompt chars / prompt tokens): converts index characters to tokens
-        self.chars_per_token = 4.0
+        self.chars_per_token = CHARS_PER_TOKEN
         self._ratio_seen = (0, 0)  # characters and tokens of the first answers (their mean comes first)
-        self._ratio_passed = 4.0
+        self._ratio_passed = CHARS_PER_TOKEN
         #: called with the new ratio when it moved by 10 % or more (router: index capacities)
         self.on_ratio: Callable[[float], None] | None = None
         #: the predicted index (corrected by reported cached tokens) and the exact index's accounting
@@ -55,7 +56,7 @@ class Feedback:
         prompt_tokens, cached = token_counts(obj)
         if prompt_tokens and ctx.text:
             self._learn_ratio(len(ctx.text), prompt_tokens)
-        cpt = self.chars_per_token or 4.0
+        cpt = ratio(self.chars_per_token)
         predicted = ctx.predicted_tokens if ctx.predicted_tokens is not None else int(ctx.predicted_chars / cpt)
         if cached is not None and not ctx.exact:
             self._correct(ctx, pre, predicted, cached, cpt)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from infer_ctl.core.routing.spec_fields import OPENAI_REQUEST_FLAG
+from infer_ctl.core.routing.units import chars_to_tokens, ratio
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
 from infer_ctl.router.observe.spec_stats import fields_of
@@ -99,7 +100,7 @@ class Observing:
                     doc = loads(body) if body else None
                 except (DecodeError, ValueError, UnicodeDecodeError):
                     doc = None  # answered 400 by the proxy: nothing reaches a worker, all is given back
-                prompt, completion = request_estimate(endpoint, doc, self.chars_per_token() or 4.0)
+                prompt, completion = request_estimate(endpoint, doc, ratio(self.chars_per_token()))
                 reserved = self.tenancy.reserve(tenant, prompt + completion)
         trace = self.tracing.request(headers, endpoint, rid) if self.tracing is not None else None
         obs = RequestObserver(self, tenant, trace)
@@ -250,7 +251,7 @@ class RequestObserver:
         cpt = self.o.chars_per_token
 
         async def traced(ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Any:
-            trace.attempt_start(ctx.attempts, pre, dec, ctx.reason, int(ctx.predicted_chars / (cpt() or 4.0)))
+            trace.attempt_start(ctx.attempts, pre, dec, ctx.reason, chars_to_tokens(ctx.predicted_chars, ratio(cpt())))
             failure: AttemptFailed | None = None
             try:
                 return await run(ctx, pre, dec)

@@ -15,8 +15,8 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from infer_ctl.core.routing import units
 from infer_ctl.core.routing.capacity import kv_need
 from infer_ctl.core.routing.coalesce import PendingBlocks
 from infer_ctl.core.routing.index import PrefixIndex
@@ -27,6 +27,7 @@ from infer_ctl.core.routing.policy import (
     choose_prefill,
     placement_key,
 )
+from infer_ctl.core.routing.retry import next_candidates
 from infer_ctl.core.tenancy.buckets import retry_after_s
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.pair_health import PairTracker
@@ -108,10 +109,8 @@ class PairPicker:
 
     def _choose_in(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
                    pd: bool, near: set[str] | None = None) -> WorkerState:
-        # Prefer workers that have not failed this request; fall back to them rather than to nothing (a
-        # retry that found only unavailable ones besides the worker that failed goes to that one again,
-        # as it does where that worker is alone in its role).
-        cands = ([w for w in pool if w.url not in excluded and w.available(now)] or pool) if excluded else pool
+        # a retry prefers the workers that have not failed this request (core/routing/retry.py)
+        cands = list(next_candidates(pool, excluded, _url, lambda w: w.available(now)))
         exact = self._exact(ctx, cands, now) if prefill else None
         key = placement_key(ctx.text) if prefill and self.policy.miss_placement == "rendezvous" else None
         for _ in range(len(cands) + 1):
@@ -121,7 +120,7 @@ class PairPicker:
                 choice = choose_prefill(hashes=ctx.hashes, text_chars=len(ctx.text), workers=views, index=self.index,
                                         now=now, cfg=self.policy, rng=self.rng, seq=self.seq,
                                         replicas=ctx.named.warm_replicas() if ctx.named else None, key=key,
-                                        **(exact[0] if exact else {}))
+                                        tokens=exact[0] if exact else None)
                 ctx.predicted_chars, ctx.reason = choice.matched_chars, choice.reason
                 if exact is not None:  # matched in prompt units: exact where the worker's stream is trusted
                     ctx.exact = choice.url in exact[1]
@@ -140,8 +139,8 @@ class PairPicker:
                 ctx.seen = self.index.last_use(ctx.hashes[n - 1], choice.url) if n and not ctx.exact else None
             else:
                 # decode chosen by capacity (core/routing/capacity.py): the KV the request may grow to
-                need = kv_need(ctx.endpoint, ctx.body, len(ctx.text), self.kv.chars_per_token() or 4.0
-                               if self.kv is not None else 4.0) if self.workers.cfg.decode_capacity else None
+                need = kv_need(ctx.endpoint, ctx.body, len(ctx.text), units.ratio(
+                    self.kv.chars_per_token() if self.kv is not None else None)) if self.workers.cfg.decode_capacity else None
                 choice = choose_decode(views, self.rng, policy="round_robin" if self.policy.policy == "round_robin" else "load",
                                        seq=self.seq, need=need, near=near)
                 if need is not None:
@@ -155,7 +154,7 @@ class PairPicker:
         raise NoWorkerAvailable(f"no available {'prefill ' if prefill and pd else '' if prefill else 'decode '}worker")
 
     def _exact(self, ctx: RequestContext, cands: list[WorkerState],
-               now: float) -> tuple[dict[str, Any], set[str], dict[str, int]] | None:
+               now: float) -> tuple[units.ScoreInputs, set[str], dict[str, int]] | None:
         """The policy's KV-events inputs: cached prompt units per candidate, exact from the events where
         the worker's stream is trusted (tier-weighted), else the predicted index's match converted to
         tokens; and the workers whose number is exact, and their numbers before the pending overlay.
@@ -173,23 +172,24 @@ class PairPicker:
         cached, ctx.full_key = kv.cached(ctx.hashes, ctx.text, urls, kind, ctx.body)
         if not cached:
             return None
-        cpt = kv.chars_per_token() or 4.0
-        rest = [u for u in urls if u not in cached]
-        out: dict[str, int] = dict(cached)
+        cpt = units.ratio(kv.chars_per_token())
+        pending: dict[str, int] = {}
         if self.pending is not None:
             if self.sync_pending is not None:
                 self.sync_pending(list(cached), ctx.hashes)
-            for url in cached:
-                d = self.pending.depth(url, ctx.hashes)
-                if d:
-                    out[url] = max(out[url], int(d * self.index.block_chars / cpt))
-        if rest:
-            for url, chars in self.index.match(ctx.hashes, rest, now).items():
-                out[url] = int(chars / cpt)
-        units = kv.prompt_units(ctx.full_key, urls, kind) or max(1, int(len(ctx.text) / cpt))
-        footprint = {u: kv.footprint_chars(u, cpt) if u in cached else self.index.footprint(u) for u in urls}
-        return ({"cached": out, "prompt_units": units, "queue_cost": kv.queue_cost, "footprint": footprint},
-                set(cached), cached)
+            pending = {url: self.pending.depth(url, ctx.hashes) for url in cached}
+        rest = [u for u in urls if u not in cached]
+        inputs = units.score_inputs(
+            event_tokens=cached, pending_blocks=pending,
+            predicted_chars=self.index.match(ctx.hashes, rest, now) if rest else {},
+            reported_prompt_tokens=kv.prompt_units(ctx.full_key, urls, kind), text_chars=len(ctx.text),
+            block_chars=self.index.block_chars, chars_per_token=cpt, queue_cost_tokens=kv.queue_cost,
+            footprint_chars={u: kv.footprint_chars(u, cpt) if u in cached else self.index.footprint(u) for u in urls})
+        return inputs, set(cached), cached
+
+
+def _url(w: WorkerState) -> str:
+    return w.url
 
 
 def _holds(pool: list[WorkerState], now: float) -> tuple[list[float], float | None]:

@@ -25,12 +25,13 @@ from infer_ctl.core.routing.pd import parallel_samples, wants_logprobs
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.prompt import routing_text
+from infer_ctl.core.routing.retry import pass_on_answer
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry
 from infer_ctl.router.http import h1, sse
-from infer_ctl.router.http.jsonio import DecodeError, error_body, loads
+from infer_ctl.router.http.jsonio import JSON_TYPE, DecodeError, error_body, loads
 from infer_ctl.router.http.upstream import Upstreams
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
@@ -49,7 +50,6 @@ from infer_ctl.router.request.retry import RetriesExhausted, with_retries
 
 log = logging.getLogger("infer_ctl.router")
 
-_JSON = "application/json"
 Reply = h1.StreamResponse | h1.Response
 
 
@@ -179,7 +179,7 @@ class Router:
         headers = {"X-Request-Id": rid}
         if retry_after_s is not None:  # RFC 9110 §10.2.3: the OpenAI SDK, among others, waits that long before it retries
             headers["Retry-After"] = str(retry_after_s)
-        return h1.Response(status, error_body(status, message), _JSON, headers)
+        return h1.Response(status, error_body(status, message), JSON_TYPE, headers)
 
     async def handle(self, request: h1.Request, endpoint: str) -> Reply:
         rid = request.headers.get("x-request-id") or self.new_rid()
@@ -189,7 +189,7 @@ class Router:
                                                repeated=request.repeated, peer=request.peer)
             if denied is not None:  # a tenant's key or limit (tenants.py): refused before taking a slot
                 self.metrics.rejected.labels(f"tenant_{denied.limit}").inc()
-                return h1.Response(denied.status, denied.body(), _JSON, {"X-Request-Id": rid, **denied.headers()})
+                return h1.Response(denied.status, denied.body(), JSON_TYPE, {"X-Request-Id": rid, **denied.headers()})
         try:
             refusal = await self.admission.enter()
         except asyncio.CancelledError:  # the client went away in the queue: its tenant slot and span end here
@@ -267,8 +267,8 @@ class Router:
                               retry_after_s=exc.retry_after_s)
         except RetriesExhausted as out:
             last = out.last
-            if last.status in (408, 429) and last.body:
-                return h1.Response(last.status, last.body, _JSON, headers=ctx.headers)  # "later": the worker's own
+            if last.status is not None and pass_on_answer(last.status, last.body):
+                return h1.Response(last.status, last.body, JSON_TYPE, headers=ctx.headers)  # "later": the worker's own
             detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
             return self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}")
         except TimeoutError:

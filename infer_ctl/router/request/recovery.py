@@ -37,7 +37,7 @@ from infer_ctl.core.routing.pd import bootstrap_host, with_bootstrap
 from infer_ctl.core.routing.policy import NoWorkerAvailable
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
-from infer_ctl.router.http.jsonio import DecodeError, dumps, loads
+from infer_ctl.router.http.jsonio import JSON_TYPE, DecodeError, dumps, loads
 from infer_ctl.router.http.upstream import UpstreamError, Upstreams
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.retry import AttemptFailed
@@ -174,7 +174,7 @@ class StreamRecovery:
         try:
             status, data = await self.upstreams.fetch(worker.url, "POST", "/v1/tokenize",
                                                       dumps({"prompt": ctx.body.get("text")}),
-                                                      {"Content-Type": "application/json"})
+                                                      {"Content-Type": JSON_TYPE})
             tokens = loads(data).get("tokens") if status == 200 else None
         except (UpstreamError, DecodeError, ValueError, AttributeError) as exc:
             raise AttemptFailed("recovery_tokenize", worker.url, f"tokenize failed: {exc}") from None

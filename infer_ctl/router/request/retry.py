@@ -1,11 +1,12 @@
-"""Retries: which failures are worth another attempt, and the attempt loop.
+"""Retries: the attempt loop, by the decisions of core/routing/retry.py.
 
-An attempt fails retryably - `AttemptFailed` - on a transport error, on an HTTP status in
-RETRYABLE_STATUS from either worker (overload, timeout, server error) or when a stream ends before its
-first byte; never once a byte went to the client (the relay ends a broken stream with an error event
-instead). Each retry runs on a new pair, the failed worker excluded, with a new bootstrap room (the
-attempt builds a fresh payload), after a jittered exponential backoff (core/routing/breaker.py
-`backoff_s`). 4xx answers are the client's and are passed on, never retried.
+An attempt fails retryably - `AttemptFailed` - on a transport error, on an HTTP status the decisions call
+retryable from either worker (`check_status`: overload, timeout, server error) or when a stream ends before
+its first byte; never once a byte went to the client (the relay ends a broken stream with an error event
+instead). Each retry runs on a new pair, the failed worker excluded (the picker's candidates:
+core/routing/retry.py `next_candidates`), with a new bootstrap room (the attempt builds a fresh payload),
+after a jittered exponential backoff (`backoff_s`). 4xx answers are the client's and are passed on, never
+retried.
 """
 
 from __future__ import annotations
@@ -16,16 +17,13 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from infer_ctl.core.routing.breaker import backoff_s
 from infer_ctl.core.routing.policy import NoWorkerAvailable
+from infer_ctl.core.routing.retry import attempts, backoff_s, retryable_status
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.request.context import RequestContext
 
 log = logging.getLogger("infer_ctl.router")
-
-#: statuses that say "try elsewhere" (408 and 429 included: another worker may have room)
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 R = TypeVar("R")
 Pick = Callable[[RequestContext, set[str]], tuple[WorkerState, WorkerState | None]]
@@ -53,7 +51,7 @@ class RetriesExhausted(Exception):
 def check_status(cause: str, worker: WorkerState, status: int, body: bytes, who: str = "") -> None:
     """The one classification of a worker's HTTP answer: raise AttemptFailed when it is retryable. Runs
     on every answer: the message is built only for a failure."""
-    if status in RETRYABLE_STATUS:
+    if retryable_status(status):
         raise AttemptFailed(cause, worker.url, f"{who}HTTP {status}", status, body)
 
 
@@ -65,7 +63,7 @@ async def with_retries(ctx: RequestContext, pick: Pick, attempt: Attempt[R], *, 
     (failure None: it succeeded; the pair health of router/fleet/pair_health.py)."""
     excluded: set[str] = set()
     last: AttemptFailed | None = None
-    for n in range(1 + max_retries):
+    for n in range(attempts(max_retries)):
         if last is not None:
             metrics.retries.labels(last.cause).inc()
             await asyncio.sleep(backoff_s(n, rng.random(), base_s=base_s))
