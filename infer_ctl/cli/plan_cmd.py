@@ -165,17 +165,26 @@ def _alignment_rows(a: PageAlignment, mla: bool, tp: int) -> dict[str, str]:
     }
 
 
+def _kv_layout(m: presets.ModelPreset) -> str:
+    """What the KV math multiplies: an MLA model caches one latent per token, not K and V per KV head
+    (its 128 attention heads are no KV heads), so its head count would mislead here."""
+    if m.kv_lora_rank is not None:
+        rope = m.qk_rope_head_dim or 0
+        return f"MLA: 1 latent of {m.kv_lora_rank} + {rope} rope = {m.kv_lora_rank + rope} values"
+    return f"K and V: {m.kv_heads} KV heads x {m.head_dim}"
+
+
 def _list_presets(out: Console, json: bool) -> None:
     models = {k: asdict(v) for k, v in presets.MODELS.items()}
     accels = {k: asdict(v) for k, v in presets.ACCELERATORS.items()}
     if json:
         typer.echo(dumps({"models": models, "accelerators": accels}))
     else:
-        table = Table("model", "layers", "kv_heads", "head_dim", "params", title="model presets")
+        table = Table("model", "layers", "KV cache per token per layer", "params", title="model presets")
         for m in presets.MODELS.values():
-            table.add_row(m.name, str(m.layers), str(m.kv_heads), str(m.head_dim), f"{m.params:,}")
+            table.add_row(m.name, str(m.layers), _kv_layout(m), f"{m.params:,}")
         out.print(table)
-        atable = Table("accelerator", "FP16 dense TFLOPS", "HBM TB/s", "HBM GB", title="accelerator presets")
+        atable = Table("accelerator", "FP16 dense TFLOPS", "memory TB/s", "memory GB", title="accelerator presets")
         for a in presets.ACCELERATORS.values():
             atable.add_row(a.name, f"{a.fp16_tflops:g}", f"{a.hbm_tb_s:g}", f"{a.hbm_gb:g}")
         out.print(atable)
@@ -277,7 +286,7 @@ def roofline(
         float | None, typer.Option("--params-b", help="Parameters in billions (instead of --model).")
     ] = None,
     accelerator: Annotated[
-        str | None, typer.Option("--accelerator", "-x", help="h100-sxm, h200, b200, mi300x.")
+        str | None, typer.Option("--accelerator", "-x", help="h100-sxm, h200, b200, mi300x, l40s.")
     ] = "h100-sxm",
     tflops: Annotated[
         float | None, typer.Option("--tflops", help="Peak dense FP16 TFLOPS (overrides preset).")
