@@ -28,6 +28,7 @@ from infer_ctl.cli.plan_common import (
     human_bytes,
     kv_shape,
     kv_table,
+    print_findings,
     shape_dict,
     tp_splits,
 )
@@ -41,6 +42,7 @@ from infer_ctl.core.sizing.kv import capacity
 from infer_ctl.core.sizing.roofline import plan_roofline
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
+from infer_ctl.core.sizing.verdicts import roofline_memory
 from infer_ctl.errors import UsageError
 from infer_ctl.output.json_doc import dumps
 
@@ -351,6 +353,8 @@ def roofline(
             **asdict(plan),
         },
     )
+    report.extend(roofline_memory(plan, memory_gb_per_gpu=acc.hbm_gb if acc else None, gpus=gpus,
+                                  accelerator=acc.name if acc else "custom"))
     rows = {
         "machine balance (FLOP/byte)": plan.machine_balance,
         "bytes per decode step": human_bytes(plan.bytes_per_step),
@@ -360,8 +364,9 @@ def roofline(
         "tokens/s (batch)": plan.tokens_per_s,
         "tokens/s per stream": plan.tokens_per_s_per_stream,
     }
-    finish(
-        sess,
-        report,
-        lambda c: c.print(kv_table(rows, f"roofline — {acc.name if acc else 'custom'} x{gpus}")),
-    )
+
+    def render(c: Console) -> None:
+        c.print(kv_table(rows, f"roofline — {acc.name if acc else 'custom'} x{gpus}"))
+        print_findings(c, report.findings)
+
+    finish(sess, report, render)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
+from infer_ctl.core.findings import Finding
 from infer_ctl.core.sizing import presets
 from infer_ctl.core.sizing.kv import KvShape
 from infer_ctl.errors import UsageError
@@ -122,6 +125,14 @@ def shape_dict(shape: KvShape) -> dict[str, Any]:
     if shape.is_mla:
         out |= {"kv_lora_rank": shape.kv_lora_rank, "rope_dim": shape.rope_dim}
     return out
+
+
+def print_findings(console: Console, findings: Sequence[Finding]) -> None:
+    """A plan's warnings under its table, each with its remedy (the JSON document has them as findings)."""
+    for f in findings:
+        console.print(f"{f.status.value.upper()}: {f.message}", highlight=False, markup=False)
+        if f.remedy:
+            console.print(f"  fix: {f.remedy}", highlight=False, markup=False)
 
 
 def kv_table(rows: dict[str, Any], title: str) -> Table:
