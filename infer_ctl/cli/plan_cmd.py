@@ -7,7 +7,7 @@ what they share in cli/plan_common.py.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Annotated
 
 import typer
@@ -40,6 +40,7 @@ from infer_ctl.core.sizing import presets
 from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment, kv_page_alignment
 from infer_ctl.core.sizing.kv import capacity
 from infer_ctl.core.sizing.roofline import plan_roofline
+from infer_ctl.core.sizing.sglang_memory import sglang_mem_fraction_static
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
 from infer_ctl.core.sizing.verdicts import roofline_memory
@@ -72,8 +73,9 @@ def kv(
         float | None, typer.Option("--weights-gb", help="Weights in GB (default: preset params x 2 bytes).")
     ] = None,
     mem_fraction: Annotated[
-        float, typer.Option("--mem-fraction", help="Share of HBM the server may use.")
-    ] = 1.0,
+        float | None, typer.Option("--mem-fraction", help="SGLang --mem-fraction-static: share of each GPU for "
+                                   "weights + KV pool (default: SGLang 0.5.23's own rule for the GPU size and TP).")
+    ] = None,
     tp: Annotated[
         int | None, typer.Option("--tp", help="Tensor-parallel ranks, for the page per rank (default: 1, "
                                  "or the profile's models.target.tp).")
@@ -106,20 +108,22 @@ def kv(
         else (preset.params * 2 if preset and hbm_gb else None)
     )
     hbm = int(hbm_gb * 1e9) if hbm_gb is not None else None
+    prof = get_profile(profile) if profile else None
+    mtu_source = "--mtu" if mtu is not None else "profile fabric.mtu" if prof else "default"
+    mtu = mtu if mtu is not None else (prof.fabric.mtu if prof else DEFAULT_MTU)
+    tp_source = "--tp" if tp is not None else "profile models.target.tp" if prof and prof.models else "default"
+    if tp is None:
+        tp = prof.models.target.tp if prof and prof.models else 1
+    tp_splits(shape, tp, preset.attention_heads if preset else None)
+    fraction = _mem_fraction(mem_fraction, hbm, tp, shape.is_mla, preset.name if preset else "")
     plan = guard(
         capacity,
         guard(shape.bytes_per_token, dbytes),
         context=context,
         hbm_bytes=hbm,
         weights_bytes=weights,
-        mem_fraction=mem_fraction,
+        mem_fraction=fraction.fraction,
     )
-    prof = get_profile(profile) if profile else None
-    mtu_source = "--mtu" if mtu is not None else "profile fabric.mtu" if prof else "default"
-    mtu = mtu if mtu is not None else (prof.fabric.mtu if prof else DEFAULT_MTU)
-    if tp is None:
-        tp = prof.models.target.tp if prof and prof.models else 1
-    tp_splits(shape, tp, preset.attention_heads if preset else None)
     align = guard(kv_page_alignment, shape, dbytes, tp=tp, page_size=page_size, mtu=mtu)
     report = Report(
         "plan kv",
@@ -130,6 +134,9 @@ def kv(
             **shape_dict(shape),
             **asdict(plan),
             "tp": tp,
+            "tp_source": tp_source,
+            "mem_fraction": fraction.fraction,
+            "mem_fraction_source": fraction.source,
             "mtu_source": mtu_source,
             "alignment": {**asdict(align), "aligned": align.aligned},
         },
@@ -138,6 +145,7 @@ def kv(
         "KV bytes per token": human_bytes(plan.kv_bytes_per_token),
         f"KV bytes per request ({context:,} tokens)": human_bytes(plan.kv_bytes),
         "weights": human_bytes(plan.weights_bytes),
+        "mem fraction static": "-" if hbm is None else f"{fraction.fraction:g}",
         "KV budget": human_bytes(plan.kv_budget_bytes),
         "max tokens in KV pool": "-" if plan.max_tokens is None else f"{plan.max_tokens:,}",
         "max concurrent full-context requests": "-"
@@ -145,11 +153,31 @@ def kv(
         else f"{plan.max_concurrent:,}",
         **_alignment_rows(align, shape.is_mla, tp),
     }
-    finish(
-        sess,
-        report,
-        lambda c: c.print(kv_table(rows, f"KV footprint — {preset.name if preset else 'custom'}, {dtype}")),
-    )
+
+    def render(c: Console) -> None:
+        c.print(kv_table(rows, f"KV footprint — {preset.name if preset else 'custom'}, {dtype}"))
+        frac = "-" if hbm is None else f"{fraction.fraction:g}"
+        c.print(f"defaults used: TP {tp} ({tp_source}), MTU {mtu:,} ({mtu_source}), mem fraction {frac} "
+                f"({fraction.source})", style="dim", highlight=False)
+
+    finish(sess, report, render)
+
+
+@dataclass(frozen=True)
+class _Fraction:
+    fraction: float
+    source: str
+
+
+def _mem_fraction(given: float | None, hbm: int | None, tp: int, mla: bool, model: str) -> _Fraction:
+    """--mem-fraction, else what SGLang 0.5.23 would pick for one GPU of this replica (--hbm-gb / TP)."""
+    if given is not None:
+        return _Fraction(given, "--mem-fraction")
+    if hbm is None:  # no memory, no budget: the fraction is not used
+        return _Fraction(1.0, "unused without --hbm-gb")
+    rule = guard(sglang_mem_fraction_static, hbm / tp, tp, mla=mla, model=model)
+    return _Fraction(rule.fraction, f"SGLang 0.5.23 default for {rule.gpu_mem_mib / 1024:,.1f} GiB per GPU, "
+                                    f"TP {tp}: {rule.reserved_mib:,.0f} MiB kept back")
 
 
 def _alignment_rows(a: PageAlignment, mla: bool, tp: int) -> dict[str, str]:
