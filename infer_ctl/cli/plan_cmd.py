@@ -29,7 +29,6 @@ from infer_ctl.cli.plan_common import (
     kv_shape,
     kv_table,
     print_findings,
-    shape_dict,
     tp_splits,
 )
 from infer_ctl.cli.plan_cost import cost
@@ -38,6 +37,7 @@ from infer_ctl.cli.plan_tiers import tiers
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
 from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment, kv_page_alignment
+from infer_ctl.core.sizing.inputs import shape_dict
 from infer_ctl.core.sizing.kv import capacity
 from infer_ctl.core.sizing.roofline import plan_roofline
 from infer_ctl.core.sizing.sglang_memory import sglang_mem_fraction_static
