@@ -7,7 +7,7 @@ what they share in cli/plan_common.py.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Annotated
 
 import typer
@@ -29,21 +29,18 @@ from infer_ctl.cli.plan_common import (
     kv_shape,
     kv_table,
     print_findings,
-    tp_splits,
 )
 from infer_ctl.cli.plan_cost import cost
 from infer_ctl.cli.plan_pd import pd
 from infer_ctl.cli.plan_tiers import tiers
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
-from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment, kv_page_alignment
-from infer_ctl.core.sizing.inputs import shape_dict
+from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment
 from infer_ctl.core.sizing.kv import capacity
-from infer_ctl.core.sizing.roofline import plan_roofline
-from infer_ctl.core.sizing.sglang_memory import sglang_mem_fraction_static
+from infer_ctl.core.sizing.kv_request import KvOutcome, KvRequest, kv_outcome
+from infer_ctl.core.sizing.roofline_request import RooflineOutcome, RooflineRequest, roofline_outcome
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
-from infer_ctl.core.sizing.verdicts import roofline_memory
 from infer_ctl.errors import UsageError
 from infer_ctl.output.json_doc import dumps
 
@@ -100,84 +97,35 @@ def kv(
     if list_presets:
         _list_presets(sess.out, json)
     finite_options({"--hbm-gb": hbm_gb, "--weights-gb": weights_gb, "--mem-fraction": mem_fraction}, "plan kv")
-    preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
-    dbytes = guard(presets.dtype_bytes, dtype)
-    weights = (
-        int(weights_gb * 1e9)
-        if weights_gb is not None
-        else (preset.params * 2 if preset and hbm_gb else None)
-    )
-    hbm = int(hbm_gb * 1e9) if hbm_gb is not None else None
     prof = get_profile(profile) if profile else None
-    mtu_source = "--mtu" if mtu is not None else "profile fabric.mtu" if prof else "default"
-    mtu = mtu if mtu is not None else (prof.fabric.mtu if prof else DEFAULT_MTU)
-    tp_source = "--tp" if tp is not None else "profile models.target.tp" if prof and prof.models else "default"
-    if tp is None:
-        tp = prof.models.target.tp if prof and prof.models else 1
-    tp_splits(shape, tp, preset.attention_heads if preset else None)
-    fraction = _mem_fraction(mem_fraction, hbm, tp, shape.is_mla, preset.name if preset else "")
-    plan = guard(
-        capacity,
-        guard(shape.bytes_per_token, dbytes),
-        context=context,
-        hbm_bytes=hbm,
-        weights_bytes=weights,
-        mem_fraction=fraction.fraction,
-    )
-    align = guard(kv_page_alignment, shape, dbytes, tp=tp, page_size=page_size, mtu=mtu)
-    report = Report(
-        "plan kv",
-        profile=prof.name if prof else None,
-        data={
-            "model": preset.name if preset else None,
-            "dtype": dtype,
-            **shape_dict(shape),
-            **asdict(plan),
-            "tp": tp,
-            "tp_source": tp_source,
-            "mem_fraction": fraction.fraction,
-            "mem_fraction_source": fraction.source,
-            "mtu_source": mtu_source,
-            "alignment": {**asdict(align), "aligned": align.aligned},
-        },
-    )
+    out: KvOutcome = guard(kv_outcome, KvRequest(
+        model=model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_lora_rank=kv_lora_rank,
+        rope_dim=rope_dim, dtype=dtype, context=context, hbm_gb=hbm_gb, weights_gb=weights_gb,
+        mem_fraction=mem_fraction, tp=tp, page_size=page_size, mtu=mtu,
+        profile_mtu=prof.fabric.mtu if prof else None,
+        profile_tp=prof.models.target.tp if prof and prof.models else None))
+    plan, fraction = out.plan, out.fraction
+    report = Report("plan kv", profile=prof.name if prof else None, data=out.data)
     rows = {
         "KV bytes per token": human_bytes(plan.kv_bytes_per_token),
         f"KV bytes per request ({context:,} tokens)": human_bytes(plan.kv_bytes),
         "weights": human_bytes(plan.weights_bytes),
-        "mem fraction static": "-" if hbm is None else f"{fraction.fraction:g}",
+        "mem fraction static": f"{fraction.fraction:g}" if out.hbm_given else "-",
         "KV budget": human_bytes(plan.kv_budget_bytes),
         "max tokens in KV pool": "-" if plan.max_tokens is None else f"{plan.max_tokens:,}",
         "max concurrent full-context requests": "-"
         if plan.max_concurrent is None
         else f"{plan.max_concurrent:,}",
-        **_alignment_rows(align, shape.is_mla, tp),
+        **_alignment_rows(out.align, out.is_mla, out.tp),
     }
 
     def render(c: Console) -> None:
-        c.print(kv_table(rows, f"KV footprint — {preset.name if preset else 'custom'}, {dtype}"))
-        frac = "-" if hbm is None else f"{fraction.fraction:g}"
-        c.print(f"defaults used: TP {tp} ({tp_source}), MTU {mtu:,} ({mtu_source}), mem fraction {frac} "
-                f"({fraction.source})", style="dim", highlight=False)
+        c.print(kv_table(rows, f"KV footprint — {out.model_name or 'custom'}, {dtype}"))
+        frac = f"{fraction.fraction:g}" if out.hbm_given else "-"
+        c.print(f"defaults used: TP {out.tp} ({out.tp_source}), MTU {out.mtu:,} ({out.mtu_source}), mem fraction "
+                f"{frac} ({fraction.source})", style="dim", highlight=False)
 
     finish(sess, report, render)
-
-
-@dataclass(frozen=True)
-class _Fraction:
-    fraction: float
-    source: str
-
-
-def _mem_fraction(given: float | None, hbm: int | None, tp: int, mla: bool, model: str) -> _Fraction:
-    """--mem-fraction, else what SGLang 0.5.23 would pick for one GPU of this replica (--hbm-gb / TP)."""
-    if given is not None:
-        return _Fraction(given, "--mem-fraction")
-    if hbm is None:  # no memory, no budget: the fraction is not used
-        return _Fraction(1.0, "unused without --hbm-gb")
-    rule = guard(sglang_mem_fraction_static, hbm / tp, tp, mla=mla, model=model)
-    return _Fraction(rule.fraction, f"SGLang 0.5.23 default for {rule.gpu_mem_mib / 1024:,.1f} GiB per GPU, "
-                                    f"TP {tp}: {rule.reserved_mib:,.0f} MiB kept back")
 
 
 def _alignment_rows(a: PageAlignment, mla: bool, tp: int) -> dict[str, str]:
@@ -334,55 +282,13 @@ def roofline(
 ) -> None:
     """Machine balance and bandwidth-bound decode tokens/s (with --context: plus the KV read per step)."""
     sess = session(json)
-    preset = guard(presets.model_preset, model) if model else None
-    if params_b is not None:
-        if params_b <= 0:
-            raise UsageError(f"--params-b must be > 0, got {params_b:g}", remedy="e.g. --params-b 70")
-        params = int(params_b * 1e9)
-    elif preset is not None:
-        params = preset.params
-    else:
-        raise UsageError(
-            "give --model PRESET or --params-b N",
-            remedy="e.g. --model llama-3.1-70b (see plan kv --list-presets)",
-        )
-    acc = guard(presets.accelerator_preset, accelerator) if accelerator else None
-    # `is not None`, not `or`: an explicit --tflops 0 is a usage error, not "use the preset"
-    peak = tflops if tflops is not None else (acc.fp16_tflops if acc else None)
-    bw = tb_s if tb_s is not None else (acc.hbm_tb_s if acc else None)
-    if peak is None or bw is None:
-        raise UsageError(
-            "give --accelerator or both --tflops and --tb-s", remedy="e.g. --accelerator h100-sxm"
-        )
-    kvpt = 0
-    if context:
-        # the KV shape comes from the preset or --layers/--kv-heads/--head-dim, the bytes from plan kv's formula
-        _, shape = kv_shape(model, layers, kv_heads, head_dim, needed_by="--context (KV read per step)")
-        kvpt = guard(shape.bytes_per_token, guard(presets.dtype_bytes, kv_dtype))
-    plan = guard(
-        plan_roofline,
-        params=params,
-        weight_dtype_bytes=guard(presets.dtype_bytes, weight_dtype),
-        peak_tflops=peak,
-        hbm_tb_s=bw,
-        gpus=gpus,
-        batch=batch,
-        kv_bytes_per_token=kvpt,
-        context=context,
-    )
-    report = Report(
-        "plan roofline",
-        None,
-        data={
-            "model": preset.name if preset else None,
-            "accelerator": acc.name if acc else None,
-            "params": params,
-            "kv_dtype": kv_dtype if context else None,
-            **asdict(plan),
-        },
-    )
-    report.extend(roofline_memory(plan, memory_gb_per_gpu=acc.hbm_gb if acc else None, gpus=gpus,
-                                  accelerator=acc.name if acc else "custom"))
+    out: RooflineOutcome = guard(roofline_outcome, RooflineRequest(
+        model=model, params_b=params_b, accelerator=accelerator, tflops=tflops, tb_s=tb_s, gpus=gpus,
+        weight_dtype=weight_dtype, batch=batch, context=context, kv_dtype=kv_dtype, layers=layers,
+        kv_heads=kv_heads, head_dim=head_dim))
+    plan = out.plan
+    report = Report("plan roofline", None, data=out.data)
+    report.extend(out.findings)
     rows = {
         "machine balance (FLOP/byte)": plan.machine_balance,
         "bytes per decode step": human_bytes(plan.bytes_per_step),
@@ -394,7 +300,7 @@ def roofline(
     }
 
     def render(c: Console) -> None:
-        c.print(kv_table(rows, f"roofline — {acc.name if acc else 'custom'} x{gpus}"))
+        c.print(kv_table(rows, f"roofline — {out.accelerator} x{gpus}"))
         print_findings(c, report.findings)
 
     finish(sess, report, render)
