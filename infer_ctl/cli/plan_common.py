@@ -87,7 +87,7 @@ def kv_table(rows: dict[str, Any], title: str) -> Table:
     return table
 
 
-def human_bytes(n: int | None) -> str:
+def human_bytes(n: float | None) -> str:  # an int prints without decimals
     if n is None:
         return "-"
     value = float(n)
