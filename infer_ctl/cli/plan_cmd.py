@@ -28,17 +28,17 @@ from infer_ctl.cli.plan_common import (
     human_bytes,
     kv_shape,
     kv_table,
-    shape_dict,
-    tp_splits,
+    print_findings,
 )
 from infer_ctl.cli.plan_cost import cost
 from infer_ctl.cli.plan_pd import pd
 from infer_ctl.cli.plan_tiers import tiers
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
-from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment, kv_page_alignment
+from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment
 from infer_ctl.core.sizing.kv import capacity
-from infer_ctl.core.sizing.roofline import plan_roofline
+from infer_ctl.core.sizing.kv_request import KvOutcome, KvRequest, kv_outcome
+from infer_ctl.core.sizing.roofline_request import RooflineOutcome, RooflineRequest, roofline_outcome
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
 from infer_ctl.errors import UsageError
@@ -70,8 +70,9 @@ def kv(
         float | None, typer.Option("--weights-gb", help="Weights in GB (default: preset params x 2 bytes).")
     ] = None,
     mem_fraction: Annotated[
-        float, typer.Option("--mem-fraction", help="Share of HBM the server may use.")
-    ] = 1.0,
+        float | None, typer.Option("--mem-fraction", help="SGLang --mem-fraction-static: share of each GPU for "
+                                   "weights + KV pool (default: SGLang 0.5.23's own rule for the GPU size and TP).")
+    ] = None,
     tp: Annotated[
         int | None, typer.Option("--tp", help="Tensor-parallel ranks, for the page per rank (default: 1, "
                                  "or the profile's models.target.tp).")
@@ -96,58 +97,35 @@ def kv(
     if list_presets:
         _list_presets(sess.out, json)
     finite_options({"--hbm-gb": hbm_gb, "--weights-gb": weights_gb, "--mem-fraction": mem_fraction}, "plan kv")
-    preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
-    dbytes = guard(presets.dtype_bytes, dtype)
-    weights = (
-        int(weights_gb * 1e9)
-        if weights_gb is not None
-        else (preset.params * 2 if preset and hbm_gb else None)
-    )
-    hbm = int(hbm_gb * 1e9) if hbm_gb is not None else None
-    plan = guard(
-        capacity,
-        guard(shape.bytes_per_token, dbytes),
-        context=context,
-        hbm_bytes=hbm,
-        weights_bytes=weights,
-        mem_fraction=mem_fraction,
-    )
     prof = get_profile(profile) if profile else None
-    mtu_source = "--mtu" if mtu is not None else "profile fabric.mtu" if prof else "default"
-    mtu = mtu if mtu is not None else (prof.fabric.mtu if prof else DEFAULT_MTU)
-    if tp is None:
-        tp = prof.models.target.tp if prof and prof.models else 1
-    tp_splits(shape, tp, preset.attention_heads if preset else None)
-    align = guard(kv_page_alignment, shape, dbytes, tp=tp, page_size=page_size, mtu=mtu)
-    report = Report(
-        "plan kv",
-        profile=prof.name if prof else None,
-        data={
-            "model": preset.name if preset else None,
-            "dtype": dtype,
-            **shape_dict(shape),
-            **asdict(plan),
-            "tp": tp,
-            "mtu_source": mtu_source,
-            "alignment": {**asdict(align), "aligned": align.aligned},
-        },
-    )
+    out: KvOutcome = guard(kv_outcome, KvRequest(
+        model=model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_lora_rank=kv_lora_rank,
+        rope_dim=rope_dim, dtype=dtype, context=context, hbm_gb=hbm_gb, weights_gb=weights_gb,
+        mem_fraction=mem_fraction, tp=tp, page_size=page_size, mtu=mtu,
+        profile_mtu=prof.fabric.mtu if prof else None,
+        profile_tp=prof.models.target.tp if prof and prof.models else None))
+    plan, fraction = out.plan, out.fraction
+    report = Report("plan kv", profile=prof.name if prof else None, data=out.data)
     rows = {
         "KV bytes per token": human_bytes(plan.kv_bytes_per_token),
         f"KV bytes per request ({context:,} tokens)": human_bytes(plan.kv_bytes),
         "weights": human_bytes(plan.weights_bytes),
+        "mem fraction static": f"{fraction.fraction:g}" if out.hbm_given else "-",
         "KV budget": human_bytes(plan.kv_budget_bytes),
         "max tokens in KV pool": "-" if plan.max_tokens is None else f"{plan.max_tokens:,}",
         "max concurrent full-context requests": "-"
         if plan.max_concurrent is None
         else f"{plan.max_concurrent:,}",
-        **_alignment_rows(align, shape.is_mla, tp),
+        **_alignment_rows(out.align, out.is_mla, out.tp),
     }
-    finish(
-        sess,
-        report,
-        lambda c: c.print(kv_table(rows, f"KV footprint — {preset.name if preset else 'custom'}, {dtype}")),
-    )
+
+    def render(c: Console) -> None:
+        c.print(kv_table(rows, f"KV footprint — {out.model_name or 'custom'}, {dtype}"))
+        frac = f"{fraction.fraction:g}" if out.hbm_given else "-"
+        c.print(f"defaults used: TP {out.tp} ({out.tp_source}), MTU {out.mtu:,} ({out.mtu_source}), mem fraction "
+                f"{frac} ({fraction.source})", style="dim", highlight=False)
+
+    finish(sess, report, render)
 
 
 def _alignment_rows(a: PageAlignment, mla: bool, tp: int) -> dict[str, str]:
@@ -165,17 +143,26 @@ def _alignment_rows(a: PageAlignment, mla: bool, tp: int) -> dict[str, str]:
     }
 
 
+def _kv_layout(m: presets.ModelPreset) -> str:
+    """What the KV math multiplies: an MLA model caches one latent per token, not K and V per KV head
+    (its 128 attention heads are no KV heads), so its head count would mislead here."""
+    if m.kv_lora_rank is not None:
+        rope = m.qk_rope_head_dim or 0
+        return f"MLA: 1 latent of {m.kv_lora_rank} + {rope} rope = {m.kv_lora_rank + rope} values"
+    return f"K and V: {m.kv_heads} KV heads x {m.head_dim}"
+
+
 def _list_presets(out: Console, json: bool) -> None:
     models = {k: asdict(v) for k, v in presets.MODELS.items()}
     accels = {k: asdict(v) for k, v in presets.ACCELERATORS.items()}
     if json:
         typer.echo(dumps({"models": models, "accelerators": accels}))
     else:
-        table = Table("model", "layers", "kv_heads", "head_dim", "params", title="model presets")
+        table = Table("model", "layers", "KV cache per token per layer", "params", title="model presets")
         for m in presets.MODELS.values():
-            table.add_row(m.name, str(m.layers), str(m.kv_heads), str(m.head_dim), f"{m.params:,}")
+            table.add_row(m.name, str(m.layers), _kv_layout(m), f"{m.params:,}")
         out.print(table)
-        atable = Table("accelerator", "FP16 dense TFLOPS", "HBM TB/s", "HBM GB", title="accelerator presets")
+        atable = Table("accelerator", "FP16 dense TFLOPS", "memory TB/s", "memory GB", title="accelerator presets")
         for a in presets.ACCELERATORS.values():
             atable.add_row(a.name, f"{a.fp16_tflops:g}", f"{a.hbm_tb_s:g}", f"{a.hbm_gb:g}")
         out.print(atable)
@@ -277,7 +264,7 @@ def roofline(
         float | None, typer.Option("--params-b", help="Parameters in billions (instead of --model).")
     ] = None,
     accelerator: Annotated[
-        str | None, typer.Option("--accelerator", "-x", help="h100-sxm, h200, b200, mi300x.")
+        str | None, typer.Option("--accelerator", "-x", help="h100-sxm, h200, b200, mi300x, l40s.")
     ] = "h100-sxm",
     tflops: Annotated[
         float | None, typer.Option("--tflops", help="Peak dense FP16 TFLOPS (overrides preset).")
@@ -295,53 +282,13 @@ def roofline(
 ) -> None:
     """Machine balance and bandwidth-bound decode tokens/s (with --context: plus the KV read per step)."""
     sess = session(json)
-    preset = guard(presets.model_preset, model) if model else None
-    if params_b is not None:
-        if params_b <= 0:
-            raise UsageError(f"--params-b must be > 0, got {params_b:g}", remedy="e.g. --params-b 70")
-        params = int(params_b * 1e9)
-    elif preset is not None:
-        params = preset.params
-    else:
-        raise UsageError(
-            "give --model PRESET or --params-b N",
-            remedy="e.g. --model llama-3.1-70b (see plan kv --list-presets)",
-        )
-    acc = guard(presets.accelerator_preset, accelerator) if accelerator else None
-    # `is not None`, not `or`: an explicit --tflops 0 is a usage error, not "use the preset"
-    peak = tflops if tflops is not None else (acc.fp16_tflops if acc else None)
-    bw = tb_s if tb_s is not None else (acc.hbm_tb_s if acc else None)
-    if peak is None or bw is None:
-        raise UsageError(
-            "give --accelerator or both --tflops and --tb-s", remedy="e.g. --accelerator h100-sxm"
-        )
-    kvpt = 0
-    if context:
-        # the KV shape comes from the preset or --layers/--kv-heads/--head-dim, the bytes from plan kv's formula
-        _, shape = kv_shape(model, layers, kv_heads, head_dim, needed_by="--context (KV read per step)")
-        kvpt = guard(shape.bytes_per_token, guard(presets.dtype_bytes, kv_dtype))
-    plan = guard(
-        plan_roofline,
-        params=params,
-        weight_dtype_bytes=guard(presets.dtype_bytes, weight_dtype),
-        peak_tflops=peak,
-        hbm_tb_s=bw,
-        gpus=gpus,
-        batch=batch,
-        kv_bytes_per_token=kvpt,
-        context=context,
-    )
-    report = Report(
-        "plan roofline",
-        None,
-        data={
-            "model": preset.name if preset else None,
-            "accelerator": acc.name if acc else None,
-            "params": params,
-            "kv_dtype": kv_dtype if context else None,
-            **asdict(plan),
-        },
-    )
+    out: RooflineOutcome = guard(roofline_outcome, RooflineRequest(
+        model=model, params_b=params_b, accelerator=accelerator, tflops=tflops, tb_s=tb_s, gpus=gpus,
+        weight_dtype=weight_dtype, batch=batch, context=context, kv_dtype=kv_dtype, layers=layers,
+        kv_heads=kv_heads, head_dim=head_dim))
+    plan = out.plan
+    report = Report("plan roofline", None, data=out.data)
+    report.extend(out.findings)
     rows = {
         "machine balance (FLOP/byte)": plan.machine_balance,
         "bytes per decode step": human_bytes(plan.bytes_per_step),
@@ -351,8 +298,9 @@ def roofline(
         "tokens/s (batch)": plan.tokens_per_s,
         "tokens/s per stream": plan.tokens_per_s_per_stream,
     }
-    finish(
-        sess,
-        report,
-        lambda c: c.print(kv_table(rows, f"roofline — {acc.name if acc else 'custom'} x{gpus}")),
-    )
+
+    def render(c: Console) -> None:
+        c.print(kv_table(rows, f"roofline — {out.accelerator} x{gpus}"))
+        print_findings(c, report.findings)
+
+    finish(sess, report, render)

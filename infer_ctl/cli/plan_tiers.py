@@ -3,8 +3,7 @@ the user's, and whether loading a cached prefix from each tier beats recomputing
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -22,29 +21,18 @@ from infer_ctl.cli.plan_common import (
     finite_options,
     guard,
     human_bytes,
-    kv_shape,
     kv_table,
-    positive_options,
     seconds,
-    shape_dict,
 )
-from infer_ctl.core.findings import Finding, Status
 from infer_ctl.core.report import Report
-from infer_ctl.core.sizing import presets
 from infer_ctl.core.sizing.tiers import (
     SGLANG_DEFAULT_HOST_FRACTION,
     SGLANG_HOST_RESERVE_BYTES,
-    Compute,
     HostPool,
     TierInputs,
     TierPlan,
-    plan_tiers,
 )
-from infer_ctl.errors import UsageError
-
-_GB = 1e9
-#: the GPUs of one HGX-class node: a TP beyond it spans nodes (the ranks-per-host warning only)
-_GPUS_PER_NODE = 8
+from infer_ctl.core.sizing.tiers_request import TiersOutcome, TiersRequest, tiers_outcome
 
 
 def tiers(
@@ -102,106 +90,21 @@ def tiers(
                     "--storage-latency-us": storage_latency_us,
                     "--storage-page-overhead-us": storage_page_overhead_us, "--fabric-gbps": fabric_gbps},
                    "plan tiers")  # before any int(): NaN / inf crash there, or pass every range test
-    positive_options(attention_heads=attention_heads, qk_head_dim=qk_head_dim, max_prefix=max_prefix)
-    preset, shape = kv_shape(model, layers, kv_heads, head_dim, kv_lora_rank, rope_dim)
-    dbytes = guard(presets.dtype_bytes, dtype)
-    acc = guard(presets.accelerator_preset, accelerator)
-    if params_b is not None and params_b <= 0:
-        raise UsageError(f"--params-b must be > 0, got {params_b:g}", remedy="e.g. --params-b 70")
-    params = int(params_b * _GB) if params_b is not None else (preset.flops_params if preset else None)
-    if params is None:
-        raise UsageError("recompute time needs the parameter count: give --model PRESET or --params-b N",
-                         remedy="e.g. --params-b 70 (MoE: the active parameters)")
-    all_params = preset.params if preset else params
-    weights = int(weights_gb * _GB) if weights_gb is not None else all_params * guard(presets.dtype_bytes, weight_dtype)
-    heads = attention_heads if attention_heads is not None else (preset.attention_heads if preset else shape.kv_heads)
-    qk = qk_head_dim if qk_head_dim is not None else (
-        preset.qk_head_dim if preset and preset.qk_head_dim else shape.head_dim)
-    if efficiency <= 0 or efficiency > 1:
-        raise UsageError(f"--efficiency must be in (0, 1], got {efficiency:g}", remedy="e.g. --efficiency 0.5")
-    peak = tflops if tflops is not None else acc.fp16_tflops
-    inputs = TierInputs(
-        tp=tp,
-        hbm_bytes_per_gpu=int((hbm_gb if hbm_gb is not None else acc.hbm_gb) * _GB),
-        weights_bytes=weights,
-        compute=Compute(flops_per_s=peak * 1e12 * tp * efficiency, params=params, layers=shape.layers,
-                        qk_dim=heads * qk, v_dim=heads * shape.head_dim),
-        page_size=page_size,
-        mem_fraction=mem_fraction,
-        context=context,
-        prefix=prefix,
-        concurrency=concurrency,
-        max_prefix=max_prefix if max_prefix is not None else (preset.context_length if preset and preset.context_length else 131072),
-        ranks_per_host=ranks_per_host,
-        host_available_bytes=None if host_ram_gb is None else int(host_ram_gb * _GB),
-        host_reserve_bytes=int(host_reserve_gib * 1024**3),
-        host_memory_fraction=hicache_host_memory_fraction,
-        hicache_ratio=hicache_ratio,
-        hicache_size_gb=hicache_size,
-        pcie_bytes_s=pcie_gbs * _GB,
-        pcie_latency_s=pcie_latency_us * 1e-6,
-        storage_bytes=None if storage_tb is None else int(storage_tb * 1e12),
-        storage_read_bytes_s=None if storage_gbs is None else storage_gbs * _GB,
-        storage_latency_s=storage_latency_us * 1e-6,
-        storage_page_overhead_s=storage_page_overhead_us * 1e-6,
-        fabric_bytes_s=None if fabric_gbps is None else fabric_gbps * _GB / 8,
-    )
-    if host_reserve_gib < 0:
-        raise UsageError(f"--host-reserve-gib must be >= 0, got {host_reserve_gib:g}", remedy="SGLang's is 10")
-    # the attention heads' TP check only when they are known (given, or the preset's), not the fallback guess
-    known_heads = attention_heads if attention_heads is not None else (preset.attention_heads if preset else None)
-    plan: TierPlan = guard(plan_tiers, shape, dbytes, inputs, known_heads)
-    report = Report(
-        "plan tiers",
-        None,
-        data={
-            "model": preset.name if preset else None,
-            "dtype": dtype,
-            **shape_dict(shape),
-            "tp": tp,
-            "accelerator": acc.name,
-            "inputs": _inputs_doc(inputs),
-            **asdict(plan),
-        },
-    )
-    report.extend(_findings(plan))
-    if ranks_per_host is None and tp > _GPUS_PER_NODE and plan.host_auto is not None:
-        report.extend([Finding(
-            check="plan.tiers.ranks_per_host", node="local", status=Status.WARN, subject="--ranks-per-host",
-            message=f"--ranks-per-host defaults to --tp {tp}, so the host RAM is split {tp} ways; a TP {tp} replica "
-                    f"usually spans nodes of {_GPUS_PER_NODE} GPUs, and SGLang splits each node's RAM over the ranks "
-                    "on that node (launch world size // nodes, pool_host/base.py ranks_per_host)",
-            remedy=f"give --ranks-per-host (e.g. {_GPUS_PER_NODE} for {tp // _GPUS_PER_NODE} nodes of "
-                   f"{_GPUS_PER_NODE} GPUs)",
-        )])
-    finish(sess, report, lambda c: _render(c, plan, inputs, preset.name if preset else "custom", dtype))
-
-
-def _inputs_doc(inp: TierInputs) -> dict[str, Any]:
-    doc = asdict(inp)
-    doc["ranks_per_host"] = inp.ranks_on_host
-    return doc
-
-
-def _findings(plan: TierPlan) -> list[Finding]:
-    out = []
-    for pool in (plan.host_explicit, plan.host_auto):
-        if pool is not None and pool.fits is False:
-            out.append(Finding(
-                check="plan.tiers.host_fit", node="local", status=Status.WARN, subject=pool.source,
-                message=f"host pool of {pool.bytes_per_rank:,} B per rank exceeds what SGLang lets a rank take "
-                        f"({pool.budget_per_rank:,} B): it refuses to start" if pool.tokens else pool.note or "",
-                remedy="lower --hicache-ratio / --hicache-size, or give the node more RAM",
-            ))
-    chosen = plan.host_chosen
-    if chosen is not None and chosen.tokens and chosen.smaller_than_device:
-        out.append(Finding(
-            check="plan.tiers.host_small", node="local", status=Status.WARN, subject=chosen.source,
-            message=f"host pool ({chosen.tokens:,} tokens) is not larger than the device pool: SGLang warns "
-                    "that L2 cache effectiveness is reduced",
-            remedy="a host tier pays only when it holds more than HBM: raise the ratio above 1",
-        ))
-    return out
+    request = TiersRequest(
+        model=model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_lora_rank=kv_lora_rank,
+        rope_dim=rope_dim, dtype=dtype, params_b=params_b, attention_heads=attention_heads, qk_head_dim=qk_head_dim,
+        weights_gb=weights_gb, weight_dtype=weight_dtype, tp=tp, accelerator=accelerator, hbm_gb=hbm_gb,
+        tflops=tflops, efficiency=efficiency, mem_fraction=mem_fraction, page_size=page_size, context=context,
+        prefix=prefix, concurrency=concurrency, max_prefix=max_prefix, host_ram_gb=host_ram_gb,
+        host_reserve_gib=host_reserve_gib, ranks_per_host=ranks_per_host, hicache_ratio=hicache_ratio,
+        hicache_size=hicache_size, hicache_host_memory_fraction=hicache_host_memory_fraction, pcie_gbs=pcie_gbs,
+        pcie_latency_us=pcie_latency_us, storage_tb=storage_tb, storage_gbs=storage_gbs,
+        storage_latency_us=storage_latency_us, storage_page_overhead_us=storage_page_overhead_us,
+        fabric_gbps=fabric_gbps)
+    out: TiersOutcome = guard(tiers_outcome, request)
+    report = Report("plan tiers", None, data=out.data)
+    report.extend(out.findings)
+    finish(sess, report, lambda c: _render(c, out.plan, out.inputs, out.model_name, dtype))
 
 
 def _gib(n: int | None) -> str:

@@ -339,6 +339,12 @@ def _spec_cells(d: dict[str, Any]) -> str:
             f"{_num(d.get('accept_rate'))}, {d.get('requests', 0)} reqs, {steps}")
 
 
+def _pair_model(name: str | None, field: str) -> str:
+    """A pair's model, or why none is shown: the router reads both from the decode's /server_info, where
+    an algorithm without a draft model (NGRAM) or a server that does not say leaves the field null."""
+    return name if name is not None else f"none reported (no {field} in /server_info)"
+
+
 @app.command("spec")
 def spec(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) -> None:
     """Speculative acceptance per decode and workload label (rolling window and EMA), per draft/target
@@ -358,7 +364,9 @@ def spec(url: UrlOpt = None, profile: ProfileOpt = None, json: JsonOpt = False) 
                           steps if label == "all" else "")
         c.print(t)
         for p in doc["pairs"]:
-            c.print(f"pair target {p['target']} / draft {p['draft']}: {p['requests']} reqs, alpha {_num(p['alpha'])}, "
+            c.print(f"pair target {_pair_model(p['target'], 'model_path')} / draft "
+                    f"{_pair_model(p['draft'], 'speculative_draft_model_path')}: {p['requests']} reqs, "
+                    f"alpha {_num(p['alpha'])}, "
                     f"accept length {_num(p['accept_length'])}", highlight=False, markup=False)
         for a in doc["actions"][-5:]:
             c.print(f"action {a.get('ts', '')} {a['pool']} {a['action']}: {a.get('message', '')}",

@@ -12,9 +12,11 @@ from infer_ctl.profile.base import StrictModel
 from infer_ctl.profile.fabric import FabricPolicy
 from infer_ctl.profile.gpu import GpuPolicy
 from infer_ctl.profile.hicache import hicache_problems
+from infer_ctl.profile.messages import error_message
 from infer_ctl.profile.models import Models
 from infer_ctl.profile.nodes import Node, NodeName, Role
 from infer_ctl.profile.pd import PdControlSettings
+from infer_ctl.profile.ports import OVERRIDE_KEY, PortSource, clash_loc, describe, port_sources
 from infer_ctl.profile.remediation import RemediationSettings
 from infer_ctl.profile.router import RouterSettings
 from infer_ctl.profile.sglang import SglangSettings
@@ -81,7 +83,7 @@ class Profile(StrictModel):
         problems: list[CrossFieldError] = []
         names = Counter(n.name for n in self.nodes)
         seen_ssh: dict[tuple[str, int], str] = {}
-        seen_server: dict[tuple[str, int], str] = {}
+        seen_server: dict[tuple[str, int], tuple[int, str, PortSource]] = {}
         for i, node in enumerate(self.nodes):
             if names[node.name] > 1:
                 problems.append(CrossFieldError(("nodes", i, "name"), f"duplicate node name {node.name!r}"))
@@ -95,16 +97,17 @@ class Profile(StrictModel):
                         )
                     )
                 seen_ssh.setdefault(key, node.name)
-            for role, port in self.server_ports(node).items():
-                key = (node.host, port)
+            for role, src in port_sources(i, node, self.sglang, self.collocated).items():
+                key = (node.host, src.port)
                 if key in seen_server:
-                    problems.append(
-                        CrossFieldError(
-                            ("nodes", i, "overrides", f"{role}_port"),
-                            f"server port {node.host}:{port} ({role}) collides with {seen_server[key]}",
-                        )
-                    )
-                seen_server.setdefault(key, f"{node.name}/{role}")
+                    j, other, osrc = seen_server[key]
+                    fix = ("" if j == i else f"; nodes {other.split('/')[0]!r} and {node.name!r} share host "
+                           f"{node.host}: give nodes[{i}] its own overrides.{OVERRIDE_KEY[role]}")
+                    problems.append(CrossFieldError(
+                        clash_loc(i, src, osrc, j == i),
+                        f"server port {node.host}:{src.port} of {node.name}/{role} ({describe(src)}) collides "
+                        f"with {other} ({describe(osrc)}){fix}"))
+                seen_server.setdefault(key, (i, f"{node.name}/{role}", src))
             problems.extend(self._override_problems(i, node))
         if not self.collocated:
             for role in Role:
@@ -248,9 +251,9 @@ class Profile(StrictModel):
             try:
                 model.model_validate({**base, **overrides})
             except ValidationError as exc:
-                for err in exc.errors():
+                for err in exc.errors():  # worded as for the fleet-wide section, "did you mean" included
                     loc = ("nodes", i, "overrides", section, *err["loc"])
-                    problems.append(CrossFieldError(loc, err["msg"]))
+                    problems.append(CrossFieldError(loc, error_message(model, err)))
         return problems
 
     # ---- lookups -------------------------------------------------------------------------------
@@ -259,16 +262,7 @@ class Profile(StrictModel):
 
     def server_ports(self, node: Node) -> dict[str, int]:
         """The HTTP (and bootstrap) ports the node's SGLang servers listen on."""
-        ov = node.overrides
-        if self.collocated:
-            return {"collocated": ov.prefill_port or self.sglang.collocated.port}
-        ports: dict[str, int] = {}
-        if node.has_role(Role.PREFILL):
-            ports["prefill"] = ov.prefill_port or self.sglang.prefill.port
-            ports["bootstrap"] = ov.bootstrap_port or self.sglang.prefill.bootstrap_port
-        if node.has_role(Role.DECODE):
-            ports["decode"] = ov.decode_port or self.sglang.decode.port
-        return ports
+        return {role: src.port for role, src in port_sources(0, node, self.sglang, self.collocated).items()}
 
     def node(self, name: str) -> Node:
         for node in self.nodes:

@@ -71,3 +71,24 @@ def test_bench_duration_is_rounded(router: RouterHandle, capsys: pytest.CaptureF
     doc = _doc(capsys, "bench", "--url", router.url, "--requests", "3", "-c", "1", "--max-new-tokens", "2")
     s = doc["summary"] if "summary" in doc else doc["data"]["summary"]
     assert s["duration_s"] == round(s["duration_s"], 3)
+
+
+
+def test_spec_text_names_a_missing_draft(router: RouterHandle, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode whose /server_info names no draft (NGRAM has none): the pair line said 'draft None'
+    (issue 29, item 9d)."""
+    from infer_ctl.router.control.client import AdminClient
+
+    real = AdminClient.call
+
+    def no_draft(self: AdminClient, *args: object, **kwargs: object) -> dict:  # type: ignore[type-arg]
+        doc = real(self, *args, **kwargs)  # type: ignore[arg-type]
+        doc["pairs"] = [{**p, "draft": None} for p in doc["pairs"]]
+        return doc
+
+    monkeypatch.setattr(AdminClient, "call", no_draft)
+    main(["router", "spec", "--url", router.url])
+    out = capsys.readouterr().out
+    assert "None" not in out
+    assert "/ draft none reported (no speculative_draft_model_path in /server_info): 0 reqs" in out

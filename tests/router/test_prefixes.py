@@ -132,3 +132,14 @@ def test_hit_rate_counts_only_responses_that_report_cached_tokens() -> None:
                             prefix_tokens=100, now=1)
     st = rec.stats.as_dict()
     assert (st["requests"], st["reported"], st["hits"], st["hit_rate"]) == (4, 2, 1, 0.5)
+
+
+def test_replicas_beyond_workers_names_the_count_and_the_kind() -> None:
+    from infer_ctl.core.routing.prefixes import replicas_beyond_workers
+
+    assert replicas_beyond_workers(2, ["prefill", "prefill"]) is None
+    assert replicas_beyond_workers(5, []) is None  # no worker yet: the prefix waits for them
+    why = replicas_beyond_workers(5, ["prefill"])
+    assert why is not None and why.startswith("replicas 5 exceeds the 1 prefill worker this router has")
+    assert "4 replicas would never be warm" in why and "add prefill workers first" in why
+    assert "the 2 workers" in (replicas_beyond_workers(3, ["mixed", "mixed"]) or "")

@@ -281,3 +281,21 @@ def test_the_numbers_the_bounds_missed_are_bounded_too(field: str, value: object
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=rf"router\.{field} must be a (whole|finite) number, {bound}, got"):
         cfg.validate()
+
+
+def test_more_prefix_replicas_than_workers_is_refused_at_add_time(live: RouterHandle, mixed: ThreadedSimCluster,
+                                                                  capsys) -> None:
+    """Issue 29, item 9a: --replicas 5 on one worker said OK and showed "warm 1/5" forever."""
+    code = main(["router", "prefixes", "add", "sys", "--text", "Policy. " * 20, "--replicas", "5", "--url", live.url])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "replicas 5 exceeds the 1 worker this router has" in err and "give replicas 1..1" in err
+    r = httpx.post(live.url + "/admin/prefixes", json={"name": "sys", "text": "t", "replicas": 2})
+    assert r.status_code == 409 and r.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(live.url + "/admin/prefixes").json()["prefixes"] == []  # nothing registered
+    # as many as there are workers is fine, and a new version that inherits K is not re-judged
+    assert main(["router", "prefixes", "add", "sys", "--text", "Policy. " * 20, "--replicas", "1",
+                 "--url", live.url]) == 0
+    assert main(["router", "workers", "add", mixed.urls[1], "--role", "mixed", "--url", live.url]) == 0
+    assert main(["router", "prefixes", "add", "sys", "--text", "Policy v2. " * 20, "--replicas", "2",
+                 "--url", live.url]) == 0

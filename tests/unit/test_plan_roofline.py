@@ -18,7 +18,9 @@ def _json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:  # type:
 
 def test_kv_read_per_step_is_plan_kvs_bytes_per_token(capsys: pytest.CaptureFixture[str]) -> None:
     per_token = _json(["plan", "kv", "-m", "llama-3.1-70b", "--dtype", "bf16"], capsys)["kv_bytes_per_token"]
-    doc = _json(["plan", "roofline", "-m", "llama-3.1-70b", "-x", "h200", "--context", "8192", "--batch", "4"],
+    # two H200s: the 141 GB of bf16 weights alone exceed one (a memory-fit WARN, not exit 0)
+    doc = _json(["plan", "roofline", "-m", "llama-3.1-70b", "-x", "h200", "--gpus", "2", "--context", "8192",
+                 "--batch", "4"],
                 capsys)
     assert doc["kv_bytes_per_step"] == 4 * 8192 * per_token
     assert doc["kv_dtype"] == "bf16"
@@ -38,13 +40,13 @@ def test_kv_dtype_is_honoured(kv_dtype: str, ratio: float, capsys: pytest.Captur
 
 
 def test_a_custom_model_shape_gives_the_kv_read(capsys: pytest.CaptureFixture[str]) -> None:
-    doc = _json(["plan", "roofline", "--params-b", "70", "--context", "100",
+    doc = _json(["plan", "roofline", "--params-b", "70", "--gpus", "2", "--context", "100",
                  "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--kv-dtype", "fp8"], capsys)
     assert doc["kv_bytes_per_step"] == 100 * 2 * 1 * 80 * 8 * 128
 
 
 def test_without_context_no_kv_is_read(capsys: pytest.CaptureFixture[str]) -> None:
-    doc = _json(["plan", "roofline", "--params-b", "70"], capsys)
+    doc = _json(["plan", "roofline", "--params-b", "70", "--gpus", "2"], capsys)
     assert doc["kv_bytes_per_step"] == 0 and doc["kv_dtype"] is None
 
 
@@ -88,3 +90,22 @@ def test_a_malformed_option_value_is_a_usage_error(capsys: pytest.CaptureFixture
     assert main(["plan", "roofline", "-m", "llama-3.1-8b", "--batch", "x"]) == 64
     err = capsys.readouterr().err
     assert "Invalid value for '--batch'" in err and "Traceback" not in err
+
+
+def test_weights_that_do_not_fit_are_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29, item 9f: 405B in bf16 on one H100 printed tokens/s and nothing else."""
+    assert main(["plan", "roofline", "-m", "llama-3.1-405b", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (f,) = doc["findings"]
+    assert (f["check"], f["status"]) == ("plan.roofline.memory_fit", "warn")
+    assert "811.7 GB" in f["message"] and "1 x h100-sxm (80.0 GB)" in f["message"]
+    assert "at least 11 GPUs" in f["remedy"]
+    assert main(["plan", "roofline", "-m", "llama-3.1-405b"]) == 1
+    assert "WARN: weights (811.7 GB) do not fit" in capsys.readouterr().out
+    # the KV the batch reads counts too: 8B fits one H100 alone, not with 64 x 128k tokens of KV
+    assert main(["plan", "roofline", "-m", "llama-3.1-8b", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "roofline", "-m", "llama-3.1-8b", "--batch", "64", "--context", "131072", "--json"]) == 1
+    assert "weights + KV of the batch" in json.loads(capsys.readouterr().out)["findings"][0]["message"]
+    # no accelerator memory known (--tflops/--tb-s alone): nothing to judge
+    assert main(["plan", "roofline", "-m", "llama-3.1-405b", "-x", "", "--tflops", "1000", "--tb-s", "3"]) == 0

@@ -551,6 +551,20 @@ class PrefixRegistry:
             self._settings.pop(name, None)
 
 
+def replicas_beyond_workers(replicas: int, roles: Sequence[str]) -> str | None:
+    """Why `replicas` copies of a prefix cannot all be warm with these prefill-like workers registered
+    (`roles`: prefill in PD mode, mixed when collocated), or None. Each worker holds a prefix once, so
+    the replicas beyond the workers would stay cold ("warm 1/5" for good). With no worker registered yet
+    there is nothing to compare against: the prefix waits for its workers."""
+    if not roles or replicas <= len(roles):
+        return None
+    kind = "prefill worker" if "prefill" in roles else "worker"
+    n = len(roles)
+    return (f"replicas {replicas} exceeds the {n} {kind}{'s' if n > 1 else ''} this router has: a prefix is "
+            f"warmed once per {kind}, so {replicas - n} replica{'s' if replicas - n > 1 else ''} would never be "
+            f"warm; give replicas 1..{n}, or add {kind}s first (router workers add)")
+
+
 def _rendezvous(name: str, version: int, worker: str) -> str:
     """Highest-random-weight order of the workers for one prefix version: the same on every replica,
     and removing a worker moves only the prefixes placed on it."""

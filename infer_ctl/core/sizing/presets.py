@@ -149,6 +149,10 @@ ACCELERATORS: dict[str, AcceleratorPreset] = {
         AcceleratorPreset("h200", fp16_tflops=989.4, hbm_tb_s=4.8, hbm_gb=141),
         AcceleratorPreset("b200", fp16_tflops=2250.0, hbm_tb_s=8.0, hbm_gb=180),
         AcceleratorPreset("mi300x", fp16_tflops=1307.4, hbm_tb_s=5.3, hbm_gb=192),
+        # NVIDIA L40S datasheet (Ada Lovelace, PCIe card): 48 GB GDDR6 (not HBM; hbm_* hold its memory),
+        # 864 GB/s, BF16/FP16 tensor 362.05 TFLOPS dense (733 with sparsity), FP8 733 dense; PCIe Gen4 x16
+        # (64 GB/s bidirectional), no NVLink, so TP across L40S cards runs over PCIe.
+        AcceleratorPreset("l40s", fp16_tflops=362.05, hbm_tb_s=0.864, hbm_gb=48),
     )
 }
 

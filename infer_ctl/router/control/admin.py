@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from infer_ctl.core.routing.prefixes import KEEP_CHOICES, PrefixRegistry
+from infer_ctl.core.routing.prefixes import KEEP_CHOICES, PrefixRegistry, replicas_beyond_workers
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import MAX_PREFIX_REPLICAS, PREFIX_NAME_PATTERN
 from infer_ctl.router.config import WorkerSpec, parse_prefill, worker
@@ -449,6 +449,9 @@ class Admin:
                     or not 1 <= replicas <= MAX_PREFIX_REPLICAS or not isinstance(pin, bool) or fmt not in ("text", "chat"):
                 raise VerbRefused(400, f"ttl_s must be a number > 0 (or null: no TTL), replicas an integer "
                                   f"1..{MAX_PREFIX_REPLICAS}, pin a boolean, format text or chat", "invalid_request_error")
+            if body.get("replicas") is not None and (why := replicas_beyond_workers(
+                    replicas, [w.role for w in self.router.workers.prefill_like()])):
+                raise VerbRefused(409, why, "invalid_request_error")
             if keep is not None and keep not in KEEP_CHOICES:
                 raise VerbRefused(400, f"keep must be hbm, host or null, got {str(keep)[:20]!r}", "invalid_request_error")
             if keep == "host" and pin:
