@@ -36,7 +36,7 @@ from tests.router.redis_server import RedisServer, need_redis
 from tests.sim.kv_client import free_port, kv_config
 from tests.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WORDS = ["account", "billing", "cluster", "deploy", "engine", "fabric", "gateway", "health", "inference", "kernel"]
 
 

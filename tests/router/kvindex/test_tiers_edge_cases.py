@@ -19,8 +19,8 @@ from infer_ctl.core.routing.tiers import TierWeights, weights_from
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.scaleout.follow import _record, _record_doc
-from tests.router.test_kv_index import Tok, worker_pages
-from tests.router.test_kv_tiers import _prompt
+from tests.router.kvindex.test_exact_index import Tok, worker_pages
+from tests.router.kvindex.test_tiers import _prompt
 
 
 @pytest.mark.parametrize(("field", "value"), [

@@ -22,7 +22,7 @@ from infer_ctl.router.observe.tenants import TenantSpec, key_digest
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
 
-DASHBOARDS = Path(__file__).resolve().parents[2] / "docs" / "dashboards"
+DASHBOARDS = Path(__file__).resolve().parents[3] / "docs" / "dashboards"
 KEY = "dashboard-key-0123456789abcdef"
 # PromQL functions and keywords that may appear in the dashboards; anything else that looks like an
 # identifier outside label matchers and grouping clauses is a metric name

@@ -20,7 +20,7 @@ from infer_ctl.router.observe.tenants import TenantSpec
 from infer_ctl.router.observe.trusted import parse_networks, trusted
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
-from tests.router.test_tenants import PROFILE
+from tests.router.observe.test_tenants import PROFILE
 
 BODY = {"text": "who am I", "sampling_params": {"max_new_tokens": 2}}
 TENANTS = [TenantSpec("team"), TenantSpec("default")]

@@ -18,8 +18,8 @@ from typing import Any
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
-from tests.router.test_coalesce_attacks import SYSTEM, WORDS, Hangable, raw_stream_request, send
-from tests.router.test_coalesce_router import meta, metric
+from tests.router.request.test_coalesce_leader_faults import SYSTEM, WORDS, Hangable, raw_stream_request, send
+from tests.router.request.test_coalesce_router import meta, metric
 from tests.waiting import wait_for
 
 SLOW = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.008}  # ~1 s+ to prefill the shared prompt

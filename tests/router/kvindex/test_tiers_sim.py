@@ -21,7 +21,7 @@ from infer_ctl.router.config import PrefixSpec
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
-from tests.router.test_kv_events_router import exact_everywhere, prompt, wait_for
+from tests.router.kvindex.test_events_router import exact_everywhere, prompt, wait_for
 from tests.sim.kv_client import kv_config
 
 

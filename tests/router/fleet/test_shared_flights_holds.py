@@ -26,7 +26,7 @@ from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.retry import AttemptFailed
-from tests.router.test_shared_flights import URLS, Proc, chain, flight
+from tests.router.fleet.test_shared_flights import URLS, Proc, chain, flight
 
 SYSTEM = "A tenant's new system prompt. " + " ".join(f"rule {i}: answer politely" for i in range(120))
 

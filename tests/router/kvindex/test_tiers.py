@@ -18,7 +18,7 @@ from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.core.sizing.tiers import hit_weight
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
-from tests.router.test_kv_index import Tok, worker_pages
+from tests.router.kvindex.test_exact_index import Tok, worker_pages
 
 TOK = BuiltinTokenizer()
 

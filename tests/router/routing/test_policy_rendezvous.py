@@ -29,7 +29,7 @@ from infer_ctl.profile import parse_profile_text
 from infer_ctl.router.config import RouterConfig, from_profile
 from tests.unit.test_profile import BASE
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]
 CFG = PolicyConfig(miss_placement="rendezvous")
 P2C = PolicyConfig()  # the default
@@ -72,7 +72,7 @@ def test_key_is_stable_across_processes_with_other_hash_seeds() -> None:
     ts = texts(12, seed=5)
     here = [place(t, random.Random(0))[0] for t in ts]
     code = ("import json, random, sys; sys.path.insert(0, sys.argv[1]); "
-            "from tests.router.test_policy_rendezvous import place, texts; "
+            "from tests.router.routing.test_policy_rendezvous import place, texts; "
             "print(json.dumps([place(t, random.Random(int(sys.argv[2])))[0] for t in texts(12, seed=5)]))")
     for seed in ("1", "2", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}

@@ -297,7 +297,7 @@ def test_the_cap_comes_from_the_profile_and_is_a_finite_number_of_seconds() -> N
     from infer_ctl.errors import ProfileError, UsageError
     from infer_ctl.profile import parse_profile_text
     from infer_ctl.router.config import RouterConfig, from_profile
-    from tests.router.test_kv_config import BASE
+    from tests.router.kvindex.test_kv_config import BASE
 
     assert from_profile(parse_profile_text(BASE, "p.yaml"), env={}).health_holddown_max_s == 60.0
     cfg = from_profile(parse_profile_text(BASE + "router: {health_holddown_max_s: 0}\n", "p.yaml"), env={})

@@ -224,7 +224,7 @@ def test_a_prompt_cached_through_one_process_is_routed_to_the_same_prefill_by_th
         router: Router, kv_cluster: ThreadedSimCluster) -> None:
     """Both processes hold the same exact index (KV events): a prompt first sent through the leader
     goes to the prefill that cached it when it comes again through the follower."""
-    from tests.router.test_kv_events_router import tree_blocks
+    from tests.router.kvindex.test_events_router import tree_blocks
 
     prefills = [w for w in kv_cluster.workers if w.spec.role == "prefill"]
     c0, c1 = conn_to(router.port, 0), conn_to(router.port, 1)

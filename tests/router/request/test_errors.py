@@ -22,7 +22,7 @@ from aiohttp import web
 
 from infer_ctl.aio import new_event_loop
 from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
-from tests.router.test_router_faults import wait_for
+from tests.router.pd.test_faults import wait_for
 
 
 def error_doc(status: int, message: str, kind: str) -> dict[str, Any]:

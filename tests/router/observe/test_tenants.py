@@ -22,7 +22,7 @@ from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.router.observe.tenants import TenantSpec, key_digest
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
-from tests.router.test_tracing_otlp import recording  # noqa: F401 - the header-recording stand-ins
+from tests.router.observe.test_tracing_otlp import recording  # noqa: F401 - the header-recording stand-ins
 
 KEY_A, KEY_B = "key-a-0123456789abcdef01234567", "key-b-0123456789abcdef01234567"
 BODY = {"text": "tenant test " * 8, "sampling_params": {"max_new_tokens": 4}}

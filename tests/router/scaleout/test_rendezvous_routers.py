@@ -15,7 +15,7 @@ import pytest
 
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.router.conftest import TIME_SCALE
-from tests.router.test_router_processes import Router
+from tests.router.scaleout.test_processes import Router
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for
 

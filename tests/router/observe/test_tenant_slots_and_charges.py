@@ -13,7 +13,7 @@ import pytest
 from infer_ctl.router.observe.tenants import TenantSpec, key_digest
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
 from tests.router.conftest import pd_specs
-from tests.router.test_tenants import KEY_A, KEY_B, _post, _router
+from tests.router.observe.test_tenants import KEY_A, KEY_B, _post, _router
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import asyncio
 import time
 
 from tests.router.kv_publisher import CLEARED, TestPublisher, stored
-from tests.router.test_kv_stream import run, streaming, until
+from tests.router.kvindex.test_stream import run, streaming, until
 
 
 def _buffer(pub: TestPublisher, n: int) -> None:

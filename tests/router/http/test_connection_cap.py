@@ -123,7 +123,7 @@ def test_the_cap_flows_from_the_profile() -> None:
     from infer_ctl.errors import ProfileError
     from infer_ctl.profile import parse_profile_text
     from infer_ctl.router.config import from_profile
-    from tests.router.test_kv_config import BASE
+    from tests.router.kvindex.test_kv_config import BASE
 
     assert from_profile(parse_profile_text(BASE, "p.yaml"), env={}).max_connections is None
     cfg = from_profile(parse_profile_text(BASE + "router: {max_connections: 5000}\n", "p.yaml"), env={})

@@ -23,8 +23,8 @@ from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_rou
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
-from tests.router.test_coalesce_attacks import raw_stream_request
-from tests.router.test_coalesce_router import WORDS, meta, metric
+from tests.router.request.test_coalesce_leader_faults import raw_stream_request
+from tests.router.request.test_coalesce_router import WORDS, meta, metric
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for
 

@@ -19,8 +19,7 @@ import pytest
 
 from infer_ctl.router.daemon.embed import RouterHandle
 from infer_ctl.sim.cluster import ThreadedSimCluster, start_cluster_in_thread
-
-from .conftest import pd_router, pd_specs
+from tests.router.conftest import pd_router, pd_specs
 
 N_STREAMS = 12
 TOKENS = 128

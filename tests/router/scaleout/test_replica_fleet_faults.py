@@ -20,7 +20,16 @@ from typing import Any
 import httpx
 
 from tests.router.redis_server import RedisServer
-from tests.router.test_replicas import ROOT, Fleet, Replica, cluster, fleet, generate, prompt, wait_for  # noqa: F401
+from tests.router.scaleout.test_replicas import (  # noqa: F401
+    ROOT,
+    Fleet,
+    Replica,
+    cluster,
+    fleet,
+    generate,
+    prompt,
+    wait_for,
+)
 from tests.sim.kv_client import free_port
 
 
