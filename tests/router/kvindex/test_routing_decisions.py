@@ -69,7 +69,7 @@ def done(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
 def test_a_prefix_cached_past_the_router_is_found(fleet: ThreadedSimCluster, caplog: pytest.LogCaptureFixture) -> None:
     router = router_for(fleet)
     # what is tested is that an anchored prompt is found, not the request-path budget (5 % of the time,
-    # a 50 ms bucket: tests/router/test_replica_fleet_faults.py floods it): on a loaded machine the first
+    # a 50 ms bucket: tests/router/scaleout/test_replica_fleet_faults.py floods it): on a loaded machine the first
     # two anchorings could use up the bucket, and the third prompt was routed as unseen, to the empty
     # worker (cached_tokens 1 of 803 in a full-suite run; the same with each anchoring made 30 ms slower)
     router.router.kv.first_sight_budget = 1.0

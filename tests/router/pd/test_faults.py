@@ -169,7 +169,7 @@ def test_refuses_non_loopback_listener_without_token() -> None:
 def test_no_available_worker_is_a_503_with_a_remedy() -> None:
     # Port 9 (discard) refuses connections: the health check at start-up already marks the only worker
     # unhealthy (health_failures=1), so no attempt is made and the router answers 503 itself. (A 502 is
-    # the answer when attempts were made and all failed: tests/router/test_router_errors.py.)
+    # the answer when attempts were made and all failed: tests/router/request/test_errors.py.)
     router = start_router_in_thread(router_config(workers=["http://127.0.0.1:9"], health_interval_s=0.1,
                                                   health_failures=1))
     try:

@@ -6,7 +6,7 @@ simulated workers publishing KV events. A request computing a new prefix through
 request of the same prefix through the other go to its worker and wait for it (before the board, each
 process knew only its own flights: the follower was placed by load and computed the prefix again);
 when the leader's client goes away, the follower takes over and computes it. The end-to-end run of the
-real supervisor is in test_router_processes.py."""
+real supervisor is in scaleout/test_processes.py."""
 
 from __future__ import annotations
 

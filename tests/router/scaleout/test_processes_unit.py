@@ -499,7 +499,7 @@ def test_an_idle_process_touches_its_metrics_file_instead_of_rendering(tmp_path:
 
     async def until(cond: Any, timeout: float = 10.0) -> bool:
         # what the writer does within some ticks, polled: on a loaded machine a 0.1 s window may hold
-        # no tick of the writer at all (the lag probe of test_kv_stream.py saw 0.5 s in a full-suite run)
+        # no tick of the writer at all (the lag probe of kvindex/test_stream.py saw 0.5 s in a full-suite run)
         deadline = time.monotonic() + timeout
         while not cond() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -1,5 +1,5 @@
 """Several `router serve` replica processes under store and replica faults (the fleet of
-tests/router/test_replicas.py): a store that stops answering for 3 s (SIGSTOP) must not stall the data
+tests/router/scaleout/test_replicas.py): a store that stops answering for 3 s (SIGSTOP) must not stall the data
 plane; the store's password appears nowhere (process arguments, logs, status); a replica killed with
 SIGKILL in the middle of admin changes leaves the store and the other replica agreeing; a flood of unique
 prompts keeps first-sight anchoring within its budget. Numbers are printed (`pytest -s`)."""

@@ -1,6 +1,6 @@
 """What several router replicas share (pure parts and the profile): the named-prefix document a replica
 writes and another loads, placement by rendezvous hash, and the profile's `router.replicas` /
-`router.state_store` rules. The replicas themselves over a real Redis: tests/router/test_replicas.py."""
+`router.state_store` rules. The replicas themselves over a real Redis: tests/router/scaleout/test_replicas.py."""
 
 from __future__ import annotations
 

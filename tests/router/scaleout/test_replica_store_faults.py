@@ -2,7 +2,7 @@
 in-process replicas (real Router objects, their StateSync) over a real redis-server, and the store
 written behind their backs (records in another format, garbage, a huge rev, a restore from an older
 snapshot, a worker change overtaken by a later one, clocks that disagree, a store that stops answering).
-The router processes themselves: tests/router/test_replicas.py."""
+The router processes themselves: tests/router/scaleout/test_replicas.py."""
 
 from __future__ import annotations
 
