@@ -1,4 +1,4 @@
-"""Misconfigurations a reviewer set up against the fabric check (issue 7 review): each one must give a
+"""Misconfigurations set up against the fabric check: each one must give a
 precise finding naming the node, device/netdev and a remedy that fixes it. Facts come from the real
 gatherer script over sysfs trees and real-format tool output (tests/fabric/factories.py)."""
 

@@ -1,4 +1,4 @@
-"""Issue 28 item 9: a SIGKILLed single-process router's admin socket is swept at the next start (only
+"""A SIGKILLed single-process router's admin socket is swept at the next start (only
 the dead router's: a live one's directory, and another user's, stay)."""
 
 from __future__ import annotations

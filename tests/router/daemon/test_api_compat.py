@@ -1,4 +1,4 @@
-"""Compatibility with the clients users run (issue 28 item 10): `GET /v1/models/{id}` answered as SGLang
+"""Compatibility with the clients users run: `GET /v1/models/{id}` answered as SGLang
 0.5.23 answers it (the model card, or a 404 `invalid_request_error` naming the model); the router's own
 errors carry OpenAI's `invalid_request_error` type; PD `/server_info` in the gateway's shape, which sglang's
 bench_serving reads the accept length from. Real: the router and simulated workers."""

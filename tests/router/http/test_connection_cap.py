@@ -1,4 +1,4 @@
-"""The connection cap (issue 28 item 4): past router.max_connections open client connections a new one is
+"""The connection cap: past router.max_connections open client connections a new one is
 answered `503` with `Retry-After: 1` and a JSON error at once, then closed - not reset - and counted;
 connections already open, a stream in flight among them, are untouched. Real sockets against a real router
 and simulated workers. Also: the soft RLIMIT_NOFILE raised to the hard one at start, and the default cap

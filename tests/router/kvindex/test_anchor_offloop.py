@@ -1,4 +1,4 @@
-"""Issue 28 item 3: one long prompt must not freeze the event loop. The KV index's tokenizing runs on a
+"""One long prompt must not freeze the event loop. The KV index's tokenizing runs on a
 worker thread (the HF tokenizer through encode_batch, which releases the GIL), prompts over
 `anchor_max_chars` are not anchored, and a long prompt is tokenized only once its worker answered."""
 

@@ -71,7 +71,7 @@ def test_a_long_prompt_at_page_1_is_one_event_and_is_accepted() -> None:
     """SGLang merges a chain's stores (and a step's removals) into one event, so a 100k-token prompt at
     its default page size 1 is one BlockStored of 100k hashes (the simulator's builder records what
     SGLang's recorder does, tests/sim/test_kv_events_sglang.py). It was refused as "oversized" (a fixed
-    65536 per event) and the worker went untrusted for serving a long prompt (review of issue 19)."""
+    65536 per event) and the worker went untrusted for serving a long prompt."""
     from infer_ctl.sim.kv_events import KvEventBuilder, KvEventRecorder
 
     rec, build = KvEventRecorder(), KvEventBuilder(1)

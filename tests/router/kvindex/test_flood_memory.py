@@ -1,4 +1,4 @@
-"""Issue 28 item 2: a publisher under the flood limits must not stall the router nor hold its memory.
+"""A publisher under the flood limits must not stall the router nor hold its memory.
 
 Each storage medium is bounded on its own (`max_blocks_per_medium`, refused blocks counted by medium),
 an untrusted stream frees its blocks at once, and a batch is applied in slices with the event loop

@@ -1,5 +1,5 @@
 """The router logged "KV events: no tokenizer, ..." at every health check (every 5 s in a benchmark's
-log): once per cause now (issue 28)."""
+log): once per cause now."""
 
 from __future__ import annotations
 

@@ -80,8 +80,7 @@ def test_endpoints_from_server_info() -> None:
 @pytest.mark.parametrize("host", ["10.1.1.1", "evil.example.com", "169.254.169.254", "ipc:///tmp/kv",
                                   "127.0.0.1:22/x", "a b", "tcp://h2:9"])
 def test_a_named_endpoint_host_is_never_dialed(host: str) -> None:
-    """The router dials the worker URL's host, never one a worker's /server_info names (review of issue
-    19: any host, even a string with a scheme in it, was put into the tcp:// endpoint)."""
+    """The router dials the worker URL's host, never one a worker's /server_info names (any host, even a string with a scheme in it, was put into the tcp:// endpoint)."""
     assert endpoints("http://h:1", {"endpoint_host": host, "endpoint_port_base": 7000,
                                     "replay_endpoint_port_base": 7100}) == [("tcp://h:7000", "tcp://h:7100")]
 
@@ -100,7 +99,7 @@ def test_port_bases_that_are_no_ports_are_refused(desc: dict, want: object) -> N
 
 def test_bigram_keying_follows_sglangs_is_eagle() -> None:
     """SGLang 0.5.23 keys by bigrams for EAGLE, EAGLE3 and FROZEN_KV_MTP (a Gemma4 draft's), by any case
-    of the name; the router knew only "EAGLE" and "EAGLE3" (review of issue 19: until a worker's first
+    of the name; the router knew only "EAGLE" and "EAGLE3" (until a worker's first
     store said otherwise, its prompts were anchored in the wrong key space)."""
     for algo in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP", "eagle", "NEXTN"):
         assert bigram_keys({"speculative_algorithm": algo}), algo

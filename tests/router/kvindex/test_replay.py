@@ -1,4 +1,4 @@
-"""A busy worker's replay keeps the exact index (issue 28 item 1), over real ZMQ sockets: a hole inside
+"""A busy worker's replay keeps the exact index, over real ZMQ sockets: a hole inside
 an answer is asked for again, a replay larger than the live flood limit is not a flood, and the replay
 socket has no receive limit (a loop busy while the answer arrives loses nothing)."""
 

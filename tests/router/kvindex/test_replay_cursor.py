@@ -1,4 +1,4 @@
-"""The replay's sequence rules (router/kvindex/replay_cursor.py), without sockets (issue 28 item 1)."""
+"""The replay's sequence rules (router/kvindex/replay_cursor.py), without sockets."""
 
 from __future__ import annotations
 

@@ -241,7 +241,7 @@ def test_bounded_blocks_per_worker() -> None:
 def test_a_restart_whose_seqs_fall_in_the_first_replay_is_not_taken_for_duplicates() -> None:
     """The catch-up replay covered seqs 0..19; a publisher that restarts later sends 0, 1, 2 again. Those
     are not the live copies of the replayed batches (the live stream already passed them): the blocks of
-    the process that is gone must go at once, not after 20 more batches (review of issue 19)."""
+    the process that is gone must go at once, not after 20 more batches."""
     async def main() -> None:
         pub = TestPublisher()
         for i in range(20):
@@ -261,8 +261,8 @@ def test_a_restart_whose_seqs_fall_in_the_first_replay_is_not_taken_for_duplicat
 
 def test_a_publisher_of_few_huge_batches_is_a_flood_too() -> None:
     """A few large batches a second stay far under max_batches_per_s, yet decoding each holds the event
-    loop (C code): the byte budget cuts such a publisher off before it stalls requests (review of
-    issue 19: 20 batches of 15 MB held the loop 1.6 s at a time)."""
+    loop (C code): the byte budget cuts such a publisher off before it stalls requests (20
+    batches of 15 MB held the loop 1.6 s at a time)."""
     async def main() -> None:
         lags: list[float] = []
         async with running(loop_lag_probe(lags)), \
@@ -319,10 +319,10 @@ class _FloodingReplay(TestPublisher):
 
 def test_a_replay_socket_that_floods_is_held_to_the_byte_budget() -> None:
     """The replay read batches for up to replay_timeout_s with no flood check: a replay socket sending
-    large batches nonstop held the loop for the whole timeout, at every gap (review of issue 19)."""
+    large batches nonstop held the loop for the whole timeout, at every gap."""
     async def main() -> None:
         pub = _FloodingReplay()
-        # (a replay has its own byte budget since issue 28: held to the same 8 MiB/s here)
+        # (a replay has its own byte budget: held to the same 8 MiB/s here)
         async with streaming(pub, connect=False, max_bytes_per_s=8 << 20, replay_max_bytes_per_s=8 << 20,
                              flood_pause_s=30, replay_timeout_s=3) as (s, _, _):
             assert await until(lambda: s.stats.rejected.get("flood", 0) == 1, 8)

@@ -1,4 +1,4 @@
-"""The router knows KV tiers (issue 16 item 5): tier weights from the load-time model, the weighted score
+"""The router knows KV tiers: tier weights from the load-time model, the weighted score
 of a prompt's cached chain (HBM, then host), and the policy's preference HBM hit > host hit > cold."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Adversarial review of the KV tiers (issue 16 item 5): hostile configuration, hostile media, a
-worker that cannot keep a `keep: hbm` prefix in HBM."""
+"""The KV tiers at their edges: hostile configuration, hostile media, a worker that cannot keep a
+`keep: hbm` prefix in HBM, chains split across media, `router workers` / `router prefixes` showing
+the tiers and `keep`, and `keep` in the replicas' records."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every router endpoint that serves metrics passes `promtool check metrics` (issue 28 item 10): /metrics of
+"""Every router endpoint that serves metrics passes `promtool check metrics`: /metrics of
 one process, and the merged exposition several processes answer with (scaleout/metrics_merge.py). The
 pair KV gauges were `..._speed_gb_s` / `..._latency_ms` (abbreviated, non-base units); promtool is run
 when installed (Debian's `prometheus` package), else the same naming rules are applied here."""

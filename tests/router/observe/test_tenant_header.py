@@ -1,4 +1,4 @@
-"""Tenants named by header (issue 28 item 8): the header sent twice is ambiguous (400, not last-wins: a
+"""Tenants named by header: the header sent twice is ambiguous (400, not last-wins: a
 front proxy that sets it could be overridden by the client's own copy), and with
 router.tenant_trusted_proxies only connections from those networks may name a tenant (others: 403).
 Real: the router and simulated workers."""

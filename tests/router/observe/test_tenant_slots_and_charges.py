@@ -1,5 +1,8 @@
-"""Adversarial review of the tenants at the router: a tenant's request cancelled while it waits in the
-router's admission queue must give its tenant slot back (and end its trace)."""
+"""A tenant's slot and token charges at the router when requests end early or look odd: a request
+cancelled while it waits in the router's admission queue gives its tenant slot back (and ends its trace);
+tokens_per_minute reserves at admission, so streams in flight overshoot by one request; hostile bodies
+neither leak the slot nor charge what never ran; a streamed batch is charged for every prompt, and a
+cancelled or whole stream (chat or /generate) what it streamed or reported, once."""
 
 from __future__ import annotations
 

@@ -307,7 +307,7 @@ def test_a_router_without_tracing_does_not_import_opentelemetry() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
-# ---- the seed's span, attribute by attribute (issue 29) -------------------------------------------
+# ---- the seed's span, attribute by attribute ------------------------------------------------------
 def _sse_objects(r: httpx.Response) -> list[Any]:
     return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
 

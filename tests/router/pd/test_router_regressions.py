@@ -1,5 +1,5 @@
-"""Defects found on main (issue 19, item 6), each against the real router and simulated (or stand-in)
-workers: the chars-per-token estimate learned from the first answer, a prefix re-added after its TTL
+"""Whole-router regressions, each against the real router and simulated (or stand-in) workers:
+the chars-per-token estimate learned from the first answer, a prefix re-added after its TTL
 lapsed keeps its settings, every attempt failing on a worker 5xx gives the router's 502 JSON, n > 1 over
 PD refused at once, the predicted index corrected by the cached tokens workers report, `prefixes remove`,
 no "warm 2/2" for an expired prefix, the workers table at 80 columns."""
@@ -202,7 +202,7 @@ def test_workers_table_fits_80_columns(mixed: ThreadedSimCluster, capsys: pytest
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """On an 80-column terminal no line is wider than 80 and no column is lost (a table too wide folds
     to `key: value` blocks, output/fit.py); piped, it is one header and one line per worker, unwrapped
-    (issue 29 item 7: a pipe has no width to fit)."""
+    (a pipe has no width to fit)."""
     cols = ("worker", "role", "state", "infl", "reqs", "err", "rst", "index")
     with start_router_in_thread(router_config(workers=mixed.urls)) as router:
         # a terminal 80 columns wide (rich reads both variables); styles stripped before measuring

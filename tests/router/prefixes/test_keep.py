@@ -1,4 +1,4 @@
-"""Named prefixes' `keep` (issue 16 item 5): hbm (priority warm-ups, warmed again once it left HBM) and
+"""Named prefixes' `keep`: hbm (priority warm-ups, warmed again once it left HBM) and
 host (warm while it sits in host memory: no re-warm because it left HBM or idled). Pure registry, the
 profile's and the admin API's validation."""
 

@@ -1,4 +1,4 @@
-"""Issue 28 item 7: an expired (or superseded) pinned named prefix must not stay pinned on the worker.
+"""An expired (or superseded) pinned named prefix must not stay pinned on the worker.
 
 SGLang 0.5.23 sets a radix node's priority to the max of the priorities of the requests that inserted it
 and never lowers it (mem_cache/radix_cache.py `_insert_helper`; matching touches only last_access_time),

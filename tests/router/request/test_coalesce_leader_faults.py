@@ -1,5 +1,5 @@
-"""Adversarial review of in-flight prefix coalescing (router/request/coalesce.py): what a hold does to a request
-when the leader or its worker misbehaves, on real routers and real loopback workers (the simulator,
+"""In-flight prefix coalescing (router/request/coalesce.py) when the leader or its worker misbehaves:
+what a hold does to a request, on real routers and real loopback workers (the simulator,
 or a scripted aiohttp stand-in where the simulator cannot misbehave on demand)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A stream whose `data: [DONE]` reached the client is a success even when the client closes before the
 chunked terminator (the OpenAI SDK and `inferctl bench` close on [DONE]); a close before [DONE] is a 499.
-Issue 28 item 5. Real: the router, its relay and metrics; the worker is a stand-in that holds its
+Real: the router, its relay and metrics; the worker is a stand-in that holds its
 response open after [DONE] (the gap in which such a client closes)."""
 
 from __future__ import annotations

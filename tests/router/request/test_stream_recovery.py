@@ -1,4 +1,4 @@
-"""Mid-stream recovery (issue 28 item 6): a decode killed while it streams 128-token greedy answers under
+"""Mid-stream recovery: a decode killed while it streams 128-token greedy answers under
 load; with recovery on every stream ends normally and its text equals a run without the kill, with no
 token twice or missing; with it off the broken streams end with an error event (as before).
 

@@ -1,4 +1,4 @@
-"""Decode chosen by capacity (issue 30 item 5): a decode whose free KV cannot hold the request's prompt plus
+"""Decode chosen by capacity: a decode whose free KV cannot hold the request's prompt plus
 max tokens is not chosen while another can. Pure policy, the router's estimate, and a run on the simulator
 with SGLang's decode retraction: long outputs where request-count choice overflows the small decode's KV
 (retractions in the answers' meta_info) and capacity choice does not."""
