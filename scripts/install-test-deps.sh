@@ -24,7 +24,7 @@ RDMA_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq ibverbs-utils rdma-core p
 SYSTEMD_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq systemd"
 # real sudo for tests/remote/test_sudo_real.py (passwd: the useradd/userdel/chpasswd it also runs)
 SUDO_PKG_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq sudo passwd"
-# a real Redis for the router replicas' shared state (tests/router/test_replicas.py; not started as a service)
+# a real Redis for the router replicas' shared state (tests/router/scaleout/test_replicas.py; not started as a service)
 REDIS_CMD="$APT_UPDATE && ${SUDO}apt-get install -y -qq redis-server"
 # `+cpu` exactly: without it the same version can resolve to the CUDA wheel (+3 GB of nvidia-* packages).
 # sglang itself comes without its dependencies; the `sglang` extra adds the modules its import needs.

@@ -5,7 +5,7 @@ A port from bind(("127.0.0.1", 0)) is in the kernel's ephemeral range, the range
 connection of this machine takes its local port from. Between the moment it is picked and the moment
 the server binds it, any connection (the suite and whatever else shares the machine open thousands) may
 take it, and the server's bind fails with EADDRINUSE even with SO_REUSEADDR (a loaded full-suite run:
-the simulator's KV-events socket, `tests/router/test_router_processes.py`'s module fixture). So these
+the simulator's KV-events socket, `tests/router/scaleout/test_processes.py`'s module fixture). So these
 ports are picked below that range, where only an explicit bind can take them.
 """
 

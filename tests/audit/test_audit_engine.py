@@ -196,7 +196,7 @@ def test_only_imports_just_the_named_families() -> None:
     assert out.strip() == "['gpu'] ['infer_ctl.checks.family_names', 'infer_ctl.checks.gpu', 'infer_ctl.checks.registry']", out
 
 
-# ---- facts not gathered are "not checked", never "recovered" (issue 14, defect 3) ------------------
+# ---- facts not gathered are "not checked", never "recovered" ---------------------------------------
 def _unreachable(node: str) -> Finding:
     return Finding.unknown("gpu.facts", node, "node", "GPU facts not gathered: connection refused",
                            details={"not_gathered": ["gpu.*"]})

@@ -262,7 +262,7 @@ def test_an_unset_key_variable_is_named_and_a_detach_remedy_is_the_attach_reques
             '"hicache_storage_prefetch_policy": "timeout", "hicache_write_policy": "write_back"}') in storage.remedy
 
 
-# ---- hostile /metrics and runtime answers (review of issue 16): NaN / Inf / negative samples crashed
+# ---- hostile /metrics and runtime answers: NaN / Inf / negative samples crashed
 # `check servers` (int(nan) in the finding's details) or were judged as counts ------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Issue 28 item 9: the audit history survives a torn last line and short writes."""
+"""The audit history survives a torn last line and short writes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A cluster whose servers were never launched (issue 29 item 5): `inferctl status`, `check servers` and
+"""A cluster whose servers were never launched: `inferctl status`, `check servers` and
 `audit --only servers` agree (FAIL, exit 2: the profile declares servers that are not serving), the audit
 JSON holds every finding, and `audit --since-last` words an unchanged failing run as such.
 

@@ -1,4 +1,4 @@
-"""`inferctl demo --scenario pd-shift` (issue 30 item 6): the mix shifts to long outputs on 2P+2D with role
+"""`inferctl demo --scenario pd-shift`: the mix shifts to long outputs on 2P+2D with role
 switching, the controller moves a prefill to the decode pool, nothing fails. Timings are not asserted here
 (2 shared cores); docs/benchmarks.md has the measured ones."""
 

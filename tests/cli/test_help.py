@@ -1,4 +1,4 @@
-"""`--help` shows the way (issue 29, item 8): an example on every command, one placeholder style, no
+"""`--help` shows the way: an example on every command, one placeholder style, no
 `<bool>` on switches, root help fast (it imports no command module) and not broken mid-sentence."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ctrl-C says so and exits 130 (issue 29, item 9): `exec` exited 130 with no line at all, because typer
+"""Ctrl-C says so and exits 130: `exec` exited 130 with no line at all, because typer
 0.29 turns a KeyboardInterrupt into a returned 130 before the CLI boundary sees it."""
 
 from __future__ import annotations

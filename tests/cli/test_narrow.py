@@ -1,5 +1,5 @@
 """At 80 columns a table too wide folds to `key: value` blocks: no header split mid-word ("ste / ps",
-"spec (windo / w)"), no column cut to "disaggr…" or dropped (issue 29, item 7)."""
+"spec (windo / w)"), no column cut to "disaggr…" or dropped."""
 
 from __future__ import annotations
 

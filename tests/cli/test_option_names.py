@@ -1,4 +1,4 @@
-"""One meaning per short option letter and per long option name across the whole CLI (issue 29, item 6):
+"""One meaning per short option letter and per long option name across the whole CLI:
 a user who learnt `-n` on `exec` must not get something else from `-n` on `bench`."""
 
 from __future__ import annotations

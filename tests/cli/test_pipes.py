@@ -1,4 +1,4 @@
-"""Every table-printing command, piped (issue 29, item 7): its stdout goes through a real pipe (a
+"""Every table-printing command, piped: its stdout goes through a real pipe (a
 subprocess, as `inferctl ... | cat` would), and must hold no box drawing, no terminal escapes, no trailing
 blanks and no line cut at a pretend 80-column width. The commands run here need no remote node: the
 shipped local profile (connection: local), the sizing math, and a router in front of simulated workers."""

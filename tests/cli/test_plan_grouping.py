@@ -1,4 +1,4 @@
-"""`provision --plan` prints identical node blocks once (issue 29, item 7)."""
+"""`provision --plan` prints identical node blocks once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`$INFERCTL_PROFILE` and `-p` behave identically in every command (issue 29, item 2): built from the
+"""`$INFERCTL_PROFILE` and `-p` behave identically in every command: built from the
 command tree, so a new command that takes a profile is covered without editing this file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`inferctl profile init` (issue 29, item 8): a commented first profile from a few flags that passes
+"""`inferctl profile init`: a commented first profile from a few flags that passes
 `profile validate`, written atomically, never over an existing file without --force."""
 
 from __future__ import annotations

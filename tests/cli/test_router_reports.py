@@ -1,5 +1,5 @@
 """`router status|workers|spec|prefixes|tenants` say which router answered and which profile chose it, in
-text and JSON, with a real duration; `router prefixes list` is named so (issue 29, items 2 and 10)."""
+text and JSON, with a real duration; `router prefixes list` is named so."""
 
 from __future__ import annotations
 

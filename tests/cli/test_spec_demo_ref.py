@@ -1,5 +1,5 @@
 """The spec-drift demo's `apply with:` command names the profile the demo was given, not always
-`-p builtin:local` (issue 29, item 9)."""
+`-p builtin:local`."""
 
 from __future__ import annotations
 

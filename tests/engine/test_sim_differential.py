@@ -1,6 +1,6 @@
 """The simulator against the engine it models: the same requests to real SGLang 0.5.23 (CPU backend, the
 tiny model) and to a simulated worker with the same tokenizer directory, page size and context length,
-compared field by field (issue 26 item 2).
+compared field by field.
 
 Two kinds of comparison: the shape of every answer (keys, nested, and JSON types: shapes.py), and exact
 equality wherever the value is deterministic (status codes, error texts, model cards, cached tokens, KV

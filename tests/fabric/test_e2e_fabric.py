@@ -210,7 +210,7 @@ def _alias_profile(cluster: Any, tmp_path: Path, base_port: int, **pingpong: Any
 def test_pair_tests_with_ssh_config_aliases_use_the_data_plane_address_and_show_every_pair(
     ssh_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Before issue 14 the client got the alias (`pf-01.ic`): every pair failed with 'Name or service not
+    """The client used to get the alias (`pf-01.ic`): every pair failed with 'Name or service not
     known' and the remedy blamed GID/PFC/MTU. The client now gets the server's RoCE v2 GID's IPv4; an
     unreachable decode node is a 'not run' cell in the matrix, with its reason."""
     cluster = ssh_cluster(names=["pf-01", "dc-01", "dc-02"], roles=[["prefill"], ["decode"], ["decode"]])

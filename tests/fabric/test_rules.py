@@ -129,7 +129,7 @@ def test_gid_family_must_match_across_nodes() -> None:
     assert judge_gid_families({}) == []
 
 
-# ---- the NIC's own PCIe link (issue 14) -------------------------------------------------------------
+# ---- the NIC's own PCIe link ------------------------------------------------------------------------
 def test_nic_pcie_parser_reads_the_kernel_formats() -> None:
     from infer_ctl.facts.nic_pcie import parse_nic_pcie
 

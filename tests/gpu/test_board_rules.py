@@ -1,4 +1,4 @@
-"""The passive GPU checks that used to pass silently (issue 14, defect 6): NVSwitch fabric state, power
+"""The passive GPU checks that used to pass silently: NVSwitch fabric state, power
 limit, HBM temperature, InfoROM, VBIOS per node and per fleet, the PCIe replay rate between audits, and
 a driver split without a majority. Facts come from real nvidia-smi captures (tests/fixtures/nvidia-smi-qx,
 one HAND-EDITED copy with one fault per GPU, named so) or are changed by hand on top of them."""

@@ -1,4 +1,4 @@
-"""A GPU node whose NVIDIA kernel module is not loaded (issue 29 item 4): nvidia-smi prints "couldn't
+"""A GPU node whose NVIDIA kernel module is not loaded: nvidia-smi prints "couldn't
 communicate with the NVIDIA driver" and exits 9, NVML raises NVMLError_DriverNotLoaded. Where the profile
 says the node has GPUs that is a FAIL (exit 2) with the DKMS/reboot remedy, as gpud and DCGM judge it,
 not an UNKNOWN telling the user to install a driver that is installed.

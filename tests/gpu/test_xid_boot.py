@@ -1,4 +1,4 @@
-"""XIDs since the last boot (issue 14, defect 5): real kernel-log captures (tests/fixtures/kernel-xid),
+"""XIDs since the last boot: real kernel-log captures (tests/fixtures/kernel-xid),
 stamped ISO (journal) or with dmesg's seconds since boot, judged against a boot time; XIDs of earlier
 boots are listed, not judged; a fatal XID that comes back after a reboot is escalated to hardware
 inspection, from the journal or from what an earlier audit remembered."""

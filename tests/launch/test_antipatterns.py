@@ -1,4 +1,4 @@
-"""The seed's anti-patterns (issue 29): each a WARN with a field path and a remedy from `profile validate`
+"""The seed's anti-patterns: each a WARN with a field path and a remedy from `profile validate`
 (exit 1) and `launch --dry-run` (core/sglang/antipatterns.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Profile contradictions that make a broken launch (issue 29 item 3): each is a FAIL with the field to
+"""Profile contradictions that make a broken launch: each is a FAIL with the field to
 change, from `profile validate` (exit 64) and `launch --dry-run` alike (core/sglang/contradictions.py)."""
 
 from __future__ import annotations

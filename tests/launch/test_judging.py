@@ -198,7 +198,7 @@ def test_profile_validate_fails_on_a_launch_plan_fail(capsys: pytest.CaptureFixt
         "  - {name: dc-01, host: 10.9.9.2, roles: [decode]}\nmodels: {target: {path: /m}}\n"
         "sglang: {extra_args: {decode: [--kv-cache-dtype, fp8_e5m2]}}\n"
     )
-    # a launch plan that would fail makes the profile invalid: exit 64, as a schema error (issue 16)
+    # a launch plan that would fail makes the profile invalid: exit 64, as a schema error
     assert main(["profile", "validate", "-p", str(bad), "--json"]) == 64
     doc = json.loads(capsys.readouterr().out)
     assert [(f["check"], f["status"]) for f in doc["findings"]] == [

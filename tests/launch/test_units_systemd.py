@@ -164,7 +164,7 @@ def test_launch_clears_the_start_limit_before_restarting(start_limited: Any) -> 
 
 @needs_analyze
 def test_the_router_unit_verifies_and_raises_the_descriptor_limit(tmp_path: Path) -> None:
-    """templates/inferctl-router.service.j2 (issue 28 item 4): LimitNOFILE= set, systemd's parser accepts it."""
+    """templates/inferctl-router.service.j2: LimitNOFILE= set, systemd's parser accepts it."""
     import jinja2
 
     from infer_ctl.resources import templates_dir

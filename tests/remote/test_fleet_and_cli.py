@@ -196,7 +196,7 @@ def test_abort_kills_this_runs_remote_commands_over_root_logins_and_nothing_else
 
 
 def test_ctrl_c_on_exec_exits_130_and_leaves_no_remote_process(ssh_cluster, tmp_path):
-    # The reviewer's reproduction: `inferctl exec -- 'sleep 98'` as root, SIGINT, nothing left behind.
+    # The reproduction: `inferctl exec -- 'sleep 98'` as root, SIGINT, nothing left behind.
     cluster = ssh_cluster(2)
     path = cluster.write_profile(tmp_path / "p.yaml")
     profile = profile_of(cluster)

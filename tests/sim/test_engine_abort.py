@@ -1,5 +1,5 @@
-"""A client that goes away while its prompt is in the running prefill step (found reviewing in-flight
-prefix coalescing: a leader whose user closed the tab). The step's batch still held the aborted
+"""A client that goes away while its prompt is in the running prefill step (in in-flight prefix
+coalescing: a leader whose user closed the tab). The step's batch still held the aborted
 request, `prefill_queue.remove` raised after the step, the GPU loop task died and every later request
 waited forever (num_waiting_reqs stuck, nothing running)."""
 

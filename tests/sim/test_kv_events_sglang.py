@@ -282,7 +282,7 @@ def test_config_offset_and_descriptor_agree_with_sglang() -> None:
 
 
 def test_a_chunked_prefill_publishes_each_page_once_chained_across_its_chunks() -> None:
-    """Found reviewing batch-time matching (h/review3): a chunked prompt's chunks enter the tree as they
+    """Batch-time matching: a chunked prompt's chunks enter the tree as they
     are computed, one BlockStored per chunk (its whole pages only: 15-token chunks on 2-token pages),
     each chained to the page the previous chunk ended with, decoded by SGLang's msgspec classes."""
     from sglang.srt.disaggregation.kv_events import BlockStored, KVEventBatch

@@ -140,7 +140,7 @@ def test_meta_info_reports_the_hit_of_a_request_that_waited_behind_its_prefix() 
         cluster.stop()
 
 
-# -- found reviewing the change (h/review3) -------------------------------------------------------------
+# -- a chunk's own insert and the eviction it triggers -------------------------------------------------
 def test_a_chunk_insert_does_not_evict_the_chunk_it_just_inserted() -> None:
     # SGLang's cache_unfinished_req inserts the chunk and locks its new last node before anything can be
     # evicted (eviction runs at the next allocation): the request's own computed KV is never evictable.

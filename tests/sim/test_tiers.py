@@ -269,7 +269,7 @@ def test_a_buffer_only_worker_serves_storage_hits_and_check_servers_reads_its_dr
         assert status == "warn" and message.startswith("1,600 buffer_only backup tokens never reached storage"), message
 
 
-# ---- accounting under random load (review of issue 16) ------------------------------------------------
+# ---- accounting under random load -------------------------------------------------------------------
 # A storage-only prefix computed again went back to HBM without a host copy; evicted again it became
 # storage-only above children still in host memory, and load_back (which takes the host part of a path
 # to come first) then loaded a host child twice and its storage-only parent never: `size` and

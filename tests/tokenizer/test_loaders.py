@@ -2,7 +2,7 @@
 and through `check tokenizer` (the reason becomes one tokenizer.files failure naming the file, with a
 remedy), plus the order in which the tokenizer sources are tried.
 
-The malformed tokenizer.json, config.json, generation eos and safetensors headers that test_hostile.py
+The malformed tokenizer.json, config.json, generation eos and safetensors headers that test_malformed_inputs.py
 already drives through compare_dirs are not repeated here."""
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def test_validate_json_on_invalid_profile(tmp_path: Path, capsys: pytest.Capture
 def test_profile_show_json_fills_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["profile", "show", "-p", "builtin:local", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    # the standard envelope (issue 29 item 10), the profile with its defaults under "resolved"
+    # the standard envelope, the profile with its defaults under "resolved"
     assert (doc["command"], doc["profile"], doc["status"], doc["exit_code"]) == ("profile show", "local", "ok", 0)
     assert doc["path"].endswith("local.yaml")
     assert doc["resolved"]["sglang"]["prefill"]["bootstrap_port"] == 8998

@@ -1,4 +1,4 @@
-"""A model directory whose chat_template.jinja does not compile (adversarial review of issue 26): the
+"""A model directory whose chat_template.jinja does not compile: the
 router routes chat on the predicted index instead of raising from every health check (the exception
 skipped `apply()`: a worker that went down was never marked healthy again, and nothing was logged)."""
 

@@ -313,7 +313,7 @@ def test_a_range_error_shows_the_value_in_the_options_unit(
     assert shown in capsys.readouterr().err
 
 
-# ---- hostile input (review of issue 16): each of these crashed (exit 2), passed silently with the preset's
+# ---- hostile input: each of these crashed (exit 2), passed silently with the preset's
 # value, or planned a TP SGLang refuses to start -----------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """`profile show` round-trips: its output, piped or redirected, is a profile that validates and shows the
-same as the original (issue 29: rich cropped lines at 80 columns, so `> x.yaml` cut "RoCEv2 400G" to
+same as the original (rich used to crop lines at 80 columns, so `> x.yaml` cut "RoCEv2 400G" to
 "RoCEv2 40" and the damaged file still validated).
 
 `profile show` runs as a real process whose stdout is a pipe or a file, as a user's shell would give it,

@@ -93,7 +93,7 @@ def test_prefill_server_error_is_retried_then_reported(upstreams: Any) -> None:
     with start_router_in_thread(cfg) as router:
         t = time.monotonic()
         r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
-        # every attempt failed on a worker 5xx: the router's own 502 JSON (issue 19 (c)), naming the 503
+        # every attempt failed on a worker 5xx: the router's own 502 JSON, naming the 503
         assert r.status_code == 502 and time.monotonic() - t < 3.0
         assert r.json()["error"]["type"] == "server_error" and "HTTP 503" in r.json()["error"]["message"]
         assert len(seen) - before == 3  # one try and two retries
@@ -188,7 +188,7 @@ def test_sglang_deprecated_aliases_and_ready_are_served(upstreams: Any) -> None:
     pre, _ = upstreams["ok_prefill"]
     dec, _ = upstreams["ok_decode"]
     with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[dec], health_interval_s=60)) as router:
-        # PD: the prefill's document plus every worker's per role (issue 28 item 10, the gateway's shape)
+        # PD: the prefill's document plus every worker's per role (the gateway's shape)
         assert httpx.get(router.url + "/get_server_info", timeout=10).json() == {
             "status": "ok", "prefill": [{"status": "ok"}], "decode": [{"status": "ok"}]}
         assert httpx.get(router.url + "/ready", timeout=10).status_code == 200

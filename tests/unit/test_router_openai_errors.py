@@ -1,4 +1,4 @@
-"""Router-made errors carry OpenAI's error `type` for their status (issue 28 item 10): clients branch on
+"""Router-made errors carry OpenAI's error `type` for their status: clients branch on
 invalid_request_error / authentication_error / rate_limit_error / server_error, not on the router's own
 reasons (those stay in the message and in inferctl_router_rejected_total{reason})."""
 

@@ -123,7 +123,7 @@ def test_a_refill_never_goes_above_capacity_when_given_back() -> None:
 
 def test_a_deeply_nested_prompt_is_estimated_without_recursion() -> None:
     """A 1000-deep list (valid JSON for orjson) raised RecursionError in the estimate, after the tenant's
-    admission: the request was a 500 and its max_concurrency slot was never given back (review)."""
+    admission: the request was a 500 and its max_concurrency slot was never given back."""
     import orjson
 
     from infer_ctl.core.tenancy.estimate import request_tokens
@@ -136,7 +136,7 @@ def test_a_deeply_nested_prompt_is_estimated_without_recursion() -> None:
 
 def test_a_request_a_worker_refused_gets_its_reservation_back() -> None:
     """A 400 from the worker (SGLang: max_tokens over the context) computed nothing; it kept a reservation
-    of its max_tokens, so one request with a huge max_tokens locked the tenant out (review)."""
+    of its max_tokens, so one request with a huge max_tokens locked the tenant out."""
     clock = Clock()
     o = _observing(1000, clock)
     huge = _start(o, {"text": "x" * 400, "sampling_params": {"max_new_tokens": 10**12}})

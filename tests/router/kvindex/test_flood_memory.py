@@ -1,0 +1,111 @@
+"""A publisher under the flood limits must not stall the router nor hold its memory.
+
+Each storage medium is bounded on its own (`max_blocks_per_medium`, refused blocks counted by medium),
+an untrusted stream frees its blocks at once, and a batch is applied in slices with the event loop
+running between them (an 800,000-hash set update held a loaded host's loop 0.8-1.6 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import msgspec
+import pytest
+
+from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
+from infer_ctl.router.kvindex.kv_subscriber import KvStream, StreamSettings
+
+
+def stored(hashes: list[int], parent: int | None, medium: str = "GPU") -> dict:
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": [],
+            "block_size": 1, "medium": medium}
+
+
+def test_each_medium_is_bounded_on_its_own_and_refusals_are_counted_by_medium() -> None:
+    b = WorkerBlocks(max_blocks=1000, max_blocks_per_medium=10)
+    b.apply([stored(list(range(1, 9)), None), stored(list(range(1, 9)), None, "CPU_PINNED")])
+    b.apply([stored([100, 101], None, "DISK")])
+    with pytest.raises(EventRejected) as exc:
+        b.apply([stored([200, 201, 202, 203, 204], None, "CPU_PINNED")])
+    assert exc.value.kind == "capacity" and "CPU_PINNED" in str(exc.value)
+    assert b.refused == {"CPU_PINNED": 5}
+    assert b.snapshot() == {"GPU": 8, "CPU_PINNED": 8, "DISK": 2}  # nothing of the refused batch applied
+    b.apply([stored([1, 2], None, "CPU_PINNED")])  # stored again: not new, within the bound
+    with pytest.raises(EventRejected):
+        b.apply([stored(list(range(300, 303)), None)])  # the device too
+
+
+def test_a_batch_is_applied_in_steps_with_the_same_result() -> None:
+    hashes = list(range(1, 200_001))
+    whole, steps = WorkerBlocks(), WorkerBlocks()
+    whole.apply([stored(hashes, None)])
+    gen = steps.apply_steps([stored(hashes, None)], step_blocks=50_000)
+    yields = 0
+    with pytest.raises(StopIteration) as done:
+        while True:
+            next(gen)
+            yields += 1
+    assert yields == 3 + 1 and done.value.value.stored == 200_000  # 1: after the check of its one event
+    assert steps.device == whole.device and len(steps) == len(whole) == 200_000
+
+
+def _stream(**settings: object) -> KvStream:
+    s = KvStream("http://w", "tcp://127.0.0.1:1", None, "", settings=StreamSettings(**settings))  # type: ignore[arg-type]
+    s.state, s.last_seq = "exact", 0
+    return s
+
+
+def _batch(events: list[dict]) -> bytes:
+    return msgspec.msgpack.encode([time.time(), events, 0])
+
+
+def test_the_loop_runs_while_an_800k_hash_batch_is_applied() -> None:
+    rng = random.Random(1)
+    payload = _batch([stored([rng.getrandbits(63) for _ in range(800_000)], None)])
+    s = _stream()
+
+    async def main() -> int:
+        ticks = 0
+        stop = False
+
+        async def tick() -> None:
+            nonlocal ticks
+            while not stop:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        before = ticks
+        await s._apply(1, payload)
+        stop = True
+        await t
+        return ticks - before
+
+    ran = asyncio.run(main())
+    assert s.last_seq == 1 and len(s.blocks) == 800_000
+    assert ran >= 10, ran  # the loop turned between the slices (it did not turn at all before)
+
+
+def test_an_untrusted_stream_frees_its_blocks_at_once() -> None:
+    s = _stream(max_blocks=5000, max_blocks_per_medium=2000)
+
+    async def main() -> None:
+        await s._apply(1, _batch([stored(list(range(1, 1501)), None, m) for m in ("GPU", "CPU_PINNED")]))
+        assert len(s.blocks) == 1500 and s.blocks.snapshot() == {"GPU": 1500, "CPU_PINNED": 1500}
+        seen: list[tuple[str, int]] = []
+        s.on_event = lambda _s, what, n: seen.append((what, n))
+        await s._apply(2, _batch([stored(list(range(2001, 3001)), 1500, "CPU_PINNED")]))
+        assert ("refused:CPU_PINNED", 1000) in seen and ("rejected:capacity", 1) in seen
+
+    asyncio.run(main())
+    assert s.state == "untrusted" and len(s.blocks) == 0 and s.blocks.snapshot() == {"GPU": 0}
+
+
+def test_a_flooding_stream_frees_its_blocks_when_it_is_paused() -> None:
+    s = _stream()
+    asyncio.run(s._apply(1, _batch([stored(list(range(1, 1001)), None, m) for m in ("GPU", "DISK")])))
+    assert s.blocks.snapshot() == {"GPU": 1000, "DISK": 1000}
+    s._reject("flood", "more than 16777216 bytes/s")  # what _run does before the pause
+    assert s.state == "untrusted" and len(s.blocks) == 0  # not held through the 30 s pause
