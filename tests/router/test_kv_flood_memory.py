@@ -52,7 +52,7 @@ def test_a_batch_is_applied_in_steps_with_the_same_result() -> None:
 
 def _stream(**settings: object) -> KvStream:
     s = KvStream("http://w", "tcp://127.0.0.1:1", None, "", settings=StreamSettings(**settings))  # type: ignore[arg-type]
-    s.state, s.last_seq = "exact", 0
+    s.seq.state, s.seq.last_seq = "exact", 0
     return s
 
 

@@ -1,0 +1,94 @@
+"""One KV-event stream's blocks: its batches decoded and applied to the index (core/routing/blocks.py).
+
+No sockets and no health state: kv_subscriber.py hands it the payloads its sequence rules
+(stream_state.py) say to apply, and turns an `EventRejected` into an untrusted stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from infer_ctl.core.routing.blocks import BatchEffect, EventRejected, WorkerBlocks
+
+
+class BlockBounds(Protocol):
+    """StreamSettings' bounds of the index (kv_subscriber.py)."""
+
+    @property
+    def max_blocks(self) -> int: ...
+    @property
+    def max_blocks_per_medium(self) -> int | None: ...
+    @property
+    def max_event_blocks(self) -> int | None: ...
+
+
+def decode(payload: bytes) -> list[Any]:
+    """A batch's events (`[ts, events, attn_dp_rank]`); EventRejected (decode, malformed) otherwise."""
+    import msgspec
+
+    try:
+        batch = msgspec.msgpack.decode(payload)
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
+        raise EventRejected("decode", f"undecodable batch: {exc}") from None
+    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
+        raise EventRejected("malformed", "a batch is not [ts, events, rank]")
+    events: list[Any] = batch[1]
+    return events
+
+
+class StreamBlocks:
+    def __init__(self, bounds: BlockBounds) -> None:
+        self.bounds = bounds
+        self.blocks = self.new_blocks()
+        #: bumped whenever the blocks are dropped (restart, down, untrusted): a batch being applied in
+        #: steps across that is moot (`apply`)
+        self.resets = 0
+        self._refused: dict[str, int] = {}
+
+    def new_blocks(self) -> WorkerBlocks:
+        b = self.bounds
+        return WorkerBlocks(max_blocks=b.max_blocks, max_event_blocks=b.max_event_blocks,
+                            max_blocks_per_medium=b.max_blocks_per_medium)
+
+    def drop(self) -> None:
+        self.resets += 1
+        self.blocks.clear()
+
+    def take_refused(self) -> dict[str, int]:
+        """Blocks refused per medium since the last call (max_blocks_per_medium: the metric)."""
+        out, self._refused = self._refused, {}
+        return out
+
+    async def apply(self, events: list[Any]) -> BatchEffect | None:
+        """Apply one decoded batch in steps, yielding to the loop between them (core/routing/blocks.py
+        `apply_steps`). None: the blocks were dropped meanwhile (a restart, down), so the batch is not
+        this stream's truth. Raises EventRejected (nothing applied)."""
+        blocks, resets = self.blocks, self.resets
+        try:
+            steps = blocks.apply_steps(events)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    eff: BatchEffect = done.value
+                    break
+                await asyncio.sleep(0)
+        except EventRejected:
+            for medium, n in blocks.refused.items():
+                self._refused[medium] = self._refused.get(medium, 0) + n
+            blocks.refused.clear()
+            raise
+        return eff if resets == self.resets else None
+
+    def repair(self, events: list[Any]) -> BatchEffect | None:
+        """An untrusted stream's batch: with an AllBlocksCleared in it, the blocks after the last one are
+        the whole truth (applied into fresh blocks, which replace the old); else None. Raises
+        EventRejected (the old blocks stay)."""
+        clears = [i for i, ev in enumerate(events) if isinstance(ev, dict) and ev.get("type") == "AllBlocksCleared"]
+        if not clears:
+            return None
+        fresh = self.new_blocks()
+        eff = fresh.apply(events[clears[-1]:])
+        self.blocks = fresh
+        return eff
