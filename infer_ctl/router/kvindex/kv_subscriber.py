@@ -267,7 +267,7 @@ class KvStream:
         if step.kind == "apply":
             await self._apply(seq, payload)
         elif step.kind == "repair":
-            self._repair(seq, payload)
+            await self._repair(seq, payload)
         elif step.kind == "no_history":
             self._untrusted("no_history", f"joined at seq {seq} and the worker has no replay endpoint")
         elif step.kind == "restart":
@@ -362,10 +362,12 @@ class KvStream:
 
     # ---- applying batches ---------------------------------------------------------------------------
     async def _apply(self, seq: int, payload: bytes) -> None:
-        """Decode one batch (one C call holding the loop: 133-159 ms for 7.2 MB on a loaded host) and
-        apply it in steps, yielding to the loop between them (stream_blocks.py)."""
+        """Decode one batch and apply it in steps, yielding to the loop between them (stream_blocks.py)."""
+        resets = self.index.resets
         try:
-            events = decode(payload)
+            events = await decode(payload)
+            if resets != self.index.resets:  # dropped while it was decoded (restart, down): moot
+                return
             eff = await self.index.apply(events)
         except EventRejected as exc:
             for medium, n in self.index.take_refused().items():
@@ -377,10 +379,13 @@ class KvStream:
         self.seq.applied(seq)
         self._count(len(events), eff)
 
-    def _repair(self, seq: int, payload: bytes) -> None:
+    async def _repair(self, seq: int, payload: bytes) -> None:
         """Untrusted: only a cleared cache tells the whole truth again."""
+        resets = self.index.resets
         try:
-            events = decode(payload)
+            events = await decode(payload)
+            if resets != self.index.resets or self.state != "untrusted":  # reset while it was decoded
+                return
             eff = self.index.repair(events)
         except EventRejected as exc:
             self._reject(exc.kind, str(exc))
