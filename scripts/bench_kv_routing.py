@@ -64,9 +64,9 @@ def main() -> None:
         ids = tok.encode(text)
         pages = len(ids) // a.page_size
         hs = block_hashes(page_digests(ids[: pages * a.page_size], a.page_size, None))
-        workers[i % a.workers].device.update(hs)
-        tiered[i % a.workers].device.update(hs[: len(hs) // 2])
-        tiered[i % a.workers].other.setdefault("CPU_PINNED", set()).update(hs)
+        workers[i % a.workers].device.update(dict.fromkeys(hs))
+        tiered[i % a.workers].device.update(dict.fromkeys(hs[: len(hs) // 2]))
+        tiered[i % a.workers].other.setdefault("CPU_PINNED", {}).update(dict.fromkeys(hs))
     chains = [(t, text_chain(t, 64)) for t in texts]
     t0 = time.perf_counter()
     for t, h in chains:

@@ -14,8 +14,8 @@ in pyproject.toml: a room imports only the rooms below it):
 - fleet: workers (runtime worker state), pair_health, metrics, shared_load and shared_flights (shared
   by the processes)
 - config (module): RouterConfig
-- kvindex: kv_routing, kv_subscriber, replay_cursor, kv_prompts, kv_settings; observe: tracing, tenants,
-  spec_stats, logs (the two do not import each other)
+- kvindex: kv_routing (kv_discovery, kv_anchoring), kv_subscriber (stream_state, replay_cursor, stream_blocks,
+  kv_socket), kv_prompts, kv_settings; observe: tracing, tenants, spec_stats, logs (the two do not import each other)
 - http: h1 (the data-plane HTTP/1.1 server), upstream (keep-alive HTTP/1.1 client), sse, jsonio
 Policy decisions are pure functions in infer_ctl.core.routing.
 """

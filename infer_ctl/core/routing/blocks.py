@@ -22,8 +22,15 @@ memory is at most one entry per medium a block is on: 2 x `max_blocks` for SGLan
 only), 4 x for a publisher naming all of MEDIA. `max_blocks_per_medium` bounds each medium's set on its
 own (None: `max_blocks`): a batch that would pass it is refused whole like one over `max_blocks`, and
 its blocks on that medium are counted in `refused` (the metric of refused blocks by medium). Memory is
-about 86 bytes an entry (a Python int and its set slot, measured: 4M entries 345 MB), so a stream holds
-at most ~86 B x (max_blocks + the lower media's caps).
+about 100 bytes an entry (a Python int and its dict slot, measured: 3.2M entries in four media 323 MB),
+so a stream holds at most ~100 B x (max_blocks + the lower media's caps).
+
+Each medium's blocks are the keys of a plain dict (values None), not a set: a dict holding only ints is
+not tracked by Python's cyclic garbage collector, a set always is, and every full collection walked
+every entry of every set (375 ms for 3.2M blocks on a loaded 2-core host, measured), a stall of the
+router's event loop whenever the collector ran, however the batches were sliced (issue 28 item 2: the
+flood's /health p99). Set algebra still runs at C speed: `set.difference` has a fast path for a dict
+argument, a dict's keys view intersects with a list (`_not_in`, `_remove`).
 
 `apply_steps` applies a batch in slices of `step_blocks` hashes, yielding between them, so the caller
 can let its event loop run: one set update of 800,000 hashes held a loaded 2-core host's loop 0.8-1.6 s
@@ -33,9 +40,13 @@ stays a prefix of each chain; a `clear` meanwhile ends the batch (`_epoch`).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
+
+#: one medium's blocks: a dict's keys, values None (module docstring: why not a set)
+Blocks = dict[int, None]
 
 #: SGLang's StorageMedium.GPU; an event without a medium (SGLang omits a None field) is on the device
 DEVICE = "GPU"
@@ -67,8 +78,11 @@ class BatchEffect:
     unknown_removed: int = 0
 
 
-#: hashes per slice of `apply_steps`: ~5-20 ms of set work on a loaded host
-STEP_BLOCKS = 50_000
+#: hashes per slice of `apply_steps`. Each hash is a lookup (and an insert) in sets of up to millions of
+#: entries, tables far over the CPU's caches: ~0.4-1.6 us a hash once a medium holds 250,000-800,000
+#: blocks (a quiet 2-core host), so 50,000 a slice held the loop 20-80 ms every slice of a flood's
+#: batch (issue 28 item 2); 8,192 is ~3-13 ms, and the loop turns a slice costs are noise next to it
+STEP_BLOCKS = 8_192
 
 
 def _hashes(ev: dict[str, Any], limit: int) -> list[int]:
@@ -110,10 +124,10 @@ class WorkerBlocks:
         # BlockRemoved of n hashes (storing it one BlockStored with chunked prefill off): a lower
         # per-event limit would untrust a worker for serving a long prompt.
         self.max_event_blocks = max_blocks if max_event_blocks is None else max_event_blocks
-        #: device blocks: what a prompt is matched against (a set: membership at C speed)
-        self.device: set[int] = set()
+        #: device blocks: what a prompt is matched against (a dict's keys: module docstring)
+        self.device: Blocks = {}
         #: blocks on other media (host memory, storage), kept for tiered scoring
-        self.other: dict[str, set[int]] = {}
+        self.other: dict[str, Blocks] = {}
         #: `tiers` of the last weight function asked, until the next batch changes what is held
         self._tiers: tuple[Callable[[str], float], list[tuple[float, Callable[[int], bool]]]] | None = None
         #: distinct blocks over every medium (len of the union), kept by `apply`
@@ -146,7 +160,7 @@ class WorkerBlocks:
             return []
         media.sort(key=lambda ms: -ms[0])
         out: list[tuple[float, Callable[[int], bool]]] = []
-        sets: list[set[int]] = [self.device]
+        sets: list[Blocks] = [self.device]
         i = 0
         while i < len(media):
             w = media[i][0]
@@ -158,21 +172,21 @@ class WorkerBlocks:
 
     def clear(self) -> None:
         self._epoch += 1
-        self.device = set()
+        self.device = {}
         self.other = {}
         self._tiers = None
         self._distinct = 0
 
-    def _others(self, target: set[int]) -> list[set[int]]:
+    def _others(self, target: Blocks) -> list[Blocks]:
         """The non-empty sets of the media other than `target`'s."""
         return [s for s in (self.device, *self.other.values()) if s and s is not target]
 
-    def _set(self, medium: str) -> set[int]:
+    def _set(self, medium: str) -> Blocks:
         if medium == DEVICE:
             return self.device
         s = self.other.get(medium)
         if s is None:
-            s = self.other[medium] = set()
+            s = self.other[medium] = {}
         return s
 
     def apply(self, events: Any) -> BatchEffect:
@@ -222,25 +236,19 @@ class WorkerBlocks:
 
     def _store(self, medium: str, hashes: list[int]) -> None:
         target = self._set(medium)
-        others = self._others(target)
-        if others:  # a block already on another medium (a host backup, a load back) is not new
-            new = set(hashes).difference(target)
-            self._distinct += len(new.difference(*others))
-            target.update(new)
-        else:
-            before = len(target)
-            target.update(hashes)
-            self._distinct += len(target) - before
+        new = _not_in(set(hashes), [target])
+        # a block already on another medium (a host backup, a load back) is not new
+        self._distinct += len(_not_in(new, self._others(target)))
+        target.update(dict.fromkeys(new))
 
     def _remove(self, medium: str, hashes: list[int], eff: BatchEffect) -> None:
         # a removal creates no set: only stores bring a medium in
-        target = self.device if medium == DEVICE else self.other.get(medium, set())
-        held = target.intersection(hashes)  # set operations: no Python loop per hash
+        target = self.device if medium == DEVICE else self.other.get(medium, {})
+        held = target.keys() & hashes  # C loops over the list: no Python loop per hash
         if held:
-            target.difference_update(held)
-            others = self._others(target)
+            deque(map(target.__delitem__, held), maxlen=0)
             # a block leaving one medium stays held while another has it (HBM evicts a backed-up page)
-            self._distinct -= len(held.difference(*others)) if others else len(held)
+            self._distinct -= len(_not_in(held, self._others(target)))
         eff.removed += len(held)
         eff.unknown_removed += len(hashes) - len(held)
 
@@ -326,7 +334,7 @@ class WorkerBlocks:
             if kind == "AllBlocksCleared":
                 held, size, added = [], 0, set()
             elif kind == "BlockStored":
-                new = set(hashes).difference(added, *held)
+                new = _not_in(set(hashes).difference(added), held)
                 size += len(new)
                 if size > self.max_blocks:
                     return True
@@ -339,18 +347,18 @@ class WorkerBlocks:
                        hashes: list[int]) -> bool:
         """Whether `medium`'s set would pass max_blocks_per_medium with this batch's stores on it so far
         (and `hashes`), counted distinct; its removals not subtracted (as `_passes_bound`)."""
-        held: set[int] = set() if any(k == "AllBlocksCleared" for k, *_ in plan) else (
-            self.device if medium == DEVICE else self.other.get(medium, set()))
+        held: Blocks = {} if any(k == "AllBlocksCleared" for k, *_ in plan) else (
+            self.device if medium == DEVICE else self.other.get(medium, {}))
         n = len(held)
         added: set[int] = set()
         for kind, m, hs, _ev in plan:
             if kind == "AllBlocksCleared":
                 n, added = 0, set()
             elif kind == "BlockStored" and m == medium:
-                new = set(hs).difference(added, held)
+                new = _not_in(set(hs).difference(added), [held])
                 n += len(new)
                 added |= new
-        return n + len(set(hashes).difference(added, held)) > self.max_blocks_per_medium
+        return n + len(_not_in(set(hashes).difference(added), [held])) > self.max_blocks_per_medium
 
     def _held_anywhere(self, block: int) -> bool:
         return block in self.device or any(block in s for s in self.other.values())
@@ -369,7 +377,16 @@ def _stored_in(block: int, stored: list[list[int]]) -> bool:
     return any(block in hs for hs in stored)  # list scans at C speed, no set built
 
 
-def _member(sets: tuple[set[int], ...]) -> Callable[[int], bool]:
+def _not_in(blocks: set[int], held: list[Blocks]) -> set[int]:
+    """The blocks none of `held` has. One `difference` per dict (its fast path for a dict argument:
+    a lookup per block of the set); several arguments at once would iterate every dict after the first."""
+    for h in held:
+        if blocks and h:
+            blocks = blocks.difference(h)
+    return blocks
+
+
+def _member(sets: tuple[Blocks, ...]) -> Callable[[int], bool]:
     """`block in any of sets`, unrolled for the usual one or two lower media (a generator per test
     would cost more than the lookup)."""
     if len(sets) == 2:

@@ -28,6 +28,10 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   sees the drop; the subscription is opened again and the missed range replayed (counted as a gap);
   a replay whose connection drops the same way is rejected as `message_size` (counted, untrusted).
 
+The parts: kv_socket.py (the ZMQ sockets, thin), stream_state.py (the sequence rules and the health
+state, pure; replay_cursor.py the replay's), stream_blocks.py (decoding and applying batches to the
+index); `KvStream` here runs the task that wires them.
+
 An untrusted or down stream routes that worker on the predicted index (router/kvindex/kv_routing.py); the rest
 of the fleet stays exact. The task yields to the event loop every few messages, so a flood never stalls
 the request path, and ZMQ's receive high-water mark and maximum message size bound what it buffers.
@@ -42,8 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
+from infer_ctl.core.routing.blocks import BatchEffect, EventRejected, WorkerBlocks
+from infer_ctl.router.kvindex.kv_socket import Dropped, LiveSocket, ReplaySocket
 from infer_ctl.router.kvindex.replay_cursor import ReplayCursor
+from infer_ctl.router.kvindex.stream_blocks import StreamBlocks, decode
+from infer_ctl.router.kvindex.stream_state import FloodWindow, StreamSequence
 
 log = logging.getLogger("infer_ctl.router.kv")
 
@@ -65,7 +72,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 class StreamSettings:
     max_blocks: int = 4_000_000
     #: each storage medium's own bound (core/routing/blocks.py; None: max_blocks): a publisher naming
-    #: four media otherwise holds up to 4 x max_blocks entries, ~86 bytes each
+    #: four media otherwise holds up to 4 x max_blocks entries, ~100 bytes each
     max_blocks_per_medium: int | None = None
     max_event_blocks: int | None = None  # None: max_blocks (core/routing/blocks.py says why)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -101,7 +108,9 @@ class StreamStats:
 
 
 class KvStream:
-    """The stream of one publisher (one DP rank of one worker)."""
+    """The stream of one publisher (one DP rank of one worker): the task that feeds the sockets'
+    messages (kv_socket.py) to the sequence rules (stream_state.py, replay_cursor.py) and applies what
+    they say to the blocks (stream_blocks.py)."""
 
     def __init__(self, worker: str, endpoint: str, replay_endpoint: str | None, topic: str, *,
                  settings: StreamSettings, on_event: Callable[[KvStream, str, int], None] | None = None,
@@ -113,37 +122,39 @@ class KvStream:
         self.topic = topic.encode()
         self.settings = settings
         #: metrics hook: (stream, what, count); what in batches, events, gap, replay_ok, replay_failed,
-        #: restart, untrusted, rejected:<kind>
+        #: restart, untrusted, rejected:<kind>, refused:<medium>
         self.on_event = on_event
-        self.blocks = self._new_blocks()
-        #: bumped whenever the blocks are dropped (restart, down, untrusted): a batch being applied in
-        #: steps across that is moot (`_apply`)
-        self._resets = 0
+        self.index = StreamBlocks(settings)
+        self.seq = StreamSequence()
         self.stats = StreamStats()
-        self.state = "replaying"
-        self.reason = "starting"
-        self.last_seq: int | None = None
         #: what the stores said: page size and bigram keys
         self.block_size: int | None = None
         self.bigram: bool | None = None
-        self._resync = True  # replay from 0 before trusting anything
-        self._dup_from = -1  # live seqs in (dup_from, dup_upto] were already applied from a replay
-        self._dup_upto = -1
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
-        self._flood_window = (0.0, 0, 0)
+        self._flood = FloodWindow(settings.max_batches_per_s, settings.max_bytes_per_s)
         self._logged: dict[str, float] = {}
-        #: after a dropped connection: the seq to replay from on the next subscription
-        self._replay_from: int | None = None
 
-    def _new_blocks(self) -> WorkerBlocks:
-        st = self.settings
-        return WorkerBlocks(max_blocks=st.max_blocks, max_event_blocks=st.max_event_blocks,
-                            max_blocks_per_medium=st.max_blocks_per_medium)
+    # ---- what the others read -----------------------------------------------------------------------
+    @property
+    def blocks(self) -> WorkerBlocks:
+        return self.index.blocks
 
-    def _drop_blocks(self) -> None:
-        self._resets += 1
-        self.blocks.clear()
+    @property
+    def state(self) -> str:
+        return self.seq.state
+
+    @property
+    def reason(self) -> str:
+        return self.seq.reason
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.seq.last_seq
+
+    @property
+    def exact(self) -> bool:
+        return self.seq.exact
 
     # ---- control (the health checker, the admin API) ------------------------------------------------
     def start(self) -> None:
@@ -163,26 +174,19 @@ class KvStream:
             except (asyncio.CancelledError, Exception):
                 pass
 
-    @property
-    def exact(self) -> bool:
-        return self.state == "exact"
-
     def restarted(self, why: str = "worker restarted") -> None:
         """The worker process is new: its cache is empty and its seq starts at 0 again."""
         self.stats.restarts += 1
         self._emit("restart")
-        self._drop_blocks()
-        self.state, self.reason = "replaying", why
-        self.last_seq = None
-        self._resync = True
+        self.index.drop()
+        self.seq.restarted(why)
         if self._wake is not None:
             self._wake.set()
 
     def down(self, why: str = "worker unhealthy") -> None:
         """The worker is unreachable: what it held is unknown from now on."""
-        self._drop_blocks()
-        self.state, self.reason = "down", why
-        self.last_seq = None
+        self.index.drop()
+        self.seq.down(why)
 
     def up(self) -> None:
         """The worker answers again (same process): learn its cache again from the buffer."""
@@ -191,33 +195,23 @@ class KvStream:
 
     # ---- the task ---------------------------------------------------------------------------------
     async def _run(self) -> None:
-        import zmq
-        import zmq.asyncio
-
-        ctx = zmq.asyncio.Context.instance()
+        st = self.settings
         while True:
-            sub = ctx.socket(zmq.SUB)
-            watch: _Watch | None = None
+            live: LiveSocket | None = None
             try:
-                sub.setsockopt(zmq.LINGER, 0)
-                sub.setsockopt(zmq.RCVHWM, self.settings.rcv_hwm)
-                sub.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
-                if "[" in self.endpoint:
-                    sub.setsockopt(zmq.IPV6, 1)
-                sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-                watch = _Watch(sub)
-                sub.connect(self.endpoint)
-                await self._session(sub, watch)
+                live = LiveSocket(self.endpoint, self.topic, rcv_hwm=st.rcv_hwm, max_message_bytes=st.max_message_bytes)
+                await self._session(live)
             except asyncio.CancelledError:
                 raise
-            except _Dropped:
+            except Dropped:
                 self._dropped()
                 await asyncio.sleep(0.1)  # ZMQ's own reconnect interval: a publisher that keeps doing it is no busy loop
                 continue
             except _Flood as flood:
                 self._reject("flood", str(flood))
-                sub.close(linger=0)
-                await asyncio.sleep(self.settings.flood_pause_s)
+                if live is not None:
+                    live.close()
+                await asyncio.sleep(st.flood_pause_s)
                 self.restarted("flood pause over")
                 continue
             except Exception as exc:  # never lose the task: the stream is untrusted, and tried again
@@ -227,147 +221,89 @@ class KvStream:
                     log.exception("KV events: subscriber failed", extra={"worker": self.worker})
                 await asyncio.sleep(1.0)
             finally:
-                if watch is not None:
-                    watch.close()
-                sub.close(linger=0)
+                if live is not None:
+                    live.close()
 
     def _dropped(self) -> None:
         """The SUB connection dropped (module docstring): what was published meanwhile is lost, a gap.
-        An exact stream replays it on the next subscription (`_replay_from`)."""
+        An exact stream replays it on the next subscription."""
         self.stats.gaps += 1
         self._emit("gap")
         log.warning("KV events: a message over max_message_bytes dropped the subscription's connection (ZMQ "
                     "does not reconnect it): subscribing again", extra={
                         "worker": self.worker, "max_message_bytes": self.settings.max_message_bytes})
-        if self.state in ("exact", "replaying") and self.last_seq is not None:
-            self._replay_from = self.last_seq + 1
-            self.state, self.reason = "replaying", f"connection dropped after seq {self.last_seq}"
+        self.seq.dropped()
 
-    async def _session(self, sub: Any, watch: _Watch | None = None) -> None:
+    async def _session(self, live: LiveSocket) -> None:
         n = 0
-        # The receive in progress, kept across idle checks: a silent stream is not cancelled and re-armed
-        # with ZMQ every _IDLE_S (8 streams of a 2-process router over 4 workers did that 16 times a
-        # second), and a message already queued is taken without a timer (pyzmq tries a non-blocking
-        # receive first), after one turn of the event loop.
-        pending: Any = None
-        try:
-            while True:
-                if pending is None or not pending.done():  # a message in hand is handled first
-                    replay = (self._resync and self.state != "down") or self._replay_from is not None
-                    if replay and pending is not None:  # the replay reads the socket itself
-                        pending.cancel()
-                        pending = None
-                    if self._resync and self.state != "down":
-                        self._resync = False
-                        self._replay_from = None
-                        await self._replay(sub, 0)
-                    elif self._replay_from is not None:
-                        start, self._replay_from = self._replay_from, None
-                        if self.state == "replaying":
-                            await self._replay(sub, start)
-                if pending is None:
-                    pending = sub.recv_multipart()
-                if pending.done():
-                    await asyncio.sleep(0)  # one turn of the loop per message, as the wait gave: requests run
-                else:
-                    await asyncio.wait((pending,), timeout=_IDLE_S)
-                    if not pending.done():
-                        if watch is not None and await watch.dropped():
-                            raise _Dropped
-                        continue
-                fut, pending = pending, None
-                frames = fut.result()
-                size = sum(len(f) for f in frames)
-                self._flood_check(size)
-                await self._live(sub, frames)
-                n += 1
-                if n % _YIELD_EVERY == 0 or size > 1 << 16:  # a large batch took a while: let requests run
-                    await asyncio.sleep(0)  # a busy stream never holds the loop
-        finally:
-            if pending is not None:
-                pending.cancel()
+        while True:
+            if not live.has_message():  # a message in hand is handled first
+                due, start = self.seq.take_replay()
+                if due:
+                    live.stop_receiving()  # the replay reads the sockets itself
+                    if start is not None:
+                        await self._replay(start)
+            frames = await live.recv(_IDLE_S)
+            if frames is None:
+                continue
+            size = sum(len(f) for f in frames)
+            why = self._flood.over(size, time.monotonic())
+            if why is not None:
+                raise _Flood(why)
+            await self._live(frames)
+            n += 1
+            if n % _YIELD_EVERY == 0 or size > 1 << 16:  # a large batch took a while: let requests run
+                await asyncio.sleep(0)  # a busy stream never holds the loop
 
-    def _flood_check(self, size: int) -> None:
-        now = time.monotonic()
-        start, count, nbytes = self._flood_window
-        if now - start >= 1.0:
-            start, count, nbytes = now, 0, 0
-        count, nbytes = count + 1, nbytes + size
-        self._flood_window = (start, count, nbytes)
-        if count > self.settings.max_batches_per_s:
-            self._flood_window = (now, 0, 0)
-            raise _Flood(f"more than {self.settings.max_batches_per_s} batches/s")
-        if nbytes > self.settings.max_bytes_per_s:
-            self._flood_window = (now, 0, 0)
-            raise _Flood(f"more than {self.settings.max_bytes_per_s} bytes/s")
-
-    async def _live(self, sub: Any, frames: list[bytes]) -> None:
-        if self.state == "down" or (self._resync and self.replay_endpoint is not None):
-            # down; or restarted() while the task waited for this message: the replay from 0 that comes
-            # next has it (it untrusted the stream as "joined at seq N without a replay endpoint")
+    async def _live(self, frames: list[bytes]) -> None:
+        if self.seq.ignores_live(self.replay_endpoint is not None):
             return
         if len(frames) != 3 or len(frames[1]) != 8:
             self._reject("malformed", f"a message of {len(frames)} frames")
             return
         seq = int.from_bytes(frames[1], "big")
         payload = frames[2]
-        if seq > self._dup_upto:
-            # past the replayed range: the live copies of it (queued in order before this one) are behind
-            # us, so a seq at or below it from now on is a restarted publisher, not a duplicate
-            self._dup_from = self._dup_upto = -1
-        if self.state == "untrusted":
-            self._repair(seq, payload)
-            return
-        last = self.last_seq
-        if last is None:
-            if seq == 0:  # a publisher that started after we subscribed
-                await self._apply(seq, payload)
-            else:
-                self._untrusted("no_history", f"joined at seq {seq} and the worker has no replay endpoint")
-            return
-        if seq == last + 1:
+        step = self.seq.live(seq)
+        if step.kind == "apply":
             await self._apply(seq, payload)
-        elif seq <= last:
-            if self._dup_from < seq <= self._dup_upto:
-                return  # already applied from the replay
+        elif step.kind == "repair":
+            await self._repair(seq, payload)
+        elif step.kind == "no_history":
+            self._untrusted("no_history", f"joined at seq {seq} and the worker has no replay endpoint")
+        elif step.kind == "restart":
             self.stats.restarts += 1
             self._emit("restart")
             log.warning("KV events: seq went back: the publisher restarted",
-                        extra={"worker": self.worker, "seq": seq, "last": last})
-            self._drop_blocks()
-            self.last_seq = None
-            if seq == 0:
-                self.last_seq = -1
+                        extra={"worker": self.worker, "seq": seq, "last": self.last_seq})
+            self.index.drop()
+            if self.seq.restart_at(seq):
                 await self._apply(seq, payload)
             else:
-                await self._replay(sub, 0)
-                if self.exact and self.last_seq is not None and seq == self.last_seq + 1:
+                await self._replay(0)
+                if self.seq.after_replay(seq) == "apply":
                     await self._apply(seq, payload)
-        else:
+        elif step.kind == "gap":
             self.stats.gaps += 1
             self._emit("gap")
             log.warning("KV events: sequence gap, replaying it",
-                        extra={"worker": self.worker, "expected": last + 1, "got": seq})
-            await self._replay(sub, last + 1)
-            if not self.exact or self.last_seq is None:
-                return
-            if seq == self.last_seq + 1:
+                        extra={"worker": self.worker, "expected": step.seq, "got": seq})
+            await self._replay(step.seq)
+            then = self.seq.after_replay(seq)
+            if then == "apply":
                 await self._apply(seq, payload)
-            elif seq > self.last_seq + 1:
-                self._untrusted("gap", f"replay did not fill seq {self.last_seq + 1}..{seq - 1}")
+            elif then == "gap":
+                last = self.last_seq
+                self._untrusted("gap", f"replay did not fill seq {last + 1 if last is not None else 0}..{seq - 1}")
 
-    async def _replay(self, sub: Any, start: int) -> None:
+    async def _replay(self, start: int) -> None:
         """Ask the replay socket for every batch from `start` and apply them in order: the socket I/O
         here, the sequence rules in replay_cursor.py."""
         self.stats.replays += 1
         if self.replay_endpoint is None:
-            if start == 0 and self.last_seq is None:
-                self.state, self.reason = "exact", "no replay endpoint: from the next batch on"
-                return  # the first live batch must then be seq 0 (`_live`)
-            self._replay_failed(start, "the worker has no replay endpoint")
+            if not self.seq.replay_without_endpoint(start):  # (else the first live batch must be seq 0)
+                self._replay_failed(start, "the worker has no replay endpoint")
             return
-        self.state, self.reason = "replaying", f"replaying from seq {start}"
-        from_seq = self.last_seq if self.last_seq is not None else -1
+        from_seq = self.seq.replay_begins(start)
         cur = ReplayCursor(start, self.last_seq, attempts=_REPLAY_ATTEMPTS, gap_asks=_REPLAY_ATTEMPTS,
                            max_batches=self.settings.replay_max_batches, timeout_s=self.settings.replay_timeout_s)
         try:
@@ -375,91 +311,49 @@ class KvStream:
         except TimeoutError as exc:  # (the cursor's "no answer" arrives as a failed step, this is a guard)
             self._replay_failed(start, str(exc) or "no replay answer")
             return
-        if not ok:
-            return
-        if self.last_seq is None:
-            self.last_seq = start - 1  # nothing published yet: the next batch is `start`
-        self._dup_from, self._dup_upto = from_seq, self.last_seq
-        self._emit("replay_ok")
-        self.state, self.reason = "exact", "in sync"
+        if ok:
+            self.seq.replayed(start, from_seq)
+            self._emit("replay_ok")
 
     async def _replay_io(self, start: int, cur: ReplayCursor) -> bool:
-        """The replay's DEALER: whether it ended in sync (else the stream is already untrusted)."""
-        import zmq
-        import zmq.asyncio
-
+        """The replay's DEALER (kv_socket.py) fed to its cursor: whether it ended in sync (else the stream
+        is already untrusted)."""
         assert self.replay_endpoint is not None
-        ctx = zmq.asyncio.Context.instance()
-        dealer = ctx.socket(zmq.DEALER)
-        watch: _Watch | None = None
-        budget = _Rate(self.settings.replay_max_bytes_per_s)
+        st = self.settings
+        sock = ReplaySocket(self.replay_endpoint, rcv_hwm=st.rcv_hwm, max_message_bytes=st.max_message_bytes)
+        n = 0
+        steps = sock.steps(cur, idle_s=_IDLE_S / 2, max_bytes_per_s=st.replay_max_bytes_per_s)
         try:
-            dealer.setsockopt(zmq.LINGER, 0)
-            # The live socket's receive limit (100,000), far over SGLang's buffer (10,000 batches by
-            # default): the publisher's ROUTER drops whatever does not fit our pipe, so ZMQ's default
-            # (1,000 messages) holed every replay of a busy worker's buffer while this loop was busy. Not
-            # unbounded (0): a hostile replay socket would fill memory at network speed meanwhile.
-            dealer.setsockopt(zmq.RCVHWM, self.settings.rcv_hwm)
-            dealer.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_bytes)
-            if "[" in self.replay_endpoint:
-                dealer.setsockopt(zmq.IPV6, 1)
-            watch = _Watch(dealer)
-            dealer.connect(self.replay_endpoint)
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            deadline = time.monotonic() + cur.wait_s
-            n = 0
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    step = cur.timeout()
-                    if step.kind == "fail":
-                        self._replay_failed(start, step.why)
-                        return False
-                    # a late answer to the earlier request is harmless: what it repeats is skipped
-                    await dealer.send_multipart([b"", step.seq.to_bytes(8, "big")])
-                    deadline = time.monotonic() + cur.wait_s
-                    continue
-                try:
-                    frames = await asyncio.wait_for(dealer.recv_multipart(), min(left, _IDLE_S / 2))
-                except TimeoutError:
-                    if await watch.dropped():  # no reconnect: a protocol error, a batch over the limit
-                        self._reject("message_size", f"replay from seq {start}: a batch over max_message_bytes "
-                                     f"({self.settings.max_message_bytes} bytes) dropped the connection")
-                        return False
-                    continue
-                deadline = time.monotonic() + cur.wait_s  # an answer in progress is waited for, however long
-                size = sum(len(f) for f in frames)
-                if budget.over(size):  # what a replay decodes holds the loop: its own byte budget
-                    raise _Flood(f"a replay over {self.settings.replay_max_bytes_per_s} bytes/s")
-                if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
-                    self._reject("malformed", f"a replay message of {len(frames)} frames")
-                    return False
-                step = cur.message(int.from_bytes(frames[2], "big", signed=True))
+            async for step, payload in steps:
                 if step.kind == "done":
                     return True
                 if step.kind == "fail":
                     self._replay_failed(start, step.why)
-                    return False
-                if step.kind == "ask":
+                elif step.kind == "dropped":  # no reconnect: a protocol error, a batch over the limit
+                    self._reject("message_size", f"replay from seq {start}: a batch over max_message_bytes "
+                                 f"({st.max_message_bytes} bytes) dropped the connection")
+                elif step.kind == "malformed":
+                    self._reject("malformed", f"a replay message of {step.seq} frames")
+                elif step.kind == "flood":
+                    raise _Flood(f"a replay over {st.replay_max_bytes_per_s} bytes/s")
+                elif step.kind == "ask":
                     self.stats.gaps += 1
                     self._emit("gap")
                     log.warning("KV events: a hole in the replay, asking again from the missing seq",
                                 extra={"worker": self.worker, "seq": step.seq})
-                    await dealer.send_multipart([b"", step.seq.to_bytes(8, "big")])
                     continue
-                if step.kind == "apply":
-                    if self.last_seq is None:
-                        self.last_seq = step.seq - 1
-                    await self._apply(step.seq, frames[3])
-                    if self.state == "untrusted":
-                        return False
+                elif step.kind == "apply":
+                    self.seq.replay_applies(step.seq)
+                    await self._apply(step.seq, payload)
+                if self.state == "untrusted" or step.kind not in ("apply", "skip"):
+                    return False
                 n += 1
-                if n % _YIELD_EVERY == 0 or size > 1 << 16:
+                if n % _YIELD_EVERY == 0 or len(payload) > 1 << 16:
                     await asyncio.sleep(0)
+            return False
         finally:
-            if watch is not None:
-                watch.close()
-            dealer.close(linger=0)
+            await steps.aclose()
+            sock.close()
 
     def _replay_failed(self, start: int, why: str) -> None:
         self.stats.replay_failures += 1
@@ -467,69 +361,42 @@ class KvStream:
         self._untrusted("replay", f"cannot replay from seq {start}: {why}")
 
     # ---- applying batches ---------------------------------------------------------------------------
-    def _decode(self, payload: bytes) -> list[Any] | None:
-        import msgspec
-
-        try:
-            batch = msgspec.msgpack.decode(payload)
-        except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
-            self._reject("decode", f"undecodable batch: {exc}")
-            return None
-        if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
-            self._reject("malformed", "a batch is not [ts, events, rank]")
-            return None
-        events: list[Any] = batch[1]
-        return events
-
     async def _apply(self, seq: int, payload: bytes) -> None:
-        """Decode one batch (one C call holding the loop: 133-159 ms for 7.2 MB on a loaded host) and
-        apply it in steps, yielding to the loop between them (core/routing/blocks.py `apply_steps`)."""
-        events = self._decode(payload)
-        if events is None:
-            return
-        blocks, resets = self.blocks, self._resets
+        """Decode one batch and apply it in steps, yielding to the loop between them (stream_blocks.py)."""
+        resets = self.index.resets
         try:
-            steps = blocks.apply_steps(events)
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    eff = done.value
-                    break
-                await asyncio.sleep(0)
+            events = await decode(payload)
+            if resets != self.index.resets:  # dropped while it was decoded (restart, down): moot
+                return
+            eff = await self.index.apply(events)
         except EventRejected as exc:
-            for medium, n in blocks.refused.items():
+            for medium, n in self.index.take_refused().items():
                 self._emit(f"refused:{medium}", n)
-            blocks.refused.clear()
             self._reject(exc.kind, str(exc))
             return
-        if resets != self._resets:  # dropped while it was applied (restart, down): not this stream's truth
+        if eff is None:  # dropped while it was applied (restart, down): not this stream's truth
             return
-        self.last_seq = seq
+        self.seq.applied(seq)
         self._count(len(events), eff)
 
-    def _repair(self, seq: int, payload: bytes) -> None:
+    async def _repair(self, seq: int, payload: bytes) -> None:
         """Untrusted: only a cleared cache tells the whole truth again."""
-        events = self._decode(payload) if self.state == "untrusted" else None
-        if not events:
-            return
-        clears = [i for i, ev in enumerate(events) if isinstance(ev, dict) and ev.get("type") == "AllBlocksCleared"]
-        if not clears:
-            return
-        fresh = self._new_blocks()
+        resets = self.index.resets
         try:
-            eff = fresh.apply(events[clears[-1]:])
+            events = await decode(payload)
+            if resets != self.index.resets or self.state != "untrusted":  # reset while it was decoded
+                return
+            eff = self.index.repair(events)
         except EventRejected as exc:
             self._reject(exc.kind, str(exc))
             return
-        self.blocks = fresh
-        self.last_seq = seq
-        self._dup_from = self._dup_upto = -1
-        self.state, self.reason = "exact", "repaired by AllBlocksCleared"
+        if eff is None:
+            return
+        self.seq.repaired(seq)
         log.warning("KV events: stream repaired by AllBlocksCleared", extra={"worker": self.worker, "seq": seq})
         self._count(len(events), eff)
 
-    def _count(self, n_events: int, eff: Any) -> None:
+    def _count(self, n_events: int, eff: BatchEffect) -> None:
         st = self.stats
         st.batches += 1
         st.events += n_events
@@ -549,17 +416,16 @@ class KvStream:
         self._untrusted(kind, message)
 
     def _untrusted(self, kind: str, message: str) -> None:
-        if self.state != "untrusted":
-            self.stats.untrusted += 1
-            self._emit("untrusted")
         if kind in ("capacity", "flood"):
             # a stream at its memory bound (max_blocks, max_blocks_per_medium) or flooding (closed and
             # paused, then replayed from 0 into fresh blocks anyway): an untrusted stream is not
             # read (its worker is routed on the predicted index) and is repaired only into fresh blocks,
             # so its memory is freed now, not when the stream is reset (a flooding publisher held 1 GB
             # that way, issue 28 item 2). Other rejections keep what was held (bounded the same way).
-            self._drop_blocks()
-        self.state, self.reason = "untrusted", message
+            self.index.drop()
+        if self.seq.untrusted(message):
+            self.stats.untrusted += 1
+            self._emit("untrusted")
         now = time.monotonic()
         if now - self._logged.get(kind, -1e9) >= 60.0:
             self._logged[kind] = now
@@ -583,77 +449,3 @@ class KvStream:
 
 class _Flood(Exception):
     pass
-
-
-class _Rate:
-    """Bytes a second over a one-second window: whether one more message goes over."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.start = time.monotonic()
-        self.n = 0
-
-    def over(self, size: int) -> bool:
-        now = time.monotonic()
-        if now - self.start >= 1.0:
-            self.start, self.n = now, 0
-        self.n += size
-        return self.n > self.limit
-
-
-class _Dropped(Exception):
-    """The SUB socket's connection dropped (its monitor said so)."""
-
-
-class _Watch:
-    """A socket's connections dropped for good, from ZMQ's socket monitor (a sync PAIR on the same libzmq
-    context, read without waiting). libzmq 4.3.5 follows a connection error (the peer went away) with
-    EVENT_CONNECT_RETRIED: it reconnects by itself; a protocol error (a message over MAXMSGSIZE) is an
-    EVENT_DISCONNECTED alone."""
-
-    _n = 0
-
-    def __init__(self, sock: Any) -> None:
-        import zmq
-
-        _Watch._n += 1
-        addr = f"inproc://inferctl-kv-monitor-{id(self)}-{_Watch._n}"
-        sock.monitor(addr, zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
-        self.sock = sock
-        self.pair: zmq.Socket[bytes] = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
-        self.pair.setsockopt(zmq.LINGER, 0)
-        # libzmq sends each monitor event blocking, holding the monitored socket's monitor mutex
-        # (socket_base.cpp monitor_event): with a bounded pipe, a backlog of events read only at idle
-        # times would stall ZMQ's I/O thread, and disable_monitor() in close() would wait on that mutex
-        # forever. RCVHWM 0 before connect makes the inproc pipe unbounded (a few bytes per event).
-        self.pair.setsockopt(zmq.RCVHWM, 0)
-        self.pair.connect(addr)
-
-    def _last(self) -> int | None:
-        import zmq
-        from zmq.utils.monitor import parse_monitor_message
-
-        last = None
-        while self.pair.poll(0, zmq.POLLIN):
-            last = int(parse_monitor_message(self.pair.recv_multipart())["event"])
-        return last
-
-    async def dropped(self) -> bool:
-        """Whether a connection dropped with no reconnect after it (read at idle times only)."""
-        import zmq
-
-        if self._last() != zmq.EVENT_DISCONNECTED:
-            return False
-        await asyncio.sleep(0.02)  # the retry event follows the disconnect at once when there is one
-        return self._last() != zmq.EVENT_CONNECT_RETRIED
-
-    def close(self) -> None:
-        import zmq
-
-        try:
-            if not self.sock.closed:  # (a flooding stream's socket is closed before its pause)
-                self.sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        finally:
-            self.pair.close(linger=0)

@@ -52,7 +52,7 @@ def test_a_batch_is_applied_in_steps_with_the_same_result() -> None:
 
 def _stream(**settings: object) -> KvStream:
     s = KvStream("http://w", "tcp://127.0.0.1:1", None, "", settings=StreamSettings(**settings))  # type: ignore[arg-type]
-    s.state, s.last_seq = "exact", 0
+    s.seq.state, s.seq.last_seq = "exact", 0
     return s
 
 
@@ -109,3 +109,37 @@ def test_a_flooding_stream_frees_its_blocks_when_it_is_paused() -> None:
     assert s.blocks.snapshot() == {"GPU": 1000, "DISK": 1000}
     s._reject("flood", "more than 16777216 bytes/s")  # what _run does before the pause
     assert s.state == "untrusted" and len(s.blocks) == 0  # not held through the 30 s pause
+
+
+def test_dropped_blocks_are_freed_in_slices_while_the_loop_runs() -> None:
+    """A drop with a loop running hands the old tables to a task that empties them a slice per turn
+    (freeing millions of ints at once held the loop 107-160 ms); the stream's own blocks are empty at once."""
+    from infer_ctl.router.kvindex import stream_blocks
+
+    async def main() -> None:
+        s = _stream()
+        await s._apply(1, _batch([stored(list(range(1, 40_001)), None, m) for m in ("GPU", "DISK")]))
+        old = [s.blocks.device, s.blocks.other["DISK"]]
+        s.restarted()
+        assert len(s.blocks) == 0 and s.blocks.snapshot() == {"GPU": 0}
+        assert all(len(d) == 40_000 for d in old) and stream_blocks._FREEING  # not freed in one piece
+        turns = 0
+        while stream_blocks._FREEING:
+            await asyncio.sleep(0)
+            turns += 1
+        assert old == [{}, {}] and turns >= 2 * 40_000 // stream_blocks._FREE_SLICE
+
+    asyncio.run(main())
+
+
+def test_a_batch_is_decoded_one_event_at_a_time_with_the_same_rejections() -> None:
+    from infer_ctl.router.kvindex.stream_blocks import decode
+
+    evs = [stored(list(range(i * 10_000, (i + 1) * 10_000)), None) for i in range(3)]
+    assert asyncio.run(decode(_batch(evs))) == evs
+    for payload, kind in ((b"\xc1\xff\x00garbage", "decode"), (msgspec.msgpack.encode({"not": "a batch"}), "malformed"),
+                          (msgspec.msgpack.encode([0.0, "events", 0]), "malformed"),
+                          (msgspec.msgpack.encode([0.0]), "malformed")):
+        with pytest.raises(EventRejected) as exc:
+            asyncio.run(decode(payload))
+        assert exc.value.kind == kind, payload

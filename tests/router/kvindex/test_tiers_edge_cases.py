@@ -128,8 +128,8 @@ def _table_and_pages() -> tuple[AnchorTable, list[int], list[int], int, int]:
 
 def _held(device: list[int], host: list[int]) -> WorkerBlocks:
     b = WorkerBlocks()
-    b.device.update(device)
-    b.other["CPU_PINNED"] = set(host)
+    b.device.update(dict.fromkeys(device))
+    b.other["CPU_PINNED"] = dict.fromkeys(host)
     return b
 
 
