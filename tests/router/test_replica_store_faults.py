@@ -21,7 +21,7 @@ from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.control import client as admin_client
-from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.daemon.assembly import build_router
 from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable
 from tests.router.redis_server import RedisServer, need_redis
 
@@ -33,8 +33,9 @@ class Replica:
     def __init__(self, url: str, *, wall: Callable[[], float] = time.time, timeout_s: float = 1.0,
                  resync_s: float = 5.0, namespace: str = NS, extra: tuple[str, ...] = (),
                  pool: tuple[str, str] = ("http://127.0.0.1:1", "http://127.0.0.1:2")) -> None:
-        self.router = Router(RouterConfig(workers=[worker(pool[0], "prefill", 8998), worker(pool[1], "decode"),
-                                                   *(worker(u, "prefill", 8998) for u in extra)]))
+        # built as the assembly builds a replica's router (its prefixes placed on shared terms)
+        self.router = build_router(RouterConfig(workers=[worker(pool[0], "prefill", 8998), worker(pool[1], "decode"),
+                                                         *(worker(u, "prefill", 8998) for u in extra)], state_store=url))
         self.workers: dict[str, dict[str, Any]] = {}
 
         async def apply_worker(u: str, rec: dict[str, Any]) -> None:

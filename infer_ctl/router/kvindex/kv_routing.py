@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -145,7 +145,8 @@ def endpoints(url: str, desc: dict[str, Any]) -> list[tuple[str, str | None]] | 
 class KvRouting:
     def __init__(self, *, enabled: bool = True, block_chars: int = 64, tokenizer_path: str | None = None,
                  settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None,
-                 tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10) -> None:
+                 tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10,
+                 chars_per_token: Callable[[], float] | None = None, processes: int = 1) -> None:
         self.enabled = enabled
         #: the longest prompt (characters of routing text) anchored; longer ones are routed on the
         #: predicted index (`anchor_skipped["too_long"]`)
@@ -176,22 +177,23 @@ class KvRouting:
         self.dropped = 0
         self.build_seconds = 0.0
         #: the router's chars-per-token estimate (feedback.py): predicted matches in tokens
-        self.chars_per_token: Any = lambda: 4.0
+        self.chars_per_token: Callable[[], float] = chars_per_token or (lambda: 4.0)
         #: what one request already on a prefill costs a new one, in prompt units: the mean uncached
         #: prompt tokens of recent answers (None until the first answer: the policy uses the prompt)
         self.queue_cost: float | None = None
         #: seconds per second this process may spend anchoring, on the request path, prompts it has not
         #: anchored deeply enough while the workers hold blocks (another replica's, process's or
         #: frontend's traffic may have cached them: `anchor_first_sight`); 0: off, every prompt is
-        #: anchored after its first routing only (router/scaleout/state_sync.py sets the replicas' budget)
+        #: anchored after its first routing only
         self.first_sight_budget = 0.05
         self._budget = 0.0
         self._budget_at = time.monotonic()
         self.first_sight = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
         #: router processes on this address (router/daemon/procs.py): a prefill that stops publishing is worth a warning
-        self.processes = 1
-        #: called with the worker's URL after each applied batch (router/request/coalesce.py); None: nobody listens
-        self.on_batch: Any = None
+        self.processes = processes
+        #: called with the worker's URL after each applied batch (router/request/coalesce.py), bound by the
+        #: router's assembly (router/daemon/assembly.py: the coalescer holds this index); None: nobody listens
+        self.on_batch: Callable[[str], None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:

@@ -41,6 +41,7 @@ from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.fleet.shared_flights import FAILED, FAILED_WORKER, POLL_S, FlightBoard, Remote
 from infer_ctl.router.fleet.shared_flights import LANDED as BOARD_LANDED
 from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.retry import AttemptFailed
 
@@ -97,14 +98,16 @@ class _Hold:
 
 class Coalescer:
     def __init__(self, cfg: CoalesceConfig, *, block_chars: int, chars_per_token: Callable[[], float],
-                 registry: CollectorRegistry | None = None, max_retries: int = 0) -> None:
+                 registry: CollectorRegistry | None = None, max_retries: int = 0, kv: KvRouting | None = None,
+                 board: FlightBoard | None = None) -> None:
         self.cfg = cfg
         self.block_chars = block_chars
         self.chars_per_token = chars_per_token
         self.pending = PendingBlocks()
         self.max_blocks = max(1, MAX_PENDING_CHARS // block_chars)
-        #: the exact index (router/kvindex/kv_routing.py), for landing a leader on its worker's KV events
-        self.kv: Any = None
+        #: the exact index (router/kvindex/kv_routing.py), for landing a leader on its worker's KV events;
+        #: None: coalescing is off (the router keeps a coalescer that nothing calls)
+        self.kv = kv
         #: the router's retries per request: a follower whose leader's worker failed is re-routed
         #: only while it has one left (else it goes to the worker itself, as without a hold)
         self.max_retries = max_retries
@@ -123,9 +126,9 @@ class Coalescer:
         #: flights that landed and are still pending, per worker (until the worker's events cover them),
         #: each with its worker's `kv.marks` when it landed or was last looked at
         self._landed: dict[str, dict[Flight, tuple[int, int]]] = {}
-        #: several router processes: the flight board (set by the server), and the task that looks at it
-        #: while a request here waits for another process's flight
-        self.board: FlightBoard | None = None
+        #: several router processes sharing their flights: the flight board (router/fleet/shared_flights.py),
+        #: and the task that looks at it while a request here waits for another process's flight
+        self.board = board
         self._poll: asyncio.Task[None] | None = None
         self.holding = 0
         self.held = Counter("inferctl_router_coalesce_held_total",

@@ -155,7 +155,10 @@ WorkerApply = Callable[[str, dict[str, Any]], Awaitable[None]]
 class StateSync:
     def __init__(self, router: Router, *, url: str, password: str | None, namespace: str,
                  apply_worker: WorkerApply, on_prefix_change: Callable[[], None], resync_s: float = 5.0,
-                 timeout_s: float = 1.0, first_sight_budget: float = 0.05) -> None:
+                 timeout_s: float = 1.0) -> None:
+        """`router`'s prefixes must place on shared terms (PrefixRegistry `shared_placement`: replicas place a
+        prefix on the same workers, by rendezvous hash, not by their own load view): the assembly
+        (router/daemon/assembly.py) builds them so with a state store."""
         if importlib.util.find_spec("redis") is None:
             raise UsageError("router.state_store is set but the Redis client (python package redis) is not installed",
                              remedy="pip install 'inferctl[replicas]'")
@@ -173,11 +176,6 @@ class StateSync:
         self.fleet_key = f"{ns}:fleet"
         #: the workers this replica was started with (its profile's, or its flags'), before the store adds any
         self.fleet = sorted(w.url for w in router.workers.all())
-        #: replicas place a prefix on the same workers (rendezvous hash, not their own load view)
-        router.prefixes.shared_placement = True
-        #: a prompt first seen here may be cached by another replica's traffic: anchor it before routing,
-        #: within 5 % of this replica's time (kv_routing.py)
-        router.kv.first_sight_budget = first_sight_budget
         self.revs: dict[str, int] = {}
         self.epoch: str | None = None
         self.up = False
