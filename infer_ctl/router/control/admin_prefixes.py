@@ -20,7 +20,8 @@ from infer_ctl.router.control.admin_http import (
 )
 from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.request.proxy import Router
-from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable, VerbRefused
+from infer_ctl.router.scaleout.state_sync import StateSync, VerbRefused
+from infer_ctl.router.scaleout.store_status import StoreUnavailable
 
 
 def _known(call: Any, missing: str) -> Any:

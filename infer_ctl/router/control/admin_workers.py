@@ -23,7 +23,8 @@ from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.follow import forget_worker
-from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable
+from infer_ctl.router.scaleout.state_sync import StateSync
+from infer_ctl.router.scaleout.store_status import StoreUnavailable
 
 log = logging.getLogger("infer_ctl.router")
 

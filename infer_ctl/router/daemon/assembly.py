@@ -49,6 +49,7 @@ from infer_ctl.router.request.recovery import StreamRecovery
 from infer_ctl.router.request.relay import StreamRelay
 from infer_ctl.router.scaleout.follow import Follower, ProcessRole, Publisher
 from infer_ctl.router.scaleout.metrics_merge import ProcessMetrics
+from infer_ctl.router.scaleout.replica_records import ReplicaRecords
 from infer_ctl.router.scaleout.state_sync import StateSync
 
 
@@ -76,9 +77,9 @@ def build(cfg: RouterConfig, role: ProcessRole | None = None, *, seat: Seat | No
     warmer = PrefixWarmer(router)
     changes = WorkerChanges(router, health, warmer)
     #: with a state store, every change of named prefixes and workers goes through it to every replica
-    replicas = StateSync(router, url=cfg.state_store, password=cfg.state_store_password,
-                         namespace=cfg.state_namespace, apply_worker=changes.apply,
-                         on_prefix_change=warmer.poke) if cfg.state_store else None
+    replicas = StateSync(router, ReplicaRecords(router, apply_worker=changes.apply, on_prefix_change=warmer.poke),
+                         url=cfg.state_store, password=cfg.state_store_password,
+                         namespace=cfg.state_namespace) if cfg.state_store else None
     procs: Publisher | Follower | None = None
     process_metrics: ProcessMetrics | None = None
     if role is not None:
