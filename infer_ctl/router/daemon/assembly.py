@@ -4,8 +4,8 @@ constructor arguments, in an order that gives each what it needs (docs/router.md
 `role` says what this process is among the router's processes (router/daemon/procs.py, scaleout/follow.py):
 None for the only one; a ProcessRole for one of several, which counts its load in the supervisor's shared
 block and is the leader (index 0: the admin API, the snapshot's publisher) or a follower (applies the
-leader's snapshot). Two links are cycles no construction order breaks; `_bind` makes them, once, at the
-end of each build (see there).
+leader's snapshot). Three links are cycles no construction order breaks; `_bind` makes them, once, at
+the end of each build (see there).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def build(cfg: RouterConfig, role: ProcessRole | None = None, *, seat: Seat | No
     server = RouterServer(cfg, router=router, health=health, warmer=warmer, admin=admin, replicas=replicas,
                           role=role, procs=procs, shared=seat.block if role is not None and seat is not None else None,
                           process_metrics=process_metrics)
-    _bind(router, server.http)
+    _bind(router, server.http, health)
     return server
 
 
@@ -104,7 +104,7 @@ def build_router(cfg: RouterConfig, *, seat: Seat | None = None, clock: Callable
                  rng: random.Random | None = None) -> Router:
     """The request path alone, without an HTTP front (tests, benchmarks)."""
     router = _router(cfg, seat, clock=clock, rng=rng or random.Random())
-    _bind(router, None)
+    _bind(router, None, None)
     return router
 
 
@@ -114,7 +114,9 @@ def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float],
                         max_blocks=max(1, cfg.index_max_tokens * 4 // cfg.block_chars))
     # several replicas (a state store) place a prefix on the same workers: by rendezvous hash, not by
     # each one's own view of the load (core/routing/prefixes.py)
-    prefixes = PrefixRegistry(rewarm_idle_s=cfg.rewarm_idle_s, shared_placement=bool(cfg.state_store))
+    # pins kept by touching (unless by priority): the registry plans the touches, the warmer sends them
+    prefixes = PrefixRegistry(rewarm_idle_s=cfg.rewarm_idle_s, shared_placement=bool(cfg.state_store),
+                              pin_touch_s=None if cfg.pin_via == "priority" else cfg.pin_touch_s)
     now = clock()
     for p in cfg.prefixes:
         prefixes.register(p.name, p.text, now=now, ttl_s=p.ttl_s, replicas=p.replicas, pin=p.pin, fmt=p.fmt,
@@ -169,13 +171,17 @@ def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float],
                                       chars_per_token=ratio.get, spec=spec, pairs=pairs))
 
 
-def _bind(router: Router, front: H1Server | None) -> None:
-    """The two links that are cycles, made once the parts exist:
+def _bind(router: Router, front: H1Server | None, health: HealthChecker | None) -> None:
+    """The links that are cycles, made once the parts exist:
     - the metrics' scrape-time gauges read the router's parts (workers, index, exact index, ...), and
       every part counts into the metrics, so the gauges are added last; with them, the front's
       connections (the front's requests go to the router);
     - the exact index tells the coalescer of each applied batch (a held request's leader may have
-      landed), and the coalescer reads the exact index."""
+      landed), and the coalescer reads the exact index;
+    - a worker that fails a request's call at the transport level is checked at once by the health
+      checker, which is built on the router (whose calls those are)."""
     router.metrics.watch(router, (lambda: (len(front.conns), front.refused)) if front is not None else None)
     if router.picker.pending is not None:
         router.kv.on_batch = router.coalesce.kv_batch
+    if health is not None:
+        router.calls.suspect = health.suspect

@@ -53,9 +53,8 @@ def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: Collec
             Tracing,
         )
 
-        tracing = Tracing(cfg.tracing)
-        # what the spans name of the serving workers (the decodes' /server_info, the pairs' KV transfers)
-        tracing.facts = ServingFacts(spec, pairs, cfg.spec_cost_ratio, clock)
+        # with what the spans name of the serving workers (the decodes' /server_info, the pairs' KV transfers)
+        tracing = Tracing(cfg.tracing, ServingFacts(spec, pairs, cfg.spec_cost_ratio, clock))
     if tenancy is None and tracing is None:
         return None
     return Observing(tenancy, tracing, model_name=cfg.model_name, chars_per_token=chars_per_token)
