@@ -3,9 +3,9 @@ characters, workers count tokens), predicted vs reported cached tokens (the inde
 the named prefix's statistics (which trigger a re-warm when it was evicted), the correction of the
 predicted index by the reported cached tokens, and the per-request log line.
 
-The ratio starts at 4.0 and is learned from the first answers at once (their mean, then a slow moving
-average: `TokenRatio`), and a change is passed on (its `on_change`) so each prefill's index capacity, which is converted
-with it, is corrected now rather than at the next health check.
+The ratio (`TokenRatio`) starts at 4.0 and is learned from the first answers at once (their mean, then a
+slow moving average), and a change is passed on (its `on_change`) so each prefill's index capacity, which
+is converted with it, is corrected now rather than at the next health check.
 
 The correction: when a prefill reports clearly fewer cached tokens than the predicted index matched,
 it evicted (or was flushed, or filled by traffic that bypassed the router). The prompt itself is cached
