@@ -75,7 +75,6 @@ class HealthChecker:
         self._task: asyncio.Task[None] | None = None
         #: checks started outside a round (a probe of a worker that is down, a suspect): stopped with it
         self._probes: set[asyncio.Task[None]] = set()
-        router.calls.suspect = self.suspect
 
     def _identify(self, w: WorkerState, status: int, doc: Any) -> None:
         """Say what answers at a worker (SGLang at the tested version, another version, the simulator, or

@@ -46,9 +46,9 @@ class PrefixWarmer:
         self._wake = asyncio.Event()
         #: the routing text's block chain of each prefix version whose tier is watched (`keep`)
         self._hashes: dict[tuple[str, int], list[int]] = {}
+        #: pins by priority; else the registry plans the touches (PrefixRegistry `pin_touch_s`, given by the
+        #: assembly, router/daemon/assembly.py)
         self.pin_by_priority = router.cfg.pin_via == "priority"
-        # the registry plans the touches; set here, where the pins are kept (the leader's warmer)
-        router.prefixes.pin_touch_s = None if self.pin_by_priority else router.cfg.pin_touch_s
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from infer_ctl.aio import LoopThread
 from infer_ctl.router.config import RouterConfig, WorkerSpec, from_profile, worker
-from infer_ctl.router.daemon.server import RouterServer
+from infer_ctl.router.daemon.assembly import Seat, build
 
 if TYPE_CHECKING:
     from infer_ctl.profile import Profile
@@ -45,10 +45,12 @@ def router_config(*, prefill: Sequence[tuple[str, int | None]] = (), decode: Seq
 class RouterHandle:
     """A router serving from a daemon thread. `stop()` drains and closes it."""
 
-    def __init__(self, cfg: RouterConfig, timeout: float = 30.0) -> None:
+    def __init__(self, cfg: RouterConfig, timeout: float = 30.0, seat: Seat | None = None) -> None:
+        """`seat`: a shared block this router counts its load and flights in, as one of several router
+        processes would (a test's routers in one process)."""
         self._runner = LoopThread("inferctl-router", timeout)
         self.loop = self._runner.loop
-        self.server = RouterServer(cfg)
+        self.server = build(cfg, seat=seat)
         try:
             self.call(self.server.start())
         except BaseException:
@@ -87,5 +89,5 @@ class RouterHandle:
         self.stop()
 
 
-def start_router_in_thread(config: RouterConfig) -> RouterHandle:
-    return RouterHandle(config)
+def start_router_in_thread(config: RouterConfig, seat: Seat | None = None) -> RouterHandle:
+    return RouterHandle(config, seat=seat)

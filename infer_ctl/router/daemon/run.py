@@ -8,13 +8,13 @@ import signal
 
 from infer_ctl.aio import new_event_loop
 from infer_ctl.router.config import RouterConfig
-from infer_ctl.router.daemon.server import RouterServer
+from infer_ctl.router.daemon.assembly import build
 from infer_ctl.router.observe.logs import setup_logging
 from infer_ctl.router.scaleout.follow import ProcessRole
 
 
 async def _main(cfg: RouterConfig, proc: ProcessRole | None = None) -> int:
-    server = RouterServer(cfg, proc)
+    server = build(cfg, proc)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

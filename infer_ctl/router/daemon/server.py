@@ -24,13 +24,13 @@ from aiohttp import web
 
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig
-from infer_ctl.router.control.admin import Admin, authorized
+from infer_ctl.router.control.admin import Admin
+from infer_ctl.router.control.admin_http import authorized
 from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.control.warmer import PrefixWarmer
 from infer_ctl.router.daemon.admin_dir import make_admin_dir
 from infer_ctl.router.daemon.nofile import default_max_connections, raise_nofile, refusing_budget
 from infer_ctl.router.daemon.server_info import pd_server_info
-from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.router.http.h1 import H1Server, Request, Response, StreamResponse
 from infer_ctl.router.http.jsonio import dumps, error_body
@@ -38,6 +38,7 @@ from infer_ctl.router.http.upstream import Pool, UpstreamError
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.follow import Follower, ProcessRole, Publisher
 from infer_ctl.router.scaleout.metrics_merge import ProcessMetrics
+from infer_ctl.router.scaleout.state_sync import StateSync
 
 log = logging.getLogger("infer_ctl.router")
 
@@ -53,18 +54,24 @@ _FLUSH_WAIT_S = 20.0
 
 
 class RouterServer:
-    def __init__(self, cfg: RouterConfig, proc: ProcessRole | None = None) -> None:
-        """`proc`: one of several router processes (router/daemon/procs.py; follow.py says who does what)."""
-        cfg.validate()
+    def __init__(self, cfg: RouterConfig, *, router: Router, health: HealthChecker, warmer: PrefixWarmer,
+                 admin: Admin, replicas: StateSync | None = None, role: ProcessRole | None = None,
+                 procs: Publisher | Follower | None = None, shared: SharedLoad | None = None,
+                 process_metrics: ProcessMetrics | None = None) -> None:
+        """Built by router/daemon/assembly.py `build`. `role`: one of several router processes
+        (router/daemon/procs.py; follow.py says who does what), `procs` its side of the leader's snapshot
+        and `shared` the supervisor's shared block; `replicas`: the state store shared with other router
+        replicas (router/scaleout/state_sync.py)."""
         self.cfg = cfg
-        self.proc = proc
-        self.shared: SharedLoad | None = None
-        self.sync: Publisher | Follower | None = None
-        self.process_metrics: ProcessMetrics | None = None
-        self.router = Router(cfg)
-        self.health = HealthChecker(self.router)
-        self.warmer = PrefixWarmer(self.router)
-        self.admin = Admin(self.router, self.warmer, self.health)
+        self.proc = role
+        self.shared = shared
+        self.procs = procs
+        self.replicas = replicas
+        self.process_metrics = process_metrics
+        self.router = router
+        self.health = health
+        self.warmer = warmer
+        self.admin = admin
         self.http = H1Server(self.dispatch, cfg.max_body_bytes)
         self.runner: web.AppRunner | None = None
         self._admin_dir: str | None = None
@@ -151,7 +158,7 @@ class RouterServer:
             sock = os.path.join(self._admin_dir, "admin.sock")
         else:  # the supervisor's private directory; only the leader serves the admin API there
             sock = proc.admin_sock
-            self._share(proc)
+            self._take_state()
         if proc is None or proc.leader:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock)  # a leader that died left its socket behind
@@ -163,7 +170,6 @@ class RouterServer:
         self.http.max_connections = (self.cfg.max_connections
                                      or default_max_connections(soft, self.cfg.max_concurrent))
         self.http.max_refusing = refusing_budget(soft)
-        self.router.metrics.connections = lambda: (len(self.http.conns), self.http.refused)
         try:
             self.port = await self.http.listen(self.cfg.host, self.cfg.port, reuse_port=proc is not None)
         except OSError as exc:  # includes socket.gaierror (unresolvable host)
@@ -177,14 +183,14 @@ class RouterServer:
             raise UsageError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}",
                              remedy="stop the process using that address or pick another --listen") from None
         self.router.kv.start()
-        if self.admin.sync is not None:  # several replicas: the fleet's named prefixes and worker changes
-            await self.admin.sync.start()
+        if self.replicas is not None:  # several replicas: the fleet's named prefixes and worker changes
+            await self.replicas.start()
         await self.health.check_all()
         self.health.start()
         if proc is None or proc.leader:
             self.warmer.start()
-        if self.sync is not None:
-            self.sync.start()
+        if self.procs is not None:
+            self.procs.start()
         if self.process_metrics is not None:
             self.process_metrics.start()
         extra = {} if proc is None else {"router_process": proc.index, "processes": proc.processes}
@@ -194,33 +200,14 @@ class RouterServer:
                                             "workers": len(self.router.workers.all()), "policy": self.cfg.policy,
                                             "max_connections": self.http.max_connections, **extra})
 
-    def _share(self, proc: ProcessRole) -> None:
-        """Before the first request: count in-flight load in the shared block, and take the leader's
-        state (the leader: its own last snapshot, after a restart)."""
-        self.shared = SharedLoad.attach(proc.shm_name, proc.processes, proc.slots, extra=shared_flights.ROW_CELLS)
-        self.process_metrics = ProcessMetrics(self.router.metrics.render, proc.index, proc.processes,
-                                              proc.metrics_file, lambda: self.router.metrics.answered,
-                                              counters=self.admin.counters)
-        if proc.leader:  # the admin API runs here: it adds the other processes' counters to its own
-            self.admin.peer_counters = self.process_metrics.peer_counters
-        self.router.workers.share(self.shared, proc.index)
-        self.router.kv.processes = proc.processes
-        router = self.router
-        if router.picker.pending is not None and self.cfg.coalesce_processes:  # every process's flights on the board
-            router.coalesce.board = shared_flights.FlightBoard(
-                self.shared.cells, self.shared.extra_offset, proc.processes, proc.index,
-                router.workers.url_of_slot, router.workers.slot_of)
-            router.picker.sync_pending = router.coalesce.sync
-        if proc.leader:
-            pub = Publisher(self.router, proc.snapshot)
-            pub.adopt()
-            pub.publish()  # the supervisor starts the followers once this file exists
-            self.sync = pub
-            self.admin.on_change = pub.publish_now
-        else:
-            fol = Follower(self.router, proc.snapshot, on_added=self.health.suspect)
-            fol.poll()
-            self.sync = fol
+    def _take_state(self) -> None:
+        """One of several processes, before the first request: take the leader's state (the leader: its
+        own last snapshot, after a restart)."""
+        if isinstance(self.procs, Publisher):
+            self.procs.adopt()
+            self.procs.publish()  # the supervisor starts the followers once this file exists
+        elif self.procs is not None:
+            self.procs.poll()
 
     async def stop(self, drain: bool = True) -> None:
         """Refuse new requests (503), let in-flight ones finish (up to drain_timeout_s), then close."""
@@ -234,12 +221,12 @@ class RouterServer:
             if router.active or lingering:
                 log.warning("drain timed out; closing with requests in flight",
                             extra={"active": router.active, "prefill_answers": len(lingering)})
-        if self.admin.sync is not None:
-            await self.admin.sync.stop()
+        if self.replicas is not None:
+            await self.replicas.stop()
         await self.health.stop()
         await self.warmer.stop()
-        if self.sync is not None:
-            await self.sync.stop()
+        if self.procs is not None:
+            await self.procs.stop()
         if self.process_metrics is not None:
             await self.process_metrics.stop()
         await router.kv.stop()
@@ -278,7 +265,7 @@ class RouterServer:
                                "available": need}
         if self.proc is not None:  # which of the router's processes answered (the kernel picks one per connection)
             doc["process"] = {"index": self.proc.index, "pid": os.getpid(), "processes": self.proc.processes,
-                              "state_version": self.sync.version if self.sync is not None else 0}
+                              "state_version": self.procs.version if self.procs is not None else 0}
         return Response(200 if ok else 503, dumps(doc))
 
     def proxy_get(self, path: str) -> Any:

@@ -49,7 +49,7 @@ class RouterState(Protocol):
 
 
 class RouterMetrics:
-    def __init__(self, router: RouterState) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("inferctl_router_requests_total", "Requests answered, by endpoint and HTTP status",
@@ -110,12 +110,8 @@ class RouterMetrics:
                                   "(kv_events.max_blocks_per_medium)", ["worker", "medium"], registry=r)
         self.kv_restarts = Counter("inferctl_router_kv_restarts_total",
                                    "Publisher restarts seen on a worker's KV event stream", ["worker"], registry=r)
-        #: (open, refused) client connections of the HTTP front (daemon/server.py sets it; 0s until then)
+        #: (open, refused) client connections of the HTTP front (`watch`; 0s without a front)
         self.connections: Callable[[], tuple[int, int]] | None = None
-        r.register(_ConnectionCollector(self))
-        r.register(_StateCollector(router))
-        r.register(_SpecCollector(router))
-        r.register(_PairCollector(router))
         # labelled children looked up once: .labels() costs a lock and a dict build per call
         self._req_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._decision_children: dict[str, Any] = {}
@@ -157,6 +153,16 @@ class RouterMetrics:
             self.kv_rejected.labels(worker, what[9:]).inc(n)
         elif what.startswith("refused:"):
             self.kv_refused.labels(worker, what[8:]).inc(n)
+
+    def watch(self, router: RouterState, connections: Callable[[], tuple[int, int]] | None = None) -> None:
+        """The scrape-time gauges: they read the router's parts, each of which counts into this object,
+        so they are added once the router exists (router/daemon/assembly.py `_bind`, its only caller)."""
+        self.connections = connections
+        r = self.registry
+        r.register(_ConnectionCollector(self))
+        r.register(_StateCollector(router))
+        r.register(_SpecCollector(router))
+        r.register(_PairCollector(router))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -140,23 +140,18 @@ class WorkerState:
 
 
 class WorkerRegistry:
-    def __init__(self, cfg: RouterConfig) -> None:
+    def __init__(self, cfg: RouterConfig, shared: SharedLoad | None = None, process: int = 0) -> None:
+        """With several router processes, in-flight requests are counted in `shared` (row `process`): the
+        configured workers take slots 0..n-1 in their configured order, which every process computes the
+        same way."""
         self.cfg = cfg
         self.by_url: dict[str, WorkerState] = {}
         #: several router processes: the shared load block, this process's row, the next free slot
-        self.shared: SharedLoad | None = None
-        self.process = 0
+        self.shared = shared
+        self.process = process
         self.next_slot = 0
         for spec in cfg.workers:
             self.add(spec)
-
-    def share(self, shared: SharedLoad, process: int) -> None:
-        """Count in-flight requests in `shared` (row `process`): the workers so far take slots 0..n-1 in
-        their configured order, which every process computes the same way."""
-        self.shared, self.process = shared, process
-        for slot, w in enumerate(self.by_url.values()):
-            self._place(w, slot)
-        self.next_slot = len(self.by_url)
 
     def _place(self, w: WorkerState, slot: int) -> None:
         assert self.shared is not None

@@ -19,7 +19,7 @@ Anchoring (the tables, the background task, the first sight) is router/kvindex/k
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
@@ -37,7 +37,8 @@ _ONE = TierWeights().of  # every tier at 1: the unweighted cached length
 class KvRouting:
     def __init__(self, *, enabled: bool = True, block_chars: int = 64, tokenizer_path: str | None = None,
                  settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None,
-                 tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10) -> None:
+                 tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10,
+                 chars_per_token: Callable[[], float] | None = None, processes: int = 1) -> None:
         self.enabled = enabled
         #: what a cached token on a lower tier counts (None: only HBM counts, host pages are ignored)
         self.tier_weights = tier_weights
@@ -56,14 +57,15 @@ class KvRouting:
         #: the reasons for no tokenizer already logged (`configure`)
         self._view_logged: set[str] = set()
         #: the router's chars-per-token estimate (feedback.py): predicted matches in tokens
-        self.chars_per_token: Any = lambda: 4.0
+        self.chars_per_token: Callable[[], float] = chars_per_token or (lambda: 4.0)
         #: what one request already on a prefill costs a new one, in prompt units: the mean uncached
         #: prompt tokens of recent answers (None until the first answer: the policy uses the prompt)
         self.queue_cost: float | None = None
         #: router processes on this address (router/daemon/procs.py): a prefill that stops publishing is worth a warning
-        self.processes = 1
-        #: called with the worker's URL after each applied batch (router/request/coalesce.py); None: nobody listens
-        self.on_batch: Any = None
+        self.processes = processes
+        #: called with the worker's URL after each applied batch (router/request/coalesce.py), bound by the
+        #: router's assembly (router/daemon/assembly.py: the coalescer holds this index); None: nobody listens
+        self.on_batch: Callable[[str], None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:

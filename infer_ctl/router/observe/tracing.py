@@ -109,7 +109,7 @@ def _ns() -> int:
 class Tracing:
     """The router's tracer provider and exporter (one per router)."""
 
-    def __init__(self, cfg: TracingConfig) -> None:
+    def __init__(self, cfg: TracingConfig, facts: ServingFacts | None = None) -> None:
         try:
             from opentelemetry.sdk.resources import SERVICE_NAME, Resource
             from opentelemetry.sdk.trace import TracerProvider
@@ -140,13 +140,11 @@ class Tracing:
         self.Status, self.ERROR = Status, StatusCode.ERROR
         self.in_context = set_span_in_context
         self.cfg = cfg
-        #: the serving workers' facts (request/observe.py sets them once the router's parts exist)
-        self.facts: ServingFacts | None = None
+        #: the serving workers' facts (request/observe.py gives them from the router's parts)
+        self.facts = facts
 
     def request(self, headers: Mapping[str, str], endpoint: str, rid: str) -> RequestTrace:
-        trace = RequestTrace(self, headers, endpoint, rid)
-        trace.facts = self.facts
-        return trace
+        return RequestTrace(self, headers, endpoint, rid)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         return bool(self.provider.force_flush(int(timeout_s * 1000)))
@@ -180,8 +178,8 @@ class RequestTrace:
         self.decode_started_ns: int | None = None
         self.decode_span: Any = None
         self.prefill_done_ns: int | None = None
-        #: set by the observer (request/observe.py): the workers' facts, read at the end
-        self.facts: ServingFacts | None = None
+        #: the workers' facts, read at the end
+        self.facts = tracing.facts
         #: a stream's content chunks' arrival times (ITL percentiles) and its `sglext` event: SGLang sends
         #: an OpenAI stream's speculative fields in a chunk of their own before the usage chunk
         #: (serving_chat.py, only with return_spec_tokens_details), never in the last event

@@ -34,7 +34,7 @@ from infer_ctl.router.http.upstream import Response, UpstreamError
 from infer_ctl.router.request.calls import WorkerCalls
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.feedback import Feedback
-from infer_ctl.router.request.relay import StreamRelay
+from infer_ctl.router.request.relay import StreamRelay, first_chunk
 from infer_ctl.router.request.retry import AttemptFailed, check_status
 
 _PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
@@ -81,17 +81,96 @@ def cancel(*tasks: asyncio.Task[Any] | None) -> None:
             t.cancel()
 
 
-class AttemptRunner:
-    def __init__(self, calls: WorkerCalls, relay: StreamRelay, feedback: Feedback, *, rng: random.Random,
-                 request_timeout_s: float) -> None:
+class StreamOpener:
+    """Opening a pair's stream up to its first chunk, and the prefill answers left to finish: what both
+    an attempt and mid-stream recovery (recovery.py, which the relay holds) need, so it is built before
+    either."""
+
+    def __init__(self, calls: WorkerCalls, *, request_timeout_s: float) -> None:
         self.calls = calls
-        self.relay = relay
-        self.feedback = feedback
-        self.rng = rng
         self.request_timeout_s = request_timeout_s
         #: prefill answers left to finish after the client got the decode's (`finish_later`): a drain
         #: waits for them too, or their accounting and tracing spans would be cut off at shutdown
         self.lingering: set[asyncio.Task[Any]] = set()
+
+    def finish_later(self, task: asyncio.Task[Any]) -> None:
+        """A prefill answer the client does not need: let it complete (closing it would make the worker
+        abort a request that already succeeded), bounded by the request timeout."""
+        if task.done():
+            if not task.cancelled():
+                task.exception()
+            return
+        # A timer and a callback, not another task: this runs on every PD request.
+        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, task.cancel)
+        self.lingering.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            timer.cancel()
+            self.lingering.discard(t)
+            if not t.cancelled():
+                t.exception()
+
+        task.add_done_callback(done)
+
+    async def open_stream(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None,
+                          payload: bytes) -> OpenStream | h1.Response:
+        """Send `payload` to the pair and wait for the stream's first chunk: an OpenStream (its `release`
+        must be called when the stream ends), or a worker's non-retryable answer to pass on. Raises
+        AttemptFailed before the first chunk. Mid-stream recovery (recovery.py) opens its continuations here."""
+        calls = self.calls
+        read, open_, release = (calls.read, calls.open, calls.done) if ctx.obs is None else ctx.obs.calls(calls)
+        target = dec or pre
+        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
+        dt = asyncio.ensure_future(open_(target, ctx.endpoint, payload, ctx.headers))
+        upstream: Response | None = None
+        try:
+            if pt is not None:
+                # until the decode's stream opened: a prefill that fails ends the attempt
+                done, _ = await asyncio.wait((pt, dt), return_when=asyncio.FIRST_COMPLETED)
+                if pt in done and not dt.done():
+                    status, data, ctype = prefill_outcome(pt, pre)
+                    if status >= 400:
+                        cancel(dt)
+                        return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+            try:
+                upstream = await dt
+            except UpstreamError as exc:
+                raise AttemptFailed("decode_error" if dec else "worker_error", target.url, str(exc)) from None
+            if upstream.status != 200:
+                try:
+                    data = await upstream.read()
+                finally:
+                    release(target, upstream)
+                calls.record(target, upstream.status)
+                check_status("stream_status", target, upstream.status, data)
+                return h1.Response(upstream.status, data, JSON_TYPE, headers=ctx.headers)
+            first = await first_chunk(calls, target, upstream)
+        except BaseException:
+            cancel(pt, dt)
+            if upstream is None and dt.done() and not dt.cancelled() and dt.exception() is None:
+                release(target, dt.result())  # opened concurrently with our cancellation: release it
+            elif upstream is not None and upstream.status == 200:
+                release(target, upstream)
+            raise
+        opened = upstream
+        return OpenStream(pre, target, opened, first, pt, lambda: release(target, opened))
+
+
+class AttemptRunner:
+    def __init__(self, calls: WorkerCalls, relay: StreamRelay, feedback: Feedback, opener: StreamOpener, *,
+                 rng: random.Random) -> None:
+        self.calls = calls
+        self.relay = relay
+        self.feedback = feedback
+        self.opener = opener
+        self.rng = rng
+        self.finish_later = opener.finish_later
+        self.open_stream = opener.open_stream
+
+    @property
+    def lingering(self) -> set[asyncio.Task[Any]]:
+        """Prefill answers still arriving after the client's (StreamOpener.lingering)."""
+        return self.opener.lingering
 
     def payload(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> bytes:
         """The body both workers get: the client's, plus the PD bootstrap fields with a new room."""
@@ -117,25 +196,6 @@ class AttemptRunner:
         if ctx.obs is not None:
             ctx.obs.room(out["bootstrap_room"])
         return dumps(out)
-
-    def finish_later(self, task: asyncio.Task[Any]) -> None:
-        """A prefill answer the client does not need: let it complete (closing it would make the worker
-        abort a request that already succeeded), bounded by the request timeout."""
-        if task.done():
-            if not task.cancelled():
-                task.exception()
-            return
-        # A timer and a callback, not another task: this runs on every PD request.
-        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, task.cancel)
-        self.lingering.add(task)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            timer.cancel()
-            self.lingering.discard(t)
-            if not t.cancelled():
-                t.exception()
-
-        task.add_done_callback(done)
 
     # ---- non-streaming ---------------------------------------------------------------------------
     async def unary(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None) -> Reply:
@@ -223,49 +283,6 @@ class AttemptRunner:
             raise
         finally:
             opened.release()
-
-    async def open_stream(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None,
-                          payload: bytes) -> OpenStream | h1.Response:
-        """Send `payload` to the pair and wait for the stream's first chunk: an OpenStream (its `release`
-        must be called when the stream ends), or a worker's non-retryable answer to pass on. Raises
-        AttemptFailed before the first chunk. Mid-stream recovery (recovery.py) opens its continuations here."""
-        calls = self.calls
-        read, open_, release = (calls.read, calls.open, calls.done) if ctx.obs is None else ctx.obs.calls(calls)
-        target = dec or pre
-        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
-        dt = asyncio.ensure_future(open_(target, ctx.endpoint, payload, ctx.headers))
-        upstream: Response | None = None
-        try:
-            if pt is not None:
-                # until the decode's stream opened: a prefill that fails ends the attempt
-                done, _ = await asyncio.wait((pt, dt), return_when=asyncio.FIRST_COMPLETED)
-                if pt in done and not dt.done():
-                    status, data, ctype = prefill_outcome(pt, pre)
-                    if status >= 400:
-                        cancel(dt)
-                        return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
-            try:
-                upstream = await dt
-            except UpstreamError as exc:
-                raise AttemptFailed("decode_error" if dec else "worker_error", target.url, str(exc)) from None
-            if upstream.status != 200:
-                try:
-                    data = await upstream.read()
-                finally:
-                    release(target, upstream)
-                calls.record(target, upstream.status)
-                check_status("stream_status", target, upstream.status, data)
-                return h1.Response(upstream.status, data, JSON_TYPE, headers=ctx.headers)
-            first = await self.relay.first_chunk(target, upstream)
-        except BaseException:
-            cancel(pt, dt)
-            if upstream is None and dt.done() and not dt.cancelled() and dt.exception() is None:
-                release(target, dt.result())  # opened concurrently with our cancellation: release it
-            elif upstream is not None and upstream.status == 200:
-                release(target, upstream)
-            raise
-        opened = upstream
-        return OpenStream(pre, target, opened, first, pt, lambda: release(target, opened))
 
     async def _prefill_meta(self, ctx: RequestContext, pt: asyncio.Task[Answer] | None) -> Any:
         """The prefill's first event when the client wants the prompt's logprobs (merged into every

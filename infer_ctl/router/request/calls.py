@@ -1,6 +1,6 @@
 """Calls to workers on behalf of a client request, with each worker's accounting: its in-flight count
 (what the load-aware policy reads), request and error counters, circuit breaker, the upstream-error
-metric, and a prompt health check after a transport error (`suspect`, set by health.py).
+metric, and a prompt health check after a transport error (`suspect`: control/health.py's).
 
 Every prefill and decode call of the request path goes through `read` or `open`: the place for a
 tracing span per upstream call.
@@ -21,7 +21,8 @@ class WorkerCalls:
         self.upstreams = upstreams
         self.clock = clock
         self.metrics = metrics
-        #: called with a worker that just failed at the transport level (the health checker checks it now)
+        #: called with a worker that just failed at the transport level (the health checker checks it now;
+        #: bound by router/daemon/assembly.py `_bind`: the health checker is built on the router)
         self.suspect: Callable[[WorkerState], None] = lambda w: None
 
     async def read(self, w: WorkerState, path: str, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from infer_ctl.core.routing.coalesce import CoalesceConfig, Flight, PendingBlocks, should_hold
 from infer_ctl.router.fleet.shared_flights import FlightBoard
 from infer_ctl.router.fleet.workers import WorkerState
+from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.holds import ANSWER, CLIENT, ERROR, Holds, worker_gone
 from infer_ctl.router.request.landing import Landings
@@ -50,14 +51,18 @@ MAX_PENDING_CHARS = 512 * 1024
 
 class Coalescer:
     def __init__(self, cfg: CoalesceConfig, *, block_chars: int, chars_per_token: Callable[[], float],
-                 registry: CollectorRegistry | None = None, max_retries: int = 0) -> None:
+                 registry: CollectorRegistry | None = None, max_retries: int = 0, kv: KvRouting | None = None,
+                 board: FlightBoard | None = None) -> None:
         self.cfg = cfg
         self.block_chars = block_chars
         self.chars_per_token = chars_per_token
         self.pending = PendingBlocks()
         self.max_blocks = max(1, MAX_PENDING_CHARS // block_chars)
-        self._kv: Any = None
-        self._board: FlightBoard | None = None
+        #: the exact index (router/kvindex/kv_routing.py), for landing a leader on its worker's KV events;
+        #: None: coalescing is off (the router keeps a coalescer that nothing calls)
+        self.kv = kv
+        #: several router processes sharing their flights: the flight board (router/fleet/shared_flights.py)
+        self.board = board
         self.held = Counter("inferctl_router_coalesce_held_total",
                             "Requests held for an in-flight request computing their prefix, by how the hold "
                             "ended (landed, promoted: the leader failed and this one computes in its place, "
@@ -75,24 +80,6 @@ class Coalescer:
         self.holds = Holds(cfg, self.pending, self.landings, block_chars=block_chars, chars_per_token=chars_per_token,
                            held_blocks=self.held_blocks, sync=self.sync, held=self.held, wait=self.wait,
                            max_retries=max_retries)
-
-    @property
-    def kv(self) -> Any:
-        """The exact index (router/kvindex/kv_routing.py), for landing a leader on its worker's KV events."""
-        return self._kv
-
-    @kv.setter
-    def kv(self, kv: Any) -> None:
-        self._kv = self.landings.kv = kv
-
-    @property
-    def board(self) -> FlightBoard | None:
-        """Several router processes: the flight board (set by the server)."""
-        return self._board
-
-    @board.setter
-    def board(self, board: FlightBoard | None) -> None:
-        self._board = self.landings.board = self.holds.board = board
 
     @property
     def holding(self) -> int:

@@ -4,11 +4,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from infer_ctl.core.routing.coalesce import Flight
 from infer_ctl.core.routing.prefixes import PrefixRecord
+from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http import h1
+from infer_ctl.router.http.upstream import Response
+from infer_ctl.router.request.calls import WorkerCalls
+
+#: the upstream calls of one request (calls.WorkerCalls' read, open and done, or the observer's wrapped ones)
+Read = Callable[[WorkerState, str, bytes, dict[str, str]], Awaitable[tuple[int, bytes, str]]]
+Open = Callable[[WorkerState, str, bytes, dict[str, str]], Awaitable[Response]]
+Done = Callable[[WorkerState, Response], None]
+
+
+class RequestHooks(Protocol):
+    """What the request path tells a request's tracing and tenant hooks (observe.RequestObserver; named
+    here as a protocol, since observe.py reads this module)."""
+
+    def answered(self, ctx: RequestContext, obj: Any, predicted_tokens: int) -> None: ...
+    def stream_chunk(self, events: list[bytes], last: Any, items: dict[int, Any] | None) -> None: ...
+    def first_chunk(self, ttft_s: float) -> None: ...
+    def streamed(self, ttft_s: float, first: float, last: float) -> None: ...
+    def recovery(self, outcome: str, reason: str | None, tokens_sent: int) -> None: ...
+    def room(self, room: int | list[int]) -> None: ...
+    def calls(self, calls: WorkerCalls) -> tuple[Read, Open, Done]: ...
 
 
 @dataclass(slots=True)
@@ -49,9 +72,9 @@ class RequestContext:
     #: on the first byte or the answer), how a hold ended (None: not held) and when the request's
     #: holds must end, all of its attempts together (event-loop time; None: never held)
     held_tokens: int | None = None
-    flight: Any = None
+    flight: Flight | None = None
     coalesced: str | None = None
     hold_until: float | None = None
-    #: tracing and tenant hooks (observe.RequestObserver; not imported: observe.py reads this module);
-    #: None when the router has neither, and every hook checks this first
-    obs: Any = None
+    #: tracing and tenant hooks (observe.RequestObserver); None when the router has neither, and every
+    #: hook checks this first
+    obs: RequestHooks | None = None

@@ -3,9 +3,9 @@ characters, workers count tokens), predicted vs reported cached tokens (the inde
 the named prefix's statistics (which trigger a re-warm when it was evicted), the correction of the
 predicted index by the reported cached tokens, and the per-request log line.
 
-The ratio starts at CHARS_PER_TOKEN (core/routing/units.py) and is learned from the first answers at once (their mean, then a slow moving
-average), and a change is passed on (`on_ratio`) so each prefill's index capacity, which is converted
-with it, is corrected now rather than at the next health check.
+The ratio (`TokenRatio`) starts at CHARS_PER_TOKEN (core/routing/units.py) and is learned from the first answers at once (their mean, then a
+slow moving average), and a change is passed on (its `on_change`) so each prefill's index capacity, which
+is converted with it, is corrected now rather than at the next health check.
 
 The correction: when a prefill reports clearly fewer cached tokens than the predicted index matched,
 it evicted (or was flushed, or filled by traffic that bypassed the router). The prompt itself is cached
@@ -32,30 +32,59 @@ from infer_ctl.router.request.usage import token_counts, usage_totals
 log = logging.getLogger("infer_ctl.router")
 
 
+class TokenRatio:
+    """The characters-per-token estimate, learned from the answers (prompt chars / prompt tokens). Its own
+    object, built before everything that converts with it (the exact index, the coalescer, the tenants'
+    token estimates), which read it through `get`; Feedback teaches it."""
+
+    def __init__(self, on_change: Callable[[float], None] | None = None) -> None:
+        self.value = CHARS_PER_TOKEN
+        #: called with the new ratio when it moved by 10 % or more (router: index capacities)
+        self.on_change = on_change
+        self._seen = (0, 0)  # characters and tokens of the first answers (their mean comes first)
+        self._passed = CHARS_PER_TOKEN
+
+    def get(self) -> float:
+        return self.value
+
+    def learn(self, chars: int, tokens: int) -> None:
+        n_chars, n_tokens = self._seen
+        if n_tokens < 20_000:  # the first answers: their mean, not a slow average away from the guess
+            n_chars, n_tokens = n_chars + chars, n_tokens + tokens
+            self._seen = (n_chars, n_tokens)
+            self.value = n_chars / n_tokens
+        else:
+            self.value = 0.95 * self.value + 0.05 * (chars / tokens)
+        if self.on_change is not None and abs(self.value / self._passed - 1.0) >= 0.1:
+            self._passed = self.value
+            self.on_change(self.value)
+
+
 class Feedback:
-    def __init__(self, prefixes: PrefixRegistry, *, clock: Callable[[], float], metrics: RouterMetrics,
-                 log_requests: bool, spec: SpecStats | None = None) -> None:
+    def __init__(self, prefixes: PrefixRegistry, *, ratio: TokenRatio, clock: Callable[[], float],
+                 metrics: RouterMetrics, log_requests: bool, spec: SpecStats | None = None,
+                 index: PrefixIndex | None = None, kv: KvRouting | None = None) -> None:
         self.prefixes = prefixes
+        #: learned from responses (prompt chars / prompt tokens): converts index characters to tokens
+        self.ratio = ratio
         #: speculative acceptance per decode and workload label (router/observe/spec_stats.py)
         self.spec = spec
         self.clock = clock
         self.metrics = metrics
         self.log_requests = log_requests
-        #: learned from responses (prompt chars / prompt tokens): converts index characters to tokens
-        self.chars_per_token = CHARS_PER_TOKEN
-        self._ratio_seen = (0, 0)  # characters and tokens of the first answers (their mean comes first)
-        self._ratio_passed = CHARS_PER_TOKEN
-        #: called with the new ratio when it moved by 10 % or more (router: index capacities)
-        self.on_ratio: Callable[[float], None] | None = None
         #: the predicted index (corrected by reported cached tokens) and the exact index's accounting
-        self.index: PrefixIndex | None = None
-        self.kv: KvRouting | None = None
+        self.index = index
+        self.kv = kv
+
+    @property
+    def chars_per_token(self) -> float:
+        return self.ratio.value
 
     def answered(self, ctx: RequestContext, pre: WorkerState, obj: Any) -> None:
         """`obj`: the answer's JSON (the last event's for a stream; None when it did not parse)."""
         prompt_tokens, cached = token_counts(obj)
         if prompt_tokens and ctx.text:
-            self._learn_ratio(len(ctx.text), prompt_tokens)
+            self.ratio.learn(len(ctx.text), prompt_tokens)
         cpt = ratio(self.chars_per_token)
         predicted = ctx.predicted_tokens if ctx.predicted_tokens is not None else int(ctx.predicted_chars / cpt)
         if cached is not None and not ctx.exact:
@@ -85,18 +114,6 @@ class Feedback:
                                             "decode": ctx.decode, "reason": ctx.reason, "attempts": ctx.attempts,
                                             "predicted_tokens": predicted, "cached_tokens": cached,
                                             **({"coalesced": ctx.coalesced} if ctx.coalesced else {})})
-
-    def _learn_ratio(self, chars: int, tokens: int) -> None:
-        n_chars, n_tokens = self._ratio_seen
-        if n_tokens < 20_000:  # the first answers: their mean, not a slow average away from the guess
-            n_chars, n_tokens = n_chars + chars, n_tokens + tokens
-            self._ratio_seen = (n_chars, n_tokens)
-            self.chars_per_token = n_chars / n_tokens
-        else:
-            self.chars_per_token = 0.95 * self.chars_per_token + 0.05 * (chars / tokens)
-        if self.on_ratio is not None and abs(self.chars_per_token / self._ratio_passed - 1.0) >= 0.1:
-            self._ratio_passed = self.chars_per_token
-            self.on_ratio(self.chars_per_token)
 
     def _correct(self, ctx: RequestContext, pre: WorkerState, predicted: int, cached: int, cpt: float) -> None:
         index = self.index

@@ -62,7 +62,8 @@ class Hold:
 class Holds:
     def __init__(self, cfg: CoalesceConfig, pending: PendingBlocks, landings: Landings, *, block_chars: int,
                  chars_per_token: Callable[[], float], held_blocks: Callable[[RequestContext], int],
-                 sync: Callable[[], None], held: Counter, wait: Histogram, max_retries: int) -> None:
+                 sync: Callable[[], None], held: Counter, wait: Histogram, max_retries: int,
+                 board: FlightBoard | None = None) -> None:
         self.cfg = cfg
         self.pending = pending
         self.landings = landings
@@ -73,8 +74,8 @@ class Holds:
         self.sync = sync
         self.held, self.wait = held, wait
         self.max_retries = max_retries
-        #: the flight board (set with the Coalescer's)
-        self.board: FlightBoard | None = None
+        #: the flight board (the Coalescer's)
+        self.board = board
         #: leaders someone waits for, per worker, with their request (the KV-events landing check)
         self.waited: dict[str, dict[Flight, Any]] = {}
         self.futures: dict[Flight, asyncio.Future[str]] = {}

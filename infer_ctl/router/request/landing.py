@@ -17,6 +17,7 @@ from infer_ctl.core.routing.coalesce import LANDED, CoalesceConfig, Flight, Pend
 from infer_ctl.core.tenancy.estimate import request_estimate
 from infer_ctl.router.fleet.shared_flights import FAILED, FAILED_WORKER, FlightBoard, Remote
 from infer_ctl.router.fleet.shared_flights import LANDED as BOARD_LANDED
+from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.retry import AttemptFailed
 
@@ -32,13 +33,14 @@ KV_LANDING_CHECKS = 16
 
 
 class Landings:
-    def __init__(self, cfg: CoalesceConfig, pending: PendingBlocks, chars_per_token: Callable[[], float]) -> None:
+    def __init__(self, cfg: CoalesceConfig, pending: PendingBlocks, chars_per_token: Callable[[], float], *,
+                 kv: KvRouting | None = None, board: FlightBoard | None = None) -> None:
         self.cfg = cfg
         self.pending = pending
         self.chars_per_token = chars_per_token
-        #: the exact index and the flight board (the Coalescer sets both)
-        self.kv: Any = None
-        self.board: FlightBoard | None = None
+        #: the exact index and the flight board (the Coalescer's)
+        self.kv = kv
+        self.board = board
         #: published unary flights on exact workers, per worker, whose landing their worker's KV events
         #: may say before their answer: landed by `kv_batch` whether or not anyone here waits (another
         #: process's requests may, and only this process publishes the landing)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from infer_ctl.router.http.upstream import Response
     from infer_ctl.router.observe.tracing import RequestTrace, Tracing
     from infer_ctl.router.request.calls import WorkerCalls
-    from infer_ctl.router.request.context import RequestContext
+    from infer_ctl.router.request.context import Done, Open, Read, RequestContext
 
 _OPENAI = frozenset({"/v1/completions", "/v1/chat/completions"})
 
@@ -54,9 +54,8 @@ def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: Collec
             Tracing,
         )
 
-        tracing = Tracing(cfg.tracing)
-        # what the spans name of the serving workers (the decodes' /server_info, the pairs' KV transfers)
-        tracing.facts = ServingFacts(spec, pairs, cfg.spec_cost_ratio, clock)
+        # with what the spans name of the serving workers (the decodes' /server_info, the pairs' KV transfers)
+        tracing = Tracing(cfg.tracing, ServingFacts(spec, pairs, cfg.spec_cost_ratio, clock))
     if tenancy is None and tracing is None:
         return None
     return Observing(tenancy, tracing, model_name=cfg.model_name, chars_per_token=chars_per_token)
@@ -118,7 +117,7 @@ class RequestObserver:
         self.trace = trace
         self.ctx: RequestContext | None = None
         self.completion: int | None = None
-        self._calls: tuple[Any, Any, Any] | None = None
+        self._calls: tuple[Read, Open, Done] | None = None
         self._open: dict[int, tuple[Any, float, Any]] = {}
         #: tokens_per_min: reserved at admission, reported by the answers (None: no answer reported),
         #: and whether any call reached a worker (tenants.py, settle)
@@ -264,7 +263,7 @@ class RequestObserver:
         return traced
 
     # ---- upstream calls ------------------------------------------------------------------------
-    def calls(self, calls: WorkerCalls) -> tuple[Any, Any, Any]:
+    def calls(self, calls: WorkerCalls) -> tuple[Read, Open, Done]:
         """read, open and done with the same signatures as WorkerCalls', each call inside a span and the
         worker's share clock."""
         if self._calls is None:

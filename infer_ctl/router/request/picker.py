@@ -37,16 +37,10 @@ from infer_ctl.router.request.context import RequestContext
 
 
 class PairPicker:
-    #: the exact index from the workers' KV events (router/kvindex/kv_routing.py), set by the Router; None: off
-    kv: KvRouting | None = None
-    #: in-flight prompts per worker (router/request/coalesce.py), counted as held on exact workers; None: off
-    pending: PendingBlocks | None = None
-    #: brings the overlay's flights of the other router processes up to date, those on the workers
-    #: given that a chain starting as the hashes given may share blocks with (router/request/coalesce.py `sync`)
-    sync_pending: Callable[[Sequence[str], Sequence[int]], None] | None = None
-
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
-                 clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None) -> None:
+                 clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None,
+                 kv: KvRouting | None = None, pending: PendingBlocks | None = None,
+                 sync_pending: Callable[[Sequence[str], Sequence[int]], None] | None = None) -> None:
         self.workers = workers
         self.index = index
         self.policy = policy
@@ -55,6 +49,13 @@ class PairPicker:
         self.metrics = metrics
         #: degraded prefill x decode pairs are avoided (router/fleet/pair_health.py); None: no pair health
         self.pairs = pairs
+        #: the exact index from the workers' KV events (router/kvindex/kv_routing.py); None: off
+        self.kv = kv
+        #: in-flight prompts per worker (router/request/coalesce.py), counted as held on exact workers; None: off
+        self.pending = pending
+        #: brings the overlay's flights of the other router processes up to date, those on the workers
+        #: given that a chain starting as the hashes given may share blocks with (router/request/coalesce.py `sync`)
+        self.sync_pending = sync_pending
         #: decision counter: round-robin position and tie-breaks
         self.seq = 0
 

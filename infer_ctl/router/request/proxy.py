@@ -1,5 +1,5 @@
-"""The request path's entry point: `Router` owns the router's state, wires the parts together and turns
-each outcome into the client's answer.
+"""The request path's entry point: `Router` holds the router's state (its parts, built by
+router/daemon/assembly.py) and turns each outcome into the client's answer.
 
 A request goes: admission (admission.py: drain, concurrency limit, queue) -> the body is parsed into a
 RequestContext (context.py) -> attempts under the request timeout (retry.py), each on a pair chosen
@@ -15,12 +15,10 @@ import contextlib
 import logging
 import os
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
 from infer_ctl.core.routing.index import PrefixIndex
-from infer_ctl.core.routing.pair_health import PairFloor
 from infer_ctl.core.routing.pd import parallel_samples, wants_logprobs
 from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
@@ -34,18 +32,15 @@ from infer_ctl.router.http import h1, sse
 from infer_ctl.router.http.jsonio import JSON_TYPE, DecodeError, error_body, loads
 from infer_ctl.router.http.upstream import Upstreams
 from infer_ctl.router.kvindex.kv_routing import KvRouting
-from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
 from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.request.admission import Admission
 from infer_ctl.router.request.attempt import AttemptRunner
 from infer_ctl.router.request.calls import WorkerCalls
 from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.router.request.context import RequestContext
-from infer_ctl.router.request.feedback import Feedback
-from infer_ctl.router.request.observe import RequestObserver, observing
+from infer_ctl.router.request.feedback import Feedback, TokenRatio
+from infer_ctl.router.request.observe import Observing, RequestObserver
 from infer_ctl.router.request.picker import PairPicker
-from infer_ctl.router.request.recovery import StreamRecovery
-from infer_ctl.router.request.relay import StreamRelay
 from infer_ctl.router.request.retry import RetriesExhausted, with_retries
 
 log = logging.getLogger("infer_ctl.router")
@@ -53,68 +48,53 @@ log = logging.getLogger("infer_ctl.router")
 Reply = h1.StreamResponse | h1.Response
 
 
+def index_follows_ratio(workers: WorkerRegistry, index: PrefixIndex) -> Callable[[float], None]:
+    """What a moved chars-per-token estimate changes (feedback.TokenRatio `on_change`): each prefill's index
+    capacity (its KV tokens in index characters) follows now, not at the next health check."""
+    def changed(cpt: float) -> None:
+        for w in workers.prefill_like():
+            if w.max_total_tokens:
+                index.set_capacity(w.url, int(w.max_total_tokens * cpt / index.block_chars))
+    return changed
+
+
 class Router:
-    def __init__(self, cfg: RouterConfig, *, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+    """The request path's state and entry point. Its parts come built, each with its collaborators
+    (router/daemon/assembly.py `build_router`)."""
+
+    def __init__(self, cfg: RouterConfig, *, clock: Callable[[], float], rng: random.Random,
+                 workers: WorkerRegistry, index: PrefixIndex, prefixes: PrefixRegistry, policy: PolicyConfig,
+                 upstreams: Upstreams, admission: Admission, metrics: RouterMetrics, pairs: PairTracker,
+                 picker: PairPicker, calls: WorkerCalls, spec: SpecStats, ratio: TokenRatio, feedback: Feedback,
+                 observing: Observing | None, kv: KvRouting, coalesce: Coalescer, attempts: AttemptRunner) -> None:
         self.cfg = cfg
         self.clock = clock
-        self.rng = rng or random.Random()
-        self.workers = WorkerRegistry(cfg)
-        self.index = PrefixIndex(block_chars=cfg.block_chars, ttl_s=cfg.prefix_ttl_s,
-                                 max_blocks=max(1, cfg.index_max_tokens * 4 // cfg.block_chars))
-        self.prefixes = PrefixRegistry(rewarm_idle_s=cfg.rewarm_idle_s)
-        self.policy = PolicyConfig(policy=cfg.policy, cache_threshold=cfg.cache_threshold,
-                                   balance_abs=cfg.balance_abs, balance_rel=cfg.balance_rel,
-                                   miss_placement=cfg.miss_placement)
-        self.upstreams = Upstreams()
-        self.admission = Admission(cfg.max_concurrent, cfg.max_queue, cfg.queue_timeout_s)
-        self.metrics = RouterMetrics(self)
-        self.pairs = PairTracker(PairFloor(cfg.pair_min_kv_speed_gb_s, cfg.pair_max_kv_latency_ms, cfg.pair_bad_samples,
-                                           cfg.pair_max_failures, cfg.pair_probe_after_s), clock)
-        self.picker = PairPicker(self.workers, self.index, self.policy, rng=self.rng, clock=clock, metrics=self.metrics,
-                                 pairs=self.pairs)
-        self.calls = WorkerCalls(self.upstreams, clock=clock, metrics=self.metrics)
-        self.spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.spec_max_labels, clock=clock)
-        self.feedback = Feedback(self.prefixes, clock=clock, metrics=self.metrics, log_requests=cfg.log_requests,
-                                 spec=self.spec)
+        self.rng = rng
+        self.workers = workers
+        self.index = index
+        self.prefixes = prefixes
+        self.policy = policy
+        self.upstreams = upstreams
+        self.admission = admission
+        self.metrics = metrics
+        self.pairs = pairs
+        self.picker = picker
+        self.calls = calls
+        self.spec = spec
+        self.ratio = ratio
+        self.feedback = feedback
         #: tracing and tenants (observe.py); None with neither configured: the request path then only checks that
-        self.observing = observing(cfg, clock=clock, registry=self.metrics.registry, workers=self.workers,
-                                   chars_per_token=lambda: self.feedback.chars_per_token, spec=self.spec, pairs=self.pairs)
-        # the exact index from the prefills' KV events (router/kvindex/kv_routing.py); the predicted index stays
-        # the fallback for every worker whose stream is not trusted
-        self.kv = KvRouting(enabled=cfg.kv_events and cfg.policy == "cache_aware", block_chars=cfg.block_chars,
-                            tokenizer_path=cfg.tokenizer_path, metrics=self.metrics,
-                            settings=StreamSettings(max_blocks=cfg.kv_max_blocks,
-                                                    max_blocks_per_medium=cfg.kv_max_blocks_per_medium,
-                                                    replay_timeout_s=cfg.kv_replay_timeout_s,
-                                                    max_batches_per_s=cfg.kv_max_batches_per_s,
-                                                    max_message_bytes=cfg.kv_max_message_bytes),
-                            tier_weights=cfg.tier_weights(), anchor_max_chars=cfg.kv_anchor_max_chars)
-        self.kv.chars_per_token = lambda: self.feedback.chars_per_token
-        self.picker.kv = self.kv
-        # in-flight prefix coalescing (router/request/coalesce.py): the pending overlay and the hold
-        self.coalesce = Coalescer(cfg.coalesce_config(), block_chars=cfg.block_chars,
-                                  chars_per_token=lambda: self.feedback.chars_per_token, registry=self.metrics.registry,
-                                  max_retries=cfg.max_retries)
-        if cfg.coalesce and cfg.policy == "cache_aware":
-            self.picker.pending = self.coalesce.pending
-            self.coalesce.kv = self.kv
-            self.kv.on_batch = self.coalesce.kv_batch
-        self.feedback.kv, self.feedback.index, self.feedback.on_ratio = self.kv, self.index, self._ratio_changed
-        relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
-        self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
-                                      request_timeout_s=cfg.request_timeout_s)
-        relay.recovery = StreamRecovery(enabled=cfg.stream_recovery, pick=self.picker.pick,
-                                        open_stream=self.attempts.open_stream, upstreams=self.upstreams, rng=self.rng,
-                                        metrics=self.metrics, max_tries=1 + cfg.max_retries,
-                                        linger=self.attempts.finish_later)
+        self.observing = observing
+        #: the exact index from the prefills' KV events (router/kvindex/kv_routing.py); the predicted index stays
+        #: the fallback for every worker whose stream is not trusted
+        self.kv = kv
+        #: in-flight prefix coalescing (router/request/coalesce.py): the pending overlay and the hold; on when
+        #: the picker reads its overlay (`picker.pending`)
+        self.coalesce = coalesce
+        self.attempts = attempts
         self._rid_prefix = os.urandom(4).hex()
         self._rid_seq = 0
         self._background: set[asyncio.Task[Any]] = set()
-        now = clock()
-        for p in cfg.prefixes:
-            self.prefixes.register(p.name, p.text, now=now, ttl_s=p.ttl_s, replicas=p.replicas, pin=p.pin, fmt=p.fmt,
-                                   keep=p.keep)
 
     # ---- state read by the server, health checks, warmer, admin API and metrics -------------------
     @property
@@ -139,14 +119,7 @@ class Router:
 
     @property
     def chars_per_token(self) -> float:
-        return self.feedback.chars_per_token
-
-    def _ratio_changed(self, cpt: float) -> None:
-        """The chars-per-token estimate moved: each prefill's index capacity (its KV tokens in index
-        characters) follows now, not at the next health check."""
-        for w in self.workers.prefill_like():
-            if w.max_total_tokens:
-                self.index.set_capacity(w.url, int(w.max_total_tokens * cpt / self.index.block_chars))
+        return self.ratio.value
 
     def new_rid(self) -> str:
         self._rid_seq += 1

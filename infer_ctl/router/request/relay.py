@@ -30,27 +30,28 @@ from infer_ctl.router.request.stream import StreamTrack
 log = logging.getLogger("infer_ctl.router")
 
 
+async def first_chunk(calls: WorkerCalls, target: WorkerState, upstream: Response) -> bytes:
+    """The stream's first chunk; a stream that breaks or ends before it is a retryable failure."""
+    try:
+        first = await upstream.next_chunk()
+    except UpstreamError as exc:
+        calls.failed(target, "stream", str(exc))
+        raise AttemptFailed("stream_error", target.url, str(exc)) from None
+    if first is None:
+        calls.failed(target, "stream", "stream ended before any data")
+        raise AttemptFailed("stream_empty", target.url, "stream ended before any data")
+    return first
+
+
 class StreamRelay:
     def __init__(self, calls: WorkerCalls, feedback: Feedback, *, clock: Callable[[], float],
-                 metrics: RouterMetrics) -> None:
+                 metrics: RouterMetrics, recovery: StreamRecovery | None = None) -> None:
         self.calls = calls
         self.feedback = feedback
         self.clock = clock
         self.metrics = metrics
-        #: mid-stream recovery (recovery.py); set by the router once the attempt runner exists
-        self.recovery: StreamRecovery | None = None
-
-    async def first_chunk(self, target: WorkerState, upstream: Response) -> bytes:
-        """The stream's first chunk; a stream that breaks or ends before it is a retryable failure."""
-        try:
-            first = await upstream.next_chunk()
-        except UpstreamError as exc:
-            self.calls.failed(target, "stream", str(exc))
-            raise AttemptFailed("stream_error", target.url, str(exc)) from None
-        if first is None:
-            self.calls.failed(target, "stream", "stream ended before any data")
-            raise AttemptFailed("stream_empty", target.url, "stream ended before any data")
-        return first
+        #: mid-stream recovery (recovery.py); None: a broken stream ends with an error event
+        self.recovery = recovery
 
     async def run(self, ctx: RequestContext, pre: WorkerState, target: WorkerState, upstream: Response, first: bytes,
                   prefill_meta: Any) -> h1.StreamResponse:

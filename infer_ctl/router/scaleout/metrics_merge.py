@@ -140,7 +140,7 @@ class ProcessMetrics:
                  file_of: Callable[[int], Path], activity: Callable[[], int] = lambda: 0,
                  counters: Callable[[], dict[str, Any]] | None = None) -> None:
         self.render = render
-        #: this process's admin counters (Admin.counters), kept for the leader's /admin/status
+        #: this process's admin counters (control/admin_status.py `process_counters`), kept for the leader's /admin/status
         self.counters = counters
         self._counters_written: str | None = None
         #: a count that moves with every answered request (RouterMetrics.answered)

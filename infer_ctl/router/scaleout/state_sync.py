@@ -41,16 +41,16 @@ import importlib.util
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
-
-from prometheus_client import Counter, Gauge
 
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.errors import UsageError
 from infer_ctl.router.http.jsonio import dumps, loads
 from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.scaleout.replica_records import ReplicaRecords, parse
+from infer_ctl.router.scaleout.store_status import FleetConflict, StoreClock, StoreHealth
 
 log = logging.getLogger("infer_ctl.router.state")
 
@@ -111,8 +111,6 @@ end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
 return false
 """
-#: revs above this are not ours (Lua numbers are doubles): such a record is ignored as malformed
-MAX_REV = 2**53
 
 
 #: the subscription is pinged this often and taken for dead after this long without a word on it
@@ -122,14 +120,6 @@ SILENT_S = 2.0
 
 class _Silent(Exception):
     """The subscription stopped answering while its socket looks open."""
-
-
-class FleetConflict(Exception):
-    """The namespace is in use by another fleet (no worker in common): see `StateSync._check_fleet`."""
-
-
-class StoreUnavailable(Exception):
-    """The state store cannot be reached: an admin change would apply to this replica only."""
 
 
 class VerbRefused(Exception):
@@ -149,68 +139,51 @@ def redact(url: str) -> str:
 
 
 PrefixVerb = Callable[[PrefixRegistry, float], Any]
-WorkerApply = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
 class StateSync:
-    def __init__(self, router: Router, *, url: str, password: str | None, namespace: str,
-                 apply_worker: WorkerApply, on_prefix_change: Callable[[], None], resync_s: float = 5.0,
-                 timeout_s: float = 1.0, first_sight_budget: float = 0.05) -> None:
+    """The store's side of the shared state: the connection, the listening loop, the syncs, the fleet check
+    and the compare-and-set writes of the admin API's changes. What a record does to this router, and which
+    revs it holds: `records` (replica_records.py)."""
+
+    def __init__(self, router: Router, records: ReplicaRecords, *, url: str, password: str | None, namespace: str,
+                 resync_s: float = 5.0, timeout_s: float = 1.0, wall: Callable[[], float] = time.time) -> None:
+        """`router`'s prefixes must place on shared terms (PrefixRegistry `shared_placement`: replicas place a
+        prefix on the same workers, by rendezvous hash, not by their own load view): the assembly
+        (router/daemon/assembly.py) builds them so with a state store. `wall`: this host's wall clock (a
+        test gives a skewed one); absolute times are read on the store's clock."""
         if importlib.util.find_spec("redis") is None:
             raise UsageError("router.state_store is set but the Redis client (python package redis) is not installed",
                              remedy="pip install 'inferctl[replicas]'")
         self.router = router
+        self.records = records
         self.url = url
         self.password = password
         self.resync_s = resync_s
         self.timeout_s = timeout_s
-        self.apply_worker = apply_worker
-        self.on_prefix_change = on_prefix_change
         ns = f"inferctl:router:{{{namespace}}}"  # one hash tag: every key in one Redis Cluster slot
         self.namespace = namespace
         self.hash_key, self.rev_key, self.epoch_key, self.channel = (f"{ns}:state", f"{ns}:rev", f"{ns}:epoch",
                                                                      f"{ns}:changes")
         self.fleet_key = f"{ns}:fleet"
-        #: the workers this replica was started with (its profile's, or its flags'), before the store adds any
-        self.fleet = sorted(w.url for w in router.workers.all())
-        #: replicas place a prefix on the same workers (rendezvous hash, not their own load view)
-        router.prefixes.shared_placement = True
-        #: a prompt first seen here may be cached by another replica's traffic: anchor it before routing,
-        #: within 5 % of this replica's time (kv_routing.py)
-        router.kv.first_sight_budget = first_sight_budget
-        self.revs: dict[str, int] = {}
         self.epoch: str | None = None
-        self.up = False
-        self.error: str | None = "not connected yet"
-        #: down because the namespace is another fleet's (FleetConflict), not because the store is unreachable
-        self.conflict = False
+        self.health = StoreHealth(redact(url), router.metrics.registry)
+        self.store_clock = StoreClock(router.clock, wall, redact(url))
         self.last_sync: float | None = None
-        self.applied = 0
         self._client: Any = None
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one change at a time from this replica (each is a few round trips)
         self._cas: Any = None
         self._fleet_script: Any = None
-        #: this host's wall clock (a test sets a skewed one); absolute times are read on the store's clock
-        self.wall: Callable[[], float] = time.time
-        #: store time minus router.clock(), measured with Redis TIME at every sync (None before the first)
-        self._store_offset: float | None = None
-        self._rtt: float | None = None
-        #: the last worker record applied per URL: what this replica writes back to a store that lost it
-        self.worker_records: dict[str, dict[str, Any]] = {}
         self._resync_due = False
         self._stopping = False
-        reg = router.metrics.registry
-        self._up_gauge = Gauge("inferctl_router_state_store_up", "1 while the shared state store is reachable",
-                               registry=reg)
-        self._another_fleet = Gauge("inferctl_router_state_store_another_fleet",
-                                    "1 while the state store is not used: its namespace is another fleet's",
-                                    registry=reg)
-        self._changes = Counter("inferctl_router_state_changes_total",
-                                "Shared changes applied, by kind (prefix, worker) and source (local, message, resync)",
-                                ["kind", "source"], registry=reg)
-        self._failures = Counter("inferctl_router_state_store_failures_total",
-                                 "Operations on the state store that failed (unreachable, timeout)", registry=reg)
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    @property
+    def error(self) -> str | None:
+        return self.health.error
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -227,7 +200,7 @@ class StateSync:
             async with asyncio.timeout(3 * self.timeout_s):
                 await self._sync("start")
         except Exception as exc:  # any failure: serve with the profile's state, retry below
-            self._down(exc)
+            self.health.down(exc)
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
@@ -248,37 +221,11 @@ class StateSync:
     def status_doc(self) -> dict[str, Any]:
         now = time.monotonic()
         return {"url": redact(self.url), "namespace": self.namespace, "connected": self.up, "error": self.error,
-                "another_fleet": self.conflict,
-                "epoch": self.epoch, "rev": max(self.revs.values(), default=0), "applied": self.applied,
+                "another_fleet": self.health.conflict,
+                "epoch": self.epoch, "rev": self.records.max_rev(), "applied": self.records.applied,
                 "last_sync_s_ago": None if self.last_sync is None else round(now - self.last_sync, 1),
-                "clock_skew_s": None if self._store_offset is None
-                else round(self.wall() - now - self._store_offset, 3),
+                "clock_skew_s": None if (skew := self.store_clock.skew(now)) is None else round(skew, 3),
                 "replicas": list(self.router.cfg.replicas)}
-
-    def _down(self, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        conflict = isinstance(exc, FleetConflict)
-        if not conflict:  # the store answered: an alert on failures (or on up alone) would send one to the network
-            self._failures.inc()
-        self._another_fleet.set(int(conflict))
-        if conflict and (self.up or not self.conflict):
-            # once while it lasts: the workers named in the reason change with the other fleet's last replica
-            log.error("state store not used: its namespace is another fleet's; serving with the state held, "
-                      "admin changes refused", extra={"store": redact(self.url), "error": reason})
-        elif not conflict and (self.up or self.error != reason):
-            log.warning("state store unreachable: serving with the state held, admin changes refused",
-                        extra={"store": redact(self.url), "error": reason})
-        self.up = False
-        self.error = reason
-        self.conflict = conflict
-        self._up_gauge.set(0)
-
-    def _connected(self) -> None:
-        if not self.up:
-            log.info("state store connected", extra={"store": redact(self.url), "epoch": self.epoch})
-        self.up, self.error, self.conflict = True, None, False
-        self._up_gauge.set(1)
-        self._another_fleet.set(0)
 
     # ---- the listening loop ----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -313,15 +260,15 @@ class StateSync:
             except asyncio.CancelledError:
                 raise
             except _Silent as exc:  # the store itself may be fine: subscribe again, and resync what was missed
-                self._failures.inc()
+                self.health.failed()
                 log.warning("state store subscription silent: subscribing again",
                             extra={"store": redact(self.url), "error": str(exc)})
                 continue
             except FleetConflict as exc:  # nothing to retry soon: the other fleet is not going away
-                self._down(exc)
+                self.health.down(exc)
                 pause = max(0.0, self.resync_s - 0.5)  # waited unsubscribed, below: its changes are not ours
             except Exception as exc:  # redis-py raises its own and OS errors: retry all
-                self._down(exc)
+                self.health.down(exc)
             finally:
                 try:
                     async with asyncio.timeout(self.timeout_s):
@@ -331,26 +278,14 @@ class StateSync:
             await asyncio.sleep(pause + min(0.5, self.resync_s))
 
     def wall_offset(self) -> float:
-        """What to add to router.clock() for the absolute time records carry: the store's clock (Redis
-        TIME, measured at every sync), so replicas whose wall clocks disagree still expire a TTL at the
-        same moment; this host's wall clock before the first sync."""
-        if self._store_offset is not None:
-            return self._store_offset
-        return self.wall() - self.router.clock()
+        """What to add to router.clock() for the absolute time records carry (StoreClock)."""
+        return self.store_clock.wall_offset()
 
     async def _measure_clock(self) -> None:
         clock = self.router.clock
         t0 = clock()
         sec, usec = await self._client.time()
-        t1 = clock()
-        rtt = t1 - t0
-        # keep the old reading unless this one is about as precise (a slow round trip widens the error)
-        if self._store_offset is None or self._rtt is None or rtt <= 2 * self._rtt + 0.002:
-            self._store_offset, self._rtt = sec + usec / 1e6 - (t0 + t1) / 2, rtt
-        skew = self.wall() - clock() - self._store_offset
-        if abs(skew) > 1.0:
-            log.warning("this host's wall clock differs from the state store's: TTLs follow the store's",
-                        extra={"store": redact(self.url), "skew_s": round(skew, 3)})
+        self.store_clock.measured(t0, sec + usec / 1e6, clock())
 
     async def _sync(self, source: str) -> None:
         """Load the whole hash; adopt (or create) the store's epoch; seed what the store lacks, and write
@@ -367,7 +302,7 @@ class StateSync:
             if self.epoch is not None:
                 log.warning("state store has a new epoch (restarted empty?): re-seeding it with this replica's state",
                             extra={"store": redact(self.url), "old": self.epoch, "new": epoch})
-            self.revs.clear()
+            self.records.revs.clear()
             self.epoch = epoch
         async with self._lock:  # read under the lock: a change this replica makes meanwhile is in it
             values = await client.hgetall(self.hash_key)
@@ -378,7 +313,7 @@ class StateSync:
             else:
                 await self._write_back(values)
         self.last_sync = time.monotonic()
-        self._connected()
+        self.health.connected(self.epoch)
 
     async def _check_fleet(self) -> None:
         """The namespace is the profile's name: two fleets whose profiles share a name and a store would share
@@ -388,7 +323,7 @@ class StateSync:
         workers are those it was started with and those the shared state lists as present: one fleet's
         replicas share workers even while a worker is added, or all of them are replaced at runtime (a
         replica started with the new list, while the others were started with the old one)."""
-        ours = self._fleet_workers()
+        ours = self.records.fleet_workers()
         if not ours:  # started with none, nothing learnt yet: nothing to compare
             return
         ttl = max(30, int(6 * self.resync_s))  # it lapses: once every replica of a fleet is gone, the next owns it
@@ -406,135 +341,42 @@ class StateSync:
             f"none of this replica's): two fleets whose profiles are both named {self.namespace!r} share "
             "this store. Rename one profile, or give it its own router.state_store database")
 
-    def _fleet_workers(self) -> list[str]:
-        """The workers this replica was started with, and those present in the shared state it applied."""
-        held = {url for url, rec in self.worker_records.items() if rec.get("present")}
-        return sorted(held | set(self.fleet))
-
     async def _seed(self, stored: dict[str, str]) -> None:
-        """Write the prefixes and workers this replica holds that the store does not know (its profile's, or
-        all of them after the store lost everything). Another replica seeding the
-        same name first wins: its record is then applied here."""
-        router = self.router
-        offset = self.wall_offset()
-        for name in sorted({r.name for r in router.prefixes.records()}):
-            if f"prefix:{name}" not in stored:
-                await self._put("prefix", name, router.prefixes.export_name(name, offset), None)
-        # the workers too: a replica started with a worker the others lack (its profile or --prefill list
-        # differs) adds it fleet-wide instead of routing to a different set; the store's records (a worker
-        # removed or drained at runtime) win over what a replica was started with, as for prefixes
-        records = dict(self.worker_records)
-        for w in router.workers.all():
-            records.setdefault(w.url, {"present": True, **w.spec.as_dict(), "draining": w.draining})
-        for url, rec in sorted(records.items()):
-            if f"worker:{url}" not in stored:
-                await self._put("worker", url, rec, None)
+        """Write what this replica holds that the store does not know (ReplicaRecords.unseeded). Another
+        replica seeding the same name first wins: its record is then applied here."""
+        for kind, key, doc in self.records.unseeded(stored, self.wall_offset()):
+            await self._put(kind, key, doc, None)
 
     async def _write_back(self, stored: dict[str, str]) -> None:
-        """Same epoch, but the store holds a field older than this replica does, or not at all: it went
-        back in time (restored from an older snapshot, a field deleted by hand). Write what this replica
-        holds (the fleet's latest, as far as it knows); the first replica to do so wins."""
-        offset = self.wall_offset()
-        for field, held in sorted(self.revs.items()):
-            raw = stored.get(field)
-            value = self._parse(raw)
-            if value is not None and value[0] >= held:
-                continue
-            kind, _, key = field.partition(":")
-            if kind == "prefix":
-                doc: dict[str, Any] = self.router.prefixes.export_name(key, offset)
-            elif key in self.worker_records:
-                doc = self.worker_records[key]
-            else:
-                continue
-            log.warning("the state store holds an older record than this replica (restored from a snapshot?): "
-                        "writing this replica's back", extra={"field": field, "held_rev": held,
-                                                              "stored_rev": None if value is None else value[0]})
+        """Same epoch, but the store holds a field older than this replica does, or not at all: write what
+        this replica holds (the fleet's latest, as far as it knows); the first replica to do so wins."""
+        for kind, key, doc, raw in self.records.newer_than_stored(stored, self.wall_offset()):
             await self._put(kind, key, doc, raw)
 
     async def _put(self, kind: str, key: str, doc: dict[str, Any], stored_raw: str | None) -> None:
         """Write `doc` unless the field changed from `stored_raw` meanwhile (then apply what is there)."""
         rev = await self._write(kind, key, doc, expected=_sha(stored_raw))
-        field = f"{kind}:{key}"
         if rev > 0:
-            self.revs[field] = max(rev, self.revs.get(field, 0))
-            if kind == "worker":
-                self.worker_records[key] = doc
+            self.records.written(kind, key, doc, rev)
         else:
-            self._apply_raw(await self._client.hget(self.hash_key, field), "resync")
-
-    # ---- applying records ------------------------------------------------------------------------
-    @staticmethod
-    def _parse(raw: str | None) -> tuple[int, str, str, Any] | None:
-        """(rev, kind, key, record) of a stored value, or None when absent or malformed."""
-        if raw is None:
-            return None
-        try:
-            value = loads(raw)
-            rev, kind, key, record = int(value["rev"]), value["kind"], str(value["key"]), value["record"]
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("malformed state record ignored", extra={"error": str(exc), "record": str(raw)[:200]})
-            return None
-        if not 0 < rev < MAX_REV or kind not in ("prefix", "worker"):
-            log.warning("malformed state record ignored", extra={"rev": rev, "kind": str(kind)[:40]})
-            return None
-        return rev, kind, key, record
+            self._apply_raw(await self._client.hget(self.hash_key, f"{kind}:{key}"), "resync")
 
     def _apply_raw(self, raw: str | None, source: str) -> None:
-        value = self._parse(raw)
-        if value is None:
-            return
-        rev, kind, key, record = value
-        field = f"{kind}:{key}"
-        if rev <= self.revs.get(field, 0):
-            return
-        if kind == "prefix":
-            try:
-                self.router.prefixes.load_name(key, record, self.wall_offset())
-            except ValueError as exc:
-                log.warning("malformed prefix record ignored", extra={"prefix": key, "error": str(exc)})
-                return
-            self.revs[field] = rev
-            self.on_prefix_change()
-        elif isinstance(record, dict):
-            self.revs[field] = rev
-            self.worker_records[key] = record
-            self.router.spawn(self.apply_worker(key, record))
-        else:
-            return
-        self.applied += 1
-        self._changes.labels(kind, source).inc()
-        # one line per operator change and replica (rare): when it was in force here, on the wall clock
-        log.info("shared change applied", extra={"kind": kind, "key": key, "rev": rev, "source": source,
-                                                 "applied_at": round(time.time(), 4)})
+        self.records.apply_raw(raw, source, self.wall_offset())
 
     async def _write(self, kind: str, key: str, record: dict[str, Any], expected: str | None) -> int:
         rest = dumps({"kind": kind, "key": key, "record": record}).decode()[1:]  # the object after its "{"
         rev = await self._cas(keys=[self.hash_key, self.rev_key, self.epoch_key],
                               args=[f"{kind}:{key}", "*" if expected is None else expected, rest, self.channel,
-                                    self.epoch or "", str(max(self.revs.values(), default=0))])
+                                    self.epoch or "", str(self.records.max_rev())])
         return int(rev)
 
     # ---- admin changes ---------------------------------------------------------------------------
-    def _refuse(self) -> StoreUnavailable:
-        if self.conflict:
-            return StoreUnavailable(f"the shared state store {redact(self.url)} is not used ({self.error}); the "
-                                    "change was not made")
-        return StoreUnavailable(f"the shared state store {redact(self.url)} is unreachable ({self.error}); the change "
-                                "was not made on any replica (a change on one only would make them diverge); retry "
-                                "when `inferctl router status` shows it connected")
-
-    def _unknown(self, what: str) -> StoreUnavailable:
-        # the script was sent: a store that only stalled runs it when it resumes, and publishes it
-        return StoreUnavailable(f"the shared state store {redact(self.url)} did not answer the change ({self.error}): "
-                                "it may have been made (then it is in force on every replica once the store "
-                                f"answers again); check `inferctl router {what}` before retrying")
-
     async def change_prefix(self, name: str, verb: PrefixVerb) -> Any:
         """Run an operator verb on the stored record of `name` and write the result fleet-wide; it is in
         force here when this returns. `verb(registry, now)` raises VerbRefused to refuse, changing nothing. Returns this replica's view of the verb's result."""
         if not self.up:
-            raise self._refuse()
+            raise self.health.refusal()
         router = self.router
         field = f"prefix:{name}"
         sent = False
@@ -544,15 +386,13 @@ class StateSync:
                     for _ in range(16):
                         raw = await self._client.hget(self.hash_key, field)
                         now, offset = router.clock(), self.wall_offset()
-                        scratch = PrefixRegistry(rewarm_idle_s=router.prefixes.rewarm_idle_s,
-                                                 forget_after_s=router.prefixes.forget_after_s)
-                        value = self._parse(raw)
+                        scratch = self.records.scratch()
+                        value = parse(raw)
                         try:
                             scratch.load_name(name, value[3] if value else None, offset)
                         except ValueError as exc:  # a record nobody can read: the change replaces it
                             log.warning("malformed prefix record replaced", extra={"prefix": name, "error": str(exc)})
-                            scratch = PrefixRegistry(rewarm_idle_s=router.prefixes.rewarm_idle_s,
-                                                     forget_after_s=router.prefixes.forget_after_s)
+                            scratch = self.records.scratch()
                         scratch.tick(now)  # a TTL lapsed since the last write counts as it does locally
                         result = verb(scratch, now)
                         doc = scratch.export_name(name, offset)
@@ -570,13 +410,13 @@ class StateSync:
         except VerbRefused:
             raise
         except Exception as exc:  # redis-py's errors, OS errors, the timeout
-            self._down(exc)
-            raise (self._unknown("prefixes") if sent else self._refuse()) from None
+            self.health.down(exc)
+            raise (self.health.unknown("prefixes") if sent else self.health.refusal()) from None
 
     async def change_worker(self, url: str, record: dict[str, Any]) -> None:
         """Write a worker's new state fleet-wide (last writer wins) and apply it here."""
         if not self.up:
-            raise self._refuse()
+            raise self.health.refusal()
         try:
             async with self._lock:
                 async with asyncio.timeout(3 * self.timeout_s):
@@ -585,24 +425,12 @@ class StateSync:
                 self._resync_due = True
                 raise ConnectionError("the store's epoch changed (it restarted); resyncing")
         except ConnectionError as exc:
-            self._down(exc)
-            raise self._refuse() from None
+            self.health.down(exc)
+            raise self.health.refusal() from None
         except Exception as exc:
-            self._down(exc)
-            raise self._unknown("workers") from None
-        field = f"worker:{url}"
-        if self.revs.get(field, 0) > rev:
-            # a later change of this worker (another replica's) arrived before this write's answer: it is
-            # the one in force, here as everywhere
-            log.info("shared change overtaken by a later one", extra={"kind": "worker", "key": url, "rev": rev})
-            return
-        self.revs[field] = rev
-        self.worker_records[url] = record
-        self.applied += 1
-        self._changes.labels("worker", "local").inc()
-        log.info("shared change applied", extra={"kind": "worker", "key": url, "rev": rev, "source": "local",
-                                                 "applied_at": round(time.time(), 4)})
-        await self.apply_worker(url, record)
+            self.health.down(exc)
+            raise self.health.unknown("workers") from None
+        await self.records.apply_local_worker(url, record, rev)
 
 
 def _sha(raw: str | None) -> str:

@@ -316,10 +316,10 @@ def clocked_checker() -> tuple[list[float], Any, Any]:
     worker seen once (process start-0) and healthy."""
     from infer_ctl.router.config import RouterConfig, worker
     from infer_ctl.router.control.health import HealthChecker
-    from infer_ctl.router.request.proxy import Router
+    from infer_ctl.router.daemon.assembly import build_router
 
     now = [0.0]
-    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
+    router = build_router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
                                  health_holddown_max_s=60.0), clock=lambda: now[0])
     w = router.workers.by_url["http://127.0.0.1:1"]
     hc = HealthChecker(router)
@@ -393,9 +393,9 @@ def test_the_passing_checks_a_worker_comes_back_on_are_one_process_s() -> None:
     """health_successes 3: three answers in a row from one server, not from three crash-looping ones."""
     from infer_ctl.router.config import RouterConfig, worker
     from infer_ctl.router.control.health import HealthChecker
-    from infer_ctl.router.request.proxy import Router
+    from infer_ctl.router.daemon.assembly import build_router
 
-    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
+    router = build_router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
                                  health_successes=3), clock=lambda: 0.0)
     w = router.workers.by_url["http://127.0.0.1:1"]
     hc = HealthChecker(router)

@@ -6,7 +6,7 @@ import pytest
 
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.control.health import HealthChecker
-from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.daemon.assembly import build_router
 
 
 @pytest.mark.parametrize(("ours", "waiting", "running", "external"), [
@@ -15,7 +15,7 @@ from infer_ctl.router.request.proxy import Router
     (3, 0, 0, 0),  # poll raced our new requests: never negative
 ])
 def test_load_poll_counts_only_other_clients(ours: int, waiting: int, running: int, external: int) -> None:
-    router = Router(RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998), worker("http://127.0.0.1:2", "decode")]))
+    router = build_router(RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998), worker("http://127.0.0.1:2", "decode")]))
     w = router.workers.by_url["http://127.0.0.1:1"]
     w.inflight = ours
     HealthChecker(router).apply(w, True, "start-1", False, (waiting, running, None))
@@ -31,4 +31,4 @@ def test_pd_warmups_use_a_real_pair_unless_asked(warm_via: str, fake: bool) -> N
 
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998), worker("http://127.0.0.1:2", "decode")],
                        warm_via=warm_via)
-    assert PrefixWarmer(Router(cfg)).use_fake_bootstrap is fake
+    assert PrefixWarmer(build_router(cfg)).use_fake_bootstrap is fake

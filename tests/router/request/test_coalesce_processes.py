@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infer_ctl.router.daemon.assembly import Seat
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.router.fleet import shared_flights
 from infer_ctl.router.fleet.shared_load import SharedLoad
@@ -33,27 +34,20 @@ SLOW = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.01, "bootstrap
         "waiting_timeout_s": 10.0}
 
 
-def share(routers: list[RouterHandle]) -> SharedLoad:
-    """What router/daemon/server.py `_share` does in each process of several (load rows, then the board)."""
-    block = SharedLoad.create(len(routers), 8, extra=shared_flights.ROW_CELLS)
-    for i, r in enumerate(routers):
-        router = r.router
-
-        async def wire(router: Any = router, i: int = i) -> None:  # on the router's own loop
-            router.workers.share(block, i)
-            router.coalesce.board = shared_flights.FlightBoard(block.cells, block.extra_offset, len(routers), i,
-                                                               router.workers.url_of_slot, router.workers.slot_of)
-            router.picker.sync_pending = router.coalesce.sync
-        r.call(wire())
-    return block
+def shared_routers(cluster: ThreadedSimCluster, n: int = 2) -> tuple[list[RouterHandle], SharedLoad]:
+    """Routers built as the processes of several are (router/daemon/assembly.py `build`): each
+    with its row of one shared block (load rows, then the board)."""
+    block = SharedLoad.create(n, 8, extra=shared_flights.ROW_CELLS)
+    routers = [start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
+                                                    coalesce_max_wait_s=8.0, log_requests=True),
+                                      seat=Seat(block, i, n)) for i in range(n)]
+    return routers, block
 
 
 @pytest.fixture
 def pair() -> Iterator[tuple[ThreadedSimCluster, list[RouterHandle]]]:
     cluster = start_cluster_in_thread([WorkerSpec("mixed", kv_events_config=kv_config(), **SLOW) for _ in range(2)])
-    routers = [start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
-                                                    coalesce_max_wait_s=8.0, log_requests=True)) for _ in range(2)]
-    block = share(routers)
+    routers, block = shared_routers(cluster)
     try:
         for r in routers:
             assert wait_for(lambda r=r: all(w["index"] == "exact" for w in httpx.get(

@@ -13,6 +13,7 @@ import pytest
 
 from infer_ctl.core.routing.policy import NoWorkerAvailable
 from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.daemon.assembly import build_router
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.proxy import Router
@@ -24,7 +25,7 @@ P, D, A, B = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "
 def _router(*specs: tuple[str, Any]) -> tuple[Router, list[float]]:
     now = [100.0]
     cfg = RouterConfig(workers=[worker(u, role) for u, role in specs], policy="round_robin", cb_open_s=5.0)
-    return Router(cfg, clock=lambda: now[0], rng=random.Random(0)), now
+    return build_router(cfg, clock=lambda: now[0], rng=random.Random(0)), now
 
 
 def _ctx() -> RequestContext:

@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.control.admin import Admin
+from infer_ctl.router.daemon.assembly import Seat, build_router
 from infer_ctl.router.daemon.procs import fetch_server_info, plan, reserve_port
 from infer_ctl.router.fleet.shared_load import SharedLoad, row_cells
 from infer_ctl.router.request.proxy import Router
@@ -36,9 +38,8 @@ def block() -> Any:
 def test_each_process_writes_its_row_and_the_load_is_the_column_sum(block: SharedLoad) -> None:
     other = SharedLoad.attach(block.name, 2, 5)
     try:
-        mine, theirs = Router(pd_cfg()), Router(pd_cfg())
-        mine.workers.share(block, 0)
-        theirs.workers.share(other, 1)
+        mine = build_router(pd_cfg(), seat=Seat(block, 0, 2, flights=False))
+        theirs = build_router(pd_cfg(), seat=Seat(other, 1, 2, flights=False))
         a, b = mine.workers.by_url["http://127.0.0.1:2"], theirs.workers.by_url["http://127.0.0.1:2"]
         assert (a.slot, b.slot) == (1, 1) and a.cell != b.cell
         a.inflight += 1
@@ -58,8 +59,7 @@ def test_each_process_writes_its_row_and_the_load_is_the_column_sum(block: Share
 def test_a_runtime_worker_takes_the_next_slot_until_none_is_left() -> None:
     block = SharedLoad.create(1, 4)
     try:
-        r = Router(pd_cfg())
-        r.workers.share(block, 0)
+        r = build_router(pd_cfg(), seat=Seat(block, 0, 1, flights=False))
         assert r.workers.add(worker("http://127.0.0.1:4", "decode")).slot == 3
         with pytest.raises(UsageError, match="no free worker slot"):
             r.workers.add(worker("http://127.0.0.1:5", "decode"))
@@ -73,22 +73,20 @@ def test_adding_a_worker_when_no_slot_is_left_answers_400_not_500() -> None:
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from infer_ctl.router.control.admin import Admin
-    from infer_ctl.router.control.health import HealthChecker
-    from infer_ctl.router.control.warmer import PrefixWarmer
+    from infer_ctl.router.daemon.assembly import build
 
-    async def go(r: Router) -> tuple[int, str]:
+    async def go(admin: Admin) -> tuple[int, str]:
         app = web.Application()
-        Admin(r, PrefixWarmer(r), HealthChecker(r)).routes(app)
+        admin.routes(app)
         async with TestClient(TestServer(app)) as client:
             resp = await client.post("/admin/workers", json={"url": "http://127.0.0.1:9", "role": "decode"})
             return resp.status, await resp.text()
 
     block = SharedLoad.create(1, 3)
-    r = Router(pd_cfg())
-    r.workers.share(block, 0)  # the three configured workers took every slot
+    server = build(pd_cfg(), seat=Seat(block, 0, 1, flights=False))  # the three configured workers took every slot
+    r = server.router
     try:
-        status, body = asyncio.run(go(r))
+        status, body = asyncio.run(go(server.admin))
         assert status == 400 and "no free worker slot" in body and "restart the router" in body
         assert "http://127.0.0.1:9" not in r.workers.by_url
     finally:
@@ -142,10 +140,9 @@ def test_a_follower_takes_the_leaders_workers_drains_and_prefixes() -> None:
 
 
 def _shared_pair(slots: int = 8) -> tuple[Router, Router, list[SharedLoad]]:
-    leader, follower = Router(pd_cfg()), Router(pd_cfg())
     blocks = [SharedLoad.create(1, slots), SharedLoad.create(1, slots)]
-    leader.workers.share(blocks[0], 0)
-    follower.workers.share(blocks[1], 0)
+    leader = build_router(pd_cfg(), seat=Seat(blocks[0], 0, 1, flights=False))
+    follower = build_router(pd_cfg(), seat=Seat(blocks[1], 0, 1, flights=False))
     return leader, follower, blocks
 
 
@@ -208,12 +205,12 @@ def test_a_restarted_leader_warms_again_what_the_dead_one_was_warming(tmp_path: 
     replica was skipped by every later plan (no warm_done would ever come) and never warmed."""
     from infer_ctl.core.routing.policy import WorkerView
 
-    dead = Router(pd_cfg())
+    dead = build_router(pd_cfg())
     rec = dead.prefixes.register("sys", "You are terse.", now=1.0, ttl_s=None, replicas=1, pin=False)
     rec.placements["http://127.0.0.1:1"] = Placement("http://127.0.0.1:1", warming=True)
     path = tmp_path / "state.json"
     Publisher(dead, path).publish()
-    new = Router(pd_cfg())
+    new = build_router(pd_cfg())
     assert Publisher(new, path).adopt()
     views = [WorkerView("http://127.0.0.1:1", 0, 0, True)]
     assert [(a.name, a.worker) for a in new.prefixes.plan_warmups(views, 2.0)] == [("sys", "http://127.0.0.1:1")]
@@ -226,7 +223,7 @@ def test_the_leaders_loop_serializes_only_after_a_counted_change_and_still_publi
     the next check, one made past the counters (a field set directly) within `_FULL_EVERY` checks."""
     from infer_ctl.core.routing.policy import WorkerView
 
-    leader = Router(pd_cfg())
+    leader = build_router(pd_cfg())
     path = tmp_path / "state.json"
     pub = Publisher(leader, path)
     built = []
@@ -419,8 +416,7 @@ def test_a_prefill_that_stops_publishing_kv_events_is_logged_with_several_proces
     from infer_ctl.router.kvindex.kv_routing import KvRouting
 
     async def go() -> None:
-        kv = KvRouting()
-        kv.processes = 2
+        kv = KvRouting(processes=2)
         url = "http://127.0.0.1:1"
         kv.configure(url, {"kv_events": {"endpoint_host": "127.0.0.1", "endpoint_port_base": 9}})
         assert url in kv.workers

@@ -21,8 +21,10 @@ from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import RouterConfig, worker
 from infer_ctl.router.control import client as admin_client
-from infer_ctl.router.request.proxy import Router
-from infer_ctl.router.scaleout.state_sync import StateSync, StoreUnavailable
+from infer_ctl.router.daemon.assembly import build_router
+from infer_ctl.router.scaleout.replica_records import ReplicaRecords
+from infer_ctl.router.scaleout.state_sync import StateSync
+from infer_ctl.router.scaleout.store_status import StoreUnavailable
 from tests.router.redis_server import RedisServer, need_redis
 
 NS = "t"
@@ -33,17 +35,17 @@ class Replica:
     def __init__(self, url: str, *, wall: Callable[[], float] = time.time, timeout_s: float = 1.0,
                  resync_s: float = 5.0, namespace: str = NS, extra: tuple[str, ...] = (),
                  pool: tuple[str, str] = ("http://127.0.0.1:1", "http://127.0.0.1:2")) -> None:
-        self.router = Router(RouterConfig(workers=[worker(pool[0], "prefill", 8998), worker(pool[1], "decode"),
-                                                   *(worker(u, "prefill", 8998) for u in extra)]))
+        # built as the assembly builds a replica's router (its prefixes placed on shared terms)
+        self.router = build_router(RouterConfig(workers=[worker(pool[0], "prefill", 8998), worker(pool[1], "decode"),
+                                                         *(worker(u, "prefill", 8998) for u in extra)], state_store=url))
         self.workers: dict[str, dict[str, Any]] = {}
 
         async def apply_worker(u: str, rec: dict[str, Any]) -> None:
             self.workers[u] = rec
 
-        self.sync = StateSync(self.router, url=url, password=None, namespace=namespace, apply_worker=apply_worker,
-                              on_prefix_change=lambda: None, timeout_s=timeout_s,
-                              resync_s=resync_s)
-        self.sync.wall = wall
+        records = ReplicaRecords(self.router, apply_worker=apply_worker, on_prefix_change=lambda: None)
+        self.sync = StateSync(self.router, records, url=url, password=None, namespace=namespace, timeout_s=timeout_s,
+                              resync_s=resync_s, wall=wall)
 
     def texts(self, name: str) -> list[tuple[int, str, str]]:
         return [(r.version, r.text, r.state.value) for r in self.router.prefixes.records() if r.name == name]
@@ -569,7 +571,7 @@ def test_a_fleet_marker_written_by_hand_keeps_the_replica_off_and_says_so_briefl
         put(store, FLEET, marker)
         b = Replica(store.url)
         async with started(b):
-            assert not b.sync.up and b.sync.conflict, b.sync.error
+            assert not b.sync.up and b.sync.health.conflict, b.sync.error
             assert b.sync.error is not None and len(b.sync.error) < 1000, len(b.sync.error)
 
     with_store(main)
@@ -589,7 +591,7 @@ def test_a_fleet_conflict_is_logged_once_and_shown_as_such(caplog: Any, capsys: 
                     workers = ["http://127.0.0.1:1", "http://127.0.0.1:2", *(["http://127.0.0.1:7"] * (i % 2))]
                     put(store, FLEET, json.dumps(workers))
                     await asyncio.sleep(0.5)
-                assert not b.sync.up and b.sync.applied == 0
+                assert not b.sync.up and b.sync.records.applied == 0
                 reg = b.router.metrics.registry
                 # the store answered every look: not a store failure, and said as what it is
                 assert reg.get_sample_value("inferctl_router_state_store_failures_total") == 0
