@@ -73,13 +73,13 @@ class Coalescer:
                               "hold, through any leaders that took over)",
                               buckets=_WAIT, registry=registry)
         #: the landing walk: how a flight's landing is heard, and when a landed one leaves the overlay
-        self.landings = Landings(cfg, self.pending, chars_per_token)
+        self.landings = Landings(cfg, self.pending, chars_per_token, kv=kv, board=board)
         #: the leader/follower bookkeeping. `max_retries`: the router's retries per request: a follower
         #: whose leader's worker failed is re-routed only while it has one left (else it goes to the worker
         #: itself, as without a hold)
         self.holds = Holds(cfg, self.pending, self.landings, block_chars=block_chars, chars_per_token=chars_per_token,
                            held_blocks=self.held_blocks, sync=self.sync, held=self.held, wait=self.wait,
-                           max_retries=max_retries)
+                           max_retries=max_retries, board=board)
 
     @property
     def holding(self) -> int:

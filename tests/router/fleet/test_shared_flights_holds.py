@@ -54,12 +54,12 @@ class Process:
     """One router process's coalescer on the shared block, over the workers URLS."""
 
     def __init__(self, block: SharedLoad, index: int, kv: FakeKv | None = None) -> None:
+        board = sf.FlightBoard(block.cells, block.extra_offset, block.processes, index,
+                               lambda s: URLS[s] if 0 <= s < len(URLS) else None, URLS.index)
         self.co = Coalescer(CoalesceConfig(min_tokens=64, max_wait_s=3.0, grace_s=0.0), block_chars=64,
-                            chars_per_token=lambda: 4.0, registry=CollectorRegistry(), max_retries=1)
-        self.co.kv = kv
+                            chars_per_token=lambda: 4.0, registry=CollectorRegistry(), max_retries=1,
+                            kv=kv, board=board)  # type: ignore[arg-type]
         self.workers = {u: WorkerState(WorkerSpec(u, "mixed"), CircuitBreaker()) for u in URLS}
-        self.co.board = sf.FlightBoard(block.cells, block.extra_offset, block.processes, index,
-                                       lambda s: URLS[s] if 0 <= s < len(URLS) else None, URLS.index)
 
 
 def request(name: str, *, stream: bool, tokens: int = 1) -> RequestContext:
