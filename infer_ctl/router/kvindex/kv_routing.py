@@ -42,6 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
+from infer_ctl.core.routing.index import BLOCK_CHARS
 from infer_ctl.core.routing.tiers import TierWeights
 from infer_ctl.router.kvindex.kv_prompts import ChatKeys, PromptView, chat_layout, view_for
 from infer_ctl.router.kvindex.kv_subscriber import KvStream, StreamSettings
@@ -143,7 +144,7 @@ def endpoints(url: str, desc: dict[str, Any]) -> list[tuple[str, str | None]] | 
 
 
 class KvRouting:
-    def __init__(self, *, enabled: bool = True, block_chars: int = 64, tokenizer_path: str | None = None,
+    def __init__(self, *, enabled: bool = True, block_chars: int = BLOCK_CHARS, tokenizer_path: str | None = None,
                  settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None,
                  tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10) -> None:
         self.enabled = enabled
