@@ -51,8 +51,9 @@ def share(routers: list[RouterHandle]) -> SharedLoad:
 @pytest.fixture
 def pair() -> Iterator[tuple[ThreadedSimCluster, list[RouterHandle]]]:
     cluster = start_cluster_in_thread([WorkerSpec("mixed", kv_events_config=kv_config(), **SLOW) for _ in range(2)])
-    routers = [start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
-                                                    coalesce_max_wait_s=8.0, log_requests=True)) for _ in range(2)]
+    routers = [start_router_in_thread(router_config(workers=[w.url for w in cluster.workers],
+                                                    health_interval_s=0.3, coalesce={"max_wait_s": 8.0},
+                                                    log_requests=True)) for _ in range(2)]
     block = share(routers)
     try:
         for r in routers:

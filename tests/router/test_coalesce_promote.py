@@ -68,7 +68,8 @@ def slow_sim(threads: int) -> Iterator[Rig]:
     """One simulated worker slow to prefill the shared prompt (SLOW) behind a router holding for 8 s."""
     cluster = start_cluster_in_thread([WorkerSpec("mixed", **SLOW)])
     try:
-        with rig([w.url for w in cluster.workers], threads, health_interval_s=0.3, coalesce_max_wait_s=8.0) as r:
+        with rig([w.url for w in cluster.workers], threads, health_interval_s=0.3,
+                 coalesce={"max_wait_s": 8.0}) as r:
             yield r
     finally:
         cluster.stop()

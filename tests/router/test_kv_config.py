@@ -44,8 +44,8 @@ def test_profile_keys_land_on_the_router_config(tmp_path: Path) -> None:
     prof = _profile(tmp_path, "router:\n  kv_events: {tokenizer_path: tok, max_blocks: 5000, replay_timeout_s: 0.5,"
                               " max_batches_per_s: 70, max_message_bytes: 1048576}\n")
     cfg = from_profile(prof, env={})
-    assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (True, 5000, 0.5, 70)
-    assert cfg.kv_max_message_bytes == 1 << 20
+    assert (cfg.settings.kv_events.enabled, cfg.settings.kv_events.max_blocks, cfg.settings.kv_events.replay_timeout_s, cfg.settings.kv_events.max_batches_per_s) == (True, 5000, 0.5, 70)
+    assert cfg.settings.kv_events.max_message_bytes == 1 << 20
     assert cfg.tokenizer_path == str(tmp_path / "tok")
     off = from_profile(_profile(tmp_path, "router: {kv_events: {enabled: false}}\n"), env={})
     assert off.kv_events is False and off.tokenizer_path == "/models/on-the-nodes"  # the default stays soft
@@ -54,9 +54,9 @@ def test_profile_keys_land_on_the_router_config(tmp_path: Path) -> None:
 def test_defaults_are_router_configs() -> None:
     prof = parse_profile_text(BASE)
     cfg, plain = from_profile(prof, env={}), RouterConfig()
-    assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (
+    assert (cfg.settings.kv_events.enabled, cfg.settings.kv_events.max_blocks, cfg.settings.kv_events.replay_timeout_s, cfg.settings.kv_events.max_batches_per_s) == (
         plain.kv_events, plain.kv_max_blocks, plain.kv_replay_timeout_s, plain.kv_max_batches_per_s)
-    assert cfg.kv_max_message_bytes == plain.kv_max_message_bytes == 8 << 20
+    assert cfg.settings.kv_events.max_message_bytes == plain.kv_max_message_bytes == 8 << 20
 
 
 @pytest.mark.parametrize(("router", "expected"), [
@@ -105,10 +105,10 @@ def test_serve_flags_set_the_kv_settings(tmp_path: Path, served: list[RouterConf
             "--kv-replay-timeout", "0.25", "--kv-max-blocks", "2048", "--kv-max-batches-per-s", "9"]
     assert main(argv) == 0
     cfg = served[0]
-    assert (cfg.kv_events, cfg.tokenizer_path, cfg.kv_replay_timeout_s, cfg.kv_max_blocks, cfg.kv_max_batches_per_s) == (
+    assert (cfg.settings.kv_events.enabled, cfg.tokenizer_path, cfg.settings.kv_events.replay_timeout_s, cfg.settings.kv_events.max_blocks, cfg.settings.kv_events.max_batches_per_s) == (
         False, str(tmp_path), 0.25, 2048, 9)
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9"]) == 0
-    assert served[1].kv_events is True and served[1].kv_max_blocks == RouterConfig().kv_max_blocks
+    assert served[1].kv_events is True and served[1].kv_max_blocks == RouterConfig().settings.kv_events.max_blocks
 
 
 @pytest.mark.parametrize(("flags", "fragment"), [

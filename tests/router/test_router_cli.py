@@ -16,6 +16,7 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.exitcodes import ExitCode
+from infer_ctl.router.config import router_settings
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.ports import free_port
@@ -224,7 +225,7 @@ def test_serve_flags_for_the_load_guard_and_the_board_reach_the_config(monkeypat
     monkeypatch.setattr(procs, "serve", lambda cfg, n, level: seen.append(cfg) or 0)
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", "--balance-abs", "64", "--no-share-flights"]) == 0
     cfg = seen[-1]
-    assert cfg.balance_abs == 64 and cfg.coalesce_processes is False  # type: ignore[attr-defined]
+    assert cfg.settings.balance_abs == 64 and cfg.settings.coalesce.processes is False  # type: ignore[attr-defined]
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9"]) == 0
     assert seen[-1].balance_abs == 8 and seen[-1].coalesce_processes is True  # type: ignore[attr-defined]
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", "--balance-abs", "-1"]) == 64
@@ -275,8 +276,8 @@ def test_the_numbers_the_bounds_missed_are_bounded_too(field: str, value: object
     from infer_ctl.errors import UsageError
     from infer_ctl.router.config import RouterConfig, worker
 
-    fine = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], port=0, coalesce_max_wait_s=60.0,
-                        pair_min_kv_speed_gb_s=0.5, pair_max_kv_latency_ms=None)
+    fine = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], port=0,
+                        settings=router_settings(coalesce={"max_wait_s": 60.0}, pair_health={"min_kv_speed_gb_s": 0.5, "max_kv_latency_ms": None}))
     fine.validate()
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=rf"router\.{field} must be a (whole|finite) number, {bound}, got"):

@@ -86,9 +86,9 @@ class Admin:
         self.health = health
         cfg = router.cfg
         #: with a state store, every change of named prefixes and workers goes through it to every replica
-        self.sync = StateSync(router, url=cfg.state_store, password=cfg.state_store_password,
+        self.sync = StateSync(router, url=cfg.settings.state_store, password=cfg.state_store_password,
                               namespace=cfg.state_namespace, apply_worker=self.apply_worker,
-                              on_prefix_change=warmer.poke) if cfg.state_store else None
+                              on_prefix_change=warmer.poke) if cfg.settings.state_store else None
         #: the leader of several router processes: write the snapshot (follow.py) before a change is
         #: answered, so a change the client saw acknowledged survives the leader's death right after
         self.on_change: Any = None
@@ -124,7 +124,7 @@ class Admin:
                 return web.Response(
                     status=401, content_type="application/json",
                     body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
-                                    f"${self.router.cfg.admin_token_env}"),
+                                    f"${self.router.cfg.settings.admin_token_env}"),
                     headers={"WWW-Authenticate": "Bearer"})
             resp = await handler(request)
             if self.on_change is not None and request.method != "GET":

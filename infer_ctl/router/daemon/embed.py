@@ -86,7 +86,7 @@ class RouterHandle:
             return
         try:
             # the drain may take all of drain_timeout_s; the closing steps after it get the usual timeout
-            wait = self._runner.timeout + (self.server.cfg.drain_timeout_s if drain else 0.0)
+            wait = self._runner.timeout + (self.server.cfg.settings.drain_timeout_s if drain else 0.0)
             self.call(self.server.stop(drain=drain), wait)
         finally:
             self._runner.close()

@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.index import BLOCK_CHARS, PrefixIndex
 from infer_ctl.core.routing.pair_health import PairFloor
 from infer_ctl.core.routing.pd import parallel_samples, wants_logprobs
-from infer_ctl.core.routing.policy import NoWorkerAvailable, PolicyConfig
+from infer_ctl.core.routing.policy import NoWorkerAvailable
 from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.prompt import routing_text
-from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.config import RouterConfig, policy_config
 from infer_ctl.router.fleet.metrics import RouterMetrics
 from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry
@@ -60,53 +60,51 @@ class Router:
         self.clock = clock
         self.rng = rng or random.Random()
         self.workers = WorkerRegistry(cfg)
-        self.index = PrefixIndex(block_chars=cfg.block_chars, ttl_s=cfg.prefix_ttl_s,
-                                 max_blocks=max(1, cfg.index_max_tokens * 4 // cfg.block_chars))
-        self.prefixes = PrefixRegistry(rewarm_idle_s=cfg.rewarm_idle_s)
-        self.policy = PolicyConfig(policy=cfg.policy, cache_threshold=cfg.cache_threshold,
-                                   balance_abs=cfg.balance_abs, balance_rel=cfg.balance_rel,
-                                   miss_placement=cfg.miss_placement)
+        self.index = PrefixIndex(block_chars=BLOCK_CHARS, ttl_s=cfg.settings.prefix_ttl_s,
+                                 max_blocks=max(1, cfg.settings.index_max_tokens * 4 // BLOCK_CHARS))
+        self.prefixes = PrefixRegistry(rewarm_idle_s=cfg.settings.rewarm_idle_s)
+        self.policy = policy_config(cfg.settings)
         self.upstreams = Upstreams()
-        self.admission = Admission(cfg.max_concurrent, cfg.max_queue, cfg.queue_timeout_s)
+        self.admission = Admission(cfg.settings.max_concurrent, cfg.settings.max_queue, cfg.settings.queue_timeout_s)
         self.metrics = RouterMetrics(self)
-        self.pairs = PairTracker(PairFloor(cfg.pair_min_kv_speed_gb_s, cfg.pair_max_kv_latency_ms, cfg.pair_bad_samples,
-                                           cfg.pair_max_failures, cfg.pair_probe_after_s), clock)
+        self.pairs = PairTracker(PairFloor(cfg.settings.pair_health.min_kv_speed_gb_s, cfg.settings.pair_health.max_kv_latency_ms, cfg.settings.pair_health.bad_samples,
+                                           cfg.settings.pair_health.max_transfer_failures, cfg.settings.pair_health.probe_after_s), clock)
         self.picker = PairPicker(self.workers, self.index, self.policy, rng=self.rng, clock=clock, metrics=self.metrics,
                                  pairs=self.pairs)
         self.calls = WorkerCalls(self.upstreams, clock=clock, metrics=self.metrics)
-        self.spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.spec_max_labels, clock=clock)
-        self.feedback = Feedback(self.prefixes, clock=clock, metrics=self.metrics, log_requests=cfg.log_requests,
+        self.spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.settings.spec_max_labels, clock=clock)
+        self.feedback = Feedback(self.prefixes, clock=clock, metrics=self.metrics, log_requests=cfg.settings.log_requests,
                                  spec=self.spec)
         #: tracing and tenants (observe.py); None with neither configured: the request path then only checks that
         self.observing = observing(cfg, clock=clock, registry=self.metrics.registry, workers=self.workers,
                                    chars_per_token=lambda: self.feedback.chars_per_token, spec=self.spec, pairs=self.pairs)
         # the exact index from the prefills' KV events (router/kvindex/kv_routing.py); the predicted index stays
         # the fallback for every worker whose stream is not trusted
-        self.kv = KvRouting(enabled=cfg.kv_events and cfg.policy == "cache_aware", block_chars=cfg.block_chars,
+        self.kv = KvRouting(enabled=cfg.settings.kv_events.enabled and cfg.settings.policy == "cache_aware", block_chars=BLOCK_CHARS,
                             tokenizer_path=cfg.tokenizer_path, metrics=self.metrics,
-                            settings=StreamSettings(max_blocks=cfg.kv_max_blocks,
-                                                    max_blocks_per_medium=cfg.kv_max_blocks_per_medium,
-                                                    replay_timeout_s=cfg.kv_replay_timeout_s,
-                                                    max_batches_per_s=cfg.kv_max_batches_per_s,
-                                                    max_message_bytes=cfg.kv_max_message_bytes),
-                            tier_weights=cfg.tier_weights(), anchor_max_chars=cfg.kv_anchor_max_chars)
+                            settings=StreamSettings(max_blocks=cfg.settings.kv_events.max_blocks,
+                                                    max_blocks_per_medium=cfg.settings.kv_events.max_blocks_per_medium,
+                                                    replay_timeout_s=cfg.settings.kv_events.replay_timeout_s,
+                                                    max_batches_per_s=cfg.settings.kv_events.max_batches_per_s,
+                                                    max_message_bytes=cfg.settings.kv_events.max_message_bytes),
+                            tier_weights=cfg.tier_weights(), anchor_max_chars=cfg.settings.kv_events.anchor_max_chars)
         self.kv.chars_per_token = lambda: self.feedback.chars_per_token
         self.picker.kv = self.kv
         # in-flight prefix coalescing (router/request/coalesce.py): the pending overlay and the hold
-        self.coalesce = Coalescer(cfg.coalesce_config(), block_chars=cfg.block_chars,
+        self.coalesce = Coalescer(cfg.coalesce_config(), block_chars=BLOCK_CHARS,
                                   chars_per_token=lambda: self.feedback.chars_per_token, registry=self.metrics.registry,
-                                  max_retries=cfg.max_retries)
-        if cfg.coalesce and cfg.policy == "cache_aware":
+                                  max_retries=cfg.settings.max_retries)
+        if cfg.settings.coalesce.enabled and cfg.settings.policy == "cache_aware":
             self.picker.pending = self.coalesce.pending
             self.coalesce.kv = self.kv
             self.kv.on_batch = self.coalesce.kv_batch
         self.feedback.kv, self.feedback.index, self.feedback.on_ratio = self.kv, self.index, self._ratio_changed
         relay = StreamRelay(self.calls, self.feedback, clock=clock, metrics=self.metrics)
         self.attempts = AttemptRunner(self.calls, relay, self.feedback, rng=self.rng,
-                                      request_timeout_s=cfg.request_timeout_s)
-        relay.recovery = StreamRecovery(enabled=cfg.stream_recovery, pick=self.picker.pick,
+                                      request_timeout_s=cfg.settings.request_timeout_s)
+        relay.recovery = StreamRecovery(enabled=cfg.settings.stream_recovery, pick=self.picker.pick,
                                         open_stream=self.attempts.open_stream, upstreams=self.upstreams, rng=self.rng,
-                                        metrics=self.metrics, max_tries=1 + cfg.max_retries,
+                                        metrics=self.metrics, max_tries=1 + cfg.settings.max_retries,
                                         linger=self.attempts.finish_later)
         self._rid_prefix = os.urandom(4).hex()
         self._rid_seq = 0
@@ -226,7 +224,7 @@ class Router:
                       obs: RequestObserver | None = None) -> Reply:
         cfg = self.cfg
         if request.too_large:  # known from Content-Length (or the chunks so far): the body was not read
-            return self.error(endpoint, rid, 413, f"request body over {cfg.max_body_bytes} bytes", "too_large")
+            return self.error(endpoint, rid, 413, f"request body over {cfg.settings.max_body_bytes} bytes", "too_large")
         raw = request.body
         try:
             body = loads(raw)
@@ -258,9 +256,9 @@ class Router:
         if self.picker.pending is not None and ctx.hashes:
             attempt = self.coalesce.wrap(attempt)
         try:
-            async with asyncio.timeout(cfg.request_timeout_s):
+            async with asyncio.timeout(cfg.settings.request_timeout_s):
                 return await with_retries(ctx, self.picker.pick, attempt,
-                                          max_retries=cfg.max_retries, base_s=cfg.retry_base_s, rng=self.rng,
+                                          max_retries=cfg.settings.max_retries, base_s=cfg.settings.retry_base_s, rng=self.rng,
                                           metrics=self.metrics, observe=self.pairs.outcome)
         except NoWorkerAvailable as exc:
             return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "no_worker",
@@ -277,4 +275,4 @@ class Router:
                     await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()
                 return ctx.resp
-            return self.error(endpoint, rid, 504, f"no response within {cfg.request_timeout_s:g}s", "timeout")
+            return self.error(endpoint, rid, 504, f"no response within {cfg.settings.request_timeout_s:g}s", "timeout")

@@ -253,7 +253,7 @@ class StateSync:
                 "last_sync_s_ago": None if self.last_sync is None else round(now - self.last_sync, 1),
                 "clock_skew_s": None if self._store_offset is None
                 else round(self.wall() - now - self._store_offset, 3),
-                "replicas": list(self.router.cfg.replicas)}
+                "replicas": list(self.router.cfg.settings.replicas)}
 
     def _down(self, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
