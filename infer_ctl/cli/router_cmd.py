@@ -75,6 +75,14 @@ def _asked(target: _Target) -> str:
     return f"router {target.url} (" + (f"profile {target.profile})" if target.profile else "from --url)")
 
 
+#: the setting each `router serve` flag overrides (router.<key>), for naming the flag in an error
+_FLAG_OF = {"policy": "--policy", "miss_placement": "--miss-placement", "balance_abs": "--balance-abs",
+            "log_requests": "--log-requests", "kv_events.enabled": "--kv-events",
+            "kv_events.replay_timeout_s": "--kv-replay-timeout", "kv_events.max_blocks": "--kv-max-blocks",
+            "kv_events.max_batches_per_s": "--kv-max-batches-per-s", "coalesce.enabled": "--coalesce",
+            "coalesce.processes": "--share-flights"}
+
+
 @app.command("serve")
 def serve(
     profile: ProfileOpt = None,
@@ -111,7 +119,12 @@ def serve(
     flags = {"policy": policy, "miss_placement": miss_placement, "balance_abs": balance_abs,
              "log_requests": log_requests, "kv_events": {k: v for k, v in kv.items() if v is not None},
              "coalesce": {k: v for k, v in {"enabled": coalesce, "processes": share_flights}.items() if v is not None}}
-    cfg.settings = router_settings(cfg.settings, **{k: v for k, v in flags.items() if v is not None})
+    try:
+        cfg.settings = router_settings(cfg.settings, **{k: v for k, v in flags.items() if v is not None})
+    except UsageError as exc:  # only a flag can be out of bounds here: the profile was checked on load
+        named = [flag for key, flag in _FLAG_OF.items() if f"router.{key}:" in exc.message]
+        raise UsageError(exc.message, remedy=f"fix {', '.join(named) or 'the flags'} (it overrides the profile's "
+                                             "router setting of that name, and has its bounds)") from None
     if kv_tokenizer is not None:
         cfg.tokenizer_path = checked_tokenizer(kv_tokenizer, "--kv-tokenizer")
     cfg.validate()

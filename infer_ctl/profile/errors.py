@@ -101,6 +101,7 @@ def format_error(root: type[BaseModel], err: Any) -> list[str]:
             "string_pattern_mismatch",
             "too_short",
             "too_long",
+            "finite_number",
         )
     ):
         shown = repr(value)

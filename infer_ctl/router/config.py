@@ -124,7 +124,7 @@ class RouterConfig:
             raise UsageError("PD mode needs at least one prefill and one decode worker",
                              remedy="give --prefill URL[@BOOTSTRAP_PORT] and --decode URL")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise UsageError(f"router port must be a whole number, 0 to 65535, got {self.port!r}",
+            raise UsageError(f"router.port must be a whole number, 0 to 65535, got {self.port!r}",
                              remedy="0: any free port (tests, embedding)")
         self.tier_weights()
         self.coalesce_config()

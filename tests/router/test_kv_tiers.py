@@ -52,11 +52,11 @@ def test_router_config_weights_and_errors_name_the_field() -> None:
                                                          prefill_tokens_per_s=28_000, host_gb_s=50)
     assert RouterConfig(settings=router_settings(tiers={"mode": "blind"})).tier_weights() is BLIND and BLIND.blind
     assert RouterConfig(settings=router_settings(tiers={"mode": "device"})).tier_weights() is None
-    with pytest.raises(UsageError, match="kv_tiers"):
+    with pytest.raises(UsageError, match=r"router\.tiers\.mode: 'tiered' is not one of aware, blind, device"):
         RouterConfig(settings=router_settings(tiers={"mode": "tiered"})).validate()
-    with pytest.raises(UsageError, match="prefill_tokens_per_s must be > 0, got -1"):
+    with pytest.raises(UsageError, match=r"router\.tiers\.prefill_tokens_per_s: .*greater than 0 \(got -1\)"):
         RouterConfig(settings=router_settings(tiers={"prefill_tokens_per_s": -1})).validate()
-    with pytest.raises(UsageError, match="host_gb_s must be > 0, got 0"):
+    with pytest.raises(UsageError, match=r"router\.tiers\.host_gb_s: .*greater than 0 \(got 0\)"):
         RouterConfig(settings=router_settings(tiers={"host_gb_s": 0})).tier_weights()
     with pytest.raises(ValueError, match="host"):
         TierWeights(host=1.5)

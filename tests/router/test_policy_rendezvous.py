@@ -157,9 +157,8 @@ def test_setting_from_profile_and_validated() -> None:
     with pytest.raises(ProfileError) as info:
         parse_profile_text(BASE + "router: {miss_placement: hashed}\n", "p.yaml")
     assert any(e.startswith("router.miss_placement:") for e in info.value.errors), info.value.errors
-    bad = RouterConfig(settings=router_settings(miss_placement="hashed"))
-    with pytest.raises(UsageError) as uinfo:
-        bad.validate()
+    with pytest.raises(UsageError) as uinfo:  # set in code: refused by the same model
+        RouterConfig(settings=router_settings(miss_placement="hashed")).validate()
     assert "router.miss_placement" in uinfo.value.message and "'hashed'" in uinfo.value.message
 
 
