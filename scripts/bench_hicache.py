@@ -79,7 +79,7 @@ def router(c: ThreadedSimCluster, **settings: Any) -> Iterator[str]:
     dec = [w.url for w in c.by_role("decode")]
     handle = start_router_in_thread(router_config(prefill=pre, decode=dec, health_interval_s=1.0, **settings))
     try:
-        if settings.get("kv_tiers"):  # route on the exact index from the first request
+        if settings.get("tiers"):  # route on the exact index from the first request
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 docs = httpx.get(handle.url + "/admin/workers", timeout=5).json()["workers"]
