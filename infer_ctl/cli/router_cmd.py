@@ -26,6 +26,10 @@ from infer_ctl.cli.common import (
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
+from infer_ctl.profile.router import RouterSettings
+
+#: the settings' defaults, quoted in the flags' help (declared once, in profile/router.py)
+_D = RouterSettings()
 
 app = typer.Typer(help="The PD-aware, prefix-cache-aware router and its named prefixes.", no_args_is_help=True)
 
@@ -95,11 +99,11 @@ def serve(
     log_requests: Annotated[bool | None, typer.Option("--log-requests/--no-log-requests", help="One structured log line per request (default: router.log_requests, off).")] = None,
     kv_events: Annotated[bool | None, typer.Option("--kv-events/--no-kv-events", help="Follow the workers' KV events (default: router.kv_events.enabled, on).")] = None,
     kv_tokenizer: Annotated[str | None, typer.Option("--kv-tokenizer", metavar="PATH", help="Target model directory (tokenizer.json) on this host, to tokenize prompts as the workers do (default: router.kv_events.tokenizer_path, else models.target).")] = None,
-    kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", metavar="S", help="Seconds (above 0, at most 300) a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default: router.kv_events.replay_timeout_s, 2).")] = None,
-    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", help="Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default: router.kv_events.max_blocks, 4000000).")] = None,
-    kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", help="KV-event batches a second per publisher before it counts as a flood (default: router.kv_events.max_batches_per_s, 5000).")] = None,
-    miss_placement: Annotated[str | None, typer.Option("--miss-placement", help="Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, power_of_two).")] = None,
-    balance_abs: Annotated[int | None, typer.Option("--balance-abs", help="Load guard: a worker with more than N in-flight requests above the least-loaded one (and balance_rel times it) takes no cache hits; misses go to the least loaded (default: router.balance_abs, 8).")] = None,
+    kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", metavar="S", help=f"Seconds (above 0, at most 300) a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default: router.kv_events.replay_timeout_s, {_D.kv_events.replay_timeout_s:g}).")] = None,
+    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", help=f"Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default: router.kv_events.max_blocks, {_D.kv_events.max_blocks}).")] = None,
+    kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", help=f"KV-event batches a second per publisher before it counts as a flood (default: router.kv_events.max_batches_per_s, {_D.kv_events.max_batches_per_s}).")] = None,
+    miss_placement: Annotated[str | None, typer.Option("--miss-placement", help=f"Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, {_D.miss_placement}).")] = None,
+    balance_abs: Annotated[int | None, typer.Option("--balance-abs", help=f"Load guard: a worker with more than N in-flight requests above the least-loaded one (and balance_rel times it) takes no cache hits; misses go to the least loaded (default: router.balance_abs, {_D.balance_abs}).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
     share_flights: Annotated[bool | None, typer.Option("--share-flights/--no-share-flights", help="With several router processes, coalesce across them: each process's in-flight prompts are seen by the others (the flight board; default: router.coalesce.processes, on).")] = None,
     processes: Annotated[int | None, typer.Option(
