@@ -79,7 +79,7 @@ def router(c: ThreadedSimCluster, **settings: Any) -> Iterator[str]:
     dec = [w.url for w in c.by_role("decode")]
     handle = start_router_in_thread(router_config(prefill=pre, decode=dec, health_interval_s=1.0, **settings))
     try:
-        if settings.get("kv_tiers"):  # route on the exact index from the first request
+        if settings.get("tiers"):  # route on the exact index from the first request
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 docs = httpx.get(handle.url + "/admin/workers", timeout=5).json()["workers"]
@@ -132,13 +132,13 @@ def run_placement(name: str, tiers: str, args: argparse.Namespace) -> dict[str, 
     numbers = {"kv_bytes_per_token_per_rank": timing.kv_bytes_per_token // gpus,
                "prefill_tokens_per_s": timing.prefill_tokens_per_s, "host_gb_s": args.host_gbs}
     try:
-        with router(c, kv_tiers=tiers, **numbers) as url:
+        with router(c, tiers={"mode": tiers, **numbers}) as url:
             s = run_bench(url, wl, load, Slo(), time_scale=args.time_scale).summary
         loaded = host_loads(c)
     finally:
         c.stop()
     ttft, prompt = s["ttft_s"], max(1, s["prompt_tokens"])
-    w = router_config(kv_tiers=tiers, **numbers).tier_weights()
+    w = router_config(tiers={"mode": tiers, **numbers}).tier_weights()
     return {"variant": name, "w_host": None if w is None else round(w.host, 3),
             "ok": s.get("ok", s.get("completed")), "failed": s.get("failed"),
             "hit_rate": s["cache_hit_rate"], "device_hit_rate": (s["cached_tokens"] - loaded) / prompt,

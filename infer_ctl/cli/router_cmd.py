@@ -26,17 +26,14 @@ from infer_ctl.cli.common import (
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
+from infer_ctl.profile.router import RouterSettings
+
+#: the settings' defaults, quoted in the flags' help (declared once, in profile/router.py)
+_D = RouterSettings()
 
 app = typer.Typer(help="The PD-aware, prefix-cache-aware router and its named prefixes.", no_args_is_help=True)
 
 UrlOpt = RouterUrlOpt
-
-#: --kv-replay-timeout's range (the profile's router.kv_events.replay_timeout_s: more than 0, at most 300)
-REPLAY_TIMEOUT_RANGE = (0.001, 300.0)
-
-
-_replay_timeout = seconds_parser(*REPLAY_TIMEOUT_RANGE)
-
 
 
 @dataclass
@@ -82,6 +79,14 @@ def _asked(target: _Target) -> str:
     return f"router {target.url} (" + (f"profile {target.profile})" if target.profile else "from --url)")
 
 
+#: the setting each `router serve` flag overrides (router.<key>), for naming the flag in an error
+_FLAG_OF = {"policy": "--policy", "miss_placement": "--miss-placement", "balance_abs": "--balance-abs",
+            "log_requests": "--log-requests", "kv_events.enabled": "--kv-events",
+            "kv_events.replay_timeout_s": "--kv-replay-timeout", "kv_events.max_blocks": "--kv-max-blocks",
+            "kv_events.max_batches_per_s": "--kv-max-batches-per-s", "coalesce.enabled": "--coalesce",
+            "coalesce.processes": "--share-flights"}
+
+
 @app.command("serve")
 def serve(
     profile: ProfileOpt = None,
@@ -91,39 +96,42 @@ def serve(
     mixed: Annotated[list[str] | None, typer.Option("--mixed", help="Mixed (collocated, non-PD) worker URL; repeatable.")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="cache_aware, round_robin, power_of_two, random.")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning.")] = "info",
-    log_requests: Annotated[bool, typer.Option("--log-requests", help="One structured log line per request.")] = False,
+    log_requests: Annotated[bool | None, typer.Option("--log-requests/--no-log-requests", help="One structured log line per request (default: router.log_requests, off).")] = None,
     kv_events: Annotated[bool | None, typer.Option("--kv-events/--no-kv-events", help="Follow the workers' KV events (default: router.kv_events.enabled, on).")] = None,
     kv_tokenizer: Annotated[str | None, typer.Option("--kv-tokenizer", metavar="PATH", help="Target model directory (tokenizer.json) on this host, to tokenize prompts as the workers do (default: router.kv_events.tokenizer_path, else models.target).")] = None,
-    kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", parser=_replay_timeout, metavar="S", help="Seconds (0.001 to 300) a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default 2).")] = None,
-    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", min=1024, help="Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default 4000000).")] = None,
-    kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", min=1, help="KV-event batches a second per publisher before it counts as a flood (default 5000).")] = None,
-    miss_placement: Annotated[str | None, typer.Option("--miss-placement", help="Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, power_of_two).")] = None,
-    balance_abs: Annotated[int | None, typer.Option("--balance-abs", min=0, help="Load guard: a worker with more than N in-flight requests above the least-loaded one (and balance_rel times it) takes no cache hits; misses go to the least loaded (default: router.balance_abs, 8).")] = None,
+    kv_replay_timeout: Annotated[float | None, typer.Option("--kv-replay-timeout", metavar="S", help=f"Seconds (above 0, at most 300) a KV-event gap replay may take before it is asked again (twice, waiting 2x and 4x); then the worker is routed on the predicted index (default: router.kv_events.replay_timeout_s, {_D.kv_events.replay_timeout_s:g}).")] = None,
+    kv_max_blocks: Annotated[int | None, typer.Option("--kv-max-blocks", help=f"Distinct KV blocks kept per worker stream, on any medium (a page in HBM and host counts once); more make it untrusted (default: router.kv_events.max_blocks, {_D.kv_events.max_blocks}).")] = None,
+    kv_max_batches: Annotated[int | None, typer.Option("--kv-max-batches-per-s", help=f"KV-event batches a second per publisher before it counts as a flood (default: router.kv_events.max_batches_per_s, {_D.kv_events.max_batches_per_s}).")] = None,
+    miss_placement: Annotated[str | None, typer.Option("--miss-placement", help=f"Where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers) or rendezvous (its home by a stable hash of its start; every process and replica agrees) (default: router.miss_placement, {_D.miss_placement}).")] = None,
+    balance_abs: Annotated[int | None, typer.Option("--balance-abs", help=f"Load guard: a worker with more than N in-flight requests above the least-loaded one (and balance_rel times it) takes no cache hits; misses go to the least loaded (default: router.balance_abs, {_D.balance_abs}).")] = None,
     coalesce: Annotated[bool | None, typer.Option("--coalesce/--no-coalesce", help="In-flight prefix coalescing: hold a request whose prefix a request in flight on its worker computes (default: router.coalesce.enabled, on).")] = None,
-    share_flights: Annotated[bool, typer.Option("--share-flights/--no-share-flights", help="With several router processes, coalesce across them: each process's in-flight prompts are seen by the others (the flight board; default on).")] = True,
+    share_flights: Annotated[bool | None, typer.Option("--share-flights/--no-share-flights", help="With several router processes, coalesce across them: each process's in-flight prompts are seen by the others (the flight board; default: router.coalesce.processes, on).")] = None,
     processes: Annotated[int | None, typer.Option(
         "--processes", min=1, max=64,
         help="Router processes on the one address (SO_REUSEPORT); default: the cores, at most 8. One without "
              "the workers' KV events (cache_aware policy) or with tenants; the start-up log says why.")] = None,
 ) -> None:
     """Run the router in the foreground until SIGINT/SIGTERM (then drain in-flight requests)."""
+    from infer_ctl.router.config import router_settings
     from infer_ctl.router.daemon.procs import serve as serve_processes
-    from infer_ctl.router.kvindex.kv_settings import apply_flags
+    from infer_ctl.router.kvindex.kv_settings import checked_tokenizer
 
     cfg = _serve_config(profile, listen, prefill or [], decode or [], mixed or [])
-    apply_flags(cfg, enabled=kv_events, tokenizer=kv_tokenizer, replay_timeout_s=kv_replay_timeout,
-                max_blocks=kv_max_blocks, max_batches_per_s=kv_max_batches)
-    if policy:
-        cfg.policy = policy
-    if miss_placement:
-        cfg.miss_placement = miss_placement
-    if balance_abs is not None:
-        cfg.balance_abs = balance_abs
-    cfg.validate()  # the flags above as the profile's values are checked (a bad one: one line, a remedy)
-    cfg.log_requests = log_requests
-    if coalesce is not None:
-        cfg.coalesce = coalesce
-    cfg.coalesce_processes = share_flights
+    # the flags as overrides of the profile's settings (None: not given), checked by the same model
+    kv = {"enabled": kv_events, "replay_timeout_s": kv_replay_timeout, "max_blocks": kv_max_blocks,
+          "max_batches_per_s": kv_max_batches}
+    flags = {"policy": policy, "miss_placement": miss_placement, "balance_abs": balance_abs,
+             "log_requests": log_requests, "kv_events": {k: v for k, v in kv.items() if v is not None},
+             "coalesce": {k: v for k, v in {"enabled": coalesce, "processes": share_flights}.items() if v is not None}}
+    try:
+        cfg.settings = router_settings(cfg.settings, **{k: v for k, v in flags.items() if v is not None})
+    except UsageError as exc:  # only a flag can be out of bounds here: the profile was checked on load
+        named = [flag for key, flag in _FLAG_OF.items() if f"router.{key}:" in exc.message]
+        raise UsageError(exc.message, remedy=f"fix {', '.join(named) or 'the flags'} (it overrides the profile's "
+                                             "router setting of that name, and has its bounds)") from None
+    if kv_tokenizer is not None:
+        cfg.tokenizer_path = checked_tokenizer(kv_tokenizer, "--kv-tokenizer")
+    cfg.validate()
     raise typer.Exit(serve_processes(cfg, processes, log_level))
 
 
@@ -133,10 +141,11 @@ def _serve_config(profile: str | None, listen: str | None, prefill: list[str], d
     specs = [parse_prefill(p) for p in prefill] + [worker(d, "decode") for d in decode]
     specs += [worker(w, "mixed") for w in workers]
     if profile is None and specs:
-        host, port = parse_listen(listen or "127.0.0.1:8000")
+        host, port = parse_listen(listen or RouterConfig().settings.listen)
         import os
 
-        cfg = RouterConfig(host=host, port=port, workers=specs, admin_token=os.environ.get("INFERCTL_ROUTER_TOKEN"))
+        cfg = RouterConfig(host=host, port=port, workers=specs)
+        cfg.admin_token = os.environ.get(cfg.settings.admin_token_env)
         from infer_ctl.router.observe.tracing import config_from
 
         cfg.tracing = config_from(None, os.environ)  # without a profile: the standard OTEL_* environment

@@ -127,6 +127,7 @@ def error_message(root: type[BaseModel], err: Any) -> str:
     message = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if etype.endswith(("_type", "_parsing")) or etype in (
         "greater_than_equal", "less_than_equal", "greater_than", "less_than", "too_short", "too_long",
+        "finite_number",
     ):
         message = f"{message} (got {_shown(value)})"
     return message + tail

@@ -97,6 +97,9 @@ class RouterCoalesce(StrictModel):
     min_tokens: Annotated[int, Field(ge=1)] = 256
     #: the longest a request waits for the request computing its prefix
     max_wait_s: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] = 2.0
+    #: with several router processes: coalesce across them (the flight board, router/fleet/shared_flights.py;
+    #: `router serve --no-share-flights` turns it off)
+    processes: bool = True
 
 
 class RouterSettings(StrictModel):
@@ -110,6 +113,11 @@ class RouterSettings(StrictModel):
     index_max_tokens: Annotated[int, Field(ge=1024)] = 2_000_000
     admin_token_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "INFERCTL_ROUTER_TOKEN"
     health_interval_s: Annotated[float, Field(gt=0)] = 5.0
+    #: one health check's deadline
+    health_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    #: consecutive failed checks that mark a worker unhealthy, and passing ones that mark it healthy again
+    health_failures: Annotated[int, Field(ge=1)] = 2
+    health_successes: Annotated[int, Field(ge=1)] = 1
     #: flap damping: the longest hold-down of a worker that keeps going unhealthy soon after it came
     #: back (router/control/health.py; 0: none). Capped at a day: a larger one is a typo, not a policy
     health_holddown_max_s: Annotated[float, Field(ge=0, le=86400)] = 60.0
@@ -121,8 +129,12 @@ class RouterSettings(StrictModel):
     max_connections: Annotated[int, Field(ge=1)] | None = None
     max_body_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
     max_retries: Annotated[int, Field(ge=0, le=10)] = 2
+    #: the first retry's back-off (doubled each retry, jittered)
+    retry_base_s: Annotated[float, Field(ge=0)] = 0.02
     #: requests waiting for a slot beyond max_concurrent; more are answered 429
     max_queue: Annotated[int, Field(ge=0)] = 1024
+    #: the longest a request waits for that slot
+    queue_timeout_s: Annotated[float, Field(gt=0)] = 30.0
     #: share of the prompt a worker must hold cached to win on cache affinity
     cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3
     #: load guard: a worker is overloaded when it has more than balance_abs requests above the least
@@ -133,6 +145,9 @@ class RouterSettings(StrictModel):
     #: or rendezvous (its home by a stable hash of its first 1,024 characters, bounded load; every
     #: process and replica agrees)
     miss_placement: Literal["power_of_two", "rendezvous"] = "power_of_two"
+    #: a decode whose estimated free KV cannot hold the request's prompt + max tokens is not chosen while
+    #: another can (core/routing/policy.py choose_decode); off: least loaded by request count only
+    decode_capacity: bool = True
     #: re-warm a named prefix on a replica that saw no traffic for this long
     rewarm_idle_s: Annotated[float, Field(gt=0)] = 300.0
     #: on shutdown, wait this long for in-flight requests
@@ -146,9 +161,23 @@ class RouterSettings(StrictModel):
     #: --radix-eviction-policy priority; SGLang never lowers it, so the pin outlives its TTL on the worker)
     pin_via: Literal["touch", "priority"] = "touch"
     pin_touch_s: Annotated[float, Field(gt=0)] = 5.0
+    #: priority sent with pinned warm-ups under pin_via priority
+    pin_priority: Annotated[int, Field(ge=0)] = 1_000_000
+    #: how PD warm-ups reach a prefill: pair (a real prefill+decode pair, max_new_tokens 1; `auto` means
+    #: the same) or fake_bootstrap (SGLang's 2.2.2.2 host: no decode needed, but SGLang 0.5.23 skips the
+    #: radix-cache insert for it, so it warms nothing there; only for workers known to cache it)
+    warm_via: Literal["auto", "pair", "fake_bootstrap"] = "auto"
+    warm_fake_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    #: one structured log line per request (`router serve --log-requests`)
+    log_requests: bool = False
+    #: speculative acceptance (router/observe/spec_stats.py): workload labels kept per decode (more are
+    #: counted as "other")
+    spec_max_labels: Annotated[int, Field(ge=1)] = 16
     #: circuit breaker: consecutive failures that open it, and how long it stays open
     cb_failures: Annotated[int, Field(ge=1)] = 5
     cb_open_s: Annotated[float, Field(gt=0)] = 10.0
+    #: successful probes of a half-open breaker that close it
+    cb_successes: Annotated[int, Field(ge=1)] = 2
     prefixes: list[NamedPrefix] = Field(default_factory=list)
     #: tenants with their keys and limits (profile/tenants.py); none: no tenant logic on the request path
     tenants: list[Tenant] = Field(default_factory=list)

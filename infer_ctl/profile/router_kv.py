@@ -1,7 +1,7 @@
 """router.kv_events: how the router follows the workers' KV events (docs/router.md, "The exact index").
 
 The launch side (`sglang.kv_events`, SGLang's --kv-events-config) makes workers publish; these keys say
-whether and how the router subscribes. Defaults are RouterConfig's (router/config.py)."""
+whether and how the router subscribes. Its fields, defaults and bounds are the only declaration of them (router/config.py reads them as settings.kv_events)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ def test_router_names_what_answers_at_a_worker(path_answer: dict[str, tuple[int,
 
     worker = StandinServer(answer)
     caplog.set_level(logging.INFO, logger="infer_ctl.router")
-    router = start_router_in_thread(router_config(workers=[worker.url], health_interval_s=0.2, kv_events=False))
+    router = start_router_in_thread(router_config(workers=[worker.url], health_interval_s=0.2,
+                                                  kv_events={"enabled": False}))
     try:
         assert wait_for(lambda: any(needle in r.getMessage() and r.levelno == logging.WARNING
                                     for r in caplog.records), timeout=10), [r.getMessage() for r in caplog.records]

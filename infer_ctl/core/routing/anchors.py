@@ -37,6 +37,7 @@ from typing import Protocol
 
 from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.core.routing.blocks import WorkerBlocks
+from infer_ctl.core.routing.index import BLOCK_CHARS
 
 
 class PromptTokenizer(Protocol):
@@ -66,7 +67,7 @@ class Anchor:
 class AnchorTable:
     """The anchors of one page size and keying (bigram or not) under one tokenizer."""
 
-    def __init__(self, page_size: int, *, bigram: bool = False, block_chars: int = 64,
+    def __init__(self, page_size: int, *, bigram: bool = False, block_chars: int = BLOCK_CHARS,
                  max_anchors: int = 500_000) -> None:
         if page_size < 1:
             raise ValueError("page_size must be >= 1")

@@ -22,6 +22,11 @@ from collections.abc import Iterable, Sequence
 ROOT = 0x5EED_B10C
 
 
+#: characters per block of the routing indexes (the predicted index here, the exact index's anchors,
+#: core/routing/anchors.py): a constant of the router, not a setting
+BLOCK_CHARS = 64
+
+
 def block_hashes(text: str, block_chars: int) -> list[int]:
     """Chain hashes of the full blocks of `text`: hashes[i] identifies text[: (i+1) * block_chars]."""
     out: list[int] = []
@@ -36,7 +41,7 @@ class PrefixIndex:
     """Which worker holds which prompt prefix, predicted from routing decisions and corrected by
     feedback (actual cached tokens, restarts, flushes, health)."""
 
-    def __init__(self, *, block_chars: int = 64, ttl_s: float = 1800.0, max_blocks: int = 1_000_000) -> None:
+    def __init__(self, *, block_chars: int = BLOCK_CHARS, ttl_s: float = 1800.0, max_blocks: int = 1_000_000) -> None:
         if block_chars < 1:
             raise ValueError("block_chars must be >= 1")
         self.block_chars = block_chars

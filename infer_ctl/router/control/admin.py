@@ -59,7 +59,7 @@ class Admin:
                 return web.Response(
                     status=401, content_type="application/json",
                     body=error_body(401, f"missing or wrong bearer token; send Authorization: Bearer "
-                                    f"${self.router.cfg.admin_token_env}"),
+                                    f"${self.router.cfg.settings.admin_token_env}"),
                     headers={"WWW-Authenticate": "Bearer"})
             resp = await handler(request)
             if self.on_change is not None and request.method != "GET":

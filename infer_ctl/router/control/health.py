@@ -111,7 +111,7 @@ class HealthChecker:
             # within that of answering, not up to health_interval_s later. Each probe runs on its own,
             # one at a time per worker (`_checking`): a worker that accepts and never answers holds up
             # neither the others' probes nor the next round for its health_timeout_s
-            until = loop.time() + self.router.cfg.health_interval_s
+            until = loop.time() + self.router.cfg.settings.health_interval_s
             while (left := until - loop.time()) > 0:
                 await asyncio.sleep(min(DOWN_PROBE_S, left))
                 if until - loop.time() > 0.05:
@@ -141,7 +141,7 @@ class HealthChecker:
         try:
             ok, instance, prio, load = False, None, False, None
             try:
-                async with asyncio.timeout(self.router.cfg.health_timeout_s):
+                async with asyncio.timeout(self.router.cfg.settings.health_timeout_s):
                     status, _ = await up.fetch(w.url, "GET", "/health")
                     ok = status == 200
                     if ok:
@@ -236,7 +236,7 @@ class HealthChecker:
                     router.index.set_capacity(w.url, blocks)
             if w.healthy:
                 w.flap.settle(now, FLAP_STABLE_S)
-            elif w.health_successes >= router.cfg.health_successes and w.flap.admits(now):
+            elif w.health_successes >= router.cfg.settings.health_successes and w.flap.admits(now):
                 # the hold-down it served, and the passing checks in a row it was let back on
                 back = {"worker": w.url, "holddown_s": w.flap.holddown_s, "checks": w.health_successes}
                 w.healthy = True
@@ -247,13 +247,13 @@ class HealthChecker:
         else:
             w.health_successes = 0
             w.health_failures += 1
-            if w.healthy and w.health_failures >= router.cfg.health_failures:
+            if w.healthy and w.health_failures >= router.cfg.settings.health_failures:
                 self._eject(w, now)
                 self._take_out(w, "unhealthy")
 
     def _eject(self, w: WorkerState, now: float) -> float:
         """The worker went out at `now` (flap.py): the hold-down it gets before it is let back."""
-        return w.flap.eject(now, base_s=HOLDDOWN_BASE_S, cap_s=self.router.cfg.health_holddown_max_s,
+        return w.flap.eject(now, base_s=HOLDDOWN_BASE_S, cap_s=self.router.cfg.settings.health_holddown_max_s,
                             stable_s=FLAP_STABLE_S)
 
     def _take_out(self, w: WorkerState, why: str) -> None:

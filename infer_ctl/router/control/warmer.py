@@ -38,9 +38,9 @@ class PrefixWarmer:
     def __init__(self, router: Router, *, tick_s: float = 0.5) -> None:
         self.router = router
         self.tick_s = tick_s
-        self.fake_timeout_s = router.cfg.warm_fake_timeout_s
+        self.fake_timeout_s = router.cfg.settings.warm_fake_timeout_s
         # Only on request: SGLang 0.5.23 does not cache fake-bootstrap requests (module docstring).
-        self.use_fake_bootstrap = router.cfg.warm_via == "fake_bootstrap"
+        self.use_fake_bootstrap = router.cfg.settings.warm_via == "fake_bootstrap"
         self.may_fall_back = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -48,7 +48,7 @@ class PrefixWarmer:
         self._hashes: dict[tuple[str, int], list[int]] = {}
         #: pins by priority; else the registry plans the touches (PrefixRegistry `pin_touch_s`, given by the
         #: assembly, router/daemon/assembly.py)
-        self.pin_by_priority = router.cfg.pin_via == "priority"
+        self.pin_by_priority = router.cfg.settings.pin_via == "priority"
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -123,7 +123,7 @@ class PrefixWarmer:
             path = "/generate"
             body = {"text": action.text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
         if pin:
-            body["priority"] = self.router.cfg.pin_priority
+            body["priority"] = self.router.cfg.settings.pin_priority
         return path, body
 
     async def warm(self, action: WarmAction) -> bool:
@@ -136,7 +136,7 @@ class PrefixWarmer:
                 return False
             path, body = self._body(action, action.pin and w.radix_priority and self.pin_by_priority)
             body["rid"] = f"warm-{action.name}-v{action.version}-{router.new_rid()}"
-            async with asyncio.timeout(router.cfg.request_timeout_s):
+            async with asyncio.timeout(router.cfg.settings.request_timeout_s):
                 if router.mode == "collocated":
                     status, data = await router.upstreams.fetch(w.url, "POST", path, dumps(body))
                     ok = status == 200

@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.index import BLOCK_CHARS, PrefixIndex
 from infer_ctl.core.routing.pair_health import PairFloor
-from infer_ctl.core.routing.policy import PolicyConfig
 from infer_ctl.core.routing.prefixes import PrefixRegistry
-from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.config import RouterConfig, policy_config
 from infer_ctl.router.control.admin import Admin
 from infer_ctl.router.control.admin_prefixes import PrefixRoutes
 from infer_ctl.router.control.admin_status import StatusRoutes, process_counters
@@ -66,20 +65,20 @@ class Seat:
 
 def build(cfg: RouterConfig, role: ProcessRole | None = None, *, seat: Seat | None = None) -> RouterServer:
     """The router of this process: its request path, health checks, warmer, admin API and the state it
-    shares with the other processes (`role`) or replicas (cfg.state_store). `seat`: a shared block given
+    shares with the other processes (`role`) or replicas (cfg.settings.state_store). `seat`: a shared block given
     directly (two routers of one test process stand for two processes); by default `role`'s."""
     cfg.validate()
     if seat is None and role is not None:
         seat = Seat(SharedLoad.attach(role.shm_name, role.processes, role.slots, extra=shared_flights.ROW_CELLS),
-                    role.index, role.processes, cfg.coalesce_processes)
+                    role.index, role.processes, cfg.settings.coalesce.processes)
     router = _router(cfg, seat, clock=time.monotonic, rng=random.Random())
     health = HealthChecker(router)
     warmer = PrefixWarmer(router)
     changes = WorkerChanges(router, health, warmer)
     #: with a state store, every change of named prefixes and workers goes through it to every replica
     replicas = StateSync(router, ReplicaRecords(router, apply_worker=changes.apply, on_prefix_change=warmer.poke),
-                         url=cfg.state_store, password=cfg.state_store_password,
-                         namespace=cfg.state_namespace) if cfg.state_store else None
+                         url=cfg.settings.state_store, password=cfg.state_store_password,
+                         namespace=cfg.state_namespace) if cfg.settings.state_store else None
     procs: Publisher | Follower | None = None
     process_metrics: ProcessMetrics | None = None
     if role is not None:
@@ -110,56 +109,55 @@ def build_router(cfg: RouterConfig, *, seat: Seat | None = None, clock: Callable
 
 def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float], rng: random.Random) -> Router:
     workers = WorkerRegistry(cfg, *((seat.block, seat.index) if seat is not None else ()))
-    index = PrefixIndex(block_chars=cfg.block_chars, ttl_s=cfg.prefix_ttl_s,
-                        max_blocks=max(1, cfg.index_max_tokens * 4 // cfg.block_chars))
+    index = PrefixIndex(block_chars=BLOCK_CHARS, ttl_s=cfg.settings.prefix_ttl_s,
+                        max_blocks=max(1, cfg.settings.index_max_tokens * 4 // BLOCK_CHARS))
     # several replicas (a state store) place a prefix on the same workers: by rendezvous hash, not by
     # each one's own view of the load (core/routing/prefixes.py)
     # pins kept by touching (unless by priority): the registry plans the touches, the warmer sends them
-    prefixes = PrefixRegistry(rewarm_idle_s=cfg.rewarm_idle_s, shared_placement=bool(cfg.state_store),
-                              pin_touch_s=None if cfg.pin_via == "priority" else cfg.pin_touch_s)
+    prefixes = PrefixRegistry(rewarm_idle_s=cfg.settings.rewarm_idle_s, shared_placement=bool(cfg.settings.state_store),
+                              pin_touch_s=None if cfg.settings.pin_via == "priority" else cfg.settings.pin_touch_s)
     now = clock()
     for p in cfg.prefixes:
         prefixes.register(p.name, p.text, now=now, ttl_s=p.ttl_s, replicas=p.replicas, pin=p.pin, fmt=p.fmt,
                           keep=p.keep)
-    policy = PolicyConfig(policy=cfg.policy, cache_threshold=cfg.cache_threshold, balance_abs=cfg.balance_abs,
-                          balance_rel=cfg.balance_rel, miss_placement=cfg.miss_placement)
+    policy = policy_config(cfg.settings)
     upstreams = Upstreams()
-    admission = Admission(cfg.max_concurrent, cfg.max_queue, cfg.queue_timeout_s)
+    admission = Admission(cfg.settings.max_concurrent, cfg.settings.max_queue, cfg.settings.queue_timeout_s)
     metrics = RouterMetrics()
-    pairs = PairTracker(PairFloor(cfg.pair_min_kv_speed_gb_s, cfg.pair_max_kv_latency_ms, cfg.pair_bad_samples,
-                                  cfg.pair_max_failures, cfg.pair_probe_after_s), clock)
-    spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.spec_max_labels, clock=clock)
+    pairs = PairTracker(PairFloor(cfg.settings.pair_health.min_kv_speed_gb_s, cfg.settings.pair_health.max_kv_latency_ms, cfg.settings.pair_health.bad_samples,
+                                  cfg.settings.pair_health.max_transfer_failures, cfg.settings.pair_health.probe_after_s), clock)
+    spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.settings.spec_max_labels, clock=clock)
     ratio = TokenRatio(on_change=index_follows_ratio(workers, index))
     # the exact index from the prefills' KV events; the predicted index stays the fallback for every
     # worker whose stream is not trusted
-    kv = KvRouting(enabled=cfg.kv_events and cfg.policy == "cache_aware", block_chars=cfg.block_chars,
+    kv = KvRouting(enabled=cfg.settings.kv_events.enabled and cfg.settings.policy == "cache_aware", block_chars=BLOCK_CHARS,
                    tokenizer_path=cfg.tokenizer_path, metrics=metrics,
-                   settings=StreamSettings(max_blocks=cfg.kv_max_blocks,
-                                           max_blocks_per_medium=cfg.kv_max_blocks_per_medium,
-                                           replay_timeout_s=cfg.kv_replay_timeout_s,
-                                           max_batches_per_s=cfg.kv_max_batches_per_s,
-                                           max_message_bytes=cfg.kv_max_message_bytes),
-                   tier_weights=cfg.tier_weights(), anchor_max_chars=cfg.kv_anchor_max_chars,
+                   settings=StreamSettings(max_blocks=cfg.settings.kv_events.max_blocks,
+                                           max_blocks_per_medium=cfg.settings.kv_events.max_blocks_per_medium,
+                                           replay_timeout_s=cfg.settings.kv_events.replay_timeout_s,
+                                           max_batches_per_s=cfg.settings.kv_events.max_batches_per_s,
+                                           max_message_bytes=cfg.settings.kv_events.max_message_bytes),
+                   tier_weights=cfg.tier_weights(), anchor_max_chars=cfg.settings.kv_events.anchor_max_chars,
                    chars_per_token=ratio.get, processes=seat.processes if seat is not None else 1)
     # in-flight prefix coalescing: the pending overlay the picker reads, and the hold; with several
     # processes sharing their flights, every process's on the board
-    coalescing = cfg.coalesce and cfg.policy == "cache_aware"
+    coalescing = cfg.settings.coalesce.enabled and cfg.settings.policy == "cache_aware"
     board = None
     if coalescing and seat is not None and seat.flights:
         board = shared_flights.FlightBoard(seat.block.cells, seat.block.extra_offset, seat.processes, seat.index,
                                            workers.url_of_slot, workers.slot_of)
-    coalesce = Coalescer(cfg.coalesce_config(), block_chars=cfg.block_chars, chars_per_token=ratio.get,
-                         registry=metrics.registry, max_retries=cfg.max_retries, kv=kv if coalescing else None,
+    coalesce = Coalescer(cfg.coalesce_config(), block_chars=BLOCK_CHARS, chars_per_token=ratio.get,
+                         registry=metrics.registry, max_retries=cfg.settings.max_retries, kv=kv if coalescing else None,
                          board=board)
     picker = PairPicker(workers, index, policy, rng=rng, clock=clock, metrics=metrics, pairs=pairs, kv=kv,
                         pending=coalesce.pending if coalescing else None,
                         sync_pending=coalesce.sync if board is not None else None)
     calls = WorkerCalls(upstreams, clock=clock, metrics=metrics)
-    feedback = Feedback(prefixes, ratio=ratio, clock=clock, metrics=metrics, log_requests=cfg.log_requests,
+    feedback = Feedback(prefixes, ratio=ratio, clock=clock, metrics=metrics, log_requests=cfg.settings.log_requests,
                         spec=spec, index=index, kv=kv)
-    opener = StreamOpener(calls, request_timeout_s=cfg.request_timeout_s)
-    recovery = StreamRecovery(enabled=cfg.stream_recovery, pick=picker.pick, open_stream=opener.open_stream,
-                              upstreams=upstreams, rng=rng, metrics=metrics, max_tries=1 + cfg.max_retries,
+    opener = StreamOpener(calls, request_timeout_s=cfg.settings.request_timeout_s)
+    recovery = StreamRecovery(enabled=cfg.settings.stream_recovery, pick=picker.pick, open_stream=opener.open_stream,
+                              upstreams=upstreams, rng=rng, metrics=metrics, max_tries=1 + cfg.settings.max_retries,
                               linger=opener.finish_later)
     relay = StreamRelay(calls, feedback, clock=clock, metrics=metrics, recovery=recovery)
     attempts = AttemptRunner(calls, relay, feedback, opener, rng=rng)

@@ -8,10 +8,12 @@
 from __future__ import annotations
 
 from collections.abc import Coroutine, Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from infer_ctl.aio import LoopThread
-from infer_ctl.router.config import RouterConfig, WorkerSpec, from_profile, worker
+from infer_ctl.profile.router import RouterSettings
+from infer_ctl.router.config import RouterConfig, WorkerSpec, from_profile, router_settings, worker
 from infer_ctl.router.daemon.assembly import Seat, build
 
 if TYPE_CHECKING:
@@ -25,8 +27,12 @@ def router_config(*, prefill: Sequence[tuple[str, int | None]] = (), decode: Seq
                   **overrides: Any) -> RouterConfig:
     """A config for explicit workers: PD (prefill (url, bootstrap_port) pairs + decode urls) or collocated
     (`workers`). Settings and named prefixes come from `profile` when given, and its servers unless workers
-    are given; `overrides` set any
-    RouterConfig field."""
+    are given.
+
+    `overrides`: a RouterSettings field (profile/router.py) by its name, a nested group as a dict of its
+    fields merged into the profile's (`kv_events={"enabled": False}`, `coalesce={"max_wait_s": 0.5}`),
+    validated as a profile's values are (a bad one: UsageError naming router.<field>); or a run-time
+    field of RouterConfig that is no setting (tenants, tracing, admin_token, tokenizer_path, ...)."""
     specs: list[WorkerSpec] = [worker(u, "prefill", bp) for u, bp in prefill]
     specs += [worker(u, "decode") for u in decode]
     specs += [worker(u, "mixed") for u in workers]
@@ -35,10 +41,15 @@ def router_config(*, prefill: Sequence[tuple[str, int | None]] = (), decode: Seq
     else:
         host, _, port = listen.rpartition(":")
         cfg = RouterConfig(host=host or "127.0.0.1", port=int(port), workers=specs)
+    runtime = {f.name for f in fields(RouterConfig)} - {"settings"}
+    settings = {k: v for k, v in overrides.items() if k not in runtime and k != "settings"}
+    unknown = sorted(set(settings) - set(RouterSettings.model_fields))
+    if unknown:
+        raise TypeError(f"unknown router setting {unknown[0]!r}")
+    cfg.settings = router_settings(overrides.get("settings", cfg.settings), **settings)
     for key, value in overrides.items():
-        if not hasattr(cfg, key):
-            raise TypeError(f"unknown router setting {key!r}")
-        setattr(cfg, key, value)
+        if key in runtime:
+            setattr(cfg, key, value)
     return cfg
 
 
@@ -77,7 +88,7 @@ class RouterHandle:
             return
         try:
             # the drain may take all of drain_timeout_s; the closing steps after it get the usual timeout
-            wait = self._runner.timeout + (self.server.cfg.drain_timeout_s if drain else 0.0)
+            wait = self._runner.timeout + (self.server.cfg.settings.drain_timeout_s if drain else 0.0)
             self.call(self.server.stop(drain=drain), wait)
         finally:
             self._runner.close()

@@ -9,7 +9,7 @@ them by a hash of the 4-tuple. Process 0 leads (router/scaleout/follow.py); the 
 leader wrote its first snapshot. A process that exits unexpectedly (a follower killed with -9, the
 leader too) has its row of the load block zeroed and is started again; its clients' connections died
 with it, the other processes' requests are not touched. SIGTERM or SIGINT to the supervisor is passed
-to every process, each drains (config.drain_timeout_s) and exits; then the supervisor removes the block
+to every process, each drains (config.settings.drain_timeout_s) and exits; then the supervisor removes the block
 and the directory. A router process whose supervisor dies gets SIGTERM from the kernel
 (PR_SET_PDEATHSIG), so no orphan keeps the port.
 
@@ -93,12 +93,12 @@ def plan(cfg: RouterConfig, requested: int | None,
         return 1, "one process requested" if requested else "one core"
     if cfg.tenants:
         return 1, "tenant limits are enforced per process: with tenants configured the router runs one process"
-    if cfg.state_store:
+    if cfg.settings.state_store:
         return 1, ("the router is one of several replicas (router.state_store): a replica runs one process, "
                    "its operator state comes from the store, not from a leader process")
-    if cfg.policy != "cache_aware":
-        return n, f"policy {cfg.policy} keeps no cache index; the processes share their in-flight load"
-    if not cfg.kv_events:
+    if cfg.settings.policy != "cache_aware":
+        return n, f"policy {cfg.settings.policy} keeps no cache index; the processes share their in-flight load"
+    if not cfg.settings.kv_events.enabled:
         return 1, ("KV events are off (kv_events: false): every process would route on its own predicted cache "
                    "index; one process keeps one view")
     for w in cfg.workers:
@@ -294,7 +294,7 @@ class Supervisor:
         for p in live:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.drain_timeout_s + 15
+        deadline = time.monotonic() + self.cfg.settings.drain_timeout_s + 15
         for p in live:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))

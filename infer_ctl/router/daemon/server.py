@@ -72,7 +72,7 @@ class RouterServer:
         self.health = health
         self.warmer = warmer
         self.admin = admin
-        self.http = H1Server(self.dispatch, cfg.max_body_bytes)
+        self.http = H1Server(self.dispatch, cfg.settings.max_body_bytes)
         self.runner: web.AppRunner | None = None
         self._admin_dir: str | None = None
         self._admin_lock: int | None = None
@@ -95,7 +95,7 @@ class RouterServer:
         return f"http://{host}:{self.port}"
 
     def admin_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app = web.Application(client_max_size=self.cfg.settings.max_body_bytes)
         self.admin.routes(app)
         return app
 
@@ -121,7 +121,7 @@ class RouterServer:
             # Destructive for every worker's cache: behind the admin token, like SGLang's own admin key.
             if not authorized(self.cfg.admin_token, request.headers.get("authorization", "")):
                 resp = _error(401, "missing or wrong bearer token; send Authorization: Bearer "
-                                   f"${self.cfg.admin_token_env}")
+                                   f"${self.cfg.settings.admin_token_env}")
                 resp.headers = {"WWW-Authenticate": "Bearer"}
                 return resp
             return await self.flush_cache(request)
@@ -131,7 +131,7 @@ class RouterServer:
 
     async def relay_admin(self, request: Request) -> Response:
         if request.too_large:
-            return _error(413, f"request body over {self.cfg.max_body_bytes} bytes")
+            return _error(413, f"request body over {self.cfg.settings.max_body_bytes} bytes")
         assert self._admin_pool is not None
         headers = {k: v for k, v in request.headers.items()
                    if k in ("authorization", "content-type", "x-request-id", "accept")}
@@ -167,8 +167,8 @@ class RouterServer:
             await web.UnixSite(self.runner, sock).start()
         self._admin_pool = Pool("localhost", 0, unix=sock, max_idle=4)
         soft, _ = raise_nofile()  # systemd's soft 1,024 would cap the router near 1,000 clients
-        self.http.max_connections = (self.cfg.max_connections
-                                     or default_max_connections(soft, self.cfg.max_concurrent))
+        self.http.max_connections = (self.cfg.settings.max_connections
+                                     or default_max_connections(soft, self.cfg.settings.max_concurrent))
         self.http.max_refusing = refusing_budget(soft)
         try:
             self.port = await self.http.listen(self.cfg.host, self.cfg.port, reuse_port=proc is not None)
@@ -197,7 +197,7 @@ class RouterServer:
         if proc is not None:
             proc.ready_file(proc.index).touch()  # the supervisor logs once every process listens
         log.info("router listening", extra={"url": self.url, "mode": self.router.mode,
-                                            "workers": len(self.router.workers.all()), "policy": self.cfg.policy,
+                                            "workers": len(self.router.workers.all()), "policy": self.cfg.settings.policy,
                                             "max_connections": self.http.max_connections, **extra})
 
     def _take_state(self) -> None:
@@ -214,7 +214,7 @@ class RouterServer:
         router = self.router
         router.draining = True
         if drain:
-            deadline = time.monotonic() + self.cfg.drain_timeout_s
+            deadline = time.monotonic() + self.cfg.settings.drain_timeout_s
             lingering = router.attempts.lingering  # prefill answers still arriving after the client's
             while (router.active or lingering) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)

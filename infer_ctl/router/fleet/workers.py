@@ -169,8 +169,8 @@ class WorkerRegistry:
         (no free slot)."""
         if spec.url in self.by_url:
             raise ValueError(f"worker {spec.url} is already registered")
-        breaker = CircuitBreaker(failure_threshold=self.cfg.cb_failures, success_threshold=self.cfg.cb_successes,
-                                 open_s=self.cfg.cb_open_s)
+        breaker = CircuitBreaker(failure_threshold=self.cfg.settings.cb_failures, success_threshold=self.cfg.settings.cb_successes,
+                                 open_s=self.cfg.settings.cb_open_s)
         state = WorkerState(spec=spec, breaker=breaker)
         if self.shared is not None:
             self._place(state, self.next_slot if slot is None else slot)

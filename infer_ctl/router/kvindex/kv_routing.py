@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
+from infer_ctl.core.routing.index import BLOCK_CHARS
 from infer_ctl.core.routing.tiers import TierWeights
 from infer_ctl.router.kvindex.kv_anchoring import HOLD_CHARS, Anchoring, prompt_kind
 from infer_ctl.router.kvindex.kv_discovery import WorkerKv, decode_radix_cache, subscription
@@ -35,7 +36,7 @@ _ONE = TierWeights().of  # every tier at 1: the unweighted cached length
 
 
 class KvRouting:
-    def __init__(self, *, enabled: bool = True, block_chars: int = 64, tokenizer_path: str | None = None,
+    def __init__(self, *, enabled: bool = True, block_chars: int = BLOCK_CHARS, tokenizer_path: str | None = None,
                  settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None,
                  tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10,
                  chars_per_token: Callable[[], float] | None = None, processes: int = 1) -> None:

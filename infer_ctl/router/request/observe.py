@@ -44,9 +44,9 @@ def observing(cfg: RouterConfig, *, clock: Callable[[], float], registry: Collec
     """The router's tracing and tenants, or None when it has neither (tenants, pricing, tracing)."""
     tenancy = None
     if cfg.tenants or cfg.worker_usd_per_s:
-        tenancy = Tenancy(cfg.tenants, header=cfg.tenant_header, worker_usd_per_s=cfg.worker_usd_per_s, clock=clock,
+        tenancy = Tenancy(cfg.tenants, header=cfg.settings.tenant_header, worker_usd_per_s=cfg.worker_usd_per_s, clock=clock,
                           registry=registry, worker_roles=lambda: {w.url: w.role for w in workers.all()},
-                          trusted_proxies=cfg.tenant_trusted_proxies)
+                          trusted_proxies=[str(n) for n in cfg.settings.tenant_trusted_proxies])
     tracing = None
     if cfg.tracing is not None:
         from infer_ctl.router.observe.tracing import (  # imports the OpenTelemetry SDK: only when configured

@@ -141,7 +141,7 @@ class PairPicker:
             else:
                 # decode chosen by capacity (core/routing/capacity.py): the KV the request may grow to
                 need = kv_need(ctx.endpoint, ctx.body, len(ctx.text), units.ratio(
-                    self.kv.chars_per_token() if self.kv is not None else None)) if self.workers.cfg.decode_capacity else None
+                    self.kv.chars_per_token() if self.kv is not None else None)) if self.workers.cfg.settings.decode_capacity else None
                 choice = choose_decode(views, self.rng, policy="round_robin" if self.policy.policy == "round_robin" else "load",
                                        seq=self.seq, need=need, near=near)
                 if need is not None:

@@ -199,7 +199,7 @@ class Router:
                       obs: RequestObserver | None = None) -> Reply:
         cfg = self.cfg
         if request.too_large:  # known from Content-Length (or the chunks so far): the body was not read
-            return self.error(endpoint, rid, 413, f"request body over {cfg.max_body_bytes} bytes", "too_large")
+            return self.error(endpoint, rid, 413, f"request body over {cfg.settings.max_body_bytes} bytes", "too_large")
         raw = request.body
         try:
             body = loads(raw)
@@ -231,9 +231,9 @@ class Router:
         if self.picker.pending is not None and ctx.hashes:
             attempt = self.coalesce.wrap(attempt)
         try:
-            async with asyncio.timeout(cfg.request_timeout_s):
+            async with asyncio.timeout(cfg.settings.request_timeout_s):
                 return await with_retries(ctx, self.picker.pick, attempt,
-                                          max_retries=cfg.max_retries, base_s=cfg.retry_base_s, rng=self.rng,
+                                          max_retries=cfg.settings.max_retries, base_s=cfg.settings.retry_base_s, rng=self.rng,
                                           metrics=self.metrics, observe=self.pairs.outcome)
         except NoWorkerAvailable as exc:
             return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "no_worker",
@@ -250,4 +250,4 @@ class Router:
                     await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()
                 return ctx.resp
-            return self.error(endpoint, rid, 504, f"no response within {cfg.request_timeout_s:g}s", "timeout")
+            return self.error(endpoint, rid, 504, f"no response within {cfg.settings.request_timeout_s:g}s", "timeout")

@@ -225,7 +225,7 @@ class StateSync:
                 "epoch": self.epoch, "rev": self.records.max_rev(), "applied": self.records.applied,
                 "last_sync_s_ago": None if self.last_sync is None else round(now - self.last_sync, 1),
                 "clock_skew_s": None if (skew := self.store_clock.skew(now)) is None else round(skew, 3),
-                "replicas": list(self.router.cfg.replicas)}
+                "replicas": list(self.router.cfg.settings.replicas)}
 
     # ---- the listening loop ----------------------------------------------------------------------
     async def _run(self) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.core.routing.flap import FlapDamper
+from infer_ctl.router.config import router_settings
 from infer_ctl.router.control import health
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
@@ -299,16 +300,16 @@ def test_the_cap_comes_from_the_profile_and_is_a_finite_number_of_seconds() -> N
     from infer_ctl.router.config import RouterConfig, from_profile
     from tests.router.kvindex.test_kv_config import BASE
 
-    assert from_profile(parse_profile_text(BASE, "p.yaml"), env={}).health_holddown_max_s == 60.0
+    assert from_profile(parse_profile_text(BASE, "p.yaml"), env={}).settings.health_holddown_max_s == 60.0
     cfg = from_profile(parse_profile_text(BASE + "router: {health_holddown_max_s: 0}\n", "p.yaml"), env={})
-    assert cfg.health_holddown_max_s == 0.0
+    assert cfg.settings.health_holddown_max_s == 0.0
     with pytest.raises(ProfileError) as info:
         parse_profile_text(BASE + "router: {health_holddown_max_s: -1}\n", "p.yaml")
     assert any(line.startswith("router.health_holddown_max_s:") for line in info.value.errors), info.value.errors
     # set in code (embedding, tests): refused at start-up the same way
     for bad in (float("nan"), float("inf"), -1.0, 86401.0, "60", None, True):  # the profile's bounds, its types
-        with pytest.raises(UsageError, match="health_holddown_max_s must be a finite number"):
-            RouterConfig(health_holddown_max_s=bad).validate()
+        with pytest.raises(UsageError, match=r"router\.health_holddown_max_s: .*got"):
+            RouterConfig(settings=router_settings(health_holddown_max_s=bad)).validate()
 
 
 def clocked_checker() -> tuple[list[float], Any, Any]:
@@ -319,8 +320,8 @@ def clocked_checker() -> tuple[list[float], Any, Any]:
     from infer_ctl.router.daemon.assembly import build_router
 
     now = [0.0]
-    router = build_router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
-                                 health_holddown_max_s=60.0), clock=lambda: now[0])
+    router = build_router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")],
+                                       settings=router_settings(health_failures=1, health_holddown_max_s=60.0)), clock=lambda: now[0])
     w = router.workers.by_url["http://127.0.0.1:1"]
     hc = HealthChecker(router)
     hc.apply(w, True, "start-0", False, None)
@@ -395,8 +396,8 @@ def test_the_passing_checks_a_worker_comes_back_on_are_one_process_s() -> None:
     from infer_ctl.router.control.health import HealthChecker
     from infer_ctl.router.daemon.assembly import build_router
 
-    router = build_router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")], health_failures=1,
-                                 health_successes=3), clock=lambda: 0.0)
+    router = build_router(RouterConfig(workers=[worker("http://127.0.0.1:1", "mixed")],
+                                       settings=router_settings(health_failures=1, health_successes=3)), clock=lambda: 0.0)
     w = router.workers.by_url["http://127.0.0.1:1"]
     hc = HealthChecker(router)
     hc.apply(w, True, "start-0", False, None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.config import RouterConfig, router_settings, worker
 from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.daemon.assembly import build_router
 
@@ -30,5 +30,5 @@ def test_pd_warmups_use_a_real_pair_unless_asked(warm_via: str, fake: bool) -> N
     from infer_ctl.router.control.warmer import PrefixWarmer
 
     cfg = RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 8998), worker("http://127.0.0.1:2", "decode")],
-                       warm_via=warm_via)
+                       settings=router_settings(warm_via=warm_via))
     assert PrefixWarmer(build_router(cfg)).use_fake_bootstrap is fake

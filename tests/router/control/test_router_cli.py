@@ -16,6 +16,7 @@ import pytest
 
 from infer_ctl.cli.main import main
 from infer_ctl.exitcodes import ExitCode
+from infer_ctl.router.config import router_settings
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 from tests.ports import free_port
@@ -224,62 +225,73 @@ def test_serve_flags_for_the_load_guard_and_the_board_reach_the_config(monkeypat
     monkeypatch.setattr(procs, "serve", lambda cfg, n, level: seen.append(cfg) or 0)
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", "--balance-abs", "64", "--no-share-flights"]) == 0
     cfg = seen[-1]
-    assert cfg.balance_abs == 64 and cfg.coalesce_processes is False  # type: ignore[attr-defined]
+    assert cfg.settings.balance_abs == 64 and cfg.settings.coalesce.processes is False  # type: ignore[attr-defined]
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9"]) == 0
-    assert seen[-1].balance_abs == 8 and seen[-1].coalesce_processes is True  # type: ignore[attr-defined]
+    assert seen[-1].settings.balance_abs == 8 and seen[-1].settings.coalesce.processes is True  # type: ignore[attr-defined]
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", "--balance-abs", "-1"]) == 64
     assert "--balance-abs" in capsys.readouterr().err
+
+
+def _nested(field: str, value: object) -> dict[str, object]:
+    """router_settings' keywords for a dotted field: "coalesce.max_wait_s" -> coalesce={"max_wait_s": v}."""
+    group, _, key = field.rpartition(".")
+    return {group: {key: value}} if group else {field: value}
 
 
 @pytest.mark.parametrize(("field", "value"), [("balance_abs", -1), ("balance_abs", 2.5), ("balance_abs", float("nan")),
                                               ("balance_rel", float("nan")), ("balance_rel", 0.5)])
 def test_the_load_guard_set_in_code_is_checked_as_the_profile_checks_it(field: str, value: object) -> None:
-    """RouterConfig built in code (router_config, embedding) bypasses the profile's bounds: validate() has
-    them too, naming the profile key and the flag."""
+    """Settings given in code (router_config, embedding) go through the profile's model (router_settings):
+    the same bounds, a usage error naming the profile key."""
     from infer_ctl.errors import UsageError
-    from infer_ctl.router.config import RouterConfig, worker
 
-    cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match=f"router.{field} must be"):
-        cfg.validate()
+    with pytest.raises(UsageError, match=rf"router\.{field}: "):
+        router_settings(**{field: value})
 
 
 @pytest.mark.parametrize(("field", "value"), [
     ("health_interval_s", float("nan")), ("health_interval_s", 0.0), ("request_timeout_s", float("inf")),
     ("request_timeout_s", "600"), ("max_retries", -1), ("max_retries", 1.5), ("cache_threshold", 1.5),
     ("health_failures", 0), ("cb_open_s", None), ("max_concurrent", True), ("queue_timeout_s", -1.0),
-    ("kv_max_blocks", 0), ("block_chars", 0)])
+    ("kv_events.max_blocks", 0)])
 def test_every_number_set_in_code_is_bounded(field: str, value: object) -> None:
-    """Beyond the load guard: every number of RouterConfig that the request path or a timer uses. A NaN
+    """Beyond the load guard: every number of the settings that the request path or a timer uses. A NaN
     timeout never fires, a NaN or zero interval spins, a string fails deep in a request as a 500."""
-    from infer_ctl.errors import UsageError
-    from infer_ctl.router.config import _BOUNDS, RouterConfig, worker
-
-    ok = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")])
-    ok.validate()  # every default is inside its bounds
-    assert set(_BOUNDS) <= set(vars(ok)), set(_BOUNDS) - set(vars(ok))  # each bound names a real field
-    cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match=rf"router\.{field} must be a (whole|finite) number.*got {re.escape(repr(value))}"):
-        cfg.validate()
-
-
-@pytest.mark.parametrize(("field", "value", "bound"), [
-    ("coalesce_max_wait_s", float("inf"), "above 0, at most 60"), ("coalesce_max_wait_s", 61.0, "above 0, at most 60"),
-    ("port", 70000, "0 to 65535"), ("port", -1, "0 to 65535"), ("port", "8000", "0 to 65535"),
-    ("pair_min_kv_speed_gb_s", float("nan"), "above 0"), ("pair_max_kv_latency_ms", "5", "above 0"),
-    pytest.param("health_interval_s", 10 ** 400, "above 0", id="health_interval_s-10**400")])
-def test_the_numbers_the_bounds_missed_are_bounded_too(field: str, value: object, bound: str) -> None:
-    """Those the first bounds left out: an infinite coalescing wait (the profile caps it at 60 s), a port
-    no socket takes, a NaN or string pair-health floor (None: unset, allowed); and seconds given as an
-    int too large for a float are refused as out of bounds, not by OverflowError."""
     from infer_ctl.errors import UsageError
     from infer_ctl.router.config import RouterConfig, worker
 
-    fine = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], port=0, coalesce_max_wait_s=60.0,
-                        pair_min_kv_speed_gb_s=0.5, pair_max_kv_latency_ms=None)
+    RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")]).validate()  # every default is inside its bounds
+    with pytest.raises(UsageError, match=rf"router\.{re.escape(field)}: .*got {re.escape(repr(value))}"):
+        router_settings(**_nested(field, value))
+
+
+@pytest.mark.parametrize(("field", "value", "bound"), [
+    ("coalesce.max_wait_s", float("inf"), "finite"), ("coalesce.max_wait_s", 61.0, "less than or equal to 60"),
+    ("pair_health.min_kv_speed_gb_s", float("nan"), "finite"), ("pair_health.max_kv_latency_ms", "5", "valid number"),
+    pytest.param("health_interval_s", 10 ** 400, "valid number", id="health_interval_s-10**400")])
+def test_the_numbers_the_bounds_missed_are_bounded_too(field: str, value: object, bound: str) -> None:
+    """Those the first bounds left out: an infinite coalescing wait (the profile caps it at 60 s), a NaN
+    or string pair-health floor (None: unset, allowed); and seconds given as an int too large for a float
+    are refused as out of bounds, not by OverflowError."""
+    from infer_ctl.errors import UsageError
+    from infer_ctl.router.config import RouterConfig, worker
+
+    fine = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], port=0,
+                        settings=router_settings(coalesce={"max_wait_s": 60.0},
+                                                 pair_health={"min_kv_speed_gb_s": 0.5, "max_kv_latency_ms": None}))
     fine.validate()
-    cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], **{field: value})  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match=rf"router\.{field} must be a (whole|finite) number, {bound}, got"):
+    with pytest.raises(UsageError, match=rf"router\.{re.escape(field)}: .*{bound}.*got"):
+        router_settings(**_nested(field, value))
+
+
+@pytest.mark.parametrize("value", [70000, -1, "8000"])
+def test_a_port_no_socket_takes_is_refused(value: object) -> None:
+    """The listen port is the run-time object's (not a setting): validate() bounds it."""
+    from infer_ctl.errors import UsageError
+    from infer_ctl.router.config import RouterConfig, worker
+
+    cfg = RouterConfig(workers=[worker("http://127.0.0.1:9", "mixed")], port=value)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"router\.port must be a whole number, 0 to 65535, got"):
         cfg.validate()
 
 

@@ -58,8 +58,8 @@ def test_a_slow_kv_path_is_avoided_and_returns_after_a_probe(cluster: ThreadedSi
     speed = normal_speed(cluster, router)
     router.stop()
     assert speed > 0
-    router = pd_router(cluster, health_interval_s=0.1, pair_min_kv_speed_gb_s=speed / 3, pair_bad_samples=2,
-                       pair_probe_after_s=8.0)
+    router = pd_router(cluster, health_interval_s=0.1,
+                       pair_health={"min_kv_speed_gb_s": speed / 3, "bad_samples": 2, "probe_after_s": 8.0})
     try:
         fault(p0, d0, slowdown=10)
         i = 0
@@ -104,7 +104,8 @@ def test_a_slow_kv_path_is_avoided_and_returns_after_a_probe(cluster: ThreadedSi
 
 def test_failed_transfers_degrade_the_pair_without_failing_a_request(cluster: ThreadedSimCluster) -> None:
     _p0, p1, _d0, d1 = (w.url for w in cluster.workers)
-    router = pd_router(cluster, health_interval_s=0.2, pair_max_failures=2, pair_probe_after_s=300.0)
+    router = pd_router(cluster, health_interval_s=0.2,
+                       pair_health={"max_transfer_failures": 2, "probe_after_s": 300.0})
     try:
         fault(p1, d1, fail=True)
         statuses = [gen(router.url, i) for i in range(40)]

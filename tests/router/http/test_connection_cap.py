@@ -125,8 +125,8 @@ def test_the_cap_flows_from_the_profile() -> None:
     from infer_ctl.router.config import from_profile
     from tests.router.kvindex.test_kv_config import BASE
 
-    assert from_profile(parse_profile_text(BASE, "p.yaml"), env={}).max_connections is None
+    assert from_profile(parse_profile_text(BASE, "p.yaml"), env={}).settings.max_connections is None
     cfg = from_profile(parse_profile_text(BASE + "router: {max_connections: 5000}\n", "p.yaml"), env={})
-    assert cfg.max_connections == 5000
+    assert cfg.settings.max_connections == 5000
     with pytest.raises(ProfileError):
         parse_profile_text(BASE + "router: {max_connections: 0}\n", "p.yaml")

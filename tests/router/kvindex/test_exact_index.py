@@ -15,8 +15,9 @@ from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.index import block_hashes as text_chain
 from infer_ctl.core.routing.pd import parallel_samples
-from infer_ctl.core.routing.policy import PolicyConfig, WorkerView, choose_prefill
+from infer_ctl.core.routing.policy import WorkerView, choose_prefill
 from infer_ctl.core.routing.units import ScoreInputs
+from infer_ctl.router.config import policy_config, router_settings
 
 TOK = BuiltinTokenizer()
 
@@ -142,7 +143,7 @@ def test_anchors_follow_eviction_and_stay_bounded() -> None:
 
 
 def test_policy_exact_path_scores_overlap_minus_load() -> None:
-    cfg = PolicyConfig()
+    cfg = policy_config(router_settings())
     rng = random.Random(0)
     idx = PrefixIndex()
     views = [WorkerView("a", inflight=0), WorkerView("b", inflight=2), WorkerView("c", inflight=0)]

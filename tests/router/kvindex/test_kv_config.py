@@ -44,19 +44,20 @@ def test_profile_keys_land_on_the_router_config(tmp_path: Path) -> None:
     prof = _profile(tmp_path, "router:\n  kv_events: {tokenizer_path: tok, max_blocks: 5000, replay_timeout_s: 0.5,"
                               " max_batches_per_s: 70, max_message_bytes: 1048576}\n")
     cfg = from_profile(prof, env={})
-    assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (True, 5000, 0.5, 70)
-    assert cfg.kv_max_message_bytes == 1 << 20
+    assert (cfg.settings.kv_events.enabled, cfg.settings.kv_events.max_blocks, cfg.settings.kv_events.replay_timeout_s, cfg.settings.kv_events.max_batches_per_s) == (True, 5000, 0.5, 70)
+    assert cfg.settings.kv_events.max_message_bytes == 1 << 20
     assert cfg.tokenizer_path == str(tmp_path / "tok")
     off = from_profile(_profile(tmp_path, "router: {kv_events: {enabled: false}}\n"), env={})
-    assert off.kv_events is False and off.tokenizer_path == "/models/on-the-nodes"  # the default stays soft
+    assert off.settings.kv_events.enabled is False and off.tokenizer_path == "/models/on-the-nodes"  # the default stays soft
 
 
 def test_defaults_are_router_configs() -> None:
     prof = parse_profile_text(BASE)
     cfg, plain = from_profile(prof, env={}), RouterConfig()
-    assert (cfg.kv_events, cfg.kv_max_blocks, cfg.kv_replay_timeout_s, cfg.kv_max_batches_per_s) == (
-        plain.kv_events, plain.kv_max_blocks, plain.kv_replay_timeout_s, plain.kv_max_batches_per_s)
-    assert cfg.kv_max_message_bytes == plain.kv_max_message_bytes == 8 << 20
+    assert (cfg.settings.kv_events.enabled, cfg.settings.kv_events.max_blocks, cfg.settings.kv_events.replay_timeout_s, cfg.settings.kv_events.max_batches_per_s) == (
+        plain.settings.kv_events.enabled, plain.settings.kv_events.max_blocks,
+        plain.settings.kv_events.replay_timeout_s, plain.settings.kv_events.max_batches_per_s)
+    assert cfg.settings.kv_events.max_message_bytes == plain.settings.kv_events.max_message_bytes == 8 << 20
 
 
 @pytest.mark.parametrize(("router", "expected"), [
@@ -105,23 +106,27 @@ def test_serve_flags_set_the_kv_settings(tmp_path: Path, served: list[RouterConf
             "--kv-replay-timeout", "0.25", "--kv-max-blocks", "2048", "--kv-max-batches-per-s", "9"]
     assert main(argv) == 0
     cfg = served[0]
-    assert (cfg.kv_events, cfg.tokenizer_path, cfg.kv_replay_timeout_s, cfg.kv_max_blocks, cfg.kv_max_batches_per_s) == (
+    assert (cfg.settings.kv_events.enabled, cfg.tokenizer_path, cfg.settings.kv_events.replay_timeout_s, cfg.settings.kv_events.max_blocks, cfg.settings.kv_events.max_batches_per_s) == (
         False, str(tmp_path), 0.25, 2048, 9)
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9"]) == 0
-    assert served[1].kv_events is True and served[1].kv_max_blocks == RouterConfig().kv_max_blocks
+    assert served[1].settings.kv_events.enabled is True
+    assert served[1].settings.kv_events.max_blocks == RouterConfig().settings.kv_events.max_blocks
 
 
 @pytest.mark.parametrize(("flags", "fragment"), [
     (["--kv-tokenizer", "/nonexistent-model"], "--kv-tokenizer '/nonexistent-model': no /nonexistent-model/tokenizer.json"),
-    # NaN read "Input should be less than or equal to 300": every bad value now says the range
-    *[(["--kv-replay-timeout", v], f"'--kv-replay-timeout': must be a number of seconds from 0.001 to 300, got '{v}'")
-      for v in ("nan", "inf", "-inf", "-1", "0", "301", "soon")],
-    (["--kv-max-blocks", "5"], "--kv-max-blocks"),
+    # checked by the profile's model (router.kv_events.replay_timeout_s: finite, above 0, at most 300); NaN
+    # once read "Input should be less than or equal to 300": it is refused as not finite, by the field's name
+    *[(["--kv-replay-timeout", v], "router.kv_events.replay_timeout_s: Input should be")
+      for v in ("nan", "inf", "-inf", "-1", "0", "301")],
+    (["--kv-replay-timeout", "soon"], "Invalid value for '--kv-replay-timeout'"),
+    (["--kv-max-blocks", "5"], "router.kv_events.max_blocks: Input should be greater than or equal to 1024"),
 ])
 def test_bad_serve_flags_are_usage_errors(flags: list[str], fragment: str, served: list[RouterConfig],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", *flags]) == 64
-    assert fragment in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert fragment in err and flags[0] in err, err  # the bound broken, and the flag that broke it
     assert not served
 
 

@@ -12,12 +12,12 @@ from infer_ctl.core.routing.anchors import AnchorTable, full_key
 from infer_ctl.core.routing.blocks import WorkerBlocks
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.index import block_hashes as text_chain
-from infer_ctl.core.routing.policy import PolicyConfig, WorkerView, choose_prefill
+from infer_ctl.core.routing.policy import WorkerView, choose_prefill
 from infer_ctl.core.routing.tiers import BLIND, TierWeights, weights_from
 from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.core.sizing.tiers import hit_weight
 from infer_ctl.errors import UsageError
-from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.config import RouterConfig, policy_config, router_settings
 from tests.router.kvindex.test_exact_index import Tok, worker_pages
 
 TOK = BuiltinTokenizer()
@@ -51,14 +51,14 @@ def test_weights_from_the_load_time_model_exact_values() -> None:
 def test_router_config_weights_and_errors_name_the_field() -> None:
     assert RouterConfig().tier_weights() == weights_from(kv_bytes_per_token_per_rank=40_960,
                                                          prefill_tokens_per_s=28_000, host_gb_s=50)
-    assert RouterConfig(kv_tiers="blind").tier_weights() is BLIND and BLIND.blind
-    assert RouterConfig(kv_tiers="device").tier_weights() is None
-    with pytest.raises(UsageError, match="kv_tiers"):
-        RouterConfig(kv_tiers="tiered").validate()
-    with pytest.raises(UsageError, match="prefill_tokens_per_s must be > 0, got -1"):
-        RouterConfig(prefill_tokens_per_s=-1).validate()
-    with pytest.raises(UsageError, match="host_gb_s must be > 0, got 0"):
-        RouterConfig(host_gb_s=0).tier_weights()
+    assert RouterConfig(settings=router_settings(tiers={"mode": "blind"})).tier_weights() is BLIND and BLIND.blind
+    assert RouterConfig(settings=router_settings(tiers={"mode": "device"})).tier_weights() is None
+    with pytest.raises(UsageError, match=r"router\.tiers\.mode: 'tiered' is not one of aware, blind, device"):
+        RouterConfig(settings=router_settings(tiers={"mode": "tiered"})).validate()
+    with pytest.raises(UsageError, match=r"router\.tiers\.prefill_tokens_per_s: .*greater than 0 \(got -1\)"):
+        RouterConfig(settings=router_settings(tiers={"prefill_tokens_per_s": -1})).validate()
+    with pytest.raises(UsageError, match=r"router\.tiers\.host_gb_s: .*greater than 0 \(got 0\)"):
+        RouterConfig(settings=router_settings(tiers={"host_gb_s": 0})).tier_weights()
     with pytest.raises(ValueError, match="host"):
         TierWeights(host=1.5)
 
@@ -139,7 +139,7 @@ def test_policy_prefers_hbm_hit_then_host_hit_then_least_loaded() -> None:
         cached = {n: table.cached_units(hs, fk, d, held[n], weight.of if weight else None) for n in names}
         views = [WorkerView(n, inflight=(loads or {}).get(n, 0)) for n in names]
         c = choose_prefill(hashes=hs, text_chars=len(text), workers=views, index=PrefixIndex(), now=0,
-                           cfg=PolicyConfig(), rng=random.Random(1), tokens=ScoreInputs(cached, len(ids), 200), footprint=dict.fromkeys(names, 0))
+                           cfg=policy_config(router_settings()), rng=random.Random(1), tokens=ScoreInputs(cached, len(ids), 200), footprint=dict.fromkeys(names, 0))
         return c.url, c.reason
 
     for seed_order in (["hbm", "host", "cold"], ["cold", "host", "hbm"]):

@@ -18,7 +18,7 @@ from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
 from infer_ctl.core.routing.tiers import TierWeights, weights_from
 from infer_ctl.errors import UsageError
-from infer_ctl.router.config import RouterConfig
+from infer_ctl.router.config import RouterConfig, router_settings
 from infer_ctl.router.scaleout.follow import _record, _record_doc
 from tests.router.kvindex.test_exact_index import Tok, worker_pages
 from tests.router.kvindex.test_tiers import _prompt
@@ -36,7 +36,7 @@ from tests.router.kvindex.test_tiers import _prompt
 ])
 def test_hostile_tier_numbers_are_refused_by_name(field: str, value: float) -> None:
     with pytest.raises(UsageError) as exc:
-        RouterConfig(**{field: value}).tier_weights()
+        RouterConfig(settings=router_settings(tiers={field: value})).tier_weights()
     assert field in str(exc.value)
 
 
@@ -53,7 +53,7 @@ def test_ranks_per_node_below_one_is_refused() -> None:
     {"prefill_tokens_per_s": 1e-320, "host_gb_s": 1e-320},  # inf load over inf recompute
 ])
 def test_extreme_but_finite_numbers_clamp(kw: dict) -> None:
-    w = RouterConfig(storage_gb_s=1e-300, **kw).tier_weights()
+    w = RouterConfig(settings=router_settings(tiers={"storage_gb_s": 1e-300, **kw})).tier_weights()
     assert w is not None and 0.0 <= w.host <= 1.0 and 0.0 <= w.storage <= 1.0
 
 

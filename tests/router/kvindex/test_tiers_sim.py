@@ -63,7 +63,7 @@ def test_host_only_holder_loses_to_hbm_holder_and_beats_a_cold_one(
         tier_cluster: ThreadedSimCluster, caplog: pytest.LogCaptureFixture) -> None:
     a, b, c = tier_cluster.workers
     router = start_router_in_thread(router_config(workers=[w.url for w in (a, b, c)], health_interval_s=0.3,
-                                                  log_requests=True, host_gb_s=2.0))
+                                                  log_requests=True, tiers={"host_gb_s": 2.0}))
     rng = random.Random(11)
     sysp = "You are the tier test. " + prompt(rng, 500)  # fits one worker's 1,200-token HBM, 3 others do not
     n = len(BuiltinTokenizer().encode(sysp))

@@ -88,6 +88,6 @@ def test_addresses_are_matched_by_network() -> None:
 def test_the_setting_comes_from_the_profile() -> None:
     text = PROFILE % "    - {name: team}" + "  tenant_trusted_proxies: [10.0.0.0/24, 'fd00::/8']\n"
     cfg = from_profile(parse_profile_text(text), env={})
-    assert cfg.tenant_trusted_proxies == ["10.0.0.0/24", "fd00::/8"]
+    assert [str(n) for n in cfg.settings.tenant_trusted_proxies] == ["10.0.0.0/24", "fd00::/8"]
     with pytest.raises(InferctlError, match="tenant_trusted_proxies"):
         parse_profile_text(PROFILE % "    - {name: team}" + "  tenant_trusted_proxies: [10.0.0.1/24]\n")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from infer_ctl.core.routing.index import BLOCK_CHARS
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from tests.sim.kv_client import kv_config
@@ -120,9 +121,9 @@ def test_followers_held_on_a_worker_that_goes_away_are_not_sent_to_it(how: str) 
     drop and hang on W until the request timeout."""
     a, b = Hangable(), Hangable()
     a.hung = b.hung = True  # whichever the leader lands on is the hung one
-    router = start_router_in_thread(router_config(workers=[a.url, b.url], health_interval_s=0.2, health_failures=2,
-                                                  coalesce_max_wait_s=8.0, retry_base_s=0.01,
-                                                  request_timeout_s=60.0))
+    router = start_router_in_thread(router_config(workers=[a.url, b.url], health_interval_s=0.2,
+                                                  health_failures=2, coalesce={"max_wait_s": 8.0},
+                                                  retry_base_s=0.01, request_timeout_s=60.0))
     pool = ThreadPoolExecutor(4)
     try:
         leader = pool.submit(send, router, SYSTEM + "leader", 20)
@@ -157,8 +158,8 @@ def test_a_follower_is_not_held_through_a_non_streaming_leaders_decode(kv: bool)
     worker's stores land the leader at its prefill's end (the control case)."""
     kw: dict[str, Any] = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.015}
     cluster = start_cluster_in_thread([WorkerSpec("mixed", kv_events_config=kv_config() if kv else None, **kw)])
-    router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
-                                                  coalesce_max_wait_s=8.0))
+    router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers],
+                                                  health_interval_s=0.3, coalesce={"max_wait_s": 8.0}))
     pool = ThreadPoolExecutor(2)
     try:
         if kv:
@@ -206,8 +207,8 @@ def test_a_leaders_client_gone_mid_prefill_leaves_one_follower_to_compute() -> N
     for); one of them becomes the leader (promoted) and the other two wait for it."""
     kw: dict[str, Any] = {"time_scale": 1.0, "speculative": False, "prefill_mfu": 0.008}
     cluster = start_cluster_in_thread([WorkerSpec("mixed", **kw)])
-    router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
-                                                  coalesce_max_wait_s=8.0))
+    router = start_router_in_thread(router_config(workers=[w.url for w in cluster.workers],
+                                                  health_interval_s=0.3, coalesce={"max_wait_s": 8.0}))
     pool = ThreadPoolExecutor(3)
     try:
         rng = random.Random(5)
@@ -249,7 +250,7 @@ def test_nothing_is_left_in_the_coalescer_after_held_traffic(hangable: Hangable)
     once the traffic stops the overlay, the waited-for leaders, their futures and the ended flights
     are all empty again (no per-request growth on the hot path)."""
     router = start_router_in_thread(router_config(workers=[hangable.url], health_interval_s=60,
-                                                  coalesce_max_wait_s=0.5, retry_base_s=0.01))
+                                                  coalesce={"max_wait_s": 0.5}, retry_base_s=0.01))
     pool = ThreadPoolExecutor(8)
     try:
         for round_ in range(3):
@@ -280,7 +281,7 @@ def test_stop_while_requests_are_held_answers_them_and_returns(hangable: Hangabl
     requests are refused, the held ones go on once the leader answers, every one is answered, and the
     stop returns (it does not wait for drain_timeout_s)."""
     router = start_router_in_thread(router_config(workers=[hangable.url], health_interval_s=60,
-                                                  coalesce_max_wait_s=8.0, drain_timeout_s=12.0))
+                                                  coalesce={"max_wait_s": 8.0}, drain_timeout_s=12.0))
     pool = ThreadPoolExecutor(5)
     try:
         hangable.hung = True
@@ -317,7 +318,7 @@ def test_a_huge_prompt_puts_a_bounded_number_of_blocks_in_the_overlay(hangable: 
         assert wait_for(lambda: hangable.arrivals, timeout=20)
         co = router.router.coalesce
         blocks = co.pending.blocks(hangable.url)
-        assert 0 < blocks * router.router.cfg.block_chars <= 1 << 20, blocks
+        assert 0 < blocks * BLOCK_CHARS <= 1 << 20, blocks
         hangable.loop.call_soon_threadsafe(hangable.release.set)  # type: ignore[union-attr]
         assert fut.result(timeout=20) == 200
     finally:
@@ -332,8 +333,9 @@ def test_a_request_on_a_reused_connection_is_not_resent_to_a_worker_gone_unhealt
     worker that had closed an idle connection and sent itself again, on a fresh connection, to the same
     hung worker (router/http/upstream.py `Pool.request`): it hung until the request timeout. No coalescing."""
     a, b = Hangable(), Hangable()
-    router = start_router_in_thread(router_config(workers=[a.url, b.url], policy="round_robin", coalesce=False,
-                                                  health_interval_s=0.2, health_failures=2, retry_base_s=0.01,
+    router = start_router_in_thread(router_config(workers=[a.url, b.url], policy="round_robin",
+                                                  coalesce={"enabled": False}, health_interval_s=0.2,
+                                                  health_failures=2, retry_base_s=0.01,
                                                   request_timeout_s=60.0))
     pool = ThreadPoolExecutor(1)
     try:

@@ -38,8 +38,9 @@ def shared_routers(cluster: ThreadedSimCluster, n: int = 2) -> tuple[list[Router
     """Routers built as the processes of several are (router/daemon/assembly.py `build`): each
     with its row of one shared block (load rows, then the board)."""
     block = SharedLoad.create(n, 8, extra=shared_flights.ROW_CELLS)
-    routers = [start_router_in_thread(router_config(workers=[w.url for w in cluster.workers], health_interval_s=0.3,
-                                                    coalesce_max_wait_s=8.0, log_requests=True),
+    routers = [start_router_in_thread(router_config(workers=[w.url for w in cluster.workers],
+                                                    health_interval_s=0.3, coalesce={"max_wait_s": 8.0},
+                                                    log_requests=True),
                                       seat=Seat(block, i, n)) for i in range(n)]
     return routers, block
 

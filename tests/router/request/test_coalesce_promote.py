@@ -68,7 +68,8 @@ def slow_sim(threads: int) -> Iterator[Rig]:
     """One simulated worker slow to prefill the shared prompt (SLOW) behind a router holding for 8 s."""
     cluster = start_cluster_in_thread([WorkerSpec("mixed", **SLOW)])
     try:
-        with rig([w.url for w in cluster.workers], threads, health_interval_s=0.3, coalesce_max_wait_s=8.0) as r:
+        with rig([w.url for w in cluster.workers], threads, health_interval_s=0.3,
+                 coalesce={"max_wait_s": 8.0}) as r:
             yield r
     finally:
         cluster.stop()
@@ -149,7 +150,7 @@ def test_max_wait_bounds_the_whole_hold_through_a_promotion() -> None:
     it at load ~8: within 0.4 s of the bound. 4 s leaves 1.5 s for that and the way to the worker, and
     still tells both wrong answers apart: 3 s and 7 s.)"""
     w = Hangable()
-    with hung([w], 2, coalesce_max_wait_s=4.0, request_timeout_s=30.0) as r:
+    with hung([w], 2, coalesce={"max_wait_s": 4.0}, request_timeout_s=30.0) as r:
         router, pool, co = r.router, r.pool, r.co
         leader = r.stream({"text": SYSTEM + "leader", "stream": True})
         assert wait_for(lambda: len(w.arrivals) == 1, timeout=10)
@@ -176,7 +177,7 @@ def test_a_promoted_follower_that_finds_the_worker_dead_sends_the_rest_elsewhere
     leader's own is still held): the promoted follower fails on the dead worker, and the rest are
     re-routed to the other worker at once - not promoted one after another onto the dead one."""
     a, b = Hangable(), Hangable()  # both hung: whichever the leader lands on is the hung one
-    with hung([a, b], 3, coalesce_max_wait_s=8.0, retry_base_s=0.01) as r:
+    with hung([a, b], 3, coalesce={"max_wait_s": 8.0}, retry_base_s=0.01) as r:
         router, pool, co = r.router, r.pool, r.co
         sock = r.stream({"text": SYSTEM + "leader", "stream": True})
         assert wait_for(lambda: a.arrivals or b.arrivals, timeout=10)
@@ -204,7 +205,7 @@ def test_a_promoted_follower_still_waits_for_a_flight_computing_the_prefix_below
     waits for K (it is not sent to compute the system prompt a second time) and F1 waits for F0.
     Once K's prefix lands, F0 goes, then F1 once F0's lands."""
     w = Hangable()
-    with hung([w], 3, coalesce_max_wait_s=8.0) as r:
+    with hung([w], 3, coalesce={"max_wait_s": 8.0}) as r:
         router, pool, co = r.router, r.pool, r.co
         history = "history " * 2000
         k = pool.submit(send, router, SYSTEM + "k", 20)
@@ -232,7 +233,7 @@ def test_a_leader_answered_4xx_hands_over_to_one_follower() -> None:
     going at once."""
     w = Hangable()
     w.bad = "leader"
-    with hung([w], 4, coalesce_max_wait_s=8.0) as r:
+    with hung([w], 4, coalesce={"max_wait_s": 8.0}) as r:
         router, pool, co = r.router, r.pool, r.co
         leader = pool.submit(send, router, SYSTEM + "leader", 20)
         assert wait_for(lambda: len(w.arrivals) == 1, timeout=10)

@@ -70,7 +70,7 @@ def test_a_burst_of_one_new_prefix_computes_it_once(kv: bool, stream: bool, coal
                "decode": [w.url for w in cluster.workers if w.spec.role == "decode"]} if pd else {
                "workers": [w.url for w in cluster.workers]}
     router = start_router_in_thread(router_config(**workers, health_interval_s=0.3, warm_via="pair",
-                                                  coalesce=coalesce, coalesce_max_wait_s=8.0))
+                                                  coalesce={"enabled": coalesce, "max_wait_s": 8.0}))
     try:
         if kv:
             assert wait_for(lambda: all(w["index"] == "exact" for w in httpx.get(
@@ -199,7 +199,7 @@ def burst(router: RouterHandle, standin: StandIn, followers: int) -> ThreadPoolE
 @pytest.fixture
 def router(standin: StandIn) -> Iterator[RouterHandle]:
     handle = start_router_in_thread(router_config(workers=[standin.url], health_interval_s=60,
-                                                  coalesce_max_wait_s=8.0, retry_base_s=0.01))
+                                                  coalesce={"max_wait_s": 8.0}, retry_base_s=0.01))
     yield handle
     handle.stop()
 
@@ -226,7 +226,7 @@ def test_a_failing_leader_releases_its_followers_at_once(standin: StandIn, route
 def test_max_wait_bounds_the_hold(standin: StandIn) -> None:
     standin.reset("stall", 4.0)
     handle = start_router_in_thread(router_config(workers=[standin.url], health_interval_s=60,
-                                                  coalesce_max_wait_s=0.5))
+                                                  coalesce={"max_wait_s": 0.5}))
     try:
         t0 = time.monotonic()
         pool = burst(handle, standin, 2)

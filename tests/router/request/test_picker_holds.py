@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from infer_ctl.core.routing.policy import NoWorkerAvailable
-from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.config import RouterConfig, router_settings, worker
 from infer_ctl.router.daemon.assembly import build_router
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.request.context import RequestContext
@@ -24,7 +24,8 @@ P, D, A, B = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "
 
 def _router(*specs: tuple[str, Any]) -> tuple[Router, list[float]]:
     now = [100.0]
-    cfg = RouterConfig(workers=[worker(u, role) for u, role in specs], policy="round_robin", cb_open_s=5.0)
+    cfg = RouterConfig(workers=[worker(u, role) for u, role in specs],
+                       settings=router_settings(policy="round_robin", cb_open_s=5.0))
     return build_router(cfg, clock=lambda: now[0], rng=random.Random(0)), now
 
 
@@ -106,9 +107,9 @@ def test_a_half_open_prefill_is_not_left_holding_its_probe_when_no_decode_is_fou
     until the prefill's next readmission."""
     router, now = _router((P, "prefill"), (D, "decode"))
     pre, dec = router.workers.by_url[P], router.workers.by_url[D]
-    for _ in range(router.cfg.cb_failures):
+    for _ in range(router.cfg.settings.cb_failures):
         pre.breaker.record(False, now[0])
-    now[0] += router.cfg.cb_open_s  # open for its cb_open_s: the next request probes it
+    now[0] += router.cfg.settings.cb_open_s  # open for its cb_open_s: the next request probes it
     _down(dec)
     _refused(router)
     dec.healthy = True

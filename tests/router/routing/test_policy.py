@@ -9,15 +9,15 @@ import pytest
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import (
     NoWorkerAvailable,
-    PolicyConfig,
     WorkerView,
     choose_decode,
     choose_prefill,
 )
+from infer_ctl.router.config import policy_config, router_settings
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 SYS = "system prompt of tenant one. " * 40  # ~1160 chars
-CFG = PolicyConfig(balance_abs=4, balance_rel=1.5)
+CFG = policy_config(router_settings(balance_abs=4, balance_rel=1.5))
 
 
 def _pick(workers: list[WorkerView], cached: dict[str, str], query: str, **kw) -> tuple[str, str]:
@@ -78,7 +78,7 @@ def test_named_prefix_traffic_spreads_over_its_replicas() -> None:
         workers = [WorkerView(u, inflight=inflight[u]) for u in (A, B, C)]
         q = SYS + f"user question {i} " * 5
         c = choose_prefill(hashes=ix.hashes(q), text_chars=len(q), workers=workers, index=ix, now=1.0,
-                           cfg=PolicyConfig(balance_abs=100), rng=rng, replicas=[A, B])
+                           cfg=policy_config(router_settings(balance_abs=100)), rng=rng, replicas=[A, B])
         assert c.reason == "named_prefix"
         counts[c.url] += 1
         inflight[c.url] += 1  # requests pile up: spreading must alternate
@@ -148,13 +148,13 @@ def test_spilled_worker_then_shares_the_hot_prefix_evenly() -> None:
 @pytest.mark.parametrize("policy", ["round_robin", "random", "power_of_two"])
 def test_simple_policies_only_pick_available_workers(policy: str) -> None:
     workers = [WorkerView(A), WorkerView(B, available=False), WorkerView(C)]
-    seen = {_pick(workers, {}, "q", cfg=PolicyConfig(policy=policy), seq=i)[0] for i in range(20)}
+    seen = {_pick(workers, {}, "q", cfg=policy_config(router_settings(policy=policy)), seq=i)[0] for i in range(20)}
     assert seen <= {A, C} and seen
 
 
 def test_round_robin_cycles() -> None:
     workers = [WorkerView(A), WorkerView(B)]
-    picks = [_pick(workers, {}, "q", cfg=PolicyConfig(policy="round_robin"), seq=i)[0] for i in range(4)]
+    picks = [_pick(workers, {}, "q", cfg=policy_config(router_settings(policy="round_robin")), seq=i)[0] for i in range(4)]
     assert picks == [A, B, A, B]
 
 

@@ -11,7 +11,8 @@ from infer_ctl.core.routing import units
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policies.base import PrefillPolicy, PrefillRequest
 from infer_ctl.core.routing.policies.cache_aware import score
-from infer_ctl.core.routing.policy import POLICIES, PolicyConfig, WorkerView, choose_prefill
+from infer_ctl.core.routing.policy import POLICIES, WorkerView, choose_prefill
+from infer_ctl.router.config import policy_config, router_settings
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
@@ -21,11 +22,11 @@ def test_every_configurable_policy_has_one_module_behind_the_interface() -> None
     views = [WorkerView(A), WorkerView(B, inflight=3)]
     for name, pol in POLICIES.items():
         p: PrefillPolicy = pol
-        req = PrefillRequest(views, PolicyConfig(policy=name), random.Random(1), seq=1, prefix_index=PrefixIndex())
+        req = PrefillRequest(views, policy_config(router_settings(policy=name)), random.Random(1), seq=1, prefix_index=PrefixIndex())
         assert p.choose(req).url in (A, B)
     # the names the facade dispatches on are the policies' own reasons (round robin walks the counter)
     assert [choose_prefill(hashes=[], text_chars=0, workers=views, index=PrefixIndex(), now=0,
-                           cfg=PolicyConfig(policy="round_robin"), rng=random.Random(0), seq=s).url
+                           cfg=policy_config(router_settings(policy="round_robin")), rng=random.Random(0), seq=s).url
             for s in range(4)] == [A, B, A, B]
 
 
@@ -59,6 +60,6 @@ def test_equally_good_holders_are_chosen_at_random_on_both_paths(exact: bool) ->
     ix.insert(hs, B, now=0.0)
     views = [WorkerView(A), WorkerView(B), WorkerView(C)]
     tokens = units.ScoreInputs({A: 200, B: 200, C: 0}, 210, None) if exact else None
-    picks = {choose_prefill(hashes=hs, text_chars=len(text), workers=views, index=ix, now=1.0, cfg=PolicyConfig(),
+    picks = {choose_prefill(hashes=hs, text_chars=len(text), workers=views, index=ix, now=1.0, cfg=policy_config(router_settings()),
                             rng=random.Random(s), tokens=tokens) for s in range(32)}
     assert {p.url for p in picks} == {A, B} and {p.reason for p in picks} == {"cache_hit"}

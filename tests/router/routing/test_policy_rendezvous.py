@@ -26,13 +26,13 @@ from infer_ctl.core.routing.policy import (
 from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.errors import ProfileError, UsageError
 from infer_ctl.profile import parse_profile_text
-from infer_ctl.router.config import RouterConfig, from_profile
+from infer_ctl.router.config import RouterConfig, from_profile, policy_config, router_settings
 from tests.unit.test_profile import BASE
 
 ROOT = Path(__file__).resolve().parents[3]
 URLS = [f"http://10.0.0.{i}:30000" for i in range(1, 5)]
-CFG = PolicyConfig(miss_placement="rendezvous")
-P2C = PolicyConfig()  # the default
+CFG = policy_config(router_settings(miss_placement="rendezvous"))
+P2C = policy_config(router_settings())  # the default
 
 
 def rendezvous_order(key: bytes, urls: list[str]) -> list[str]:
@@ -150,16 +150,15 @@ def test_the_key_covers_the_leading_characters_only() -> None:
 
 
 def test_setting_from_profile_and_validated() -> None:
-    assert RouterConfig().miss_placement == PolicyConfig().miss_placement == "power_of_two"
-    assert from_profile(parse_profile_text(BASE), env={}).miss_placement == "power_of_two"
+    assert RouterConfig().settings.miss_placement == policy_config(router_settings()).miss_placement == "power_of_two"
+    assert from_profile(parse_profile_text(BASE), env={}).settings.miss_placement == "power_of_two"
     cfg = from_profile(parse_profile_text(BASE + "router: {miss_placement: rendezvous}\n"), env={})
-    assert cfg.miss_placement == "rendezvous"
+    assert cfg.settings.miss_placement == "rendezvous"
     with pytest.raises(ProfileError) as info:
         parse_profile_text(BASE + "router: {miss_placement: hashed}\n", "p.yaml")
     assert any(e.startswith("router.miss_placement:") for e in info.value.errors), info.value.errors
-    bad = RouterConfig(miss_placement="hashed")
-    with pytest.raises(UsageError) as uinfo:
-        bad.validate()
+    with pytest.raises(UsageError) as uinfo:  # set in code: refused by the same model
+        RouterConfig(settings=router_settings(miss_placement="hashed")).validate()
     assert "router.miss_placement" in uinfo.value.message and "'hashed'" in uinfo.value.message
 
 

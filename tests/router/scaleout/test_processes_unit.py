@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infer_ctl.core.routing.prefixes import Placement
 from infer_ctl.errors import UsageError
-from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.config import RouterConfig, router_settings, worker
 from infer_ctl.router.control.admin import Admin
 from infer_ctl.router.daemon.assembly import Seat, build_router
 from infer_ctl.router.daemon.procs import fetch_server_info, plan, reserve_port
@@ -25,7 +25,7 @@ from infer_ctl.router.scaleout.metrics_merge import merge
 
 def pd_cfg(**kw: Any) -> RouterConfig:
     return RouterConfig(workers=[worker("http://127.0.0.1:1", "prefill", 9), worker("http://127.0.0.1:2", "prefill", 9),
-                                 worker("http://127.0.0.1:3", "decode")], **kw)
+                                 worker("http://127.0.0.1:3", "decode")], settings=router_settings(**kw))
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_plan_runs_one_process_without_kv_events() -> None:
     assert n == 1 and "http://127.0.0.1:2 publishes no KV events" in why
     n, why = plan(pd_cfg(), 2, lambda url: None)
     assert n == 1 and "did not answer" in why
-    assert plan(pd_cfg(kv_events=False), 4, info_with_events)[0] == 1
+    assert plan(pd_cfg(kv_events={"enabled": False}), 4, info_with_events)[0] == 1
     # no cache index to disagree on: the processes share all they use
     assert plan(pd_cfg(policy="round_robin"), 3, lambda url: None)[0] == 3
     assert plan(pd_cfg(), 1, info_with_events) == (1, "one process requested")

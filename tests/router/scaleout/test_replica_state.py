@@ -151,7 +151,7 @@ def test_profile_replicas_become_the_router_config() -> None:
     prof = profile('replicas: ["127.0.0.1:8001", "127.0.0.1:8002"]\nstate_store: rediss://ops@h:6380/2\n'
                    "state_store_password_env: STORE_PW")
     cfg = from_profile(prof, listen="127.0.0.1:8002", workers=[], env={"STORE_PW": "s3"})
-    assert (cfg.replicas, cfg.state_store, cfg.state_store_password, cfg.state_namespace) == (
+    assert (cfg.settings.replicas, cfg.settings.state_store, cfg.state_store_password, cfg.state_namespace) == (
         ["127.0.0.1:8001", "127.0.0.1:8002"], "rediss://ops@h:6380/2", "s3", "fleet-a")
     with pytest.raises(InferctlError, match=r"router\.replicas does not list"):
         from_profile(prof, listen="127.0.0.1:8003", workers=[], env={"STORE_PW": "s3"})

@@ -19,7 +19,7 @@ import pytest
 
 from infer_ctl.cli.main import main as main_cli
 from infer_ctl.core.routing.prefixes import PrefixRegistry
-from infer_ctl.router.config import RouterConfig, worker
+from infer_ctl.router.config import RouterConfig, router_settings, worker
 from infer_ctl.router.control import client as admin_client
 from infer_ctl.router.daemon.assembly import build_router
 from infer_ctl.router.scaleout.replica_records import ReplicaRecords
@@ -37,7 +37,8 @@ class Replica:
                  pool: tuple[str, str] = ("http://127.0.0.1:1", "http://127.0.0.1:2")) -> None:
         # built as the assembly builds a replica's router (its prefixes placed on shared terms)
         self.router = build_router(RouterConfig(workers=[worker(pool[0], "prefill", 8998), worker(pool[1], "decode"),
-                                                         *(worker(u, "prefill", 8998) for u in extra)], state_store=url))
+                                                         *(worker(u, "prefill", 8998) for u in extra)],
+                                                settings=router_settings(state_store=url)))
         self.workers: dict[str, dict[str, Any]] = {}
 
         async def apply_worker(u: str, rec: dict[str, Any]) -> None:

@@ -33,16 +33,19 @@ class WorkerView:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    policy: str = "cache_aware"
-    cache_threshold: float = 0.3
-    balance_abs: int = 8
-    balance_rel: float = 1.5
+    """The router's settings the policy reads, without defaults: router/config.py `policy_config` builds
+    it from the settings (the profile's router section, profile/router.py, declares them and their bounds)."""
+
+    policy: str
+    cache_threshold: float
+    balance_abs: int
+    balance_rel: float
+    #: where a prompt no worker holds goes: power_of_two (two random workers, the less loaded and
+    #: emptier) or rendezvous (its home by a stable hash, bounded load)
+    miss_placement: str
     #: named prefixes: the most excess queue (in units of balance_abs) a holder may take before traffic
     #: spills to a cold worker, when queueing is still cheaper than recomputing the prefix there
     spill_queue_factor: float = 2.0
-    #: where a prompt no worker holds goes: power_of_two (two random workers, the less loaded and
-    #: emptier) or rendezvous (its home by a stable hash, bounded load)
-    miss_placement: str = "power_of_two"
     #: rendezvous: a home this many requests above the least-loaded worker (or `miss_slack_rel` times
     #: its load, whichever is more) still takes the miss; above, the next worker in the key's order does
     miss_slack: int = 2

@@ -1,0 +1,175 @@
+"""One router settings type (issue 27 item 1): the profile's RouterSettings (profile/router.py) is the only
+declaration of every router setting, its default and its bounds. RouterConfig (router/config.py) holds it
+plus run-time values only, PolicyConfig (core/routing/policy.py) has no defaults of its own, `router serve`
+flags default to "not given", and an override from a flag or from code meets the profile's bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import types
+import typing
+from typing import Any
+
+import annotated_types
+import pytest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from infer_ctl.cli.main import main
+from infer_ctl.core.routing.policy import PolicyConfig
+from infer_ctl.errors import UsageError
+from infer_ctl.profile.router import RouterSettings
+from infer_ctl.profile.speculative import DEFAULT_COST_RATIO, SpeculativeSettings
+from infer_ctl.router.config import RouterConfig, policy_config, router_settings
+from infer_ctl.router.daemon.embed import router_config
+
+_LOWER = (annotated_types.Ge, annotated_types.Gt)
+
+
+def _numbers(annotation: Any, metadata: list[Any]) -> tuple[type | None, list[Any]]:
+    """The number type a field holds (int or float; None: not a number) and the constraints on it,
+    looking inside Annotated and Optional."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        inner, *extra = typing.get_args(annotation)
+        found = [m for e in extra for m in (e.metadata if isinstance(e, FieldInfo) else [e])]
+        return _numbers(inner, [*metadata, *found])
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            kind, meta = _numbers(arg, metadata)
+            if kind is not None:
+                return kind, meta
+        return None, metadata
+    if annotation in (int, float):
+        return annotation, metadata
+    return None, metadata
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The settings groups a field holds directly (a model, or an optional one; lists of named
+    prefixes and tenants are data, not groups)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) for m in _models(a)]
+    return [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
+
+
+def _walk(model: type[BaseModel], prefix: str = "router") -> list[tuple[str, FieldInfo, type[BaseModel]]]:
+    out = []
+    for name, info in model.model_fields.items():
+        out.append((f"{prefix}.{name}", info, model))
+        for sub in _models(info.annotation):
+            out += _walk(sub, f"{prefix}.{name}")
+    return out
+
+
+FIELDS = _walk(RouterSettings)
+NUMBERS = [(path, info, model) for path, info, model in FIELDS if _numbers(info.annotation, info.metadata)[0]]
+
+
+def test_the_walk_sees_the_groups_and_the_settings_once_only_in_routerconfig() -> None:
+    paths = {path for path, _, _ in FIELDS}
+    for leaf in ("router.health_timeout_s", "router.queue_timeout_s", "router.retry_base_s", "router.cb_successes",
+                 "router.pin_priority", "router.warm_fake_timeout_s", "router.spec_max_labels",
+                 "router.kv_events.max_blocks", "router.coalesce.processes", "router.pair_health.bad_samples",
+                 "router.tiers.host_gb_s", "router.decode_capacity", "router.log_requests", "router.warm_via"):
+        assert leaf in paths, leaf
+    assert len(NUMBERS) > 30
+
+
+@pytest.mark.parametrize(("path", "info", "model"), NUMBERS, ids=[p for p, _, _ in NUMBERS])
+def test_every_number_has_one_default_and_a_bound(path: str, info: FieldInfo, model: type[BaseModel]) -> None:
+    kind, meta = _numbers(info.annotation, info.metadata)
+    assert not info.is_required(), f"{path} has no default"
+    assert any(isinstance(m, _LOWER) for m in meta), f"{path} has no lower bound"
+    if kind is float:  # finite: on the field or on its model
+        finite = [m.allow_inf_nan for m in meta if getattr(m, "allow_inf_nan", None) is not None]
+        assert finite == [False] or model.model_config.get("allow_inf_nan") is False, f"{path} takes NaN"
+    if info.default is not None:  # the default is inside the bound
+        for m in meta:
+            for attr, ok in (("ge", lambda d, b: d >= b), ("gt", lambda d, b: d > b), ("le", lambda d, b: d <= b),
+                             ("lt", lambda d, b: d < b)):
+                if hasattr(m, attr):
+                    assert ok(info.default, getattr(m, attr)), f"{path} default {info.default} breaks {m}"
+
+
+def test_routerconfig_holds_the_settings_and_no_setting_of_its_own() -> None:
+    settings = {path.split(".")[-1] for path, _, _ in FIELDS}
+    own = {f.name for f in dataclasses.fields(RouterConfig)} - {"settings"}
+    # the resolved forms of four settings: prefix texts read from files, tenants with hashed keys, the
+    # tracing config with the environment's OTEL_* applied, the tokenizer checked (or the model's path);
+    # each empty until from_profile fills it
+    resolved = {"prefixes", "tenants", "tracing", "tokenizer_path"}
+    assert own & settings == resolved, own & settings
+    plain = RouterConfig()
+    assert (plain.prefixes, plain.tenants, plain.tracing, plain.tokenizer_path) == ([], [], None, None)
+    # the run-time defaults that are numbers come from their one declaration
+    assert (plain.host, plain.port) == (RouterSettings().listen_host, RouterSettings().listen_port)
+    assert plain.spec_window_requests == SpeculativeSettings().window_requests
+    assert plain.spec_cost_ratio == DEFAULT_COST_RATIO
+    assert plain.settings == RouterSettings()
+
+
+def test_policyconfig_has_no_defaults_for_settings() -> None:
+    settings = set(RouterSettings.model_fields)
+    for f in dataclasses.fields(PolicyConfig):
+        if f.name in settings:
+            assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, f.name
+    built = policy_config(RouterSettings())
+    assert (built.policy, built.cache_threshold, built.balance_abs, built.balance_rel, built.miss_placement) == (
+        "cache_aware", 0.3, 8, 1.5, "power_of_two")
+
+
+def test_serve_flags_default_to_the_settings() -> None:
+    """Every `router serve` option but --log-level (logging, not a router setting) defaults to None
+    ("take the profile's"), and none carries a bound of its own (the model's apply)."""
+    from infer_ctl.cli.router_cmd import serve
+
+    for name, param in inspect.signature(serve).parameters.items():
+        if name == "log_level":
+            continue
+        assert param.default is None, (name, param.default)
+        option = typing.get_args(param.annotation)[1] if typing.get_origin(param.annotation) is typing.Annotated else None
+        if name != "processes" and option is not None:  # --processes: how many processes, not a setting
+            assert getattr(option, "min", None) is None and getattr(option, "max", None) is None, name
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"max_retries": 11}, "router.max_retries"),  # the table had no upper bound, the profile le=10
+    ({"index_max_tokens": 1}, "router.index_max_tokens"),  # the table had 1, the profile ge=1024
+    ({"health_timeout_s": math.nan}, "router.health_timeout_s"),
+    ({"kv_events": {"max_blocks": 10}}, "router.kv_events.max_blocks"),
+    ({"coalesce": {"max_wait_s": math.inf}}, "router.coalesce.max_wait_s"),
+    ({"pair_health": {"bad_samples": 0}}, "router.pair_health.bad_samples"),
+    ({"tiers": {"mode": "tiered"}}, "router.tiers.mode"),
+    ({"policy": "fastest"}, "router.policy"),
+    ({"cb_successes": "2"}, "router.cb_successes"),  # a string set in code is not read as a number
+])
+def test_an_embedding_override_out_of_bounds_is_refused_by_name(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(UsageError) as info:
+        router_config(workers=["http://127.0.0.1:9"], **overrides)
+    assert info.value.message.startswith(f"{field}: "), info.value.message
+
+
+def test_overrides_merge_into_the_group_and_leave_the_rest() -> None:
+    base = router_settings(kv_events={"max_blocks": 5000})
+    cfg = router_config(workers=["http://127.0.0.1:9"], settings=base, kv_events={"enabled": False},
+                        max_retries=0, admin_token="t")
+    assert (cfg.settings.kv_events.enabled, cfg.settings.kv_events.max_blocks) == (False, 5000)
+    assert cfg.settings.max_retries == 0 and cfg.admin_token == "t"
+    with pytest.raises(TypeError, match="kv_max_blocks"):
+        router_config(workers=["http://127.0.0.1:9"], kv_max_blocks=5000)  # the old flat name
+
+
+@pytest.mark.parametrize(("flag", "value", "field"), [
+    ("--balance-abs", "-1", "router.balance_abs"),
+    ("--kv-max-blocks", "5", "router.kv_events.max_blocks"),
+    ("--kv-max-batches-per-s", "0", "router.kv_events.max_batches_per_s"),
+    ("--policy", "fastest", "router.policy"),
+])
+def test_a_flag_out_of_bounds_is_refused_by_name(flag: str, value: str, field: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["router", "serve", "--mixed", "http://127.0.0.1:9", flag, value]) == 64
+    err = capsys.readouterr().err
+    assert f"{field}: " in err and flag in err, err
