@@ -208,6 +208,16 @@ def open_transport(
             key = transport.get_remote_server_key()
         except (paramiko.SSHException, EOFError, OSError) as exc:
             text = str(exc)
+            # paramiko words a connection closed before the banner ("Error reading SSH protocol banner",
+            # raised while handling EOFError) as it words a timeout: a peer that accepts and hangs up at
+            # once (sshd's MaxStartups or tcp_wrappers, a firewall or proxy) waited no timeout at all
+            if isinstance(exc.__context__, (EOFError, ConnectionError)) and "banner" in text:
+                raise UnreachableError(
+                    f"{target.label}: {target.host}:{target.port} accepted the connection and closed it "
+                    "before the SSH greeting",
+                    remedy="check the node's sshd log: it may refuse this client (MaxStartups, AllowUsers, "
+                    "hosts.deny, fail2ban), or a firewall or proxy in between closes SSH connections",
+                ) from None
             if "banner" in text or "No existing session" in text or "timed out" in text.lower():
                 raise ConnectTimeoutError(
                     f"{target.label}: {target.host}:{target.port} accepted the connection but sent no SSH "
