@@ -67,7 +67,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "pd control": ("inferctl pd control --once --advise", "inferctl pd control --interval 5 --history pd.jsonl"),
     # sizing
     "plan": ("inferctl plan kv --model llama-3.1-70b --context 8192",),
-    "plan kv": ("inferctl plan kv --model llama-3.1-70b --context 8192 --hbm-gb 640", "inferctl plan kv --list-presets"),
+    "plan kv": ("inferctl plan kv --model llama-3.1-70b --context 8192 --hbm-gb 640 --tp 8", "inferctl plan kv --list-presets"),
     "plan spec": ("inferctl plan spec --alpha 0.8 --gamma 4 --cost-ratio 0.05 --table",),
     "plan transfer": ("inferctl plan transfer --model llama-3.1-70b --prompt-tokens 8192 --bandwidth-gbps 400",),
     "plan roofline": ("inferctl plan roofline --model llama-3.1-70b --accelerator h200 --gpus 8",),

@@ -41,6 +41,7 @@ from infer_ctl.core.sizing.kv_request import KvOutcome, KvRequest, kv_outcome
 from infer_ctl.core.sizing.roofline_request import RooflineOutcome, RooflineRequest, roofline_outcome
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
+from infer_ctl.core.sizing.verdicts import kv_memory
 from infer_ctl.errors import UsageError
 from infer_ctl.output.json_doc import dumps
 
@@ -106,6 +107,7 @@ def kv(
         profile_tp=prof.models.target.tp if prof and prof.models else None))
     plan, fraction = out.plan, out.fraction
     report = Report("plan kv", profile=prof.name if prof else None, data=out.data)
+    report.extend(kv_memory(plan, mem_fraction=fraction.fraction))
     rows = {
         "KV bytes per token": human_bytes(plan.kv_bytes_per_token),
         f"KV bytes per request ({context:,} tokens)": human_bytes(plan.kv_bytes),
@@ -124,6 +126,7 @@ def kv(
         frac = f"{fraction.fraction:g}" if out.hbm_given else "-"
         c.print(f"defaults used: TP {out.tp} ({out.tp_source}), MTU {out.mtu:,} ({out.mtu_source}), mem fraction "
                 f"{frac} ({fraction.source})", style="dim", highlight=False)
+        print_findings(c, report.findings)
 
     finish(sess, report, render)
 

@@ -144,6 +144,7 @@ CODES: dict[str, str] = {
     "plan.tiers.ranks_per_host": "IC-PLN-003",
     "plan.pd.attainment": "IC-PLN-004",
     "plan.roofline.memory_fit": "IC-PLN-005",
+    "plan.kv.memory_fit": "IC-PLN-006",
     # ---- speculative decoding -------------------------------------------------------------------
     "spec.internal": "IC-SPC-000",
     "spec.acceptance": "IC-SPC-001",
