@@ -61,6 +61,23 @@ CASES = {
         "launch.spec_lookahead", "models.draft.num_steps",
     ),
     "storage on the KV NICs": (_data(sglang=STORAGE), "launch.kv_storage_nic", "sglang.hicache.storage"),
+    # SGLang's scheduler disables chunking for any size <= 0, not only -1
+    "chunk size 0": (
+        _data(sglang={"extra_args": {"prefill": ["--chunked-prefill-size=0"], "decode": DECODE}}),
+        "launch.chunked_prefill", "sglang.extra_args.prefill",
+    ),
+    # the field named is the one that gave the flag: a node's overrides, or the role's extra args
+    "unchunked by a node override": (
+        _data(nodes=[{"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"],
+                      "overrides": {"extra_args": ["--chunked-prefill-size", "-1"]}},
+                     {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"]}]),
+        "launch.chunked_prefill", "nodes[0].overrides.extra_args",
+    ),
+    "gamma 7 from the decode's extra args": (
+        _data(sglang={"extra_args": {"prefill": ["--speculative-num-steps", "7"],
+                                     "decode": [*DECODE, "--speculative-num-steps", "7"]}}),
+        "launch.spec_lookahead", "sglang.extra_args.decode",
+    ),
 }  # fmt: skip
 
 
