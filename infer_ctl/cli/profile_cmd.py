@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.syntax import Syntax
 
-from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, session
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, given_profile, session
 from infer_ctl.cli.profile_init import init
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.report import Report
@@ -33,7 +33,7 @@ def validate(profile: ProfileOpt = None, json: JsonOpt = False) -> None:
     """Check a profile: every problem is listed with its field path; exit 0 if valid, 1 with warnings
     (HiCache best practices, KV page alignment), 64 if not (including a launch plan that would fail)."""
     sess = session(json)
-    path = resolve_profile_path(profile)
+    path = resolve_profile_path(given_profile(profile))
     report = Report(command="profile validate", profile=None)
     try:
         prof = load_profile(path)
@@ -87,7 +87,7 @@ def show(
     """Print the resolved profile with every default filled in. Piped or redirected, it is plain YAML that
     reloads to the same profile (`inferctl profile show > mine.yaml`)."""
     sess = session(json)
-    path = resolve_profile_path(profile)
+    path = resolve_profile_path(given_profile(profile))
     prof = load_profile(path)
     data = prof.model_dump(mode="json")
     if json:
