@@ -186,6 +186,9 @@ def spec(
 ) -> None:
     """Expected tokens per step E[N] = (1-a^(g+1))/(1-a) and speedup S = E[N]/(g*c+1)."""
     sess = session(json)
+    if gamma < 1:
+        raise UsageError(f"--gamma must be >= 1, got {gamma}",
+                         remedy="gamma 0 drafts nothing: no speculative decoding, speedup 1 by definition")
     plan = guard(plan_spec, alpha, gamma, cost_ratio)
     report = Report("plan spec", None, data=asdict(plan))
     if table:
