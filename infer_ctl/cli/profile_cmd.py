@@ -22,7 +22,7 @@ from infer_ctl.profile.model_config import local_model_config
 
 #: launch-plan warnings `profile validate` shows (the others are `launch --dry-run`'s)
 VALIDATE_WARNINGS = ("launch.hicache", "launch.override", "launch.draft_size", "launch.chunked_prefill",
-                     "launch.spec_lookahead", "launch.kv_storage_nic")
+                     "launch.spec_lookahead", "launch.kv_storage_nic", "launch.gpus_uneven")
 
 app = typer.Typer(help="Write a first profile, validate it, show it resolved.", no_args_is_help=True)
 app.command("init")(init)

@@ -132,6 +132,7 @@ CODES: dict[str, str] = {
     "launch.chunked_prefill": "IC-LCH-025",
     "launch.spec_lookahead": "IC-LCH-026",
     "launch.kv_storage_nic": "IC-LCH-027",
+    "launch.gpus_uneven": "IC-LCH-028",
     "status.instance": "IC-LCH-101",
     "status.start_limit": "IC-LCH-102",
     "stop.forced": "IC-LCH-201",
