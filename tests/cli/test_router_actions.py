@@ -4,6 +4,12 @@ profile a typo used to read "no profile given and ./inferctl.yaml does not exist
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from infer_ctl.cli.main import main
@@ -31,3 +37,24 @@ def test_action_mistakes_are_named_before_any_profile(
     err = capsys.readouterr().err
     assert err.startswith(f"inferctl: error: {message}"), err
     assert "no profile given" not in err
+
+
+def test_a_busy_listen_address_from_the_profile_names_router_listen(tmp_path: Path) -> None:
+    # the hint said "pick another --listen" to a user who never gave one: the address was the profile's
+    from infer_ctl.resources import builtin_profile_path
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    local = builtin_profile_path("local")
+    assert local is not None
+    prof = tmp_path / "p.yaml"
+    prof.write_text(local.read_text().replace("listen: 127.0.0.1:8000", f"listen: 127.0.0.1:{busy.getsockname()[1]}"))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "infer_ctl", "router", "serve", "-p", str(prof)],
+                              capture_output=True, text=True, timeout=60, env=env, check=False)
+    finally:
+        busy.close()
+    assert proc.returncode == 64, proc.stderr
+    assert "address already in use" in proc.stderr and "the profile's router.listen" in proc.stderr
