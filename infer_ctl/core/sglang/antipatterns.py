@@ -88,7 +88,7 @@ def _draft_size(profile: Profile) -> list[Finding]:
     return out
 
 
-def _extra_args_source(profile: Profile, inst: Instance, flag: str) -> str | None:
+def extra_args_source(profile: Profile, inst: Instance, flag: str) -> str | None:
     """The extra-args field that gives `flag` to this instance: the node's overrides (appended last, so
     they win) before the role's list; None when neither has it (the value is rendered from a profile field)."""
     def has(args: list[str]) -> bool:
@@ -125,7 +125,7 @@ def _chunked_prefill(profile: Profile, inst: Instance, args: dict[str, str | Non
         return []
     # SGLang's scheduler turns any size <= 0 into "no chunking" (scheduler.py: chunked_prefill_size <= 0 -> None)
     what = f"off ({chunk})" if chunk <= 0 else f"{chunk:,}, above the context {ctx:,} (never splits)"
-    field = _extra_args_source(profile, inst, "--chunked-prefill-size") or f"sglang.extra_args.{inst.role}"
+    field = extra_args_source(profile, inst, "--chunked-prefill-size") or f"sglang.extra_args.{inst.role}"
     return [Finding.warn(
         CHUNKED_PREFILL, inst.node, inst.name,
         f"{field}: --chunked-prefill-size {what} on a {ctx:,}-token model: a long prompt's prefill runs in "
@@ -141,7 +141,7 @@ def _lookahead(profile: Profile, inst: Instance, args: dict[str, str | None]) ->
     if inst.role not in ("decode", "collocated") or steps is None or steps < HIGH_GAMMA:
         return []
     pools = [i for i, p in enumerate(profile.speculative.pools) if inst.node in p.nodes and p.num_steps]
-    field = (_extra_args_source(profile, inst, "--speculative-num-steps")
+    field = (extra_args_source(profile, inst, "--speculative-num-steps")
              or (f"speculative.pools[{pools[0]}].num_steps" if pools else "models.draft.num_steps"))
     return [Finding.warn(
         SPEC_LOOKAHEAD, inst.node, inst.name,
