@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -96,11 +97,28 @@ def session(json_mode: bool = False) -> Session:
     return Session(json_mode=json_mode, out=out, err=err)
 
 
+def given_profile(path: str | None) -> str | None:
+    """The --profile value as the user gave it: None when click filled it from $INFERCTL_PROFILE, so the
+    loader names that variable, not --profile, as where a missing file came from."""
+    try:  # typer >= 0.16 vendors its own copy of click (cli/main.py)
+        from typer._click.core import ParameterSource  # type: ignore[attr-defined,unused-ignore]
+        from typer._click.globals import get_current_context  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:  # pragma: no cover - older typer depends on click proper
+        from click.core import ParameterSource  # type: ignore[no-redef,assignment,unused-ignore]
+        from click.globals import get_current_context  # type: ignore[no-redef,unused-ignore]
+
+    ctx = get_current_context(silent=True)
+    from_env = ctx is not None and ctx.get_parameter_source("profile") is ParameterSource.ENVIRONMENT
+    if path is not None and from_env and path == os.environ.get(PROFILE_ENV):
+        return None
+    return path
+
+
 def get_profile(path: str | None) -> Profile:
     # imported here: the pydantic models cost ~0.2 s, which `--help` of every command need not pay
     from infer_ctl.profile import load_profile
 
-    return load_profile(path)
+    return load_profile(given_profile(path))
 
 
 def open_fleet(

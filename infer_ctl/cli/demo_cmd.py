@@ -30,6 +30,12 @@ def demo(
     shifts mid-run; shows alpha falling, the alert, the recommendation and (control act) the relaunch of
     the drifted pool and the recovered throughput."""
     sess = session(json_)
+    # checked before anything starts: --requests 0 started the cluster and router, then failed inside
+    for flag, value in (("--requests", requests), ("--concurrency", concurrency)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}", remedy="see `inferctl demo --help`")
+    if not time_scale > 0 or time_scale == float("inf"):
+        raise UsageError(f"--time-scale must be a number > 0, got {time_scale}", remedy="e.g. --time-scale 0.5")
     prof = get_profile(profile)
     if scenario == "spec-drift":
         from infer_ctl.cli.demo_spec import spec_drift

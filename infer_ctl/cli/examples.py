@@ -67,13 +67,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "pd control": ("inferctl pd control --once --advise", "inferctl pd control --interval 5 --history pd.jsonl"),
     # sizing
     "plan": ("inferctl plan kv --model llama-3.1-70b --context 8192",),
-    "plan kv": ("inferctl plan kv --model llama-3.1-70b --context 8192 --hbm-gb 640", "inferctl plan kv --list-presets"),
+    "plan kv": ("inferctl plan kv --model llama-3.1-70b --context 8192 --hbm-gb 640 --tp 8", "inferctl plan kv --list-presets"),
     "plan spec": ("inferctl plan spec --alpha 0.8 --gamma 4 --cost-ratio 0.05 --table",),
     "plan transfer": ("inferctl plan transfer --model llama-3.1-70b --prompt-tokens 8192 --bandwidth-gbps 400",),
     "plan roofline": ("inferctl plan roofline --model llama-3.1-70b --accelerator h200 --gpus 8",),
-    "plan tiers": ("inferctl plan tiers --model llama-3.1-70b --accelerator h100 --tp 8 --prefix 4096",),
+    "plan tiers": ("inferctl plan tiers --model llama-3.1-70b --accelerator h100-sxm --tp 8 --prefix 4096",),
     "plan pd": ("inferctl plan pd --rate 20 --ttft-ms 800 --itl-ms 40 --gpus 16 --model llama-3.1-70b",),
-    "plan cost": ("inferctl plan cost --scenario seed",),
+    "plan cost": ("inferctl plan cost --scenario disagg-spec-radix",
+                  "inferctl plan cost --scenario disaggregated --pool decode:accelerator=l40s,gpu_hour=1.5,gpus=8"),
     # simulation and load
     "sim": ("inferctl sim serve --prefill 2 --decode 2",),
     "sim serve": ("inferctl sim serve --prefill 2 --decode 2", "inferctl sim serve --from-profile -p builtin:local"),

@@ -41,6 +41,7 @@ from infer_ctl.core.sizing.kv_request import KvOutcome, KvRequest, kv_outcome
 from infer_ctl.core.sizing.roofline_request import RooflineOutcome, RooflineRequest, roofline_outcome
 from infer_ctl.core.sizing.spec import plan_spec, speedup_table
 from infer_ctl.core.sizing.transfer import plan_transfer
+from infer_ctl.core.sizing.verdicts import kv_memory
 from infer_ctl.errors import UsageError
 from infer_ctl.output.json_doc import dumps
 
@@ -106,6 +107,7 @@ def kv(
         profile_tp=prof.models.target.tp if prof and prof.models else None))
     plan, fraction = out.plan, out.fraction
     report = Report("plan kv", profile=prof.name if prof else None, data=out.data)
+    report.extend(kv_memory(plan, mem_fraction=fraction.fraction))
     rows = {
         "KV bytes per token": human_bytes(plan.kv_bytes_per_token),
         f"KV bytes per request ({context:,} tokens)": human_bytes(plan.kv_bytes),
@@ -124,6 +126,7 @@ def kv(
         frac = f"{fraction.fraction:g}" if out.hbm_given else "-"
         c.print(f"defaults used: TP {out.tp} ({out.tp_source}), MTU {out.mtu:,} ({out.mtu_source}), mem fraction "
                 f"{frac} ({fraction.source})", style="dim", highlight=False)
+        print_findings(c, report.findings)
 
     finish(sess, report, render)
 
@@ -183,6 +186,9 @@ def spec(
 ) -> None:
     """Expected tokens per step E[N] = (1-a^(g+1))/(1-a) and speedup S = E[N]/(g*c+1)."""
     sess = session(json)
+    if gamma < 1:
+        raise UsageError(f"--gamma must be >= 1, got {gamma}",
+                         remedy="gamma 0 drafts nothing: no speculative decoding, speedup 1 by definition")
     plan = guard(plan_spec, alpha, gamma, cost_ratio)
     report = Report("plan spec", None, data=asdict(plan))
     if table:

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.syntax import Syntax
 
-from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, session
+from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, given_profile, session
 from infer_ctl.cli.profile_init import init
 from infer_ctl.core.findings import Finding
 from infer_ctl.core.report import Report
@@ -22,7 +22,7 @@ from infer_ctl.profile.model_config import local_model_config
 
 #: launch-plan warnings `profile validate` shows (the others are `launch --dry-run`'s)
 VALIDATE_WARNINGS = ("launch.hicache", "launch.override", "launch.draft_size", "launch.chunked_prefill",
-                     "launch.spec_lookahead", "launch.kv_storage_nic")
+                     "launch.spec_lookahead", "launch.kv_storage_nic", "launch.gpus_uneven")
 
 app = typer.Typer(help="Write a first profile, validate it, show it resolved.", no_args_is_help=True)
 app.command("init")(init)
@@ -33,7 +33,7 @@ def validate(profile: ProfileOpt = None, json: JsonOpt = False) -> None:
     """Check a profile: every problem is listed with its field path; exit 0 if valid, 1 with warnings
     (HiCache best practices, KV page alignment), 64 if not (including a launch plan that would fail)."""
     sess = session(json)
-    path = resolve_profile_path(profile)
+    path = resolve_profile_path(given_profile(profile))
     report = Report(command="profile validate", profile=None)
     try:
         prof = load_profile(path)
@@ -87,7 +87,7 @@ def show(
     """Print the resolved profile with every default filled in. Piped or redirected, it is plain YAML that
     reloads to the same profile (`inferctl profile show > mine.yaml`)."""
     sess = session(json)
-    path = resolve_profile_path(profile)
+    path = resolve_profile_path(given_profile(profile))
     prof = load_profile(path)
     data = prof.model_dump(mode="json")
     if json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
 from dataclasses import dataclass, field
@@ -194,6 +195,20 @@ def _store_state(store: dict[str, Any]) -> str:
     return f"UNREACHABLE ({store['error']}): serving with the state held, admin changes refused"
 
 
+WORKER_ACTIONS = ("list", "add", "remove", "drain", "undrain")
+PREFIX_ACTIONS = ("list", "add", "expire", "warm", "remove")
+
+
+def _check_action(kind: str, action: str, valid: tuple[str, ...], remedy: str) -> None:
+    """An unknown ACTION is a usage error before any profile is read or router asked: without a profile the
+    user saw "no profile given" for a typo, and no "did you mean"."""
+    if action in valid:
+        return
+    close = difflib.get_close_matches(action, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f" (one of {', '.join(valid)})"
+    raise UsageError(f"bad {kind} action {action!r}{hint}", remedy=remedy)
+
+
 @app.command("workers")
 def workers(
     action: Annotated[str, typer.Argument(help="list, add, remove, drain or undrain.")] = "list",
@@ -204,26 +219,30 @@ def workers(
 ) -> None:
     """List the router's workers (and the prefill x decode pairs it avoids), or add/remove/drain/undrain
     one at runtime (drain: no new requests, the ones in flight finish)."""
+    _check_action("workers", action, WORKER_ACTIONS, _WORKERS_USE)
+    if action != "list" and not worker_url:
+        raise UsageError(f"workers {action} needs a worker URL", remedy=_WORKERS_USE)
+    if action == "add" and role not in ("prefill", "decode", "mixed"):
+        raise UsageError("workers add needs --role prefill|decode|mixed", remedy="e.g. --role decode")
     client = _client(url, profile)
     if action == "list":
         doc = client.call("GET", "/admin/workers")
         doc["speculative"] = _spec_doc(client)
         doc["pairs"] = _pairs_doc(client)
         _done(json, "router workers", doc, lambda c: _render_workers(c, doc), target=client)
-    elif action in ("drain", "undrain") and worker_url:
+    elif action in ("drain", "undrain"):
         body = {"url": worker_url, "timeout_s": 0} if action == "drain" else {"url": worker_url, "drain": False}
         doc = client.call("POST", "/admin/workers/drain", body)
         _done(json, f"router workers {action}", doc,
               lambda c: c.print(f"{action}: {worker_url} ({doc.get('inflight', 0)} in flight)"), target=client)
-    elif action in ("add", "remove") and worker_url:
-        if action == "add" and role not in ("prefill", "decode", "mixed"):
-            raise UsageError("workers add needs --role prefill|decode|mixed", remedy="e.g. --role decode")
+    else:  # add or remove
         body = {"url": worker_url, "role": role, "bootstrap_port": bootstrap_port}
         doc = client.call("POST", "/admin/workers" if action == "add" else "/admin/workers/remove", body)
         _done(json, f"router workers {action}", doc, lambda c: c.print(f"{action}: {worker_url}"), target=client)
-    else:
-        raise UsageError(f"bad workers action {action!r}",
-                         remedy="use: workers [list | add URL --role R | remove URL | drain URL | undrain URL]")
+
+
+_WORKERS_USE = "use: workers [list | add URL --role R | remove URL | drain URL | undrain URL]"
+_PREFIXES_USE = "use: prefixes [list | add NAME --text T | expire NAME | warm NAME | remove NAME]"
 
 
 def _pairs_doc(client: Any) -> list[dict[str, Any]]:
@@ -403,14 +422,17 @@ def prefixes(
 ) -> None:
     """Named shared prefixes: list them with their replicas and statistics, add (or supersede), expire, warm,
     remove (forget every version)."""
+    _check_action("prefixes", action, PREFIX_ACTIONS, _PREFIXES_USE)
+    if action != "list" and not name:
+        raise UsageError(f"prefixes {action} needs a prefix NAME", remedy=_PREFIXES_USE)
+    if replicas is not None and not 1 <= replicas <= 64:
+        raise UsageError(f"--replicas must be 1 to 64, got {replicas}",
+                         remedy="the number of prefill workers to warm the prefix on")
     client = _client(url, profile)
     if action == "list":
         doc = client.call("GET", "/admin/prefixes")
         _done(json, "router prefixes list", doc, lambda c: c.print(_prefix_table(doc["prefixes"])), target=client)
         return
-    if action not in ("add", "expire", "warm", "remove") or not name:
-        raise UsageError(f"bad prefixes action {action!r} or missing NAME",
-                         remedy="use: prefixes [list | add NAME --text T | expire NAME | warm NAME | remove NAME]")
     if action == "remove":
         gone = client.call("POST", f"/admin/prefixes/{name}/remove")
         _done(json, "router prefixes remove", gone,

@@ -85,6 +85,8 @@ def serve(
         specs += [parse_worker(w, seed=seed + len(specs) + i, **knobs) for i, w in enumerate(worker or [])]
         counts: list[tuple[Role, int]] = [("prefill", prefill), ("decode", decode), ("mixed", mixed)]
         for role, count in counts:
+            if count < 0:  # range(-1) is empty: it read as "no workers to serve"
+                raise ValueError(f"--{role} must be a count >= 0, got {count}")
             specs += [WorkerSpec(role, seed=seed + len(specs) + i, **knobs) for i in range(count)]
         fresh_workloads(specs)
         specs = assign_kv_event_ports(specs, kv_events_config)

@@ -132,6 +132,7 @@ CODES: dict[str, str] = {
     "launch.chunked_prefill": "IC-LCH-025",
     "launch.spec_lookahead": "IC-LCH-026",
     "launch.kv_storage_nic": "IC-LCH-027",
+    "launch.gpus_uneven": "IC-LCH-028",
     "status.instance": "IC-LCH-101",
     "status.start_limit": "IC-LCH-102",
     "stop.forced": "IC-LCH-201",
@@ -144,6 +145,7 @@ CODES: dict[str, str] = {
     "plan.tiers.ranks_per_host": "IC-PLN-003",
     "plan.pd.attainment": "IC-PLN-004",
     "plan.roofline.memory_fit": "IC-PLN-005",
+    "plan.kv.memory_fit": "IC-PLN-006",
     # ---- speculative decoding -------------------------------------------------------------------
     "spec.internal": "IC-SPC-000",
     "spec.acceptance": "IC-SPC-001",

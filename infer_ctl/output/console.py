@@ -16,6 +16,7 @@ def make_consoles(*, json_mode: bool = False, no_color: bool = False) -> tuple[C
     out.soft_wrap = not out.is_terminal
     out.push_render_hook(FitTables())
     err = Console(file=sys.stderr, no_color=no_color, highlight=False, quiet=False)
+    err.soft_wrap = not err.is_terminal  # progress lines redirected to a log: one line each, never folded
     return out, err
 
 

@@ -6,6 +6,7 @@ Discovery order: an explicit path (`--profile/-p`), then `$INFERCTL_PROFILE`, th
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,8 +60,9 @@ def resolve_profile_path(
         name = text.removeprefix("builtin:")
         path = builtin_profile_path(name)
         if path is None:
+            close = difflib.get_close_matches(name, builtin_profile_names(), n=1)
             raise ProfileError(
-                f"no built-in profile {name!r}",
+                f"no built-in profile {name!r}" + (f" (did you mean 'builtin:{close[0]}'?)" if close else ""),
                 remedy=f"choose one of: {', '.join('builtin:' + n for n in builtin_profile_names())}",
             )
         return path

@@ -23,6 +23,9 @@ _NAME = "letters, digits, '.', '_' or '-', starting with a letter or digit"
 PATTERN_WANTS: dict[str, str] = {
     r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$": "HOST:PORT, e.g. 127.0.0.1:8000 (an IPv6 host in brackets: [::1]:8000)",
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$": f"a name of 1 to 63 {_NAME}, e.g. pf-01",
+    r"^([A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f.]*(%[A-Za-z0-9_.-]+)?)$":
+        "a host name, IPv4 address or bare IPv6 address, e.g. 10.0.0.11 or ::1 (the SSH login goes in "
+        "`user`, the SSH port in `port`)",
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$": f"a name of 1 to 64 {_NAME}, e.g. team-a",
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$": f"a name of 1 to 128 {_NAME}, e.g. support-bot-v1",
     r"^[A-Za-z_][A-Za-z0-9_]*$": "an environment variable name (letters, digits and '_', not starting with a "
@@ -117,6 +120,9 @@ def error_message(root: type[BaseModel], err: Any) -> str:
         return unknown_key(str(loc[-1]), parent)
     if etype in ("literal_error", "enum"):
         options = _expected_values(ctx)
+        if isinstance(value, str) and value in options:
+            # only a number choice refuses its own spelling: `mtu: '4096'` is the string, not the number
+            return f"{value!r} is a string: write {value} without quotes (one of {', '.join(options)})"
         hint = _suggest(str(value), options) if isinstance(value, str) else ""
         return f"{value!r} is not one of {', '.join(options)}{hint}{tail}"
     if etype == "missing":

@@ -10,6 +10,10 @@ from pydantic import Field
 from infer_ctl.profile.base import Port, StrictModel
 
 NodeName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+#: a DNS name or ~/.ssh/config alias, an IPv4 address, or an IPv6 address (bare, optionally with a %zone):
+#: never `user@host`, `host:port`, brackets or blanks, which would reach the resolver as part of the name
+#: (the login and port have their own fields)
+NodeHost = Annotated[str, Field(pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]*|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f.]*(%[A-Za-z0-9_.-]+)?)$")]
 
 
 class Role(StrEnum):
@@ -41,7 +45,7 @@ class NodeOverrides(StrictModel):
 
 class Node(StrictModel):
     name: NodeName
-    host: Annotated[str, Field(min_length=1)]
+    host: NodeHost
     #: SSH port; defaults to ssh.port
     port: Port | None = None
     user: str | None = None

@@ -113,8 +113,15 @@ def render(starter: Starter) -> str:
             "  prefill: {port: 30000, bootstrap_port: 8998}",
             "  decode: {port: 30001}",
         ]
+    if starter.gpus == 0:
+        # a server with no GPU must be told so: SGLang defaults to CUDA, and validate refuses a GPU-less node
+        # whose server would run GPU ranks (launch.gpus)
+        keys = ["collocated"] if starter.collocated else ["prefill", "decode"]
+        out += ["  # no GPUs (--gpus 0): SGLang's CPU backend; add anything else SGLang takes, per role",
+                "  extra_args: {" + ", ".join(f"{k}: [--device, cpu]" for k in keys) + "}"]
+    else:
+        out += ["  # extra_args: {prefill: [], decode: []}   # anything else SGLang takes, per role"]
     out += [
-        "  # extra_args: {prefill: [], decode: []}   # anything else SGLang takes, per role",
         "# gpu: {max_temp_c: 85}                     # health thresholds of check gpu / audit",
         "# fabric: {pfc_priority: 3, trust: dscp, ecn: true, mtu: 4096}   # RoCE settings check fabric expects",
         "router:",

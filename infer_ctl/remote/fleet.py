@@ -33,7 +33,7 @@ from infer_ctl.remote.commandline import SudoMode
 from infer_ctl.remote.errors import NodeSkippedError, UnexpectedNodeError
 from infer_ctl.remote.hostkeys import HostKeyStore
 from infer_ctl.remote.local import LocalConnector
-from infer_ctl.remote.ssh import ABORT_WAIT_S, GatewayCache, KeyRing, connect_ssh
+from infer_ctl.remote.ssh import ABORT_WAIT_S, GatewayCache, KeyRing, PendingConnects, connect_ssh
 from infer_ctl.remote.target import TargetResolver
 
 T = TypeVar("T")
@@ -82,6 +82,7 @@ class Fleet:
         self._resolver: TargetResolver | None = None
         self._keyring = KeyRing(use_agent=ssh.use_agent)
         self._gateways = GatewayCache()
+        self._pending = PendingConnects()  # handshakes in flight, closed by abort()
         self._lock = threading.Lock()
         self._node_locks: dict[str, threading.Lock] = {}
         self._connectors: dict[str, Connector] = {}
@@ -149,6 +150,7 @@ class Fleet:
             command_timeout=ssh.command_timeout_s,
             gateway_cache=self._gateways,
             run_marker=f"{self.run_id}-{next(self._marker_seq)}",
+            pending=self._pending,
         )
 
     # ---- fan-out ---------------------------------------------------------------------------------
@@ -234,6 +236,7 @@ class Fleet:
         Ctrl-C on a large fleet still returns promptly.
         """
         self._cancelled.set()
+        self._pending.close_all()
         with self._lock:
             conns = list(self._connectors.values())
 

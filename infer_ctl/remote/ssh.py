@@ -179,6 +179,35 @@ def _channel_through(
         ) from None
 
 
+class PendingConnects:
+    """Transports still in their handshake. Ctrl-C closes them (Fleet.abort): a worker thread waiting out
+    ssh.connect_timeout_s on a node that accepted TCP but never spoke SSH otherwise held the exit for
+    that long, since the interpreter joins the fleet's worker threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[paramiko.Transport] = set()
+        self._closed = False
+
+    def add(self, transport: paramiko.Transport) -> None:
+        with self._lock:
+            self._live.add(transport)
+            closed = self._closed
+        if closed:  # cancelled before this handshake began: it fails at once
+            transport.close()
+
+    def discard(self, transport: paramiko.Transport) -> None:
+        with self._lock:
+            self._live.discard(transport)
+
+    def close_all(self) -> None:
+        with self._lock:
+            self._closed = True
+            live = list(self._live)
+        for transport in live:
+            transport.close()
+
+
 def open_transport(
     target: SshTarget,
     hostkeys: HostKeyStore,
@@ -187,11 +216,15 @@ def open_transport(
     timeout: float,
     keepalive: int,
     sock: socket.socket | paramiko.Channel | None = None,
+    pending: PendingConnects | None = None,
 ) -> paramiko.Transport:
-    """A verified, authenticated transport to `target` (over `sock` when tunnelled)."""
+    """A verified, authenticated transport to `target` (over `sock` when tunnelled); `pending` holds it
+    until connected, so an abort can close it mid-handshake."""
     if sock is None:
         sock = _open_socket(target, timeout)
     transport = paramiko.Transport(sock)
+    if pending is not None:
+        pending.add(transport)
     try:
         transport.banner_timeout = timeout
         transport.handshake_timeout = timeout
@@ -208,6 +241,16 @@ def open_transport(
             key = transport.get_remote_server_key()
         except (paramiko.SSHException, EOFError, OSError) as exc:
             text = str(exc)
+            # paramiko words a connection closed before the banner ("Error reading SSH protocol banner",
+            # raised while handling EOFError) as it words a timeout: a peer that accepts and hangs up at
+            # once (sshd's MaxStartups or tcp_wrappers, a firewall or proxy) waited no timeout at all
+            if isinstance(exc.__context__, (EOFError, ConnectionError)) and "banner" in text:
+                raise UnreachableError(
+                    f"{target.label}: {target.host}:{target.port} accepted the connection and closed it "
+                    "before the SSH greeting",
+                    remedy="check the node's sshd log: it may refuse this client (MaxStartups, AllowUsers, "
+                    "hosts.deny, fail2ban), or a firewall or proxy in between closes SSH connections",
+                ) from None
             if "banner" in text or "No existing session" in text or "timed out" in text.lower():
                 raise ConnectTimeoutError(
                     f"{target.label}: {target.host}:{target.port} accepted the connection but sent no SSH "
@@ -227,6 +270,9 @@ def open_transport(
     except BaseException:
         transport.close()
         raise
+    finally:
+        if pending is not None:
+            pending.discard(transport)
 
 
 def _authenticate(transport: paramiko.Transport, target: SshTarget, keyring: KeyRing) -> None:
@@ -270,6 +316,7 @@ def connect_ssh(
     command_timeout: float,
     gateway_cache: GatewayCache | None = None,
     run_marker: str | None = None,
+    pending: PendingConnects | None = None,
 ) -> SshConnector:
     sock: paramiko.Channel | None = None
     if target.jumps:
@@ -285,14 +332,15 @@ def connect_ssh(
             ) -> paramiko.Transport:
                 hop_sock = _channel_through(via, via_target, hop, timeout) if via and via_target else None
                 return open_transport(
-                    hop, hostkeys, keyring, timeout=timeout, keepalive=keepalive, sock=hop_sock
+                    hop, hostkeys, keyring, timeout=timeout, keepalive=keepalive, sock=hop_sock, pending=pending
                 )
 
             gateway = cache.get(target.jumps[: depth + 1], make)
             previous = hop
         assert gateway is not None and previous is not None
         sock = _channel_through(gateway, previous, target, timeout)
-    transport = open_transport(target, hostkeys, keyring, timeout=timeout, keepalive=keepalive, sock=sock)
+    transport = open_transport(target, hostkeys, keyring, timeout=timeout, keepalive=keepalive, sock=sock,
+                               pending=pending)
     return SshConnector(
         target,
         transport,

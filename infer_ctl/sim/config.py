@@ -51,6 +51,10 @@ class WorkerSpec:
     spec_alpha: float | None = None
     spec_gamma: int | None = None
     spec_cost_ratio: float | None = None
+    #: what /server_info reports as --speculative-algorithm / --speculative-draft-model-path (the
+    #: profile's models.draft under `sim serve --from-profile` and `demo`; None: "<model>-eagle3-draft")
+    spec_algorithm: str = "EAGLE3"
+    draft_model: str | None = None
     #: per-domain alpha, drift, a mismatched draft tokenizer (docs/simulator.md "Speculative decoding");
     #: one object per worker, kept by a restart (dataclasses.replace shares it)
     spec_workload: SpecWorkload = field(default_factory=SpecWorkload)

@@ -32,6 +32,8 @@ def specs_from_profile(profile: Profile, **knobs: Any) -> list[WorkerSpec]:
     spec_knobs: dict[str, Any] = {"speculative": draft is not None}
     if draft is not None and draft.num_steps:
         spec_knobs["spec_gamma"] = draft.num_steps
+    if draft is not None:  # what `router spec`, the request spans and check servers then name
+        spec_knobs.update(spec_algorithm=draft.algorithm.value, draft_model=draft.path)
     base = {"preset": sim_preset_for(target.preset, draft is not None), "model": model, **spec_knobs}
     if target.context_length:
         base["context_length"] = target.context_length

@@ -42,9 +42,9 @@ def server_args(state: WorkerState) -> dict[str, Any]:
         "disaggregation_decode_enable_radix_cache": s.decode_radix_cache,
         "enable_hierarchical_cache": s.hicache,
         "enable_cache_report": s.enable_cache_report,
-        "speculative_algorithm": "EAGLE3" if spec_on else None,
+        "speculative_algorithm": s.spec_algorithm if spec_on else None,
         # ServerArgs' --speculative-draft-model-path: the router names it on its spans and in `router spec`
-        "speculative_draft_model_path": f"{s.model}-eagle3-draft" if spec_on else None,
+        "speculative_draft_model_path": (s.draft_model or f"{s.model}-eagle3-draft") if spec_on else None,
         "speculative_num_steps": t.spec_gamma if spec_on else None,
         "speculative_eagle_topk": 1 if spec_on else None,
         "speculative_num_draft_tokens": t.spec_gamma + 1 if spec_on else None,

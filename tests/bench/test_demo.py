@@ -56,3 +56,12 @@ def test_demo_with_the_router_port_taken_uses_a_free_one(capsys: pytest.CaptureF
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0, doc
     assert doc["router_url"] != f"http://127.0.0.1:{port}" and doc["summary"]["completed"] == 8
+
+
+@pytest.mark.parametrize("args", [["--requests", "0"], ["--concurrency", "0"], ["--time-scale", "0"],
+                                  ["--time-scale", "nan"]])
+def test_demo_refuses_an_empty_run_before_starting_anything(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # --requests 0 started 4 workers and the router, then ended in "internal error: ValueError", exit 2
+    assert main(["demo", *args]) == 64
+    out, err = capsys.readouterr()
+    assert err.startswith(f"inferctl: error: {args[0]} must be") and "started" not in err and out == ""

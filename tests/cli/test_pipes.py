@@ -5,6 +5,7 @@ shipped local profile (connection: local), the sizing math, and a router in fron
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from infer_ctl.output.console import make_consoles
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 
@@ -96,3 +98,15 @@ def test_router_command_piped_is_plain_text(router: RouterHandle, verb: list[str
 def test_bench_piped_is_plain_text(router: RouterHandle) -> None:
     _, out = piped("bench", "--url", router.url, "--requests", "4", "-c", "2", "--max-new-tokens", "4")
     assert_plain(out)
+
+
+
+def test_stderr_redirected_keeps_each_line_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # progress to a log file: `demo 2>demo.log` folded "prefill \nhttp://..." at a pretend 80 columns
+    monkeypatch.delenv("COLUMNS", raising=False)
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    _, err = make_consoles()
+    line = "demo: started 4 simulated workers: " + ", ".join(f"prefill http://127.0.0.{i}:30000" for i in range(4))
+    err.print(f"[dim]{line}[/dim]")
+    assert log.getvalue() == line + "\n"

@@ -53,3 +53,14 @@ def test_router_serve_with_workers_takes_listen_from_the_env_profile(monkeypatch
     monkeypatch.delenv("INFERCTL_PROFILE")
     assert main(["router", "serve", "-p", str(prof), "--mixed", "http://127.0.0.1:9"]) == 0
     assert [(c.host, c.port) for c in seen] == [("127.0.0.1", 8177)] * 2
+
+
+@pytest.mark.parametrize("argv", [["profile", "validate"], ["profile", "show"], ["nodes"], ["status"]])
+def test_a_missing_profile_names_where_its_path_came_from(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # the variable's path was blamed on "--profile", which the user never typed
+    monkeypatch.setenv("INFERCTL_PROFILE", "/nonexistent/p.yaml")
+    assert main(argv) == 64
+    assert "/nonexistent/p.yaml (from $INFERCTL_PROFILE) does not exist" in capsys.readouterr().err
+    assert main([*argv, "-p", "/nonexistent/q.yaml"]) == 64
+    assert "/nonexistent/q.yaml (from --profile) does not exist" in capsys.readouterr().err

@@ -41,6 +41,17 @@ def test_init_collocated(tmp_path: Path) -> None:
     assert prof.collocated and prof.models is not None and prof.models.target.tp == 2
 
 
+@pytest.mark.parametrize("shape", [PD, ["--mixed", "box-01=10.0.1.5"]])
+def test_init_without_gpus_writes_cpu_servers_that_validate(tmp_path: Path, shape: list[str]) -> None:
+    # --gpus 0 is in the option's range: the profile must not be one validate refuses (GPU ranks, no GPU)
+    out = tmp_path / "p.yaml"
+    assert main(["profile", "init", *shape, "--gpus", "0", "--out", str(out)]) == 0
+    assert main(["profile", "validate", "-p", str(out)]) == 0
+    prof = load_profile(str(out))
+    roles = ["collocated"] if prof.collocated else ["prefill", "decode"]
+    assert all(getattr(prof.sglang.extra_args, r) == ["--device", "cpu"] for r in roles)
+
+
 def test_init_refuses_to_replace_a_file_unless_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "inferctl.yaml"
     out.write_text("mine\n")

@@ -61,6 +61,23 @@ CASES = {
         "launch.spec_lookahead", "models.draft.num_steps",
     ),
     "storage on the KV NICs": (_data(sglang=STORAGE), "launch.kv_storage_nic", "sglang.hicache.storage"),
+    # SGLang's scheduler disables chunking for any size <= 0, not only -1
+    "chunk size 0": (
+        _data(sglang={"extra_args": {"prefill": ["--chunked-prefill-size=0"], "decode": DECODE}}),
+        "launch.chunked_prefill", "sglang.extra_args.prefill",
+    ),
+    # the field named is the one that gave the flag: a node's overrides, or the role's extra args
+    "unchunked by a node override": (
+        _data(nodes=[{"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"],
+                      "overrides": {"extra_args": ["--chunked-prefill-size", "-1"]}},
+                     {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"]}]),
+        "launch.chunked_prefill", "nodes[0].overrides.extra_args",
+    ),
+    "gamma 7 from the decode's extra args": (
+        _data(sglang={"extra_args": {"prefill": ["--speculative-num-steps", "7"],
+                                     "decode": [*DECODE, "--speculative-num-steps", "7"]}}),
+        "launch.spec_lookahead", "sglang.extra_args.decode",
+    ),
 }  # fmt: skip
 
 
@@ -114,3 +131,15 @@ def test_shipped_profiles_have_none() -> None:
     checks = ("launch.draft_size", "launch.chunked_prefill", "launch.spec_lookahead", "launch.kv_storage_nic")
     for name in builtin_profile_names():
         assert [f.message for f in launch_problems(load_profile(f"builtin:{name}")) if f.check in checks] == []
+
+
+def test_pd_disagreement_names_the_extra_args_that_set_the_flag() -> None:
+    # it had no field path: which of the many extra-args lists to change was left to the reader
+    data = _data(nodes=[
+        {"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"]},
+        {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"], "overrides": {"extra_args": ["--page-size", "16"]}},
+    ])
+    (f,) = _hits(data, "launch.pd_agreement")
+    assert f.details["field"] == "nodes[1].overrides.extra_args" and "nodes[1].overrides.extra_args" in (f.remedy or "")
+    only_prefill = _data(sglang={"extra_args": {"prefill": ["--page-size", "32"], "decode": DECODE}})
+    assert {f.details["field"] for f in _hits(only_prefill, "launch.pd_agreement")} == {"sglang.extra_args.prefill"}

@@ -121,3 +121,19 @@ def test_dry_run_refuses_a_profile_without_models(tmp_path: Path, capsys: pytest
     doc = json.loads(capsys.readouterr().out)
     assert code == 2
     assert [f["check"] for f in doc["findings"] if f["status"] == "fail"] == ["launch.models"]
+
+
+def test_one_smaller_node_is_a_warning_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # one 4-GPU prefill node among 8-GPU ones: every tp-8 prefill server silently spanned two nodes
+    nodes = [{"name": "pf-01", "host": "10.0.0.11", "roles": ["prefill"], "gpus": 4},
+             {"name": "pf-02", "host": "10.0.0.12", "roles": ["prefill"]},
+             {"name": "dc-01", "host": "10.0.0.21", "roles": ["decode"]}]
+    data = _data(nodes=nodes, sglang={"extra_args": {"decode": SOUND_DECODE}})
+    (f,) = [f for f in _findings(data) if f.check == "launch.gpus_uneven"]
+    assert f.status.value == "warn" and f.details["field"] == "nodes[0].gpus" and f.details["nnodes"] == 2
+    assert "spans 2 nodes" in f.message and "4 GPUs idle" in f.message and f.remedy
+    code, doc = _validate(tmp_path, data, capsys)
+    assert code == 1 and "launch.gpus_uneven" in {x["check"] for x in doc["findings"]}
+    # uneven counts that change nothing (each node holds a whole server) say nothing
+    small_tp = _data(nodes=nodes, models={"target": {"path": "/m", "tp": 4}}, sglang={"extra_args": {"decode": SOUND_DECODE}})
+    assert not [f for f in _findings(small_tp) if f.check == "launch.gpus_uneven"]

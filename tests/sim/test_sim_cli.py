@@ -28,6 +28,12 @@ def test_sim_serve_without_workers_is_a_usage_error(capsys: pytest.CaptureFixtur
     assert "no workers" in capsys.readouterr().err
 
 
+def test_a_negative_worker_count_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    # --prefill -1 read "no workers to serve" (with --decode 1: it served one decode, silently)
+    assert main(["sim", "serve", "--prefill", "-1", "--decode", "1"]) == 64
+    assert "--prefill must be a count >= 0, got -1" in capsys.readouterr().err
+
+
 def test_sim_serve_process_serves_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "infer_ctl", "sim", "serve", "--prefill", "1", "--decode", "1", "--time-scale", "0.05",

@@ -127,3 +127,16 @@ def test_plan_kv_hostile_input_is_a_usage_error(args: list[str], message: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "kv", "-m", "llama-3.1-70b", *args]) == 64
     assert message in capsys.readouterr().err
+
+
+def test_an_ethernet_mtu_is_refused_as_the_rdma_path_mtu(capsys: pytest.CaptureFixture[str]) -> None:
+    # `plan kv --mtu 1500` computed packets for a path MTU no HCA runs (the profile refuses fabric.mtu 1500)
+    assert main(["plan", "kv", "-m", "llama-3.1-8b", "--mtu", "1500"]) == 64
+    err = capsys.readouterr().err
+    assert "--mtu 1500 is not an RDMA path MTU (one of 256, 512, 1024, 2048, 4096)" in err and "netdev" in err
+
+
+def test_plan_spec_gamma_zero_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # it printed "break-even alpha 0.000000" for a configuration that drafts nothing
+    assert main(["plan", "spec", "--gamma", "0"]) == 64
+    assert "--gamma must be >= 1, got 0" in capsys.readouterr().err

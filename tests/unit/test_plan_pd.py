@@ -148,3 +148,10 @@ def test_rate_beyond_the_gpus_warns(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_input_exits_64(argv: list[str], text: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "pd", *argv]) == 64
     assert text in capsys.readouterr().err
+
+
+def test_too_few_gpus_names_the_tp_once(capsys: pytest.CaptureFixture[str]) -> None:
+    # both pools at tp 8 read "holds no server of tp 8 or 8"
+    args = ["plan", "pd", "--rate", "5", "--ttft-ms", "800", "--itl-ms", "40", "--gpus", "1", "-m", "llama-3.1-70b"]
+    assert main(args) == 64
+    assert "--gpus 1 holds no server of tp 8\n" in capsys.readouterr().err

@@ -36,3 +36,11 @@ def test_roofline_takes_the_l40s(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert doc["accelerator"] == "l40s"
     assert doc["bandwidth_bytes_s"] == pytest.approx(0.864e12)
+
+
+def test_a_short_accelerator_name_suggests_the_preset_it_begins() -> None:
+    # "h100" is closer by edit distance to "h200", but it is the start of "h100-sxm"
+    with pytest.raises(ValueError, match=r"did you mean 'h100-sxm'\?"):
+        presets.accelerator_preset("h100")
+    with pytest.raises(ValueError, match=r"did you mean 'h200'\?"):
+        presets.accelerator_preset("h20")

@@ -109,3 +109,24 @@ def test_weights_that_do_not_fit_are_a_warning(capsys: pytest.CaptureFixture[str
     assert "weights + KV of the batch" in json.loads(capsys.readouterr().out)["findings"][0]["message"]
     # no accelerator memory known (--tflops/--tb-s alone): nothing to judge
     assert main(["plan", "roofline", "-m", "llama-3.1-405b", "-x", "", "--tflops", "1000", "--tb-s", "3"]) == 0
+
+
+def test_plan_kv_warns_when_the_weights_leave_no_kv_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    # DeepSeek-V3 in bf16 (1.34 TB) on 8 x 141 GB: the table said "KV budget 0 B" and exit 0
+    args = ["plan", "kv", "-m", "deepseek-v3", "--hbm-gb", "1128", "--tp", "8"]
+    assert main([*args, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (f,) = doc["findings"]
+    assert (f["check"], f["code"], f["status"]) == ("plan.kv.memory_fit", "IC-PLN-006", "warn")
+    assert "no KV pool is left" in f["message"] and "--mem-fraction" in f["remedy"]
+    assert main(args) == 1
+    assert "WARN: the weights (1,342.1 GB) fill all SGLang may use" in capsys.readouterr().out
+
+
+def test_plan_kv_warns_when_one_full_context_request_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "kv", "-m", "llama-3.1-8b", "--context", "131072", "--hbm-gb", "24", "--json"]) == 1
+    (f,) = json.loads(capsys.readouterr().out)["findings"]
+    assert "fewer than one request of 131,072 tokens" in f["message"]
+    # a plan that fits stays OK
+    assert main(["plan", "kv", "-m", "llama-3.1-70b", "--hbm-gb", "640", "--tp", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"] == []

@@ -123,6 +123,9 @@ def test_discovery_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         resolve_profile_path(None, env={"INFERCTL_PROFILE": str(tmp_path / "missing.yaml")})
     with pytest.raises(ProfileError, match="no built-in profile 'nope'"):
         resolve_profile_path("builtin:nope", env={})
+    with pytest.raises(ProfileError, match=r"no built-in profile 'refrence-h100-h200' \(did you mean "
+                       r"'builtin:reference-h100-h200'\?\)"):
+        resolve_profile_path("builtin:refrence-h100-h200", env={})
 
 
 def test_non_utf8_file(tmp_path: Path) -> None:

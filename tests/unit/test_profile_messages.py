@@ -58,6 +58,24 @@ def test_pattern_fields_say_what_they_want(text: str, expected: str) -> None:
     assert not any("pattern" in line or "^" in line for line in errors), errors
 
 
+@pytest.mark.parametrize("host", ["user@10.0.0.1", "'10.0.0.1:22'", "'[::1]'", "'10.0.0.1 '", "-oProxyCommand=x", "''"])
+def test_a_node_host_is_a_bare_name_or_address(host: str) -> None:
+    # a login or port written into the host would reach the resolver as part of the name
+    errors = _errors(BASE.replace("host: 10.0.0.1", f"host: {host}"))
+    assert any(e.startswith("nodes[0].host: want a host name, IPv4 address or bare IPv6 address") for e in errors), \
+        errors
+
+
+@pytest.mark.parametrize("host", ["pf-01.example.net", "10.0.0.9", "2001:db8::11", "fe80::1%eth0", "my_alias"])
+def test_node_hosts_that_ssh_resolves_are_valid(host: str) -> None:
+    parse_profile_text(BASE.replace("host: 10.0.0.1", f"host: '{host}'"), "p.yaml")
+
+
+def test_a_quoted_number_for_a_number_choice_says_to_drop_the_quotes() -> None:
+    (line,) = _errors(BASE + "fabric: {mtu: '4096'}\n")
+    assert line == "fabric.mtu: '4096' is a string: write 4096 without quotes (one of 256, 512, 1024, 2048, 4096)"
+
+
 def test_did_you_mean_below_the_top_level() -> None:
     text = BASE.replace("roles: [decode]}", "roles: [decode], overrides: {gpu: {max_temp: 80}}}")
     assert _errors(text) == [

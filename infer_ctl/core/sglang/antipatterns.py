@@ -88,6 +88,19 @@ def _draft_size(profile: Profile) -> list[Finding]:
     return out
 
 
+def extra_args_source(profile: Profile, inst: Instance, flag: str) -> str | None:
+    """The extra-args field that gives `flag` to this instance: the node's overrides (appended last, so
+    they win) before the role's list; None when neither has it (the value is rendered from a profile field)."""
+    def has(args: list[str]) -> bool:
+        return any(tok == flag or tok.startswith(flag + "=") for tok in args)
+
+    i = _node_index(profile, inst.node)
+    if has(profile.nodes[i].overrides.extra_args):
+        return f"nodes[{i}].overrides.extra_args"
+    role_args = getattr(profile.sglang.extra_args, inst.role, None)
+    return f"sglang.extra_args.{inst.role}" if isinstance(role_args, list) and has(role_args) else None
+
+
 def _context(profile: Profile, args: dict[str, str | None]) -> int | None:
     ctx = _int(args.get("--context-length"))
     if ctx is None and profile.models is not None:
@@ -108,10 +121,11 @@ def _chunked_prefill(profile: Profile, inst: Instance, args: dict[str, str | Non
     ctx = _context(profile, args)
     if inst.role == "decode" or chunk is None or ctx is None or ctx < LONG_CONTEXT:
         return []
-    if chunk != -1 and chunk <= ctx:
+    if 0 < chunk <= ctx:
         return []
-    what = "off (-1)" if chunk == -1 else f"{chunk:,}, above the context {ctx:,} (never splits)"
-    field = f"sglang.extra_args.{inst.role}"
+    # SGLang's scheduler turns any size <= 0 into "no chunking" (scheduler.py: chunked_prefill_size <= 0 -> None)
+    what = f"off ({chunk})" if chunk <= 0 else f"{chunk:,}, above the context {ctx:,} (never splits)"
+    field = extra_args_source(profile, inst, "--chunked-prefill-size") or f"sglang.extra_args.{inst.role}"
     return [Finding.warn(
         CHUNKED_PREFILL, inst.node, inst.name,
         f"{field}: --chunked-prefill-size {what} on a {ctx:,}-token model: a long prompt's prefill runs in "
@@ -127,7 +141,8 @@ def _lookahead(profile: Profile, inst: Instance, args: dict[str, str | None]) ->
     if inst.role not in ("decode", "collocated") or steps is None or steps < HIGH_GAMMA:
         return []
     pools = [i for i, p in enumerate(profile.speculative.pools) if inst.node in p.nodes and p.num_steps]
-    field = f"speculative.pools[{pools[0]}].num_steps" if pools else "models.draft.num_steps"
+    field = (extra_args_source(profile, inst, "--speculative-num-steps")
+             or (f"speculative.pools[{pools[0]}].num_steps" if pools else "models.draft.num_steps"))
     return [Finding.warn(
         SPEC_LOOKAHEAD, inst.node, inst.name,
         f"{field}: lookahead gamma {steps} (>= {HIGH_GAMMA}) pays only on low-temperature traffic: acceptance "

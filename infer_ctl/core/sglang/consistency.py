@@ -13,7 +13,7 @@ import json
 import re
 
 from infer_ctl.core.findings import Finding
-from infer_ctl.core.sglang.antipatterns import antipattern_findings
+from infer_ctl.core.sglang.antipatterns import antipattern_findings, extra_args_source
 from infer_ctl.core.sglang.argv import build_argv, parse_extra_args, server_args, visible_device_map
 from infer_ctl.core.sglang.contradictions import contradiction_findings, override_finding
 from infer_ctl.core.sglang.flags import flag_table
@@ -318,7 +318,7 @@ def launch_problems(profile: Profile, selected: list[Instance] | None = None) ->
         out.extend(_bootstrap_findings(inst, args[inst.name]))
     out.extend(contradiction_findings(profile, chosen, args))  # no model, no GPUs, collocated + PD
     out.extend(antipattern_findings(profile, chosen, args))  # WARNs: big draft, unchunked, deep gamma, NIC
-    out.extend(_pd_agreement(every, chosen, args, pool_step_args(profile, chosen)))
+    out.extend(_pd_agreement(profile, every, chosen, args, pool_step_args(profile, chosen)))
     out.extend(_ib_map_findings(profile, chosen))
     out.extend(_kv_events_findings(every, chosen, args))
     out.extend(hicache_findings(profile, every, chosen, args))  # sglang.hicache (hicache_rules.py)
@@ -441,7 +441,7 @@ def pool_step_args(profile: Profile, insts: list[Instance]) -> dict[str, dict[st
 
 
 def _pd_agreement(
-    every: list[Instance], chosen: list[Instance], args: dict[str, dict[str, str | None]],
+    profile: Profile, every: list[Instance], chosen: list[Instance], args: dict[str, dict[str, str | None]],
     pool_steps: dict[str, dict[str, str]],
 ) -> list[Finding]:
     prefills = [i for i in every if i.role == "prefill" and i.is_leader]
@@ -461,14 +461,18 @@ def _pd_agreement(
                      and decode_steps_may_differ(args[inst.name]))
         }
         for flag, (want, got) in diffs.items():
+            # the extra args that set the flag on this server, else on the reference (the other side
+            # leaves it at SGLang's default)
+            field = (extra_args_source(profile, inst, flag) or extra_args_source(profile, ref, flag)
+                     or f"sglang.extra_args.{inst.role}")
             out.append(
                 Finding.fail(
                     "launch.pd_agreement",
                     inst.node,
                     inst.name,
                     f"{flag} is {got} here but {want} on {ref.name}; prefill and decode must agree",
-                    details={"flag": flag, "reference": ref.name, "expected": want, "actual": got},
-                    remedy="make the extra args of both roles agree on this setting",
+                    details={"flag": flag, "reference": ref.name, "expected": want, "actual": got, "field": field},
+                    remedy=f"make the extra args of both roles agree on this setting ({flag} is set in {field})",
                 )
             )
     return out

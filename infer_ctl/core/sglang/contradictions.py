@@ -20,6 +20,7 @@ MODELS = "launch.models"
 GPUS = "launch.gpus"
 COLLOCATED = "launch.collocated"
 OVERRIDE = "launch.override"
+GPUS_UNEVEN = "launch.gpus_uneven"
 
 #: extra args launch cannot follow: it sizes CUDA_VISIBLE_DEVICES and node groups from tp x dp, and the
 #: router, `status` and `check servers` reach the server at the profile's host and port. Other overrides
@@ -113,6 +114,41 @@ def _gpu_findings(profile: Profile, chosen: list[Instance], args: dict[str, dict
     return out
 
 
+def _uneven_gpu_findings(profile: Profile, chosen: list[Instance]) -> list[Finding]:
+    """Launch sizes a role's servers for its smallest node (instance.py `_nodes_per_instance`): one node with
+    fewer GPUs than tp x dp makes every server of the role span several nodes, tp over the network, with
+    GPUs idle on each larger node. A WARN naming that node: it runs, at a fraction of what was written."""
+    out: list[Finding] = []
+    for role in ("prefill", "decode", "collocated"):
+        members = [i for i in chosen if i.role == role]
+        if not members:
+            continue
+        nodes = [n for n in profile.nodes if profile.collocated or n.has_role(role)]  # as instance.py groups
+        counts = [n.gpus for n in nodes if n.gpus > 0]
+        if len(set(counts)) < 2:
+            continue
+        nnodes = members[0].nnodes
+        smallest = min(counts)
+        ranks = members[0].tp * members[0].dp
+        if nnodes == 1 or -(-ranks // max(counts)) >= nnodes:
+            continue  # the largest nodes would be grouped the same way: nothing lost to the small one
+        for i, node in enumerate(profile.nodes):
+            if node.name in {n.name for n in nodes} and node.gpus == smallest:
+                per = ranks // nnodes
+                out.append(Finding.warn(
+                    GPUS_UNEVEN, node.name, role,
+                    f"nodes[{i}].gpus: {smallest}, fewer than the other {role} nodes' {max(counts)}: launch sizes "
+                    f"every {role} server for {smallest} GPUs per node, so each of tp {members[0].tp} x dp "
+                    f"{members[0].dp} spans {nnodes} nodes ({per} ranks per node, tp over the network) and "
+                    f"leaves {max(counts) - per} GPUs idle on each {max(counts)}-GPU node",
+                    details={"field": f"nodes[{i}].gpus", "gpus": smallest, "largest": max(counts),
+                             "nnodes": nnodes},
+                    remedy=f"correct nodes[{i}].gpus if the node has more, or take it out of the {role} pool "
+                    f"(or lower sglang.{role}.tp to {smallest})",
+                ))  # fmt: skip
+    return out
+
+
 def _pd_settings_set(profile: Profile) -> list[str]:
     """PD-only settings that differ from their defaults: collocated servers never read them."""
     sg = profile.sglang
@@ -161,4 +197,4 @@ def contradiction_findings(
     """FAILs for a profile whose launch would be broken (`args`: effective flags by instance name); the
     extra-arg overrides are judged one by one where the caller renders them (override_finding)."""
     return [*_models_findings(profile, chosen, args), *_gpu_findings(profile, chosen, args),
-            *_collocated_findings(profile)]
+            *_uneven_gpu_findings(profile, chosen), *_collocated_findings(profile)]

@@ -10,7 +10,7 @@ from typing import Any
 
 from infer_ctl.core.sizing import presets
 from infer_ctl.core.sizing.alignment import DEFAULT_MTU, PageAlignment, kv_page_alignment
-from infer_ctl.core.sizing.inputs import kv_shape, shape_dict, tp_splits
+from infer_ctl.core.sizing.inputs import InputError, kv_shape, shape_dict, tp_splits
 from infer_ctl.core.sizing.kv import KvPlan, capacity
 from infer_ctl.core.sizing.sglang_memory import sglang_mem_fraction_static
 
@@ -69,6 +69,10 @@ def mem_fraction_choice(given: float | None, hbm: int | None, tp: int, mla: bool
                                             f"GPU, TP {tp}: {rule.reserved_mib:,.0f} MiB kept back")
 
 
+#: the path MTUs InfiniBand and RoCE know (IBTA: ibv_mtu 256..4096), as the profile's fabric.mtu
+PATH_MTUS = (256, 512, 1024, 2048, 4096)
+
+
 def kv_outcome(r: KvRequest) -> KvOutcome:
     """Resolve and plan; an impossible input raises ValueError (InputError: with its remedy)."""
     preset, shape = kv_shape(r.model, r.layers, r.kv_heads, r.head_dim, r.kv_lora_rank, r.rope_dim)
@@ -76,6 +80,12 @@ def kv_outcome(r: KvRequest) -> KvOutcome:
     weights = (int(r.weights_gb * 1e9) if r.weights_gb is not None
                else (preset.params * 2 if preset and r.hbm_gb else None))
     hbm = int(r.hbm_gb * 1e9) if r.hbm_gb is not None else None
+    if r.mtu is not None and r.mtu not in PATH_MTUS:
+        raise InputError(
+            f"--mtu {r.mtu} is not an RDMA path MTU (one of {', '.join(map(str, PATH_MTUS))})",
+            remedy="an Ethernet MTU such as 1500 or 9000 is the netdev's; RoCE over a 9000-byte netdev runs "
+                   "path MTU 4096, over 1500 runs 1024",
+        )
     mtu_source = "--mtu" if r.mtu is not None else "profile fabric.mtu" if r.profile_mtu is not None else "default"
     mtu = r.mtu if r.mtu is not None else (r.profile_mtu if r.profile_mtu is not None else DEFAULT_MTU)
     tp_source = "--tp" if r.tp is not None else "profile models.target.tp" if r.profile_tp is not None else "default"

@@ -339,7 +339,8 @@ def plan_pd(p: PdInputs) -> PdPlan:
             sm = server_model(p, hw)
             colloc.append(with_capacity(p, evaluate(p, "collocated", n, n, sm, sm, p.rate_rps), sm, sm))
     if not colloc:
-        raise ValueError(f"--gpus {p.gpus} holds no server of tp {p.prefill.tp} or {p.decode.tp}")
+        tps = " or ".join(str(t) for t in dict.fromkeys((p.prefill.tp, p.decode.tp)))
+        raise ValueError(f"--gpus {p.gpus} holds no server of tp {tps}")
     col = _ranked(colloc)[0]
     best = splits[0] if splits else None
     return _verdict(p, best, col, tuple(splits))

@@ -165,7 +165,10 @@ def lookup(name: str, table: dict[str, ModelPreset] | dict[str, AcceleratorPrese
     key = _normalize(name)
     if key in table:
         return table[key]
-    close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.5)
+    # a name the preset starts with ("h100" for "h100-sxm") before a merely similar one ("h200")
+    close = [k for k in table if k.startswith(key)] if key else []
+    if len(close) != 1:
+        close = difflib.get_close_matches(key, list(table), n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(f"unknown {kind} preset {name!r}{hint}; known: {', '.join(table)}")
 

@@ -6,6 +6,7 @@ Kept apart from the math modules, which the simulator's hot path imports without
 from __future__ import annotations
 
 from infer_ctl.core.findings import Finding, Status
+from infer_ctl.core.sizing.kv import KvPlan
 from infer_ctl.core.sizing.roofline import RooflinePlan
 from infer_ctl.core.sizing.tiers import TierPlan
 
@@ -30,6 +31,34 @@ def roofline_memory(plan: RooflinePlan, *, memory_gb_per_gpu: float | None, gpus
         details={"need_bytes": need, "memory_bytes": memory},
         remedy=f"use at least {int(short_gpus)} GPUs (--gpus), a smaller --weight-dtype, or a larger accelerator",
     )]
+
+
+def kv_memory(plan: KvPlan, *, mem_fraction: float) -> list[Finding]:
+    """A WARN when the plan leaves SGLang no KV pool (the weights fill its share of HBM: it stops at start-up
+    with "Not enough memory", model_runner's profile_max_num_token), or a pool smaller than one request
+    of the planned context: its "max concurrent requests 0" is no capacity to plan with."""
+    if plan.hbm_bytes is None or plan.kv_budget_bytes is None or plan.max_concurrent is None:
+        return []
+    usable = plan.hbm_bytes * mem_fraction
+    if plan.kv_budget_bytes <= 0:
+        return [Finding(
+            check="plan.kv.memory_fit", node="local", subject="KV budget", status=Status.WARN,
+            message=f"the weights ({(plan.weights_bytes or 0) / 1e9:,.1f} GB) fill all SGLang may use of the "
+                    f"replica's HBM (mem fraction {mem_fraction:g} x {plan.hbm_bytes / 1e9:,.1f} GB = "
+                    f"{usable / 1e9:,.1f} GB): no KV pool is left, and SGLang stops at start-up (not enough memory)",
+            details={"weights_bytes": plan.weights_bytes, "usable_bytes": int(usable)},
+            remedy="give the replica more GPUs (--hbm-gb, --tp), quantised weights (--weights-gb), or a higher "
+                   "--mem-fraction",
+        )]
+    if plan.max_concurrent == 0:
+        return [Finding(
+            check="plan.kv.memory_fit", node="local", subject="KV budget", status=Status.WARN,
+            message=f"the KV pool holds {plan.max_tokens or 0:,} tokens, fewer than one request of "
+                    f"{plan.context:,} tokens: a request of the full context cannot be served",
+            details={"max_tokens": plan.max_tokens, "context": plan.context},
+            remedy="a shorter --context, an fp8 KV cache (--dtype fp8), or more HBM per replica (--hbm-gb)",
+        )]
+    return []
 
 
 #: the GPUs of one HGX-class node: a TP beyond it spans nodes (the ranks-per-host warning only)

@@ -134,7 +134,8 @@ def _lock_port(port: int) -> int:
         os.close(fd)
         raise UsageError(f"cannot listen on port {port}: another inferctl router with several processes is "
                          "starting or serving on it",
-                         remedy="stop that router (`inferctl router status --url ...`) or pick another --listen") from None
+                         remedy="stop that router (`inferctl router status --url ...`) or pick another "
+                         "--listen (or the profile's router.listen)") from None
     return fd
 
 
@@ -156,7 +157,8 @@ def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None, int]:
         if lock >= 0:
             os.close(lock)
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                         remedy="stop the process using that address or pick another --listen") from None
+                         remedy="stop the process using that address or pick another --listen (or the "
+                         "profile's router.listen)") from None
     if port:
         s.close()
         return port, None, lock

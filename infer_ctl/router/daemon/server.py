@@ -181,7 +181,8 @@ class RouterServer:
                 os.close(self._admin_lock)
                 self._admin_lock = None
             raise UsageError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {exc.strerror or exc}",
-                             remedy="stop the process using that address or pick another --listen") from None
+                             remedy="stop the process using that address or pick another --listen (or the "
+                             "profile's router.listen)") from None
         self.router.kv.start()
         if self.replicas is not None:  # several replicas: the fleet's named prefixes and worker changes
             await self.replicas.start()
