@@ -70,3 +70,19 @@ def test_the_cycle_finder_finds_a_circle() -> None:
     # the check above can fail: the old metrics <-> proxy pair is found
     assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: the most lines a class of the router may take: one with more does several jobs (the review behind the
+#: split of KvStream, KvRouting, StateSync, Admin, Coalescer, FlightBoard and H1Connection)
+MAX_CLASS_LINES = 300
+
+
+def test_no_class_of_the_router_is_over_300_lines() -> None:
+    big = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_CLASS_LINES:
+                    big.append(f"{path.relative_to(ROOT)}: {node.name} ({lines} lines)")
+    assert not big, "classes over 300 lines (split them by job): " + "; ".join(big)

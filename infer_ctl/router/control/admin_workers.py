@@ -21,6 +21,7 @@ from infer_ctl.router.control.admin_http import (
 )
 from infer_ctl.router.control.health import HealthChecker
 from infer_ctl.router.control.warmer import PrefixWarmer
+from infer_ctl.router.kvindex.kv_routing import worker_doc
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.follow import forget_worker
 from infer_ctl.router.scaleout.state_sync import StateSync
@@ -82,7 +83,7 @@ class WorkerRoutes:
     async def workers(self, request: web.Request) -> web.Response:
         now = self.router.clock()
         kv = self.router.kv
-        return json_response({"workers": [{**w.as_dict(now), **kv.worker_doc(w.url, w.role)}
+        return json_response({"workers": [{**w.as_dict(now), **worker_doc(kv, w.url, w.role)}
                                   for w in self.router.workers.all()]})
 
     async def add_worker(self, request: web.Request) -> web.Response:

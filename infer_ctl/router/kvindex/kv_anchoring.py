@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
-from infer_ctl.router.kvindex.kv_prompts import ChatKeys, PromptView, chat_layout
+from infer_ctl.router.kvindex.kv_prompts import ChatKeys, PromptView, chat_layout, view_for
 
 log = logging.getLogger("infer_ctl.router.kv")
 
@@ -58,7 +58,11 @@ class Anchoring:
         self.anchor_max_chars = anchor_max_chars
         #: the key spaces of the subscribed workers, now (a prompt is anchored in each)
         self.spaces = spaces
+        #: how prompts are tokenized as the workers do (None: no tokenizer yet, and why)
         self.view: PromptView | None = None
+        self.view_reason = "no prefill reported its tokenizer yet"
+        #: the reasons for no tokenizer already logged (`choose_view`)
+        self._view_logged: set[str] = set()
         self.tables: dict[tuple[int, bool, str], AnchorTable] = {}
         self.skipped = {"too_long": 0, "unanswered": 0}
         self.held: OrderedDict[int, Item] = OrderedDict()
@@ -79,6 +83,20 @@ class Anchoring:
         self.first_sight_counts = {"anchored": 0, "over_budget": 0, "seconds": 0.0}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
+
+    def choose_view(self, info: dict[str, Any], tokenizer_path: str | None, url: str) -> None:
+        """The first prefill's /server_info (or the router's tokenizer_path) chooses how prompts are
+        tokenized; until one does, every worker routes on the predicted index."""
+        if self.view is not None:
+            return
+        self.view, self.view_reason = view_for(info, tokenizer_path)
+        if self.view is not None:
+            log.info("KV events: prompts tokenized with " + self.view_reason, extra={"worker": url})
+        elif self.view_reason not in self._view_logged:
+            # once per cause: every health check configures every worker again (a warning each 5 s)
+            self._view_logged.add(self.view_reason)
+            log.warning("KV events: no tokenizer, every worker routed on the predicted index: " + self.view_reason,
+                        extra={"worker": url})
     def start(self) -> None:
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._builder())

@@ -27,7 +27,7 @@ from infer_ctl.core.routing.index import BLOCK_CHARS
 from infer_ctl.core.routing.tiers import TierWeights
 from infer_ctl.router.kvindex.kv_anchoring import HOLD_CHARS, Anchoring, prompt_kind
 from infer_ctl.router.kvindex.kv_discovery import WorkerKv, decode_radix_cache, subscription
-from infer_ctl.router.kvindex.kv_prompts import PromptView, view_for
+from infer_ctl.router.kvindex.kv_prompts import PromptView
 from infer_ctl.router.kvindex.kv_subscriber import KvStream, StreamSettings
 
 log = logging.getLogger("infer_ctl.router.kv")
@@ -54,9 +54,6 @@ class KvRouting:
         self.skipped: dict[str, str] = {}
         self.anchoring = Anchoring(block_chars=block_chars, max_anchors=max_anchors, anchor_max_chars=anchor_max_chars,
                                    spaces=lambda: {w.space() for w in self.workers.values()})
-        self.view_reason = "no prefill reported its tokenizer yet"
-        #: the reasons for no tokenizer already logged (`configure`)
-        self._view_logged: set[str] = set()
         #: the router's chars-per-token estimate (feedback.py): predicted matches in tokens
         self.chars_per_token: Callable[[], float] = chars_per_token or (lambda: 4.0)
         #: what one request already on a prefill costs a new one, in prompt units: the mean uncached
@@ -87,6 +84,10 @@ class KvRouting:
     @view.setter
     def view(self, view: PromptView | None) -> None:
         self.anchoring.view = view
+
+    @property
+    def view_reason(self) -> str:
+        return self.anchoring.view_reason
 
     @property
     def tables(self) -> dict[tuple[int, bool, str], AnchorTable]:
@@ -125,15 +126,7 @@ class KvRouting:
                 self.skipped[url] = why
                 return
             self.skipped.pop(url, None)
-        if self.view is None:
-            self.view, self.view_reason = view_for(info, self.tokenizer_path)
-            if self.view is not None:
-                log.info("KV events: prompts tokenized with " + self.view_reason, extra={"worker": url})
-            elif self.view_reason not in self._view_logged:
-                # once per cause: every health check configures every worker again (a warning each 5 s)
-                self._view_logged.add(self.view_reason)
-                log.warning("KV events: no tokenizer, every worker routed on the predicted index: " + self.view_reason,
-                            extra={"worker": url})
+        self.anchoring.choose_view(info, self.tokenizer_path, url)
         sub = subscription(url, info)
         if sub is None:
             if (url in self.workers and self.processes > 1 and role != "decode"
@@ -329,22 +322,22 @@ class KvRouting:
         """Anchor everything queued now (tests, and the moment before a benchmark measures)."""
         self.anchoring.drain()
 
-    # ---- views ----------------------------------------------------------------------------------------
-    def worker_doc(self, url: str, role: str = "prefill") -> dict[str, Any]:
-        """A worker's index for `router workers`. A decode has no predicted index: its `index` is its
-        streams' state (exact, replaying, untrusted, down), or absent when it is not subscribed."""
-        w = self.workers.get(url)
-        decode = role == "decode"
-        if w is None:
-            why = self.skipped.get(url) or ("no KV events" if self.enabled else "KV events off")
-            return {"index_reason": why} if decode else {"index": "predicted", "index_reason": why}
-        if self.view is None and not decode:
-            return {"index": "predicted", "index_reason": self.view_reason}
-        return w.doc(decode)
-
+    # ---- views (and worker_doc below) ------------------------------------------------------------------
     def status_doc(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "tokenizer": self.view.name if self.view else None,
                 "tokenizer_reason": self.view_reason,
                 "workers": {u: w.state for u, w in self.workers.items()},
                 **self.anchoring.status()}
 
+
+def worker_doc(kv: KvRouting, url: str, role: str = "prefill") -> dict[str, Any]:
+    """A worker's index for `router workers`. A decode has no predicted index: its `index` is its
+    streams' state (exact, replaying, untrusted, down), or absent when it is not subscribed."""
+    w = kv.workers.get(url)
+    decode = role == "decode"
+    if w is None:
+        why = kv.skipped.get(url) or ("no KV events" if kv.enabled else "KV events off")
+        return {"index_reason": why} if decode else {"index": "predicted", "index_reason": why}
+    if kv.view is None and not decode:
+        return {"index": "predicted", "index_reason": kv.view_reason}
+    return w.doc(decode)

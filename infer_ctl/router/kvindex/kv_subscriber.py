@@ -29,7 +29,7 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   a replay whose connection drops the same way is rejected as `message_size` (counted, untrusted).
 
 The parts: kv_socket.py (the ZMQ sockets, thin), stream_state.py (the sequence rules and the health
-state, pure; replay_cursor.py the replay's), stream_blocks.py (decoding and applying batches to the
+state, pure; replay_cursor.py the replay's), stream_replay.py (a replay: asking and applying), stream_blocks.py (decoding and applying batches to the
 index); `KvStream` here runs the task that wires them.
 
 An untrusted or down stream routes that worker on the predicted index (router/kvindex/kv_routing.py); the rest
@@ -47,20 +47,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infer_ctl.core.routing.blocks import BatchEffect, EventRejected, WorkerBlocks
-from infer_ctl.router.kvindex.kv_socket import Dropped, LiveSocket, ReplaySocket
-from infer_ctl.router.kvindex.replay_cursor import ReplayCursor
+from infer_ctl.router.kvindex.kv_socket import Dropped, LiveSocket
 from infer_ctl.router.kvindex.stream_blocks import StreamBlocks, decode
-from infer_ctl.router.kvindex.stream_state import FloodWindow, StreamSequence
+from infer_ctl.router.kvindex.stream_replay import StreamReplay
+from infer_ctl.router.kvindex.stream_state import Flood, FloodWindow, StreamSequence
 
 log = logging.getLogger("infer_ctl.router.kv")
 
 _YIELD_EVERY = 32
 #: how often a silent socket's monitor is read (a dropped connection is noticed within this)
 _IDLE_S = 0.5
-#: replay requests before a silent replay socket untrusts the stream, each waiting twice as long as the
-#: one before (kv_replay_timeout_s, then 2x, 4x): a publisher (or this router) slowed down by a loaded
-#: host answers late, not never, and a stream untrusted for it stays so until the worker clears its cache
-_REPLAY_ATTEMPTS = 3
 #: SGLang 0.5.23's largest legitimate message: one event of a radix node's N pages (docs/router.md
 #: "The exact index"); at page size 1 a BlockStored is N msgpack int64 hashes (9 bytes) plus N token ids
 #: (3 bytes under 65,536, else 5), about 14 bytes a token: 8 MiB is one ~595k-token store with chunked
@@ -134,6 +130,8 @@ class KvStream:
         self._wake: asyncio.Event | None = None
         self._flood = FloodWindow(settings.max_batches_per_s, settings.max_bytes_per_s)
         self._logged: dict[str, float] = {}
+        #: asking the replay socket for a range and applying what it answers (stream_replay.py)
+        self.replay = StreamReplay(self)
 
     # ---- what the others read -----------------------------------------------------------------------
     @property
@@ -177,7 +175,7 @@ class KvStream:
     def restarted(self, why: str = "worker restarted") -> None:
         """The worker process is new: its cache is empty and its seq starts at 0 again."""
         self.stats.restarts += 1
-        self._emit("restart")
+        self.emit("restart")
         self.index.drop()
         self.seq.restarted(why)
         if self._wake is not None:
@@ -207,8 +205,8 @@ class KvStream:
                 self._dropped()
                 await asyncio.sleep(0.1)  # ZMQ's own reconnect interval: a publisher that keeps doing it is no busy loop
                 continue
-            except _Flood as flood:
-                self._reject("flood", str(flood))
+            except Flood as flood:
+                self.reject("flood", str(flood))
                 if live is not None:
                     live.close()
                 await asyncio.sleep(st.flood_pause_s)
@@ -216,7 +214,7 @@ class KvStream:
                 continue
             except Exception as exc:  # never lose the task: the stream is untrusted, and tried again
                 logged = self._logged.get("internal")
-                self._untrusted("internal", f"subscriber failed: {exc}")
+                self.untrust("internal", f"subscriber failed: {exc}")
                 if self._logged.get("internal") != logged:  # the traceback too, once a minute (it retries each second)
                     log.exception("KV events: subscriber failed", extra={"worker": self.worker})
                 await asyncio.sleep(1.0)
@@ -228,7 +226,7 @@ class KvStream:
         """The SUB connection dropped (module docstring): what was published meanwhile is lost, a gap.
         An exact stream replays it on the next subscription."""
         self.stats.gaps += 1
-        self._emit("gap")
+        self.emit("gap")
         log.warning("KV events: a message over max_message_bytes dropped the subscription's connection (ZMQ "
                     "does not reconnect it): subscribing again", extra={
                         "worker": self.worker, "max_message_bytes": self.settings.max_message_bytes})
@@ -242,14 +240,14 @@ class KvStream:
                 if due:
                     live.stop_receiving()  # the replay reads the sockets itself
                     if start is not None:
-                        await self._replay(start)
+                        await self.replay.run(start)
             frames = await live.recv(_IDLE_S)
             if frames is None:
                 continue
             size = sum(len(f) for f in frames)
             why = self._flood.over(size, time.monotonic())
             if why is not None:
-                raise _Flood(why)
+                raise Flood(why)
             await self._live(frames)
             n += 1
             if n % _YIELD_EVERY == 0 or size > 1 << 16:  # a large batch took a while: let requests run
@@ -259,109 +257,44 @@ class KvStream:
         if self.seq.ignores_live(self.replay_endpoint is not None):
             return
         if len(frames) != 3 or len(frames[1]) != 8:
-            self._reject("malformed", f"a message of {len(frames)} frames")
+            self.reject("malformed", f"a message of {len(frames)} frames")
             return
         seq = int.from_bytes(frames[1], "big")
         payload = frames[2]
         step = self.seq.live(seq)
         if step.kind == "apply":
-            await self._apply(seq, payload)
+            await self.apply_batch(seq, payload)
         elif step.kind == "repair":
             await self._repair(seq, payload)
         elif step.kind == "no_history":
-            self._untrusted("no_history", f"joined at seq {seq} and the worker has no replay endpoint")
+            self.untrust("no_history", f"joined at seq {seq} and the worker has no replay endpoint")
         elif step.kind == "restart":
             self.stats.restarts += 1
-            self._emit("restart")
+            self.emit("restart")
             log.warning("KV events: seq went back: the publisher restarted",
                         extra={"worker": self.worker, "seq": seq, "last": self.last_seq})
             self.index.drop()
             if self.seq.restart_at(seq):
-                await self._apply(seq, payload)
+                await self.apply_batch(seq, payload)
             else:
-                await self._replay(0)
+                await self.replay.run(0)
                 if self.seq.after_replay(seq) == "apply":
-                    await self._apply(seq, payload)
+                    await self.apply_batch(seq, payload)
         elif step.kind == "gap":
             self.stats.gaps += 1
-            self._emit("gap")
+            self.emit("gap")
             log.warning("KV events: sequence gap, replaying it",
                         extra={"worker": self.worker, "expected": step.seq, "got": seq})
-            await self._replay(step.seq)
+            await self.replay.run(step.seq)
             then = self.seq.after_replay(seq)
             if then == "apply":
-                await self._apply(seq, payload)
+                await self.apply_batch(seq, payload)
             elif then == "gap":
                 last = self.last_seq
-                self._untrusted("gap", f"replay did not fill seq {last + 1 if last is not None else 0}..{seq - 1}")
-
-    async def _replay(self, start: int) -> None:
-        """Ask the replay socket for every batch from `start` and apply them in order: the socket I/O
-        here, the sequence rules in replay_cursor.py."""
-        self.stats.replays += 1
-        if self.replay_endpoint is None:
-            if not self.seq.replay_without_endpoint(start):  # (else the first live batch must be seq 0)
-                self._replay_failed(start, "the worker has no replay endpoint")
-            return
-        from_seq = self.seq.replay_begins(start)
-        cur = ReplayCursor(start, self.last_seq, attempts=_REPLAY_ATTEMPTS, gap_asks=_REPLAY_ATTEMPTS,
-                           max_batches=self.settings.replay_max_batches, timeout_s=self.settings.replay_timeout_s)
-        try:
-            ok = await self._replay_io(start, cur)
-        except TimeoutError as exc:  # (the cursor's "no answer" arrives as a failed step, this is a guard)
-            self._replay_failed(start, str(exc) or "no replay answer")
-            return
-        if ok:
-            self.seq.replayed(start, from_seq)
-            self._emit("replay_ok")
-
-    async def _replay_io(self, start: int, cur: ReplayCursor) -> bool:
-        """The replay's DEALER (kv_socket.py) fed to its cursor: whether it ended in sync (else the stream
-        is already untrusted)."""
-        assert self.replay_endpoint is not None
-        st = self.settings
-        sock = ReplaySocket(self.replay_endpoint, rcv_hwm=st.rcv_hwm, max_message_bytes=st.max_message_bytes)
-        n = 0
-        steps = sock.steps(cur, idle_s=_IDLE_S / 2, max_bytes_per_s=st.replay_max_bytes_per_s)
-        try:
-            async for step, payload in steps:
-                if step.kind == "done":
-                    return True
-                if step.kind == "fail":
-                    self._replay_failed(start, step.why)
-                elif step.kind == "dropped":  # no reconnect: a protocol error, a batch over the limit
-                    self._reject("message_size", f"replay from seq {start}: a batch over max_message_bytes "
-                                 f"({st.max_message_bytes} bytes) dropped the connection")
-                elif step.kind == "malformed":
-                    self._reject("malformed", f"a replay message of {step.seq} frames")
-                elif step.kind == "flood":
-                    raise _Flood(f"a replay over {st.replay_max_bytes_per_s} bytes/s")
-                elif step.kind == "ask":
-                    self.stats.gaps += 1
-                    self._emit("gap")
-                    log.warning("KV events: a hole in the replay, asking again from the missing seq",
-                                extra={"worker": self.worker, "seq": step.seq})
-                    continue
-                elif step.kind == "apply":
-                    self.seq.replay_applies(step.seq)
-                    await self._apply(step.seq, payload)
-                if self.state == "untrusted" or step.kind not in ("apply", "skip"):
-                    return False
-                n += 1
-                if n % _YIELD_EVERY == 0 or len(payload) > 1 << 16:
-                    await asyncio.sleep(0)
-            return False
-        finally:
-            await steps.aclose()
-            sock.close()
-
-    def _replay_failed(self, start: int, why: str) -> None:
-        self.stats.replay_failures += 1
-        self._emit("replay_failed")
-        self._untrusted("replay", f"cannot replay from seq {start}: {why}")
+                self.untrust("gap", f"replay did not fill seq {last + 1 if last is not None else 0}..{seq - 1}")
 
     # ---- applying batches ---------------------------------------------------------------------------
-    async def _apply(self, seq: int, payload: bytes) -> None:
+    async def apply_batch(self, seq: int, payload: bytes) -> None:
         """Decode one batch and apply it in steps, yielding to the loop between them (stream_blocks.py)."""
         resets = self.index.resets
         try:
@@ -371,8 +304,8 @@ class KvStream:
             eff = await self.index.apply(events)
         except EventRejected as exc:
             for medium, n in self.index.take_refused().items():
-                self._emit(f"refused:{medium}", n)
-            self._reject(exc.kind, str(exc))
+                self.emit(f"refused:{medium}", n)
+            self.reject(exc.kind, str(exc))
             return
         if eff is None:  # dropped while it was applied (restart, down): not this stream's truth
             return
@@ -388,7 +321,7 @@ class KvStream:
                 return
             eff = self.index.repair(events)
         except EventRejected as exc:
-            self._reject(exc.kind, str(exc))
+            self.reject(exc.kind, str(exc))
             return
         if eff is None:
             return
@@ -407,15 +340,15 @@ class KvStream:
             self.block_size = eff.block_size
         if eff.bigram is not None:
             self.bigram = eff.bigram
-        self._emit("batches", 1)
-        self._emit("events", n_events)
+        self.emit("batches", 1)
+        self.emit("events", n_events)
 
-    def _reject(self, kind: str, message: str) -> None:
+    def reject(self, kind: str, message: str) -> None:
         self.stats.rejected[kind] = self.stats.rejected.get(kind, 0) + 1
-        self._emit(f"rejected:{kind}")
-        self._untrusted(kind, message)
+        self.emit(f"rejected:{kind}")
+        self.untrust(kind, message)
 
-    def _untrusted(self, kind: str, message: str) -> None:
+    def untrust(self, kind: str, message: str) -> None:
         if kind in ("capacity", "flood"):
             # a stream at its memory bound (max_blocks, max_blocks_per_medium) or flooding (closed and
             # paused, then replayed from 0 into fresh blocks anyway): an untrusted stream is not
@@ -425,7 +358,7 @@ class KvStream:
             self.index.drop()
         if self.seq.untrusted(message):
             self.stats.untrusted += 1
-            self._emit("untrusted")
+            self.emit("untrusted")
         now = time.monotonic()
         if now - self._logged.get(kind, -1e9) >= 60.0:
             self._logged[kind] = now
@@ -434,7 +367,7 @@ class KvStream:
                         self.worker, kind, message[:300],
                         extra={"worker": self.worker, "kind": kind, "error": message[:300]})
 
-    def _emit(self, what: str, n: int = 1) -> None:
+    def emit(self, what: str, n: int = 1) -> None:
         if self.on_event is not None:
             self.on_event(self, what, n)
 
@@ -446,6 +379,3 @@ class KvStream:
                 "gaps": st.gaps, "replays": st.replays, "replay_failures": st.replay_failures,
                 "restarts": st.restarts, "rejected": dict(st.rejected)}
 
-
-class _Flood(Exception):
-    pass

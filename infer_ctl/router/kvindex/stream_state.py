@@ -161,6 +161,10 @@ class StreamSequence:
         self.state, self.reason = EXACT, "in sync"
 
 
+class Flood(Exception):
+    """A publisher over its flood limits (live or replay): the stream's task closes its sockets for a pause."""
+
+
 class FloodWindow:
     """Batches and bytes a second of one publisher, over a one-second window: a flood's reason, or None."""
 

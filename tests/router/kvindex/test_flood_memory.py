@@ -78,7 +78,7 @@ def test_the_loop_runs_while_an_800k_hash_batch_is_applied() -> None:
         t = asyncio.ensure_future(tick())
         await asyncio.sleep(0)
         before = ticks
-        await s._apply(1, payload)
+        await s.apply_batch(1, payload)
         stop = True
         await t
         return ticks - before
@@ -92,11 +92,11 @@ def test_an_untrusted_stream_frees_its_blocks_at_once() -> None:
     s = _stream(max_blocks=5000, max_blocks_per_medium=2000)
 
     async def main() -> None:
-        await s._apply(1, _batch([stored(list(range(1, 1501)), None, m) for m in ("GPU", "CPU_PINNED")]))
+        await s.apply_batch(1, _batch([stored(list(range(1, 1501)), None, m) for m in ("GPU", "CPU_PINNED")]))
         assert len(s.blocks) == 1500 and s.blocks.snapshot() == {"GPU": 1500, "CPU_PINNED": 1500}
         seen: list[tuple[str, int]] = []
         s.on_event = lambda _s, what, n: seen.append((what, n))
-        await s._apply(2, _batch([stored(list(range(2001, 3001)), 1500, "CPU_PINNED")]))
+        await s.apply_batch(2, _batch([stored(list(range(2001, 3001)), 1500, "CPU_PINNED")]))
         assert ("refused:CPU_PINNED", 1000) in seen and ("rejected:capacity", 1) in seen
 
     asyncio.run(main())
@@ -105,9 +105,9 @@ def test_an_untrusted_stream_frees_its_blocks_at_once() -> None:
 
 def test_a_flooding_stream_frees_its_blocks_when_it_is_paused() -> None:
     s = _stream()
-    asyncio.run(s._apply(1, _batch([stored(list(range(1, 1001)), None, m) for m in ("GPU", "DISK")])))
+    asyncio.run(s.apply_batch(1, _batch([stored(list(range(1, 1001)), None, m) for m in ("GPU", "DISK")])))
     assert s.blocks.snapshot() == {"GPU": 1000, "DISK": 1000}
-    s._reject("flood", "more than 16777216 bytes/s")  # what _run does before the pause
+    s.reject("flood", "more than 16777216 bytes/s")  # what _run does before the pause
     assert s.state == "untrusted" and len(s.blocks) == 0  # not held through the 30 s pause
 
 
@@ -118,7 +118,7 @@ def test_dropped_blocks_are_freed_in_slices_while_the_loop_runs() -> None:
 
     async def main() -> None:
         s = _stream()
-        await s._apply(1, _batch([stored(list(range(1, 40_001)), None, m) for m in ("GPU", "DISK")]))
+        await s.apply_batch(1, _batch([stored(list(range(1, 40_001)), None, m) for m in ("GPU", "DISK")]))
         old = [s.blocks.device, s.blocks.other["DISK"]]
         s.restarted()
         assert len(s.blocks) == 0 and s.blocks.snapshot() == {"GPU": 0}
