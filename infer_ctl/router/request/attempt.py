@@ -215,13 +215,17 @@ class AttemptRunner:
         if not isinstance(opened, OpenStream):
             return opened
         try:
-            landed(ctx)
+            if opened.prefill is not None and ctx.logprobs:
+                landed(ctx)  # before the wait for the prefill's answer (`_prefill_meta`)
+            # else once the first chunk went to the client: the landing (its residency walk over the whole
+            # prompt, docs/benchmarks.md) is not on the client's time to first byte
             return await self.relay.run(ctx, pre, opened.target, opened.upstream, opened.first,
-                                        await self._prefill_meta(ctx, opened.prefill))
+                                        await self._prefill_meta(ctx, opened.prefill), on_first=lambda: landed(ctx))
         except BaseException:
             cancel(opened.prefill)
             raise
         finally:
+            landed(ctx)  # the first chunk arrived, whatever happened after it (a no-op once landed)
             opened.release()
 
     async def open_stream(self, ctx: RequestContext, pre: WorkerState, dec: WorkerState | None,
