@@ -291,6 +291,12 @@ class KvRouting:
             return
         self.anchoring.routed(endpoint, body, text, hashes, fk, answered)
 
+    def below_device(self, url: str) -> bool:
+        """Whether a worker's streams hold any block below the device (host memory, storage): only then
+        can its tier-weighted `cached` number differ from the unweighted one."""
+        w = self.workers.get(url)
+        return w is not None and any(b for s in w.streams for b in s.blocks.other.values())
+
     def footprint_chars(self, url: str, cpt: float) -> int:
         """Cached size of a worker in routing-text characters (the fallback compares workers by it)."""
         w = self.workers.get(url)

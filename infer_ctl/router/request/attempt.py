@@ -120,40 +120,57 @@ class StreamOpener:
         calls = self.calls
         read, open_, release = (calls.read, calls.open, calls.done) if ctx.obs is None else ctx.obs.calls(calls)
         target = dec or pre
-        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers)) if dec else None
+        if dec is None:
+            # collocated: the one call awaited in this task (a task of its own would cost a turn of the
+            # event loop before the upstream write, on every streamed request)
+            try:
+                upstream = await open_(target, ctx.endpoint, payload, ctx.headers)
+            except UpstreamError as exc:
+                raise AttemptFailed("worker_error", target.url, str(exc)) from None
+            return await self._first(ctx, pre, target, upstream, None, release)
+        pt = asyncio.ensure_future(read(pre, ctx.endpoint, payload, ctx.headers))
         dt = asyncio.ensure_future(open_(target, ctx.endpoint, payload, ctx.headers))
-        upstream: Response | None = None
         try:
-            if pt is not None:
-                # until the decode's stream opened: a prefill that fails ends the attempt
-                done, _ = await asyncio.wait((pt, dt), return_when=asyncio.FIRST_COMPLETED)
-                if pt in done and not dt.done():
-                    status, data, ctype = prefill_outcome(pt, pre)
-                    if status >= 400:
-                        cancel(dt)
-                        return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
+            # until the decode's stream opened: a prefill that fails ends the attempt
+            done, _ = await asyncio.wait((pt, dt), return_when=asyncio.FIRST_COMPLETED)
+            if pt in done and not dt.done():
+                status, data, ctype = prefill_outcome(pt, pre)
+                if status >= 400:
+                    cancel(dt)
+                    return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
             try:
                 upstream = await dt
             except UpstreamError as exc:
-                raise AttemptFailed("decode_error" if dec else "worker_error", target.url, str(exc)) from None
-            if upstream.status != 200:
-                try:
-                    data = await upstream.read()
-                finally:
-                    release(target, upstream)
-                calls.record(target, upstream.status)
-                check_status("stream_status", target, upstream.status, data)
-                return h1.Response(upstream.status, data, JSON_TYPE, headers=ctx.headers)
-            first = await first_chunk(calls, target, upstream)
+                raise AttemptFailed("decode_error", target.url, str(exc)) from None
         except BaseException:
             cancel(pt, dt)
-            if upstream is None and dt.done() and not dt.cancelled() and dt.exception() is None:
+            if dt.done() and not dt.cancelled() and dt.exception() is None:
                 release(target, dt.result())  # opened concurrently with our cancellation: release it
-            elif upstream is not None and upstream.status == 200:
-                release(target, upstream)
             raise
-        opened = upstream
-        return OpenStream(pre, target, opened, first, pt, lambda: release(target, opened))
+        try:
+            return await self._first(ctx, pre, target, upstream, pt, release)
+        except BaseException:
+            cancel(pt)
+            raise
+
+    async def _first(self, ctx: RequestContext, pre: WorkerState, target: WorkerState, upstream: Response,
+                     pt: asyncio.Task[Answer] | None,
+                     release: Callable[[WorkerState, Response], None]) -> OpenStream | h1.Response:
+        """`open_stream` once the worker's head arrived: its non-200 answer, or the stream's first chunk."""
+        if upstream.status != 200:
+            try:
+                data = await upstream.read()
+            finally:
+                release(target, upstream)
+            self.calls.record(target, upstream.status)
+            check_status("stream_status", target, upstream.status, data)
+            return h1.Response(upstream.status, data, JSON_TYPE, headers=ctx.headers)
+        try:
+            first = await first_chunk(self.calls, target, upstream)
+        except BaseException:
+            release(target, upstream)
+            raise
+        return OpenStream(pre, target, upstream, first, pt, lambda: release(target, upstream))
 
 
 class AttemptRunner:
@@ -275,13 +292,17 @@ class AttemptRunner:
         if not isinstance(opened, OpenStream):
             return opened
         try:
-            landed(ctx)
+            if opened.prefill is not None and ctx.logprobs:
+                landed(ctx)  # before the wait for the prefill's answer (`_prefill_meta`)
+            # else once the first chunk went to the client: the landing (its residency walk over the whole
+            # prompt, docs/benchmarks.md) is not on the client's time to first byte
             return await self.relay.run(ctx, pre, opened.target, opened.upstream, opened.first,
-                                        await self._prefill_meta(ctx, opened.prefill))
+                                        await self._prefill_meta(ctx, opened.prefill), on_first=lambda: landed(ctx))
         except BaseException:
             cancel(opened.prefill)
             raise
         finally:
+            landed(ctx)  # the first chunk arrived, whatever happened after it (a no-op once landed)
             opened.release()
 
     async def _prefill_meta(self, ctx: RequestContext, pt: asyncio.Task[Answer] | None) -> Any:

@@ -129,9 +129,11 @@ class PairPicker:
                     ctx.predicted_tokens = choice.matched_chars
                     tw = self.kv.tier_weights if self.kv is not None else None
                     if ctx.exact and self.kv is not None and tw is not None and not tw.blind:
-                        # the accounting compares it with what the worker reports (every tier): unweighted
+                        # the accounting compares it with what the worker reports (every tier): unweighted,
+                        # which is the weighted number already looked up unless the worker holds lower tiers
                         ctx.predicted_tokens = self.kv.cached(ctx.hashes, ctx.text, [choice.url], self.kv.kind(
-                            ctx.endpoint, ctx.body), ctx.body, weighted=False)[0].get(choice.url, 0)
+                            ctx.endpoint, ctx.body), ctx.body, weighted=False)[0].get(choice.url, 0) \
+                            if self.kv.below_device(choice.url) else exact[2][choice.url]
                     # what the predicted index alone says, for `router workers` (exact vs predicted)
                     ctx.predicted_chars = self.index.match(ctx.hashes, [choice.url], now)[choice.url]
                 else:  # a retry may take the predicted path after an exact first attempt

@@ -54,8 +54,9 @@ class StreamRelay:
         self.recovery = recovery
 
     async def run(self, ctx: RequestContext, pre: WorkerState, target: WorkerState, upstream: Response, first: bytes,
-                  prefill_meta: Any) -> h1.StreamResponse:
-        """Commit to the client and copy the rest of the stream; `pre` is credited with the answer."""
+                  prefill_meta: Any, on_first: Callable[[], None] | None = None) -> h1.StreamResponse:
+        """Commit to the client and copy the rest of the stream; `pre` is credited with the answer.
+        `on_first` is called once the first piece was handed to the client's socket (or failed to be)."""
         resp = ctx.resp = h1.StreamResponse(200, {
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": ctx.rid})
         splitter = sse.EventSplitter()
@@ -66,9 +67,6 @@ class StreamRelay:
         items: dict[int, Any] | None = None
         chunk: bytes | None = first
         t_prev = t_first = self.clock()
-        self.metrics.ttft.observe(t_prev - ctx.started)
-        if ctx.obs is not None:
-            ctx.obs.first_chunk(t_first - ctx.started)
         error: str | None = None
         booked = False
         #: mid-stream recovery (recovery.py): what the client was sent, when this stream could be continued
@@ -90,39 +88,39 @@ class StreamRelay:
         try:
             while chunk is not None:
                 events = splitter.feed(chunk)
-                if track is not None and track.active:
-                    chunk, last_json = _tracked(track, events, chunk, splitter, last_json)
-                elif prefill_meta is not None:
-                    out = []
-                    for ev in events:
-                        obj = sse.event_json(ev)
-                        if obj is None:
-                            out.append(ev + b"\n\n")
-                        else:
-                            last_json = merge_input_logprobs(prefill_meta, obj)
-                            out.append(sse.data_event(last_json))
-                            items = _item(items, last_json)
-                    chunk = b"".join(out)
-                else:
-                    for ev in reversed(events):
-                        obj = sse.event_json(ev)
-                        if obj is not None:
-                            last_json = obj
-                            break
-                    if items is not None or (isinstance(last_json, dict) and "index" in last_json):
-                        for ev in events:  # a batch: every event, so no prompt's last chunk is missed
-                            items = _item(items, sse.event_json(ev))
-                if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
-                    ctx.obs.stream_chunk(events, last_json, items)
+                tracked = track is not None and track.active
+                # the bytes to send depend on the events' JSON only when they are rewritten (the prompt's
+                # logprobs merged in, a continuation after a recovery): otherwise they go out first and
+                # the events are read after the write, off the client's time to first byte (and each token's)
+                rewrite = prefill_meta is not None or (tracked and track is not None and track.rewriting)
+                if rewrite:
+                    chunk, last_json, items = self._read(events, chunk, splitter, track if tracked else None,
+                                                         prefill_meta, last_json, items)
+                elif tracked and (splitter.pending or b"\r" in chunk):
+                    chunk = b"".join([ev + b"\n\n" for ev in events])  # whole events only (`_tracked`)
                 # socket writes are much of the router's CPU per streamed request: the head goes with the first
                 # piece, and the end of the stream with the last one when the worker's stream is complete
                 last = upstream.complete
-                if not resp.prepared:
-                    await resp.prepare(ctx.request, chunk)
-                    if last:
-                        await resp.write(b"", last=True)
-                elif chunk or last:
-                    await resp.write(chunk, last)
+                try:
+                    if not resp.prepared:
+                        try:
+                            await resp.prepare(ctx.request, chunk)
+                        finally:
+                            self.metrics.ttft.observe(t_first - ctx.started)
+                            if ctx.obs is not None:
+                                ctx.obs.first_chunk(t_first - ctx.started)
+                            if on_first is not None:
+                                on_first()
+                        if last:
+                            await resp.write(b"", last=True)
+                    elif chunk or last:
+                        await resp.write(chunk, last)
+                finally:
+                    if not rewrite:
+                        last_json, items = self._read(events, chunk, splitter, track if tracked else None, None,
+                                                      last_json, items)[1:]
+                    if ctx.obs is not None:  # tenants: what was streamed, for a stream cancelled before its usage
+                        ctx.obs.stream_chunk(events, last_json, items)
                 if not resp.delivered and events and b"[DONE]" in events[-1] and sse.is_done(events[-1]):
                     # the client has the whole content: a close from here on is a success (h1.StreamResponse.
                     # delivered), so the success is booked now, not after the worker's terminator arrives
@@ -164,6 +162,35 @@ class StreamRelay:
             succeeded()
         await resp.write_eof()
         return resp
+
+    @staticmethod
+    def _read(events: list[bytes], chunk: bytes, splitter: sse.EventSplitter, track: StreamTrack | None,
+              prefill_meta: Any, last_json: Any, items: dict[int, Any] | None) -> tuple[bytes, Any, dict[int, Any] | None]:
+        """One chunk's events read: the chunk as the client gets it (rewritten with the prompt's logprobs,
+        or a recovery's continuation in the client's terms), the stream's last JSON event and its batch items."""
+        if track is not None:
+            chunk, last_json = _tracked(track, events, chunk, splitter, last_json)
+        elif prefill_meta is not None:
+            out = []
+            for ev in events:
+                obj = sse.event_json(ev)
+                if obj is None:
+                    out.append(ev + b"\n\n")
+                else:
+                    last_json = merge_input_logprobs(prefill_meta, obj)
+                    out.append(sse.data_event(last_json))
+                    items = _item(items, last_json)
+            chunk = b"".join(out)
+        else:
+            for ev in reversed(events):
+                obj = sse.event_json(ev)
+                if obj is not None:
+                    last_json = obj
+                    break
+            if items is not None or (isinstance(last_json, dict) and "index" in last_json):
+                for ev in events:  # a batch: every event, so no prompt's last chunk is missed
+                    items = _item(items, sse.event_json(ev))
+        return chunk, last_json, items
 
 
 def _tracked(track: StreamTrack, events: list[bytes], chunk: bytes, splitter: sse.EventSplitter,
