@@ -74,10 +74,11 @@ class BatchEffect:
     unknown_removed: int = 0
 
 
-#: hashes per slice of `apply_steps`. Each hash is a lookup (and an insert) in sets of up to millions of
-#: entries, tables far over the CPU's caches: ~0.4-1.6 us a hash once a medium holds 250,000-800,000
-#: blocks (a quiet 2-core host), so 50,000 a slice held the loop 20-80 ms every slice of a flood's
-#: batch (issue 28 item 2); 8,192 is ~3-13 ms, and the loop turns a slice costs are noise next to it
+#: hashes per slice of `apply_steps`. Each hash is a lookup (and an insert) in tables of up to millions
+#: of entries, far over the CPU's caches, and a lookup in each other medium's when it is new: ~0.4-1.6 us
+#: a hash with dicts once a medium held 250,000-800,000 blocks (a quiet 2-core host), so 50,000 a slice
+#: held the loop 20-80 ms every slice of a flood's batch (issue 28 item 2); 8,192 is ~3-13 ms (~1.5x that
+#: with BlockTables' Python loops), and the loop turns a slice costs are noise next to it
 STEP_BLOCKS = 8_192
 
 
