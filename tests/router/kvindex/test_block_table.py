@@ -56,6 +56,18 @@ def test_a_run_reaching_the_tail_end_sizes_the_table_again() -> None:
     _check(t, set(run), [*run, p - 1])
 
 
+def test_consecutive_hashes_do_not_make_one_long_run() -> None:
+    """A publisher's choice of hashes (consecutive ints, multiples of a power of two) must not pile into
+    one run of slots that every lookup landing in it walks: the home is `h * m % p`, m and p secret."""
+    for hashes in (list(range(1, 100_001)), [k << 22 for k in range(1, 100_001)]):
+        t = BlockTable(hashes)
+        run = longest = 0
+        for v in t._t:
+            run = run + 1 if v else 0
+            longest = max(longest, run)
+        assert longest < 200 and all(map(t.has, hashes[:1000]))
+
+
 def test_growth_in_steps_reads_the_old_table_until_it_is_done() -> None:
     rng = random.Random(5)
     first = [rng.getrandbits(63) for _ in range(20_000)]
