@@ -24,9 +24,9 @@ own (None: `max_blocks`): a batch that would pass it is refused whole like one o
 its blocks on that medium are counted in `refused` (the metric of refused blocks by medium).
 
 Each medium's blocks are a `BlockTable` (core/routing/blocktable.py): the hashes in an `array('q')`, no
-Python object per block, 16-48 bytes an entry (a dict of ints was ~100: 3.2M entries in four media 323
-MB, issue 28), so a stream holds at most ~50 B x (max_blocks + the lower media's caps). Nothing in it is
-tracked by the cyclic garbage collector (a set of 3.2M ints was: a 375 ms full-GC pass). Its bulk
+Python object per block, 16-27 bytes an entry (a dict of ints was ~100: 3.2M entries in four media 323
+MB, issue 28), so a stream holds at most ~27 B x (max_blocks + the lower media's caps). Nothing in it
+is tracked by the cyclic garbage collector (a set of 3.2M ints was: a 375 ms full-GC pass). Its bulk
 operations loop in Python (~0.2-0.5 us a hash): `apply_steps` slices them, and grows a table in slices
 too (`BlockTable.reserve`).
 

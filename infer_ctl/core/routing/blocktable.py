@@ -3,7 +3,8 @@
 A dict or set of ints costs ~90-100 bytes an entry (the int object and its slot): 3.2M blocks, what a
 publisher flooding four media holds under `max_blocks` 4M, were 290-323 MB (issue 28). Here the hashes
 are the slots of an `array('q')`: open addressing with linear probing, 8 bytes a slot, the table kept at
-most half full (16-48 bytes a block with the growth below).
+most half full and grown to a third full: 16-27 bytes a block (a table is sized for what a batch lists,
+so a batch re-listing held blocks may leave it emptier).
 
 A hash's home slot is `h * m % p` for a prime `p` and a factor `m` drawn at random when the table is
 sized: cheap (C arithmetic on one int) and secret, so a publisher cannot choose hashes that pile into one
@@ -36,7 +37,7 @@ _INT64_MIN = -(1 << 63)
 _INT64_END = 1 << 63
 #: slots past the last home slot: a run from a home near the end continues there (the last stays empty)
 _TAIL = 64
-#: a table is sized to hold its hashes at most this full (1/2) and grown to 1/3 of its slots
+#: a table grows when its hashes would fill more than half its home slots, to this many slots a hash
 _GROW_TO = 3
 #: old slots rehashed per step of `reserve` (a third to a half of them hold a hash)
 RESERVE_STEP = 16_384
