@@ -23,6 +23,7 @@ from infer_ctl.core.kvevents.hashing import block_hashes, page_digests
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
 from infer_ctl.core.routing.blocks import WorkerBlocks
+from infer_ctl.core.routing.blocktable import BlockTable
 from infer_ctl.core.routing.index import block_hashes as text_chain
 from infer_ctl.core.routing.tiers import (
     DEFAULT_KV_BYTES_PER_TOKEN_PER_RANK,
@@ -64,9 +65,9 @@ def main() -> None:
         ids = tok.encode(text)
         pages = len(ids) // a.page_size
         hs = block_hashes(page_digests(ids[: pages * a.page_size], a.page_size, None))
-        workers[i % a.workers].device.update(dict.fromkeys(hs))
-        tiered[i % a.workers].device.update(dict.fromkeys(hs[: len(hs) // 2]))
-        tiered[i % a.workers].other.setdefault("CPU_PINNED", {}).update(dict.fromkeys(hs))
+        workers[i % a.workers].device.update(hs)
+        tiered[i % a.workers].device.update(hs[: len(hs) // 2])
+        tiered[i % a.workers].other.setdefault("CPU_PINNED", BlockTable()).update(hs)
     chains = [(t, text_chain(t, 64)) for t in texts]
     t0 = time.perf_counter()
     for t, h in chains:

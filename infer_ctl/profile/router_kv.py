@@ -24,7 +24,7 @@ class KvEventsRouting(StrictModel):
     max_blocks: Annotated[int, Field(ge=1024, le=1 << 31)] = 4_000_000
     #: each storage medium's own bound (GPU, CPU_PINNED, DISK, EXTERNAL; None: max_blocks): a batch
     #: passing it is refused (counted in inferctl_router_kv_blocks_refused_total by medium, the stream
-    #: untrusted and its blocks freed); ~86 bytes of router memory an entry
+    #: untrusted and its blocks freed); ~25 bytes of router memory an entry (16-27: core/routing/blocktable.py)
     max_blocks_per_medium: Annotated[int, Field(ge=1024, le=1 << 31)] | None = None
     #: how long a gap replay (or the start-up replay from seq 0) may take before the stream is untrusted
     #: (finite: NaN passed as "should be less than or equal to 300", NaN failing every comparison)

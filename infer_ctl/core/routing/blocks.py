@@ -21,16 +21,14 @@ bound reads as the worker's cache in pages whatever its write policy. Each mediu
 memory is at most one entry per medium a block is on: 2 x `max_blocks` for SGLang (GPU and CPU_PINNED
 only), 4 x for a publisher naming all of MEDIA. `max_blocks_per_medium` bounds each medium's set on its
 own (None: `max_blocks`): a batch that would pass it is refused whole like one over `max_blocks`, and
-its blocks on that medium are counted in `refused` (the metric of refused blocks by medium). Memory is
-about 100 bytes an entry (a Python int and its dict slot, measured: 3.2M entries in four media 323 MB),
-so a stream holds at most ~100 B x (max_blocks + the lower media's caps).
+its blocks on that medium are counted in `refused` (the metric of refused blocks by medium).
 
-Each medium's blocks are the keys of a plain dict (values None), not a set: a dict holding only ints is
-not tracked by Python's cyclic garbage collector, a set always is, and every full collection walked
-every entry of every set (375 ms for 3.2M blocks on a loaded 2-core host, measured), a stall of the
-router's event loop whenever the collector ran, however the batches were sliced (issue 28 item 2: the
-flood's /health p99). Set algebra still runs at C speed: `set.difference` has a fast path for a dict
-argument, a dict's keys view intersects with a list (`_not_in`, `_remove`).
+Each medium's blocks are a `BlockTable` (core/routing/blocktable.py): the hashes in an `array('q')`, no
+Python object per block, 16-27 bytes an entry (a dict of ints was ~100: 3.2M entries in four media 323
+MB, issue 28), so a stream holds at most ~27 B x (max_blocks + the lower media's caps). Nothing in it
+is tracked by the cyclic garbage collector (a set of 3.2M ints was: a 375 ms full-GC pass). Its bulk
+operations loop in Python (~0.2-0.5 us a hash): `apply_steps` slices them, and grows a table in slices
+too (`BlockTable.reserve`).
 
 `apply_steps` applies a batch in slices of `step_blocks` hashes, yielding between them, so the caller
 can let its event loop run: one set update of 800,000 hashes held a loaded 2-core host's loop 0.8-1.6 s
@@ -40,13 +38,11 @@ stays a prefix of each chain; a `clear` meanwhile ends the batch (`_epoch`).
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-#: one medium's blocks: a dict's keys, values None (module docstring: why not a set)
-Blocks = dict[int, None]
+from infer_ctl.core.routing.blocktable import BlockTable, member
 
 #: SGLang's StorageMedium.GPU; an event without a medium (SGLang omits a None field) is on the device
 DEVICE = "GPU"
@@ -78,10 +74,11 @@ class BatchEffect:
     unknown_removed: int = 0
 
 
-#: hashes per slice of `apply_steps`. Each hash is a lookup (and an insert) in sets of up to millions of
-#: entries, tables far over the CPU's caches: ~0.4-1.6 us a hash once a medium holds 250,000-800,000
-#: blocks (a quiet 2-core host), so 50,000 a slice held the loop 20-80 ms every slice of a flood's
-#: batch (issue 28 item 2); 8,192 is ~3-13 ms, and the loop turns a slice costs are noise next to it
+#: hashes per slice of `apply_steps`. Each hash is a lookup (and an insert) in tables of up to millions
+#: of entries, far over the CPU's caches, and a lookup in each other medium's when it is new: ~0.4-1.6 us
+#: a hash with dicts once a medium held 250,000-800,000 blocks (a quiet 2-core host), so 50,000 a slice
+#: held the loop 20-80 ms every slice of a flood's batch (issue 28 item 2); 8,192 is ~3-13 ms (~1.5x that
+#: with BlockTables' Python loops), and the loop turns a slice costs are noise next to it
 STEP_BLOCKS = 8_192
 
 
@@ -124,10 +121,10 @@ class WorkerBlocks:
         # BlockRemoved of n hashes (storing it one BlockStored with chunked prefill off): a lower
         # per-event limit would untrust a worker for serving a long prompt.
         self.max_event_blocks = max_blocks if max_event_blocks is None else max_event_blocks
-        #: device blocks: what a prompt is matched against (a dict's keys: module docstring)
-        self.device: Blocks = {}
+        #: device blocks: what a prompt is matched against
+        self.device = BlockTable()
         #: blocks on other media (host memory, storage), kept for tiered scoring
-        self.other: dict[str, Blocks] = {}
+        self.other: dict[str, BlockTable] = {}
         #: `tiers` of the last weight function asked, until the next batch changes what is held
         self._tiers: tuple[Callable[[str], float], list[tuple[float, Callable[[int], bool]]]] | None = None
         #: distinct blocks over every medium (len of the union), kept by `apply`
@@ -138,8 +135,11 @@ class WorkerBlocks:
         bounds. `snapshot` counts per medium."""
         return self._distinct
 
-    def holds(self, block: int) -> bool:
-        return block in self.device
+    @property
+    def holds(self) -> Callable[[int], bool]:
+        """`holds(block)`: on the device. The device table's lookup itself (the request path calls it
+        per anchor probed: no method call in between); fetch it again after a batch (a table grows)."""
+        return self.device.has
 
     def tiers(self, weight: Callable[[str], float]) -> list[tuple[float, Callable[[int], bool]]]:
         """The lower tiers a prompt's chain can continue into, best first: (weight, holds) where
@@ -160,33 +160,33 @@ class WorkerBlocks:
             return []
         media.sort(key=lambda ms: -ms[0])
         out: list[tuple[float, Callable[[int], bool]]] = []
-        sets: list[Blocks] = [self.device]
+        sets: list[BlockTable] = [self.device]
         i = 0
         while i < len(media):
             w = media[i][0]
             while i < len(media) and media[i][0] == w:  # equal weights: one level
                 sets.append(media[i][1])
                 i += 1
-            out.append((w, _member(tuple(sets))))
+            out.append((w, member(tuple(sets))))
         return out
 
     def clear(self) -> None:
         self._epoch += 1
-        self.device = {}
+        self.device = BlockTable()
         self.other = {}
         self._tiers = None
         self._distinct = 0
 
-    def _others(self, target: Blocks) -> list[Blocks]:
+    def _others(self, target: BlockTable) -> list[BlockTable]:
         """The non-empty sets of the media other than `target`'s."""
         return [s for s in (self.device, *self.other.values()) if s and s is not target]
 
-    def _set(self, medium: str) -> Blocks:
+    def _set(self, medium: str) -> BlockTable:
         if medium == DEVICE:
             return self.device
         s = self.other.get(medium)
         if s is None:
-            s = self.other[medium] = {}
+            s = self.other[medium] = BlockTable()
         return s
 
     def apply(self, events: Any) -> BatchEffect:
@@ -215,6 +215,13 @@ class WorkerBlocks:
                 epoch = self._epoch
                 eff.cleared = True
                 continue
+            if kind == "BlockStored":
+                # sized for the whole list first (its repeats too: a message bounds them), rehashed
+                # in slices when it grows; readers see the old table meanwhile
+                for _ in self._set(medium).reserve(len(hashes), 2 * step_blocks):
+                    yield
+                    if self._epoch != epoch:
+                        return eff
             for i in range(0, max(len(hashes), 1), step_blocks):
                 if i:
                     yield
@@ -223,9 +230,10 @@ class WorkerBlocks:
                 self._tiers = None  # which media are empty may change
                 part = hashes[i:i + step_blocks] if len(hashes) > step_blocks else hashes
                 if kind == "BlockStored":
-                    self._store(medium, part)
+                    self._store(self._set(medium), part)
                 else:
                     self._remove(medium, part, eff)
+                self._tiers = None  # (a table that grew is another array: `tiers` bound the old one)
             if kind == "BlockStored":
                 eff.stored += len(hashes)
                 eff.block_size = ev.get("block_size")
@@ -234,19 +242,16 @@ class WorkerBlocks:
                     eff.bigram = isinstance(tokens[0], list | tuple)
         return eff
 
-    def _store(self, medium: str, hashes: list[int]) -> None:
-        target = self._set(medium)
-        new = _not_in(set(hashes), [target])
+    def _store(self, target: BlockTable, hashes: list[int]) -> None:
+        new = target.add(hashes)
         # a block already on another medium (a host backup, a load back) is not new
         self._distinct += len(_not_in(new, self._others(target)))
-        target.update(dict.fromkeys(new))
 
     def _remove(self, medium: str, hashes: list[int], eff: BatchEffect) -> None:
-        # a removal creates no set: only stores bring a medium in
-        target = self.device if medium == DEVICE else self.other.get(medium, {})
-        held = target.keys() & hashes  # C loops over the list: no Python loop per hash
-        if held:
-            deque(map(target.__delitem__, held), maxlen=0)
+        # a removal creates no table: only stores bring a medium in
+        target = self.device if medium == DEVICE else self.other.get(medium)
+        held = target.remove(hashes) if target is not None else []
+        if held and target is not None:
             # a block leaving one medium stays held while another has it (HBM evicts a backed-up page)
             self._distinct -= len(_not_in(held, self._others(target)))
         eff.removed += len(held)
@@ -325,8 +330,9 @@ class WorkerBlocks:
         holds. Each store, not the batch's end: a clear at its end would otherwise let the sets grow to
         the whole batch's stores while it is applied (bounded by the message size alone). Only walked
         when the listed counts come near max_blocks: a host backup of held pages lists them again
-        without adding one. Yields after each store of more than `step_blocks` (a batch of 800,000
-        near the bound held a quiet host's loop ~100 ms here in one piece)."""
+        without adding one. Yields after each `step_blocks` of a store longer than that (a batch of
+        800,000 near the bound held a quiet host's loop ~100 ms here in one piece; a lookup per hash and
+        table in Python now)."""
         held = [s for s in (self.device, *self.other.values()) if s]
         size = len(self)
         added: set[int] = set()
@@ -334,34 +340,36 @@ class WorkerBlocks:
             if kind == "AllBlocksCleared":
                 held, size, added = [], 0, set()
             elif kind == "BlockStored":
-                new = _not_in(set(hashes).difference(added), held)
-                size += len(new)
-                if size > self.max_blocks:
-                    return True
-                added |= new
-                if len(hashes) > step_blocks:
-                    yield
+                for i in range(0, len(hashes), step_blocks):  # (the count only grows within a store)
+                    new = _not_in(set(hashes[i:i + step_blocks]).difference(added), held)
+                    size += len(new)
+                    if size > self.max_blocks:
+                        return True
+                    added.update(new)
+                    if len(hashes) > step_blocks:
+                        yield
         return False
 
     def _medium_passes(self, medium: str, plan: list[tuple[str, str, list[int], dict[str, Any]]],
                        hashes: list[int]) -> bool:
         """Whether `medium`'s set would pass max_blocks_per_medium with this batch's stores on it so far
         (and `hashes`), counted distinct; its removals not subtracted (as `_passes_bound`)."""
-        held: Blocks = {} if any(k == "AllBlocksCleared" for k, *_ in plan) else (
-            self.device if medium == DEVICE else self.other.get(medium, {}))
-        n = len(held)
+        table = None if any(k == "AllBlocksCleared" for k, *_ in plan) else (
+            self.device if medium == DEVICE else self.other.get(medium))
+        held = [table] if table is not None else []
+        n = len(table) if table is not None else 0
         added: set[int] = set()
         for kind, m, hs, _ev in plan:
             if kind == "AllBlocksCleared":
-                n, added = 0, set()
+                n, added, held = 0, set(), []
             elif kind == "BlockStored" and m == medium:
-                new = _not_in(set(hs).difference(added), [held])
+                new = _not_in(set(hs).difference(added), held)
                 n += len(new)
-                added |= new
-        return n + len(_not_in(set(hashes).difference(added), [held])) > self.max_blocks_per_medium
+                added.update(new)
+        return n + len(_not_in(set(hashes).difference(added), held)) > self.max_blocks_per_medium
 
     def _held_anywhere(self, block: int) -> bool:
-        return block in self.device or any(block in s for s in self.other.values())
+        return self.device.has(block) or any(s.has(block) for s in self.other.values())
 
     def snapshot(self) -> dict[str, int]:
         out = {DEVICE: len(self.device)}
@@ -377,23 +385,10 @@ def _stored_in(block: int, stored: list[list[int]]) -> bool:
     return any(block in hs for hs in stored)  # list scans at C speed, no set built
 
 
-def _not_in(blocks: set[int], held: list[Blocks]) -> set[int]:
-    """The blocks none of `held` has. One `difference` per dict (its fast path for a dict argument:
-    a lookup per block of the set); several arguments at once would iterate every dict after the first."""
+def _not_in(blocks: Iterable[int], held: list[BlockTable]) -> list[int]:
+    """The blocks none of `held` has, in order, one table at a time (each pass only the survivors)."""
+    out = list(blocks)
     for h in held:
-        if blocks and h:
-            blocks = blocks.difference(h)
-    return blocks
-
-
-def _member(sets: tuple[Blocks, ...]) -> Callable[[int], bool]:
-    """`block in any of sets`, unrolled for the usual one or two lower media (a generator per test
-    would cost more than the lookup)."""
-    if len(sets) == 2:
-        a, b = sets
-        return lambda h: h in a or h in b
-    if len(sets) == 3:
-        a, b, c = sets
-        return lambda h: h in a or h in b or h in c
-    return lambda h: any(h in s for s in sets)
-
+        if out and h:
+            out = h.missing(out)
+    return out

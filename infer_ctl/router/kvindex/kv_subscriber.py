@@ -68,7 +68,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 class StreamSettings:
     max_blocks: int = 4_000_000
     #: each storage medium's own bound (core/routing/blocks.py; None: max_blocks): a publisher naming
-    #: four media otherwise holds up to 4 x max_blocks entries, ~100 bytes each
+    #: four media otherwise holds up to 4 x max_blocks entries, ~25 bytes each (core/routing/blocktable.py)
     max_blocks_per_medium: int | None = None
     max_event_blocks: int | None = None  # None: max_blocks (core/routing/blocks.py says why)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES

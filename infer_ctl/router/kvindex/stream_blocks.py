@@ -7,8 +7,6 @@ No sockets and no health state: kv_subscriber.py hands it the payloads its seque
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from itertools import islice
 from typing import Any, Protocol
 
 from infer_ctl.core.routing.blocks import BatchEffect, EventRejected, WorkerBlocks
@@ -27,20 +25,6 @@ class BlockBounds(Protocol):
 
 #: an event's encoded size past which decoding it is worth a turn of the event loop after it
 _YIELD_BYTES = 64 << 10
-#: blocks freed per turn of the loop when dropped tables are freed (`StreamBlocks.drop`)
-_FREE_SLICE = 16_384
-_FREEING: set[asyncio.Task[None]] = set()
-
-
-async def _free(tables: list[dict[int, None]]) -> None:
-    for d in tables:
-        while d:
-            keys = list(islice(d, _FREE_SLICE))
-            deque(map(d.__delitem__, keys), maxlen=0)
-            del keys  # (the last references: the ints are freed here)
-            await asyncio.sleep(0)
-
-
 async def decode(payload: bytes) -> list[Any]:
     """A batch's events (`[ts, events, attn_dp_rank]`); EventRejected (decode, malformed) otherwise.
 
@@ -86,22 +70,11 @@ class StreamBlocks:
                             max_blocks_per_medium=b.max_blocks_per_medium)
 
     def drop(self) -> None:
-        """Forget every block (the stream restarted, went down, or is untrusted for its memory). The
-        old tables are freed in slices from a task when a loop runs: freeing 3.2M blocks at once (each
-        an int object, scattered) held the loop 107-160 ms on a 2-core host."""
+        """Forget every block (the stream restarted, went down, or is untrusted for its memory). Freed
+        at once: a medium's table is one array (core/routing/blocktable.py), ~1 ms for 3.2M blocks where
+        their int objects, freed one by one, held the loop 107-160 ms."""
         self.resets += 1
-        old = [self.blocks.device, *self.blocks.other.values()]
         self.blocks.clear()
-        big = [d for d in old if len(d) > _FREE_SLICE]
-        del old
-        if big:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (a test, a script): freed now
-                return
-            task = loop.create_task(_free(big))
-            _FREEING.add(task)  # (the loop keeps weak references to tasks only)
-            task.add_done_callback(_FREEING.discard)
 
     def take_refused(self) -> dict[str, int]:
         """Blocks refused per medium since the last call (max_blocks_per_medium: the metric)."""

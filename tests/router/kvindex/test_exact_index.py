@@ -121,7 +121,7 @@ def test_anchors_predict_what_the_worker_matches(ps: int, bigram: bool) -> None:
             assert want - predicted <= 0.02 * len(ids) + ps, (r, predicted, want, len(ids))
         if text == prev:
             assert predicted == want
-        held.device.update(dict.fromkeys(worker_pages(ids, ps, bigram)))  # the worker inserts the prompt
+        held.device.update(worker_pages(ids, ps, bigram))  # the worker inserts the prompt
         table.build(hs, fk, text, Tok())
         prev = text
     assert table.resumed >= 15 and table.resume_mismatch == 0  # the shared prefix is tokenized once
@@ -136,7 +136,7 @@ def test_anchors_follow_eviction_and_stay_bounded() -> None:
     fk = full_key(hs, text, 64)
     table.build(hs, fk, text, Tok())
     pages = worker_pages(ids, 1, False)
-    held.device.update(dict.fromkeys(pages[:100]))  # the worker holds only the first 100 tokens
+    held.device.update(pages[:100])  # the worker holds only the first 100 tokens
     got = table.cached_units(hs, fk, table.depth(hs), held)
     assert 80 <= got <= 100
     assert len(table._blocks) <= 50

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import tracemalloc
+import weakref
 
 import msgspec
 import pytest
@@ -111,25 +113,40 @@ def test_a_flooding_stream_frees_its_blocks_when_it_is_paused() -> None:
     assert s.state == "untrusted" and len(s.blocks) == 0  # not held through the 30 s pause
 
 
-def test_dropped_blocks_are_freed_in_slices_while_the_loop_runs() -> None:
-    """A drop with a loop running hands the old tables to a task that empties them a slice per turn
-    (freeing millions of ints at once held the loop 107-160 ms); the stream's own blocks are empty at once."""
-    from infer_ctl.router.kvindex import stream_blocks
+def test_dropped_blocks_are_freed_at_once_in_one_piece_per_medium() -> None:
+    """A medium's blocks are one array (core/routing/blocktable.py), no int object per block: a drop
+    frees each in one piece (millions of ints freed at once held the loop 107-160 ms; they were freed
+    in slices from a task then), and the stream's own blocks are empty at once."""
 
     async def main() -> None:
         s = _stream()
         await s.apply_batch(1, _batch([stored(list(range(1, 40_001)), None, m) for m in ("GPU", "DISK")]))
         old = [s.blocks.device, s.blocks.other["DISK"]]
+        assert all(len(d) == 40_000 for d in old)
+        arrays = [weakref.ref(d._t) for d in old]
+        del old
         s.restarted()
         assert len(s.blocks) == 0 and s.blocks.snapshot() == {"GPU": 0}
-        assert all(len(d) == 40_000 for d in old) and stream_blocks._FREEING  # not freed in one piece
-        turns = 0
-        while stream_blocks._FREEING:
-            await asyncio.sleep(0)
-            turns += 1
-        assert old == [{}, {}] and turns >= 2 * 40_000 // stream_blocks._FREE_SLICE
+        assert all(a() is None for a in arrays)  # freed now, with no task left to run
 
     asyncio.run(main())
+
+
+def test_a_block_costs_no_python_object() -> None:
+    """16-28 bytes a block (a dict of ints was ~100 with the int objects: 3.2M blocks in four media 323 MB,
+    issue 28)."""
+    rng = random.Random(0)
+    batches = [[stored([rng.getrandbits(63) for _ in range(100_000)], None, m)] for m in ("GPU", "DISK")]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        b = WorkerBlocks()
+        for batch in batches:
+            b.apply(batch)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(b) == 200_000 and (after - before) / 200_000 < 35  # (dicts: ~52 without the ints)
 
 
 def test_a_batch_is_decoded_one_event_at_a_time_with_the_same_rejections() -> None:

@@ -10,6 +10,7 @@ import pytest
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
 from infer_ctl.core.routing.blocks import WorkerBlocks
+from infer_ctl.core.routing.blocktable import BlockTable
 from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.index import block_hashes as text_chain
 from infer_ctl.core.routing.policy import WorkerView, choose_prefill
@@ -88,11 +89,11 @@ def _holders(pages: list[int]) -> dict[str, WorkerBlocks]:
     only on host (evicted from HBM); host: all of it only on host; cold: nothing."""
     half = len(pages) // 2
     hbm, split, host, cold = WorkerBlocks(), WorkerBlocks(), WorkerBlocks(), WorkerBlocks()
-    hbm.device.update(dict.fromkeys(pages))
-    hbm.other["CPU_PINNED"] = dict.fromkeys(pages)
-    split.device.update(dict.fromkeys(pages[:half]))
-    split.other["CPU_PINNED"] = dict.fromkeys(pages)
-    host.other["CPU_PINNED"] = dict.fromkeys(pages)
+    hbm.device.update(pages)
+    hbm.other["CPU_PINNED"] = BlockTable(pages)
+    split.device.update(pages[:half])
+    split.other["CPU_PINNED"] = BlockTable(pages)
+    host.other["CPU_PINNED"] = BlockTable(pages)
     return {"hbm": hbm, "split": split, "host": host, "cold": cold}
 
 
@@ -118,9 +119,9 @@ def test_score_is_device_plus_weighted_host_continuation() -> None:
         "hbm": full, "split": full, "host": full, "cold": 0}
     # a lower medium weighted lower than the host continues the chain after it
     three = WorkerBlocks()
-    three.device.update(dict.fromkeys(pages[:100]))
-    three.other["CPU_PINNED"] = dict.fromkeys(pages[:300])
-    three.other["DISK"] = dict.fromkeys(pages)
+    three.device.update(pages[:100])
+    three.other["CPU_PINNED"] = BlockTable(pages[:300])
+    three.other["DISK"] = BlockTable(pages)
     tw = TierWeights(host=0.5, storage=0.25)
     dev = table.cached_units(hs, fk, d, three)
     mid = table.cached_units(hs, fk, d, three, TierWeights(host=1.0, storage=0.0).of)

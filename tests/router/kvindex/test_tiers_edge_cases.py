@@ -14,6 +14,7 @@ from rich.console import Console
 from infer_ctl.cli.router_cmd import _keep_cell, _render_workers
 from infer_ctl.core.routing.anchors import AnchorTable
 from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
+from infer_ctl.core.routing.blocktable import BlockTable
 from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
 from infer_ctl.core.routing.tiers import TierWeights, weights_from
@@ -128,8 +129,8 @@ def _table_and_pages() -> tuple[AnchorTable, list[int], list[int], int, int]:
 
 def _held(device: list[int], host: list[int]) -> WorkerBlocks:
     b = WorkerBlocks()
-    b.device.update(dict.fromkeys(device))
-    b.other["CPU_PINNED"] = dict.fromkeys(host)
+    b.device.update(device)
+    b.other["CPU_PINNED"] = BlockTable(host)
     return b
 
 
