@@ -18,12 +18,29 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from infer_ctl.cli.main import main
-from infer_ctl.core.routing.policy import PolicyConfig
+from infer_ctl.core.routing.blocks import WorkerBlocks
+from infer_ctl.core.routing.coalesce import CoalesceConfig
+from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.policy import MISS_PLACEMENTS, POLICIES, PolicyConfig
+from infer_ctl.core.routing.units import CHARS_PER_TOKEN
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import RouterSettings
 from infer_ctl.profile.speculative import DEFAULT_COST_RATIO, SpeculativeSettings
-from infer_ctl.router.config import RouterConfig, policy_config, router_settings
+from infer_ctl.router.config import (
+    RouterConfig,
+    coalesce_config,
+    kv_routing,
+    policy_config,
+    prefix_index,
+    router_settings,
+    stream_settings,
+)
 from infer_ctl.router.daemon.embed import router_config
+from infer_ctl.router.kvindex.kv_anchoring import Anchoring
+from infer_ctl.router.kvindex.kv_routing import KvRouting
+from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
+from infer_ctl.router.kvindex.replay_cursor import ReplayCursor
+from infer_ctl.router.request.coalesce import Coalescer
 
 _LOWER = (annotated_types.Ge, annotated_types.Gt)
 
@@ -119,6 +136,61 @@ def test_policyconfig_has_no_defaults_for_settings() -> None:
     built = policy_config(RouterSettings())
     assert (built.policy, built.cache_threshold, built.balance_abs, built.balance_rel, built.miss_placement) == (
         "cache_aware", 0.3, 8, 1.5, "power_of_two")
+
+
+#: the router's parts that take settings, and the parameters the settings give them (router/config.py
+#: builds each from the settings): none has a default of its own, so no default is repeated below the model
+SETTINGS_PARAMETERS: list[tuple[Any, set[str]]] = [
+    (StreamSettings, {"max_blocks", "max_blocks_per_medium", "max_message_bytes", "replay_timeout_s",
+                      "max_batches_per_s"}),
+    (CoalesceConfig, {"enabled", "min_tokens", "max_wait_s"}),
+    (PrefixIndex, {"ttl_s", "max_blocks"}),
+    (KvRouting, {"enabled", "settings", "tier_weights", "anchor_max_chars", "tokenizer_path"}),
+    (Anchoring, {"anchor_max_chars"}),
+    (Coalescer, {"cfg", "max_retries"}),
+    (WorkerBlocks, {"max_blocks", "max_blocks_per_medium"}),
+    (ReplayCursor, {"timeout_s"}),
+]
+
+
+@pytest.mark.parametrize(("part", "names"), SETTINGS_PARAMETERS, ids=[p.__name__ for p, _ in SETTINGS_PARAMETERS])
+def test_the_parts_take_their_settings_without_defaults(part: Any, names: set[str]) -> None:
+    params = inspect.signature(part).parameters
+    assert names <= set(params), names - set(params)
+    for name in names:
+        assert params[name].default is inspect.Parameter.empty, (part.__name__, name, params[name].default)
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY or name == "cfg", name  # cfg: the group itself
+    # and no other parameter named as a setting repeats that setting's default
+    defaults: dict[str, list[Any]] = {}
+    for path, info, _ in FIELDS:
+        defaults.setdefault(path.rsplit(".", 1)[1], []).append(info.default)
+    for name, param in params.items():
+        d = param.default
+        if d is not inspect.Parameter.empty:  # (of one type: `processes=1` is no coalesce.processes=True)
+            assert not [v for v in defaults.get(name, []) if type(v) is type(d) and v == d], (part.__name__, name, d)
+
+
+def test_the_parts_are_built_from_the_settings() -> None:
+    s = router_settings(prefix_ttl_s=60.0, index_max_tokens=4096, max_retries=3,
+                        kv_events={"max_blocks": 5000, "max_blocks_per_medium": 2048, "replay_timeout_s": 1.5,
+                                   "max_batches_per_s": 7, "max_message_bytes": 1 << 17, "anchor_max_chars": 4096},
+                        coalesce={"enabled": False, "min_tokens": 9, "max_wait_s": 0.5})
+    st = stream_settings(s)
+    assert (st.max_blocks, st.max_blocks_per_medium, st.replay_timeout_s, st.max_batches_per_s,
+            st.max_message_bytes) == (5000, 2048, 1.5, 7, 1 << 17)
+    co = coalesce_config(s)
+    assert (co.enabled, co.min_tokens, co.max_wait_s) == (False, 9, 0.5)
+    ix = prefix_index(s)
+    assert (ix.ttl_s, ix.max_blocks) == (60.0, 4096 * 4 // 64)  # tokens at 4 characters a token, 64 a block
+    kv = kv_routing(RouterConfig(settings=s))
+    assert kv.enabled and kv.settings == st and kv.anchoring.anchor_max_chars == 4096
+    assert kv.chars_per_token() == CHARS_PER_TOKEN
+    assert not kv_routing(RouterConfig(settings=router_settings(s, policy="round_robin"))).enabled
+
+
+def test_policy_names_are_the_settings_names() -> None:
+    assert set(POLICIES) == set(typing.get_args(RouterSettings.model_fields["policy"].annotation))
+    assert set(MISS_PLACEMENTS) == set(typing.get_args(RouterSettings.model_fields["miss_placement"].annotation))
 
 
 def test_serve_flags_default_to_the_settings() -> None:

@@ -57,24 +57,29 @@ log = logging.getLogger("infer_ctl.router.kv")
 _YIELD_EVERY = 32
 #: how often a silent socket's monitor is read (a dropped connection is noticed within this)
 _IDLE_S = 0.5
-#: SGLang 0.5.23's largest legitimate message: one event of a radix node's N pages (docs/router.md
-#: "The exact index"); at page size 1 a BlockStored is N msgpack int64 hashes (9 bytes) plus N token ids
-#: (3 bytes under 65,536, else 5), about 14 bytes a token: 8 MiB is one ~595k-token store with chunked
-#: prefill off, or a ~930k-token eviction (BlockRemoved: hashes only). A longer context wants more.
-DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StreamSettings:
-    max_blocks: int = 4_000_000
+    """A stream's bounds. The first five are router.kv_events settings (profile/router_kv.py declares their
+    defaults and bounds; router/config.py `stream_settings` builds this from them): no default here. The
+    rest are the stream's own constants.
+
+    max_message_bytes: SGLang 0.5.23's largest legitimate message is one event of a radix node's N pages
+    (docs/router.md "The exact index"); at page size 1 a BlockStored is N msgpack int64 hashes (9 bytes)
+    plus N token ids (3 bytes under 65,536, else 5), about 14 bytes a token: the default 8 MiB is one
+    ~595k-token store with chunked prefill off, or a ~930k-token eviction (BlockRemoved: hashes only). A
+    longer context wants more."""
+
+    max_blocks: int
     #: each storage medium's own bound (core/routing/blocks.py; None: max_blocks): a publisher naming
     #: four media otherwise holds up to 4 x max_blocks entries, ~100 bytes each
-    max_blocks_per_medium: int | None = None
+    max_blocks_per_medium: int | None
+    max_message_bytes: int
+    replay_timeout_s: float
+    max_batches_per_s: int
     max_event_blocks: int | None = None  # None: max_blocks (core/routing/blocks.py says why)
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     rcv_hwm: int = 100_000
-    replay_timeout_s: float = 2.0
-    max_batches_per_s: int = 5000
     #: bytes a second per publisher before it is a flood: decoding is C code that holds the event loop
     #: (~0.15-0.3 s for a 16 MiB batch on a loaded 2-core machine), so a publisher sending a few large
     #: batches a second, under max_batches_per_s, would otherwise stall every request

@@ -20,6 +20,7 @@ from infer_ctl.core.routing.tiers import TierWeights, weights_from
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, router_settings
 from infer_ctl.router.scaleout.follow import _record, _record_doc
+from tests.router.conftest import new_worker_blocks
 from tests.router.kvindex.test_exact_index import Tok, worker_pages
 from tests.router.kvindex.test_tiers import _prompt
 
@@ -63,7 +64,7 @@ def stored(hashes: list[int], parent: int | None, medium: str) -> dict:
 
 
 def test_an_unknown_medium_is_refused_and_removals_name_no_new_media() -> None:
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     b.apply([stored([1], None, "GPU"), stored([2], 1, "DISK"), stored([3], 2, "EXTERNAL")])
     with pytest.raises(EventRejected) as exc:  # was accepted: a set per name the publisher made up
         b.apply([stored([], None, f"X{i}") for i in range(100)])
@@ -73,7 +74,7 @@ def test_an_unknown_medium_is_refused_and_removals_name_no_new_media() -> None:
 
 
 def test_host_copy_and_device_copy_are_removed_each_on_its_own() -> None:
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     b.apply([stored([1, 2], None, "GPU"), stored([1, 2], None, "CPU_PINNED")])  # write-through backup
     b.apply([{"type": "BlockRemoved", "block_hashes": [2], "medium": "CPU_PINNED"}])
     assert b.holds(2) and b.snapshot() == {"GPU": 2, "CPU_PINNED": 1}
@@ -127,7 +128,7 @@ def _table_and_pages() -> tuple[AnchorTable, list[int], list[int], int, int]:
 
 
 def _held(device: list[int], host: list[int]) -> WorkerBlocks:
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     b.device.update(dict.fromkeys(device))
     b.other["CPU_PINNED"] = dict.fromkeys(host)
     return b
