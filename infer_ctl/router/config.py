@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.coalesce import CoalesceConfig
 from infer_ctl.core.routing.index import BLOCK_CHARS, PrefixIndex
+from infer_ctl.core.routing.pair_health import PairFloor
 from infer_ctl.core.routing.policy import PolicyConfig
+from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.tiers import (
     BLIND,
     DEFAULT_HOST_GB_S,
@@ -160,6 +163,28 @@ def policy_config(settings: RouterSettings) -> PolicyConfig:
     s = settings
     return PolicyConfig(policy=s.policy, cache_threshold=s.cache_threshold, balance_abs=s.balance_abs,
                         balance_rel=s.balance_rel, miss_placement=s.miss_placement)
+
+
+def circuit_breaker(settings: RouterSettings) -> CircuitBreaker:
+    """A worker's circuit breaker (core/routing/breaker.py) from the settings: built here only."""
+    return CircuitBreaker(failure_threshold=settings.cb_failures, success_threshold=settings.cb_successes,
+                          open_s=settings.cb_open_s)
+
+
+def pair_floor(settings: RouterSettings) -> PairFloor:
+    """The pair-health floor (core/routing/pair_health.py) from router.pair_health: built here only."""
+    ph = settings.pair_health
+    return PairFloor(min_speed_gb_s=ph.min_kv_speed_gb_s, max_latency_ms=ph.max_kv_latency_ms,
+                     bad_samples=ph.bad_samples, max_failures=ph.max_transfer_failures, probe_after_s=ph.probe_after_s)
+
+
+def prefix_registry(settings: RouterSettings) -> PrefixRegistry:
+    """The named prefixes' registry (core/routing/prefixes.py) from the settings: with several replicas (a
+    state store) a prefix is placed on the same workers by rendezvous hash, not by each one's own view of
+    the load; pins are kept by touching unless by priority (the registry plans the touches, the warmer
+    sends them)."""
+    return PrefixRegistry(rewarm_idle_s=settings.rewarm_idle_s, shared_placement=bool(settings.state_store),
+                          pin_touch_s=None if settings.pin_via == "priority" else settings.pin_touch_s)
 
 
 def coalesce_config(settings: RouterSettings) -> CoalesceConfig:

@@ -10,13 +10,19 @@ from typing import Any
 import pytest
 
 from infer_ctl.core.routing.blocks import WorkerBlocks
+from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.coalesce import CoalesceConfig
 from infer_ctl.core.routing.index import BLOCK_CHARS, PrefixIndex
+from infer_ctl.core.routing.pair_health import PairFloor
+from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.router.config import (
     RouterConfig,
+    circuit_breaker,
     coalesce_config,
     kv_routing,
+    pair_floor,
     prefix_index,
+    prefix_registry,
     router_settings,
     stream_settings,
 )
@@ -24,6 +30,7 @@ from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_rou
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
 from infer_ctl.router.kvindex.replay_cursor import ReplayCursor
+from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.sim.cluster import ThreadedSimCluster, WorkerSpec, start_cluster_in_thread
 
 #: wall seconds per modelled second: the simulated 70B runs 20x faster than on H100s
@@ -58,6 +65,26 @@ def new_replay_cursor(start: int, last: int | None, settings: dict[str, Any] | N
                       **kw: Any) -> ReplayCursor:
     s = stream_settings(router_settings(**(settings or {})))
     return ReplayCursor(start, last, **{"timeout_s": s.replay_timeout_s, **kw})
+
+
+def new_breaker(settings: dict[str, Any] | None = None, **kw: Any) -> CircuitBreaker:
+    return dataclasses.replace(circuit_breaker(router_settings(**(settings or {}))), **kw)
+
+
+def new_pair_floor(settings: dict[str, Any] | None = None, **kw: Any) -> PairFloor:
+    return dataclasses.replace(pair_floor(router_settings(**(settings or {}))), **kw)
+
+
+def new_prefix_registry(settings: dict[str, Any] | None = None, **kw: Any) -> PrefixRegistry:
+    """kw: PrefixRegistry's own keywords (rewarm_idle_s, pin_touch_s, ...) over the built one's."""
+    built = prefix_registry(router_settings(**(settings or {})))
+    return PrefixRegistry(**{"rewarm_idle_s": built.rewarm_idle_s, "shared_placement": built.shared_placement,
+                             "pin_touch_s": built.pin_touch_s, **kw})
+
+
+def new_spec_stats(settings: dict[str, Any] | None = None, **kw: Any) -> SpecStats:
+    cfg = RouterConfig(settings=router_settings(**(settings or {})))
+    return SpecStats(**{"window": cfg.spec_window_requests, "max_labels": cfg.settings.spec_max_labels, **kw})
 
 
 def new_kv_routing(settings: dict[str, Any] | None = None, **kw: Any) -> KvRouting:

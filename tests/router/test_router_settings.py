@@ -1,7 +1,9 @@
 """One router settings type (issue 27 item 1): the profile's RouterSettings (profile/router.py) is the only
 declaration of every router setting, its default and its bounds. RouterConfig (router/config.py) holds it
-plus run-time values only, PolicyConfig (core/routing/policy.py) has no defaults of its own, `router serve`
-flags default to "not given", and an override from a flag or from code meets the profile's bounds."""
+plus run-time values only, PolicyConfig (core/routing/policy.py) and the other parts built from the settings
+(router/config.py: the streams' bounds, coalescing, the predicted and exact indexes, the breaker, the pair
+floor, the prefix registry) declare no default for them, `router serve` flags default to "not given", and
+an override from a flag or from code meets the profile's bounds."""
 
 from __future__ import annotations
 
@@ -19,19 +21,26 @@ from pydantic.fields import FieldInfo
 
 from infer_ctl.cli.main import main
 from infer_ctl.core.routing.blocks import WorkerBlocks
+from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.coalesce import CoalesceConfig
 from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.pair_health import PairFloor
 from infer_ctl.core.routing.policy import MISS_PLACEMENTS, POLICIES, PolicyConfig
+from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.core.routing.retry import backoff_s
 from infer_ctl.core.routing.units import CHARS_PER_TOKEN
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.router import RouterSettings
 from infer_ctl.profile.speculative import DEFAULT_COST_RATIO, SpeculativeSettings
 from infer_ctl.router.config import (
     RouterConfig,
+    circuit_breaker,
     coalesce_config,
     kv_routing,
+    pair_floor,
     policy_config,
     prefix_index,
+    prefix_registry,
     router_settings,
     stream_settings,
 )
@@ -40,6 +49,7 @@ from infer_ctl.router.kvindex.kv_anchoring import Anchoring
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
 from infer_ctl.router.kvindex.replay_cursor import ReplayCursor
+from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.request.coalesce import Coalescer
 
 _LOWER = (annotated_types.Ge, annotated_types.Gt)
@@ -150,6 +160,11 @@ SETTINGS_PARAMETERS: list[tuple[Any, set[str]]] = [
     (Coalescer, {"cfg", "max_retries"}),
     (WorkerBlocks, {"max_blocks", "max_blocks_per_medium"}),
     (ReplayCursor, {"timeout_s"}),
+    (CircuitBreaker, {"failure_threshold", "success_threshold", "open_s"}),
+    (PairFloor, {"min_speed_gb_s", "max_latency_ms", "bad_samples", "max_failures", "probe_after_s"}),
+    (PrefixRegistry, {"rewarm_idle_s", "shared_placement", "pin_touch_s"}),
+    (SpecStats, {"window", "max_labels"}),
+    (backoff_s, {"base_s"}),
 ]
 
 
@@ -186,6 +201,16 @@ def test_the_parts_are_built_from_the_settings() -> None:
     assert kv.enabled and kv.settings == st and kv.anchoring.anchor_max_chars == 4096
     assert kv.chars_per_token() == CHARS_PER_TOKEN
     assert not kv_routing(RouterConfig(settings=router_settings(s, policy="round_robin"))).enabled
+    cb = circuit_breaker(router_settings(cb_failures=7, cb_successes=4, cb_open_s=3.5))
+    assert (cb.failure_threshold, cb.success_threshold, cb.open_s) == (7, 4, 3.5)
+    floor = pair_floor(router_settings(pair_health={"min_kv_speed_gb_s": 2.5, "max_kv_latency_ms": 40.0,
+                                                    "bad_samples": 5, "max_transfer_failures": 6,
+                                                    "probe_after_s": 9.0}))
+    assert floor == PairFloor(min_speed_gb_s=2.5, max_latency_ms=40.0, bad_samples=5, max_failures=6, probe_after_s=9.0)
+    reg = prefix_registry(router_settings(rewarm_idle_s=77.0, pin_touch_s=3.0))
+    assert (reg.rewarm_idle_s, reg.shared_placement, reg.pin_touch_s) == (77.0, False, 3.0)
+    reg = prefix_registry(router_settings(pin_via="priority", state_store="redis://h:6379/0"))
+    assert (reg.shared_placement, reg.pin_touch_s) == (True, None)
 
 
 def test_policy_names_are_the_settings_names() -> None:

@@ -16,9 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from infer_ctl.core.routing.index import BLOCK_CHARS
-from infer_ctl.core.routing.pair_health import PairFloor
-from infer_ctl.core.routing.prefixes import PrefixRegistry
-from infer_ctl.router.config import RouterConfig, coalesce_config, kv_routing, policy_config, prefix_index
+from infer_ctl.router.config import (
+    RouterConfig,
+    coalesce_config,
+    kv_routing,
+    pair_floor,
+    policy_config,
+    prefix_index,
+    prefix_registry,
+)
 from infer_ctl.router.control.admin import Admin
 from infer_ctl.router.control.admin_prefixes import PrefixRoutes
 from infer_ctl.router.control.admin_status import StatusRoutes, process_counters
@@ -108,11 +114,7 @@ def build_router(cfg: RouterConfig, *, seat: Seat | None = None, clock: Callable
 def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float], rng: random.Random) -> Router:
     workers = WorkerRegistry(cfg, *((seat.block, seat.index) if seat is not None else ()))
     index = prefix_index(cfg.settings)
-    # several replicas (a state store) place a prefix on the same workers: by rendezvous hash, not by
-    # each one's own view of the load (core/routing/prefixes.py)
-    # pins kept by touching (unless by priority): the registry plans the touches, the warmer sends them
-    prefixes = PrefixRegistry(rewarm_idle_s=cfg.settings.rewarm_idle_s, shared_placement=bool(cfg.settings.state_store),
-                              pin_touch_s=None if cfg.settings.pin_via == "priority" else cfg.settings.pin_touch_s)
+    prefixes = prefix_registry(cfg.settings)  # (config.py: shared placement with replicas, pins by touch)
     now = clock()
     for p in cfg.prefixes:
         prefixes.register(p.name, p.text, now=now, ttl_s=p.ttl_s, replicas=p.replicas, pin=p.pin, fmt=p.fmt,
@@ -121,8 +123,7 @@ def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float],
     upstreams = Upstreams()
     admission = Admission(cfg.settings.max_concurrent, cfg.settings.max_queue, cfg.settings.queue_timeout_s)
     metrics = RouterMetrics()
-    pairs = PairTracker(PairFloor(cfg.settings.pair_health.min_kv_speed_gb_s, cfg.settings.pair_health.max_kv_latency_ms, cfg.settings.pair_health.bad_samples,
-                                  cfg.settings.pair_health.max_transfer_failures, cfg.settings.pair_health.probe_after_s), clock)
+    pairs = PairTracker(pair_floor(cfg.settings), clock)
     spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.settings.spec_max_labels, clock=clock)
     ratio = TokenRatio(on_change=index_follows_ratio(workers, index))
     # the exact index from the prefills' KV events; the predicted index stays the fallback for every
