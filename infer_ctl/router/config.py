@@ -28,7 +28,7 @@ from infer_ctl.core.routing.tiers import (
 from infer_ctl.core.routing.units import CHARS_PER_TOKEN
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.errors import format_validation_error
-from infer_ctl.profile.router import RouterSettings
+from infer_ctl.profile.router import NamedPrefix, RouterSettings
 from infer_ctl.profile.speculative import DEFAULT_COST_RATIO, SpeculativeSettings
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_settings import checked_tokenizer
@@ -54,15 +54,21 @@ class WorkerSpec:
         return {"url": self.url, "role": self.role, "bootstrap_port": self.bootstrap_port}
 
 
+#: a named prefix's defaults, from its one declaration (profile/router.py NamedPrefix)
+_NAMED = {name: info.default for name, info in NamedPrefix.model_fields.items()}
+
+
 @dataclass(frozen=True)
 class PrefixSpec:
+    """A named prefix resolved: its text read (router.prefixes[], profile/router.py NamedPrefix)."""
+
     name: str
     text: str
-    ttl_s: float | None = None
-    replicas: int = 1
-    pin: bool = False
-    fmt: str = "text"
-    keep: str | None = None
+    ttl_s: float | None = _NAMED["ttl_s"]
+    replicas: int = _NAMED["replicas"]
+    pin: bool = _NAMED["pin"]
+    fmt: str = _NAMED["format"]
+    keep: str | None = _NAMED["keep"]
 
 
 #: the settings' defaults (host and port below come from their `listen`)

@@ -30,9 +30,10 @@ from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.retry import backoff_s
 from infer_ctl.core.routing.units import CHARS_PER_TOKEN
 from infer_ctl.errors import UsageError
-from infer_ctl.profile.router import RouterSettings
+from infer_ctl.profile.router import NamedPrefix, RouterSettings
 from infer_ctl.profile.speculative import DEFAULT_COST_RATIO, SpeculativeSettings
 from infer_ctl.router.config import (
+    PrefixSpec,
     RouterConfig,
     circuit_breaker,
     coalesce_config,
@@ -44,6 +45,7 @@ from infer_ctl.router.config import (
     router_settings,
     stream_settings,
 )
+from infer_ctl.router.control.client import AdminClient
 from infer_ctl.router.daemon.embed import router_config
 from infer_ctl.router.kvindex.kv_anchoring import Anchoring
 from infer_ctl.router.kvindex.kv_routing import KvRouting
@@ -211,6 +213,15 @@ def test_the_parts_are_built_from_the_settings() -> None:
     assert (reg.rewarm_idle_s, reg.shared_placement, reg.pin_touch_s) == (77.0, False, 3.0)
     reg = prefix_registry(router_settings(pin_via="priority", state_store="redis://h:6379/0"))
     assert (reg.shared_placement, reg.pin_touch_s) == (True, None)
+
+
+def test_run_time_forms_take_their_defaults_from_the_model() -> None:
+    """A named prefix resolved (PrefixSpec) and the admin client without a profile default as the profile does."""
+    spec = PrefixSpec("p", "text")
+    named = NamedPrefix(name="p", text="text")
+    assert (spec.ttl_s, spec.replicas, spec.pin, spec.fmt, spec.keep) == (named.ttl_s, named.replicas, named.pin,
+                                                                          named.format, named.keep)
+    assert inspect.signature(AdminClient).parameters["token_env"].default == RouterSettings().admin_token_env
 
 
 def test_policy_names_are_the_settings_names() -> None:
