@@ -11,13 +11,13 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   subscription landed (ZMQ's slow joiner) is not lost. A buffer that no longer starts at 0 cannot say
   what the worker holds: untrusted until the worker clears its cache.
 - a gap (seq jumps): replay the missing range; if the publisher cannot (no replay endpoint, the range
-  left its buffer, no answer to three requests within 7 x `kv_replay_timeout_s`), untrusted.
+  left its buffer, no answer to three requests within 7 x `kv_events.replay_timeout_s`), untrusted.
 - seq going backwards (or back to 0): the publisher restarted: the blocks are dropped and the stream is
   replayed from 0.
 - a batch that does not decode, has an unknown event, an oversized list, a store under a block the
-  worker never stored, or would exceed `kv_max_blocks` (core/routing/blocks.py rejects it whole), and a
-  publisher sending more than `kv_max_batches_per_s` (or `max_bytes_per_s`): counted, logged (at most once a minute per stream
-  and kind), untrusted. A flooding stream's socket is closed for `kv_flood_pause_s`.
+  worker never stored, or would exceed `kv_events.max_blocks` (core/routing/blocks.py rejects it whole), and a
+  publisher sending more than `kv_events.max_batches_per_s` (or `max_bytes_per_s`): counted, logged (at most once a minute per stream
+  and kind), untrusted. A flooding stream's socket is closed for `flood_pause_s`.
 - untrusted is repaired by an `AllBlocksCleared` (the blocks after it are the whole truth) or a worker
   restart; a worker that goes unhealthy is `down` (blocks dropped at once) until it is back.
 
