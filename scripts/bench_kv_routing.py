@@ -30,6 +30,8 @@ from infer_ctl.core.routing.tiers import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     weights_from,
 )
+from infer_ctl.profile.router import RouterSettings
+from infer_ctl.router.config import stream_settings
 
 
 def best_us(fn: Callable[[Any], Any], items: list[Any], passes: int = 5) -> float:
@@ -57,10 +59,13 @@ def main() -> None:
             return tok.encode_with_ends(text)
 
     table = AnchorTable(a.page_size)
-    workers = [WorkerBlocks() for _ in range(a.workers)]
+    bounds = stream_settings(RouterSettings())  # the router's defaults (router.kv_events)
+    workers = [WorkerBlocks(max_blocks=bounds.max_blocks, max_blocks_per_medium=bounds.max_blocks_per_medium)
+               for _ in range(a.workers)]
     # the same prompts on workers with a HiCache host tier: every page on host (write-through), the
     # second half of each prompt evicted from HBM (the tier-weighted score's longer path)
-    tiered = [WorkerBlocks() for _ in range(a.workers)]
+    tiered = [WorkerBlocks(max_blocks=bounds.max_blocks, max_blocks_per_medium=bounds.max_blocks_per_medium)
+              for _ in range(a.workers)]
     for i, text in enumerate(texts):  # every worker holds some of the prompts, as after a warm run
         ids = tok.encode(text)
         pages = len(ids) // a.page_size

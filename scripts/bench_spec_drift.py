@@ -34,9 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def overhead(n: int) -> dict[str, float]:
+    from infer_ctl.profile.router import RouterSettings
+    from infer_ctl.profile.speculative import SpeculativeSettings
     from infer_ctl.router.observe.spec_stats import SpecStats
 
-    stats = SpecStats(window=200)
+    stats = SpecStats(window=SpeculativeSettings().window_requests, max_labels=RouterSettings().spec_max_labels)
     meta = {"id": "a", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": 900,
             "completion_tokens": 64, "cached_tokens": 800, "e2e_latency": 1.2}
     spec = {"text": "x" * 100, "meta_info": {**meta, "spec_accept_rate": 0.65, "spec_accept_length": 2.9,

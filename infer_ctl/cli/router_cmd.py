@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from rich import box
@@ -27,7 +27,7 @@ from infer_ctl.cli.common import (
 from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
-from infer_ctl.profile.router import RouterSettings
+from infer_ctl.profile.router import PolicyName, RouterSettings
 
 #: the settings' defaults, quoted in the flags' help (declared once, in profile/router.py)
 _D = RouterSettings()
@@ -95,7 +95,7 @@ def serve(
     prefill: Annotated[list[str] | None, typer.Option("--prefill", help="Prefill URL[@BOOTSTRAP_PORT]; repeatable.")] = None,
     decode: Annotated[list[str] | None, typer.Option("--decode", help="Decode URL; repeatable.")] = None,
     mixed: Annotated[list[str] | None, typer.Option("--mixed", help="Mixed (collocated, non-PD) worker URL; repeatable.")] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="cache_aware, round_robin, power_of_two, random.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help=f"{', '.join(get_args(PolicyName))}.")] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning.")] = "info",
     log_requests: Annotated[bool | None, typer.Option("--log-requests/--no-log-requests", help="One structured log line per request (default: router.log_requests, off).")] = None,
     kv_events: Annotated[bool | None, typer.Option("--kv-events/--no-kv-events", help="Follow the workers' KV events (default: router.kv_events.enabled, on).")] = None,

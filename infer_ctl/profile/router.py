@@ -23,6 +23,11 @@ MAX_PREFIX_REPLICAS = 64
 PrefixName = Annotated[str, Field(pattern=PREFIX_NAME_PATTERN)]
 ListenAddress = Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+#: the prefill policies and the placements of a prompt no worker holds (core/routing/policy.py POLICIES and
+#: policies/placement.py MISS_PLACEMENTS implement them; the layers keep core and the profile from importing
+#: each other, so tests/router/test_router_settings.py checks the names agree)
+PolicyName = Literal["cache_aware", "round_robin", "power_of_two", "random"]
+MissPlacement = Literal["power_of_two", "rendezvous"]
 
 
 def check_state_store(url: str) -> str:
@@ -107,7 +112,7 @@ class RouterSettings(StrictModel):
     model_config = ConfigDict(**StrictModel.model_config, allow_inf_nan=False)
 
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$")] = "127.0.0.1:8000"
-    policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = "cache_aware"
+    policy: PolicyName = "cache_aware"
     #: idle TTL of routing-index entries
     prefix_ttl_s: Annotated[float, Field(gt=0)] = 1800.0
     index_max_tokens: Annotated[int, Field(ge=1024)] = 2_000_000
@@ -144,7 +149,7 @@ class RouterSettings(StrictModel):
     #: where a prompt no worker holds goes: power_of_two (the emptier, less loaded of two random workers)
     #: or rendezvous (its home by a stable hash of its first 1,024 characters, bounded load; every
     #: process and replica agrees)
-    miss_placement: Literal["power_of_two", "rendezvous"] = "power_of_two"
+    miss_placement: MissPlacement = "power_of_two"
     #: a decode whose estimated free KV cannot hold the request's prompt + max tokens is not chosen while
     #: another can (core/routing/policy.py choose_decode); off: least loaded by request count only
     decode_capacity: bool = True

@@ -32,7 +32,7 @@ class KvEventsRouting(StrictModel):
     #: batches a second one publisher may send; more is a flood (the stream is untrusted, paused)
     max_batches_per_s: Annotated[int, Field(ge=1)] = 5000
     #: the largest KV-event message accepted (ZMQ's MAXMSGSIZE): a bigger one drops the connection
-    #: undecoded (router/kvindex/kv_subscriber.py DEFAULT_MAX_MESSAGE_BYTES says why 8 MiB: a ~595k-token
+    #: undecoded (router/kvindex/kv_subscriber.py StreamSettings says why 8 MiB: a ~595k-token
     #: single store at page size 1); raise it for longer contexts with chunked prefill off
     max_message_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 8 << 20
     #: the longest prompt (characters) the exact index tokenizes to anchor it: a longer one is routed on

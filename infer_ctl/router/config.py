@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.coalesce import CoalesceConfig
+from infer_ctl.core.routing.index import BLOCK_CHARS, PrefixIndex
+from infer_ctl.core.routing.pair_health import PairFloor
 from infer_ctl.core.routing.policy import PolicyConfig
+from infer_ctl.core.routing.prefixes import PrefixRegistry
 from infer_ctl.core.routing.tiers import (
     BLIND,
     DEFAULT_HOST_GB_S,
@@ -21,11 +25,14 @@ from infer_ctl.core.routing.tiers import (
     TierWeights,
     weights_from,
 )
+from infer_ctl.core.routing.units import CHARS_PER_TOKEN
 from infer_ctl.errors import UsageError
 from infer_ctl.profile.errors import format_validation_error
-from infer_ctl.profile.router import RouterSettings
+from infer_ctl.profile.router import NamedPrefix, RouterSettings
 from infer_ctl.profile.speculative import DEFAULT_COST_RATIO, SpeculativeSettings
+from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.kvindex.kv_settings import checked_tokenizer
+from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
 from infer_ctl.router.observe.tenants import TenantSpec, prices_from_profile, specs_from_profile
 from infer_ctl.router.observe.tracing import TracingConfig, config_from
 
@@ -47,15 +54,21 @@ class WorkerSpec:
         return {"url": self.url, "role": self.role, "bootstrap_port": self.bootstrap_port}
 
 
+#: a named prefix's defaults, from its one declaration (profile/router.py NamedPrefix)
+_NAMED = {name: info.default for name, info in NamedPrefix.model_fields.items()}
+
+
 @dataclass(frozen=True)
 class PrefixSpec:
+    """A named prefix resolved: its text read (router.prefixes[], profile/router.py NamedPrefix)."""
+
     name: str
     text: str
-    ttl_s: float | None = None
-    replicas: int = 1
-    pin: bool = False
-    fmt: str = "text"
-    keep: str | None = None
+    ttl_s: float | None = _NAMED["ttl_s"]
+    replicas: int = _NAMED["replicas"]
+    pin: bool = _NAMED["pin"]
+    fmt: str = _NAMED["format"]
+    keep: str | None = _NAMED["keep"]
 
 
 #: the settings' defaults (host and port below come from their `listen`)
@@ -127,14 +140,7 @@ class RouterConfig:
             raise UsageError(f"router.port must be a whole number, 0 to 65535, got {self.port!r}",
                              remedy="0: any free port (tests, embedding)")
         self.tier_weights()
-        self.coalesce_config()
-
-    def coalesce_config(self) -> CoalesceConfig:
-        co = self.settings.coalesce
-        try:
-            return CoalesceConfig(co.enabled, co.min_tokens, co.max_wait_s)
-        except ValueError as exc:
-            raise UsageError(str(exc), remedy="router.coalesce: min_tokens >= 1, max_wait_s > 0") from None
+        coalesce_config(self.settings)
 
     def tier_weights(self) -> TierWeights | None:
         """The exact index's tier weights (None: only HBM counts); computed once, at start-up."""
@@ -163,6 +169,63 @@ def policy_config(settings: RouterSettings) -> PolicyConfig:
     s = settings
     return PolicyConfig(policy=s.policy, cache_threshold=s.cache_threshold, balance_abs=s.balance_abs,
                         balance_rel=s.balance_rel, miss_placement=s.miss_placement)
+
+
+def circuit_breaker(settings: RouterSettings) -> CircuitBreaker:
+    """A worker's circuit breaker (core/routing/breaker.py) from the settings: built here only."""
+    return CircuitBreaker(failure_threshold=settings.cb_failures, success_threshold=settings.cb_successes,
+                          open_s=settings.cb_open_s)
+
+
+def pair_floor(settings: RouterSettings) -> PairFloor:
+    """The pair-health floor (core/routing/pair_health.py) from router.pair_health: built here only."""
+    ph = settings.pair_health
+    return PairFloor(min_speed_gb_s=ph.min_kv_speed_gb_s, max_latency_ms=ph.max_kv_latency_ms,
+                     bad_samples=ph.bad_samples, max_failures=ph.max_transfer_failures, probe_after_s=ph.probe_after_s)
+
+
+def prefix_registry(settings: RouterSettings) -> PrefixRegistry:
+    """The named prefixes' registry (core/routing/prefixes.py) from the settings: with several replicas (a
+    state store) a prefix is placed on the same workers by rendezvous hash, not by each one's own view of
+    the load; pins are kept by touching unless by priority (the registry plans the touches, the warmer
+    sends them)."""
+    return PrefixRegistry(rewarm_idle_s=settings.rewarm_idle_s, shared_placement=bool(settings.state_store),
+                          pin_touch_s=None if settings.pin_via == "priority" else settings.pin_touch_s)
+
+
+def coalesce_config(settings: RouterSettings) -> CoalesceConfig:
+    """In-flight prefix coalescing's inputs (core/routing/coalesce.py) from the settings: built here only."""
+    co = settings.coalesce
+    try:
+        return CoalesceConfig(enabled=co.enabled, min_tokens=co.min_tokens, max_wait_s=co.max_wait_s)
+    except ValueError as exc:
+        raise UsageError(str(exc), remedy="router.coalesce: min_tokens >= 1, max_wait_s > 0") from None
+
+
+def prefix_index(settings: RouterSettings, block_chars: int = BLOCK_CHARS) -> PrefixIndex:
+    """The predicted index (core/routing/index.py) from the settings: index_max_tokens converted to its
+    blocks at CHARS_PER_TOKEN (core/routing/units.py)."""
+    return PrefixIndex(ttl_s=settings.prefix_ttl_s, block_chars=block_chars,
+                       max_blocks=max(1, int(settings.index_max_tokens * CHARS_PER_TOKEN) // block_chars))
+
+
+def stream_settings(settings: RouterSettings) -> StreamSettings:
+    """A KV-event stream's bounds (router/kvindex/kv_subscriber.py) from router.kv_events: built here only."""
+    kv = settings.kv_events
+    return StreamSettings(max_blocks=kv.max_blocks, max_blocks_per_medium=kv.max_blocks_per_medium,
+                          max_message_bytes=kv.max_message_bytes, replay_timeout_s=kv.replay_timeout_s,
+                          max_batches_per_s=kv.max_batches_per_s)
+
+
+def kv_routing(cfg: RouterConfig, *, metrics: Any = None, chars_per_token: Callable[[], float] | None = None,
+               processes: int = 1) -> KvRouting:
+    """The exact index (router/kvindex/kv_routing.py) from the settings: on with router.kv_events.enabled
+    under the cache_aware policy (the only one that reads it)."""
+    s = cfg.settings
+    return KvRouting(enabled=s.kv_events.enabled and s.policy == "cache_aware", settings=stream_settings(s),
+                     tier_weights=cfg.tier_weights(), anchor_max_chars=s.kv_events.anchor_max_chars,
+                     tokenizer_path=cfg.tokenizer_path, metrics=metrics, chars_per_token=chars_per_token,
+                     processes=processes)
 
 
 def router_settings(base: RouterSettings | None = None, /, **overrides: Any) -> RouterSettings:

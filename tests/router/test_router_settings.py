@@ -1,7 +1,9 @@
 """One router settings type (issue 27 item 1): the profile's RouterSettings (profile/router.py) is the only
 declaration of every router setting, its default and its bounds. RouterConfig (router/config.py) holds it
-plus run-time values only, PolicyConfig (core/routing/policy.py) has no defaults of its own, `router serve`
-flags default to "not given", and an override from a flag or from code meets the profile's bounds."""
+plus run-time values only, PolicyConfig (core/routing/policy.py) and the other parts built from the settings
+(router/config.py: the streams' bounds, coalescing, the predicted and exact indexes, the breaker, the pair
+floor, the prefix registry) declare no default for them, `router serve` flags default to "not given", and
+an override from a flag or from code meets the profile's bounds."""
 
 from __future__ import annotations
 
@@ -18,12 +20,39 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from infer_ctl.cli.main import main
-from infer_ctl.core.routing.policy import PolicyConfig
+from infer_ctl.core.routing.blocks import WorkerBlocks
+from infer_ctl.core.routing.breaker import CircuitBreaker
+from infer_ctl.core.routing.coalesce import CoalesceConfig
+from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.pair_health import PairFloor
+from infer_ctl.core.routing.policy import MISS_PLACEMENTS, POLICIES, PolicyConfig
+from infer_ctl.core.routing.prefixes import PrefixRegistry
+from infer_ctl.core.routing.retry import backoff_s
+from infer_ctl.core.routing.units import CHARS_PER_TOKEN
 from infer_ctl.errors import UsageError
-from infer_ctl.profile.router import RouterSettings
+from infer_ctl.profile.router import NamedPrefix, RouterSettings
 from infer_ctl.profile.speculative import DEFAULT_COST_RATIO, SpeculativeSettings
-from infer_ctl.router.config import RouterConfig, policy_config, router_settings
+from infer_ctl.router.config import (
+    PrefixSpec,
+    RouterConfig,
+    circuit_breaker,
+    coalesce_config,
+    kv_routing,
+    pair_floor,
+    policy_config,
+    prefix_index,
+    prefix_registry,
+    router_settings,
+    stream_settings,
+)
+from infer_ctl.router.control.client import AdminClient
 from infer_ctl.router.daemon.embed import router_config
+from infer_ctl.router.kvindex.kv_anchoring import Anchoring
+from infer_ctl.router.kvindex.kv_routing import KvRouting
+from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
+from infer_ctl.router.kvindex.replay_cursor import ReplayCursor
+from infer_ctl.router.observe.spec_stats import SpecStats
+from infer_ctl.router.request.coalesce import Coalescer
 
 _LOWER = (annotated_types.Ge, annotated_types.Gt)
 
@@ -119,6 +148,85 @@ def test_policyconfig_has_no_defaults_for_settings() -> None:
     built = policy_config(RouterSettings())
     assert (built.policy, built.cache_threshold, built.balance_abs, built.balance_rel, built.miss_placement) == (
         "cache_aware", 0.3, 8, 1.5, "power_of_two")
+
+
+#: the router's parts that take settings, and the parameters the settings give them (router/config.py
+#: builds each from the settings): none has a default of its own, so no default is repeated below the model
+SETTINGS_PARAMETERS: list[tuple[Any, set[str]]] = [
+    (StreamSettings, {"max_blocks", "max_blocks_per_medium", "max_message_bytes", "replay_timeout_s",
+                      "max_batches_per_s"}),
+    (CoalesceConfig, {"enabled", "min_tokens", "max_wait_s"}),
+    (PrefixIndex, {"ttl_s", "max_blocks"}),
+    (KvRouting, {"enabled", "settings", "tier_weights", "anchor_max_chars", "tokenizer_path"}),
+    (Anchoring, {"anchor_max_chars"}),
+    (Coalescer, {"cfg", "max_retries"}),
+    (WorkerBlocks, {"max_blocks", "max_blocks_per_medium"}),
+    (ReplayCursor, {"timeout_s"}),
+    (CircuitBreaker, {"failure_threshold", "success_threshold", "open_s"}),
+    (PairFloor, {"min_speed_gb_s", "max_latency_ms", "bad_samples", "max_failures", "probe_after_s"}),
+    (PrefixRegistry, {"rewarm_idle_s", "shared_placement", "pin_touch_s"}),
+    (SpecStats, {"window", "max_labels"}),
+    (backoff_s, {"base_s"}),
+]
+
+
+@pytest.mark.parametrize(("part", "names"), SETTINGS_PARAMETERS, ids=[p.__name__ for p, _ in SETTINGS_PARAMETERS])
+def test_the_parts_take_their_settings_without_defaults(part: Any, names: set[str]) -> None:
+    params = inspect.signature(part).parameters
+    assert names <= set(params), names - set(params)
+    for name in names:
+        assert params[name].default is inspect.Parameter.empty, (part.__name__, name, params[name].default)
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY or name == "cfg", name  # cfg: the group itself
+    # and no other parameter named as a setting repeats that setting's default
+    defaults: dict[str, list[Any]] = {}
+    for path, info, _ in FIELDS:
+        defaults.setdefault(path.rsplit(".", 1)[1], []).append(info.default)
+    for name, param in params.items():
+        d = param.default
+        if d is not inspect.Parameter.empty:  # (of one type: `processes=1` is no coalesce.processes=True)
+            assert not [v for v in defaults.get(name, []) if type(v) is type(d) and v == d], (part.__name__, name, d)
+
+
+def test_the_parts_are_built_from_the_settings() -> None:
+    s = router_settings(prefix_ttl_s=60.0, index_max_tokens=4096, max_retries=3,
+                        kv_events={"max_blocks": 5000, "max_blocks_per_medium": 2048, "replay_timeout_s": 1.5,
+                                   "max_batches_per_s": 7, "max_message_bytes": 1 << 17, "anchor_max_chars": 4096},
+                        coalesce={"enabled": False, "min_tokens": 9, "max_wait_s": 0.5})
+    st = stream_settings(s)
+    assert (st.max_blocks, st.max_blocks_per_medium, st.replay_timeout_s, st.max_batches_per_s,
+            st.max_message_bytes) == (5000, 2048, 1.5, 7, 1 << 17)
+    co = coalesce_config(s)
+    assert (co.enabled, co.min_tokens, co.max_wait_s) == (False, 9, 0.5)
+    ix = prefix_index(s)
+    assert (ix.ttl_s, ix.max_blocks) == (60.0, 4096 * 4 // 64)  # tokens at 4 characters a token, 64 a block
+    kv = kv_routing(RouterConfig(settings=s))
+    assert kv.enabled and kv.settings == st and kv.anchoring.anchor_max_chars == 4096
+    assert kv.chars_per_token() == CHARS_PER_TOKEN
+    assert not kv_routing(RouterConfig(settings=router_settings(s, policy="round_robin"))).enabled
+    cb = circuit_breaker(router_settings(cb_failures=7, cb_successes=4, cb_open_s=3.5))
+    assert (cb.failure_threshold, cb.success_threshold, cb.open_s) == (7, 4, 3.5)
+    floor = pair_floor(router_settings(pair_health={"min_kv_speed_gb_s": 2.5, "max_kv_latency_ms": 40.0,
+                                                    "bad_samples": 5, "max_transfer_failures": 6,
+                                                    "probe_after_s": 9.0}))
+    assert floor == PairFloor(min_speed_gb_s=2.5, max_latency_ms=40.0, bad_samples=5, max_failures=6, probe_after_s=9.0)
+    reg = prefix_registry(router_settings(rewarm_idle_s=77.0, pin_touch_s=3.0))
+    assert (reg.rewarm_idle_s, reg.shared_placement, reg.pin_touch_s) == (77.0, False, 3.0)
+    reg = prefix_registry(router_settings(pin_via="priority", state_store="redis://h:6379/0"))
+    assert (reg.shared_placement, reg.pin_touch_s) == (True, None)
+
+
+def test_run_time_forms_take_their_defaults_from_the_model() -> None:
+    """A named prefix resolved (PrefixSpec) and the admin client without a profile default as the profile does."""
+    spec = PrefixSpec("p", "text")
+    named = NamedPrefix(name="p", text="text")
+    assert (spec.ttl_s, spec.replicas, spec.pin, spec.fmt, spec.keep) == (named.ttl_s, named.replicas, named.pin,
+                                                                          named.format, named.keep)
+    assert inspect.signature(AdminClient).parameters["token_env"].default == RouterSettings().admin_token_env
+
+
+def test_policy_names_are_the_settings_names() -> None:
+    assert set(POLICIES) == set(typing.get_args(RouterSettings.model_fields["policy"].annotation))
+    assert set(MISS_PLACEMENTS) == set(typing.get_args(RouterSettings.model_fields["miss_placement"].annotation))
 
 
 def test_serve_flags_default_to_the_settings() -> None:

@@ -107,8 +107,8 @@ def _medium(ev: dict[str, Any]) -> str:
 class WorkerBlocks:
     """The blocks one worker holds, per storage medium."""
 
-    def __init__(self, *, max_blocks: int = 4_000_000, max_event_blocks: int | None = None,
-                 max_blocks_per_medium: int | None = None) -> None:
+    def __init__(self, *, max_blocks: int, max_event_blocks: int | None = None,
+                 max_blocks_per_medium: int | None) -> None:
         self.max_blocks = max_blocks
         self.max_blocks_per_medium = max_blocks if max_blocks_per_medium is None else max_blocks_per_medium
         #: blocks of batches refused for passing max_blocks_per_medium, per medium (what they listed there)

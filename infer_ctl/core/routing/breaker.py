@@ -21,11 +21,13 @@ class BreakerState(StrEnum):
         return {"closed": 0, "open": 1, "half_open": 2}[self.value]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CircuitBreaker:
-    failure_threshold: int = 5
-    success_threshold: int = 2
-    open_s: float = 10.0
+    #: the router's cb_failures, cb_successes and cb_open_s (profile/router.py declares them; router/config.py
+    #: `circuit_breaker` builds this): no default here
+    failure_threshold: int
+    success_threshold: int
+    open_s: float
     half_open_probes: int = 1
     state: BreakerState = BreakerState.CLOSED
     failures: int = 0

@@ -31,13 +31,16 @@ from dataclasses import dataclass
 COMPUTING, LANDED, FAILED = "computing", "landed", "failed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CoalesceConfig:
-    enabled: bool = True
+    """enabled, min_tokens and max_wait_s are the router's coalesce settings (profile/router.py
+    RouterCoalesce declares their defaults; router/config.py `coalesce_config` builds this): no default here."""
+
+    enabled: bool
     #: the shared part still being computed, in prompt tokens, worth waiting for
-    min_tokens: int = 256
+    min_tokens: int
     #: the longest a follower waits for its leader's blocks (then it computes them itself)
-    max_wait_s: float = 2.0
+    max_wait_s: float
     #: how long a finished request's blocks stay pending: for the worker's KV events to arrive
     grace_s: float = 1.0
 

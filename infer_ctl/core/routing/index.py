@@ -41,7 +41,9 @@ class PrefixIndex:
     """Which worker holds which prompt prefix, predicted from routing decisions and corrected by
     feedback (actual cached tokens, restarts, flushes, health)."""
 
-    def __init__(self, *, block_chars: int = BLOCK_CHARS, ttl_s: float = 1800.0, max_blocks: int = 1_000_000) -> None:
+    def __init__(self, *, ttl_s: float, max_blocks: int, block_chars: int = BLOCK_CHARS) -> None:
+        """`ttl_s` and `max_blocks` come from the router's prefix_ttl_s and index_max_tokens settings
+        (router/config.py `prefix_index`): no default here."""
         if block_chars < 1:
             raise ValueError("block_chars must be >= 1")
         self.block_chars = block_chars

@@ -24,13 +24,16 @@ from typing import Any
 REASONS = ("pair_test", "kv_slow", "kv_failed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PairFloor:
-    min_speed_gb_s: float | None = None
-    max_latency_ms: float | None = None
-    bad_samples: int = 3
-    max_failures: int = 3
-    probe_after_s: float = 60.0
+    """The router's pair_health settings (profile/pair_health.py declares them; router/config.py
+    `pair_floor` builds this): no default here."""
+
+    min_speed_gb_s: float | None
+    max_latency_ms: float | None
+    bad_samples: int
+    max_failures: int
+    probe_after_s: float
 
 
 @dataclass

@@ -43,7 +43,8 @@ __all__ = [
     "power_of_two", "rendezvous_rank",
 ]
 
-#: the prefill policies by the name `PolicyConfig.policy` (and the router's `policy` setting) gives them
+#: the prefill policies by the name `PolicyConfig.policy` (and the router's `policy` setting, profile/router.py
+#: PolicyName: the same names, tests/router/test_router_settings.py) gives them
 POLICIES: dict[str, PrefillPolicy] = {
     "round_robin": RoundRobin(),
     "random": RandomChoice(),

@@ -192,9 +192,11 @@ class WarmAction:
 
 
 class PrefixRegistry:
-    def __init__(self, *, rewarm_idle_s: float = 300.0, forget_after_s: float = 3600.0,
-                 max_warm_failures: int = 3, shared_placement: bool = False,
-                 pin_touch_s: float | None = None) -> None:
+    def __init__(self, *, rewarm_idle_s: float, shared_placement: bool, pin_touch_s: float | None,
+                 forget_after_s: float = 3600.0, max_warm_failures: int = 3) -> None:
+        """`rewarm_idle_s`, `shared_placement` and `pin_touch_s` come from the router's settings
+        (rewarm_idle_s, state_store, pin_via and pin_touch_s; router/config.py `prefix_registry`): no
+        default here."""
         self.rewarm_idle_s = rewarm_idle_s
         #: pins kept by touching (module docstring, "Pins"): a pinned replica (or keep hbm) idle this
         #: long is warmed again; None: pins are kept by the warm-up's priority alone

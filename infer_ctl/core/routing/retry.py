@@ -31,7 +31,7 @@ def attempts(max_retries: int) -> int:
     return 1 + max_retries
 
 
-def backoff_s(attempt: int, rand: float, *, base_s: float = 0.02, mult: float = 2.0, cap_s: float = 1.0,
+def backoff_s(attempt: int, rand: float, *, base_s: float, mult: float = 2.0, cap_s: float = 1.0,
               jitter: float = 0.5) -> float:
     """Delay before retry `attempt` (1-based): exponential, capped, with +-jitter; `rand` in [0, 1)."""
     raw = min(cap_s, base_s * mult ** max(0, attempt - 1))

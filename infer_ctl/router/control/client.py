@@ -9,14 +9,19 @@ import httpx
 
 from infer_ctl.errors import InferctlError
 from infer_ctl.exitcodes import ExitCode
+from infer_ctl.profile.router import RouterSettings
 
 
 class RouterUnreachable(InferctlError):
     exit_code = ExitCode.UNKNOWN
 
 
+#: the router's admin_token_env default (profile/router.py), for a client given no profile
+DEFAULT_TOKEN_ENV: str = RouterSettings.model_fields["admin_token_env"].default
+
+
 class AdminClient:
-    def __init__(self, url: str, token_env: str = "INFERCTL_ROUTER_TOKEN", timeout: float = 10.0) -> None:
+    def __init__(self, url: str, token_env: str = DEFAULT_TOKEN_ENV, timeout: float = 10.0) -> None:
         self.url = url.rstrip("/")
         self.token_env = token_env
         token = os.environ.get(token_env)

@@ -15,10 +15,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infer_ctl.core.routing.index import BLOCK_CHARS, PrefixIndex
-from infer_ctl.core.routing.pair_health import PairFloor
-from infer_ctl.core.routing.prefixes import PrefixRegistry
-from infer_ctl.router.config import RouterConfig, policy_config
+from infer_ctl.core.routing.index import BLOCK_CHARS
+from infer_ctl.router.config import (
+    RouterConfig,
+    coalesce_config,
+    kv_routing,
+    pair_floor,
+    policy_config,
+    prefix_index,
+    prefix_registry,
+)
 from infer_ctl.router.control.admin import Admin
 from infer_ctl.router.control.admin_prefixes import PrefixRoutes
 from infer_ctl.router.control.admin_status import StatusRoutes, process_counters
@@ -33,8 +39,6 @@ from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.router.fleet.workers import WorkerRegistry
 from infer_ctl.router.http.h1 import H1Server
 from infer_ctl.router.http.upstream import Upstreams
-from infer_ctl.router.kvindex.kv_routing import KvRouting
-from infer_ctl.router.kvindex.kv_subscriber import StreamSettings
 from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.request.admission import Admission
 from infer_ctl.router.request.attempt import AttemptRunner, StreamOpener
@@ -109,13 +113,8 @@ def build_router(cfg: RouterConfig, *, seat: Seat | None = None, clock: Callable
 
 def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float], rng: random.Random) -> Router:
     workers = WorkerRegistry(cfg, *((seat.block, seat.index) if seat is not None else ()))
-    index = PrefixIndex(block_chars=BLOCK_CHARS, ttl_s=cfg.settings.prefix_ttl_s,
-                        max_blocks=max(1, cfg.settings.index_max_tokens * 4 // BLOCK_CHARS))
-    # several replicas (a state store) place a prefix on the same workers: by rendezvous hash, not by
-    # each one's own view of the load (core/routing/prefixes.py)
-    # pins kept by touching (unless by priority): the registry plans the touches, the warmer sends them
-    prefixes = PrefixRegistry(rewarm_idle_s=cfg.settings.rewarm_idle_s, shared_placement=bool(cfg.settings.state_store),
-                              pin_touch_s=None if cfg.settings.pin_via == "priority" else cfg.settings.pin_touch_s)
+    index = prefix_index(cfg.settings)
+    prefixes = prefix_registry(cfg.settings)  # (config.py: shared placement with replicas, pins by touch)
     now = clock()
     for p in cfg.prefixes:
         prefixes.register(p.name, p.text, now=now, ttl_s=p.ttl_s, replicas=p.replicas, pin=p.pin, fmt=p.fmt,
@@ -124,21 +123,13 @@ def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float],
     upstreams = Upstreams()
     admission = Admission(cfg.settings.max_concurrent, cfg.settings.max_queue, cfg.settings.queue_timeout_s)
     metrics = RouterMetrics()
-    pairs = PairTracker(PairFloor(cfg.settings.pair_health.min_kv_speed_gb_s, cfg.settings.pair_health.max_kv_latency_ms, cfg.settings.pair_health.bad_samples,
-                                  cfg.settings.pair_health.max_transfer_failures, cfg.settings.pair_health.probe_after_s), clock)
+    pairs = PairTracker(pair_floor(cfg.settings), clock)
     spec = SpecStats(window=cfg.spec_window_requests, max_labels=cfg.settings.spec_max_labels, clock=clock)
     ratio = TokenRatio(on_change=index_follows_ratio(workers, index))
     # the exact index from the prefills' KV events; the predicted index stays the fallback for every
     # worker whose stream is not trusted
-    kv = KvRouting(enabled=cfg.settings.kv_events.enabled and cfg.settings.policy == "cache_aware", block_chars=BLOCK_CHARS,
-                   tokenizer_path=cfg.tokenizer_path, metrics=metrics,
-                   settings=StreamSettings(max_blocks=cfg.settings.kv_events.max_blocks,
-                                           max_blocks_per_medium=cfg.settings.kv_events.max_blocks_per_medium,
-                                           replay_timeout_s=cfg.settings.kv_events.replay_timeout_s,
-                                           max_batches_per_s=cfg.settings.kv_events.max_batches_per_s,
-                                           max_message_bytes=cfg.settings.kv_events.max_message_bytes),
-                   tier_weights=cfg.tier_weights(), anchor_max_chars=cfg.settings.kv_events.anchor_max_chars,
-                   chars_per_token=ratio.get, processes=seat.processes if seat is not None else 1)
+    kv = kv_routing(cfg, metrics=metrics, chars_per_token=ratio.get,
+                    processes=seat.processes if seat is not None else 1)
     # in-flight prefix coalescing: the pending overlay the picker reads, and the hold; with several
     # processes sharing their flights, every process's on the board
     coalescing = cfg.settings.coalesce.enabled and cfg.settings.policy == "cache_aware"
@@ -146,7 +137,7 @@ def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float],
     if coalescing and seat is not None and seat.flights:
         board = shared_flights.FlightBoard(seat.block.cells, seat.block.extra_offset, seat.processes, seat.index,
                                            workers.url_of_slot, workers.slot_of)
-    coalesce = Coalescer(cfg.coalesce_config(), block_chars=BLOCK_CHARS, chars_per_token=ratio.get,
+    coalesce = Coalescer(coalesce_config(cfg.settings), block_chars=BLOCK_CHARS, chars_per_token=ratio.get,
                          registry=metrics.registry, max_retries=cfg.settings.max_retries, kv=kv if coalescing else None,
                          board=board)
     picker = PairPicker(workers, index, policy, rng=rng, clock=clock, metrics=metrics, pairs=pairs, kv=kv,

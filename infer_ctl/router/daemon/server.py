@@ -33,7 +33,7 @@ from infer_ctl.router.daemon.nofile import default_max_connections, raise_nofile
 from infer_ctl.router.daemon.server_info import pd_server_info
 from infer_ctl.router.fleet.shared_load import SharedLoad
 from infer_ctl.router.http.h1 import H1Server, Request, Response, StreamResponse
-from infer_ctl.router.http.jsonio import dumps, error_body
+from infer_ctl.router.http.jsonio import JSON_TYPE, dumps, error_body
 from infer_ctl.router.http.upstream import Pool, UpstreamError
 from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout.follow import Follower, ProcessRole, Publisher
@@ -43,7 +43,6 @@ from infer_ctl.router.scaleout.state_sync import StateSync
 log = logging.getLogger("infer_ctl.router")
 
 GENERATE_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
-_JSON = "application/json"
 #: response headers of the admin app that are not relayed (the front frames its own response)
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
                           "content-type"})
@@ -148,7 +147,7 @@ class RouterServer:
                 return busy
             return _error(500, f"admin API failed: {exc}; see the router's log")
         extra = {k: v for k, v in resp.headers.items() if k not in _HOP_HEADERS}
-        return Response(resp.status, data, resp.headers.get("content-type", _JSON), extra or None)
+        return Response(resp.status, data, resp.headers.get("content-type", JSON_TYPE), extra or None)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -10,7 +10,7 @@ from infer_ctl.core.routing.breaker import CircuitBreaker
 from infer_ctl.core.routing.flap import FlapDamper
 from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.errors import UsageError
-from infer_ctl.router.config import RouterConfig, WorkerSpec
+from infer_ctl.router.config import RouterConfig, WorkerSpec, circuit_breaker
 
 if TYPE_CHECKING:
     from infer_ctl.router.fleet.shared_load import SharedLoad
@@ -169,8 +169,7 @@ class WorkerRegistry:
         (no free slot)."""
         if spec.url in self.by_url:
             raise ValueError(f"worker {spec.url} is already registered")
-        breaker = CircuitBreaker(failure_threshold=self.cfg.settings.cb_failures, success_threshold=self.cfg.settings.cb_successes,
-                                 open_s=self.cfg.settings.cb_open_s)
+        breaker = circuit_breaker(self.cfg.settings)
         state = WorkerState(spec=spec, breaker=breaker)
         if self.shared is not None:
             self._place(state, self.next_slot if slot is None else slot)

@@ -25,6 +25,7 @@ from typing import Any
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
 from infer_ctl.core.routing.index import BLOCK_CHARS
 from infer_ctl.core.routing.tiers import TierWeights
+from infer_ctl.core.routing.units import CHARS_PER_TOKEN
 from infer_ctl.router.kvindex.kv_anchoring import HOLD_CHARS, Anchoring, prompt_kind
 from infer_ctl.router.kvindex.kv_discovery import WorkerKv, decode_radix_cache, subscription
 from infer_ctl.router.kvindex.kv_prompts import PromptView
@@ -36,17 +37,20 @@ _ONE = TierWeights().of  # every tier at 1: the unweighted cached length
 
 
 class KvRouting:
-    def __init__(self, *, enabled: bool = True, block_chars: int = BLOCK_CHARS, tokenizer_path: str | None = None,
-                 settings: StreamSettings | None = None, max_anchors: int = 500_000, metrics: Any = None,
-                 tier_weights: TierWeights | None = None, anchor_max_chars: int = 256 << 10,
+    def __init__(self, *, enabled: bool, settings: StreamSettings, tier_weights: TierWeights | None,
+                 anchor_max_chars: int, tokenizer_path: str | None, block_chars: int = BLOCK_CHARS,
+                 max_anchors: int = 500_000, metrics: Any = None,
                  chars_per_token: Callable[[], float] | None = None, processes: int = 1) -> None:
+        """`enabled`, `settings`, `tier_weights`, `anchor_max_chars` and `tokenizer_path` come from the
+        router's settings (router/config.py `kv_routing` builds this): no default here. `chars_per_token`: the router's
+        learned ratio (None: core/routing/units.py's CHARS_PER_TOKEN)."""
         self.enabled = enabled
         #: what a cached token on a lower tier counts (None: only HBM counts, host pages are ignored)
         self.tier_weights = tier_weights
         self._weight = tier_weights.of if tier_weights is not None else None
         self.block_chars = block_chars
         self.tokenizer_path = tokenizer_path
-        self.settings = settings or StreamSettings()
+        self.settings = settings
         self.max_anchors = max_anchors
         self.metrics = metrics
         self.workers: dict[str, WorkerKv] = {}
@@ -55,7 +59,7 @@ class KvRouting:
         self.anchoring = Anchoring(block_chars=block_chars, max_anchors=max_anchors, anchor_max_chars=anchor_max_chars,
                                    spaces=lambda: {w.space() for w in self.workers.values()})
         #: the router's chars-per-token estimate (feedback.py): predicted matches in tokens
-        self.chars_per_token: Callable[[], float] = chars_per_token or (lambda: 4.0)
+        self.chars_per_token: Callable[[], float] = chars_per_token or (lambda: CHARS_PER_TOKEN)
         #: what one request already on a prefill costs a new one, in prompt units: the mean uncached
         #: prompt tokens of recent answers (None until the first answer: the policy uses the prompt)
         self.queue_cost: float | None = None

@@ -11,13 +11,13 @@ Health, which the stream's state says (`exact`, `replaying`, `untrusted`, `down`
   subscription landed (ZMQ's slow joiner) is not lost. A buffer that no longer starts at 0 cannot say
   what the worker holds: untrusted until the worker clears its cache.
 - a gap (seq jumps): replay the missing range; if the publisher cannot (no replay endpoint, the range
-  left its buffer, no answer to three requests within 7 x `kv_replay_timeout_s`), untrusted.
+  left its buffer, no answer to three requests within 7 x `kv_events.replay_timeout_s`), untrusted.
 - seq going backwards (or back to 0): the publisher restarted: the blocks are dropped and the stream is
   replayed from 0.
 - a batch that does not decode, has an unknown event, an oversized list, a store under a block the
-  worker never stored, or would exceed `kv_max_blocks` (core/routing/blocks.py rejects it whole), and a
-  publisher sending more than `kv_max_batches_per_s` (or `max_bytes_per_s`): counted, logged (at most once a minute per stream
-  and kind), untrusted. A flooding stream's socket is closed for `kv_flood_pause_s`.
+  worker never stored, or would exceed `kv_events.max_blocks` (core/routing/blocks.py rejects it whole), and a
+  publisher sending more than `kv_events.max_batches_per_s` (or `max_bytes_per_s`): counted, logged (at most once a minute per stream
+  and kind), untrusted. A flooding stream's socket is closed for `flood_pause_s`.
 - untrusted is repaired by an `AllBlocksCleared` (the blocks after it are the whole truth) or a worker
   restart; a worker that goes unhealthy is `down` (blocks dropped at once) until it is back.
 
@@ -57,24 +57,29 @@ log = logging.getLogger("infer_ctl.router.kv")
 _YIELD_EVERY = 32
 #: how often a silent socket's monitor is read (a dropped connection is noticed within this)
 _IDLE_S = 0.5
-#: SGLang 0.5.23's largest legitimate message: one event of a radix node's N pages (docs/router.md
-#: "The exact index"); at page size 1 a BlockStored is N msgpack int64 hashes (9 bytes) plus N token ids
-#: (3 bytes under 65,536, else 5), about 14 bytes a token: 8 MiB is one ~595k-token store with chunked
-#: prefill off, or a ~930k-token eviction (BlockRemoved: hashes only). A longer context wants more.
-DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StreamSettings:
-    max_blocks: int = 4_000_000
+    """A stream's bounds. The first five are router.kv_events settings (profile/router_kv.py declares their
+    defaults and bounds; router/config.py `stream_settings` builds this from them): no default here. The
+    rest are the stream's own constants.
+
+    max_message_bytes: SGLang 0.5.23's largest legitimate message is one event of a radix node's N pages
+    (docs/router.md "The exact index"); at page size 1 a BlockStored is N msgpack int64 hashes (9 bytes)
+    plus N token ids (3 bytes under 65,536, else 5), about 14 bytes a token: the default 8 MiB is one
+    ~595k-token store with chunked prefill off, or a ~930k-token eviction (BlockRemoved: hashes only). A
+    longer context wants more."""
+
+    max_blocks: int
     #: each storage medium's own bound (core/routing/blocks.py; None: max_blocks): a publisher naming
     #: four media otherwise holds up to 4 x max_blocks entries, ~25 bytes each (core/routing/blocktable.py)
-    max_blocks_per_medium: int | None = None
+    max_blocks_per_medium: int | None
+    max_message_bytes: int
+    replay_timeout_s: float
+    max_batches_per_s: int
     max_event_blocks: int | None = None  # None: max_blocks (core/routing/blocks.py says why)
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     rcv_hwm: int = 100_000
-    replay_timeout_s: float = 2.0
-    max_batches_per_s: int = 5000
     #: bytes a second per publisher before it is a flood: decoding is C code that holds the event loop
     #: (~0.15-0.3 s for a 16 MiB batch on a loaded 2-core machine), so a publisher sending a few large
     #: batches a second, under max_batches_per_s, would otherwise stall every request

@@ -46,9 +46,9 @@ DONE = Step("done")
 
 class ReplayCursor:
     def __init__(self, start: int, last: int | None, *, attempts: int = 3, gap_asks: int = 3,
-                 max_batches: int = 100_000, timeout_s: float = 2.0) -> None:
+                 max_batches: int = 100_000, timeout_s: float) -> None:
         """`last`: the stream's last applied seq (None: nothing applied yet). The first request (from
-        `start`) is the caller's to send."""
+        `start`) is the caller's to send. `timeout_s`: router.kv_events.replay_timeout_s (no default here)."""
         self.start = start
         self.last = last
         self.attempts = attempts

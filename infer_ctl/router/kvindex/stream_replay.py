@@ -15,7 +15,7 @@ from infer_ctl.router.kvindex.stream_state import Flood, StreamSequence
 log = logging.getLogger("infer_ctl.router.kv")
 
 #: replay requests before a silent replay socket untrusts the stream, each waiting twice as long as the
-#: one before (kv_replay_timeout_s, then 2x, 4x): a publisher (or this router) slowed down by a loaded
+#: one before (kv_events.replay_timeout_s, then 2x, 4x): a publisher (or this router) slowed down by a loaded
 #: host answers late, not never, and a stream untrusted for it stays so until the worker clears its cache
 REPLAY_ATTEMPTS = 3
 #: how often a silent replay socket is looked at, and how many answers are applied between yields

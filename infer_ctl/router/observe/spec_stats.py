@@ -210,8 +210,10 @@ def fields_of(obj: Any) -> list[SpecFields]:
 
 
 class SpecStats:
-    def __init__(self, *, window: int = 200, max_labels: int = 16, label_idle_s: float = 3600.0,
+    def __init__(self, *, window: int, max_labels: int, label_idle_s: float = 3600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """`window` and `max_labels`: the profile's speculative.window_requests and router.spec_max_labels
+        (router/daemon/assembly.py passes them): no default here."""
         self.window = window
         self.max_labels = max_labels
         self.label_idle_s = label_idle_s

@@ -51,7 +51,7 @@ MAX_PENDING_CHARS = 512 * 1024
 
 class Coalescer:
     def __init__(self, cfg: CoalesceConfig, *, block_chars: int, chars_per_token: Callable[[], float],
-                 registry: CollectorRegistry | None = None, max_retries: int = 0, kv: KvRouting | None = None,
+                 max_retries: int, registry: CollectorRegistry | None = None, kv: KvRouting | None = None,
                  board: FlightBoard | None = None) -> None:
         self.cfg = cfg
         self.block_chars = block_chars

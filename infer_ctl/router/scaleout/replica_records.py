@@ -72,7 +72,8 @@ class ReplicaRecords:
     def scratch(self) -> PrefixRegistry:
         """An empty registry with this router's settings, for running a verb on a stored record."""
         prefixes = self.router.prefixes
-        return PrefixRegistry(rewarm_idle_s=prefixes.rewarm_idle_s, forget_after_s=prefixes.forget_after_s)
+        return PrefixRegistry(rewarm_idle_s=prefixes.rewarm_idle_s, shared_placement=prefixes.shared_placement,
+                              pin_touch_s=prefixes.pin_touch_s, forget_after_s=prefixes.forget_after_s)
 
     # ---- applying records ------------------------------------------------------------------------
     def apply_raw(self, raw: str | None, source: str, offset: float) -> None:

@@ -3,14 +3,15 @@ failed transfers), what the picker avoids, the probe and the return (pure: `now`
 
 from __future__ import annotations
 
-from infer_ctl.core.routing.pair_health import PairFloor, PairHealth
+from infer_ctl.core.routing.pair_health import PairHealth
 from infer_ctl.router.fleet.pair_health import kv_numbers
+from tests.router.conftest import new_pair_floor
 
 P, D = "http://p:30000", "http://d:30001"
 
 
 def test_a_failed_pair_test_is_avoided_until_a_later_test_passes() -> None:
-    h = PairHealth(PairFloor())
+    h = PairHealth(new_pair_floor())
     assert not h.avoid(P, D, 0.0)
     h.push(P, D, "fail", "fabric.pingpong: retry counter exceeded", 1.0)
     assert h.avoid(P, D, 1.0) and h.avoid(P, D, 1e9)  # no probe: the router cannot re-run an RDMA test
@@ -22,7 +23,7 @@ def test_a_failed_pair_test_is_avoided_until_a_later_test_passes() -> None:
 
 
 def test_slow_transfers_degrade_after_a_run_then_a_probe_returns_the_pair() -> None:
-    h = PairHealth(PairFloor(min_speed_gb_s=10.0, max_latency_ms=50.0, bad_samples=3, probe_after_s=30.0))
+    h = PairHealth(new_pair_floor(min_speed_gb_s=10.0, max_latency_ms=50.0, bad_samples=3, probe_after_s=30.0))
     h.sample(P, D, 20.0, 10.0, 0.0)
     h.sample(P, D, 2.0, 10.0, 1.0)
     h.sample(P, D, 20.0, 80.0, 2.0)   # latency over the floor is bad too
@@ -42,7 +43,7 @@ def test_slow_transfers_degrade_after_a_run_then_a_probe_returns_the_pair() -> N
 
 
 def test_failed_transfers_degrade_and_a_successful_probe_returns() -> None:
-    h = PairHealth(PairFloor(max_failures=2, probe_after_s=10.0))
+    h = PairHealth(new_pair_floor(max_failures=2, probe_after_s=10.0))
     h.outcome(P, D, ok=False, transfer_failed=False, now=0.0)  # the worker's own failure: not the pair's
     h.outcome(P, D, ok=False, transfer_failed=True, now=1.0)
     assert not h.avoid(P, D, 1.0)
@@ -57,7 +58,7 @@ def test_failed_transfers_degrade_and_a_successful_probe_returns() -> None:
 
 
 def test_no_floor_means_samples_never_degrade_and_forget_drops_a_worker() -> None:
-    h = PairHealth(PairFloor())
+    h = PairHealth(new_pair_floor())
     for t in range(10):
         h.sample(P, D, 0.001, 1e6, float(t))
     assert not h.avoid(P, D, 10.0)
@@ -78,7 +79,7 @@ def test_kv_numbers_from_sglang_loads() -> None:
 def test_a_restarted_worker_s_pairs_start_again_but_keep_the_audit_verdict() -> None:
     # a killed prefill fails every transfer until it is back: those failures were about the process that
     # is gone, so its new process is not avoided for probe_after_s (a full-suite run shunned it 60 s)
-    h = PairHealth(PairFloor(max_failures=3, probe_after_s=60.0))
+    h = PairHealth(new_pair_floor(max_failures=3, probe_after_s=60.0))
     D2 = "http://d2:30001"
     for t in (1.0, 2.0, 3.0):
         h.outcome(P, D, ok=False, transfer_failed=True, now=t)

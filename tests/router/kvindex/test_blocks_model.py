@@ -13,6 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from infer_ctl.core.routing.blocks import MEDIA, EventRejected, WorkerBlocks
+from tests.router.conftest import new_worker_blocks
 
 MAX = 12
 HASHES = st.integers(0, 24)
@@ -74,7 +75,7 @@ def _state(b: WorkerBlocks) -> tuple[dict[str, set[int]], int]:
 @example([[_store(list(range(9, 13)), None, "CPU_PINNED"), _store(list(range(9)), None, "CPU_PINNED"),
            {"type": "AllBlocksCleared"}]])
 def test_blocks_follow_the_naive_model(batches: list[list[dict[str, Any]]]) -> None:
-    b = WorkerBlocks(max_blocks=MAX)
+    b = new_worker_blocks(max_blocks=MAX)
     media: dict[str, set[int]] = {}
     for batch in batches:
         want = model(media, batch, MAX)
@@ -96,7 +97,7 @@ def test_a_batch_never_holds_more_than_max_blocks_before_its_clear() -> None:
     """Blocks stored past the bound and cleared later in the same batch: the sets grew to the batch's
     whole size while it was applied (a publisher could hold k x max_blocks, bounded by the message size
     alone); each store is counted where it stands, as before distinct blocks were counted."""
-    b = WorkerBlocks(max_blocks=1024)
+    b = new_worker_blocks(max_blocks=1024)
     batch = [_store(list(range(i * 1000, i * 1000 + 1000)), None, "GPU") for i in range(20)]
     try:
         b.apply([*batch, {"type": "AllBlocksCleared"}])
@@ -107,7 +108,7 @@ def test_a_batch_never_holds_more_than_max_blocks_before_its_clear() -> None:
 
 def test_a_hostile_list_is_refused_before_the_walk() -> None:
     """A list longer than max_blocks costs its length check only, even when near the bound."""
-    b = WorkerBlocks(max_blocks=1 << 20)
+    b = new_worker_blocks(max_blocks=1 << 20)
     b.apply([_store(list(range(1000)), None, "GPU")])
     huge = _store([0] * 10**6 + ["x"], None, "GPU")  # type: ignore[list-item]
     huge["block_hashes"] += [0] * (1 << 20)

@@ -11,13 +11,13 @@ import pytest
 from infer_ctl.core.kvevents.hashing import block_hashes, pack_bigrams, page_digests
 from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
-from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
-from infer_ctl.core.routing.index import PrefixIndex
+from infer_ctl.core.routing.blocks import EventRejected
 from infer_ctl.core.routing.index import block_hashes as text_chain
 from infer_ctl.core.routing.pd import parallel_samples
 from infer_ctl.core.routing.policy import WorkerView, choose_prefill
 from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.router.config import policy_config, router_settings
+from tests.router.conftest import new_prefix_index, new_worker_blocks
 
 TOK = BuiltinTokenizer()
 
@@ -36,7 +36,7 @@ def stored(hashes: list[int], parent: int | None, n: int = 1, medium: str | None
 
 
 def test_blocks_store_remove_clear_and_media() -> None:
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     eff = b.apply([stored([1, 2], None), stored([3], 2, medium=None), stored([9], None, medium="CPU_PINNED")])
     assert eff.stored == 4 and b.holds(3) and not b.holds(9) and b.snapshot() == {"GPU": 3, "CPU_PINNED": 1}
     b.apply([{"type": "BlockRemoved", "block_hashes": [3, 77]}])
@@ -55,7 +55,7 @@ def test_blocks_store_remove_clear_and_media() -> None:
     ([stored(list(range(20)), None)], "capacity"),
 ])
 def test_blocks_refuse_a_batch_whole(events: list, kind: str) -> None:
-    b = WorkerBlocks(max_blocks=10, max_event_blocks=50_000)
+    b = new_worker_blocks(max_blocks=10, max_event_blocks=50_000)
     b.apply([stored([100], None)])
     with pytest.raises(EventRejected) as exc:
         b.apply(events)
@@ -81,7 +81,7 @@ def test_a_long_prompt_at_page_1_is_one_event_and_is_accepted() -> None:
     rec.record_store(node)
     events = build.build(rec.take())
     assert len(events) == 1 and len(events[0]["block_hashes"]) == 100_000
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     assert b.apply(events).stored == 100_000
     rec.record_remove(node)
     assert b.apply(build.build(rec.take())).removed == 100_000 and len(b) == 0
@@ -100,7 +100,7 @@ def test_anchors_predict_what_the_worker_matches(ps: int, bigram: bool) -> None:
     vocab = ["alpha", "beta", "gamma,", "delta.", "cache", "router!", "prefill?", "x"]
     prefix = "System: " + " ".join(rng.choice(vocab) for _ in range(500))
     table = AnchorTable(ps, bigram=bigram)
-    held = WorkerBlocks()
+    held = new_worker_blocks()
     prev = None
     for r in range(25):
         text = prefix + " Q: " + " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 40)))
@@ -129,7 +129,7 @@ def test_anchors_predict_what_the_worker_matches(ps: int, bigram: bool) -> None:
 
 def test_anchors_follow_eviction_and_stay_bounded() -> None:
     table = AnchorTable(1, max_anchors=50)
-    held = WorkerBlocks()
+    held = new_worker_blocks()
     text = "word " * 400
     ids = TOK.encode(text)
     hs = text_chain(text, 64)
@@ -145,7 +145,7 @@ def test_anchors_follow_eviction_and_stay_bounded() -> None:
 def test_policy_exact_path_scores_overlap_minus_load() -> None:
     cfg = policy_config(router_settings())
     rng = random.Random(0)
-    idx = PrefixIndex()
+    idx = new_prefix_index()
     views = [WorkerView("a", inflight=0), WorkerView("b", inflight=2), WorkerView("c", inflight=0)]
     # b holds 90 % but has 2 requests queued that each cost 100 units; a holds 60 %: b still wins
     pick = choose_prefill(hashes=[], text_chars=0, workers=views, index=idx, now=0, cfg=cfg, rng=rng,
@@ -162,7 +162,7 @@ def test_policy_exact_path_scores_overlap_minus_load() -> None:
 
 
 def test_forget_older() -> None:
-    idx = PrefixIndex(block_chars=4)
+    idx = new_prefix_index(block_chars=4)
     a, b = idx.hashes("aaaabbbbcccc"), idx.hashes("xxxxyyyy")
     idx.insert(a, "w", now=1.0)
     idx.insert(b, "w", now=2.0)
@@ -197,7 +197,7 @@ def test_a_page_in_hbm_and_host_is_one_block_against_max_blocks() -> None:
     """kv_max_blocks counted a write-through page twice (once per medium): a worker holding 120 distinct
     pages (60 in HBM and host, 60 in host only) was "more than 150 blocks" and its stream untrusted."""
     cache, rec, build = _hicache_events()
-    b = WorkerBlocks(max_blocks=150)
+    b = new_worker_blocks(max_blocks=150)
     b.apply(build.build(rec.take()))  # the reset's AllBlocksCleared
     cache.insert(list(range(1000, 1060)))
     cache.insert(list(range(2000, 2060)))  # 120 > 100 in HBM: the first prompt leaves HBM, stays on host
@@ -219,7 +219,7 @@ def test_a_page_in_hbm_and_host_is_one_block_against_max_blocks() -> None:
 def test_distinct_blocks_follow_every_medium_under_random_load(policy: str) -> None:
     rng = random.Random(policy)
     cache, rec, build = _hicache_events(policy)
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     prefixes = [[rng.randrange(7) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
     for _ in range(400):
         tokens = rng.choice(prefixes) + [rng.randrange(7) for _ in range(rng.randrange(0, 30))]

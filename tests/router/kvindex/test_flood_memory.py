@@ -15,8 +15,9 @@ import weakref
 import msgspec
 import pytest
 
-from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
-from infer_ctl.router.kvindex.kv_subscriber import KvStream, StreamSettings
+from infer_ctl.core.routing.blocks import EventRejected
+from infer_ctl.router.kvindex.kv_subscriber import KvStream
+from tests.router.conftest import new_stream_settings, new_worker_blocks
 
 
 def stored(hashes: list[int], parent: int | None, medium: str = "GPU") -> dict:
@@ -25,7 +26,7 @@ def stored(hashes: list[int], parent: int | None, medium: str = "GPU") -> dict:
 
 
 def test_each_medium_is_bounded_on_its_own_and_refusals_are_counted_by_medium() -> None:
-    b = WorkerBlocks(max_blocks=1000, max_blocks_per_medium=10)
+    b = new_worker_blocks(max_blocks=1000, max_blocks_per_medium=10)
     b.apply([stored(list(range(1, 9)), None), stored(list(range(1, 9)), None, "CPU_PINNED")])
     b.apply([stored([100, 101], None, "DISK")])
     with pytest.raises(EventRejected) as exc:
@@ -40,7 +41,7 @@ def test_each_medium_is_bounded_on_its_own_and_refusals_are_counted_by_medium() 
 
 def test_a_batch_is_applied_in_steps_with_the_same_result() -> None:
     hashes = list(range(1, 200_001))
-    whole, steps = WorkerBlocks(), WorkerBlocks()
+    whole, steps = new_worker_blocks(), new_worker_blocks()
     whole.apply([stored(hashes, None)])
     gen = steps.apply_steps([stored(hashes, None)], step_blocks=50_000)
     yields = 0
@@ -53,7 +54,7 @@ def test_a_batch_is_applied_in_steps_with_the_same_result() -> None:
 
 
 def _stream(**settings: object) -> KvStream:
-    s = KvStream("http://w", "tcp://127.0.0.1:1", None, "", settings=StreamSettings(**settings))  # type: ignore[arg-type]
+    s = KvStream("http://w", "tcp://127.0.0.1:1", None, "", settings=new_stream_settings(**settings))
     s.seq.state, s.seq.last_seq = "exact", 0
     return s
 
@@ -140,7 +141,7 @@ def test_a_block_costs_no_python_object() -> None:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        b = WorkerBlocks()
+        b = new_worker_blocks()
         for batch in batches:
             b.apply(batch)
         after = tracemalloc.get_traced_memory()[0]

@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from infer_ctl.router.kvindex.kv_routing import KvRouting
+from tests.router.conftest import new_kv_routing
 
 
 def test_no_tokenizer_is_logged_once_per_cause(caplog: pytest.LogCaptureFixture) -> None:
-    kv = KvRouting(enabled=True, tokenizer_path=None)
+    kv = new_kv_routing(enabled=True, tokenizer_path=None)
     with caplog.at_level(logging.WARNING, logger="infer_ctl.router.kv"):
         for _ in range(5):
             kv.configure("http://p0:1", {"model_path": "/nonexistent-model"})

@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from infer_ctl.router.kvindex.kv_subscriber import KvStream, StreamSettings
+from infer_ctl.router.kvindex.kv_subscriber import KvStream
+from tests.router.conftest import new_stream_settings
 from tests.router.kv_publisher import CLEARED, TestPublisher, removed, stored
 
 
@@ -46,7 +47,7 @@ def stream_for(pub: TestPublisher, **settings: Any) -> tuple[KvStream, Counter[s
     def on_event(_s: KvStream, what: str, n: int) -> None:
         seen[what] += n
 
-    s = KvStream("http://w", pub.endpoint, pub.replay_endpoint, "", settings=StreamSettings(**settings),
+    s = KvStream("http://w", pub.endpoint, pub.replay_endpoint, "", settings=new_stream_settings(**settings),
                  on_event=on_event)
     return s, seen
 

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from infer_ctl.router.kvindex.replay_cursor import END_SEQ, ReplayCursor
+from infer_ctl.router.kvindex.replay_cursor import END_SEQ
 from infer_ctl.router.kvindex.stream_state import ByteRate, FloodWindow, StreamSequence
+from tests.router.conftest import new_replay_cursor
 
 
 def synced(last: int | None = None) -> StreamSequence:
@@ -48,7 +49,7 @@ def test_a_gap_replays_from_the_missing_seq_and_untrusts_when_the_replay_falls_s
     step = s.live(9)
     assert step.kind == "gap" and step.seq == 5
     base = s.replay_begins(step.seq)
-    cur = ReplayCursor(step.seq, s.last_seq)
+    cur = new_replay_cursor(step.seq, s.last_seq)
     for q in (5, 6, 7, 8):
         assert cur.message(q).kind == "apply"
         s.replay_applies(q)

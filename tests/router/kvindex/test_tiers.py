@@ -11,7 +11,6 @@ from infer_ctl.core.kvevents.sim_tokenizer import BuiltinTokenizer
 from infer_ctl.core.routing.anchors import AnchorTable, full_key
 from infer_ctl.core.routing.blocks import WorkerBlocks
 from infer_ctl.core.routing.blocktable import BlockTable
-from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.index import block_hashes as text_chain
 from infer_ctl.core.routing.policy import WorkerView, choose_prefill
 from infer_ctl.core.routing.tiers import BLIND, TierWeights, weights_from
@@ -19,6 +18,7 @@ from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.core.sizing.tiers import hit_weight
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, policy_config, router_settings
+from tests.router.conftest import new_prefix_index, new_worker_blocks
 from tests.router.kvindex.test_exact_index import Tok, worker_pages
 
 TOK = BuiltinTokenizer()
@@ -88,7 +88,7 @@ def _holders(pages: list[int]) -> dict[str, WorkerBlocks]:
     """hbm: the whole prompt in HBM (and on host, write-through); split: the first half in HBM, the rest
     only on host (evicted from HBM); host: all of it only on host; cold: nothing."""
     half = len(pages) // 2
-    hbm, split, host, cold = WorkerBlocks(), WorkerBlocks(), WorkerBlocks(), WorkerBlocks()
+    hbm, split, host, cold = new_worker_blocks(), new_worker_blocks(), new_worker_blocks(), new_worker_blocks()
     hbm.device.update(pages)
     hbm.other["CPU_PINNED"] = BlockTable(pages)
     split.device.update(pages[:half])
@@ -118,7 +118,7 @@ def test_score_is_device_plus_weighted_host_continuation() -> None:
     assert {k: table.cached_units(hs, fk, d, b, BLIND.of) for k, b in held.items()} == {
         "hbm": full, "split": full, "host": full, "cold": 0}
     # a lower medium weighted lower than the host continues the chain after it
-    three = WorkerBlocks()
+    three = new_worker_blocks()
     three.device.update(pages[:100])
     three.other["CPU_PINNED"] = BlockTable(pages[:300])
     three.other["DISK"] = BlockTable(pages)
@@ -139,7 +139,7 @@ def test_policy_prefers_hbm_hit_then_host_hit_then_least_loaded() -> None:
     def pick(names: list[str], weight: TierWeights | None, loads: dict[str, int] | None = None) -> tuple[str, str]:
         cached = {n: table.cached_units(hs, fk, d, held[n], weight.of if weight else None) for n in names}
         views = [WorkerView(n, inflight=(loads or {}).get(n, 0)) for n in names]
-        c = choose_prefill(hashes=hs, text_chars=len(text), workers=views, index=PrefixIndex(), now=0,
+        c = choose_prefill(hashes=hs, text_chars=len(text), workers=views, index=new_prefix_index(), now=0,
                            cfg=policy_config(router_settings()), rng=random.Random(1), tokens=ScoreInputs(cached, len(ids), 200), footprint=dict.fromkeys(names, 0))
         return c.url, c.reason
 

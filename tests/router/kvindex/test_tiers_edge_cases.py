@@ -16,11 +16,12 @@ from infer_ctl.core.routing.anchors import AnchorTable
 from infer_ctl.core.routing.blocks import EventRejected, WorkerBlocks
 from infer_ctl.core.routing.blocktable import BlockTable
 from infer_ctl.core.routing.policy import WorkerView
-from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
+from infer_ctl.core.routing.prefixes import TIER_GRACE_S
 from infer_ctl.core.routing.tiers import TierWeights, weights_from
 from infer_ctl.errors import UsageError
 from infer_ctl.router.config import RouterConfig, router_settings
 from infer_ctl.router.scaleout.follow import _record, _record_doc
+from tests.router.conftest import new_prefix_registry, new_worker_blocks
 from tests.router.kvindex.test_exact_index import Tok, worker_pages
 from tests.router.kvindex.test_tiers import _prompt
 
@@ -64,7 +65,7 @@ def stored(hashes: list[int], parent: int | None, medium: str) -> dict:
 
 
 def test_an_unknown_medium_is_refused_and_removals_name_no_new_media() -> None:
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     b.apply([stored([1], None, "GPU"), stored([2], 1, "DISK"), stored([3], 2, "EXTERNAL")])
     with pytest.raises(EventRejected) as exc:  # was accepted: a set per name the publisher made up
         b.apply([stored([], None, f"X{i}") for i in range(100)])
@@ -74,7 +75,7 @@ def test_an_unknown_medium_is_refused_and_removals_name_no_new_media() -> None:
 
 
 def test_host_copy_and_device_copy_are_removed_each_on_its_own() -> None:
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     b.apply([stored([1, 2], None, "GPU"), stored([1, 2], None, "CPU_PINNED")])  # write-through backup
     b.apply([{"type": "BlockRemoved", "block_hashes": [2], "medium": "CPU_PINNED"}])
     assert b.holds(2) and b.snapshot() == {"GPU": 2, "CPU_PINNED": 1}
@@ -87,7 +88,7 @@ def test_keep_hbm_on_a_worker_that_cannot_keep_it_backs_off() -> None:
     re-warms for it double their wait, up to the idle re-warm's interval, instead of one every
     TIER_GRACE_S for ever (was 120 in 600 s)."""
     url = "http://p0:1"
-    reg = PrefixRegistry(rewarm_idle_s=300)
+    reg = new_prefix_registry({"pin_via": "priority"}, rewarm_idle_s=300)  # no touches
     reg.register("a", "A" * 400, now=0, keep="hbm")
     warms, t = 0, 0.0
     while t < 600:
@@ -101,7 +102,7 @@ def test_keep_hbm_on_a_worker_that_cannot_keep_it_backs_off() -> None:
 
 def test_keep_hbm_backoff_ends_once_the_prefix_stayed() -> None:
     url = "http://p0:1"
-    reg = PrefixRegistry(rewarm_idle_s=1000)
+    reg = new_prefix_registry({"pin_via": "priority"}, rewarm_idle_s=1000)  # no touches
     reg.register("a", "A" * 400, now=0, keep="hbm")
     rec = reg.records()[0]
     t = 0.0
@@ -128,7 +129,7 @@ def _table_and_pages() -> tuple[AnchorTable, list[int], list[int], int, int]:
 
 
 def _held(device: list[int], host: list[int]) -> WorkerBlocks:
-    b = WorkerBlocks()
+    b = new_worker_blocks()
     b.device.update(device)
     b.other["CPU_PINNED"] = BlockTable(host)
     return b
@@ -171,7 +172,7 @@ def test_router_workers_line_names_the_tiers() -> None:
 
 def test_router_prefixes_shows_where_keep_replicas_sit_and_the_snapshot_carries_it() -> None:
     url, other = "http://p0:1", "http://p1:1"
-    reg = PrefixRegistry(rewarm_idle_s=300)
+    reg = new_prefix_registry(rewarm_idle_s=300)
     reg.register("a", "A" * 400, now=0, keep="hbm", replicas=2)
     for action in reg.plan_warmups([WorkerView(url), WorkerView(other)], 0):
         reg.warm_done(action, True, 0)
@@ -185,13 +186,13 @@ def test_router_prefixes_shows_where_keep_replicas_sit_and_the_snapshot_carries_
 
 
 def test_keep_through_an_older_replica_record_and_a_changed_registration() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("a", "A" * 400, now=0, keep="hbm")
     doc = reg.export_name("a", 0.0)
     doc["settings"] = doc["settings"][:4] if doc["settings"] else [None, 1, False, "text"]  # before `keep`
     for v in doc["versions"]:
         del v["keep"]
-    other = PrefixRegistry()
+    other = new_prefix_registry()
     other.load_name("a", doc, 0.0)
     assert other.records()[0].keep is None
     reg.register("a", "A" * 400, now=1, keep="host")  # same text: the setting changes in place
@@ -202,12 +203,12 @@ def test_keep_through_an_older_replica_record_and_a_changed_registration() -> No
 
 
 def test_a_replica_record_with_keep_host_and_pin_is_refused_and_dropping_keep_clears_the_tier() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("a", "A" * 400, now=0, keep="hbm")
     bad = reg.export_name("a", 0.0)
     bad["versions"][0] |= {"keep": "host", "pin": True}  # register and the admin API refuse this pair
     with pytest.raises(ValueError, match="keep host conflicts with pin"):
-        PrefixRegistry().load_name("a", bad, 0.0)
+        new_prefix_registry().load_name("a", bad, 0.0)
     url = "http://p0:1"
     for action in reg.plan_warmups([WorkerView(url)], 0, {("a", url): "host"}):
         reg.warm_done(action, True, 0)

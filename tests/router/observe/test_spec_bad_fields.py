@@ -14,7 +14,7 @@ from infer_ctl.core.routing.spec_fields import (
     alpha_from_mean_correct,
     decode_meta_info,
 )
-from infer_ctl.router.observe.spec_stats import SpecStats
+from tests.router.conftest import new_spec_stats
 
 _GOOD: dict[str, Any] = {
     "spec_verify_ct": 10, "spec_accept_length": 3.0, "spec_accept_rate": 0.5, "spec_num_correct_drafts": 15,
@@ -48,7 +48,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_fields_are_not_counted_and_cost_nothing(name: str) -> None:
-    stats = SpecStats()
+    stats = new_spec_stats()
     t0 = time.perf_counter()
     stats.answered("http://d", {}, {}, None, HOSTILE[name])
     assert time.perf_counter() - t0 < 0.5, "the request path must stay cheap"
@@ -70,7 +70,7 @@ def test_an_overlong_histogram_is_refused_by_its_length_without_reading_its_entr
 def test_a_consistent_adaptive_answer_is_still_counted() -> None:
     # --speculative-adaptive: live steps above the launch count (proposed is launch steps x verify_ct), so
     # correct > proposed and the histogram is longer than the launch drafts + 1: real, not garbage.
-    stats = SpecStats()
+    stats = new_spec_stats()
     stats.answered("http://d", {}, {}, None, _answer(
         spec_verify_ct=4, spec_accept_length=4.25, spec_accept_rate=3.0, spec_num_correct_drafts=12,
         spec_num_proposed_drafts=4, spec_correct_drafts_histogram=[0, 0, 2, 0, 2]))
@@ -94,7 +94,7 @@ def test_a_client_domain_all_does_not_collide_with_the_decode_wide_series() -> N
 
     from infer_ctl.router.fleet.metrics import _SpecCollector
 
-    stats = SpecStats()
+    stats = new_spec_stats()
     stats.answered("http://d", {"custom_labels": {"domain": "ALL"}}, {}, None, _answer())
     assert "all" not in stats.decodes["http://d"].labels
 
@@ -111,7 +111,7 @@ def test_a_client_domain_all_does_not_collide_with_the_decode_wide_series() -> N
 def test_ten_thousand_domains_stay_bounded_per_decode() -> None:
     import json
 
-    stats = SpecStats(max_labels=16)
+    stats = new_spec_stats(max_labels=16)
     for i in range(10_000):
         stats.answered("http://d", {}, {"x-custom-labels": json.dumps({"domain": f"d{i}"})}, None, _answer())
     labels = stats.decodes["http://d"].labels

@@ -20,13 +20,12 @@ from infer_ctl.router.observe.spec_stats import (
     OTHER,
     UNLABELLED,
     Rolling,
-    SpecStats,
     counts_of,
     fields_of,
     workload_label,
 )
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
-from tests.router.conftest import TIME_SCALE
+from tests.router.conftest import TIME_SCALE, new_spec_stats
 
 
 def _fields(rng: random.Random, alpha: float, steps: int = 3, verify: int = 10) -> SpecFields:
@@ -95,7 +94,7 @@ def test_workload_label_precedence() -> None:
 
 def test_label_cardinality_is_bounded_and_idle_labels_make_room() -> None:
     now = [0.0]
-    stats = SpecStats(window=20, max_labels=3, label_idle_s=100.0, clock=lambda: now[0])
+    stats = new_spec_stats(window=20, max_labels=3, label_idle_s=100.0, clock=lambda: now[0])
     answer = {"meta_info": {"spec_verify_ct": 2, "spec_accept_length": 2.0, "spec_accept_rate": 0.5,
                             "spec_num_correct_drafts": 3, "spec_num_proposed_drafts": 6,
                             "spec_correct_drafts_histogram": [0, 1, 1, 0]}}

@@ -8,9 +8,9 @@ import pytest
 
 from infer_ctl.core.routing.spec_fields import decode_meta_info
 from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
-from infer_ctl.router.observe.spec_stats import SpecStats
 from infer_ctl.router.observe.temperature import BANDS, TemperatureBands, band_of, temperature_of
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from tests.router.conftest import new_spec_stats
 
 META = {"completion_tokens": 8, "spec_verify_ct": 4, "spec_accept_length": 2.0, "spec_accept_rate": 4 / 12,
         "spec_num_correct_drafts": 4, "spec_num_proposed_drafts": 12}
@@ -36,7 +36,7 @@ def test_the_window_forgets_the_oldest_and_the_totals_do_not() -> None:
 
 
 def test_every_answer_of_a_speculative_decode_is_counted_with_or_without_fields() -> None:
-    s = SpecStats(window=10)
+    s = new_spec_stats(window=10)
     # before its /server_info: counted from the speculative fields of its answers
     s.answered("http://d", {"text": "a", "sampling_params": {"temperature": 1.4}}, {}, None, {"meta_info": META})
     s.answered("http://d", {"text": "a"}, {}, None, {"meta_info": {"completion_tokens": 3}})  # unknown yet

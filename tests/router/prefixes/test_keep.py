@@ -15,13 +15,14 @@ from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.core.routing.prefixes import TIER_GRACE_S, PrefixRegistry
 from infer_ctl.profile.router import NamedPrefix
 from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
+from tests.router.conftest import new_prefix_registry
 
 W = [WorkerView("http://p0:1")]
 URL = W[0].url
 
 
 def warmed(keep: str | None, pin: bool = False) -> PrefixRegistry:
-    reg = PrefixRegistry(rewarm_idle_s=100)
+    reg = new_prefix_registry({"pin_via": "priority"}, rewarm_idle_s=100)  # keep hbm by its re-warms alone, no touches
     reg.register("a", "A" * 400, now=0, keep=keep, pin=pin)
     (action,) = reg.plan_warmups(W, 0)
     assert action.pin is (keep == "hbm" or pin)  # keep hbm warms with the pin's priority
@@ -58,7 +59,7 @@ def test_no_keep_ignores_the_tier() -> None:
 
 
 def test_keep_values_and_conflicts_are_refused() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     with pytest.raises(ValueError, match="keep must be hbm or host"):
         reg.register("a", "AAA", now=0, keep="ssd")
     with pytest.raises(ValueError, match="keep host"):

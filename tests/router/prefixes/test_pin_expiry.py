@@ -14,7 +14,7 @@ import httpx
 from infer_ctl.router.config import PrefixSpec
 from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
-from tests.router.conftest import TIME_SCALE
+from tests.router.conftest import TIME_SCALE, new_prefix_registry
 from tests.waiting import wait_for
 
 SYSTEM = "You are the support assistant of Example Corp. Follow the policy below. " * 40
@@ -73,10 +73,9 @@ def test_the_unpinned_control_is_evicted_too() -> None:
 
 def test_a_pin_is_touched_after_pin_touch_s_idle_and_no_longer_once_it_ended() -> None:
     from infer_ctl.core.routing.policy import WorkerView
-    from infer_ctl.core.routing.prefixes import PrefixRegistry
 
     w = [WorkerView("http://p0:1")]
-    reg = PrefixRegistry(rewarm_idle_s=100, pin_touch_s=2)
+    reg = new_prefix_registry(rewarm_idle_s=100, pin_touch_s=2)
     reg.register("pinned", "A" * 400, now=0, pin=True, ttl_s=10)
     reg.register("plain", "B" * 400, now=0)
     for action in reg.plan_warmups(w, 0):
@@ -91,10 +90,9 @@ def test_a_pin_is_touched_after_pin_touch_s_idle_and_no_longer_once_it_ended() -
 
 def test_a_superseded_pin_is_no_longer_touched() -> None:
     from infer_ctl.core.routing.policy import WorkerView
-    from infer_ctl.core.routing.prefixes import PrefixRegistry
 
     w = [WorkerView("http://p0:1")]
-    reg = PrefixRegistry(rewarm_idle_s=100, pin_touch_s=2)
+    reg = new_prefix_registry(rewarm_idle_s=100, pin_touch_s=2)
     reg.register("sys", "A" * 400, now=0, pin=True)
     for action in reg.plan_warmups(w, 0):
         reg.warm_done(action, True, 0)

@@ -6,6 +6,7 @@ import pytest
 
 from infer_ctl.core.routing.policy import WorkerView
 from infer_ctl.core.routing.prefixes import PrefixRegistry, PrefixState
+from tests.router.conftest import new_prefix_registry
 
 W = [WorkerView(f"http://p{i}:1") for i in range(3)]
 
@@ -18,7 +19,7 @@ def warm_all(reg: PrefixRegistry, now: float, workers=W) -> list:
 
 
 def test_warms_on_k_distinct_replicas_and_spreads_prefixes_across_workers() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("a", "AAA", now=0, replicas=2)
     reg.register("b", "BBB", now=0, replicas=2)
     actions = warm_all(reg, 0)
@@ -34,7 +35,7 @@ def test_warms_on_k_distinct_replicas_and_spreads_prefixes_across_workers() -> N
 
 
 def test_replicas_capped_by_available_workers_and_replaced_when_one_goes_away() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("a", "AAA", now=0, replicas=5)
     assert len(warm_all(reg, 0)) == 3
     down = [W[0], WorkerView(W[1].url, available=False), W[2]]
@@ -45,7 +46,7 @@ def test_replicas_capped_by_available_workers_and_replaced_when_one_goes_away() 
 
 
 def test_rewarm_after_idle_and_after_observed_eviction() -> None:
-    reg = PrefixRegistry(rewarm_idle_s=100)
+    reg = new_prefix_registry(rewarm_idle_s=100)
     rec = reg.register("a", "A" * 400, now=0, replicas=1)
     (first,) = warm_all(reg, 0)
     reg.record_response(rec, first.worker, predicted_tokens=100, prompt_tokens=120, cached_tokens=100,
@@ -61,7 +62,7 @@ def test_rewarm_after_idle_and_after_observed_eviction() -> None:
 
 
 def test_failed_warmups_retry_then_move_elsewhere() -> None:
-    reg = PrefixRegistry(max_warm_failures=2)
+    reg = new_prefix_registry(max_warm_failures=2)
     reg.register("a", "AAA", now=0, replicas=1)
     for t in range(2):
         (a,) = reg.plan_warmups(W, t)
@@ -72,7 +73,7 @@ def test_failed_warmups_retry_then_move_elsewhere() -> None:
 
 
 def test_ttl_expiry_stops_warming_and_affinity() -> None:
-    reg = PrefixRegistry(forget_after_s=50)
+    reg = new_prefix_registry(forget_after_s=50)
     reg.register("a", "AAA", now=0, ttl_s=10, replicas=1)
     warm_all(reg, 0)
     assert reg.match("AAA and more") is not None
@@ -85,7 +86,7 @@ def test_ttl_expiry_stops_warming_and_affinity() -> None:
 
 
 def test_new_text_supersedes_and_same_text_renews() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     v1 = reg.register("policy", "rules v1", now=0, ttl_s=10)
     assert reg.register("policy", "rules v1", now=5, ttl_s=10) is v1 and v1.expires_at == 15
     v2 = reg.register("policy", "rules v2", now=6)
@@ -95,7 +96,7 @@ def test_new_text_supersedes_and_same_text_renews() -> None:
 
 
 def test_longest_active_prefix_matches_and_operator_verbs() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("short", "You are", now=0)
     reg.register("long", "You are a support bot", now=0)
     assert reg.match("You are a support bot. Hi").name == "long"
@@ -116,14 +117,14 @@ def test_longest_active_prefix_matches_and_operator_verbs() -> None:
     ("   ", "   x", True),  # an all-whitespace prefix keeps its text as the key
 ])
 def test_trailing_whitespace_of_a_prefix_is_not_required(registered: str, prompt: str, matches: bool) -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("p", registered, now=0)
     assert (reg.match(prompt) is not None) is matches
 
 
 def test_hit_rate_counts_only_responses_that_report_cached_tokens() -> None:
     """OpenAI responses carry cached_tokens only with --enable-cache-report: unreported is not a miss."""
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     rec = reg.register("p", "x" * 400, now=0, replicas=1)
     a = warm_all(reg, 0)[0]
     reg.warm_done(a, True, 0, prompt_tokens=100)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from infer_ctl.core.routing.coalesce import CoalesceConfig, Flight, PendingBlocks, should_hold
+from infer_ctl.core.routing.coalesce import Flight, PendingBlocks, should_hold
 from infer_ctl.core.routing.index import block_hashes
+from tests.router.conftest import new_coalesce_config
 
 BC = 64
 
@@ -83,13 +84,13 @@ def test_a_failed_leader_hands_its_blocks_to_the_next_flight() -> None:
 
 
 def test_should_hold_needs_enough_shared_tokens_being_computed() -> None:
-    cfg = CoalesceConfig(min_tokens=256)
+    cfg = new_coalesce_config(min_tokens=256)
     lead = Flight("w1", A)
     assert should_hold(lead, 16, BC, 4.0, cfg)  # 16 blocks x 64 chars / 4 = 256 tokens
     assert not should_hold(lead, 15, BC, 4.0, cfg)
     assert not should_hold(lead, 16, BC, 8.0, cfg)  # 128 tokens at 8 chars a token
     assert not should_hold(None, 100, BC, 4.0, cfg)
-    assert not should_hold(lead, 100, BC, 4.0, CoalesceConfig(enabled=False))
+    assert not should_hold(lead, 100, BC, 4.0, new_coalesce_config(enabled=False))
     lead.land()
     assert not should_hold(lead, 100, BC, 4.0, cfg)
 
@@ -97,7 +98,7 @@ def test_should_hold_needs_enough_shared_tokens_being_computed() -> None:
 @pytest.mark.parametrize("kw", [{"min_tokens": 0}, {"max_wait_s": 0}, {"grace_s": -1}])
 def test_bad_config_is_refused(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="coalesce"):
-        CoalesceConfig(**kw)  # type: ignore[arg-type]
+        new_coalesce_config(**kw)
 
 
 def test_a_failed_leader_hands_its_blocks_over_to_its_followers_first_held_first() -> None:

@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 
-from infer_ctl.core.routing.coalesce import CoalesceConfig
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from infer_ctl.router.request.attempt import landed
 from infer_ctl.router.request.coalesce import Coalescer
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from tests.router.conftest import new_coalesce_config
 from tests.sim.kv_client import kv_config
 from tests.waiting import wait_for
 
@@ -101,7 +101,7 @@ def test_a_prompt_its_worker_evicted_after_landing_does_not_pull_the_next_turn_t
 
 def test_a_landed_flight_leaves_the_overlay_at_its_workers_next_batch_while_its_request_runs() -> None:
     async def main() -> None:
-        co = Coalescer(CoalesceConfig(grace_s=60.0), block_chars=64, chars_per_token=lambda: 4.0)
+        co = Coalescer(new_coalesce_config(grace_s=60.0), block_chars=64, chars_per_token=lambda: 4.0, max_retries=0)
         ctx: Any = SimpleNamespace(hashes=[11, 12, 13], exact=True, held_tokens=0, predicted_chars=0, flight=None)
         pre: Any = SimpleNamespace(url="http://w1")
         seen: dict[str, int] = {}

@@ -16,6 +16,7 @@ from infer_ctl.core.routing.pd import (
 )
 from infer_ctl.core.routing.prompt import routing_text
 from infer_ctl.core.routing.retry import backoff_s
+from tests.router.conftest import new_breaker
 
 
 @pytest.mark.parametrize(
@@ -112,7 +113,7 @@ def test_breaker_open_half_open_close() -> None:
 
 
 def test_breaker_half_open_failure_reopens() -> None:
-    cb = CircuitBreaker(failure_threshold=1, open_s=1)
+    cb = new_breaker(failure_threshold=1, open_s=1)
     cb.record(False, now=0)
     assert cb.acquire(2)
     cb.record(False, now=2)
@@ -121,4 +122,4 @@ def test_breaker_half_open_failure_reopens() -> None:
 
 @pytest.mark.parametrize(("attempt", "rand", "expected"), [(1, 0.5, 0.02), (2, 0.5, 0.04), (3, 0.0, 0.04), (20, 1.0, 1.5)])
 def test_backoff_is_exponential_capped_and_jittered(attempt: int, rand: float, expected: float) -> None:
-    assert backoff_s(attempt, rand) == pytest.approx(expected)
+    assert backoff_s(attempt, rand, base_s=0.02) == pytest.approx(expected)

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import (
     NoWorkerAvailable,
     WorkerView,
@@ -14,6 +13,7 @@ from infer_ctl.core.routing.policy import (
     choose_prefill,
 )
 from infer_ctl.router.config import policy_config, router_settings
+from tests.router.conftest import new_prefix_index
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 SYS = "system prompt of tenant one. " * 40  # ~1160 chars
@@ -21,7 +21,7 @@ CFG = policy_config(router_settings(balance_abs=4, balance_rel=1.5))
 
 
 def _pick(workers: list[WorkerView], cached: dict[str, str], query: str, **kw) -> tuple[str, str]:
-    ix = PrefixIndex(block_chars=64)
+    ix = new_prefix_index(block_chars=64)
     for url, text in cached.items():
         ix.insert(ix.hashes(text), url, now=0.0)
     c = choose_prefill(hashes=ix.hashes(query), text_chars=len(query), workers=workers, index=ix, now=1.0,
@@ -70,7 +70,7 @@ def test_unavailable_workers_are_never_chosen() -> None:
 def test_named_prefix_traffic_spreads_over_its_replicas() -> None:
     counts = {A: 0, B: 0, C: 0}
     inflight = {A: 0, B: 0, C: 0}
-    ix = PrefixIndex(block_chars=64)
+    ix = new_prefix_index(block_chars=64)
     for u in (A, B):
         ix.insert(ix.hashes(SYS), u, now=0.0)
     rng = random.Random(1)
@@ -127,7 +127,7 @@ def test_named_prefix_when_replicas_are_busy(loads: dict[str, int], cached: dict
 def test_spilled_worker_then_shares_the_hot_prefix_evenly() -> None:
     """A 4-worker fleet, K=2 replicas, requests piling up: after the first cold spill, the spilled
     worker is a holder, and the replicas never get more than balance_abs above it."""
-    ix = PrefixIndex(block_chars=64)
+    ix = new_prefix_index(block_chars=64)
     for u in (A, B):
         ix.insert(ix.hashes(SYS), u, now=0.0)
     inflight = dict.fromkeys((A, B, C, D), 0)

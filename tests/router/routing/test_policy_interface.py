@@ -8,11 +8,11 @@ import random
 import pytest
 
 from infer_ctl.core.routing import units
-from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policies.base import PrefillPolicy, PrefillRequest
 from infer_ctl.core.routing.policies.cache_aware import score
 from infer_ctl.core.routing.policy import POLICIES, WorkerView, choose_prefill
 from infer_ctl.router.config import policy_config, router_settings
+from tests.router.conftest import new_prefix_index
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
@@ -22,10 +22,10 @@ def test_every_configurable_policy_has_one_module_behind_the_interface() -> None
     views = [WorkerView(A), WorkerView(B, inflight=3)]
     for name, pol in POLICIES.items():
         p: PrefillPolicy = pol
-        req = PrefillRequest(views, policy_config(router_settings(policy=name)), random.Random(1), seq=1, prefix_index=PrefixIndex())
+        req = PrefillRequest(views, policy_config(router_settings(policy=name)), random.Random(1), seq=1, prefix_index=new_prefix_index())
         assert p.choose(req).url in (A, B)
     # the names the facade dispatches on are the policies' own reasons (round robin walks the counter)
-    assert [choose_prefill(hashes=[], text_chars=0, workers=views, index=PrefixIndex(), now=0,
+    assert [choose_prefill(hashes=[], text_chars=0, workers=views, index=new_prefix_index(), now=0,
                            cfg=policy_config(router_settings(policy="round_robin")), rng=random.Random(0), seq=s).url
             for s in range(4)] == [A, B, A, B]
 
@@ -53,7 +53,7 @@ def test_score_inputs_convert_each_reading_from_its_own_unit() -> None:
 def test_equally_good_holders_are_chosen_at_random_on_both_paths(exact: bool) -> None:
     """The documented tie-break: equal match, equal load -> either holder (the predicted path once sorted
     by a constant key, always taking the first candidate)."""
-    ix = PrefixIndex(block_chars=64)
+    ix = new_prefix_index(block_chars=64)
     text = "shared system prompt " * 40
     hs = ix.hashes(text)
     ix.insert(hs, A, now=0.0)

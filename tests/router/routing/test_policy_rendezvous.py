@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from infer_ctl.core.routing.index import PrefixIndex
 from infer_ctl.core.routing.policy import (
     PLACEMENT_KEY_CHARS,
     PolicyConfig,
@@ -27,6 +26,7 @@ from infer_ctl.core.routing.units import ScoreInputs
 from infer_ctl.errors import ProfileError, UsageError
 from infer_ctl.profile import parse_profile_text
 from infer_ctl.router.config import RouterConfig, from_profile, policy_config, router_settings
+from tests.router.conftest import new_prefix_index
 from tests.unit.test_profile import BASE
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,7 +48,7 @@ def texts(n: int, seed: int = 0) -> list[str]:
 
 def place(text: str, rng: random.Random, loads: dict[str, int] | None = None, urls: list[str] = URLS,
           cfg: PolicyConfig = CFG) -> tuple[str, str]:
-    ix = PrefixIndex(block_chars=64)
+    ix = new_prefix_index(block_chars=64)
     views = [WorkerView(u, inflight=(loads or {}).get(u, 0)) for u in urls]
     c = choose_prefill(hashes=ix.hashes(text), text_chars=len(text), workers=views, index=ix, now=0.0, cfg=cfg,
                        rng=rng, key=placement_key(text))
@@ -97,7 +97,7 @@ def test_a_loaded_home_spills_in_rendezvous_order() -> None:
     assert place(t, rng, {order[0]: 25, order[1]: 20, order[2]: 20, order[3]: 20})[0] == order[0]
     assert place(t, rng, {order[0]: 26, order[1]: 20, order[2]: 20, order[3]: 20})[0] == order[1]
     # an unavailable home: the next one
-    ix = PrefixIndex(block_chars=64)
+    ix = new_prefix_index(block_chars=64)
     views = [WorkerView(u, available=u != order[0]) for u in URLS]
     c = choose_prefill(hashes=ix.hashes(t), text_chars=len(t), workers=views, index=ix, now=0.0, cfg=CFG, rng=rng,
                        key=placement_key(t))
@@ -124,7 +124,7 @@ def test_removing_a_worker_moves_only_its_keys() -> None:
 
 def test_ties_among_equal_holders_follow_the_rendezvous_order() -> None:
     views = [WorkerView(u) for u in URLS]
-    ix = PrefixIndex(block_chars=64)
+    ix = new_prefix_index(block_chars=64)
     for t in texts(10, seed=3):
         key = placement_key(t)
         assert key is not None
@@ -138,7 +138,7 @@ def test_ties_among_equal_holders_follow_the_rendezvous_order() -> None:
         picks = {choose_prefill(hashes=ix.hashes(t + " q"), text_chars=len(t) + 2, workers=views, index=ix, now=1.0,
                                 cfg=CFG, rng=random.Random(s), key=key).url for s in range(8)}
         assert picks == {next(u for u in rendezvous_order(key, URLS) if u in (URLS[1], URLS[3]))}
-        ix = PrefixIndex(block_chars=64)
+        ix = new_prefix_index(block_chars=64)
 
 
 def test_the_key_covers_the_leading_characters_only() -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from infer_ctl.core.routing.index import PrefixIndex, block_hashes
+from tests.router.conftest import new_prefix_index
 
 A, B = "http://a:1", "http://b:1"
 SYS = "S" * 640  # 10 blocks of 64
 
 
 def idx(**kw) -> PrefixIndex:
-    return PrefixIndex(block_chars=64, **kw)
+    return new_prefix_index(block_chars=64, **kw)
 
 
 def test_block_hashes_are_prefix_chains() -> None:
@@ -80,4 +81,4 @@ def test_drop_worker_forgets_only_that_worker() -> None:
 
 def test_rejects_nonsense_block_size() -> None:
     with pytest.raises(ValueError):
-        PrefixIndex(block_chars=0)
+        PrefixIndex(block_chars=0, ttl_s=1.0, max_blocks=1)

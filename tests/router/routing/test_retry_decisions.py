@@ -24,7 +24,7 @@ def test_attempts_and_backoff() -> None:
     assert attempts(0) == 1 and attempts(2) == 3
     assert backoff_s(1, 0.5, base_s=0.02) == pytest.approx(0.02)  # rand 0.5: no jitter
     assert backoff_s(3, 0.5, base_s=0.02) == pytest.approx(0.08)
-    assert backoff_s(20, 0.5) == pytest.approx(1.0)  # capped
+    assert backoff_s(20, 0.5, base_s=0.02) == pytest.approx(1.0)  # capped
     assert backoff_s(1, 0.0, base_s=0.02) == pytest.approx(0.01)  # -50 % jitter
 
 

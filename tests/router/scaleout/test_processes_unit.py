@@ -21,6 +21,7 @@ from infer_ctl.router.request.proxy import Router
 from infer_ctl.router.scaleout import follow
 from infer_ctl.router.scaleout.follow import Publisher, apply_snapshot, read_snapshot, snapshot_doc
 from infer_ctl.router.scaleout.metrics_merge import merge
+from tests.router.conftest import new_kv_routing
 
 
 def pd_cfg(**kw: Any) -> RouterConfig:
@@ -413,10 +414,9 @@ def test_a_prefill_that_stops_publishing_kv_events_is_logged_with_several_proces
         caplog: pytest.LogCaptureFixture) -> None:
     import asyncio
 
-    from infer_ctl.router.kvindex.kv_routing import KvRouting
 
     async def go() -> None:
-        kv = KvRouting(processes=2)
+        kv = new_kv_routing(processes=2)
         url = "http://127.0.0.1:1"
         kv.configure(url, {"kv_events": {"endpoint_host": "127.0.0.1", "endpoint_port_base": 9}})
         assert url in kv.workers

@@ -12,6 +12,7 @@ from infer_ctl.errors import InferctlError
 from infer_ctl.profile.load import parse_profile_text
 from infer_ctl.router.config import from_profile
 from infer_ctl.router.scaleout.state_sync import redact
+from tests.router.conftest import new_prefix_registry
 
 W = [WorkerView(f"http://p{i}:1") for i in range(4)]
 
@@ -22,13 +23,13 @@ def warm_all(reg: PrefixRegistry, now: float, workers: list[WorkerView] = W) -> 
 
 
 def test_a_loaded_document_is_the_exported_state_with_times_moved_to_the_other_clock() -> None:
-    a = PrefixRegistry()
+    a = new_prefix_registry()
     a.register("sys", "v1 text", now=100.0, ttl_s=50.0, replicas=2, pin=True, fmt="chat")
     a.register("sys", "v2 text", now=110.0)  # supersedes v1; keeps nothing (register takes what it is given)
     a.expire("sys", now=120.0)
     doc = a.export_name("sys", wall_offset=1_000_000.0)
     assert [v["registered_at"] for v in doc["versions"]] == [1_000_100.0, 1_000_110.0]
-    b = PrefixRegistry()
+    b = new_prefix_registry()
     b.load_name("sys", doc, wall_offset=999_000.0)  # b's monotonic clock is 1000 s ahead of a's
     got = [(r.version, r.text, r.state, r.registered_at, r.ended_at, r.ttl_s, r.replicas, r.pin, r.fmt)
            for r in b.records()]
@@ -38,7 +39,7 @@ def test_a_loaded_document_is_the_exported_state_with_times_moved_to_the_other_c
 
 
 def test_ttl_expires_at_the_same_absolute_time_on_both_replicas() -> None:
-    a, b = PrefixRegistry(), PrefixRegistry()
+    a, b = new_prefix_registry(), new_prefix_registry()
     a.register("p", "text", now=5.0, ttl_s=10.0)
     b.load_name("p", a.export_name("p", 1000.0), 1000.0 - 300.0)  # b's clock reads 300 s more
     assert [r.name for r in a.tick(14.9)] == [] and [r.name for r in b.tick(314.9)] == []
@@ -46,13 +47,13 @@ def test_ttl_expires_at_the_same_absolute_time_on_both_replicas() -> None:
 
 
 def test_loading_keeps_placements_and_statistics_and_a_warm_request_rewarms() -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("p", "text", now=0.0, replicas=2)
     warm_all(reg, 0.0)
     rec = reg.active("p")
     assert rec is not None and len(rec.warm_replicas()) == 2
     rec.stats.requests = 7
-    other = PrefixRegistry()
+    other = new_prefix_registry()
     other.load_name("p", reg.export_name("p", 0.0), 0.0)
     other.request_warm("p", now=3.0)  # the operator's `warm` on another replica
     reg.load_name("p", other.export_name("p", 0.0), 0.0)
@@ -63,14 +64,14 @@ def test_loading_keeps_placements_and_statistics_and_a_warm_request_rewarms() ->
 
 
 def test_a_tombstone_removes_the_name_and_its_remembered_settings() -> None:
-    reg = PrefixRegistry(forget_after_s=1.0)
+    reg = new_prefix_registry(forget_after_s=1.0)
     reg.register("p", "text", now=0.0, replicas=3)
     reg.expire("p", 0.0)
     reg.tick(5.0)  # forgotten, its settings remembered for the next `add`
     assert reg.records() == [] and reg.settings("p") is not None
     doc = reg.export_name("p", 0.0)
     assert doc["versions"] == [] and doc["settings"] == [None, 3, False, "text", None]
-    other = PrefixRegistry()
+    other = new_prefix_registry()
     other.load_name("p", doc, 0.0)
     assert other.settings("p") == (None, 3, False, "text", None)
     reg.register("p", "text again", now=6.0)
@@ -89,7 +90,7 @@ def test_a_tombstone_removes_the_name_and_its_remembered_settings() -> None:
     {"versions": [], "settings": ["x", 1, False, "text"]},
 ])
 def test_a_malformed_document_changes_nothing(doc: dict) -> None:
-    reg = PrefixRegistry()
+    reg = new_prefix_registry()
     reg.register("p", "text", now=0.0)
     before = reg.export_name("p", 0.0)
     with pytest.raises(ValueError, match="prefix 'p'"):
@@ -103,7 +104,7 @@ def test_shared_placement_is_the_same_whatever_each_replica_sees_of_load_and_ord
     names = [f"p{i}" for i in range(5)]
 
     def placements(shared: bool, loads: list[int], order: list[str]) -> dict[str, set[str]]:
-        reg = PrefixRegistry(shared_placement=shared)
+        reg = new_prefix_registry(shared_placement=shared)
         for n in order:
             reg.register(n, f"text of {n}", now=0.0, replicas=2)
         views = [WorkerView(w.url, inflight=load) for w, load in zip(W, loads, strict=True)]
