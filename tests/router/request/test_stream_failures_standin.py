@@ -31,6 +31,14 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
         if behaviour == "die_before_first_byte":
             request.transport.close()  # type: ignore[union-attr]
             return resp
+        if behaviour.startswith("abort_"):
+            # SGLang's decode when its prefill died before the KV transfer: a scheduler abort, no token
+            status = int(behaviour.split("_")[1])
+            fr = {"type": "abort", "message": "KV transfer failed", "status_code": status, "err_type": None}
+            ev = {"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0, "prompt_tokens": 2,
+                                                             "finish_reason": fr}}
+            await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\ndata: [DONE]\n\n")
+            return resp
         await resp.write(b'data: {"text": "a", "meta_info": {"completion_tokens": 1}}\n\n')
         if behaviour == "die_after_first_byte":
             await asyncio.sleep(0.05)
@@ -67,7 +75,7 @@ def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
         runners.append(runner)
         return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", calls  # type: ignore[union-attr]
 
-    names = ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow")
+    names = ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500", "abort_400")
     urls = {n: asyncio.run_coroutine_threadsafe(start(n), loop).result(10) for n in names}
     yield urls
     for r in runners:
@@ -94,6 +102,32 @@ def test_stream_dying_before_first_byte_is_retried_on_another_decode(upstreams) 
             assert lines[-1] == "[DONE]" and json.loads(lines[-2])["text"] == "ab"
         assert bad_calls["n"] >= 1 and good_calls["n"] >= 4
         assert 'inferctl_router_retries_total{cause="stream_' in httpx.get(router.url + "/metrics").text
+
+
+def test_a_stream_aborted_before_its_first_token_is_retried_on_another_pair(upstreams) -> None:
+    # SGLang's decode aborts a request whose prefill died before the KV transfer with a 500 abort event on
+    # its 200 stream: nothing was generated, so it is a failed attempt like a stream ending before any data
+    pre, _ = upstreams["prefill"]
+    bad, bad_calls = upstreams["abort_500"]
+    good, good_calls = upstreams["ok"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad, good], health_interval_s=60, policy="round_robin")
+    with start_router_in_thread(cfg) as router:
+        b0, g0 = bad_calls["n"], good_calls["n"]
+        for _ in range(4):
+            lines = stream(router.url)
+            assert lines[-1] == "[DONE]" and json.loads(lines[-2])["text"] == "ab", lines
+        assert bad_calls["n"] > b0 and good_calls["n"] >= g0 + 4
+        assert 'inferctl_router_retries_total{cause="stream_abort"}' in httpx.get(router.url + "/metrics").text
+
+
+def test_a_client_error_abort_is_passed_on_not_retried(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, calls = upstreams["abort_400"]
+    before = calls["n"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["meta_info"]["finish_reason"]["status_code"] == 400 and lines[-1] == "[DONE]"
+        assert calls["n"] == before + 1
 
 
 def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(upstreams) -> None:
