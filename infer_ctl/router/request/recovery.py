@@ -120,6 +120,15 @@ class StreamRecovery:
         self.rng = rng
         self.metrics = metrics
         self.max_tries = max(1, max_tries)
+        #: the stream modes (StreamTrack.shape) the last stream that showed them had: what a stream cut
+        #: after its first event is taken to have (StreamTrack.assume)
+        self.shape: tuple[bool, bool] | None = None
+
+    def learn(self, track: StreamTrack) -> None:
+        """A stream ended: keep its modes, when it showed them."""
+        shape = track.shape()
+        if shape is not None:
+            self.shape = shape
 
     def watch(self, ctx: RequestContext) -> StreamTrack | None:
         """A tracker for a stream that could be continued (the relay feeds it what it sends); None when
@@ -132,6 +141,8 @@ class StreamRecovery:
     async def resume(self, ctx: RequestContext, track: StreamTrack, failed: WorkerState, error: str) -> Any:
         """The continuation's open stream (attempt.OpenStream) with `track` switched to rewriting its
         chunks, or None: the stream then ends with its error event."""
+        if track.refused is None and self.shape is not None:
+            track.assume(self.shape)
         why = track.refused or track.not_resumable(DEFAULT_MAX_NEW_TOKENS, ctx.body.get("sampling_params"))
         if why is None and track.recoveries >= MAX_RECOVERIES:
             why = "too_many_recoveries"

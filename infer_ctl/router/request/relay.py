@@ -172,6 +172,8 @@ class StreamRelay:
         finally:
             for o in opened:
                 o.release()
+            if track is not None and self.recovery is not None:
+                self.recovery.learn(track)
         if error is not None:
             self.metrics.stream_errors.inc()
             log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
