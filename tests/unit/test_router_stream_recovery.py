@@ -24,6 +24,9 @@ class _Ctx:
     ("/generate", {"text": "x", "return_logprob": True}, "logprobs"),
     ("/generate", {"text": "x", "sampling_params": {"n": 2}}, "parallel_samples"),
     ("/generate", {"text": "x", "sampling_params": {"stop": ["\n"]}}, "stop_strings"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_regex": "a\\s+b"}}, "stop_strings"),
+    ("/generate", {"text": "x", "sampling_params": {"beam_width": 4}}, "parallel_samples"),
+    ("/generate", {"text": "x", "sampling_params": {"beam_width": 1, "stop_regex": None}}, None),
     ("/generate", {"text": "x", "sampling_params": {"sampling_seed": 3}}, "seeded_sampling"),
     ("/generate", {"text": "x", "sampling_params": {"regex": "a+"}}, "constrained_decoding"),
     ("/generate", {"text": "x", "sampling_params": {"frequency_penalty": 0.5}}, "penalties"),
@@ -86,3 +89,34 @@ def test_a_cut_too_early_or_without_ids_is_not_continued() -> None:
     v.seen(_ev(" a", [5], 1))
     v.seen(_ev(" a b", [5, 6], 2))
     assert v.not_resumable(128, {"max_new_tokens": 2}) == "budget_spent"
+
+
+@pytest.mark.parametrize(("second", "continued", "text", "ids"), [
+    (_ev(" a b", [5, 6], 2), _ev(" c", [7], 1), " a c", [5, 7]),  # cumulative ids and text
+    (_ev(" a b", [6], 2), _ev(" c", [7], 1), " a c", [7]),  # the simulator's: delta ids, cumulative text
+    (_ev(" b", [6], 2), _ev(" c", [7], 1), " c", [7]),  # SGLang's incremental output
+])
+def test_a_cut_after_the_first_event_takes_the_modes_another_stream_showed(
+        second: dict[str, Any], continued: dict[str, Any], text: str, ids: list[int]) -> None:
+    other = StreamTrack()
+    other.seen(_ev(" a", [5], 1))
+    other.seen(second)
+    shape = other.shape()
+    assert shape is not None
+    t = StreamTrack()
+    t.seen(_ev(" a", [5], 1))
+    t.assume(shape)
+    assert t.not_resumable(128, {}) is None and t.ids == [5] and t.client_text() == " a"
+    t.resumed()
+    out = t.rewrite(continued)
+    assert out["text"] == text and out["output_ids"] == ids and out["meta_info"]["completion_tokens"] == 2
+
+
+def test_no_mode_is_assumed_for_a_stream_with_no_token_or_inconsistent_ids() -> None:
+    t = StreamTrack()
+    t.assume((True, True))
+    assert t.not_resumable(128, {}) == "too_early"
+    u = StreamTrack()
+    u.seen(_ev(" a", [5, 6], 1))  # two ids, one token counted
+    u.assume((True, True))
+    assert u.not_resumable(128, {}) == "too_early"

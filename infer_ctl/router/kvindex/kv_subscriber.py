@@ -324,7 +324,7 @@ class KvStream:
             events = await decode(payload)
             if resets != self.index.resets or self.state != "untrusted":  # reset while it was decoded
                 return
-            eff = self.index.repair(events)
+            eff = await self.index.repair(events)
         except EventRejected as exc:
             self.reject(exc.kind, str(exc))
             return

@@ -27,6 +27,7 @@ from infer_ctl.core.routing.pd import (
     new_room,
     with_bootstrap,
 )
+from infer_ctl.core.routing.retry import retryable_status
 from infer_ctl.router.fleet.workers import WorkerState
 from infer_ctl.router.http import h1, sse
 from infer_ctl.router.http.jsonio import JSON_TYPE, dumps, loads, loads_or_none
@@ -34,7 +35,7 @@ from infer_ctl.router.http.upstream import Response, UpstreamError
 from infer_ctl.router.request.calls import WorkerCalls
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.feedback import Feedback
-from infer_ctl.router.request.relay import StreamRelay, first_chunk
+from infer_ctl.router.request.relay import StreamRelay, aborted_before_output, first_chunk
 from infer_ctl.router.request.retry import AttemptFailed, check_status
 
 _PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
@@ -167,6 +168,13 @@ class StreamOpener:
             return h1.Response(upstream.status, data, JSON_TYPE, headers=ctx.headers)
         try:
             first = await first_chunk(self.calls, target, upstream)
+            aborted = aborted_before_output(first)
+            if aborted is not None and retryable_status(aborted):
+                # the prefill's call failing too says which side broke (a killed prefill); else the decode
+                broke = pre if pt is not None and pt.done() and not pt.cancelled() and pt.exception() else target
+                why = f"aborted before its first token (status {aborted})"
+                self.calls.failed(broke, "stream", why)
+                raise AttemptFailed("stream_abort", broke.url, why)
         except BaseException:
             release(target, upstream)
             raise

@@ -12,13 +12,14 @@ Where the continuation could not be exact the stream ends with the error event a
 - OpenAI endpoints: SGLang 0.5.23 streams no output token ids on /v1/chat/completions (it refuses
   `return_token_ids` with streaming) and the router does not ask for them on /v1/completions (every chunk
   would have to be rewritten to take them out again); /generate chunks carry `output_ids` anyway;
-- batches and n > 1 (several sequences in one stream), `return_logprob` (logprob continuity: the
-  continuation's input logprobs would cover the emitted tokens), multimodal or embedding inputs;
+- batches, n > 1 and beam search (several sequences in one stream, or beams the worker keeps),
+  `return_logprob` (logprob continuity: the continuation's input logprobs would cover the emitted
+  tokens), multimodal or embedding inputs;
 - sampling with a `sampling_seed` (the generator's state at the cut cannot be restored), stop strings
-  (SGLang matches them against the output only: one spanning the cut would be missed), penalties over
-  the output (frequency, presence, repetition: the continuation would not count the emitted tokens),
-  constrained decoding (regex, JSON schema, EBNF, structural tags: the grammar would restart), custom
-  logit processors; a budget already spent.
+  and `stop_regex` (SGLang matches them against the output only: one spanning the cut would be
+  missed), penalties over the output (frequency, presence, repetition: the continuation would not count
+  the emitted tokens), constrained decoding (regex, JSON schema, EBNF, structural tags: the grammar
+  would restart), custom logit processors; a budget already spent.
 Unseeded sampling continues as a valid sample of the same distribution. EAGLE speculative decoding
 needs nothing: the draft re-prefills with the target, and greedy verification emits the target's own
 greedy tokens.
@@ -73,9 +74,9 @@ def refusal(ctx: RequestContext) -> str | None:
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         return "sampling_params"
-    if (sp.get("n") or 1) != 1:
-        return "parallel_samples"
-    if sp.get("stop"):
+    if (sp.get("n") or 1) != 1 or (sp.get("beam_width") or 1) != 1:
+        return "parallel_samples"  # (beam search: the beams' state at the cut is the worker's)
+    if sp.get("stop") or sp.get("stop_regex"):
         return "stop_strings"
     if any(sp.get(k) is not None for k in _PARAMS_REFUSED):
         return "seeded_sampling" if sp.get("sampling_seed") is not None else "constrained_decoding"
@@ -119,6 +120,15 @@ class StreamRecovery:
         self.rng = rng
         self.metrics = metrics
         self.max_tries = max(1, max_tries)
+        #: the stream modes (StreamTrack.shape) the last stream that showed them had: what a stream cut
+        #: after its first event is taken to have (StreamTrack.assume)
+        self.shape: tuple[bool, bool] | None = None
+
+    def learn(self, track: StreamTrack) -> None:
+        """A stream ended: keep its modes, when it showed them."""
+        shape = track.shape()
+        if shape is not None:
+            self.shape = shape
 
     def watch(self, ctx: RequestContext) -> StreamTrack | None:
         """A tracker for a stream that could be continued (the relay feeds it what it sends); None when
@@ -131,6 +141,8 @@ class StreamRecovery:
     async def resume(self, ctx: RequestContext, track: StreamTrack, failed: WorkerState, error: str) -> Any:
         """The continuation's open stream (attempt.OpenStream) with `track` switched to rewriting its
         chunks, or None: the stream then ends with its error event."""
+        if track.refused is None and self.shape is not None:
+            track.assume(self.shape)
         why = track.refused or track.not_resumable(DEFAULT_MAX_NEW_TOKENS, ctx.body.get("sampling_params"))
         if why is None and track.recoveries >= MAX_RECOVERIES:
             why = "too_many_recoveries"

@@ -43,6 +43,24 @@ async def first_chunk(calls: WorkerCalls, target: WorkerState, upstream: Respons
     return first
 
 
+def aborted_before_output(first: bytes) -> int | None:
+    """The status of a stream whose first event is a scheduler abort that generated nothing, else None.
+    SGLang's decode answers a request whose prefill died before the KV transfer (or any request its
+    scheduler aborts before a token) with a 200 stream whose one event carries `finish_reason`
+    {"type": "abort", "status_code": 500}: a failed attempt that reached the client as an empty "success"
+    (seen with a prefill killed under stream load). A bytes test first: a normal chunk is not parsed."""
+    if b'"abort"' not in first:
+        return None
+    obj = sse.first_event_json(first)
+    if not isinstance(obj, dict) or not isinstance(meta := obj.get("meta_info"), dict):
+        return None
+    fr = meta.get("finish_reason")
+    if not (isinstance(fr, dict) and fr.get("type") == "abort") or obj.get("output_ids") or meta.get("completion_tokens"):
+        return None
+    status = fr.get("status_code")
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
 class StreamRelay:
     def __init__(self, calls: WorkerCalls, feedback: Feedback, *, clock: Callable[[], float],
                  metrics: RouterMetrics, recovery: StreamRecovery | None = None) -> None:
@@ -154,6 +172,8 @@ class StreamRelay:
         finally:
             for o in opened:
                 o.release()
+            if track is not None and self.recovery is not None:
+                self.recovery.learn(track)
         if error is not None:
             self.metrics.stream_errors.inc()
             log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})

@@ -86,12 +86,24 @@ class StreamTrack:
     def cumulative_text(self) -> bool:
         return self.ids_delta is False or (self.ids_delta is True and self._text_extends)
 
+    def shape(self) -> tuple[bool, bool] | None:
+        """(ids are deltas, text is cumulative) once two events showed them, else None."""
+        return None if self.ids_delta is None else (self.ids_delta, self.cumulative_text())
+
+    def assume(self, shape: tuple[bool, bool]) -> None:
+        """A stream cut after its first event showed neither mode: take another stream's (`shape`).
+        SGLang's modes are a server flag (--incremental-streaming-output), one for a fleet; one event
+        reads the same in every mode (its ids and text are everything so far), so only the
+        continuation's rewriting depends on it."""
+        if self.ids_delta is None and self.ids and len(self.ids) == self.completion:
+            self.ids_delta, self._text_extends = shape
+
     def not_resumable(self, default_max: int, sp: Any) -> str | None:
         """Why what was sent cannot be continued from (None: it can)."""
         if self.refused is not None:
             return self.refused
         if not self.ids or self.ids_delta is None:
-            return "too_early"  # one event shows neither mode: a cut that early is not worth guessing
+            return "too_early"  # one event shows neither mode, and no stream before it did (`assume`)
         if len(self.ids) != self.completion:
             return "ids_inconsistent"
         mnt = sp.get("max_new_tokens", default_max) if isinstance(sp, dict) else default_max

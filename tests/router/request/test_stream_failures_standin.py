@@ -14,7 +14,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
+from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 
 
 def app(behaviour: str, calls: dict[str, int]) -> web.Application:
@@ -24,12 +24,37 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
         calls["n"] += 1
         if behaviour == "prefill":
             return web.json_response({"text": "", "meta_info": {"prompt_tokens": 2, "cached_tokens": 0}})
+        if behaviour.startswith("ids_"):
+            # a greedy model whose next id is a function of the context (100 + its length), streamed in the
+            # simulator's shape (delta ids, cumulative text); a prompt [9, x] dies after the first event
+            ctx_ids = body["input_ids"]
+            out = [100 + len(ctx_ids) + k for k in range(body["sampling_params"]["max_new_tokens"])]
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for k, tok in enumerate(out):
+                ev = {"text": "".join(f" t{t}" for t in out[:k + 1]), "output_ids": [tok],
+                      "meta_info": {"id": "r", "completion_tokens": k + 1, "prompt_tokens": len(ctx_ids)}}
+                await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                if ctx_ids[0] == 9 and len(ctx_ids) == 2:
+                    await asyncio.sleep(0.05)
+                    request.transport.close()  # type: ignore[union-attr]
+                    return resp
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
         if behaviour == "slow":
             await asyncio.sleep(1.5)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if behaviour == "die_before_first_byte":
             request.transport.close()  # type: ignore[union-attr]
+            return resp
+        if behaviour.startswith("abort_"):
+            # SGLang's decode when its prefill died before the KV transfer: a scheduler abort, no token
+            status = int(behaviour.split("_")[1])
+            fr = {"type": "abort", "message": "KV transfer failed", "status_code": status, "err_type": None}
+            ev = {"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0, "prompt_tokens": 2,
+                                                             "finish_reason": fr}}
+            await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\ndata: [DONE]\n\n")
             return resp
         await resp.write(b'data: {"text": "a", "meta_info": {"completion_tokens": 1}}\n\n')
         if behaviour == "die_after_first_byte":
@@ -67,7 +92,8 @@ def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
         runners.append(runner)
         return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", calls  # type: ignore[union-attr]
 
-    names = ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow")
+    names = ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500", "abort_400", "ids_a",
+             "ids_b")
     urls = {n: asyncio.run_coroutine_threadsafe(start(n), loop).result(10) for n in names}
     yield urls
     for r in runners:
@@ -94,6 +120,53 @@ def test_stream_dying_before_first_byte_is_retried_on_another_decode(upstreams) 
             assert lines[-1] == "[DONE]" and json.loads(lines[-2])["text"] == "ab"
         assert bad_calls["n"] >= 1 and good_calls["n"] >= 4
         assert 'inferctl_router_retries_total{cause="stream_' in httpx.get(router.url + "/metrics").text
+
+
+def test_a_stream_aborted_before_its_first_token_is_retried_on_another_pair(upstreams) -> None:
+    # SGLang's decode aborts a request whose prefill died before the KV transfer with a 500 abort event on
+    # its 200 stream: nothing was generated, so it is a failed attempt like a stream ending before any data
+    pre, _ = upstreams["prefill"]
+    bad, bad_calls = upstreams["abort_500"]
+    good, good_calls = upstreams["ok"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad, good], health_interval_s=60, policy="round_robin")
+    with start_router_in_thread(cfg) as router:
+        b0, g0 = bad_calls["n"], good_calls["n"]
+        for _ in range(4):
+            lines = stream(router.url)
+            assert lines[-1] == "[DONE]" and json.loads(lines[-2])["text"] == "ab", lines
+        assert bad_calls["n"] > b0 and good_calls["n"] >= g0 + 4
+        assert 'inferctl_router_retries_total{cause="stream_abort"}' in httpx.get(router.url + "/metrics").text
+
+
+def test_a_client_error_abort_is_passed_on_not_retried(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, calls = upstreams["abort_400"]
+    before = calls["n"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["meta_info"]["finish_reason"]["status_code"] == 400 and lines[-1] == "[DONE]"
+        assert calls["n"] == before + 1
+
+
+def test_a_stream_cut_after_its_first_event_continues_in_the_modes_other_streams_showed(upstreams) -> None:
+    # one event shows neither whether ids are deltas nor whether text is: the fleet's other streams do
+    pre, _ = upstreams["prefill"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[upstreams["ids_a"][0], upstreams["ids_b"][0]],
+                        health_interval_s=60)
+
+    def stream_ids(router: RouterHandle, prompt: list[int]) -> list[dict]:
+        body = {"input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+        with httpx.stream("POST", router.url + "/generate", json=body, timeout=20) as r:
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "[DONE]"
+        return [json.loads(ln) for ln in lines[:-1]]
+
+    with start_router_in_thread(cfg) as router:
+        assert stream_ids(router, [1, 2])[-1]["text"] == " t102 t103 t104"  # shows the modes
+        events = stream_ids(router, [9, 2])  # cut after its first event
+        assert [e.get("text") for e in events] == [" t102", " t102 t103", " t102 t103 t104"], events
+        assert [e["output_ids"] for e in events] == [[102], [103], [104]]
+        assert [e["meta_info"]["completion_tokens"] for e in events] == [1, 2, 3]
 
 
 def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(upstreams) -> None:
