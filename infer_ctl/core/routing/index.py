@@ -88,11 +88,22 @@ class PrefixIndex:
     def workers(self) -> list[str]:
         return list(self._by_worker)
 
+    def capacity(self, worker: str) -> int | None:
+        """`worker`'s cap in blocks (`set_capacity`; None: only the global cap)."""
+        return self._capacity.get(worker)
+
     def __len__(self) -> int:
         return self._total
 
     # ---- updates ------------------------------------------------------------------------------
     def insert(self, hashes: Sequence[int], worker: str, now: float) -> None:
+        """`worker` holds the prefix `hashes` from `now` on. Only the first blocks that fit its capacity
+        (and the global cap) are inserted: the rest would be evicted by this very insert, and a prompt
+        longer than the worker's whole cache cannot be cached whole."""
+        cap = self._capacity.get(worker)
+        room = self.max_blocks if cap is None else min(cap, self.max_blocks)
+        if len(hashes) > room:
+            hashes = hashes[:room]
         entries = self._by_worker.get(worker)
         if entries is None:
             entries = self._by_worker[worker] = OrderedDict()
@@ -101,7 +112,6 @@ class PrefixIndex:
             entries[h] = now
             entries.move_to_end(h)
         self._total += len(entries) - before
-        cap = self._capacity.get(worker)
         if cap is not None:
             while len(entries) > cap:
                 entries.popitem(last=False)

@@ -142,7 +142,8 @@ def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float],
                          board=board)
     picker = PairPicker(workers, index, policy, rng=rng, clock=clock, metrics=metrics, pairs=pairs, kv=kv,
                         pending=coalesce.pending if coalescing else None,
-                        sync_pending=coalesce.sync if board is not None else None)
+                        sync_pending=coalesce.sync if board is not None else None,
+                        long_chars=cfg.settings.kv_events.anchor_max_chars)
     calls = WorkerCalls(upstreams, clock=clock, metrics=metrics)
     feedback = Feedback(prefixes, ratio=ratio, clock=clock, metrics=metrics, log_requests=cfg.settings.log_requests,
                         spec=spec, index=index, kv=kv)

@@ -35,7 +35,12 @@ from infer_ctl.router.http.upstream import Response, UpstreamError
 from infer_ctl.router.request.calls import WorkerCalls
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.feedback import Feedback
-from infer_ctl.router.request.relay import StreamRelay, aborted_before_output, first_chunk
+from infer_ctl.router.request.relay import (
+    StreamRelay,
+    aborted_before_output,
+    first_chunk,
+    refused_before_output,
+)
 from infer_ctl.router.request.retry import AttemptFailed, check_status
 
 _PD_KEYS = frozenset({"bootstrap_host", "bootstrap_port", "bootstrap_room"})
@@ -71,9 +76,12 @@ def prefill_outcome(pt: asyncio.Task[Answer], pre: WorkerState) -> Answer:
 def landed(ctx: RequestContext) -> None:
     """The attempt's first byte or answer: its prompt is in the prefill's radix tree (SGLang inserts it
     at the end of the prefill forward, before the first token goes out), so requests held for it
-    (router/request/coalesce.py) may go."""
+    (router/request/coalesce.py) may go, and a long prompt is predicted there (picker.py `_long`)."""
     if ctx.flight is not None:
         ctx.flight.land()
+    if ctx.on_landed is not None:
+        predict, ctx.on_landed = ctx.on_landed, None
+        predict()
 
 
 def cancel(*tasks: asyncio.Task[Any] | None) -> None:
@@ -299,6 +307,8 @@ class AttemptRunner:
         opened = await self.open_stream(ctx, pre, dec, self.payload(ctx, pre, dec))
         if not isinstance(opened, OpenStream):
             return opened
+        if ctx.on_landed is not None and refused_before_output(opened.first):
+            ctx.on_landed = None  # the worker refused the long prompt: nothing to predict (picker.py `_long`)
         try:
             if opened.prefill is not None and ctx.logprobs:
                 landed(ctx)  # before the wait for the prefill's answer (`_prefill_meta`)

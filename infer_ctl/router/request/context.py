@@ -75,6 +75,9 @@ class RequestContext:
     flight: Flight | None = None
     coalesced: str | None = None
     hold_until: float | None = None
+    #: a long prompt's prediction (picker.py `_long`), made when the attempt's worker took it (attempt.py
+    #: `landed`: its first byte or 2xx answer), never on a rejection; None: predicted at routing time
+    on_landed: Callable[[], None] | None = None
     #: tracing and tenant hooks (observe.RequestObserver); None when the router has neither, and every
     #: hook checks this first
     obs: RequestHooks | None = None

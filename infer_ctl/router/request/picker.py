@@ -7,6 +7,10 @@ prompt's blocks from now on (`index.insert`), with or without KV events. With th
 (router/kvindex/kv_routing.py) the exact index learns what each worker holds from the worker itself;
 this module reads it as the policy's input where a worker's stream is trusted (`_exact`, the predicted
 index for the others) and hands it the routed prompt to anchor (`kv.routed`).
+
+A long prompt (`_long`) is predicted only once the worker took it (its first byte or 2xx answer,
+attempt.py `landed`): inserted at routing time, a prompt the worker then rejects (over its context, 4xx)
+would have evicted the prediction of everything else on that worker for nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ class PairPicker:
     def __init__(self, workers: WorkerRegistry, index: PrefixIndex, policy: PolicyConfig, *, rng: random.Random,
                  clock: Callable[[], float], metrics: RouterMetrics, pairs: PairTracker | None = None,
                  kv: KvRouting | None = None, pending: PendingBlocks | None = None,
-                 sync_pending: Callable[[Sequence[str], Sequence[int]], None] | None = None) -> None:
+                 sync_pending: Callable[[Sequence[str], Sequence[int]], None] | None = None,
+                 long_chars: int | None = None) -> None:
         self.workers = workers
         self.index = index
         self.policy = policy
@@ -56,6 +61,9 @@ class PairPicker:
         #: brings the overlay's flights of the other router processes up to date, those on the workers
         #: given that a chain starting as the hashes given may share blocks with (router/request/coalesce.py `sync`)
         self.sync_pending = sync_pending
+        #: a prompt over this many characters is predicted only once its worker answered (`_long`; the
+        #: router's kv_events.anchor_max_chars, the exact index's bound); None: only the capacity rule
+        self.long_chars = long_chars
         #: decision counter: round-robin position and tie-breaks
         self.seq = 0
 
@@ -82,12 +90,31 @@ class PairPicker:
             if pairs is not None:
                 pairs.chosen(pre.url, dec.url, now)
         if ctx.hashes:
-            self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
+            if self._long(ctx, pre.url):  # predicted once the worker took it (module docstring)
+                ctx.on_landed = self._predict_answered(ctx.hashes, pre.url)
+            else:
+                ctx.on_landed = None  # a retry's: an earlier attempt's worker did not take it
+                self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
             if self.kv is not None and ctx.full_key is not None:  # anchor the prompt, off the request path
                 self.kv.routed(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, ctx.full_key)
         ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""
         self.metrics.observe_decision(ctx.reason, time.perf_counter() - t)
         return pre, dec
+
+    def _long(self, ctx: RequestContext, url: str) -> bool:
+        """Whether the prompt is predicted only once `url` took it: over `long_chars`, or over a quarter
+        of the worker's predicted capacity (such a prompt evicts much of the worker's prediction, and a
+        worker rejects the longest prompts: over its context length). Short prompts are predicted at
+        routing time, which bursts and coalescing rely on (a follower must find its leader's blocks)."""
+        if self.long_chars is not None and len(ctx.text) > self.long_chars:
+            return True
+        cap = self.index.capacity(url)
+        return cap is not None and len(ctx.hashes) > cap // 4
+
+    def _predict_answered(self, hashes: list[int], url: str) -> Callable[[], None]:
+        def predict() -> None:
+            self.index.insert(hashes, url, self.clock())
+        return predict
 
     def _choose(self, ctx: RequestContext, pool: list[WorkerState], excluded: set[str], now: float, prefill: bool,
                 pd: bool, decodes: list[WorkerState] | None = None, near: set[str] | None = None) -> WorkerState:

@@ -61,6 +61,18 @@ def aborted_before_output(first: bytes) -> int | None:
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
+def refused_before_output(first: bytes) -> bool:
+    """Whether a stream's first event says the worker did not take the prompt: SGLang streams a request
+    it rejects (over its context length, bad sampling parameters) as a 200 whose first event is
+    `{"error": {...}}`, or a scheduler abort before any token (`aborted_before_output`). A bytes test
+    first: a normal chunk is not parsed."""
+    if b'"error"' in first:
+        obj = sse.first_event_json(first)
+        if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+            return True
+    return aborted_before_output(first) is not None
+
+
 class StreamRelay:
     def __init__(self, calls: WorkerCalls, feedback: Feedback, *, clock: Callable[[], float],
                  metrics: RouterMetrics, recovery: StreamRecovery | None = None) -> None:

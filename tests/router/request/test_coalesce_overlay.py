@@ -102,7 +102,8 @@ def test_a_prompt_its_worker_evicted_after_landing_does_not_pull_the_next_turn_t
 def test_a_landed_flight_leaves_the_overlay_at_its_workers_next_batch_while_its_request_runs() -> None:
     async def main() -> None:
         co = Coalescer(new_coalesce_config(grace_s=60.0), block_chars=64, chars_per_token=lambda: 4.0, max_retries=0)
-        ctx: Any = SimpleNamespace(hashes=[11, 12, 13], exact=True, held_tokens=0, predicted_chars=0, flight=None)
+        ctx: Any = SimpleNamespace(hashes=[11, 12, 13], exact=True, held_tokens=0, predicted_chars=0, flight=None,
+                                   on_landed=None)
         pre: Any = SimpleNamespace(url="http://w1")
         seen: dict[str, int] = {}
 

@@ -70,6 +70,21 @@ def test_per_worker_capacity_mirrors_worker_lru() -> None:
     assert ix.footprint(A) == 640
 
 
+def test_a_prompt_longer_than_the_workers_capacity_inserts_only_what_fits() -> None:
+    ix = idx(max_blocks=100)
+    assert ix.capacity(A) is None
+    ix.set_capacity(A, 10)
+    assert ix.capacity(A) == 10
+    ix.insert(ix.hashes("R" * 640), B, now=0.0)
+    long = ix.hashes("L" * 64 * 50)
+    ix.insert(long, A, now=1.0)
+    # its first 10 blocks, and nothing beyond them was inserted to be evicted again
+    assert ix.match(long, [A], now=2.0) == {A: 640} and ix.footprint(A) == 640 and ix.evicted == 0
+    longer = ix.hashes("M" * 64 * 150)
+    ix.insert(longer, B, now=3.0)  # no capacity known: the global cap bounds it
+    assert ix.match(longer, [B], now=4.0) == {B: 100 * 64} and len(ix) == 100
+
+
 def test_drop_worker_forgets_only_that_worker() -> None:
     ix = idx()
     ix.insert(ix.hashes(SYS), A, now=0.0)
