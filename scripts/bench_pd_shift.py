@@ -40,6 +40,8 @@ from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
 from infer_ctl.sim.timing import resolve_timing
 
 RELAUNCH_S = 8.0
+#: a pair whose arms both ran at this share of model speed or more measured the split, not the CPU
+MIN_PACE = 0.8
 
 
 def shift(runs: int, time_scale: float = 0.1) -> dict[str, Any]:
@@ -67,13 +69,15 @@ def shift(runs: int, time_scale: float = 0.1) -> dict[str, Any]:
                              "pace": round(model_itl / p2["itl_median_s"], 2) if p2["itl_median_s"] else None}
         pair["ratio"] = round(pair["act"]["goodput_rps"] / pair["off"]["goodput_rps"], 2) \
             if pair["off"]["goodput_rps"] else None
+        paces = [pair[c]["pace"] for c in ("act", "off")]
+        pair["at_pace"] = all(p is not None and p >= MIN_PACE for p in paces)
         print(json.dumps(pair), flush=True)
         rows.append(pair)
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     switches = [r["act"]["switch_after_shift_s"] for r in rows if r["act"]["switch_after_shift_s"] is not None]
     return {"runs": rows, "model_itl_s": round(model_itl, 5), "median_ratio": statistics.median(ratios) if ratios else None,
             "median_switch_after_shift_s": statistics.median(switches) if switches else None,
-            "switched_runs": len(switches),
+            "switched_runs": len(switches), "pairs_at_pace": sum(r["at_pace"] for r in rows),
             "failed": sum(r["act"]["failed"] + r["off"]["failed"] for r in rows)}
 
 
