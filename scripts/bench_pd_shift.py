@@ -4,7 +4,9 @@
 shift: the pd-shift workload (infer_ctl/bench/pd_demo.py) with the controller acting and with the static
 2:2 split, RUNS times each, alternating; goodput (requests meeting TTFT and ITL objectives per second) over
 the shifted phase, its ratio per pair of runs and the median; when the switch was done after the shift;
-failed requests.
+failed requests. The switch after the shift is the first switch toward decode done after it (a switch
+toward prefill in the long-prompt phase is listed under `switches`, not counted as it). `pace`: the
+model's ITL over the measured one (docs/benchmarks.md: under ~0.8 the run measures the CPU, not the split).
 
 kill: 2P+2D with role switching, closed-loop non-streaming requests; one of the two decodes is stopped
 (in-process: its server closes every connection, what kill -9 looks like from the router); the seconds
@@ -35,14 +37,23 @@ from infer_ctl.profile.load import validate_profile_data
 from infer_ctl.router.control.client import AdminClient
 from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
 from infer_ctl.sim.cluster import WorkerSpec, start_cluster_in_thread
+from infer_ctl.sim.timing import resolve_timing
 
 RELAUNCH_S = 8.0
+#: a pair whose arms both ran at this share of model speed or more measured the split, not the CPU
+MIN_PACE = 0.8
 
 
 def shift(runs: int, time_scale: float = 0.1) -> dict[str, Any]:
     """`time_scale` above the demo's 0.1 runs the same model-time scenario slower in wall time (phases and
     wall-second objectives stretched alike): less CPU per wall second, for a machine the simulator shares."""
     k = time_scale / 0.1
+    # the model's ITL in wall seconds (a full batch of 6 short prompts half way through 200 tokens): `pace` is
+    # it over the measured phase-2 ITL median, 1.0 where the simulator keeps model time; well under 1 the one
+    # process that runs servers, router and clients is short of CPU, and its token rate, not the decode
+    # pool's batch slots, bounds the phase's goodput (then a third decode adds steps, not tokens)
+    model_itl = resolve_timing("h100-llama-3.1-70b", "decode", speculative=False,
+                               max_running_requests=6).decode_step_seconds(6, 6 * 200) * time_scale
     rows = []
     for i in range(runs):
         pair = {}
@@ -50,18 +61,23 @@ def shift(runs: int, time_scale: float = 0.1) -> dict[str, Any]:
             opts = PdShiftOptions(control=control, seed=i, phase1_s=4.0 * k, phase2_s=12.0 * k, phase2_max_s=12.0 * k,
                                   time_scale=time_scale, ttft_slo_s=1.5 * k, itl_slo_s=0.05 * k)
             s = run_pd_shift(opts).summary(opts)
-            pair[control] = {"goodput_rps": s["phase2"]["goodput_rps"], "failed": s["failed"],
+            p2 = s["phase2"]
+            pair[control] = {"goodput_rps": p2["goodput_rps"], "failed": s["failed"],
                              "switch_after_shift_s": s.get("switch_after_shift_s"),
-                             "ttft_median_s": s["phase2"]["ttft_median_s"]}
+                             "switches": s["switches"], "requests": p2["requests"], "missed": p2["missed"],
+                             "ttft_median_s": p2["ttft_median_s"], "itl_median_s": p2["itl_median_s"],
+                             "pace": round(model_itl / p2["itl_median_s"], 2) if p2["itl_median_s"] else None}
         pair["ratio"] = round(pair["act"]["goodput_rps"] / pair["off"]["goodput_rps"], 2) \
             if pair["off"]["goodput_rps"] else None
+        paces = [pair[c]["pace"] for c in ("act", "off")]
+        pair["at_pace"] = all(p is not None and p >= MIN_PACE for p in paces)
         print(json.dumps(pair), flush=True)
         rows.append(pair)
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     switches = [r["act"]["switch_after_shift_s"] for r in rows if r["act"]["switch_after_shift_s"] is not None]
-    return {"runs": rows, "median_ratio": statistics.median(ratios) if ratios else None,
+    return {"runs": rows, "model_itl_s": round(model_itl, 5), "median_ratio": statistics.median(ratios) if ratios else None,
             "median_switch_after_shift_s": statistics.median(switches) if switches else None,
-            "switched_runs": len(switches),
+            "switched_runs": len(switches), "pairs_at_pace": sum(r["at_pace"] for r in rows),
             "failed": sum(r["act"]["failed"] + r["off"]["failed"] for r in rows)}
 
 

@@ -75,6 +75,10 @@ class PdShiftOutcome:
     actions: list[dict[str, Any]] = field(default_factory=list)
     shift_at: float = 0.0
     end_at: float = 0.0
+    #: every switch done (seconds from the start, the role it moved to): a prefill-heavy first phase may move
+    #: a decode to the prefill pool, which is right there and is not the switch the shift calls for
+    switches: list[tuple[float, str]] = field(default_factory=list)
+    #: the first switch toward decode done after the shift (the one the shift calls for)
     switch_done_at: float | None = None
     roles_before: dict[str, str] = field(default_factory=dict)
     roles_after: dict[str, str] = field(default_factory=dict)
@@ -84,9 +88,11 @@ class PdShiftOutcome:
             good = [s for s in ss if s.ok and s.ttft is not None and s.ttft <= opts.ttft_slo_s
                     and (s.itl is None or s.itl <= opts.itl_slo_s)]
             ttfts = sorted(s.ttft for s in ss if s.ttft is not None)
-            return {"requests": len(ss), "failed": sum(not s.ok for s in ss),
+            itls = sorted(s.itl for s in ss if s.itl is not None)
+            return {"requests": len(ss), "failed": sum(not s.ok for s in ss), "missed": len(ss) - len(good),
                     "goodput_rps": round(len(good) / span, 2) if span > 0 else None,
-                    "ttft_median_s": round(ttfts[len(ttfts) // 2], 3) if ttfts else None}
+                    "ttft_median_s": round(ttfts[len(ttfts) // 2], 3) if ttfts else None,
+                    "itl_median_s": round(itls[len(itls) // 2], 5) if itls else None}
 
         p1 = [s for s in self.samples if s.phase == 1]
         p2 = [s for s in self.samples if s.phase == 2]
@@ -94,7 +100,9 @@ class PdShiftOutcome:
                                "phase2": stats(p2, self.end_at - self.shift_at),
                                "failed": sum(not s.ok for s in self.samples),
                                "roles_before": self.roles_before, "roles_after": self.roles_after,
-                               "actions": self.actions}
+                               "actions": self.actions,
+                               "switches": [{"after_shift_s": round(t - self.shift_at, 2), "to_role": to}
+                                            for t, to in self.switches]}
         if self.switch_done_at is not None:
             out["switch_after_shift_s"] = round(self.switch_done_at - self.shift_at, 2)
             after = [s for s in p2 if s.start >= self.switch_done_at]
@@ -153,8 +161,12 @@ def run_pd_shift(opts: PdShiftOptions, log: Callable[[str], None] = lambda _m: N
                         r["t_s"] = round(time.monotonic() - t0, 2)
                         out.actions.append(r)
                         log(f"t={r['t_s']:.1f}s controller {r['action']}: {r.get('reason', '')}")
-                        if r["action"] == "switch" and r.get("result", {}).get("ok") and out.switch_done_at is None:
-                            out.switch_done_at = time.monotonic() - t0
+                        if r["action"] != "switch" or not r.get("result", {}).get("ok"):
+                            continue
+                        done = time.monotonic() - t0
+                        out.switches.append((done, r["to_role"]))
+                        if r["to_role"] == "decode" and done >= out.shift_at and out.switch_done_at is None:
+                            out.switch_done_at = done
                             out.end_at = max(out.end_at, min(out.switch_done_at + opts.after_s,
                                                              opts.phase1_s + opts.phase2_max_s))
 
