@@ -10,11 +10,14 @@ Pure, but for `WorkerKv` holding the worker's streams (router/kvindex/kv_subscri
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from infer_ctl.router.kvindex.kv_subscriber import KvStream
+
+log = logging.getLogger("infer_ctl.router.kv")
 
 #: SGLang 0.5.23's `SpeculativeAlgorithm.is_eagle()` (speculative/spec_info.py): EAGLE, EAGLE3 and
 #: FROZEN_KV_MTP (what a Gemma4 assistant draft's EAGLE/NEXTN becomes, arg_groups/speculative_hook.py);
@@ -58,6 +61,13 @@ class WorkerKv:
 
     def space(self) -> tuple[int, bool]:
         return self.page_size, self.bigram
+
+    def keyed_as_stored(self, stream: KvStream) -> None:
+        """The stores are the truth about the keying: /server_info only guessed it."""
+        if stream.block_size and stream.bigram is not None and (stream.block_size, stream.bigram) != self.space():
+            log.warning("KV events: the worker's stores disagree with /server_info about its pages",
+                        extra={"worker": self.url, "page_size": stream.block_size, "bigram": stream.bigram})
+            self.page_size, self.bigram = stream.block_size, stream.bigram
 
     def doc(self, decode: bool) -> dict[str, Any]:
         """The worker's index for `router workers` (KvRouting.worker_doc): a decode's `index` is its

@@ -181,13 +181,8 @@ class KvRouting:
                 s.up()
 
     def _on_event(self, stream: KvStream, what: str, n: int) -> None:
-        w = self.workers.get(stream.worker)
-        # the stores are the truth about the keying: /server_info only guessed it
-        if (w is not None and what == "batches" and stream.block_size and stream.bigram is not None
-                and (stream.block_size, stream.bigram) != w.space()):
-            log.warning("KV events: the worker's stores disagree with /server_info about its pages",
-                        extra={"worker": w.url, "page_size": stream.block_size, "bigram": stream.bigram})
-            w.page_size, w.bigram = stream.block_size, stream.bigram
+        if what == "batches" and (w := self.workers.get(stream.worker)) is not None:
+            w.keyed_as_stored(stream)
         if what == "batches" and self.on_batch is not None:
             self.on_batch(stream.worker)  # in-flight coalescing: a held request's leader may have landed
         if self.metrics is not None:
