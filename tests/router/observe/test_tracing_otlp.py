@@ -121,8 +121,10 @@ def test_a_streamed_request_over_otlp_grpc_carries_ttft_and_itl(cluster: Threade
         try:
             events = []
             with httpx.stream("POST", router.url + "/generate", headers={"traceparent": TRACEPARENT}, timeout=30,
+                              # 48 tokens: spread over enough reads that a loaded machine does not hand the
+                              # router the whole answer in one chunk (one chunk has no gap to measure)
                               json={"text": "stream me " * 20, "stream": True,
-                                    "sampling_params": {"max_new_tokens": 12}}) as r:
+                                    "sampling_params": {"max_new_tokens": 48}}) as r:
                 assert r.status_code == 200
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
