@@ -34,7 +34,7 @@ def guard(fn, *args: Any, **kwargs: Any) -> Any:
     except ValueError as exc:
         raise UsageError(
             str(exc), remedy=exc.remedy if isinstance(exc, InputError)
-            else "see the ranges in `inferctl plan <kv|spec|transfer|roofline|tiers|cost> --help`"
+            else "see the ranges in `inferctl plan <kv|spec|transfer|roofline|tiers|cost|pd> --help`"
         ) from None
 
 

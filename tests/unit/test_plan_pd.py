@@ -140,6 +140,9 @@ def test_rate_beyond_the_gpus_warns(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("argv, text", [
     (["--rate", "0"], "--rate must be a finite number > 0"),
+    # the objective is quoted in the ms the user typed, not the seconds it is held in
+    (["--rate", "1", "--itl-ms", "-5"], "--itl-ms must be a finite number > 0, got -5\n"),
+    (["--rate", "1", "--ttft-ms", "-250"], "--ttft-ms must be a finite number > 0, got -250\n"),
     (["--rate", "1", "--class", "4096"], "expected IN:OUT"),
     (["--rate", "1", "--input-tokens", "100", "--input-spread", "100"], "must be below --input-tokens"),
     (["--rate", "1", "--tp", "1"], "not one request"),

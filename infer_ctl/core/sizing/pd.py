@@ -167,9 +167,11 @@ def check_inputs(p: PdInputs) -> None:
         if c.input_tokens < 1 or c.output_tokens < 1 or not c.weight > 0:
             raise ValueError(f"--class {c.input_tokens}:{c.output_tokens}:{c.weight:g}: lengths must be >= 1 "
                              "and the weight > 0")
-    for name, value in (("--rate", p.rate_rps), ("--ttft-ms", p.ttft_slo_s), ("--itl-ms", p.itl_slo_s)):
+    # the objectives are held in seconds but given in ms: the message quotes what the user typed
+    for name, value, shown in (("--rate", p.rate_rps, p.rate_rps), ("--ttft-ms", p.ttft_slo_s, p.ttft_slo_s * 1e3),
+                               ("--itl-ms", p.itl_slo_s, p.itl_slo_s * 1e3)):
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value:g}")
+            raise ValueError(f"{name} must be a finite number > 0, got {shown:g}")
     if p.gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {p.gpus}")
     for role, hw in (("prefill", p.prefill), ("decode", p.decode)):
