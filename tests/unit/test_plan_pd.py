@@ -140,6 +140,9 @@ def test_rate_beyond_the_gpus_warns(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("argv, text", [
     (["--rate", "0"], "--rate must be a finite number > 0"),
+    (["--rate", "1", "--gpus", "100000000"], "--gpus must be in [1, 4,096]"),  # was hours of enumerating splits
+    (["--rate", "1", "--latency-us", "nan"], "--latency-us a finite number >= 0"),  # was planned on, exit 0
+    (["--rate", "1", "--bandwidth-gbps", "inf"], "--bandwidth-gbps must be a finite number > 0"),
     # the objective is quoted in the ms the user typed, not the seconds it is held in
     (["--rate", "1", "--itl-ms", "-5"], "--itl-ms must be a finite number > 0, got -5\n"),
     (["--rate", "1", "--ttft-ms", "-250"], "--ttft-ms must be a finite number > 0, got -250\n"),

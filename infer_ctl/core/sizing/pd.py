@@ -159,6 +159,9 @@ class PdPlan:
     reason: str
 
 
+MAX_GPUS = 4096
+
+
 def check_inputs(p: PdInputs) -> None:
     """One message per bad value, named as the CLI option that sets it."""
     if not p.classes:
@@ -172,8 +175,9 @@ def check_inputs(p: PdInputs) -> None:
                                ("--itl-ms", p.itl_slo_s, p.itl_slo_s * 1e3)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite number > 0, got {shown:g}")
-    if p.gpus < 1:
-        raise ValueError(f"--gpus must be >= 1, got {p.gpus}")
+    # every split is evaluated (a bisection each, ~3 ms): 1e8 GPUs ran for hours; 4,096 is a large bare-metal fleet
+    if not 1 <= p.gpus <= MAX_GPUS:
+        raise ValueError(f"--gpus must be in [1, {MAX_GPUS:,}], got {p.gpus:,}")
     for role, hw in (("prefill", p.prefill), ("decode", p.decode)):
         presets.accelerator_preset(hw.accelerator)
         if hw.tp < 1:
@@ -185,8 +189,10 @@ def check_inputs(p: PdInputs) -> None:
                         ("--mem-fraction", p.mem_fraction), ("--attainment", p.attainment_target)):
         if not 0 < value <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {value:g}")
-    if p.link.bandwidth_gbps <= 0 or p.link.links < 1 or p.link.latency_us < 0:
-        raise ValueError("--bandwidth-gbps must be > 0, --links >= 1, --latency-us >= 0")
+    # the comparisons are False for NaN, so a NaN is refused too (a NaN latency was planned on, exit 0)
+    if not (p.link.bandwidth_gbps > 0 and math.isfinite(p.link.bandwidth_gbps) and p.link.links >= 1
+            and 0 <= p.link.latency_us < math.inf):
+        raise ValueError("--bandwidth-gbps must be a finite number > 0, --links >= 1, --latency-us a finite number >= 0")
 
 
 def weights(p: PdInputs) -> tuple[float, ...]:
