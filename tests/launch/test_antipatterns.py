@@ -143,3 +143,17 @@ def test_pd_disagreement_names_the_extra_args_that_set_the_flag() -> None:
     assert f.details["field"] == "nodes[1].overrides.extra_args" and "nodes[1].overrides.extra_args" in (f.remedy or "")
     only_prefill = _data(sglang={"extra_args": {"prefill": ["--page-size", "32"], "decode": DECODE}})
     assert {f.details["field"] for f in _hits(only_prefill, "launch.pd_agreement")} == {"sglang.extra_args.prefill"}
+
+
+@pytest.mark.parametrize("extra", [
+    ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"],  # the numbers unset
+    ["--speculative-algorithm", "NGRAM"],  # SGLang refuses any algorithm with the role switch
+    ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d", "--speculative-num-steps", "3",
+     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8"],  # with a numbers warning beside
+])
+def test_role_switch_with_speculative_extra_args_fails(extra: list[str]) -> None:
+    # models.draft unset, so the profile's own rule cannot see the draft: the launch check must
+    data = _data(models={"target": {"path": "/m", "tp": 8}},
+                 sglang={"pd_role_switch": True, "extra_args": {"prefill": extra, "decode": [*DECODE, *extra]}})
+    fails = [f for f in _hits(data, "launch.spec") if f.status.value == "fail"]
+    assert len(fails) == 2 and all("--enable-pd-role-switch cannot be combined" in f.message for f in fails)

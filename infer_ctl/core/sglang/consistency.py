@@ -96,6 +96,28 @@ def _int(v: str | None) -> int | None:
 
 
 def _spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]:
+    return _role_switch_spec_findings(inst, args) + _spec_number_findings(inst, args)
+
+
+def _role_switch_spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]:
+    """SGLang refuses the role switch with any algorithm (NGRAM too), whatever the numbers; judged on its
+    own (it was the last branch of the numbers' checks: unset numbers or another finding there hid it)."""
+    algo = (args.get("--speculative-algorithm") or "").upper()
+    if algo and "--enable-pd-role-switch" in args:
+        return [
+            Finding.fail(
+                "launch.spec",
+                inst.node,
+                inst.name,
+                f"--enable-pd-role-switch cannot be combined with speculative decoding ({algo})",
+                remedy="drop --speculative-algorithm from the extra args, or set sglang.pd_role_switch: false "
+                "(and drop --enable-pd-role-switch from the extra args)",
+            )
+        ]
+    return []
+
+
+def _spec_number_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]:
     algo = (args.get("--speculative-algorithm") or "").upper()
     if not algo or algo == "NGRAM":
         return []
@@ -135,16 +157,6 @@ def _spec_findings(inst: Instance, args: dict[str, str | None]) -> list[Finding]
                 inst.name,
                 f"num_draft_tokens {ndt} exceeds the draft tree size eagle_topk*num_steps+1 = {topk * steps + 1}",
                 remedy="lower num_draft_tokens or raise eagle_topk/num_steps",
-            )
-        )
-    elif "--enable-pd-role-switch" in args:
-        out.append(
-            Finding.fail(
-                "launch.spec",
-                inst.node,
-                inst.name,
-                "--enable-pd-role-switch cannot be combined with speculative decoding",
-                remedy="drop --enable-pd-role-switch from the extra args",
             )
         )
     return out
