@@ -30,6 +30,8 @@ from infer_ctl.errors import InferctlError
 from infer_ctl.router.control.client import AdminClient
 
 NOT_IDLE = "instance is not idle"
+#: how a request that got no answer reads (refused connection, timeout): not SGLang's words
+NO_ANSWER = "no answer"
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class RoleSwitcher:
         try:
             r = httpx.post(url + "/pd_role_switch", json=body, headers=self.headers, timeout=self.timeout_s)
         except httpx.HTTPError as exc:
-            return False, f"no answer: {exc}", True
+            return False, f"{NO_ANSWER}: {exc}", True
         try:
             doc = r.json()
         except ValueError:
@@ -111,6 +113,13 @@ class RoleSwitcher:
             return done(False, f"{url} refused the switch to {to_role}: {msg}", fatal=not safe, worker=msg)
         ok, msg, safe = self._post_switch(url, to_role, False)
         steps.append(f"switch: {msg}")
+        if not ok and msg.startswith(NO_ANSWER):
+            # the switch may have run (a decode's rebuild captures CUDA graphs: longer than the timeout):
+            # put back in the router in its old role it could be serving the other pool's requests
+            steps.append("left drained: the switch's outcome is unknown")
+            return done(False, f"{url} gave no answer to the switch to {to_role} (its role is unknown: left "
+                               f"drained; its live role is disaggregation_mode in GET {url}/model_info; undrain it in that role): "
+                               f"{msg}", worker=msg)
         if not ok:
             if safe:
                 self._undrain(url, steps)
