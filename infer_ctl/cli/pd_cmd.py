@@ -6,6 +6,7 @@ it (SGLang's runtime role switch, servers launched with `sglang.pd_role_switch: 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -68,8 +69,8 @@ def control(
         raise UsageError("pd.control is off: the controller has nothing to do",
                          remedy="set pd.control: advise (or act, with sglang.pd_role_switch: true) in the profile, "
                                 "or pass --advise")
-    if interval <= 0:
-        raise UsageError(f"--interval must be positive, got {interval:g}", remedy="e.g. --interval 5")
+    if not 0 < interval < math.inf:  # NaN too: the loop's sleep raised on it after the first round
+        raise UsageError(f"--interval must be a finite number > 0, got {interval:g}", remedy="e.g. --interval 5")
     url = router_base_url(url) or router_url(prof)
     client = AdminClient(url, prof.router.admin_token_env, timeout=max(10.0, prof.pd.drain_timeout_s + 5))
     hc = prof.sglang.hicache

@@ -6,6 +6,7 @@ only) and records it. `--once` runs one round (cron); otherwise it loops every `
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -61,8 +62,8 @@ def control(
     if mode == "off":
         raise UsageError("speculative.control is off: the controller has nothing to do",
                          remedy="set speculative.control: advise (or act) in the profile, or pass --advise")
-    if interval <= 0:
-        raise UsageError(f"--interval must be positive, got {interval:g}", remedy="e.g. --interval 30")
+    if not 0 < interval < math.inf:  # NaN too: the loop's sleep raised on it after the first round
+        raise UsageError(f"--interval must be a finite number > 0, got {interval:g}", remedy="e.g. --interval 30")
     actuator = SshRelauncher(prof, console=None if json_out else sess.err) if mode == "act" else None
     loop = SpecControlLoop(prof, router_url=router_base_url(router) or router_url(prof), mode=mode, actuator=actuator,
                            history=history, profile_ref=profile or "PROFILE",

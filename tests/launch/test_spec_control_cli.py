@@ -109,6 +109,9 @@ def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data["speculative"]["control"] = "advise"
     path.write_text(yaml.safe_dump(data))
     assert main(["spec", "control", "-p", str(path), "--interval", "0"]) == 64
+    for bad in ("nan", "inf"):  # refused before the router is asked (it is not running: that would be 3)
+        assert main(["spec", "control", "-p", str(path), "--interval", bad]) == 64
+        assert f"--interval must be a finite number > 0, got {bad}" in capsys.readouterr().err
     capsys.readouterr()
     assert main(["spec", "control", "-p", str(path), "--once"]) == 3  # the router is not running
     assert "not reachable" in capsys.readouterr().err
