@@ -167,9 +167,10 @@ def check_inputs(p: PdInputs) -> None:
     if not p.classes:
         raise ValueError("no request classes: give --input-tokens/--output-tokens or --class IN:OUT:WEIGHT")
     for c in p.classes:
-        if c.input_tokens < 1 or c.output_tokens < 1 or not c.weight > 0:
+        # an infinite weight normalised to NaN shares: every split at 0% attainment, exit 1, no error
+        if c.input_tokens < 1 or c.output_tokens < 1 or not 0 < c.weight < math.inf:
             raise ValueError(f"--class {c.input_tokens}:{c.output_tokens}:{c.weight:g}: lengths must be >= 1 "
-                             "and the weight > 0")
+                             "and the weight a finite number > 0")
     # the objectives are held in seconds but given in ms: the message quotes what the user typed
     for name, value, shown in (("--rate", p.rate_rps, p.rate_rps), ("--ttft-ms", p.ttft_slo_s, p.ttft_slo_s * 1e3),
                                ("--itl-ms", p.itl_slo_s, p.itl_slo_s * 1e3)):
