@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infer_ctl.cli.common import JsonOpt, ProfileOpt, finish, get_profile, session
-from infer_ctl.cli.plan_common import finite_options, guard
+from infer_ctl.cli.plan_common import finite_options, guard, positive_options
 from infer_ctl.core.findings import Finding, Status
 from infer_ctl.core.report import Report
 from infer_ctl.core.sizing import presets
@@ -115,6 +115,8 @@ def pd(
     """The prefill:decode split with the most goodput per GPU, and whether collocated does as well."""
     sess = session(json)
     finite_options({"--rate": rate, "--ttft-ms": ttft_ms, "--itl-ms": itl_ms}, "plan pd")
+    # before `prefill_tp or tp` below: 0 is falsy, so `--prefill-tp 0` fell back to --tp without a word
+    positive_options(tp=tp, prefill_tp=prefill_tp, decode_tp=decode_tp)
     prof = get_profile(profile) if profile else None
     base: dict[str, Any] = profile_inputs(prof) if prof else {}
     link = base.get("link", Link())

@@ -140,6 +140,8 @@ def test_rate_beyond_the_gpus_warns(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("argv, text", [
     (["--rate", "0"], "--rate must be a finite number > 0"),
+    (["--rate", "1", "--prefill-tp", "0"], "--prefill-tp must be >= 1, got 0"),  # was --tp's, exit 0
+    (["--rate", "1", "--tp", "0"], "--tp must be >= 1, got 0"),  # was named --prefill-tp
     (["--rate", "1", "--class", "100:100:inf"], "the weight a finite number > 0"),  # was NaN shares, exit 1
     (["--rate", "1", "--gpus", "100000000"], "--gpus must be in [1, 4,096]"),  # was hours of enumerating splits
     (["--rate", "1", "--latency-us", "nan"], "--latency-us a finite number >= 0"),  # was planned on, exit 0
