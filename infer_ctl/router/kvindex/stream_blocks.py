@@ -7,6 +7,7 @@ No sockets and no health state: kv_subscriber.py hands it the payloads its seque
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
 from typing import Any, Protocol
 
 from infer_ctl.core.routing.blocks import BatchEffect, EventRejected, WorkerBlocks
@@ -87,14 +88,7 @@ class StreamBlocks:
         this stream's truth. Raises EventRejected (nothing applied)."""
         blocks, resets = self.blocks, self.resets
         try:
-            steps = blocks.apply_steps(events)
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    eff: BatchEffect = done.value
-                    break
-                await asyncio.sleep(0)
+            eff = await _stepped(blocks.apply_steps(events))
         except EventRejected:
             for medium, n in blocks.refused.items():
                 self._refused[medium] = self._refused.get(medium, 0) + n
@@ -112,15 +106,19 @@ class StreamBlocks:
             return None
         resets = self.resets
         fresh = self.new_blocks()
-        steps = fresh.apply_steps(events[clears[-1]:])
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                eff: BatchEffect = done.value
-                break
-            await asyncio.sleep(0)
+        eff = await _stepped(fresh.apply_steps(events[clears[-1]:]))
         if resets != self.resets:
             return None
         self.blocks = fresh
         return eff
+
+
+async def _stepped(steps: Generator[None, None, BatchEffect]) -> BatchEffect:
+    """Run a batch's steps (core/routing/blocks.py `apply_steps`), yielding to the event loop between them."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            eff: BatchEffect = done.value
+            return eff
+        await asyncio.sleep(0)
