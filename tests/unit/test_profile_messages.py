@@ -68,7 +68,8 @@ def test_a_node_host_is_a_bare_name_or_address(host: str) -> None:
 
 @pytest.mark.parametrize("host", ["pf-01.example.net", "10.0.0.9", "2001:db8::11", "fe80::1%eth0", "my_alias"])
 def test_node_hosts_that_ssh_resolves_are_valid(host: str) -> None:
-    parse_profile_text(BASE.replace("host: 10.0.0.1", f"host: '{host}'"), "p.yaml")
+    profile = parse_profile_text(BASE.replace("host: 10.0.0.1", f"host: '{host}'"), "p.yaml")
+    assert profile.nodes[0].host == host
 
 
 def test_a_quoted_number_for_a_number_choice_says_to_drop_the_quotes() -> None:
