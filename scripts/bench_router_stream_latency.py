@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--policy", default="cache_aware", choices=["cache_aware", "round_robin"])
     ap.add_argument("--processes", type=int, default=None, help="router serve --processes (default: its own)")
     ap.add_argument("--peer", choices=["smg", "sglang-router"], default="smg")
+    ap.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                    help="an extra `router serve` argument (repeatable), e.g. --router-arg=--no-kv-events")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERCTL_ROUTER_TOKEN": ""}
@@ -74,7 +76,7 @@ def main() -> None:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{ip}", "--mixed", worker,
              "--policy", args.policy, "--log-level", "warning"]
-            + (["--processes", str(args.processes)] if args.processes else []),
+            + (["--processes", str(args.processes)] if args.processes else []) + args.router_arg,
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         peer = "smg 1.13.0" if args.peer == "smg" else "sglang-router 0.3.2"
         peer_cmd = ([shutil.which("smg") or "smg", "launch"] if args.peer == "smg"

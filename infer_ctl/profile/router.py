@@ -161,6 +161,12 @@ class RouterSettings(StrictModel):
     #: from the prompt plus the tokens already sent (docs/router.md, "Mid-stream recovery"); off: such a
     #: stream ends with an error event
     stream_recovery: bool = True
+    #: when a streamed answer's head (200, text/event-stream) goes to the client: early (as soon as the
+    #: worker's stream head arrived: the client reads it while the worker computes the prefill, as it does
+    #: from SGLang itself) or first_chunk (with the first token: a stream that fails before it, on every
+    #: retry, is still answered with an HTTP error status). Early, such a failure ends the stream with an
+    #: error event instead (docs/router.md, "When a stream's head goes out")
+    stream_head: Literal["early", "first_chunk"] = "early"
     #: how a pinned named prefix is kept: touch (warmed again after pin_touch_s idle; an expired or
     #: superseded pin then ages out like any prefix) or priority (warm-ups carry a high priority for
     #: --radix-eviction-policy priority; SGLang never lowers it, so the pin outlives its TTL on the worker)

@@ -147,7 +147,8 @@ def _router(cfg: RouterConfig, seat: Seat | None, *, clock: Callable[[], float],
     calls = WorkerCalls(upstreams, clock=clock, metrics=metrics)
     feedback = Feedback(prefixes, ratio=ratio, clock=clock, metrics=metrics, log_requests=cfg.settings.log_requests,
                         spec=spec, index=index, kv=kv)
-    opener = StreamOpener(calls, request_timeout_s=cfg.settings.request_timeout_s)
+    opener = StreamOpener(calls, request_timeout_s=cfg.settings.request_timeout_s,
+                          early_head=cfg.settings.stream_head == "early")
     recovery = StreamRecovery(enabled=cfg.settings.stream_recovery, pick=picker.pick, open_stream=opener.open_stream,
                               upstreams=upstreams, rng=rng, metrics=metrics, max_tries=1 + cfg.settings.max_retries,
                               linger=opener.finish_later)

@@ -143,6 +143,11 @@ class StreamResponse:
         #: stream's `data: [DONE]` was handed to the socket (set by the relay). The OpenAI SDK and
         #: `inferctl bench` close on [DONE], before the terminator: that is a success, not a 499.
         self.delivered = False
+        #: the status the request ended with when not the head's: an error the router answered after the
+        #: head went out (router/request/proxy.py `committed`), for the metrics and the request's log line
+        self.outcome: int | None = None
+        #: a body byte was handed to the socket (the head alone may go out first: relay.py `send_head`)
+        self.body_started = False
         self._conn: H1Connection | None = None
 
     async def prepare(self, request: Request, first: bytes = b"") -> None:
@@ -159,6 +164,7 @@ class StreamResponse:
         if not self.chunked or (conn.close_after and not conn.pending):
             head += b"Connection: close\r\n"
         self.prepared = True
+        self.body_started = bool(first)
         conn.out.write(head + b"\r\n" + (self._frame(first) if first else b""))
         await conn.out.drain()
 
@@ -172,6 +178,8 @@ class StreamResponse:
             return
         assert self._conn is not None, "prepare() first"
         out = self._frame(data) if data else b""
+        if data:
+            self.body_started = True
         if last:
             self.finished = True
             if self.chunked:

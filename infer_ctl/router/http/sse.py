@@ -62,3 +62,22 @@ def data_event(obj: Any) -> bytes:
 
 def error_event(status: int, message: str) -> bytes:
     return data_event({"error": {"message": message, "type": openai_error_type(status), "code": status}}) + DONE
+
+
+def error_message(body: bytes) -> str:
+    """The message of an error answer's body, for an error event: the router's own documents and
+    OpenAI-style ones (`{"error": {"message"}}`), SGLang's (`{"message"}`, `{"error": "..."}`), else its
+    text (at most 500 characters)."""
+    try:
+        obj = loads(body) if body else None
+    except (DecodeError, ValueError, UnicodeDecodeError):
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+        if isinstance(obj.get("message"), str):
+            return obj["message"]
+    return body[:500].decode(errors="replace")

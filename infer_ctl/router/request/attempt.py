@@ -40,6 +40,7 @@ from infer_ctl.router.request.relay import (
     aborted_before_output,
     first_chunk,
     refused_before_output,
+    send_head,
 )
 from infer_ctl.router.request.retry import AttemptFailed, check_status
 
@@ -95,9 +96,11 @@ class StreamOpener:
     an attempt and mid-stream recovery (recovery.py, which the relay holds) need, so it is built before
     either."""
 
-    def __init__(self, calls: WorkerCalls, *, request_timeout_s: float) -> None:
+    def __init__(self, calls: WorkerCalls, *, request_timeout_s: float, early_head: bool = True) -> None:
         self.calls = calls
         self.request_timeout_s = request_timeout_s
+        #: the client's head goes out when the worker's does (router.stream_head early, relay.py `send_head`)
+        self.early_head = early_head
         #: prefill answers left to finish after the client got the decode's (`finish_later`): a drain
         #: waits for them too, or their accounting and tracing spans would be cut off at shutdown
         self.lingering: set[asyncio.Task[Any]] = set()
@@ -175,6 +178,8 @@ class StreamOpener:
             check_status("stream_status", target, upstream.status, data)
             return h1.Response(upstream.status, data, JSON_TYPE, headers=ctx.headers)
         try:
+            if self.early_head:
+                await send_head(ctx)  # the client reads it while the worker computes (relay.py `send_head`)
             first = await first_chunk(self.calls, target, upstream)
             aborted = aborted_before_output(first)
             if aborted is not None and retryable_status(aborted):

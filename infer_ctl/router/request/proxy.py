@@ -177,7 +177,7 @@ class Router:
         status = 500
         try:
             resp = await self._handle(request, endpoint, rid, t0, obs)
-            status = resp.status
+            status = resp.outcome if isinstance(resp, h1.StreamResponse) and resp.outcome else resp.status
             return resp
         except (asyncio.CancelledError, ConnectionError):
             # the client went away (nginx's "client closed request", 499): not the router's failure, and
@@ -230,24 +230,44 @@ class Router:
         attempt = attempts.stream if ctx.stream else attempts.unary
         if self.picker.pending is not None and ctx.hashes:
             attempt = self.coalesce.wrap(attempt)
+        reply: Reply
         try:
             async with asyncio.timeout(cfg.settings.request_timeout_s):
-                return await with_retries(ctx, self.picker.pick, attempt,
-                                          max_retries=cfg.settings.max_retries, base_s=cfg.settings.retry_base_s, rng=self.rng,
-                                          metrics=self.metrics, observe=self.pairs.outcome)
+                reply = await with_retries(ctx, self.picker.pick, attempt,
+                                           max_retries=cfg.settings.max_retries, base_s=cfg.settings.retry_base_s, rng=self.rng,
+                                           metrics=self.metrics, observe=self.pairs.outcome)
         except NoWorkerAvailable as exc:
-            return self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "no_worker",
-                              retry_after_s=exc.retry_after_s)
+            reply = self.error(endpoint, rid, 503, f"{exc}; check `inferctl router workers`", "no_worker",
+                               retry_after_s=exc.retry_after_s)
         except RetriesExhausted as out:
             last = out.last
             if last.status is not None and pass_on_answer(last.status, last.body):
-                return h1.Response(last.status, last.body, JSON_TYPE, headers=ctx.headers)  # "later": the worker's own
-            detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
-            return self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}")
+                reply = h1.Response(last.status, last.body, JSON_TYPE, headers=ctx.headers)  # "later": the worker's own
+            else:
+                detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
+                reply = self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}")
         except TimeoutError:
-            if ctx.resp is not None and ctx.resp.prepared:
+            if ctx.resp is not None and ctx.resp.prepared:  # cut mid-stream, or after its head (`send_head`)
+                if not ctx.resp.body_started:  # nothing streamed yet: it failed as a whole (a 504)
+                    ctx.resp.outcome = 504
                 with contextlib.suppress(Exception):
                     await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()
                 return ctx.resp
-            return self.error(endpoint, rid, 504, f"no response within {cfg.settings.request_timeout_s:g}s", "timeout")
+            reply = self.error(endpoint, rid, 504, f"no response within {cfg.settings.request_timeout_s:g}s", "timeout")
+        return await committed(ctx, reply)
+
+
+async def committed(ctx: RequestContext, reply: Reply) -> Reply:
+    """The answer as the client can still get it: once a stream's head went out (relay.py `send_head`,
+    or a stream cut by the timeout) an error answer ends that stream as an error event with its status
+    and message (SGLang's own way for a stream that fails), never a second head."""
+    resp = ctx.resp
+    if resp is None or not resp.prepared or reply is resp:
+        return reply
+    assert isinstance(reply, h1.Response)
+    resp.outcome = reply.status
+    with contextlib.suppress(Exception):  # the client may be gone: the answer is what it is
+        await resp.write(sse.error_event(reply.status, sse.error_message(reply.body)))
+        await resp.write_eof()
+    return resp

@@ -1,6 +1,9 @@
 """Stream failure semantics with stand-in upstreams whose faults are scripted (the simulator cannot
 break a stream on demand): a decode stream that dies before its first byte is retried on another pair;
 one that dies after it ends with an error event, never a retry; a slow worker hits the request timeout.
+When the client's head goes out (router.stream_head): early, with the worker's head, and a stream that
+then fails on every attempt ends as an error event; first_chunk, with the first token, and such a
+stream is answered with an error status.
 Real: the router, its upstream client, its retry loop and SSE relay."""
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -45,6 +49,10 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
             await asyncio.sleep(1.5)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if behaviour == "head_then_slow":  # the head at once, the first token after a 0.4 s "prefill"
+            await asyncio.sleep(0.4)
+        if behaviour == "head_then_stall":
+            await asyncio.sleep(1.5)
         if behaviour == "die_before_first_byte":
             request.transport.close()  # type: ignore[union-attr]
             return resp
@@ -93,7 +101,7 @@ def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
         return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", calls  # type: ignore[union-attr]
 
     names = ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500", "abort_400", "ids_a",
-             "ids_b")
+             "ids_b", "head_then_slow", "head_then_stall")
     urls = {n: asyncio.run_coroutine_threadsafe(start(n), loop).result(10) for n in names}
     yield urls
     for r in runners:
@@ -188,3 +196,68 @@ def test_request_timeout_is_a_504_json_error(upstreams) -> None:
     with start_router_in_thread(cfg) as router:
         r = httpx.post(router.url + "/generate", json={"text": "x"}, timeout=10)
         assert r.status_code == 504 and r.json()["error"]["type"] == "server_error"
+
+
+def head_and_first_event_s(url: str) -> tuple[float, float, int]:
+    """Seconds to the response head and to the first body byte of a streamed request, and its status."""
+    t = time.perf_counter()
+    with httpx.stream("POST", url + "/generate", json={"text": "x", "stream": True}, timeout=20) as r:
+        head = time.perf_counter() - t
+        for chunk in r.iter_raw():
+            if chunk:
+                return head, time.perf_counter() - t, r.status_code
+    raise AssertionError("no body")
+
+
+@pytest.mark.parametrize("when", ["early", "first_chunk"])
+def test_the_client_head_goes_out_with_the_workers_head_or_with_the_first_token(upstreams, when: str) -> None:
+    pre, _ = upstreams["prefill"]
+    slow_first, _ = upstreams["head_then_slow"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[slow_first], health_interval_s=60, stream_head=when)
+    with start_router_in_thread(cfg) as router:
+        head, first, status = head_and_first_event_s(router.url)
+    assert status == 200 and first >= 0.38
+    if when == "early":  # the client has the head while the worker computes: not 0.4 s later
+        assert head < 0.25, (head, first)
+    else:
+        assert head >= 0.38, (head, first)
+
+
+def test_after_an_early_head_a_stream_failing_on_every_attempt_ends_as_an_error_event(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, calls = upstreams["die_before_first_byte"]
+    before = calls["n"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60,
+                                              max_retries=2, retry_base_s=0)) as router:
+        with httpx.stream("POST", router.url + "/generate", json={"text": "x", "stream": True}, timeout=20) as r:
+            assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert calls["n"] == before + 3  # every attempt ran, within the one head
+        err = json.loads(lines[0])["error"]
+        assert err["code"] == 502 and err["type"] == "server_error" and "all 3 attempts failed" in err["message"]
+        assert lines[1:] == ["[DONE]"]
+        metrics = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in metrics
+
+
+def test_with_the_head_at_the_first_token_such_a_stream_is_a_502_json_error(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_before_first_byte"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60, retry_base_s=0,
+                        stream_head="first_chunk")
+    with start_router_in_thread(cfg) as router:
+        r = httpx.post(router.url + "/generate", json={"text": "x", "stream": True}, timeout=20)
+        assert r.status_code == 502 and "all 3 attempts failed" in r.json()["error"]["message"]
+
+
+def test_a_request_timeout_after_an_early_head_is_a_504_error_event(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    stall, _ = upstreams["head_then_stall"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[stall], request_timeout_s=0.5, health_interval_s=60)
+    with start_router_in_thread(cfg) as router:
+        with httpx.stream("POST", router.url + "/generate", json={"text": "x", "stream": True}, timeout=20) as r:
+            assert r.status_code == 200
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert json.loads(lines[0])["error"]["code"] == 504 and lines[1:] == ["[DONE]"]
+        m = httpx.get(router.url + "/metrics").text
+        assert 'status="504"} 1.0' in m
