@@ -12,6 +12,10 @@ per-worker capacity, global cap) always removes leaves before their parents: a w
 prefix-closed, which is what makes the binary search in `match` valid.
 
 Time is passed in (`now`, seconds on any monotonic clock); nothing here reads a clock.
+
+Why `insert_later`: the request path predicts after its upstream write (router/request/picker.py),
+and every other use of the index first applies what was deferred (`settle`), so nothing ever reads
+or changes the index out of order.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class PrefixIndex:
         self._total = 0
         self.evicted = 0
         self.expired = 0
+        #: `insert_later`'s inserts, applied in order before any other use of the index (`settle`)
+        self._later: list[tuple[Sequence[int], str, float]] = []
 
     # ---- queries ------------------------------------------------------------------------------
     def hashes(self, text: str) -> list[int]:
@@ -62,6 +68,8 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int], workers: Iterable[str], now: float) -> dict[str, int]:
         """Matched prefix length in characters, per worker (0 when nothing matches)."""
+        if self._later:
+            self.settle()
         out: dict[str, int] = {}
         cutoff = now - self.ttl_s
         for worker in workers:
@@ -82,17 +90,25 @@ class PrefixIndex:
 
     def footprint(self, worker: str) -> int:
         """Predicted cached characters on `worker`."""
+        if self._later:
+            self.settle()
         entries = self._by_worker.get(worker)
         return len(entries) * self.block_chars if entries else 0
 
     def workers(self) -> list[str]:
+        if self._later:
+            self.settle()
         return list(self._by_worker)
 
     def capacity(self, worker: str) -> int | None:
         """`worker`'s cap in blocks (`set_capacity`; None: only the global cap)."""
+        if self._later:
+            self.settle()
         return self._capacity.get(worker)
 
     def __len__(self) -> int:
+        if self._later:
+            self.settle()
         return self._total
 
     # ---- updates ------------------------------------------------------------------------------
@@ -100,6 +116,8 @@ class PrefixIndex:
         """`worker` holds the prefix `hashes` from `now` on. Only the first blocks that fit its capacity
         (and the global cap) are inserted: the rest would be evicted by this very insert, and a prompt
         longer than the worker's whole cache cannot be cached whole."""
+        if self._later:
+            self.settle()
         cap = self._capacity.get(worker)
         room = self.max_blocks if cap is None else min(cap, self.max_blocks)
         if len(hashes) > room:
@@ -120,14 +138,29 @@ class PrefixIndex:
         while self._total > self.max_blocks:
             self._evict_globally_oldest()
 
+    def insert_later(self, hashes: Sequence[int], worker: str, now: float) -> None:
+        """`insert`, applied before the index is next read or changed (or by `settle`, which the caller
+        schedules): the request path defers its prediction past its upstream write."""
+        self._later.append((hashes, worker, now))
+
+    def settle(self) -> None:
+        """Apply the deferred inserts now."""
+        later, self._later = self._later, []
+        for hashes, worker, now in later:
+            self.insert(hashes, worker, now)
+
     def last_use(self, block: int, worker: str) -> float | None:
         """When `worker`'s entry `block` was last used (None: not held)."""
+        if self._later:
+            self.settle()
         entries = self._by_worker.get(worker)
         return entries.get(block) if entries else None
 
     def forget_older(self, worker: str, seen: float) -> int:
         """Feedback: `worker` evicted an entry last used at `seen`. An LRU cache evicts older entries
         first, so every entry of the worker used no later than that is gone too. Returns entries dropped."""
+        if self._later:
+            self.settle()
         entries = self._by_worker.get(worker)
         dropped = 0
         while entries:
@@ -141,12 +174,16 @@ class PrefixIndex:
 
     def drop_worker(self, worker: str) -> int:
         """The worker restarted, was flushed, went unhealthy or was removed: its cache is gone."""
+        if self._later:
+            self.settle()
         entries = self._by_worker.pop(worker, None)
         n = len(entries) if entries else 0
         self._total -= n
         return n
 
     def set_capacity(self, worker: str, blocks: int | None) -> None:
+        if self._later:
+            self.settle()
         if blocks is None:
             self._capacity.pop(worker, None)
         else:
@@ -154,6 +191,8 @@ class PrefixIndex:
 
     def expire(self, now: float) -> int:
         """Remove entries idle longer than the TTL (oldest first; stops at the first fresh one)."""
+        if self._later:
+            self.settle()
         cutoff = now - self.ttl_s
         removed = 0
         for worker, entries in list(self._by_worker.items()):

@@ -15,6 +15,8 @@ would have evicted the prediction of everything else on that worker for nothing.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 import random
 import time
@@ -66,6 +68,9 @@ class PairPicker:
         self.long_chars = long_chars
         #: decision counter: round-robin position and tie-breaks
         self.seq = 0
+        #: a decision's bookkeeping, run after the upstream write (`_after_write`)
+        self._later: list[Callable[[], None]] = []
+        self._scheduled = False
 
     def pick(self, ctx: RequestContext, excluded: set[str]) -> tuple[WorkerState, WorkerState | None]:
         """The pair for the next attempt (decode None in collocated mode); prefers workers not in
@@ -94,12 +99,38 @@ class PairPicker:
                 ctx.on_landed = self._predict_answered(ctx.hashes, pre.url)
             else:
                 ctx.on_landed = None  # a retry's: an earlier attempt's worker did not take it
-                self.index.insert(ctx.hashes, pre.url, now)  # the prediction (module docstring)
+                # the prediction (module docstring), applied after the upstream write: before any other
+                # use of the index (core/routing/index.py `insert_later`), so no request misses it
+                self.index.insert_later(ctx.hashes, pre.url, now)
             if self.kv is not None and ctx.full_key is not None:  # anchor the prompt, off the request path
-                self.kv.routed(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, ctx.full_key)
+                self._later.append(functools.partial(self.kv.routed, ctx.endpoint, ctx.body, ctx.text, ctx.hashes,
+                                                     ctx.full_key))
         ctx.prefill, ctx.decode = pre.url, dec.url if dec else ""
-        self.metrics.observe_decision(ctx.reason, time.perf_counter() - t)
+        self._later.append(functools.partial(self.metrics.observe_decision, ctx.reason, time.perf_counter() - t))
+        self._after_write()
         return pre, dec
+
+    def _after_write(self) -> None:
+        """Run the decision's bookkeeping (the prediction, the anchoring's queue, the decision metric) at
+        the event loop's next turn: after this request's upstream write, which follows the decision in
+        the same turn, so none of it is on the request's time to first token. Without a running loop
+        (a test calling pick alone) it runs now."""
+        if self._scheduled:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self.settle)
+        except RuntimeError:
+            self.settle()
+            return
+        self._scheduled = True
+
+    def settle(self) -> None:
+        """The deferred bookkeeping, now (`_after_write`)."""
+        self._scheduled = False
+        self.index.settle()
+        later, self._later = self._later, []
+        for fn in later:
+            fn()
 
     def _long(self, ctx: RequestContext, url: str) -> bool:
         """Whether the prompt is predicted only once `url` took it: over `long_chars`, or over a quarter
