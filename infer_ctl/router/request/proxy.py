@@ -248,9 +248,10 @@ class Router:
                 detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
                 reply = self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}")
         except TimeoutError:
-            if ctx.resp is not None and ctx.resp.prepared:  # cut mid-stream, or after its head (`send_head`)
-                if not ctx.resp.body_started:  # nothing streamed yet: it failed as a whole (a 504)
-                    ctx.resp.outcome = 504
+            # cut mid-stream: its error event. Nothing streamed yet (only the head went out, `send_head`):
+            # it failed as a whole, as without the head - the same 504, its log line and rejected count
+            # (`committed` turns it into the stream's error event)
+            if ctx.resp is not None and ctx.resp.prepared and ctx.resp.body_started:
                 with contextlib.suppress(Exception):
                     await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()

@@ -215,3 +215,30 @@ def test_an_openai_stream_failing_after_its_head_ends_with_an_openai_error_event
         assert set(err) >= {"message", "type", "code"} and err["code"] == 502 and err["type"] == "server_error"
         assert lines[1:] == ["[DONE]"]
         assert requests_total(router.url, 502, "/v1/chat/completions") == 1
+
+
+def metric(url: str, prefix: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("when", ["early", "first_chunk"])
+def test_a_request_timeout_before_the_first_token_is_counted_and_told_alike_whenever_the_head_went(
+        upstreams, when: str) -> None:
+    # the worker sends its head, then computes for longer than the request timeout
+    with start_router_in_thread(pd(upstreams, "watch", request_timeout_s=0.5, stream_head=when)) as router:
+        with httpx.stream("POST", router.url + "/generate", json={"text": "x", "stream": True}, timeout=20) as r:
+            if when == "early":
+                assert r.status_code == 200
+                lines = data_lines(r)
+                assert lines[1:] == ["[DONE]"]
+                err = json.loads(lines[0])["error"]
+            else:
+                r.read()
+                assert r.status_code == 504
+                err = r.json()["error"]
+        assert err["code"] == 504 and err["message"] == "no response within 0.5s"
+        assert requests_total(router.url, 504) == 1
+        assert metric(router.url, 'inferctl_router_rejected_total{reason="timeout"}') == 1
