@@ -32,6 +32,11 @@ def app(behaviour: str, calls: dict) -> web.Application:
             return web.json_response({"text": "", "meta_info": {"prompt_tokens": 2, "cached_tokens": 0}})
         if behaviour == "reject":  # SGLang's validation error: an HTTP 400 with its JSON error
             return web.json_response(REJECT, status=400)
+        if behaviour.startswith("prefill_"):  # a prefill that fails 0.2 s in (its decode waits for the KV)
+            await asyncio.sleep(0.2)
+            if behaviour == "prefill_400":
+                return web.json_response(REJECT, status=400)
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if behaviour == "die":  # the head, then the connection closes before the first token
@@ -77,7 +82,7 @@ def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
         return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", calls  # type: ignore[union-attr]
 
     urls = {n: asyncio.run_coroutine_threadsafe(start(n), loop).result(10)
-            for n in ("prefill", "die", "reject", "watch", "ok")}
+            for n in ("prefill", "die", "reject", "watch", "ok", "prefill_503", "prefill_400")}
     yield urls
     for r in runners:
         asyncio.run_coroutine_threadsafe(r.cleanup(), loop).result(10)
@@ -215,6 +220,13 @@ def test_an_openai_stream_failing_after_its_head_ends_with_an_openai_error_event
         assert set(err) >= {"message", "type", "code"} and err["code"] == 502 and err["type"] == "server_error"
         assert lines[1:] == ["[DONE]"]
         assert requests_total(router.url, 502, "/v1/chat/completions") == 1
+        # the OpenAI SDK reads it as the stream's error, with the router's message
+        import openai
+
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=20)
+        with pytest.raises(openai.APIError, match=r"all \d attempts failed"):
+            for _ in client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True):
+                pass
 
 
 def metric(url: str, prefix: str) -> float:
@@ -242,3 +254,27 @@ def test_a_request_timeout_before_the_first_token_is_counted_and_told_alike_when
         assert err["code"] == 504 and err["message"] == "no response within 0.5s"
         assert requests_total(router.url, 504) == 1
         assert metric(router.url, 'inferctl_router_rejected_total{reason="timeout"}') == 1
+
+
+@pytest.mark.parametrize("prefill", ["prefill_503", "prefill_400"])
+def test_a_prefill_failing_after_its_decodes_head_ends_the_attempt_at_once(upstreams, prefill: str) -> None:
+    # SGLang sends a stream's head at once: a decode that answered has not yet had its KV. When its prefill
+    # fails, the KV never comes; the decode (here: a head, then nothing) must not be waited for
+    _, watched = upstreams["watch"]
+    watched.pop("closed_after_s", None)
+    cfg = router_config(prefill=[(upstreams[prefill][0], 1)], decode=[upstreams["watch"][0]], health_interval_s=60,
+                        max_retries=0)
+    with start_router_in_thread(cfg) as router:
+        t0 = time.monotonic()
+        with httpx.stream("POST", router.url + "/generate", json={"text": "x", "stream": True}, timeout=20) as r:
+            assert r.status_code == 200
+            lines = data_lines(r)
+        took = time.monotonic() - t0
+        err = json.loads(lines[0])["error"]
+        if prefill == "prefill_400":  # the prefill's own refusal, passed on
+            assert err["code"] == 400 and err["message"] == REJECT["message"]
+        else:
+            assert err["code"] == 502 and "prefill answered HTTP 503" in err["message"]
+        assert lines[1:] == ["[DONE]"] and took < 2, took
+        assert wait_for(lambda: "closed_after_s" in watched, 4) and watched["closed_after_s"] < 2
+        assert requests_total(router.url, err["code"]) == 1
