@@ -41,6 +41,11 @@ class Served:
             await resp.prepare(req)
             await resp.write(b"data: 0\n\n")
             raise RuntimeError("handler bug")
+        if req.path == "/boom_after_stream":  # a handler bug after its stream ended
+            resp = StreamResponse(200, {"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            await resp.write(b"data: 0\n\n", last=True)
+            raise RuntimeError("handler bug")
         if req.path == "/bigresp":
             return Response(200, b"x" * 65536)
         if req.path == "/hang":
@@ -427,6 +432,17 @@ def test_a_handler_that_raises_after_its_streams_head_ends_the_connection_not_a_
     # as incomplete - a 500 head written after them would be read as a chunk size (a garbled answer)
     assert raw == (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
                    b"9\r\ndata: 0\n\n\r\n")
+
+
+def test_a_handler_that_raises_after_its_stream_ended_leaves_the_answer_and_the_connection_as_they_are(
+        srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(post("/boom_after_stream", b"{}"))
+        ((status, _, body),) = read_responses(s, 1)
+        s.sendall(post("/after", b"{}"))  # the same connection
+        ((status2, _, body2),) = read_responses(s, 1)
+    assert status == 200 and body == b"9\r\ndata: 0\n\n\r\n0\r\n\r\n"
+    assert status2 == 200 and json.loads(body2)["path"] == "/after"
 
 
 @pytest.mark.parametrize(("head", "name"), [
