@@ -278,3 +278,28 @@ def test_a_prefill_failing_after_its_decodes_head_ends_the_attempt_at_once(upstr
         assert lines[1:] == ["[DONE]"] and took < 2, took
         assert wait_for(lambda: "closed_after_s" in watched, 4) and watched["closed_after_s"] < 2
         assert requests_total(router.url, err["code"]) == 1
+
+
+def test_a_tenants_stream_failing_after_its_head_is_settled_by_the_errors_status(upstreams) -> None:
+    from infer_ctl.router.observe.tenants import TenantSpec, key_digest
+
+    key = "sk-tenant-a"
+    tenants = [TenantSpec("a", key_digest(key), max_concurrency=1, tokens_per_min=6000)]
+    auth = {"authorization": f"Bearer {key}"}
+    body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 1000}}
+
+    def tenant(url: str) -> dict:
+        return httpx.get(url + "/admin/tenants", timeout=10).json()["tenants"][0]
+
+    # the worker's own 400 on the retry, after the head: the tenant's reservation comes back, no error
+    with start_router_in_thread(pd(upstreams, "die", "reject", policy="round_robin", tenants=tenants)) as router:
+        with httpx.stream("POST", router.url + "/generate", json=body, headers=auth, timeout=20) as r:
+            assert json.loads(data_lines(r)[0])["error"]["code"] == 400
+        snap = tenant(router.url)
+        assert snap["inflight"] == 0 and snap["errors"] == 0 and snap["buckets"]["tokens"] > 5900, snap
+    # every attempt failed (502): an error of the tenant's, and its slot given back
+    with start_router_in_thread(pd(upstreams, "die", tenants=tenants)) as router:
+        with httpx.stream("POST", router.url + "/generate", json=body, headers=auth, timeout=20) as r:
+            assert json.loads(data_lines(r)[0])["error"]["code"] == 502
+        snap = tenant(router.url)
+        assert snap["inflight"] == 0 and snap["errors"] == 1, snap
