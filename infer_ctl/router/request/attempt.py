@@ -205,8 +205,10 @@ class StreamOpener:
         decode that answered says nothing yet of its prefill). As in `AttemptRunner.unary`: the prefill's
         failure cancels this task's wait, undone with uncancel() so that a timeout or a client disconnect
         arriving at the same time still wins. Raises AttemptFailed (retryable), or returns the prefill's 4xx."""
-        if pt is None or pt.done():  # collocated, or a prefill that answered (`open_stream` checked it)
+        if pt is None:  # collocated
             return await first_chunk(self.calls, target, upstream)
+        if pt.done():  # with the decode's head (`open_stream` looks at a prefill done before it only)
+            return prefill_outcome(pt, pre) if _failed(pt) else await first_chunk(self.calls, target, upstream)
         task = asyncio.current_task()
         assert task is not None
         waiting = True
@@ -214,7 +216,7 @@ class StreamOpener:
 
         def prefill_done(t: asyncio.Task[Answer]) -> None:
             nonlocal failed
-            if waiting and not t.cancelled() and (t.exception() is not None or t.result()[0] >= 400):
+            if waiting and _failed(t):
                 failed = True
                 task.cancel()
 
@@ -227,6 +229,11 @@ class StreamOpener:
         finally:
             waiting = False
         return prefill_outcome(pt, pre)  # raises AttemptFailed when it failed retryably
+
+
+def _failed(pt: asyncio.Task[Answer]) -> bool:
+    """A done prefill call that failed: a transport error or an HTTP error status."""
+    return not pt.cancelled() and (pt.exception() is not None or pt.result()[0] >= 400)
 
 
 class AttemptRunner:
