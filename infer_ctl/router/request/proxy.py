@@ -262,7 +262,7 @@ class Router:
 
 async def committed(resp: h1.StreamResponse | None, reply: Reply) -> Reply:
     """The answer as the client can still get it: once a stream's head went out (`resp`: relay.py
-    `send_head`, a stream cut by the timeout, or one a bug interrupted) an error answer ends that stream
+    `send_head` before the first token, or a stream a bug interrupted) an error answer ends that stream
     as an error event with its status and message (SGLang's own way for a stream that fails), never a
     second head."""
     if resp is None or not resp.prepared or reply is resp:
