@@ -36,6 +36,16 @@ class Served:
             await asyncio.sleep(0.2)
         if req.path == "/boom":  # a handler bug: the server's own safety net must still answer
             raise RuntimeError("handler bug")
+        if req.path == "/boom_in_stream":  # a handler bug after its stream's head went out
+            resp = StreamResponse(200, {"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            await resp.write(b"data: 0\n\n")
+            raise RuntimeError("handler bug")
+        if req.path == "/boom_after_stream":  # a handler bug after its stream ended
+            resp = StreamResponse(200, {"Content-Type": "text/event-stream"})
+            await resp.prepare(req)
+            await resp.write(b"data: 0\n\n", last=True)
+            raise RuntimeError("handler bug")
         if req.path == "/bigresp":
             return Response(200, b"x" * 65536)
         if req.path == "/hang":
@@ -409,6 +419,29 @@ def test_a_handler_that_raises_still_gets_a_json_500_and_the_connection_lives_on
         (status, headers, body), (status2, _, body2) = read_responses(s, 2)
     assert status == 500 and headers.get("connection") is None
     assert json.loads(body) == error_doc(500, "internal router error; see the router's log", "server_error")
+    assert status2 == 200 and json.loads(body2)["path"] == "/after"
+
+
+def test_a_handler_that_raises_after_its_streams_head_ends_the_connection_not_a_second_head(srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(post("/boom_in_stream", b"{}") + post("/after", b"{}"))
+        raw = b""
+        while data := s.recv(65536):
+            raw += data
+    # the stream's head and what it sent, then the close: an unfinished chunked body the client reports
+    # as incomplete - a 500 head written after them would be read as a chunk size (a garbled answer)
+    assert raw == (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+                   b"9\r\ndata: 0\n\n\r\n")
+
+
+def test_a_handler_that_raises_after_its_stream_ended_leaves_the_answer_and_the_connection_as_they_are(
+        srv: Served) -> None:
+    with connect(srv) as s:
+        s.sendall(post("/boom_after_stream", b"{}"))
+        ((status, _, body),) = read_responses(s, 1)
+        s.sendall(post("/after", b"{}"))  # the same connection
+        ((status2, _, body2),) = read_responses(s, 1)
+    assert status == 200 and body == b"9\r\ndata: 0\n\n\r\n0\r\n\r\n"
     assert status2 == 200 and json.loads(body2)["path"] == "/after"
 
 

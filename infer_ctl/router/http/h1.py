@@ -464,7 +464,16 @@ class H1Connection(asyncio.Protocol):
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # the handler's own safety net failed: still answer
-                    resp = Response(500, error_body(500, "internal router error; see the router's log"))
+                    stream = req.stream
+                    if stream is None or not stream.prepared:
+                        resp = Response(500, error_body(500, "internal router error; see the router's log"))
+                    elif stream.finished:
+                        resp = stream  # it was answered in full: nothing more to send
+                    else:
+                        # its stream's head went out: a second head would be read as a chunk of its body.
+                        # The close leaves the body unfinished, which the client reports as incomplete
+                        self.close()
+                        return
                 if self.closed:
                     return
                 if isinstance(resp, Response):

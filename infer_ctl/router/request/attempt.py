@@ -1,9 +1,10 @@
 """One attempt of a request on one chosen pair (PD) or worker (collocated).
 
 PD: the same body, with bootstrap fields (a fresh room per attempt), goes to the prefill and the decode
-concurrently; the client gets the decode's answer. A prefill that fails before the decode answered ends
-the attempt at once - the decode would otherwise wait for a KV transfer that never comes - as a retry
-(transport error, retryable status) or by passing its 4xx on. With `return_logprob` the prefill's
+concurrently; the client gets the decode's answer. A prefill that fails before the decode answered (a
+stream: before its first chunk, `StreamOpener._first_chunk`) ends the attempt at once - the decode would
+otherwise wait for a KV transfer that never comes - as a retry (transport error, retryable status) or by
+passing its 4xx on. With `return_logprob` the prefill's
 prompt logprobs are merged into the decode's answer; otherwise the prefill's answer is left to finish
 in the background (closing it would make the worker abort a request that already succeeded).
 
@@ -180,7 +181,11 @@ class StreamOpener:
         try:
             if self.early_head:
                 await send_head(ctx)  # the client reads it while the worker computes (relay.py `send_head`)
-            first = await first_chunk(self.calls, target, upstream)
+            first = await self._first_chunk(pre, target, upstream, pt)
+            if isinstance(first, tuple):  # the prefill's own 4xx, before the decode's first chunk: passed on
+                release(target, upstream)
+                status, data, ctype = first
+                return h1.Response(status, data, ctype.split(";")[0], headers=ctx.headers)
             aborted = aborted_before_output(first)
             if aborted is not None and retryable_status(aborted):
                 # the prefill's call failing too says which side broke (a killed prefill); else the decode
@@ -192,6 +197,43 @@ class StreamOpener:
             release(target, upstream)
             raise
         return OpenStream(pre, target, upstream, first, pt, lambda: release(target, upstream))
+
+    async def _first_chunk(self, pre: WorkerState, target: WorkerState, upstream: Response,
+                           pt: asyncio.Task[Answer] | None) -> bytes | Answer:
+        """The stream's first chunk, or - PD - the end of the attempt when its prefill fails first: its
+        decode would wait for a KV transfer that never comes (SGLang sends a stream's head at once, so a
+        decode that answered says nothing yet of its prefill). As in `AttemptRunner.unary`: the prefill's
+        failure cancels this task's wait, undone with uncancel() so that a timeout or a client disconnect
+        arriving at the same time still wins. Raises AttemptFailed (retryable), or returns the prefill's 4xx."""
+        if pt is None:  # collocated
+            return await first_chunk(self.calls, target, upstream)
+        if pt.done():  # with the decode's head (`open_stream` looks at a prefill done before it only)
+            return prefill_outcome(pt, pre) if _failed(pt) else await first_chunk(self.calls, target, upstream)
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = True
+        failed = False
+
+        def prefill_done(t: asyncio.Task[Answer]) -> None:
+            nonlocal failed
+            if waiting and _failed(t):
+                failed = True
+                task.cancel()
+
+        pt.add_done_callback(prefill_done)
+        try:
+            return await first_chunk(self.calls, target, upstream)
+        except asyncio.CancelledError:
+            if not failed or task.uncancel() > 0:
+                raise
+        finally:
+            waiting = False
+        return prefill_outcome(pt, pre)  # raises AttemptFailed when it failed retryably
+
+
+def _failed(pt: asyncio.Task[Answer]) -> bool:
+    """A done prefill call that failed: a transport error or an HTTP error status."""
+    return not pt.cancelled() and (pt.exception() is not None or pt.result()[0] >= 400)
 
 
 class AttemptRunner:

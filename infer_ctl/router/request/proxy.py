@@ -186,9 +186,10 @@ class Router:
             status = 200 if stream is not None and stream.delivered else 499
             raise
         except Exception:
-            # A bug must still produce a JSON answer, never a dropped request.
+            # A bug must still produce a JSON answer, never a dropped request: after a stream's head
+            # (relay.py `send_head`, or mid-stream) that answer is the stream's error event
             log.exception("internal error", extra={"rid": rid, "endpoint": endpoint})
-            return self.error(endpoint, rid, 500, "internal router error; see the router's log")
+            return await committed(request.stream, self.error(endpoint, rid, 500, "internal router error; see the router's log"))
         finally:
             self.admission.leave()
             self.metrics.observe_request(endpoint, status, self.clock() - t0)
@@ -247,22 +248,23 @@ class Router:
                 detail = f" ({last.body[:200].decode(errors='replace')})" if last.body else ""
                 reply = self.error(endpoint, rid, 502, f"all {out.attempts} attempts failed; last: {last.message}{detail}")
         except TimeoutError:
-            if ctx.resp is not None and ctx.resp.prepared:  # cut mid-stream, or after its head (`send_head`)
-                if not ctx.resp.body_started:  # nothing streamed yet: it failed as a whole (a 504)
-                    ctx.resp.outcome = 504
+            # cut mid-stream: its error event. Nothing streamed yet (only the head went out, `send_head`):
+            # it failed as a whole, as without the head - the same 504, its log line and rejected count
+            # (`committed` turns it into the stream's error event)
+            if ctx.resp is not None and ctx.resp.prepared and ctx.resp.body_started:
                 with contextlib.suppress(Exception):
                     await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()
                 return ctx.resp
             reply = self.error(endpoint, rid, 504, f"no response within {cfg.settings.request_timeout_s:g}s", "timeout")
-        return await committed(ctx, reply)
+        return await committed(ctx.resp, reply)
 
 
-async def committed(ctx: RequestContext, reply: Reply) -> Reply:
-    """The answer as the client can still get it: once a stream's head went out (relay.py `send_head`,
-    or a stream cut by the timeout) an error answer ends that stream as an error event with its status
-    and message (SGLang's own way for a stream that fails), never a second head."""
-    resp = ctx.resp
+async def committed(resp: h1.StreamResponse | None, reply: Reply) -> Reply:
+    """The answer as the client can still get it: once a stream's head went out (`resp`: relay.py
+    `send_head` before the first token, or a stream a bug interrupted) an error answer ends that stream
+    as an error event with its status and message (SGLang's own way for a stream that fails), never a
+    second head."""
     if resp is None or not resp.prepared or reply is resp:
         return reply
     assert isinstance(reply, h1.Response)
