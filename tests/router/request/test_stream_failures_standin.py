@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
+from tests.router.standin_apps import serve_apps
 
 
 def app(behaviour: str, calls: dict[str, int]) -> web.Application:
@@ -86,28 +86,9 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
 
 @pytest.fixture(scope="module")
 def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    runners: list[web.AppRunner] = []
-
-    async def start(behaviour: str) -> tuple[str, dict]:
-        calls = {"n": 0}
-        runner = web.AppRunner(app(behaviour, calls))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", calls  # type: ignore[union-attr]
-
-    names = ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500", "abort_400", "ids_a",
-             "ids_b", "head_then_slow", "head_then_stall")
-    urls = {n: asyncio.run_coroutine_threadsafe(start(n), loop).result(10) for n in names}
-    yield urls
-    for r in runners:
-        asyncio.run_coroutine_threadsafe(r.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with serve_apps(app, ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500",
+                          "abort_400", "ids_a", "ids_b", "head_then_slow", "head_then_stall")) as urls:
+        yield urls
 
 
 def stream(url: str) -> list[str]:

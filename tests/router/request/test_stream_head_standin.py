@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from aiohttp import web
 
+from infer_ctl.router.config import RouterConfig
 from infer_ctl.router.daemon.embed import router_config, start_router_in_thread
+from tests.router.standin_apps import serve_apps
 
 REJECT = {"object": "error", "message": "max_new_tokens is too large", "type": "BadRequestError", "param": None,
           "code": 400}
@@ -67,30 +69,11 @@ def app(behaviour: str, calls: dict) -> web.Application:
 
 @pytest.fixture(scope="module")
 def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    runners: list[web.AppRunner] = []
-
-    async def start(behaviour: str) -> tuple[str, dict]:
-        calls: dict = {"n": 0}
-        runner = web.AppRunner(app(behaviour, calls))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", calls  # type: ignore[union-attr]
-
-    urls = {n: asyncio.run_coroutine_threadsafe(start(n), loop).result(10)
-            for n in ("prefill", "die", "reject", "watch", "ok", "prefill_503", "prefill_400")}
-    yield urls
-    for r in runners:
-        asyncio.run_coroutine_threadsafe(r.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with serve_apps(app, ("prefill", "die", "reject", "watch", "ok", "prefill_503", "prefill_400")) as urls:
+        yield urls
 
 
-def pd(upstreams: dict, *decodes: str, **settings) -> object:
+def pd(upstreams: dict, *decodes: str, **settings: Any) -> RouterConfig:
     return router_config(prefill=[(upstreams["prefill"][0], 1)], decode=[upstreams[d][0] for d in decodes],
                          health_interval_s=60, retry_base_s=0, **settings)
 
