@@ -20,7 +20,7 @@ or changes the index out of order.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 ROOT = 0x5EED_B10C
@@ -60,7 +60,7 @@ class PrefixIndex:
         self.evicted = 0
         self.expired = 0
         #: `insert_later`'s inserts, applied in order before any other use of the index (`settle`)
-        self._later: list[tuple[Sequence[int], str, float]] = []
+        self._later: deque[tuple[Sequence[int], str, float]] = deque()
 
     # ---- queries ------------------------------------------------------------------------------
     def hashes(self, text: str) -> list[int]:
@@ -144,9 +144,11 @@ class PrefixIndex:
         self._later.append((hashes, worker, now))
 
     def settle(self) -> None:
-        """Apply the deferred inserts now."""
-        later, self._later = self._later, []
-        for hashes, worker, now in later:
+        """Apply the deferred inserts now, one at a time: an insert that raises loses only itself (the
+        rest stay queued for the next use), and one deferred meanwhile is applied too, never dropped."""
+        later = self._later
+        while later:
+            hashes, worker, now = later.popleft()
             self.insert(hashes, worker, now)
 
     def last_use(self, block: int, worker: str) -> float | None:
