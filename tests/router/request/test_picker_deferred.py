@@ -15,6 +15,7 @@ from infer_ctl.router.config import RouterConfig, router_settings, worker
 from infer_ctl.router.daemon.assembly import build_router
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.proxy import Router
+from infer_ctl.router.request.retry import AttemptFailed, with_retries
 
 A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"
 PROMPT = "system: you answer questions about the cluster's billing and deploys. " * 8
@@ -39,15 +40,18 @@ def _decisions(router: Router) -> float:
 def test_a_burst_in_one_turn_follows_its_leader_and_counts_each_decision_once() -> None:
     router = _router()
 
-    async def burst() -> tuple[list[str], float, float]:
+    async def burst() -> tuple[list[str], int, float, float]:
+        router.picker.pick(_ctx(router, "alone " + PROMPT), set())
+        blocks = len(router.index)  # the admin API's and the metrics' count, in the pick's turn
         urls = [router.picker.pick(_ctx(router), set())[0].url for _ in range(4)]
         during = _decisions(router)  # deferred: not on the requests' time
         await asyncio.sleep(0)
-        return urls, during, _decisions(router)
+        return urls, blocks, during, _decisions(router)
 
-    urls, during, after = asyncio.run(burst())
+    urls, blocks, during, after = asyncio.run(burst())
+    assert blocks == len(router.index.hashes("alone " + PROMPT))
     assert len(set(urls)) == 1  # each follower found its leader's prediction, applied before its match
-    assert during == 0 and after == 4
+    assert during == 0 and after == 5
     assert router.index.footprint(urls[0]) == len(router.index.hashes(PROMPT)) * router.index.block_chars
 
 
@@ -62,6 +66,40 @@ def test_a_worker_dropped_in_the_pick_s_turn_keeps_none_of_its_prediction() -> N
 
     url = asyncio.run(pick_then_drop())
     assert router.index.footprint(url) == 0 and len(router.index) == 0
+
+
+def test_a_retry_after_a_failure_before_any_suspension_predicts_each_attempt_s_worker_once() -> None:
+    """The first attempt fails at once (no await), the retry goes to the other worker: each attempt's
+    prediction is applied for its own worker, once, and each decision counted once."""
+    router = _router()
+    inserted: list[str] = []
+    insert = router.index.insert
+
+    def counted(hashes: list[int], worker: str, now: float) -> None:
+        inserted.append(worker)
+        insert(hashes, worker, now)
+
+    router.index.insert = counted  # type: ignore[method-assign]
+    tried: list[str] = []
+
+    async def attempt(ctx: RequestContext, pre: object, dec: object) -> str:
+        url = pre.url  # type: ignore[attr-defined]
+        tried.append(url)
+        if len(tried) == 1:
+            raise AttemptFailed("connect", url, "refused")
+        return url
+
+    async def run() -> str:
+        got = await with_retries(_ctx(router), router.picker.pick, attempt, max_retries=2, base_s=0.0,
+                                 rng=random.Random(0), metrics=router.metrics)
+        await asyncio.sleep(0)
+        return got
+
+    got = asyncio.run(run())
+    assert len(tried) == 2 and tried[0] != tried[1] == got
+    assert inserted == tried and _decisions(router) == 2
+    full = len(router.index.hashes(PROMPT)) * router.index.block_chars
+    assert router.index.match(router.index.hashes(PROMPT), tried, 100.0) == {tried[0]: full, tried[1]: full}
 
 
 def test_a_raising_step_loses_none_of_the_others() -> None:
