@@ -118,6 +118,9 @@ class PrefixIndex:
         longer than the worker's whole cache cannot be cached whole."""
         if self._later:
             self.settle()
+        self._insert(hashes, worker, now)
+
+    def _insert(self, hashes: Sequence[int], worker: str, now: float) -> None:
         cap = self._capacity.get(worker)
         room = self.max_blocks if cap is None else min(cap, self.max_blocks)
         if len(hashes) > room:
@@ -147,9 +150,9 @@ class PrefixIndex:
         """Apply the deferred inserts now, one at a time: an insert that raises loses only itself (the
         rest stay queued for the next use), and one deferred meanwhile is applied too, never dropped."""
         later = self._later
-        while later:
+        while later:  # `_insert`: `insert` would settle the rest first, out of order
             hashes, worker, now = later.popleft()
-            self.insert(hashes, worker, now)
+            self._insert(hashes, worker, now)
 
     def last_use(self, block: int, worker: str) -> float | None:
         """When `worker`'s entry `block` was last used (None: not held)."""

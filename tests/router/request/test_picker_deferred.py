@@ -73,13 +73,13 @@ def test_a_retry_after_a_failure_before_any_suspension_predicts_each_attempt_s_w
     prediction is applied for its own worker, once, and each decision counted once."""
     router = _router()
     inserted: list[str] = []
-    insert = router.index.insert
+    insert = router.index._insert  # deferred or not, every insert goes through it
 
     def counted(hashes: list[int], worker: str, now: float) -> None:
         inserted.append(worker)
         insert(hashes, worker, now)
 
-    router.index.insert = counted  # type: ignore[method-assign]
+    router.index._insert = counted  # type: ignore[method-assign]
     tried: list[str] = []
 
     async def attempt(ctx: RequestContext, pre: object, dec: object) -> str:
@@ -171,3 +171,17 @@ def test_a_deferred_insert_that_raises_keeps_the_later_ones() -> None:
         index.settle()
     assert index.match([1, 2], [B], 1.0) == {B: 2 * index.block_chars}
     assert not index._later
+
+
+def test_deferred_inserts_apply_in_order_however_many() -> None:
+    """In the order deferred (an LRU keeps the last ones), and a long queue (a loop turn's burst)
+    applied without one nested call per item."""
+    index = PrefixIndex(ttl_s=60.0, max_blocks=10_000)
+    index.set_capacity(A, 2)
+    for i in range(1, 4):
+        index.insert_later([i], A, float(i))
+    assert index.match([3], [A], 3.0) == {A: index.block_chars} and index.match([2], [A], 3.0)[A] > 0
+    assert index.last_use(1, A) is None
+    for i in range(5_000):
+        index.insert_later([10_000 + i], B, 4.0)
+    assert len(index) == 2 + 5_000
