@@ -20,7 +20,7 @@ or changes the index out of order.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 ROOT = 0x5EED_B10C
@@ -60,7 +60,7 @@ class PrefixIndex:
         self.evicted = 0
         self.expired = 0
         #: `insert_later`'s inserts, applied in order before any other use of the index (`settle`)
-        self._later: list[tuple[Sequence[int], str, float]] = []
+        self._later: deque[tuple[Sequence[int], str, float]] = deque()
 
     # ---- queries ------------------------------------------------------------------------------
     def hashes(self, text: str) -> list[int]:
@@ -118,6 +118,9 @@ class PrefixIndex:
         longer than the worker's whole cache cannot be cached whole."""
         if self._later:
             self.settle()
+        self._insert(hashes, worker, now)
+
+    def _insert(self, hashes: Sequence[int], worker: str, now: float) -> None:
         cap = self._capacity.get(worker)
         room = self.max_blocks if cap is None else min(cap, self.max_blocks)
         if len(hashes) > room:
@@ -144,10 +147,12 @@ class PrefixIndex:
         self._later.append((hashes, worker, now))
 
     def settle(self) -> None:
-        """Apply the deferred inserts now."""
-        later, self._later = self._later, []
-        for hashes, worker, now in later:
-            self.insert(hashes, worker, now)
+        """Apply the deferred inserts now, one at a time: an insert that raises loses only itself (the
+        rest stay queued for the next use), and one deferred meanwhile is applied too, never dropped."""
+        later = self._later
+        while later:  # `_insert`: `insert` would settle the rest first, out of order
+            hashes, worker, now = later.popleft()
+            self._insert(hashes, worker, now)
 
     def last_use(self, block: int, worker: str) -> float | None:
         """When `worker`'s entry `block` was last used (None: not held)."""

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from infer_ctl.core.routing import units
@@ -40,6 +42,8 @@ from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry, WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.request.context import RequestContext
+
+log = logging.getLogger("infer_ctl.router")
 
 
 class PairPicker:
@@ -69,8 +73,9 @@ class PairPicker:
         #: decision counter: round-robin position and tie-breaks
         self.seq = 0
         #: a decision's bookkeeping, run after the upstream write (`_after_write`)
-        self._later: list[Callable[[], None]] = []
-        self._scheduled = False
+        self._later: deque[Callable[[], None]] = deque()
+        #: the loop whose next turn runs it (`settle` scheduled there); None: not scheduled
+        self._scheduled: asyncio.AbstractEventLoop | None = None
 
     def pick(self, ctx: RequestContext, excluded: set[str]) -> tuple[WorkerState, WorkerState | None]:
         """The pair for the next attempt (decode None in collocated mode); prefers workers not in
@@ -114,23 +119,33 @@ class PairPicker:
         """Run the decision's bookkeeping (the prediction, the anchoring's queue, the decision metric) at
         the event loop's next turn: after this request's upstream write, which follows the decision in
         the same turn, so none of it is on the request's time to first token. Without a running loop
-        (a test calling pick alone) it runs now."""
-        if self._scheduled:
-            return
+        (a test calling pick alone) it runs now. Scheduled once per loop and turn: a loop that stopped
+        before that turn leaves it to the next pick's loop (or to the next pick at once), never queued
+        for good."""
         try:
-            asyncio.get_running_loop().call_soon(self.settle)
+            loop = asyncio.get_running_loop()
         except RuntimeError:
             self.settle()
             return
-        self._scheduled = True
+        if self._scheduled is not loop:
+            loop.call_soon(self.settle)
+            self._scheduled = loop
 
     def settle(self) -> None:
-        """The deferred bookkeeping, now (`_after_write`)."""
-        self._scheduled = False
-        self.index.settle()
-        later, self._later = self._later, []
-        for fn in later:
-            fn()
+        """The deferred bookkeeping, now (`_after_write`). A step that raises is logged and loses only
+        itself: the other decisions' steps run (raised out of the loop's callback, the rest were lost)."""
+        self._scheduled = None
+        try:
+            self.index.settle()
+        except Exception:
+            log.exception("a routing decision's prediction failed")
+        later = self._later
+        while later:
+            fn = later.popleft()
+            try:
+                fn()
+            except Exception:
+                log.exception("a routing decision's bookkeeping failed")
 
     def _long(self, ctx: RequestContext, url: str) -> bool:
         """Whether the prompt is predicted only once `url` took it: over `long_chars`, or over a quarter
