@@ -39,7 +39,7 @@ def _stream_headers(ctx: RequestContext) -> dict[str, str]:
 async def send_head(ctx: RequestContext) -> None:
     """Commit the client's stream now: its head, before the worker's first chunk (router.stream_head
     early). The client then parses it while the worker computes the prefill instead of after the first
-    token (`bench_router_stream_latency.py`: ~0.5 ms of a Python client's time to first token on this
+    token (`bench_router_stream_latency.py`: 0.5-0.8 ms of a Python client's time to first token on this
     machine). Once per request: a retry or a recovery's continuation streams into the same head."""
     if ctx.resp is None or not ctx.resp.prepared:
         ctx.resp = h1.StreamResponse(200, _stream_headers(ctx))
