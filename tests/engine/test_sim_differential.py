@@ -269,10 +269,16 @@ def _stream_parts(events: list[Any]) -> dict[str, Any]:
     ("/v1/completions", {**COMPLETION, "stream": True, "stream_options": {"include_usage": True}}),
 ])
 def test_sse_chunk_shapes(pair: Pair, path: str, body: dict[str, Any]) -> None:
-    real, sim = _both(pair, "POST", path, json=body)
-    assert real.status_code == sim.status_code == 200
-    assert _media(real) == _media(sim) == "text/event-stream"
-    r, s = _stream_parts(_events(real)), _stream_parts(_events(sim))
+    for _ in range(3):
+        real, sim = _both(pair, "POST", path, json=body)
+        assert real.status_code == sim.status_code == 200
+        assert _media(real) == _media(sim) == "text/event-stream"
+        r, s = _stream_parts(_events(real)), _stream_parts(_events(sim))
+        # on a loaded host either side may send its 3 tokens in one event (the simulator's engine steps
+        # it fell behind on, SGLang's detokenizer likewise): then its first chunk is its finishing one,
+        # whose shape is the finishing chunk's, not a first chunk's; asked again (seen once in a full run)
+        if r["first"] is not r["finish"] and s["first"] is not s["finish"]:
+            break
     assert r.keys() == s.keys() and r["done"] == s["done"] == "[DONE]"
     for part in r:
         _same_shape(r[part], s[part])
