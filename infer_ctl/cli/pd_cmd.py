@@ -38,7 +38,7 @@ def _render(console: Console, records: list[dict[str, Any]]) -> None:
         if r.get("finding"):
             f = r["finding"]
             console.print(f"  finding: {f['worker']}: {f['message']}"
-                          + ("  (restart required; never retried)" if f.get("restart_required") else ""),
+                          + ("  (restart required; not retried until it is restarted)" if f.get("restart_required") else ""),
                           markup=False, highlight=False)
         elif r.get("result"):
             console.print(f"  result: {r['result']['message']}", markup=False, highlight=False)
@@ -57,8 +57,10 @@ def control(
 ) -> None:
     """Watch the pools' TTFT and ITL at the router; move one server between prefill and decode when the mix
     stays shifted (pd.control). Exit 0 nothing to do, 1 advice given or a server moved, 2 a switch failed or
-    was refused, 3 the router is unreachable."""
-    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
+    was refused, 3 the router is unreachable or no round ran because another controller holds the lock
+    (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
+    again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
+    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path, skip_line
     from infer_ctl.launch.pd_switch import RoleSwitcher
     from infer_ctl.launch.router_hook import router_url
     from infer_ctl.router.control.client import AdminClient
@@ -93,8 +95,57 @@ def control(
             loop.run(interval, on_records=show)
         except KeyboardInterrupt:
             pass
+    skip = loop.last_skip
+    if skip is not None and loop.rounds_run == 0:
+        # nothing observed, nothing failed: unknown (3), told apart from an unreachable router by `skipped`
+        report = Report("pd control", prof.name, data={"mode": mode, "actions": records, "skipped": skip,
+                                                       "skipped_rounds": loop.rounds_skipped},
+                        exit_code_override=ExitCode.UNKNOWN)
+        finish(sess, report, lambda c: c.print(skip_line(skip), markup=False, highlight=False))
     acted = [r for r in records if r["action"] in ("advise", "switch", "cover", "restore", "failed", "refused")]
     code = (ExitCode.FAIL if any(r["action"] in ("failed", "refused") for r in records) else
             ExitCode.WARN if acted else ExitCode.OK)
-    report = Report("pd control", prof.name, data={"mode": mode, "actions": records}, exit_code_override=code)
+    report = Report("pd control", prof.name, data={"mode": mode, "actions": records, "skipped": skip,
+                                                   "skipped_rounds": loop.rounds_skipped}, exit_code_override=code)
     finish(sess, report, lambda c: _render(c, records) if once else None)
+
+
+@app.command("clear-fatal")
+def clear_fatal(
+    urls: Annotated[list[str] | None, typer.Argument(help="The servers' URLs, as the router lists them.")] = None,
+    profile: ProfileOpt = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every fatal server.")] = False,
+    state: Annotated[Path | None, typer.Option("--state", help="Controller state file (default: the state directory).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Let `pd control` switch servers again whose rebuild failed (`fatal`), after you restarted them. The
+    controller clears one by itself when it sees the restart (down at the router, then healthy and undrained);
+    this is for a restart it did not see. Exit 0 cleared, 1 a URL named was not fatal, 3 another controller
+    held the lock for 30 s (its round did not end)."""
+    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path, skip_line
+    from infer_ctl.launch.router_hook import router_url
+
+    sess, prof = session(json_out), get_profile(profile)
+    if bool(urls) == all_:
+        raise UsageError("name the servers to clear, or pass --all", remedy="e.g. inferctl pd clear-fatal http://10.0.0.11:30000")
+    loop = PdControlLoop(prof, router_url=router_url(prof), mode="advise", state_path=state or default_state_path(prof))
+    got = loop.clear_fatal(None if all_ else list(urls or []))
+    if got is None:
+        skip = loop.last_skip or {}
+        finish(sess, Report("pd clear-fatal", prof.name, data={"cleared": [], "skipped": skip},
+                            exit_code_override=ExitCode.UNKNOWN),
+               lambda c: c.print(skip_line(skip), markup=False, highlight=False))
+    cleared, not_fatal = got
+    report = Report("pd clear-fatal", prof.name, data={"cleared": cleared, "not_fatal": not_fatal,
+                                                       "fatal": loop.state.fatal},
+                    exit_code_override=ExitCode.WARN if not_fatal else ExitCode.OK)
+
+    def render(c: Console) -> None:
+        for u in cleared:
+            c.print(f"cleared {u}: pd control may switch it again", markup=False, highlight=False)
+        for u in not_fatal:
+            c.print(f"{u} is not fatal: nothing to clear", markup=False, highlight=False)
+        if not cleared and not not_fatal:
+            c.print("no fatal server", markup=False, highlight=False)
+
+    finish(sess, report, render)

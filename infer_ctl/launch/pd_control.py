@@ -4,7 +4,7 @@ act (launch/pd_switch.py: drain, switch, put back in the other pool), and record
 
 Mirrors `spec control` (launch/spec_control.py): one round at a time per state file (flock, released by
 the kernel when the holder dies), the timers, fatal servers and borrowed servers in a state file so a
-restarted controller keeps its cool-down and never retries a failed rebuild, every decision appended to
+restarted controller keeps its cool-down and does not retry a failed rebuild, every decision appended to
 a history file as one JSON line (one O_APPEND write: a line is whole or absent; `read_history` skips a
 torn last line), and reported to the router (`POST /admin/pd/actions`: the Prometheus counter
 `inferctl_router_pd_actions_total{action,to_role}` and a span when the router traces).
@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -85,6 +86,14 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+def skip_line(skip: dict[str, Any]) -> str:
+    """A skipped round in words: who holds the lock, where known."""
+    h = skip.get("holder") or {}
+    who = f"another controller (pid {h.get('pid')} on {h.get('host')}, since {h.get('since')})" if h else \
+        "another controller"
+    return f"skipped: {who} holds {skip['lock']}: this round did not run"
+
+
 class PdControlLoop:
     def __init__(self, profile: Profile, *, router_url: str, mode: str, switcher: Switcher | None = None,
                  history: str | os.PathLike[str] | None = None, state_path: str | os.PathLike[str] | None = None,
@@ -107,6 +116,10 @@ class PdControlLoop:
         self.prev: Counters | None = None
         #: the last decision recorded that was not an action: repeated ones are not recorded again
         self.last_noted: tuple[str, str | None] | None = None
+        #: rounds that ran, rounds skipped (another controller held the lock) and the last skip's why
+        self.rounds_run = 0
+        self.rounds_skipped = 0
+        self.last_skip: dict[str, Any] | None = None
 
     # ---- state that outlives the process ---------------------------------------------------------
     def _load_state(self) -> None:
@@ -116,7 +129,8 @@ class PdControlLoop:
             doc = json.loads(self.state_path.read_text(encoding="utf-8"))
             st = doc["state"]
             self.state = State(st.get("want"), st.get("since"), st.get("last_switch_at"), list(st.get("fatal") or []),
-                               dict(st.get("covers") or {}), dict(st.get("queue_ema") or {}))
+                               dict(st.get("covers") or {}), dict(st.get("queue_ema") or {}),
+                               list(st.get("fatal_down") or []))
             c = doc.get("counters")
             self.prev = Counters(**c) if isinstance(c, dict) else self.prev
         except (OSError, ValueError, KeyError, TypeError):
@@ -130,7 +144,8 @@ class PdControlLoop:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[bool]:
-        """One controller at a time per state file (spec_control.py says why): flock, released on death."""
+        """One controller at a time per state file (spec_control.py says why): flock, released on death.
+        The holder writes who it is into the lock file, for the round it makes skip to name."""
         if self.state_path is None:
             yield True
             return
@@ -142,7 +157,16 @@ class PdControlLoop:
             except BlockingIOError:
                 yield False
                 return
-            yield True
+            me = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            with contextlib.suppress(OSError):  # who holds it is a courtesy: the flock is the lock
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(me).encode(), 0)
+            try:
+                yield True
+            finally:  # a holder that is gone is not named to the next skipped round (kill -9 leaves it)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
         finally:
             os.close(fd)
 
@@ -155,21 +179,59 @@ class PdControlLoop:
             self.prev = counters
         return Observation(tuple(servers), win, stale)
 
+    def _holder(self) -> dict[str, Any] | None:
+        """Who holds the lock, as it wrote it (None: unknown: an older controller, or caught mid-write)."""
+        try:
+            doc = json.loads(Path(f"{self.state_path}.lock").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
     def tick(self) -> list[dict[str, Any]]:
+        """Observe, decide, advise or act; returns the round's records. A round skipped because another
+        controller holds the lock returns none and is counted and described in `last_skip`."""
         with self._exclusive() as mine:
             if not mine:
-                self.say(f"another controller holds {self.state_path}.lock: this round is skipped")
+                self.rounds_skipped += 1
+                self.last_skip = {"reason": "locked", "lock": f"{self.state_path}.lock", "holder": self._holder()}
+                self.say(skip_line(self.last_skip))
                 return []
+            self.rounds_run += 1
             self._load_state()
             try:
                 return self._tick()
             finally:
                 self._save_state()
 
+    def clear_fatal(self, urls: list[str] | None, *, wait_s: float = 30.0,
+                    sleep: Callable[[float], None] = time.sleep) -> tuple[list[str], list[str]] | None:
+        """The operator's word that fatal servers were restarted (`inferctl pd clear-fatal`): `urls` (None:
+        every one) leave `fatal`. Waits up to `wait_s` for a running controller's round to end (a switch
+        holds the lock through its drain). Returns (cleared, not fatal), or None: the lock stayed held."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._exclusive() as mine:
+                if mine:
+                    self._load_state()
+                    want = list(self.state.fatal) if urls is None else urls
+                    cleared = [u for u in want if u in self.state.fatal]
+                    self.state.fatal = [u for u in self.state.fatal if u not in cleared]
+                    self.state.fatal_down = [u for u in self.state.fatal_down if u not in cleared]
+                    self._save_state()
+                    return cleared, [u for u in want if u not in cleared]
+            if time.monotonic() >= deadline:
+                self.last_skip = {"reason": "locked", "lock": f"{self.state_path}.lock", "holder": self._holder()}
+                return None
+            sleep(0.2)
+
     def _tick(self) -> list[dict[str, Any]]:
         now = self.clock()
         obs = self.observe()
+        fatal = list(self.state.fatal)
         d = decide(obs, self.state, self.settings, now)
+        for url in fatal:
+            if url not in self.state.fatal:
+                self.say(f"{url} was restarted (down, then healthy and undrained): it may be switched again")
         base = {**d.as_dict(), "window": obs.window.as_dict()}
         if d.action in ("none", "stale", "hold"):
             key = (d.action, d.to_role)

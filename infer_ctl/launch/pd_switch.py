@@ -9,7 +9,7 @@
    decode's KV slots is not idle for SGLang), up to the drain timeout.
 4. the switch. A refusal that is `safe_to_restore` puts the server back (undrained, same role); a failed
    rebuild (`safe_to_restore: false`) leaves it drained: SGLang says restart required, and it must take
-   no request and never be switched again (core/pd/control.py `fatal`).
+   no request and not be switched again until it is restarted (core/pd/control.py `fatal`).
 5. the router: the server is removed and added back in its new role (a prefill with the bootstrap port
    it reports: with role switching every instance runs a bootstrap server from launch).
 

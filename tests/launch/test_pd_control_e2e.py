@@ -1,10 +1,11 @@
 """`inferctl pd control` against simulated SGLang 0.5.23 role-switch servers behind a real router: a server
 drained, switched and put back in the other pool; a failed rebuild reported as a finding naming the worker
-and SGLang's words and never retried; nothing switched on a stale view; one controller at a time; the
+and SGLang's words and not retried; nothing switched on a stale view; one controller at a time; the
 router's /admin/pd view and its action counter."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,8 @@ def test_one_controller_at_a_time(fleet: tuple[ThreadedSimCluster, RouterHandle]
     with a._exclusive() as mine:
         assert mine
         assert b.tick() == []  # skipped while the other holds the lock
+        assert b.rounds_skipped == 1 and b.rounds_run == 0 and b.last_skip is not None
+        assert b.last_skip["holder"]["pid"] == os.getpid()
     assert sorted(_roles(handle).values()) == ["decode", "decode", "prefill", "prefill"]
 
 
@@ -207,3 +210,14 @@ def test_capacity_back_a_dead_decode_is_covered_by_a_prefill_and_given_back(
     assert [(r["action"], r["server"], r["to_role"]) for r in recs] == [("restore", cover, "prefill")]
     assert sorted(_roles(handle).values()) == ["decode", "decode", "prefill", "prefill"]
     assert loop.state.covers == {}
+
+
+def test_the_state_file_keeps_the_fatal_servers_seen_down(tmp_path: Path) -> None:
+    # a restart seen by one controller process is not forgotten by the next (cron: one process a round)
+    prof = validate_profile_data(PROFILE)
+    a = PdControlLoop(prof, router_url="http://127.0.0.1:1", mode="advise", state_path=tmp_path / "s.json")
+    a.state.fatal, a.state.fatal_down = ["http://p0", "http://p1"], ["http://p1"]
+    a._save_state()
+    b = PdControlLoop(prof, router_url="http://127.0.0.1:1", mode="advise", state_path=tmp_path / "s.json")
+    b._load_state()
+    assert (b.state.fatal, b.state.fatal_down) == (["http://p0", "http://p1"], ["http://p1"])

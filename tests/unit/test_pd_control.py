@@ -1,5 +1,6 @@
 """The PD balance controller's decision (core/pd/control.py): dwell, hysteresis, cool-down, never the last
-server of a pool, a stale view, a fatal rebuild never retried, capacity back; and the window it reads."""
+server of a pool, a stale view, a fatal rebuild not retried until a restart
+is seen, capacity back; and the window it reads."""
 
 from __future__ import annotations
 
@@ -177,3 +178,48 @@ def test_ttft_counts_against_the_pool_with_the_longer_queue() -> None:
     queued = tuple(Server(s.url, s.role, queued=8 if s.role == "prefill" else 0) for s in _fleet())
     d = decide(_obs(2.5, 0.02, servers=queued), State(), S, 0.0)
     assert d.to_role == "prefill" and d.pressures["prefill"] == 2.5
+
+
+def _fatal_p0() -> State:
+    st = State()
+    decide(_obs(*DECODE_SHORT), st, S, 0.0)
+    d = decide(_obs(*DECODE_SHORT), st, S, 10.0)
+    switched(st, d, 10.0, ok=False, fatal=True)
+    assert st.fatal == ["http://p0"]
+    return st
+
+
+def _with(url: str, **kw: object) -> tuple[Server, ...]:
+    return tuple(Server(s.url, s.role, **kw) if s.url == url else s for s in _fleet())  # type: ignore[arg-type]
+
+
+def test_a_fatal_server_relaunched_and_healthy_again_is_chosen_again() -> None:
+    st = _fatal_p0()
+    # the relaunch: down at the router (or gone from it), then healthy, undrained, in a role
+    decide(_obs(*DECODE_SHORT, servers=_with("http://p0", available=False, healthy=False)), st, S, 50.0)
+    assert st.fatal == ["http://p0"]
+    decide(_obs(*DECODE_SHORT, servers=_with("http://p0", available=False, healthy=True, draining=True)), st, S, 60.0)
+    assert st.fatal == ["http://p0"]  # back but still drained: not in service yet
+    decide(_obs(*DECODE_SHORT), st, S, 70.0)
+    assert st.fatal == [] and st.fatal_down == []
+    decide(_obs(*DECODE_SHORT), st, S, 80.0)
+    assert decide(_obs(*DECODE_SHORT), st, S, 100.0).server == "http://p0"
+
+
+def test_a_fatal_server_gone_from_the_router_and_back_is_cleared() -> None:
+    st = _fatal_p0()
+    gone = tuple(s for s in _fleet() if s.url != "http://p0")
+    decide(_obs(*DECODE_SHORT, servers=gone), st, S, 50.0)
+    decide(_obs(*DECODE_SHORT), st, S, 60.0)
+    assert st.fatal == []
+
+
+def test_a_fatal_server_never_seen_down_stays_fatal() -> None:
+    # a preflight refusal with safe_to_restore false leaves the server undrained and healthy: without a
+    # restart seen in between it is the same broken engine, and it is not retried
+    st = _fatal_p0()
+    for t in (50.0, 70.0, 100.0):
+        decide(_obs(*DECODE_SHORT), st, S, t)
+        decide(_obs(*DECODE_SHORT, servers=_with("http://p0", available=False, healthy=True, draining=True)), st, S, t)
+    assert st.fatal == ["http://p0"]
+    assert decide(_obs(*DECODE_SHORT), st, S, 200.0).server != "http://p0"

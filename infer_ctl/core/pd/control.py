@@ -16,8 +16,11 @@ the donor pool to the short one only when
 - and the router's view is fresh (every worker's load polled within `stale_s`): a switch on a stale view
   can take the wrong server or the last healthy one.
 
-A server whose rebuild failed (SGLang: `safe_to_restore: false`, restart required) is never chosen again
-(`fatal`): SGLang leaves it half torn down, and a retry cannot succeed.
+A server whose rebuild failed (SGLang: `safe_to_restore: false`, restart required) is not chosen again
+(`fatal`): SGLang leaves it half torn down, and a retry cannot succeed. Only a restart mends it, so it
+leaves `fatal` once a restart is seen: down at the router (unhealthy, or gone from it) after it was marked,
+then healthy, undrained and in a role again. Healthy alone is no evidence: a refusal at the preflight
+leaves the broken engine undrained and answering health checks.
 
 Capacity back (issue 30 item 4): a pool with a server down (unhealthy, or drained by `audit --remediate`) may borrow
 a server of the other pool at once (no dwell: the dead server's load is already on the rest) when the
@@ -131,12 +134,14 @@ class State:
     want: str | None = None
     since: float | None = None
     last_switch_at: float | None = None
-    #: servers whose rebuild failed: never switched again (they need a restart)
+    #: servers whose rebuild failed: not switched again until they are restarted
     fatal: list[str] = field(default_factory=list)
     #: capacity back: a down server's URL -> the server borrowed from the other pool to cover it
     covers: dict[str, str] = field(default_factory=dict)
     #: the pools' queues per server, smoothed over rounds (one sample is one instant)
     queue_ema: dict[str, float] = field(default_factory=dict)
+    #: the fatal servers seen down (unhealthy or gone from the router) since they were marked: restarting
+    fatal_down: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -204,8 +209,29 @@ def projected(p: float, n: int) -> float:
     return p * n / (n - 1) if n > 1 else math.inf
 
 
+def recovered(obs: Observation, st: State) -> list[str]:
+    """The fatal servers a restart mended (module docstring), taken out of `fatal`; notes the ones seen
+    down. A fatal server still drained or unhealthy stays fatal, whatever it went through."""
+    by_url = {x.url: x for x in obs.servers}
+    out = []
+    for url in list(st.fatal):
+        x = by_url.get(url)
+        if x is None or not x.healthy:
+            if url not in st.fatal_down:
+                st.fatal_down.append(url)
+        elif url in st.fatal_down and not x.draining and x.role in ROLES:
+            st.fatal.remove(url)
+            st.fatal_down.remove(url)
+            out.append(url)
+    # a server taken out of `fatal` by hand leaves no mark behind
+    st.fatal_down[:] = [u for u in st.fatal_down if u in st.fatal]
+    return out
+
+
 def decide(obs: Observation, st: State, s: Settings, now: float) -> Decision:
-    """The round's decision; updates the dwell in `st` (the caller records a switch with `switched`)."""
+    """The round's decision; updates the dwell in `st` (the caller records a switch with `switched`) and
+    takes restarted servers out of `fatal` (`recovered`)."""
+    recovered(obs, st)
     for role, q in queues(obs).items():
         st.queue_ema[role] = q if role not in st.queue_ema else (st.queue_ema[role] + q) / 2
     p = pressures(obs.window, s, st.queue_ema)
@@ -296,11 +322,14 @@ def _capacity(obs: Observation, st: State, s: Settings, p: dict[str, float | Non
 
 def switched(st: State, d: Decision, now: float, *, ok: bool, fatal: bool) -> None:
     """Record a switch (or cover, restore) that was tried: the cool-down starts, done or failed (a failure
-    retried every round is a storm of drains), the dwell starts over; a fatal rebuild is never retried."""
+    retried every round is a storm of drains), the dwell starts over; a fatal rebuild is not retried (until a restart
+    is seen: `recovered`)."""
     st.last_switch_at = now
     st.want = st.since = None
     if fatal and d.server is not None and d.server not in st.fatal:
         st.fatal.append(d.server)
+        if d.server in st.fatal_down:  # a restart counts from the failure on
+            st.fatal_down.remove(d.server)
     if ok and d.action == "cover" and d.covers is not None and d.server is not None:
         st.covers[d.covers] = d.server
     if d.action == "restore" and d.covers is not None and (ok or fatal):
