@@ -8,16 +8,18 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
 from infer_ctl.core.report import Report
+from infer_ctl.exitcodes import ExitCode
 from infer_ctl.output.console import make_consoles, progress_enabled
 from infer_ctl.output.json_doc import write_report
 
 if TYPE_CHECKING:
+    from infer_ctl.launch.control_loop import LockedRounds
     from infer_ctl.profile import Node, Profile
     from infer_ctl.remote.fleet import Fleet
 
@@ -146,6 +148,22 @@ def finish(sess: Session, report: Report, render: Callable[[Console], None]) -> 
     else:
         render(sess.out)
     raise typer.Exit(int(report.exit_code))
+
+
+def finish_controller(sess: Session, command: str, profile_name: str, data: dict[str, Any], code: ExitCode,
+                      loop: LockedRounds, render: Callable[[Console], None]) -> NoReturn:
+    """`finish` for a fleet controller (`spec control`, `pd control`): its document also has the rounds
+    skipped because another controller held the state lock (`skipped`: the last one's lock and holder,
+    `skipped_rounds`). When no round ran at all, nothing was observed and nothing failed: unknown (3),
+    told apart from an unreachable router by `skipped`, and said in place of the round's output."""
+    from infer_ctl.launch.control_loop import skip_line
+
+    data = {**data, "skipped": loop.last_skip, "skipped_rounds": loop.rounds_skipped}
+    skip = loop.last_skip
+    if skip is not None and loop.rounds_run == 0:
+        finish(sess, Report(command, profile_name, data=data, exit_code_override=ExitCode.UNKNOWN),
+               lambda c: c.print(skip_line(skip), markup=False, highlight=False))
+    finish(sess, Report(command, profile_name, data=data, exit_code_override=code), render)
 
 
 @contextmanager

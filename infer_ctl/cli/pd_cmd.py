@@ -18,6 +18,7 @@ from infer_ctl.cli.common import (
     ProfileOpt,
     RouterUrlOpt,
     finish,
+    finish_controller,
     get_profile,
     router_base_url,
     session,
@@ -60,7 +61,7 @@ def control(
     was refused, 3 the router is unreachable or no round ran because another controller holds the lock
     (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
     again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
-    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path, skip_line
+    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
     from infer_ctl.launch.pd_switch import RoleSwitcher
     from infer_ctl.launch.router_hook import router_url
     from infer_ctl.router.control.client import AdminClient
@@ -95,19 +96,11 @@ def control(
             loop.run(interval, on_records=show)
         except KeyboardInterrupt:
             pass
-    skip = loop.last_skip
-    if skip is not None and loop.rounds_run == 0:
-        # nothing observed, nothing failed: unknown (3), told apart from an unreachable router by `skipped`
-        report = Report("pd control", prof.name, data={"mode": mode, "actions": records, "skipped": skip,
-                                                       "skipped_rounds": loop.rounds_skipped},
-                        exit_code_override=ExitCode.UNKNOWN)
-        finish(sess, report, lambda c: c.print(skip_line(skip), markup=False, highlight=False))
     acted = [r for r in records if r["action"] in ("advise", "switch", "cover", "restore", "failed", "refused")]
     code = (ExitCode.FAIL if any(r["action"] in ("failed", "refused") for r in records) else
             ExitCode.WARN if acted else ExitCode.OK)
-    report = Report("pd control", prof.name, data={"mode": mode, "actions": records, "skipped": skip,
-                                                   "skipped_rounds": loop.rounds_skipped}, exit_code_override=code)
-    finish(sess, report, lambda c: _render(c, records) if once else None)
+    finish_controller(sess, "pd control", prof.name, {"mode": mode, "actions": records}, code, loop,
+                      lambda c: _render(c, records) if once else None)
 
 
 @app.command("clear-fatal")
@@ -122,7 +115,8 @@ def clear_fatal(
     controller clears one by itself when it sees the restart (down at the router, then healthy and undrained);
     this is for a restart it did not see. Exit 0 cleared, 1 a URL named was not fatal, 3 another controller
     held the lock for 30 s (its round did not end)."""
-    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path, skip_line
+    from infer_ctl.launch.control_loop import skip_line
+    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
     from infer_ctl.launch.router_hook import router_url
 
     sess, prof = session(json_out), get_profile(profile)

@@ -17,12 +17,11 @@ from infer_ctl.cli.common import (
     JsonOpt,
     ProfileOpt,
     RouterUrlOldOpt,
-    finish,
+    finish_controller,
     get_profile,
     router_base_url,
     session,
 )
-from infer_ctl.core.report import Report
 from infer_ctl.errors import UsageError
 from infer_ctl.exitcodes import ExitCode
 
@@ -52,7 +51,8 @@ def control(
     json_out: JsonOpt = False,
 ) -> None:
     """Watch the router's acceptance per decode pool; advise or act (speculative.control). Exit 0 nothing to
-    do, 1 advice given or a pool changed, 2 a relaunch failed, 3 the router is unreachable."""
+    do, 1 advice given or a pool changed, 2 a relaunch failed, 3 the router is unreachable or no round ran
+    because another controller holds the lock (--json: `skipped` names the lock and its holder)."""
     from infer_ctl.launch.router_hook import router_url
     from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path
     from infer_ctl.launch.spec_relaunch import SshRelauncher
@@ -85,9 +85,8 @@ def control(
     code = (ExitCode.FAIL if any(r["action"] == "failed" for r in records) else
             ExitCode.WARN if records else ExitCode.OK)
     decisions = list(loop.last_round.values())
-    report = Report("spec control", prof.name, data={"mode": mode, "actions": records, "pools": decisions},
-                    exit_code_override=code)
-    finish(sess, report, lambda c: _render_round(c, records, decisions, mode) if once else None)
+    finish_controller(sess, "spec control", prof.name, {"mode": mode, "actions": records, "pools": decisions},
+                      code, loop, lambda c: _render_round(c, records, decisions, mode) if once else None)
 
 
 def _render_round(console: Console, records: list[dict[str, Any]], decisions: list[dict[str, Any]],

@@ -1,13 +1,17 @@
 """What the fleet controllers (`spec control`, `pd control`) share: one decision record posted to the router
-and appended to the history file, and the round loop."""
+and appended to the history file, the round loop, and one round at a time per state file (`LockedRounds`)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from infer_ctl.atomicfile import append_line
@@ -44,3 +48,79 @@ def run_rounds(tick: Callable[[], list[dict[str, Any]]], interval_s: float, *, r
         if rounds is not None and n >= rounds:
             break
         time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+
+
+def skip_line(skip: dict[str, Any]) -> str:
+    """A skipped round in words: who holds the lock, where known."""
+    h = skip.get("holder") or {}
+    who = f"another controller (pid {h.get('pid')} on {h.get('host')}, since {h.get('since')})" if h else \
+        "another controller"
+    return f"skipped: {who} holds {skip['lock']}: this round did not run"
+
+
+class LockedRounds:
+    """One round at a time per state file, across processes (a cron run overlapping the unit, a round that
+    outlasts the interval: a relaunch or a drain takes minutes): flock on `<state>.lock`, which the kernel
+    releases when the holder dies, even by kill -9. Without it two rounds read the same cool-down and both
+    act. The holder writes who it is into the lock file, so that the round it makes skip can name it; a
+    skipped round is counted and described (`last_skip`), for the command to say so rather than look like
+    a round that found nothing to do."""
+
+    def __init__(self, state_path: str | os.PathLike[str] | None, say: Callable[[str], None]) -> None:
+        self.state_path = Path(state_path) if state_path is not None else None
+        self.say = say
+        #: rounds that ran, rounds skipped (another controller held the lock) and the last skip's why
+        self.rounds_run = 0
+        self.rounds_skipped = 0
+        self.last_skip: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        """Whether this process holds the lock (no state file: always), for the `with` block."""
+        if self.state_path is None:
+            yield True
+            return
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{self.state_path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            me = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            with contextlib.suppress(OSError):  # who holds it is a courtesy: the flock is the lock
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(me).encode(), 0)
+            try:
+                yield True
+            finally:  # a holder that is gone is not named to the next skipped round (kill -9 leaves it)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+
+    def _holder(self) -> dict[str, Any] | None:
+        """Who holds the lock, as it wrote it (None: unknown: an older controller, or caught mid-write)."""
+        try:
+            doc = json.loads(Path(f"{self.state_path}.lock").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def _locked_out(self) -> dict[str, Any]:
+        """Note that the lock was held by another: `last_skip`, returned."""
+        self.last_skip = {"reason": "locked", "lock": f"{self.state_path}.lock", "holder": self._holder()}
+        return self.last_skip
+
+    @contextlib.contextmanager
+    def _round(self) -> Iterator[bool]:
+        """`_exclusive` for one round: counts it as run or skipped, and says a skip."""
+        with self._exclusive() as mine:
+            if mine:
+                self.rounds_run += 1
+            else:
+                self.rounds_skipped += 1
+                self.say(skip_line(self._locked_out()))
+            yield mine

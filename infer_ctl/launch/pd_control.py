@@ -12,13 +12,10 @@ torn last line), and reported to the router (`POST /admin/pd/actions`: the Prome
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +23,7 @@ from typing import Any, Protocol
 from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.pd.control import Counters, Observation, Server, Settings, State, decide, switched, window
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import post_action, run_rounds
+from infer_ctl.launch.control_loop import LockedRounds, post_action, run_rounds
 from infer_ctl.launch.pd_switch import SwitchResult
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
@@ -86,15 +83,7 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
-def skip_line(skip: dict[str, Any]) -> str:
-    """A skipped round in words: who holds the lock, where known."""
-    h = skip.get("holder") or {}
-    who = f"another controller (pid {h.get('pid')} on {h.get('host')}, since {h.get('since')})" if h else \
-        "another controller"
-    return f"skipped: {who} holds {skip['lock']}: this round did not run"
-
-
-class PdControlLoop:
+class PdControlLoop(LockedRounds):
     def __init__(self, profile: Profile, *, router_url: str, mode: str, switcher: Switcher | None = None,
                  history: str | os.PathLike[str] | None = None, state_path: str | os.PathLike[str] | None = None,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _m: None,
@@ -108,18 +97,13 @@ class PdControlLoop:
         self.switcher = switcher
         self.history = history
         self.clock = clock
-        self.say = say
+        LockedRounds.__init__(self, state_path, say)
         self.client = client or AdminClient(router_url, profile.router.admin_token_env, timeout=10.0)
         self.settings = settings_of(profile)
         self.state = State()
-        self.state_path = Path(state_path) if state_path is not None else None
         self.prev: Counters | None = None
         #: the last decision recorded that was not an action: repeated ones are not recorded again
         self.last_noted: tuple[str, str | None] | None = None
-        #: rounds that ran, rounds skipped (another controller held the lock) and the last skip's why
-        self.rounds_run = 0
-        self.rounds_skipped = 0
-        self.last_skip: dict[str, Any] | None = None
 
     # ---- state that outlives the process ---------------------------------------------------------
     def _load_state(self) -> None:
@@ -142,34 +126,6 @@ class PdControlLoop:
         doc = {"state": asdict(self.state), "counters": asdict(self.prev) if self.prev else None}
         write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n")
 
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[bool]:
-        """One controller at a time per state file (spec_control.py says why): flock, released on death.
-        The holder writes who it is into the lock file, for the round it makes skip to name."""
-        if self.state_path is None:
-            yield True
-            return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{self.state_path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            me = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            with contextlib.suppress(OSError):  # who holds it is a courtesy: the flock is the lock
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps(me).encode(), 0)
-            try:
-                yield True
-            finally:  # a holder that is gone is not named to the next skipped round (kill -9 leaves it)
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)
-
     # ---- one round ---------------------------------------------------------------------------------
     def observe(self) -> Observation:
         servers, counters, stale = parse(self.client.call("GET", "/admin/pd"))
@@ -179,24 +135,12 @@ class PdControlLoop:
             self.prev = counters
         return Observation(tuple(servers), win, stale)
 
-    def _holder(self) -> dict[str, Any] | None:
-        """Who holds the lock, as it wrote it (None: unknown: an older controller, or caught mid-write)."""
-        try:
-            doc = json.loads(Path(f"{self.state_path}.lock").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return doc if isinstance(doc, dict) else None
-
     def tick(self) -> list[dict[str, Any]]:
         """Observe, decide, advise or act; returns the round's records. A round skipped because another
         controller holds the lock returns none and is counted and described in `last_skip`."""
-        with self._exclusive() as mine:
+        with self._round() as mine:
             if not mine:
-                self.rounds_skipped += 1
-                self.last_skip = {"reason": "locked", "lock": f"{self.state_path}.lock", "holder": self._holder()}
-                self.say(skip_line(self.last_skip))
                 return []
-            self.rounds_run += 1
             self._load_state()
             try:
                 return self._tick()
@@ -220,7 +164,7 @@ class PdControlLoop:
                     self._save_state()
                     return cleared, [u for u in want if u not in cleared]
             if time.monotonic() >= deadline:
-                self.last_skip = {"reason": "locked", "lock": f"{self.state_path}.lock", "holder": self._holder()}
+                self._locked_out()
                 return None
             sleep(0.2)
 

@@ -11,17 +11,16 @@ Every action is recorded three times: the router logs it and counts it
 (`POST /admin/spec/actions` -> `inferctl_router_spec_actions_total{pool,action}`), a line of kind
 `spec_action` is appended to the audit history (`--history`; the audit's own diff skips that kind),
 and the loop returns it (the CLI prints it). The controller's timers and its last change are kept in a
-state file, so a restarted controller still honours the cool-down.
+state file, so a restarted controller still honours the cool-down; one round at a time per state file
+(launch/control_loop.py `LockedRounds`: a skipped round names the controller that holds the lock).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from infer_ctl.core.sglang import instances
 from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolChange, PoolObservation, PoolState
 from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, pools
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import post_action, run_rounds
+from infer_ctl.launch.control_loop import LockedRounds, post_action, run_rounds
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
@@ -94,7 +93,7 @@ def default_state_path(profile: Profile) -> Path:
     return state_dir() / f"spec-control-{profile.name}.json"
 
 
-class SpecControlLoop:
+class SpecControlLoop(LockedRounds):
     def __init__(self, profile: Profile, *, router_url: str, mode: str, actuator: Actuator | None = None,
                  history: str | os.PathLike[str] | None = None, profile_ref: str = "PROFILE",
                  state_path: str | os.PathLike[str] | None = None, url_to_pool: dict[str, str] | None = None,
@@ -109,12 +108,11 @@ class SpecControlLoop:
         self.history = history
         self.profile_ref = profile_ref
         self.clock = clock
-        self.say = say
+        LockedRounds.__init__(self, state_path, say)
         self.client = AdminClient(router_url, profile.router.admin_token_env, timeout=10.0)
         self.url_to_pool = url_to_pool if url_to_pool is not None else pool_by_url(profile)
         self.pools = {p.name: p for p in pools(profile)}
         self.controller = Controller(list(self.pools.values()), settings_of(profile))
-        self.state_path = Path(state_path) if state_path is not None else None
         #: pools below their threshold at the last round (an alert is recorded on the way down only)
         self.alerting: set[str] = set()
         #: pool -> the setting last advised (advice is given once per setting)
@@ -150,32 +148,12 @@ class SpecControlLoop:
     def observe(self) -> list[PoolObservation]:
         return observations(self.client.call("GET", "/admin/spec"), self.url_to_pool)
 
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[bool]:
-        """One round at a time per state file, across processes (a cron run overlapping the unit, a round
-        that outlasts the interval: a relaunch takes minutes): flock, which the kernel releases when the
-        holder dies, even by kill -9. Without it two rounds read the same cool-down and both relaunch."""
-        if self.state_path is None:
-            yield True
-            return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{self.state_path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
-
     def tick(self) -> list[dict[str, Any]]:
-        """Observe, decide, advise or act; returns the actions recorded this round (none when another
-        controller of this state file is in its round)."""
-        with self._exclusive() as mine:
+        """Observe, decide, advise or act; returns the actions recorded this round. A round skipped because
+        another controller of this state file is in its round returns none and is counted and described in
+        `last_skip` (LockedRounds)."""
+        with self._round() as mine:
             if not mine:
-                self.say(f"another controller holds {self.state_path}.lock: this round is skipped")
                 return []
             self._load_state()  # what another process recorded since this one started (its cool-down)
             return self._tick()

@@ -15,6 +15,7 @@ import yaml
 from infer_ctl.cli.main import main
 from infer_ctl.launch.pd_control import PdControlLoop
 from infer_ctl.profile.load import validate_profile_data
+from tests.launch.locked_round import assert_skipped
 
 PROFILE: dict[str, Any] = {
     "name": "pdcli",
@@ -58,19 +59,7 @@ def test_a_round_skipped_for_the_lock_says_so_and_exits_3(json_out: bool, tmp_pa
         assert mine
         # the router is absent: a round that ran would exit 3 "not reachable"; a skipped one asks nothing
         code = main(["pd", "control", "-p", str(path), "--once", "--state", str(state)] + (["--json"] if json_out else []))
-    out = capsys.readouterr()
-    assert code == 3
-    assert "not reachable" not in out.err
-    if json_out:
-        doc = json.loads(out.out)
-        assert doc["exit_code"] == 3 and doc["status"] == "unknown"
-        skip = doc["skipped"]
-        assert skip["reason"] == "locked" and skip["lock"] == f"{state}.lock"
-        assert skip["holder"]["pid"] == os.getpid() and skip["holder"]["host"] == socket.gethostname()
-        assert doc["actions"] == [] and doc["skipped_rounds"] == 1
-    else:
-        assert f"skipped: another controller (pid {os.getpid()} on {socket.gethostname()}" in out.out
-        assert f"holds {state}.lock: this round did not run" in out.out
+    assert_skipped(code, capsys, state, json_out)
 
 
 def test_clear_fatal_takes_named_servers_out_of_fatal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

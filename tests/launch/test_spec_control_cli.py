@@ -73,6 +73,7 @@ def test_advise_once_per_setting_with_the_profile_change_and_the_command(
             assert main([*args, "--json"]) == 1
             doc = json.loads(capsys.readouterr().out)
             assert doc["mode"] == "advise"
+            assert doc["skipped"] is None and doc["skipped_rounds"] == 0  # the round ran
             # every pool's decision, "no change" included (--once --advise printed nothing without an action)
             pools = {p["pool"]: p["decision"] for p in doc["pools"]}
             assert pools["dc-01"] == "no change" and pools["dc-02"].startswith("advise: num_steps 2")
