@@ -65,7 +65,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "spec control": ("inferctl spec control --once --advise", "inferctl spec control --interval 60"),
     "pd": ("inferctl pd control --once --advise",),
     "pd control": ("inferctl pd control --once --advise", "inferctl pd control --interval 5 --history pd.jsonl"),
-    "pd clear-fatal": ("inferctl pd clear-fatal http://10.0.0.11:30000", "inferctl pd clear-fatal --all --json"),
+    "pd clear-fatal": ("inferctl pd clear-fatal http://10.0.0.11:30000", "inferctl pd clear-fatal --all-fatal --json"),
     # sizing
     "plan": ("inferctl plan kv --model llama-3.1-70b --context 8192",),
     "plan kv": ("inferctl plan kv --model llama-3.1-70b --context 8192 --hbm-gb 640 --tp 8", "inferctl plan kv --list-presets"),

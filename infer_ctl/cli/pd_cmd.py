@@ -107,7 +107,7 @@ def control(
 def clear_fatal(
     urls: Annotated[list[str] | None, typer.Argument(help="The servers' URLs, as the router lists them.")] = None,
     profile: ProfileOpt = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every fatal server.")] = False,
+    all_: Annotated[bool, typer.Option("--all-fatal", help="Every server marked fatal.")] = False,
     state: Annotated[Path | None, typer.Option("--state", help="Controller state file (default: the state directory).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -121,7 +121,7 @@ def clear_fatal(
 
     sess, prof = session(json_out), get_profile(profile)
     if bool(urls) == all_:
-        raise UsageError("name the servers to clear, or pass --all", remedy="e.g. inferctl pd clear-fatal http://10.0.0.11:30000")
+        raise UsageError("name the servers to clear, or pass --all-fatal", remedy="e.g. inferctl pd clear-fatal http://10.0.0.11:30000")
     loop = PdControlLoop(prof, router_url=router_url(prof), mode="advise", state_path=state or default_state_path(prof))
     got = loop.clear_fatal(None if all_ else list(urls or []))
     if got is None:

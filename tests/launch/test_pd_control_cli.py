@@ -71,7 +71,7 @@ def test_clear_fatal_takes_named_servers_out_of_fatal(tmp_path: Path, capsys: py
     loop.state.fatal, loop.state.fatal_down = ["http://a", "http://b"], ["http://a"]
     loop._save_state()
     args = ["pd", "clear-fatal", "-p", str(path), "--state", str(state)]
-    assert main(args) == 64  # neither a URL nor --all
+    assert main(args) == 64  # neither a URL nor --all-fatal
     assert "name the servers to clear" in capsys.readouterr().err
     assert main([*args, "http://a", "http://x", "--json"]) == 1  # http://x was not fatal
     doc = json.loads(capsys.readouterr().out)
@@ -79,7 +79,7 @@ def test_clear_fatal_takes_named_servers_out_of_fatal(tmp_path: Path, capsys: py
     again = PdControlLoop(prof, router_url="http://127.0.0.1:1", mode="advise", state_path=state)
     again._load_state()
     assert (again.state.fatal, again.state.fatal_down) == (["http://b"], [])
-    assert main([*args, "--all"]) == 0
+    assert main([*args, "--all-fatal"]) == 0
     assert "cleared http://b: pd control may switch it again" in capsys.readouterr().out
     again._load_state()
     assert again.state.fatal == []
