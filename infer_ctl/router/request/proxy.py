@@ -252,6 +252,7 @@ class Router:
             # it failed as a whole, as without the head - the same 504, its log line and rejected count
             # (`committed` turns it into the stream's error event)
             if ctx.resp is not None and ctx.resp.prepared and ctx.resp.body_started:
+                ctx.resp.outcome = 504  # counted, logged and traced as the 504 its error event says
                 with contextlib.suppress(Exception):
                     await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()

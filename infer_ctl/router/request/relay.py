@@ -211,6 +211,7 @@ class StreamRelay:
         if error is not None:
             self.metrics.stream_errors.inc()
             log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
+            resp.outcome = 502  # the request failed: its count, log line and span say so, not the head's 200
             await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
         elif not booked:
             succeeded()

@@ -65,6 +65,8 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
             await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\ndata: [DONE]\n\n")
             return resp
         await resp.write(b'data: {"text": "a", "meta_info": {"completion_tokens": 1}}\n\n')
+        if behaviour == "first_then_stall":  # a token, then nothing within the request timeout
+            await asyncio.sleep(1.5)
         if behaviour == "die_after_first_byte":
             await asyncio.sleep(0.05)
             request.transport.close()  # type: ignore[union-attr]
@@ -87,7 +89,8 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
 @pytest.fixture(scope="module")
 def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
     with serve_apps(app, ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500",
-                          "abort_400", "ids_a", "ids_b", "head_then_slow", "head_then_stall")) as urls:
+                          "abort_400", "ids_a", "ids_b", "head_then_slow", "head_then_stall",
+                          "first_then_stall")) as urls:
         yield urls
 
 
@@ -167,7 +170,11 @@ def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(ups
         assert json.loads(lines[0])["text"] == "a"
         assert "error" in json.loads(lines[-2]) and lines[-1] == "[DONE]"
         assert calls["n"] == before + 1  # exactly one attempt: bytes had reached the client
-        assert "inferctl_router_stream_errors_total 1.0" in httpx.get(router.url + "/metrics").text
+        metrics = httpx.get(router.url + "/metrics").text
+        assert "inferctl_router_stream_errors_total 1.0" in metrics
+        # the request failed: counted as the 502 its error event says, not as the head's 200
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in metrics
+        assert 'status="200"' not in metrics.split("inferctl_router_requests_total", 1)[1].split("# HELP")[0]
 
 
 def test_request_timeout_is_a_504_json_error(upstreams) -> None:
@@ -242,3 +249,16 @@ def test_a_request_timeout_after_an_early_head_is_a_504_error_event(upstreams) -
         assert json.loads(lines[0])["error"]["code"] == 504 and lines[1:] == ["[DONE]"]
         m = httpx.get(router.url + "/metrics").text
         assert 'status="504"} 1.0' in m
+
+
+def test_a_request_timeout_after_the_first_token_is_counted_as_its_504(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    stall, _ = upstreams["first_then_stall"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[stall], request_timeout_s=0.5, health_interval_s=60)
+    with start_router_in_thread(cfg) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a"
+        assert json.loads(lines[1])["error"]["code"] == 504 and lines[2:] == ["[DONE]"]
+        m = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="504"} 1.0' in m
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="200"}' not in m
