@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from infer_ctl.core.routing.anchors import AnchorTable, full_key
+from infer_ctl.core.routing.anchors import AnchorTable
 from infer_ctl.router.kvindex.kv_prompts import ChatKeys, PromptView, chat_layout, view_for
 
 log = logging.getLogger("infer_ctl.router.kv")
@@ -153,15 +153,10 @@ class Anchoring:
         if held is not None:
             self._enqueue(held)
 
-    def first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int],
-                    threshold: float, exact_spaces: Sequence[Space]) -> bool:
-        """KvRouting.anchor_first_sight past its fleet checks: anchor now, within the budget, when the
-        anchors of some exact worker's space cover under `threshold` of the prompt's blocks."""
-        kind = prompt_kind(endpoint, body)
-        keys = self.keys(kind, body, hashes)
-        need = max(1, int(threshold * len(hashes)))
-        if all(self.table(s, kind).depth(keys) >= need for s in exact_spaces):
-            return False  # anchored deep enough: the rest is anchored after routing
+    def first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int], fk: int) -> bool:
+        """Anchor now, on the request path, a prompt some exact worker's anchors cover under the
+        threshold (KvRouting.lookup decided that): within `first_sight_budget` of this process's time,
+        and never waiting for the anchoring thread. Returns whether it anchored."""
         now = time.monotonic()
         self._budget = min(self.first_sight_budget, self._budget + (now - self._budget_at) * self.first_sight_budget)
         self._budget_at = now
@@ -173,7 +168,7 @@ class Anchoring:
             return False
         t0 = time.perf_counter()
         try:
-            self.build(endpoint, body, text, list(hashes), full_key(hashes, text, self.block_chars))
+            self.build(endpoint, body, text, list(hashes), fk)
         finally:
             self._lock.release()
         took = time.perf_counter() - t0

@@ -197,50 +197,76 @@ class KvRouting:
     def keys(self, kind: str, body: dict[str, Any], hashes: Sequence[int]) -> Sequence[int]:
         return self.anchoring.keys(kind, body, hashes)
 
+    def lookup(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int], urls: Sequence[str],
+               threshold: float) -> tuple[dict[str, int], int]:
+        """The request path's one pass (picker.py `_exact`): first sight, then `cached` (tier-weighted),
+        with the prompt's kind, keys and anchor depth per key space worked out once for both.
+
+        First sight: a prompt whose anchors cover under `threshold` of its blocks in some exact worker's
+        space (no worker could qualify as its holder on them), while some exact worker holds blocks at
+        all, is anchored now, within `first_sight_budget` of this process's time. Its prefix may have
+        reached a worker past this router: through another replica or router process ("Several
+        replicas", "Several processes"), another frontend, or a direct call; the lookup after this
+        finds it. Otherwise it is new to the fleet and this cost a few ms once. A long prompt is
+        tokenized off the loop only (the anchoring thread's).
+
+        One pass because the request path runs on a cache-cold machine (docs/benchmarks.md, session
+        12): every function and object it touches costs a miss, so the check and the lookup share
+        what they read."""
+        fk = full_key(hashes, text, self.block_chars)
+        if self.view is None:
+            return {}, fk
+        kind = prompt_kind(endpoint, body)
+        keys = self.keys(kind, body, hashes)
+        tables = self.tables
+        depths: dict[tuple[int, bool], int] = {}
+        if self.first_sight_budget > 0 and len(hashes) >= 2 and len(text) <= HOLD_CHARS:
+            exact = [w for w in self.workers.values() if w.exact]
+            if any(s.blocks.device for w in exact for s in w.streams):  # else nothing is cached anywhere: unseen
+                need = max(1, int(threshold * len(hashes)))
+                for w in exact:
+                    space = (w.page_size, w.bigram)
+                    if space not in depths:
+                        t = tables.get((*space, kind))
+                        depths[space] = t.depth(keys) if t is not None else 0
+                if min(depths.values(), default=need) < need and \
+                        self.anchoring.first_sight(endpoint, body, text, hashes, fk):
+                    depths.clear()  # anchored deeper now
+        return self._units(keys, fk, urls, kind, self._weight, depths), fk
+
     def cached(self, hashes: Sequence[int], text: str, urls: Sequence[str], kind: str = "text",
                body: dict[str, Any] | None = None, weighted: bool = True) -> tuple[dict[str, int], int]:
         """Exact cached prompt units per worker in `urls` whose stream is exact, tier-weighted (what
         the policy scores), and the full-prompt key. `weighted=False`: every tier the router counts
         at 1, as a worker reports cached tokens (the accounting's number)."""
         fk = full_key(hashes, text, self.block_chars)
-        weight = self._weight if weighted or self._weight is None else _ONE
-        hashes = self.keys(kind, body or {}, hashes)
-        out: dict[str, int] = {}
         if self.view is None:
-            return out, fk
-        depths: dict[tuple[int, bool], int] = {}
+            return {}, fk
+        weight = self._weight if weighted or self._weight is None else _ONE
+        return self._units(self.keys(kind, body or {}, hashes), fk, urls, kind, weight, {}), fk
+
+    def _units(self, keys: Sequence[int], fk: int, urls: Sequence[str], kind: str,
+               weight: Callable[[str], float] | None, depths: dict[tuple[int, bool], int]) -> dict[str, int]:
+        """`cached`'s numbers; `depths`: the anchor depth of `keys` per key space, where known already."""
+        out: dict[str, int] = {}
+        tables = self.tables
         for url in urls:
             w = self.workers.get(url)
             if w is None or not w.exact:
                 continue
             space = (w.page_size, w.bigram)
-            t = self.tables.get((*space, kind))
+            t = tables.get((*space, kind))
             if t is None:
                 out[url] = 0
                 continue
             d = depths.get(space)
             if d is None:
-                d = depths[space] = t.depth(hashes)
+                d = depths[space] = t.depth(keys)
             best = 0
             for s in w.streams:
-                best = max(best, t.cached_units(hashes, fk, d, s.blocks, weight))
+                best = max(best, t.cached_units(keys, fk, d, s.blocks, weight))
             out[url] = best
-        return out, fk
-
-    def anchor_first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int],
-                           threshold: float) -> bool:
-        """Anchor on the request path a prompt whose anchors cover under `threshold` of its blocks (no
-        worker could qualify as its holder on them) when some exact worker holds blocks at all, within
-        `first_sight_budget` of this process's time. Its prefix may have reached a worker past this
-        router: through another replica or router process ("Several replicas", "Several processes"),
-        another frontend, or a direct call; the lookup after this finds it. Otherwise it is new to the
-        fleet and this cost a few ms once. Returns whether it anchored."""
-        if self.first_sight_budget <= 0 or self.view is None or len(hashes) < 2 or len(text) > HOLD_CHARS:
-            return False  # (a long prompt is tokenized off the loop only: the anchoring thread's)
-        exact = [w for w in self.workers.values() if w.exact]
-        if not any(s.blocks.device for w in exact for s in w.streams):
-            return False  # nothing cached anywhere: unseen it is
-        return self.anchoring.first_sight(endpoint, body, text, hashes, threshold, [w.space() for w in exact])
+        return out
 
     def residency(self, hashes: Sequence[int], text: str, url: str, kind: str = "text",
                   body: dict[str, Any] | None = None, share: float = 0.9) -> str | None:

@@ -241,11 +241,10 @@ class PairPicker:
         if kv is None or kv.view is None or not ctx.hashes or self.policy.policy != "cache_aware":
             return None
         urls = [w.url for w in cands]
-        kind = kv.kind(ctx.endpoint, ctx.body)
         # a prompt no earlier request anchored deeply enough to qualify (its prefix reached the workers
-        # another way, or it is new) is anchored now, within a time budget: a few ms once per prefix
-        kv.anchor_first_sight(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, self.policy.cache_threshold)
-        cached, ctx.full_key = kv.cached(ctx.hashes, ctx.text, urls, kind, ctx.body)
+        # another way, or it is new) is anchored first, within a time budget: a few ms once per prefix
+        cached, ctx.full_key = kv.lookup(ctx.endpoint, ctx.body, ctx.text, ctx.hashes, urls,
+                                         self.policy.cache_threshold)
         if not cached:
             return None
         cpt = units.ratio(kv.chars_per_token())
@@ -258,7 +257,8 @@ class PairPicker:
         inputs = units.score_inputs(
             event_tokens=cached, pending_blocks=pending,
             predicted_chars=self.index.match(ctx.hashes, rest, now) if rest else {},
-            reported_prompt_tokens=kv.prompt_units(ctx.full_key, urls, kind), text_chars=len(ctx.text),
+            reported_prompt_tokens=kv.prompt_units(ctx.full_key, urls, kv.kind(ctx.endpoint, ctx.body)),
+            text_chars=len(ctx.text),
             block_chars=self.index.block_chars, chars_per_token=cpt, queue_cost_tokens=kv.queue_cost,
             footprint_chars={u: kv.footprint_chars(u, cpt) if u in cached else self.index.footprint(u) for u in urls})
         return inputs, set(cached), cached

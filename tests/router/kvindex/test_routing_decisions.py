@@ -3,7 +3,7 @@ workers (collocated, KV events on) behind the real router:
 
 - a prefix that reached a worker past this router (another frontend, a direct call): the router never
   anchored that text, so its first request must be anchored on the request path
-  (kv_routing.py `anchor_first_sight`), or the router cannot see that the worker holds it;
+  (kv_routing.py `lookup`), or the router cannot see that the worker holds it;
 - a prompt answered by a worker that then evicted it is predicted uncached there: the events are the
   truth, not the router's memory of its own decisions.
 """

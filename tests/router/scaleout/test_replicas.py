@@ -182,7 +182,7 @@ def cached_tokens(r: Replica) -> dict[str, int]:
 def test_both_replicas_route_the_same_prompt_to_the_same_prefill(fleet: Fleet) -> None:
     """Each replica builds the same exact index from the workers' KV events. Prompts sent to A only are
     placed by A's fallback over both prefills; follow-ups through B, which never saw them, go where A put
-    them (B anchors a prompt it never saw before routing it: kv_routing.anchor_first_sight), as do A's."""
+    them (B anchors a prompt it never saw before routing it: kv_routing.lookup), as do A's."""
     a, b = fleet.a, fleet.b
     assert wait_for(lambda: exact(a, fleet.prefills) and exact(b, fleet.prefills))
     rng = random.Random(5)
