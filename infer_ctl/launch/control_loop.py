@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -58,6 +59,48 @@ def skip_line(skip: dict[str, Any]) -> str:
     return f"skipped: {who} holds {skip['lock']}: this round did not run"
 
 
+#: the most of a lock file read for its holder: the holder writes ~80 bytes; a huge file (not ours) is not
+#: read whole
+HOLDER_MAX_BYTES = 4096
+
+
+class LockUnusable(InferctlError):
+    """`<state>.lock` cannot be opened or locked: a symlink, not a file, a directory that refuses it."""
+
+
+def _open_lock(path: str) -> int:
+    """The lock file, opened read-write (created if absent). A symbolic link is refused, not followed: the
+    holder truncates and rewrites the file, which through a link is whatever file it points to. Not a
+    regular file (a FIFO, a device) is refused too: a reader of its holder would block."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        why = "it is a symbolic link (not followed: the lock's holder rewrites the file)" \
+            if os.path.islink(path) else exc.strerror
+        raise LockUnusable(f"cannot use the controller lock {path}: {why}",
+                           remedy=f"remove {path} (or pass another --state); it is recreated as a plain file") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LockUnusable(f"cannot use the controller lock {path}: not a regular file",
+                           remedy=f"remove {path} (or pass another --state); it is recreated as a plain file")
+    return fd
+
+
+def _alive_here(holder: dict[str, Any]) -> bool:
+    """False only when the holder ran on this host and its pid is gone: left by a holder killed -9 and read
+    in the instant before the new holder wrote itself over it."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # alive, another user's
+    return True
+
+
 class LockedRounds:
     """One round at a time per state file, across processes (a cron run overlapping the unit, a round that
     outlasts the interval: a relaunch or a drain takes minutes): flock on `<state>.lock`, which the kernel
@@ -80,8 +123,13 @@ class LockedRounds:
         if self.state_path is None:
             yield True
             return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{self.state_path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = f"{self.state_path}.lock"
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LockUnusable(f"cannot create the state directory {self.state_path.parent}: {exc.strerror}",
+                               remedy="pass --state in a writable directory") from None
+        fd = _open_lock(lock)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,12 +150,21 @@ class LockedRounds:
             os.close(fd)
 
     def _holder(self) -> dict[str, Any] | None:
-        """Who holds the lock, as it wrote it (None: unknown: an older controller, or caught mid-write)."""
+        """Who holds the lock, as it wrote it (None: unknown: an older controller, caught mid-write, or what
+        a holder killed -9 left, read before the new holder wrote itself over it: its pid is gone)."""
         try:
-            doc = json.loads(Path(f"{self.state_path}.lock").read_text(encoding="utf-8"))
+            fd = os.open(f"{self.state_path}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            doc = json.loads(os.pread(fd, HOLDER_MAX_BYTES, 0).decode("utf-8"))
         except (OSError, ValueError):
             return None
-        return doc if isinstance(doc, dict) else None
+        finally:
+            os.close(fd)
+        return doc if isinstance(doc, dict) and _alive_here(doc) else None
 
     def _locked_out(self) -> dict[str, Any]:
         """Note that the lock was held by another: `last_skip`, returned."""
