@@ -58,7 +58,7 @@ def control(
 ) -> None:
     """Watch the pools' TTFT and ITL at the router; move one server between prefill and decode when the mix
     stays shifted (pd.control). Exit 0 nothing to do, 1 advice given or a server moved, 2 a switch failed or
-    was refused, 3 the router is unreachable or no round ran because another controller holds the lock
+    was refused (or the state file or its lock cannot be used), 3 the router is unreachable or no round ran because another controller holds the lock
     (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
     again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
     from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
@@ -113,8 +113,8 @@ def clear_fatal(
 ) -> None:
     """Let `pd control` switch servers again whose rebuild failed (`fatal`), after you restarted them. The
     controller clears one by itself when it sees the restart (down at the router, then healthy and undrained);
-    this is for a restart it did not see. Exit 0 cleared, 1 a URL named was not fatal, 3 another controller
-    held the lock for 30 s (its round did not end)."""
+    this is for a restart it did not see. Exit 0 cleared, 1 a URL named was not fatal, 2 the state file
+    or its lock cannot be used, 3 another controller held the lock for 30 s (its round did not end)."""
     from infer_ctl.launch.control_loop import skip_line
     from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
     from infer_ctl.launch.router_hook import router_url

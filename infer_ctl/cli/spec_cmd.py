@@ -51,8 +51,9 @@ def control(
     json_out: JsonOpt = False,
 ) -> None:
     """Watch the router's acceptance per decode pool; advise or act (speculative.control). Exit 0 nothing to
-    do, 1 advice given or a pool changed, 2 a relaunch failed, 3 the router is unreachable or no round ran
-    because another controller holds the lock (--json: `skipped` names the lock and its holder)."""
+    do, 1 advice given or a pool changed, 2 a relaunch failed (or the state file or its lock cannot be used),
+    3 the router is unreachable or no round ran because another controller holds the lock (--json: `skipped`
+    names the lock and its holder)."""
     from infer_ctl.launch.router_hook import router_url
     from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path
     from infer_ctl.launch.spec_relaunch import SshRelauncher

@@ -51,6 +51,37 @@ def run_rounds(tick: Callable[[], list[dict[str, Any]]], interval_s: float, *, r
         time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
 
 
+class StateUnreadable(InferctlError):
+    """The state file is there but is not the controller's JSON (cut short, edited, another file)."""
+
+
+def unreadable(path: str | os.PathLike[str], why: str) -> StateUnreadable:
+    return StateUnreadable(
+        f"the controller state file {path} cannot be read: {why}",
+        remedy="look at it (its timers and fatal servers); it is left as it is: move it aside to start with an "
+               "empty state (the controller then forgets the servers it marked fatal and its cool-down)")
+
+
+def read_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A controller's state file as its JSON object; None when there is none. One that is there but does
+    not read is an error (`StateUnreadable`), not an empty state: the round would save over it and forget
+    the fatal servers and the cool-down it holds (the file is only ever replaced whole, by rename, so it
+    is never cut short by a controller; what breaks it came from outside)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise unreadable(path, getattr(exc, "strerror", None) or str(exc)) from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise unreadable(path, f"not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise unreadable(path, "not a JSON object")
+    return doc
+
+
 def skip_line(skip: dict[str, Any]) -> str:
     """A skipped round in words: who holds the lock, where known."""
     h = skip.get("holder") or {}

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.pd.control import Counters, Observation, Server, Settings, State, decide, switched, window
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import LockedRounds, post_action, run_rounds
+from infer_ctl.launch.control_loop import LockedRounds, post_action, read_state, run_rounds, unreadable
 from infer_ctl.launch.pd_switch import SwitchResult
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
@@ -83,6 +83,29 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _opt(st: dict[str, Any], key: str, kind: type) -> Any:
+    v = st.get(key)
+    if v is None or (isinstance(v, kind) and not isinstance(v, bool)) or (kind is float and isinstance(v, int)
+                                                                          and not isinstance(v, bool)):
+        return v
+    raise TypeError(f"{key}: {v!r} is not a {kind.__name__}")
+
+
+def _urls(st: dict[str, Any], key: str) -> list[str]:
+    v = st.get(key) or []
+    if not isinstance(v, list) or not all(isinstance(u, str) for u in v):
+        raise TypeError(f"{key}: {v!r} is not a list of URLs")
+    return list(v)
+
+
+def _mapping(st: dict[str, Any], key: str, kind: type) -> dict[str, Any]:
+    v = st.get(key) or {}
+    if not isinstance(v, dict) or not all(isinstance(x, kind) or (kind is float and isinstance(x, int))
+                                          for x in v.values()):
+        raise TypeError(f"{key}: {v!r} is not a mapping to {kind.__name__}")
+    return dict(v)
+
+
 class PdControlLoop(LockedRounds):
     def __init__(self, profile: Profile, *, router_url: str, mode: str, switcher: Switcher | None = None,
                  history: str | os.PathLike[str] | None = None, state_path: str | os.PathLike[str] | None = None,
@@ -107,18 +130,23 @@ class PdControlLoop(LockedRounds):
 
     # ---- state that outlives the process ---------------------------------------------------------
     def _load_state(self) -> None:
-        if self.state_path is None or not self.state_path.exists():
+        """The state file's, when there is one; one that does not read is an error (`read_state`), left as
+        it is, not replaced by an empty state that forgets the fatal servers."""
+        if self.state_path is None:
+            return
+        doc = read_state(self.state_path)
+        if doc is None:
             return
         try:
-            doc = json.loads(self.state_path.read_text(encoding="utf-8"))
             st = doc["state"]
-            self.state = State(st.get("want"), st.get("since"), st.get("last_switch_at"), list(st.get("fatal") or []),
-                               dict(st.get("covers") or {}), dict(st.get("queue_ema") or {}),
-                               list(st.get("fatal_down") or []))
+            state = State(_opt(st, "want", str), _opt(st, "since", float), _opt(st, "last_switch_at", float),
+                          _urls(st, "fatal"), _mapping(st, "covers", str), _mapping(st, "queue_ema", float),
+                          _urls(st, "fatal_down"))
             c = doc.get("counters")
-            self.prev = Counters(**c) if isinstance(c, dict) else self.prev
-        except (OSError, ValueError, KeyError, TypeError):
-            return
+            prev = Counters(**c) if isinstance(c, dict) else self.prev
+        except (KeyError, TypeError, ValueError) as exc:
+            raise unreadable(self.state_path, f"not a pd control state ({type(exc).__name__}: {exc})") from None
+        self.state, self.prev = state, prev
 
     def _save_state(self) -> None:
         if self.state_path is None:
