@@ -123,7 +123,10 @@ def clear_fatal(
     if bool(urls) == all_:
         raise UsageError("name the servers to clear, or pass --all-fatal", remedy="e.g. inferctl pd clear-fatal http://10.0.0.11:30000")
     loop = PdControlLoop(prof, router_url=router_url(prof), mode="advise", state_path=state or default_state_path(prof))
-    got = loop.clear_fatal(None if all_ else list(urls or []))
+    # as the router spells a worker (router/control/admin_http.py norm_url): `10.0.0.11:30000/` named the
+    # fatal http://10.0.0.11:30000 and was answered "not fatal", exit 1, leaving it fatal
+    named = [(router_base_url(u.strip()) or "").rstrip("/") for u in urls or []]
+    got = loop.clear_fatal(None if all_ else named)
     if got is None:
         skip = loop.last_skip or {}
         finish(sess, Report("pd clear-fatal", prof.name, data={"cleared": [], "skipped": skip},
