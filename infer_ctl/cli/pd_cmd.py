@@ -61,6 +61,7 @@ def control(
     was refused (or the state file or its lock cannot be used), 3 the router is unreachable or no round ran because another controller holds the lock
     (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
     again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
+    from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
     from infer_ctl.launch.pd_switch import RoleSwitcher
     from infer_ctl.launch.router_hook import router_url
@@ -84,18 +85,19 @@ def control(
                          state_path=state or default_state_path(prof), client=client,
                          say=lambda m: None if json_out else sess.err.print(f"[dim]pd control: {m}[/dim]"))
     records: list[dict[str, Any]] = []
-    if once:
-        records = loop.tick()
-    else:
-        def show(batch: list[dict[str, Any]]) -> None:
-            records.extend(batch)
-            if not json_out:
-                _render(sess.out, batch)
 
+    def show(batch: list[dict[str, Any]]) -> None:
+        records.extend(batch)
+        if not json_out and not once:
+            _render(sess.out, batch)
+
+    # a signal lets the round end (a switch cut half way leaves its server drained, unrecorded)
+    with StopAfterRound(loop.say).installed() as stopping:
         try:
-            loop.run(interval, on_records=show)
-        except KeyboardInterrupt:
-            pass
+            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show)
+        except KeyboardInterrupt:  # the second signal
+            if once:
+                raise
     acted = [r for r in records if r["action"] in ("advise", "switch", "cover", "restore", "failed", "refused")]
     code = (ExitCode.FAIL if any(r["action"] in ("failed", "refused") for r in records) else
             ExitCode.WARN if acted else ExitCode.OK)
