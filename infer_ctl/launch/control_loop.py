@@ -4,6 +4,7 @@ and appended to the history file, the round loop, and one round at a time per st
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -110,6 +111,9 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except PermissionError as exc:
+        raise StateUnreadable(f"the controller state file {path} cannot be read: {exc.strerror}",
+                              remedy="run as the user the controller runs as (the file's owner)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise unreadable(path, getattr(exc, "strerror", None) or str(exc)) from None
     try:
@@ -145,8 +149,15 @@ def _open_lock(path: str) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as exc:
-        why = "it is a symbolic link (not followed: the lock's holder rewrites the file)" \
-            if os.path.islink(path) else exc.strerror
+        if os.path.islink(path):
+            why = "it is a symbolic link (not followed: the lock's holder rewrites the file)"
+        elif exc.errno in (errno.EACCES, errno.EPERM):
+            # not "remove it": a controller running meanwhile keeps its flock on the old file, and the
+            # next one locks the new file: two rounds at once
+            raise LockUnusable(f"cannot use the controller lock {path}: {exc.strerror}",
+                               remedy="run as the user the controller runs as (the lock's owner)") from None
+        else:
+            why = exc.strerror or str(exc)
         raise LockUnusable(f"cannot use the controller lock {path}: {why}",
                            remedy=f"remove {path} (or pass another --state); it is recreated as a plain file") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
