@@ -142,10 +142,13 @@ class PdControlLoop(LockedRounds):
             state = State(_opt(st, "want", str), _opt(st, "since", float), _opt(st, "last_switch_at", float),
                           _urls(st, "fatal"), _mapping(st, "covers", str), _mapping(st, "queue_ema", float),
                           _urls(st, "fatal_down"))
-            c = doc.get("counters")
-            prev = Counters(**c) if isinstance(c, dict) else self.prev
         except (KeyError, TypeError, ValueError) as exc:
             raise unreadable(self.state_path, f"not a pd control state ({type(exc).__name__}: {exc})") from None
+        c = doc.get("counters")
+        try:
+            prev = Counters(**c) if isinstance(c, dict) else self.prev
+        except TypeError:  # another version's counters: only the window's start, which starts over
+            prev = self.prev
         self.state, self.prev = state, prev
 
     def _save_state(self) -> None:

@@ -75,3 +75,12 @@ def test_spec_control_refuses_a_broken_state_and_keeps_it(text: str, tmp_path: P
     with pytest.raises(StateUnreadable, match="cannot be read"):
         SpecControlLoop(validate_profile_data(SPEC), **args)
     assert state.read_text() == text
+
+
+def test_counters_of_another_version_only_restart_the_window(tmp_path: Path) -> None:
+    # the counters are the window's start, not worth an error: the timers and fatal servers still load
+    state = tmp_path / "s.json"
+    state.write_text(json.dumps({**GOOD, "counters": {"ttft_sum": 1.0, "ttft_count": 2, "itl_p99": 3.0}}))
+    loop = PdControlLoop(validate_profile_data(PD), router_url="http://127.0.0.1:1", mode="advise", state_path=state)
+    loop._load_state()
+    assert (loop.state.fatal, loop.state.last_switch_at, loop.prev) == (["http://10.0.0.11:30000"], 100.0, None)
