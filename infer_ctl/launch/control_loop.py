@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infer_ctl.atomicfile import append_line
+from infer_ctl.atomicfile import append_line, write_atomic
 from infer_ctl.errors import InferctlError
 
 
@@ -92,7 +92,8 @@ class StopAfterRound:
 
 
 class StateUnreadable(InferctlError):
-    """The state file is there but is not the controller's JSON (cut short, edited, another file)."""
+    """The state file is there but is not the controller's JSON (cut short, edited, another file), or it
+    cannot be read or written."""
 
 
 def unreadable(path: str | os.PathLike[str], why: str) -> StateUnreadable:
@@ -123,6 +124,16 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(doc, dict):
         raise unreadable(path, "not a JSON object")
     return doc
+
+
+def write_state(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """The state file replaced whole (atomicfile.write_atomic: a kill mid-write leaves the old one); one
+    that cannot be written (a read-only or full filesystem) is an error naming it, not an internal error."""
+    try:
+        write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    except OSError as exc:
+        raise StateUnreadable(f"cannot write the controller state file {path}: {exc.strerror or exc}",
+                              remedy="pass --state in a writable directory, or free space there") from None
 
 
 def skip_line(skip: dict[str, Any]) -> str:

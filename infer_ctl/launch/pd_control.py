@@ -20,10 +20,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.pd.control import Counters, Observation, Server, Settings, State, decide, switched, window
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import LockedRounds, post_action, read_state, run_rounds, unreadable
+from infer_ctl.launch.control_loop import (
+    LockedRounds,
+    post_action,
+    read_state,
+    run_rounds,
+    unreadable,
+    write_state,
+)
 from infer_ctl.launch.pd_switch import SwitchResult
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
@@ -155,7 +161,7 @@ class PdControlLoop(LockedRounds):
         if self.state_path is None:
             return
         doc = {"state": asdict(self.state), "counters": asdict(self.prev) if self.prev else None}
-        write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n")
+        write_state(self.state_path, doc)
 
     # ---- one round ---------------------------------------------------------------------------------
     def observe(self) -> Observation:

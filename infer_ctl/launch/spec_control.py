@@ -17,7 +17,6 @@ state file, so a restarted controller still honours the cool-down; one round at 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -25,12 +24,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.sglang import instances
 from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolChange, PoolObservation, PoolState
 from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, pools
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import LockedRounds, post_action, read_state, run_rounds, unreadable
+from infer_ctl.launch.control_loop import (
+    LockedRounds,
+    post_action,
+    read_state,
+    run_rounds,
+    unreadable,
+    write_state,
+)
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
@@ -150,7 +155,7 @@ class SpecControlLoop(LockedRounds):
             return
         doc = {"last_change_at": self.controller.last_change_at,
                "pools": {k: asdict(v) for k, v in self.controller.states.items()}}
-        write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n")
+        write_state(self.state_path, doc)
 
     # ---- one round ---------------------------------------------------------------------------------
     def observe(self) -> list[PoolObservation]:

@@ -84,3 +84,23 @@ def test_counters_of_another_version_only_restart_the_window(tmp_path: Path) -> 
     loop = PdControlLoop(validate_profile_data(PD), router_url="http://127.0.0.1:1", mode="advise", state_path=state)
     loop._load_state()
     assert (loop.state.fatal, loop.state.last_switch_at, loop.prev) == (["http://10.0.0.11:30000"], 100.0, None)
+
+
+def test_a_state_that_cannot_be_written_is_an_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # a read-only filesystem, as root cannot make one here: the write itself fails as it would there
+    import errno
+
+    from infer_ctl.launch import control_loop
+
+    def read_only(*_a: object, **_k: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    path, state = tmp_path / "p.yaml", tmp_path / "s.json"
+    path.write_text(yaml.safe_dump(PD))
+    state.write_text(json.dumps(GOOD))
+    monkeypatch.setattr(control_loop, "write_atomic", read_only)
+    assert main(["pd", "clear-fatal", "-p", str(path), "--all-fatal", "--state", str(state)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the controller state file {state}: Read-only file system" in err
+    assert "internal error" not in err
