@@ -58,8 +58,8 @@ def control(
 ) -> None:
     """Watch the pools' TTFT and ITL at the router; move one server between prefill and decode when the mix
     stays shifted (pd.control). Exit 0 nothing to do, 1 advice given or a server moved, 2 a switch failed or
-    was refused (or the state file or its lock cannot be used), 3 the router is unreachable or no round ran because another controller holds the lock
-    (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
+    was refused (or the state file or its lock cannot be used), 3 the router is unreachable or no round ran
+    because another controller holds the lock (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
     again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
     from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.pd_control import PdControlLoop, default_state_path

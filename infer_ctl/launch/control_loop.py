@@ -91,13 +91,13 @@ class StopAfterRound:
                 signal.signal(sig, handler)
 
 
-class StateUnreadable(InferctlError):
+class StateFileError(InferctlError):
     """The state file is there but is not the controller's JSON (cut short, edited, another file), or it
     cannot be read or written."""
 
 
-def unreadable(path: str | os.PathLike[str], why: str) -> StateUnreadable:
-    return StateUnreadable(
+def unreadable(path: str | os.PathLike[str], why: str) -> StateFileError:
+    return StateFileError(
         f"the controller state file {path} cannot be read: {why}",
         remedy="look at it (its timers and fatal servers); it is left as it is: move it aside to start with an "
                "empty state (the controller then forgets the servers it marked fatal and its cool-down)")
@@ -105,7 +105,7 @@ def unreadable(path: str | os.PathLike[str], why: str) -> StateUnreadable:
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """A controller's state file as its JSON object; None when there is none. One that is there but does
-    not read is an error (`StateUnreadable`), not an empty state: the round would save over it and forget
+    not read is an error (`StateFileError`), not an empty state: the round would save over it and forget
     the fatal servers and the cool-down it holds (the file is only ever replaced whole, by rename, so it
     is never cut short by a controller; what breaks it came from outside)."""
     try:
@@ -113,7 +113,7 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except PermissionError as exc:
-        raise StateUnreadable(f"the controller state file {path} cannot be read: {exc.strerror}",
+        raise StateFileError(f"the controller state file {path} cannot be read: {exc.strerror}",
                               remedy="run as the user the controller runs as (the file's owner)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise unreadable(path, getattr(exc, "strerror", None) or str(exc)) from None
@@ -132,7 +132,7 @@ def write_state(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
     try:
         write_atomic(path, json.dumps(doc, indent=1) + "\n")
     except OSError as exc:
-        raise StateUnreadable(f"cannot write the controller state file {path}: {exc.strerror or exc}",
+        raise StateFileError(f"cannot write the controller state file {path}: {exc.strerror or exc}",
                               remedy="pass --state in a writable directory, or free space there") from None
 
 

@@ -89,25 +89,28 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+# the state file's fields, checked: a wrong type loaded as is broke later (`list("http://a")` is its letters)
+def _is(v: Any, kind: type) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else kind)
+
+
 def _opt(st: dict[str, Any], key: str, kind: type) -> Any:
     v = st.get(key)
-    if v is None or (isinstance(v, kind) and not isinstance(v, bool)) or (kind is float and isinstance(v, int)
-                                                                          and not isinstance(v, bool)):
-        return v
-    raise TypeError(f"{key}: {v!r} is not a {kind.__name__}")
+    if v is not None and not _is(v, kind):
+        raise TypeError(f"{key}: {v!r} is not a {kind.__name__}")
+    return v
 
 
 def _urls(st: dict[str, Any], key: str) -> list[str]:
     v = st.get(key) or []
-    if not isinstance(v, list) or not all(isinstance(u, str) for u in v):
+    if not isinstance(v, list) or not all(_is(u, str) for u in v):
         raise TypeError(f"{key}: {v!r} is not a list of URLs")
     return list(v)
 
 
 def _mapping(st: dict[str, Any], key: str, kind: type) -> dict[str, Any]:
     v = st.get(key) or {}
-    if not isinstance(v, dict) or not all(isinstance(x, kind) or (kind is float and isinstance(x, int))
-                                          for x in v.values()):
+    if not isinstance(v, dict) or not all(_is(x, kind) for x in v.values()):
         raise TypeError(f"{key}: {v!r} is not a mapping to {kind.__name__}")
     return dict(v)
 

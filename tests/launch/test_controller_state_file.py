@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from infer_ctl.cli.main import main
-from infer_ctl.launch.control_loop import StateUnreadable
+from infer_ctl.launch.control_loop import StateFileError
 from infer_ctl.launch.pd_control import PdControlLoop
 from infer_ctl.launch.spec_control import SpecControlLoop
 from infer_ctl.profile.load import validate_profile_data
@@ -60,7 +60,7 @@ def test_a_state_broken_between_two_rounds_stops_the_loop_unsaved(tmp_path: Path
     loop._load_state()
     assert loop.state.fatal == ["http://10.0.0.11:30000"]
     before = _write(state, BROKEN["cut short"])
-    with pytest.raises(StateUnreadable):
+    with pytest.raises(StateFileError):
         loop.tick()
     assert state.read_bytes() == before
 
@@ -72,7 +72,7 @@ def test_spec_control_refuses_a_broken_state_and_keeps_it(text: str, tmp_path: P
     state = tmp_path / "s.json"
     state.write_text(text)
     args: dict[str, Any] = {"router_url": "http://127.0.0.1:1", "mode": "advise", "state_path": state}
-    with pytest.raises(StateUnreadable, match="cannot be read"):
+    with pytest.raises(StateFileError, match="cannot be read"):
         SpecControlLoop(validate_profile_data(SPEC), **args)
     assert state.read_text() == text
 
