@@ -58,9 +58,10 @@ def control(
 ) -> None:
     """Watch the pools' TTFT and ITL at the router; move one server between prefill and decode when the mix
     stays shifted (pd.control). Exit 0 nothing to do, 1 advice given or a server moved, 2 a switch failed or
-    was refused, 3 the router is unreachable or no round ran because another controller holds the lock
-    (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
+    was refused (or the state file or its lock cannot be used), 3 the router is unreachable or no round ran
+    because another controller holds the lock (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
     again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
+    from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
     from infer_ctl.launch.pd_switch import RoleSwitcher
     from infer_ctl.launch.router_hook import router_url
@@ -84,18 +85,19 @@ def control(
                          state_path=state or default_state_path(prof), client=client,
                          say=lambda m: None if json_out else sess.err.print(f"[dim]pd control: {m}[/dim]"))
     records: list[dict[str, Any]] = []
-    if once:
-        records = loop.tick()
-    else:
-        def show(batch: list[dict[str, Any]]) -> None:
-            records.extend(batch)
-            if not json_out:
-                _render(sess.out, batch)
 
+    def show(batch: list[dict[str, Any]]) -> None:
+        records.extend(batch)
+        if not json_out and not once:
+            _render(sess.out, batch)
+
+    # a signal lets the round end (a switch cut half way leaves its server drained, unrecorded)
+    with StopAfterRound(loop.say).installed() as stopping:
         try:
-            loop.run(interval, on_records=show)
-        except KeyboardInterrupt:
-            pass
+            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show)
+        except KeyboardInterrupt:  # the second signal
+            if once:
+                raise
     acted = [r for r in records if r["action"] in ("advise", "switch", "cover", "restore", "failed", "refused")]
     code = (ExitCode.FAIL if any(r["action"] in ("failed", "refused") for r in records) else
             ExitCode.WARN if acted else ExitCode.OK)
@@ -113,8 +115,8 @@ def clear_fatal(
 ) -> None:
     """Let `pd control` switch servers again whose rebuild failed (`fatal`), after you restarted them. The
     controller clears one by itself when it sees the restart (down at the router, then healthy and undrained);
-    this is for a restart it did not see. Exit 0 cleared, 1 a URL named was not fatal, 3 another controller
-    held the lock for 30 s (its round did not end)."""
+    this is for a restart it did not see. Exit 0 cleared, 1 a URL named was not fatal, 2 the state file
+    or its lock cannot be used, 3 another controller held the lock for 30 s (its round did not end)."""
     from infer_ctl.launch.control_loop import skip_line
     from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
     from infer_ctl.launch.router_hook import router_url
@@ -123,7 +125,10 @@ def clear_fatal(
     if bool(urls) == all_:
         raise UsageError("name the servers to clear, or pass --all-fatal", remedy="e.g. inferctl pd clear-fatal http://10.0.0.11:30000")
     loop = PdControlLoop(prof, router_url=router_url(prof), mode="advise", state_path=state or default_state_path(prof))
-    got = loop.clear_fatal(None if all_ else list(urls or []))
+    # as the router spells a worker (router/control/admin_http.py norm_url): `10.0.0.11:30000/` named the
+    # fatal http://10.0.0.11:30000 and was answered "not fatal", exit 1, leaving it fatal
+    named = [(router_base_url(u.strip()) or "").rstrip("/") for u in urls or []]
+    got = loop.clear_fatal(None if all_ else named)
     if got is None:
         skip = loop.last_skip or {}
         finish(sess, Report("pd clear-fatal", prof.name, data={"cleared": [], "skipped": skip},

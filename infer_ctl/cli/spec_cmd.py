@@ -51,8 +51,10 @@ def control(
     json_out: JsonOpt = False,
 ) -> None:
     """Watch the router's acceptance per decode pool; advise or act (speculative.control). Exit 0 nothing to
-    do, 1 advice given or a pool changed, 2 a relaunch failed, 3 the router is unreachable or no round ran
-    because another controller holds the lock (--json: `skipped` names the lock and its holder)."""
+    do, 1 advice given or a pool changed, 2 a relaunch failed (or the state file or its lock cannot be used),
+    3 the router is unreachable or no round ran because another controller holds the lock (--json: `skipped`
+    names the lock and its holder)."""
+    from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.router_hook import router_url
     from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path
     from infer_ctl.launch.spec_relaunch import SshRelauncher
@@ -70,18 +72,19 @@ def control(
                            state_path=state or default_state_path(prof),
                            say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {m}[/dim]"))
     records: list[dict[str, Any]] = []
-    if once:
-        records = loop.tick()
-    else:
-        def show(batch: list[dict[str, Any]]) -> None:
-            records.extend(batch)
-            if not json_out:
-                _render(sess.out, batch)
 
+    def show(batch: list[dict[str, Any]]) -> None:
+        records.extend(batch)
+        if not json_out and not once:
+            _render(sess.out, batch)
+
+    # a signal lets the round end (a switch cut half way leaves its server drained, unrecorded)
+    with StopAfterRound(loop.say).installed() as stopping:
         try:
-            loop.run(interval, on_records=show)
-        except KeyboardInterrupt:
-            pass
+            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show)
+        except KeyboardInterrupt:  # the second signal
+            if once:
+                raise
     code = (ExitCode.FAIL if any(r["action"] == "failed" for r in records) else
             ExitCode.WARN if records else ExitCode.OK)
     decisions = list(loop.last_round.values())

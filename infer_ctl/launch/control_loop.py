@@ -4,17 +4,21 @@ and appended to the history file, the round loop, and one round at a time per st
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import signal
 import socket
+import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infer_ctl.atomicfile import append_line
+from infer_ctl.atomicfile import append_line, write_atomic
 from infer_ctl.errors import InferctlError
 
 
@@ -47,7 +51,89 @@ def run_rounds(tick: Callable[[], list[dict[str, Any]]], interval_s: float, *, r
         n += 1
         if rounds is not None and n >= rounds:
             break
-        time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        end = started + interval_s
+        while not stop() and (left := end - time.monotonic()) > 0:  # a stop asked meanwhile: now
+            time.sleep(min(left, 0.2))
+
+
+class StopAfterRound:
+    """SIGTERM (systemd's stop) or SIGINT (Ctrl-C) while a controller runs: the round in progress finishes,
+    then the loop stops (`stop`, for `run_rounds`). Cut at once, a switch or relaunch left its server
+    drained half way, in no record, and the state unsaved (no cool-down, no `fatal`); the next round took
+    the drained server for one down. A second signal stops at once (KeyboardInterrupt)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.requested = False
+
+    def stop(self) -> bool:
+        return self.requested
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.say(f"{signal.Signals(signum).name}: stopping once this round ends (again: at once)")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopAfterRound]:
+        """The handlers, for the `with` block (the main thread only: elsewhere Python has no handlers)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in old:
+            signal.signal(sig, self._handler)
+        try:
+            yield self
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+
+class StateFileError(InferctlError):
+    """The state file is there but is not the controller's JSON (cut short, edited, another file), or it
+    cannot be read or written."""
+
+
+def unreadable(path: str | os.PathLike[str], why: str) -> StateFileError:
+    return StateFileError(
+        f"the controller state file {path} cannot be read: {why}",
+        remedy="look at it (its timers and fatal servers); it is left as it is: move it aside to start with an "
+               "empty state (the controller then forgets the servers it marked fatal and its cool-down)")
+
+
+def read_state(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A controller's state file as its JSON object; None when there is none. One that is there but does
+    not read is an error (`StateFileError`), not an empty state: the round would save over it and forget
+    the fatal servers and the cool-down it holds (the file is only ever replaced whole, by rename, so it
+    is never cut short by a controller; what breaks it came from outside)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        raise StateFileError(f"the controller state file {path} cannot be read: {exc.strerror}",
+                              remedy="run as the user the controller runs as (the file's owner)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise unreadable(path, getattr(exc, "strerror", None) or str(exc)) from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise unreadable(path, f"not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise unreadable(path, "not a JSON object")
+    return doc
+
+
+def write_state(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    """The state file replaced whole (atomicfile.write_atomic: a kill mid-write leaves the old one); one
+    that cannot be written (a read-only or full filesystem) is an error naming it, not an internal error."""
+    try:
+        write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    except OSError as exc:
+        raise StateFileError(f"cannot write the controller state file {path}: {exc.strerror or exc}",
+                              remedy="pass --state in a writable directory, or free space there") from None
 
 
 def skip_line(skip: dict[str, Any]) -> str:
@@ -56,6 +142,55 @@ def skip_line(skip: dict[str, Any]) -> str:
     who = f"another controller (pid {h.get('pid')} on {h.get('host')}, since {h.get('since')})" if h else \
         "another controller"
     return f"skipped: {who} holds {skip['lock']}: this round did not run"
+
+
+#: the most of a lock file read for its holder: the holder writes ~80 bytes; a huge file (not ours) is not
+#: read whole
+HOLDER_MAX_BYTES = 4096
+
+
+class LockUnusable(InferctlError):
+    """`<state>.lock` cannot be opened or locked: a symlink, not a file, a directory that refuses it."""
+
+
+def _open_lock(path: str) -> int:
+    """The lock file, opened read-write (created if absent). A symbolic link is refused, not followed: the
+    holder truncates and rewrites the file, which through a link is whatever file it points to. Not a
+    regular file (a FIFO, a device) is refused too: a reader of its holder would block."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if os.path.islink(path):
+            why = "it is a symbolic link (not followed: the lock's holder rewrites the file)"
+        elif exc.errno in (errno.EACCES, errno.EPERM):
+            # not "remove it": a controller running meanwhile keeps its flock on the old file, and the
+            # next one locks the new file: two rounds at once
+            raise LockUnusable(f"cannot use the controller lock {path}: {exc.strerror}",
+                               remedy="run as the user the controller runs as (the lock's owner)") from None
+        else:
+            why = exc.strerror or str(exc)
+        raise LockUnusable(f"cannot use the controller lock {path}: {why}",
+                           remedy=f"remove {path} (or pass another --state); it is recreated as a plain file") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LockUnusable(f"cannot use the controller lock {path}: not a regular file",
+                           remedy=f"remove {path} (or pass another --state); it is recreated as a plain file")
+    return fd
+
+
+def _alive_here(holder: dict[str, Any]) -> bool:
+    """False only when the holder ran on this host and its pid is gone: left by a holder killed -9 and read
+    in the instant before the new holder wrote itself over it."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass  # alive, another user's
+    return True
 
 
 class LockedRounds:
@@ -80,8 +215,13 @@ class LockedRounds:
         if self.state_path is None:
             yield True
             return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f"{self.state_path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = f"{self.state_path}.lock"
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LockUnusable(f"cannot create the state directory {self.state_path.parent}: {exc.strerror}",
+                               remedy="pass --state in a writable directory") from None
+        fd = _open_lock(lock)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,12 +242,21 @@ class LockedRounds:
             os.close(fd)
 
     def _holder(self) -> dict[str, Any] | None:
-        """Who holds the lock, as it wrote it (None: unknown: an older controller, or caught mid-write)."""
+        """Who holds the lock, as it wrote it (None: unknown: an older controller, caught mid-write, or what
+        a holder killed -9 left, read before the new holder wrote itself over it: its pid is gone)."""
         try:
-            doc = json.loads(Path(f"{self.state_path}.lock").read_text(encoding="utf-8"))
+            fd = os.open(f"{self.state_path}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            doc = json.loads(os.pread(fd, HOLDER_MAX_BYTES, 0).decode("utf-8"))
         except (OSError, ValueError):
             return None
-        return doc if isinstance(doc, dict) else None
+        finally:
+            os.close(fd)
+        return doc if isinstance(doc, dict) and _alive_here(doc) else None
 
     def _locked_out(self) -> dict[str, Any]:
         """Note that the lock was held by another: `last_skip`, returned."""

@@ -20,10 +20,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.pd.control import Counters, Observation, Server, Settings, State, decide, switched, window
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import LockedRounds, post_action, run_rounds
+from infer_ctl.launch.control_loop import (
+    LockedRounds,
+    post_action,
+    read_state,
+    run_rounds,
+    unreadable,
+    write_state,
+)
 from infer_ctl.launch.pd_switch import SwitchResult
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
@@ -83,6 +89,32 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return out
 
 
+# the state file's fields, checked: a wrong type loaded as is broke later (`list("http://a")` is its letters)
+def _is(v: Any, kind: type) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float) if kind is float else kind)
+
+
+def _opt(st: dict[str, Any], key: str, kind: type) -> Any:
+    v = st.get(key)
+    if v is not None and not _is(v, kind):
+        raise TypeError(f"{key}: {v!r} is not a {kind.__name__}")
+    return v
+
+
+def _urls(st: dict[str, Any], key: str) -> list[str]:
+    v = st.get(key) or []
+    if not isinstance(v, list) or not all(_is(u, str) for u in v):
+        raise TypeError(f"{key}: {v!r} is not a list of URLs")
+    return list(v)
+
+
+def _mapping(st: dict[str, Any], key: str, kind: type) -> dict[str, Any]:
+    v = st.get(key) or {}
+    if not isinstance(v, dict) or not all(_is(x, kind) for x in v.values()):
+        raise TypeError(f"{key}: {v!r} is not a mapping to {kind.__name__}")
+    return dict(v)
+
+
 class PdControlLoop(LockedRounds):
     def __init__(self, profile: Profile, *, router_url: str, mode: str, switcher: Switcher | None = None,
                  history: str | os.PathLike[str] | None = None, state_path: str | os.PathLike[str] | None = None,
@@ -107,24 +139,32 @@ class PdControlLoop(LockedRounds):
 
     # ---- state that outlives the process ---------------------------------------------------------
     def _load_state(self) -> None:
-        if self.state_path is None or not self.state_path.exists():
+        """The state file's, when there is one; one that does not read is an error (`read_state`), left as
+        it is, not replaced by an empty state that forgets the fatal servers."""
+        if self.state_path is None:
+            return
+        doc = read_state(self.state_path)
+        if doc is None:
             return
         try:
-            doc = json.loads(self.state_path.read_text(encoding="utf-8"))
             st = doc["state"]
-            self.state = State(st.get("want"), st.get("since"), st.get("last_switch_at"), list(st.get("fatal") or []),
-                               dict(st.get("covers") or {}), dict(st.get("queue_ema") or {}),
-                               list(st.get("fatal_down") or []))
-            c = doc.get("counters")
-            self.prev = Counters(**c) if isinstance(c, dict) else self.prev
-        except (OSError, ValueError, KeyError, TypeError):
-            return
+            state = State(_opt(st, "want", str), _opt(st, "since", float), _opt(st, "last_switch_at", float),
+                          _urls(st, "fatal"), _mapping(st, "covers", str), _mapping(st, "queue_ema", float),
+                          _urls(st, "fatal_down"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise unreadable(self.state_path, f"not a pd control state ({type(exc).__name__}: {exc})") from None
+        c = doc.get("counters")
+        try:
+            prev = Counters(**c) if isinstance(c, dict) else self.prev
+        except TypeError:  # another version's counters: only the window's start, which starts over
+            prev = self.prev
+        self.state, self.prev = state, prev
 
     def _save_state(self) -> None:
         if self.state_path is None:
             return
         doc = {"state": asdict(self.state), "counters": asdict(self.prev) if self.prev else None}
-        write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n")
+        write_state(self.state_path, doc)
 
     # ---- one round ---------------------------------------------------------------------------------
     def observe(self) -> Observation:

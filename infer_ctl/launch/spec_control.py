@@ -17,7 +17,6 @@ state file, so a restarted controller still honours the cool-down; one round at 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -25,12 +24,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from infer_ctl.atomicfile import write_atomic
 from infer_ctl.core.sglang import instances
 from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolChange, PoolObservation, PoolState
 from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, pools
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import LockedRounds, post_action, run_rounds
+from infer_ctl.launch.control_loop import (
+    LockedRounds,
+    post_action,
+    read_state,
+    run_rounds,
+    unreadable,
+    write_state,
+)
 from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
@@ -123,26 +128,34 @@ class SpecControlLoop(LockedRounds):
 
     # ---- state that outlives the process ---------------------------------------------------------
     def _load_state(self) -> None:
-        if self.state_path is None or not self.state_path.exists():
+        if self.state_path is None:
+            return
+        doc = read_state(self.state_path)  # one that does not read is an error, not a cool-down forgotten
+        if doc is None:
             return
         try:
-            doc = json.loads(self.state_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return
-        self.controller.last_change_at = doc.get("last_change_at")
-        for name, st in (doc.get("pools") or {}).items():
-            if name in self.pools and isinstance(st, dict):
-                changed = st.get("changed")
-                self.controller.states[name] = PoolState(
-                    st.get("below_since"), st.get("above_since"),
-                    (changed[0], tuple(changed[1]) if changed[1] else None) if changed else None)
+            last = doc.get("last_change_at")
+            if last is not None and not isinstance(last, int | float):
+                raise TypeError(f"last_change_at: {last!r} is not a time")
+            states = {}
+            for name, st in (doc.get("pools") or {}).items():
+                if name in self.pools and isinstance(st, dict):
+                    changed = st.get("changed")
+                    states[name] = PoolState(
+                        st.get("below_since"), st.get("above_since"),
+                        (int(changed[0]), tuple(int(n) for n in changed[1]) if changed[1] else None) if changed
+                        else None)
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            raise unreadable(self.state_path, f"not a spec control state ({type(exc).__name__}: {exc})") from None
+        self.controller.last_change_at = last
+        self.controller.states.update(states)
 
     def _save_state(self) -> None:
         if self.state_path is None:
             return
         doc = {"last_change_at": self.controller.last_change_at,
                "pools": {k: asdict(v) for k, v in self.controller.states.items()}}
-        write_atomic(self.state_path, json.dumps(doc, indent=1) + "\n")
+        write_state(self.state_path, doc)
 
     # ---- one round ---------------------------------------------------------------------------------
     def observe(self) -> list[PoolObservation]:

@@ -105,3 +105,19 @@ def test_a_released_lock_names_no_holder(tmp_path: Path) -> None:
         held = loop._holder()
         assert held is not None and held["pid"] == os.getpid() and held["host"] == socket.gethostname()
     assert loop._holder() is None
+
+
+@pytest.mark.parametrize("typed", ["http://10.0.0.11:30000/", "10.0.0.11:30000", " http://10.0.0.11:30000 "])
+def test_clear_fatal_takes_a_url_as_the_router_spells_it(typed: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # the router keeps a worker's URL without a trailing slash and with http:// (admin_http.norm_url): the
+    # same server typed otherwise was "not fatal", exit 1, and stayed fatal
+    path, state = tmp_path / "p.yaml", tmp_path / "s.json"
+    path.write_text(yaml.safe_dump(PROFILE))
+    prof = validate_profile_data(PROFILE)
+    loop = PdControlLoop(prof, router_url="http://127.0.0.1:1", mode="advise", state_path=state)
+    loop.state.fatal = ["http://10.0.0.11:30000"]
+    loop._save_state()
+    assert main(["pd", "clear-fatal", "-p", str(path), "--state", str(state), "--json", typed]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["cleared"], doc["not_fatal"], doc["fatal"]) == (["http://10.0.0.11:30000"], [], [])
