@@ -13,7 +13,12 @@ hit, which beats a cold worker of equal load. After the decision
 (`routed`), the prompt is queued for anchoring, which runs in a background task, newest first when it
 falls behind (a prompt the queue drops is anchored the next time it comes).
 
-Anchoring (the tables, the background task, the first sight) is router/kvindex/kv_anchoring.py.
+First sight (`lookup`): a prompt no request through this router anchored deeply enough is anchored on
+the request path, within a time budget. Its prefix may have reached a worker past this router (another
+replica or router process, another frontend, a direct call), and the lookup after it finds that; else
+it is new to the fleet and this cost a few ms once.
+
+Anchoring (the tables, the background task, the first sight's build) is router/kvindex/kv_anchoring.py.
 """
 
 from __future__ import annotations
@@ -200,19 +205,10 @@ class KvRouting:
     def lookup(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int], urls: Sequence[str],
                threshold: float) -> tuple[dict[str, int], int]:
         """The request path's one pass (picker.py `_exact`): first sight, then `cached` (tier-weighted),
-        with the prompt's kind, keys and anchor depth per key space worked out once for both.
-
-        First sight: a prompt whose anchors cover under `threshold` of its blocks in some exact worker's
-        space (no worker could qualify as its holder on them), while some exact worker holds blocks at
-        all, is anchored now, within `first_sight_budget` of this process's time. Its prefix may have
-        reached a worker past this router: through another replica or router process ("Several
-        replicas", "Several processes"), another frontend, or a direct call; the lookup after this
-        finds it. Otherwise it is new to the fleet and this cost a few ms once. A long prompt is
-        tokenized off the loop only (the anchoring thread's).
-
-        One pass because the request path runs on a cache-cold machine (docs/benchmarks.md, session
-        12): every function and object it touches costs a miss, so the check and the lookup share
-        what they read."""
+        sharing the prompt's kind, keys and anchor depths (the check and the lookup read the same
+        anchors). First sight (module docstring): a prompt some exact worker's anchors cover
+        under `threshold` of, while some exact worker holds blocks at all, is anchored now, within
+        `first_sight_budget` of this process's time; a long one only off the loop (HOLD_CHARS)."""
         fk = full_key(hashes, text, self.block_chars)
         if self.view is None:
             return {}, fk
