@@ -166,20 +166,29 @@ def wrk(url: str, connections: int, threads: int, duration: int, script: str) ->
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all its threads) and its descendants, from /proc."""
-    total = 0.0
+def proc_stats(pid: int) -> tuple[float, int]:
+    """User + system CPU seconds and context switches (voluntary and not) of a process (all its threads)
+    and its descendants, from /proc. Context switches per request say how often a router slept and woke
+    for a request instead of finding several ready at once: each costs a wake-up and a cache refilled."""
+    cpu, switches = 0.0, 0
     todo = [pid]
     while todo:
         p = todo.pop()
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK
-            todo += [int(c) for t in Path(f"/proc/{p}/task").iterdir()
-                     for c in (t / "children").read_text().split()]
+            cpu += (int(fields[11]) + int(fields[12])) / _TICK
+            for t in Path(f"/proc/{p}/task").iterdir():
+                for line in (t / "status").read_text().splitlines():
+                    if "ctxt_switches:" in line:
+                        switches += int(line.split()[1])
+                todo += [int(c) for c in (t / "children").read_text().split()]
         except (OSError, IndexError, ValueError):
             continue
-    return total
+    return cpu, switches
+
+
+def cpu_seconds(pid: int) -> float:
+    return proc_stats(pid)[0]
 
 
 INFERCTL = "inferctl router"
@@ -367,7 +376,7 @@ def main() -> None:
                 cwd=checkout, env={**os.environ, "INFERCTL_ROUTER_TOKEN": "", "PYTHONPATH": str(checkout)}))
         if args.processes:
             port = free_port()
-            # CPU counted over the supervisor and its router processes (cpu_seconds follows the children)
+            # CPU counted over the supervisor and its router processes (proc_stats follows the children)
             targets[MULTI] = (f"http://127.0.0.1:{port}", start(
                 [sys.executable, "-m", "infer_ctl", "router", "serve", "--listen", f"127.0.0.1:{port}",
                  "--prefill", f"{pre}@{bp}", "--decode", dec, "--log-level", "warning",
@@ -399,7 +408,7 @@ def main() -> None:
             port = free_port()
             conf = tmp / "nginx.conf"
             conf.write_text(NGINX_CONF.format(workers=os.cpu_count() or 1, tmp=tmp, dp=dp, pp=pp, port=port))
-            # CPU counted over the master and its workers (cpu_seconds follows the children)
+            # CPU counted over the master and its workers (proc_stats follows the children)
             targets[FLOOR] = (f"http://127.0.0.1:{port}", start(["nginx", "-c", str(conf), "-p", str(tmp), "-e", str(tmp / "error.log")]))
         np_ = free_port()
         targets["naive aiohttp proxy"] = (f"http://127.0.0.1:{np_}",
@@ -423,9 +432,11 @@ def main() -> None:
             for name in order:
                 url, proc = targets[name]
                 c1 = wrk(url + "/generate", 1, 1, args.duration, str(script))
-                cpu0 = cpu_seconds(proc.pid)
+                cpu0, cs0 = proc_stats(proc.pid)
                 many = wrk(url + "/generate", args.connections, 2, args.duration, str(script))
-                many["cpu_us_per_req"] = (cpu_seconds(proc.pid) - cpu0) / many["requests"] * 1e6
+                cpu1, cs1 = proc_stats(proc.pid)
+                many["cpu_us_per_req"] = (cpu1 - cpu0) / many["requests"] * 1e6
+                many["switches_per_req"] = (cs1 - cs0) / many["requests"]
                 runs[name].append({"c1": c1, ck: many})
         load_after = os.getloadavg()
 
@@ -442,6 +453,7 @@ def main() -> None:
                          "added_p50_ms": med(name, "c1", "p50_ms") - med(direct_name, "c1", "p50_ms"),
                          "added_p99_ms": med(name, "c1", "p99_ms") - med(direct_name, "c1", "p99_ms"),
                          "rps": med(name, ck, "rps"), "cpu_us_per_req": med(name, ck, "cpu_us_per_req"),
+                         "switches_per_req": med(name, ck, "switches_per_req"),
                          "errors": sum(r["c1"]["errors"] + r[ck]["errors"] for r in runs[name])})
         ratio = med(INFERCTL, ck, "rps") / med(SGLANG, ck, "rps")
         cpu_ratio = med(SGLANG, ck, "cpu_us_per_req") / med(INFERCTL, ck, "cpu_us_per_req")
@@ -454,6 +466,11 @@ def main() -> None:
             doc["processes"] = args.processes
             doc["rps_ratio_processes_vs_sglang"] = med(MULTI, ck, "rps") / med(SGLANG, ck, "rps")
             doc["per_repetition_ratios_processes"] = per_rep(MULTI, SGLANG, ck, "rps")
+            # issue 27's bar: CPU per request at N processes within 1.15x of one process
+            doc["cpu_ratio_processes_vs_one"] = {
+                "per_repetition": (reps := per_rep(MULTI, INFERCTL, ck, "cpu_us_per_req")),
+                "median_of_ratios": statistics.median(reps),
+                "ratio_of_medians": med(MULTI, ck, "cpu_us_per_req") / med(INFERCTL, ck, "cpu_us_per_req")}
         if args.floor:
             doc["rps_ratio_floor_vs_sglang"] = med(FLOOR, ck, "rps") / med(SGLANG, ck, "rps")
             doc["per_repetition_ratios_floor"] = per_rep(FLOOR, SGLANG, ck, "rps")
@@ -484,10 +501,10 @@ def main() -> None:
         for name, src in sources.items():
             print(f"{name}: {src}")
         print(f"{'target':28} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {ck + ' req/s':>11} "
-              f"{'CPU us/req':>10} {'errors':>7}")
+              f"{'CPU us/req':>10} {'cs/req':>6} {'errors':>7}")
         for r in rows:
             print(f"{r['target']:28} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['added_p50_ms']:8.3f} {r['added_p99_ms']:8.3f} "
-                  f"{r['rps']:11.0f} {r['cpu_us_per_req']:10.0f} {r['errors']:7.0f}")
+                  f"{r['rps']:11.0f} {r['cpu_us_per_req']:10.0f} {r['switches_per_req']:6.2f} {r['errors']:7.0f}")
         print(f"inferctl / {SGLANG} requests/s: {ratio:.2f}x (per repetition: "
               + ", ".join(f"{x:.2f}" for x in sg_reps) + ")")
         print(f"{SGLANG} CPU per request / inferctl CPU per request: {cpu_ratio:.2f}x "
@@ -496,6 +513,10 @@ def main() -> None:
             print(f"inferctl with {args.processes} processes / {SGLANG} requests/s: "
                   f"{doc['rps_ratio_processes_vs_sglang']:.2f}x (per repetition: "
                   + ", ".join(f"{x:.2f}" for x in doc["per_repetition_ratios_processes"]) + ")")  # type: ignore[attr-defined]
+            cr = doc["cpu_ratio_processes_vs_one"]
+            assert isinstance(cr, dict)
+            print(f"CPU per request, {args.processes} processes / one: ratio of medians {cr['ratio_of_medians']:.2f}x "
+                  "(per repetition: " + ", ".join(f"{x:.2f}" for x in cr["per_repetition"]) + ")")
         if args.floor:
             print(f"nginx PD fan-out (no routing) / {SGLANG} requests/s: {doc['rps_ratio_floor_vs_sglang']:.2f}x "
                   "(per repetition: " + ", ".join(f"{x:.2f}" for x in doc["per_repetition_ratios_floor"]) + ")")  # type: ignore[attr-defined]
