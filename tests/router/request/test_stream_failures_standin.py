@@ -9,6 +9,7 @@ Real: the router, its upstream client, its retry loop and SSE relay."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.http import h1
 from tests.router.standin_apps import serve_apps
 
 
@@ -67,6 +69,10 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
         await resp.write(b'data: {"text": "a", "meta_info": {"completion_tokens": 1}}\n\n')
         if behaviour == "first_then_stall":  # a token, then nothing within the request timeout
             await asyncio.sleep(1.5)
+        if behaviour == "done_then_stall":  # the whole answer, then the end of the response past the timeout
+            await resp.write(b"data: [DONE]\n\n")
+            await asyncio.sleep(1.5)
+            return resp
         if behaviour == "die_after_first_byte":
             await asyncio.sleep(0.05)
             request.transport.close()  # type: ignore[union-attr]
@@ -90,7 +96,7 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
 def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
     with serve_apps(app, ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500",
                           "abort_400", "ids_a", "ids_b", "head_then_slow", "head_then_stall",
-                          "first_then_stall")) as urls:
+                          "first_then_stall", "done_then_stall")) as urls:
         yield urls
 
 
@@ -262,3 +268,42 @@ def test_a_request_timeout_after_the_first_token_is_counted_as_its_504(upstreams
         m = httpx.get(router.url + "/metrics").text
         assert 'inferctl_router_requests_total{endpoint="/generate",status="504"} 1.0' in m
         assert 'inferctl_router_requests_total{endpoint="/generate",status="200"}' not in m
+
+
+def test_a_request_timeout_after_done_went_out_is_a_success_with_no_error_event(upstreams) -> None:
+    # the client has the whole answer ([DONE]; the worker's end of response is late): as a break after
+    # [DONE] (relay.py), a success - counted 200, and no error event after the [DONE]
+    pre, _ = upstreams["prefill"]
+    late, _ = upstreams["done_then_stall"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[late], request_timeout_s=0.5, health_interval_s=60)
+    with start_router_in_thread(cfg) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a" and lines[1:] == ["[DONE]"], lines
+        m = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="200"} 1.0' in m
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="504"}' not in m
+
+
+def test_a_client_gone_right_after_the_error_event_still_counts_the_502(upstreams, monkeypatch) -> None:
+    # the worker's stream broke first: the client closing as its error event goes out (the OpenAI SDK
+    # raises on it and closes) does not turn the router's 502 into the client's own 499. The close is
+    # scripted (the end of the response fails as on a closed connection): a real one lands there only
+    # when the client's socket is backed up
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    real_eof = h1.StreamResponse.write_eof
+
+    async def gone_after_error(self: h1.StreamResponse) -> None:
+        if self.outcome is not None:
+            raise ConnectionResetError("client disconnected")
+        await real_eof(self)
+
+    monkeypatch.setattr(h1.StreamResponse, "write_eof", gone_after_error)
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
+        with contextlib.suppress(httpx.HTTPError):
+            stream(router.url)
+        deadline = time.monotonic() + 5
+        while 'status="502"' not in (m := httpx.get(router.url + "/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in m
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="499"}' not in m
