@@ -254,10 +254,11 @@ class Router:
             # it failed as a whole, as without the head - the same 504, its log line and rejected count
             # (`committed` turns it into the stream's error event)
             # Once its [DONE] went out (`delivered`: only the worker's end of response was late) the client
-            # has the whole answer: a success, as a break after [DONE] is (relay.py), with no error event
+            # has the whole answer: a success, as a break after [DONE] is (relay.py), with no error event;
+            # nor a second one after the relay's own (`outcome`: its 502 waited on a backed-up client)
             if ctx.resp is not None and ctx.resp.prepared and ctx.resp.body_started:
                 with contextlib.suppress(Exception):
-                    if not ctx.resp.delivered:
+                    if not ctx.resp.delivered and ctx.resp.outcome is None:
                         ctx.resp.outcome = 504  # counted, logged and traced as the 504 its error event says
                         await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()

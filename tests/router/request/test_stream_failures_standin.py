@@ -307,3 +307,27 @@ def test_a_client_gone_right_after_the_error_event_still_counts_the_502(upstream
             time.sleep(0.05)
         assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in m
         assert 'inferctl_router_requests_total{endpoint="/generate",status="499"}' not in m
+
+
+def test_a_request_timeout_while_the_502_event_waits_on_the_client_adds_no_second_event(upstreams, monkeypatch) -> None:
+    # the worker's stream broke; its error event is written (the socket's buffer has it) but the
+    # client's socket is backed up, and the request timeout fires meanwhile: the stream ends as it
+    # was going to (one error event, the 502), not with a 504 event after that one's [DONE]
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    real_write = h1.StreamResponse.write
+
+    async def backed_up(self: h1.StreamResponse, data: bytes, last: bool = False) -> None:
+        await real_write(self, data, last)
+        if self.outcome == 502 and b'"code":502' in data:
+            await asyncio.sleep(2)  # the drain of a client not reading
+
+    monkeypatch.setattr(h1.StreamResponse, "write", backed_up)
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad], request_timeout_s=0.5, health_interval_s=60)
+    with start_router_in_thread(cfg) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a"
+        assert json.loads(lines[1])["error"]["code"] == 502 and lines[2:] == ["[DONE]"], lines
+        m = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in m
+        assert 'status="504"' not in m
