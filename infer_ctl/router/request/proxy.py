@@ -260,6 +260,8 @@ class Router:
                 with contextlib.suppress(Exception):
                     if not ctx.resp.delivered and ctx.resp.outcome is None:
                         ctx.resp.outcome = 504  # counted, logged and traced as the 504 its error event says
+                        log.warning("request failed", extra={"rid": rid, "endpoint": endpoint, "status": 504,
+                                                             "error": "request timed out after its stream began"})
                         await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()
                 return ctx.resp

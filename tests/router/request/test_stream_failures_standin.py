@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Iterator
 
@@ -167,14 +168,17 @@ def test_a_stream_cut_after_its_first_event_continues_in_the_modes_other_streams
         assert [e["meta_info"]["completion_tokens"] for e in events] == [1, 2, 3]
 
 
-def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(upstreams) -> None:
+def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(upstreams, caplog) -> None:
     pre, _ = upstreams["prefill"]
     bad, calls = upstreams["die_after_first_byte"]
     before = calls["n"]
     with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
-        lines = stream(router.url)
+        with caplog.at_level(logging.WARNING, logger="infer_ctl.router"):
+            lines = stream(router.url)
         assert json.loads(lines[0])["text"] == "a"
         assert "error" in json.loads(lines[-2]) and lines[-1] == "[DONE]"
+        broke = [r for r in caplog.records if r.getMessage() == "stream broke after first byte"]
+        assert [getattr(r, "status", None) for r in broke] == [502]
         assert calls["n"] == before + 1  # exactly one attempt: bytes had reached the client
         metrics = httpx.get(router.url + "/metrics").text
         assert "inferctl_router_stream_errors_total 1.0" in metrics
@@ -257,12 +261,16 @@ def test_a_request_timeout_after_an_early_head_is_a_504_error_event(upstreams) -
         assert 'status="504"} 1.0' in m
 
 
-def test_a_request_timeout_after_the_first_token_is_counted_as_its_504(upstreams) -> None:
+def test_a_request_timeout_after_the_first_token_is_counted_as_its_504(upstreams, caplog) -> None:
     pre, _ = upstreams["prefill"]
     stall, _ = upstreams["first_then_stall"]
     cfg = router_config(prefill=[(pre, 1)], decode=[stall], request_timeout_s=0.5, health_interval_s=60)
     with start_router_in_thread(cfg) as router:
-        lines = stream(router.url)
+        with caplog.at_level(logging.WARNING, logger="infer_ctl.router"):
+            lines = stream(router.url)
+        # its log line says so too, as the 504 before the first token does
+        logged = [r for r in caplog.records if r.getMessage() == "request failed"]
+        assert [getattr(r, "status", None) for r in logged] == [504], caplog.records
         assert json.loads(lines[0])["text"] == "a"
         assert json.loads(lines[1])["error"]["code"] == 504 and lines[2:] == ["[DONE]"]
         m = httpx.get(router.url + "/metrics").text
