@@ -87,7 +87,8 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
         return web.json_response({})
 
     a = web.Application()
-    a.router.add_post("/generate", generate)
+    for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
+        a.router.add_post(path, generate)
     for path in ("/health", "/server_info", "/v1/loads"):
         a.router.add_get(path, ok)
     return a
@@ -339,3 +340,39 @@ def test_a_request_timeout_while_the_502_event_waits_on_the_client_adds_no_secon
         m = httpx.get(router.url + "/metrics").text
         assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in m
         assert 'status="504"' not in m
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
+def test_an_openai_stream_broken_after_its_first_token_counts_502_on_its_endpoint(upstreams, endpoint: str) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    body = {"model": "m", "stream": True, **({"messages": [{"role": "user", "content": "x"}]}
+                                             if "chat" in endpoint else {"prompt": "x"})}
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
+        with httpx.stream("POST", router.url + endpoint, json=body, timeout=20) as r:
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert json.loads(lines[-2])["error"]["code"] == 502 and lines[-1] == "[DONE]", lines
+        m = httpx.get(router.url + "/metrics").text
+        assert f'inferctl_router_requests_total{{endpoint="{endpoint}",status="502"}} 1.0' in m
+        assert 'status="200"' not in m.split("inferctl_router_requests_total", 1)[1].split("# HELP")[0]
+
+
+def test_a_tenants_stream_broken_after_its_first_token_is_its_error_and_keeps_its_charge(upstreams) -> None:
+    from infer_ctl.router.observe.tenants import TenantSpec, key_digest
+
+    key = "sk-tenant-a"
+    tenants = [TenantSpec("a", key_digest(key), max_concurrency=1, tokens_per_min=6000)]
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 1000}}
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60, tenants=tenants)
+    with start_router_in_thread(cfg) as router:
+        with httpx.stream("POST", router.url + "/generate", json=body, timeout=20,
+                          headers={"authorization": f"Bearer {key}"}) as r:
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert json.loads(lines[-2])["error"]["code"] == 502
+        snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
+        # the worker computed: its reservation (1,000 tokens and the prompt) stays charged, and the
+        # failure is the tenant's error, its slot given back
+        assert snap["inflight"] == 0 and snap["errors"] == 1, snap
+        assert snap["buckets"]["tokens"] < 5100, snap
