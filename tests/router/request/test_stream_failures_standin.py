@@ -70,6 +70,11 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
         await resp.write(b'data: {"text": "a", "meta_info": {"completion_tokens": 1}}\n\n')
         if behaviour == "first_then_stall":  # a token, then nothing within the request timeout
             await asyncio.sleep(1.5)
+        if behaviour == "done_then_die":  # the whole answer, then the connection drops before its end
+            await resp.write(b"data: [DONE]\n\n")
+            await asyncio.sleep(0.05)
+            request.transport.close()  # type: ignore[union-attr]
+            return resp
         if behaviour == "done_then_stall":  # the whole answer, then the end of the response past the timeout
             await resp.write(b"data: [DONE]\n\n")
             await asyncio.sleep(1.5)
@@ -98,7 +103,7 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
 def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
     with serve_apps(app, ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500",
                           "abort_400", "ids_a", "ids_b", "head_then_slow", "head_then_stall",
-                          "first_then_stall", "done_then_stall")) as urls:
+                          "first_then_stall", "done_then_stall", "done_then_die")) as urls:
         yield urls
 
 
@@ -376,3 +381,14 @@ def test_a_tenants_stream_broken_after_its_first_token_is_its_error_and_keeps_it
         # failure is the tenant's error, its slot given back
         assert snap["inflight"] == 0 and snap["errors"] == 1, snap
         assert snap["buckets"]["tokens"] < 5100, snap
+
+
+def test_a_worker_dropping_after_done_went_out_is_a_success(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    late, _ = upstreams["done_then_die"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[late], health_interval_s=60)) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a" and lines[1:] == ["[DONE]"], lines
+        m = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="200"} 1.0' in m
+        assert 'status="502"' not in m and "inferctl_router_stream_errors_total 0.0" in m
