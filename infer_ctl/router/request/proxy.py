@@ -181,9 +181,11 @@ class Router:
             return resp
         except (asyncio.CancelledError, ConnectionError):
             # the client went away (nginx's "client closed request", 499): not the router's failure, and
-            # no failure at all once its stream's [DONE] was delivered (clients close before the terminator)
+            # no failure at all once its stream's [DONE] was delivered (clients close before the terminator),
+            # nor the client's once the stream ended in the router's error event (`outcome`: the worker's
+            # stream broke first; the client closed as that event went out)
             stream = request.stream
-            status = 200 if stream is not None and stream.delivered else 499
+            status = 499 if stream is None else 200 if stream.delivered else stream.outcome or 499
             raise
         except Exception:
             # A bug must still produce a JSON answer, never a dropped request: after a stream's head
@@ -251,10 +253,16 @@ class Router:
             # cut mid-stream: its error event. Nothing streamed yet (only the head went out, `send_head`):
             # it failed as a whole, as without the head - the same 504, its log line and rejected count
             # (`committed` turns it into the stream's error event)
+            # Once its [DONE] went out (`delivered`: only the worker's end of response was late) the client
+            # has the whole answer: a success, as a break after [DONE] is (relay.py), with no error event;
+            # nor a second one after the relay's own (`outcome`: its 502 waited on a backed-up client)
             if ctx.resp is not None and ctx.resp.prepared and ctx.resp.body_started:
-                ctx.resp.outcome = 504  # counted, logged and traced as the 504 its error event says
                 with contextlib.suppress(Exception):
-                    await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
+                    if not ctx.resp.delivered and ctx.resp.outcome is None:
+                        ctx.resp.outcome = 504  # counted, logged and traced as the 504 its error event says
+                        log.warning("request failed", extra={"rid": rid, "endpoint": endpoint, "status": 504,
+                                                             "error": "request timed out after its stream began"})
+                        await ctx.resp.write(sse.error_event(504, "request timed out at the router"))
                     await ctx.resp.write_eof()
                 return ctx.resp
             reply = self.error(endpoint, rid, 504, f"no response within {cfg.settings.request_timeout_s:g}s", "timeout")

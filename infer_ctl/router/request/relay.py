@@ -210,7 +210,8 @@ class StreamRelay:
                 self.recovery.learn(track)
         if error is not None:
             self.metrics.stream_errors.inc()
-            log.warning("stream broke after first byte", extra={"rid": ctx.rid, "worker": target.url, "error": error})
+            log.warning("stream broke after first byte",
+                        extra={"rid": ctx.rid, "worker": target.url, "status": 502, "error": error})
             resp.outcome = 502  # the request failed: its count, log line and span say so, not the head's 200
             await resp.write(sse.error_event(502, f"upstream stream broke: {error}"))
         elif not booked:

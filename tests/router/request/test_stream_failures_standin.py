@@ -9,7 +9,9 @@ Real: the router, its upstream client, its retry loop and SSE relay."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 from collections.abc import Iterator
 
@@ -18,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
+from infer_ctl.router.http import h1
 from tests.router.standin_apps import serve_apps
 
 
@@ -67,6 +70,15 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
         await resp.write(b'data: {"text": "a", "meta_info": {"completion_tokens": 1}}\n\n')
         if behaviour == "first_then_stall":  # a token, then nothing within the request timeout
             await asyncio.sleep(1.5)
+        if behaviour == "done_then_die":  # the whole answer, then the connection drops before its end
+            await resp.write(b"data: [DONE]\n\n")
+            await asyncio.sleep(0.05)
+            request.transport.close()  # type: ignore[union-attr]
+            return resp
+        if behaviour == "done_then_stall":  # the whole answer, then the end of the response past the timeout
+            await resp.write(b"data: [DONE]\n\n")
+            await asyncio.sleep(1.5)
+            return resp
         if behaviour == "die_after_first_byte":
             await asyncio.sleep(0.05)
             request.transport.close()  # type: ignore[union-attr]
@@ -80,7 +92,8 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
         return web.json_response({})
 
     a = web.Application()
-    a.router.add_post("/generate", generate)
+    for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
+        a.router.add_post(path, generate)
     for path in ("/health", "/server_info", "/v1/loads"):
         a.router.add_get(path, ok)
     return a
@@ -90,7 +103,7 @@ def app(behaviour: str, calls: dict[str, int]) -> web.Application:
 def upstreams() -> Iterator[dict[str, tuple[str, dict]]]:
     with serve_apps(app, ("prefill", "ok", "die_before_first_byte", "die_after_first_byte", "slow", "abort_500",
                           "abort_400", "ids_a", "ids_b", "head_then_slow", "head_then_stall",
-                          "first_then_stall")) as urls:
+                          "first_then_stall", "done_then_stall", "done_then_die")) as urls:
         yield urls
 
 
@@ -161,14 +174,17 @@ def test_a_stream_cut_after_its_first_event_continues_in_the_modes_other_streams
         assert [e["meta_info"]["completion_tokens"] for e in events] == [1, 2, 3]
 
 
-def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(upstreams) -> None:
+def test_stream_dying_after_first_byte_ends_with_an_error_event_and_no_retry(upstreams, caplog) -> None:
     pre, _ = upstreams["prefill"]
     bad, calls = upstreams["die_after_first_byte"]
     before = calls["n"]
     with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
-        lines = stream(router.url)
+        with caplog.at_level(logging.WARNING, logger="infer_ctl.router"):
+            lines = stream(router.url)
         assert json.loads(lines[0])["text"] == "a"
         assert "error" in json.loads(lines[-2]) and lines[-1] == "[DONE]"
+        broke = [r for r in caplog.records if r.getMessage() == "stream broke after first byte"]
+        assert [getattr(r, "status", None) for r in broke] == [502]
         assert calls["n"] == before + 1  # exactly one attempt: bytes had reached the client
         metrics = httpx.get(router.url + "/metrics").text
         assert "inferctl_router_stream_errors_total 1.0" in metrics
@@ -251,14 +267,128 @@ def test_a_request_timeout_after_an_early_head_is_a_504_error_event(upstreams) -
         assert 'status="504"} 1.0' in m
 
 
-def test_a_request_timeout_after_the_first_token_is_counted_as_its_504(upstreams) -> None:
+def test_a_request_timeout_after_the_first_token_is_counted_as_its_504(upstreams, caplog) -> None:
     pre, _ = upstreams["prefill"]
     stall, _ = upstreams["first_then_stall"]
     cfg = router_config(prefill=[(pre, 1)], decode=[stall], request_timeout_s=0.5, health_interval_s=60)
     with start_router_in_thread(cfg) as router:
-        lines = stream(router.url)
+        with caplog.at_level(logging.WARNING, logger="infer_ctl.router"):
+            lines = stream(router.url)
+        # its log line says so too, as the 504 before the first token does
+        logged = [r for r in caplog.records if r.getMessage() == "request failed"]
+        assert [getattr(r, "status", None) for r in logged] == [504], caplog.records
         assert json.loads(lines[0])["text"] == "a"
         assert json.loads(lines[1])["error"]["code"] == 504 and lines[2:] == ["[DONE]"]
         m = httpx.get(router.url + "/metrics").text
         assert 'inferctl_router_requests_total{endpoint="/generate",status="504"} 1.0' in m
         assert 'inferctl_router_requests_total{endpoint="/generate",status="200"}' not in m
+
+
+def test_a_request_timeout_after_done_went_out_is_a_success_with_no_error_event(upstreams) -> None:
+    # the client has the whole answer ([DONE]; the worker's end of response is late): as a break after
+    # [DONE] (relay.py), a success - counted 200, and no error event after the [DONE]
+    pre, _ = upstreams["prefill"]
+    late, _ = upstreams["done_then_stall"]
+    cfg = router_config(prefill=[(pre, 1)], decode=[late], request_timeout_s=0.5, health_interval_s=60)
+    with start_router_in_thread(cfg) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a" and lines[1:] == ["[DONE]"], lines
+        m = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="200"} 1.0' in m
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="504"}' not in m
+
+
+def test_a_client_gone_right_after_the_error_event_still_counts_the_502(upstreams, monkeypatch) -> None:
+    # the worker's stream broke first: the client closing as its error event goes out (the OpenAI SDK
+    # raises on it and closes) does not turn the router's 502 into the client's own 499. The close is
+    # scripted (the end of the response fails as on a closed connection): a real one lands there only
+    # when the client's socket is backed up
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    real_eof = h1.StreamResponse.write_eof
+
+    async def gone_after_error(self: h1.StreamResponse) -> None:
+        if self.outcome is not None:
+            raise ConnectionResetError("client disconnected")
+        await real_eof(self)
+
+    monkeypatch.setattr(h1.StreamResponse, "write_eof", gone_after_error)
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
+        with contextlib.suppress(httpx.HTTPError):
+            stream(router.url)
+        deadline = time.monotonic() + 5
+        while 'status="502"' not in (m := httpx.get(router.url + "/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in m
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="499"}' not in m
+
+
+def test_a_request_timeout_while_the_502_event_waits_on_the_client_adds_no_second_event(upstreams, monkeypatch) -> None:
+    # the worker's stream broke; its error event is written (the socket's buffer has it) but the
+    # client's socket is backed up, and the request timeout fires meanwhile: the stream ends as it
+    # was going to (one error event, the 502), not with a 504 event after that one's [DONE]
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    real_write = h1.StreamResponse.write
+
+    async def backed_up(self: h1.StreamResponse, data: bytes, last: bool = False) -> None:
+        await real_write(self, data, last)
+        if self.outcome == 502 and b'"code":502' in data:
+            await asyncio.sleep(2)  # the drain of a client not reading
+
+    monkeypatch.setattr(h1.StreamResponse, "write", backed_up)
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad], request_timeout_s=0.5, health_interval_s=60)
+    with start_router_in_thread(cfg) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a"
+        assert json.loads(lines[1])["error"]["code"] == 502 and lines[2:] == ["[DONE]"], lines
+        m = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="502"} 1.0' in m
+        assert 'status="504"' not in m
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
+def test_an_openai_stream_broken_after_its_first_token_counts_502_on_its_endpoint(upstreams, endpoint: str) -> None:
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    body = {"model": "m", "stream": True, **({"messages": [{"role": "user", "content": "x"}]}
+                                             if "chat" in endpoint else {"prompt": "x"})}
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60)) as router:
+        with httpx.stream("POST", router.url + endpoint, json=body, timeout=20) as r:
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert json.loads(lines[-2])["error"]["code"] == 502 and lines[-1] == "[DONE]", lines
+        m = httpx.get(router.url + "/metrics").text
+        assert f'inferctl_router_requests_total{{endpoint="{endpoint}",status="502"}} 1.0' in m
+        assert 'status="200"' not in m.split("inferctl_router_requests_total", 1)[1].split("# HELP")[0]
+
+
+def test_a_tenants_stream_broken_after_its_first_token_is_its_error_and_keeps_its_charge(upstreams) -> None:
+    from infer_ctl.router.observe.tenants import TenantSpec, key_digest
+
+    key = "sk-tenant-a"
+    tenants = [TenantSpec("a", key_digest(key), max_concurrency=1, tokens_per_min=6000)]
+    pre, _ = upstreams["prefill"]
+    bad, _ = upstreams["die_after_first_byte"]
+    body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 1000}}
+    cfg = router_config(prefill=[(pre, 1)], decode=[bad], health_interval_s=60, tenants=tenants)
+    with start_router_in_thread(cfg) as router:
+        with httpx.stream("POST", router.url + "/generate", json=body, timeout=20,
+                          headers={"authorization": f"Bearer {key}"}) as r:
+            lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert json.loads(lines[-2])["error"]["code"] == 502
+        snap = httpx.get(router.url + "/admin/tenants", timeout=10).json()["tenants"][0]
+        # the worker computed: its reservation (1,000 tokens and the prompt) stays charged, and the
+        # failure is the tenant's error, its slot given back
+        assert snap["inflight"] == 0 and snap["errors"] == 1, snap
+        assert snap["buckets"]["tokens"] < 5100, snap
+
+
+def test_a_worker_dropping_after_done_went_out_is_a_success(upstreams) -> None:
+    pre, _ = upstreams["prefill"]
+    late, _ = upstreams["done_then_die"]
+    with start_router_in_thread(router_config(prefill=[(pre, 1)], decode=[late], health_interval_s=60)) as router:
+        lines = stream(router.url)
+        assert json.loads(lines[0])["text"] == "a" and lines[1:] == ["[DONE]"], lines
+        m = httpx.get(router.url + "/metrics").text
+        assert 'inferctl_router_requests_total{endpoint="/generate",status="200"} 1.0' in m
+        assert 'status="502"' not in m and "inferctl_router_stream_errors_total 0.0" in m

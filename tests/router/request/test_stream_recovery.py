@@ -87,6 +87,12 @@ def _metric(router: RouterHandle, outcome: str) -> float:
     return 0.0
 
 
+def _requests(router: RouterHandle, status: int) -> float:
+    prefix = f'inferctl_router_requests_total{{endpoint="/generate",status="{status}"}}'
+    return sum(float(ln.split()[-1]) for ln in httpx.get(router.url + "/metrics").text.splitlines()
+               if ln.startswith(prefix))
+
+
 def test_a_killed_decode_loses_no_stream_and_changes_no_text(cluster: ThreadedSimCluster) -> None:
     bodies = [_body(i) for i in range(N_STREAMS)]
     router = pd_router(cluster, health_interval_s=0.5)
@@ -105,6 +111,8 @@ def test_a_killed_decode_loses_no_stream_and_changes_no_text(cluster: ThreadedSi
         resumed = _metric(router, "resumed")
         print(f"resumed {resumed:g} of {N_STREAMS} streams")
         assert resumed >= 1
+        # a resumed stream is a success: counted 200 (its error-free end), never the break's 502
+        assert _requests(router, 200) == 2 * N_STREAMS and _requests(router, 502) == 0
     finally:
         router.stop()
 
@@ -115,6 +123,9 @@ def test_with_recovery_off_a_killed_decode_ends_its_streams_with_an_error_event(
         killed = _run(router, [_body(i) for i in range(N_STREAMS)], kill=cluster)
         assert _errors(killed) >= 1
         assert _metric(router, "resumed") == 0
+        # each stream ended by the error event counts as its 502 (router.md: "counts that status")
+        assert _requests(router, 502) == _errors(killed)
+        assert _requests(router, 200) == N_STREAMS - _errors(killed)
     finally:
         router.stop()
 
@@ -126,5 +137,6 @@ def test_a_stream_that_cannot_continue_exactly_ends_with_the_error_event(cluster
         killed = _run(router, seeded, kill=cluster)
         assert _errors(killed) >= 1
         assert _metric(router, "not_continuable") >= 1 and _metric(router, "resumed") == 0
+        assert _requests(router, 502) == _errors(killed)
     finally:
         router.stop()
