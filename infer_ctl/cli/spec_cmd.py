@@ -56,7 +56,7 @@ def control(
     names the lock and its holder)."""
     from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.router_hook import router_url
-    from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path
+    from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path, legacy_state_path
     from infer_ctl.launch.spec_relaunch import SshRelauncher
 
     sess, prof = session(json_out), get_profile(profile)
@@ -67,9 +67,11 @@ def control(
     if not 0 < interval < math.inf:  # NaN too: the loop's sleep raised on it after the first round
         raise UsageError(f"--interval must be a finite number > 0, got {interval:g}", remedy="e.g. --interval 30")
     actuator = SshRelauncher(prof, console=None if json_out else sess.err) if mode == "act" else None
-    loop = SpecControlLoop(prof, router_url=router_base_url(router) or router_url(prof), mode=mode, actuator=actuator,
+    url = router_base_url(router) or router_url(prof)
+    loop = SpecControlLoop(prof, router_url=url, mode=mode, actuator=actuator,
                            history=history, profile_ref=profile or "PROFILE",
-                           state_path=state or default_state_path(prof),
+                           state_path=state or default_state_path(prof, url),
+                           legacy_state=None if state else legacy_state_path(prof),
                            say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {m}[/dim]"))
     records: list[dict[str, Any]] = []
 
@@ -81,7 +83,7 @@ def control(
     # a signal lets the round end (a switch cut half way leaves its server drained, unrecorded)
     with StopAfterRound(loop.say).installed() as stopping:
         try:
-            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show)
+            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show, outlive=not once)
         except KeyboardInterrupt:  # the second signal
             if once:
                 raise
