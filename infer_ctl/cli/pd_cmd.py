@@ -59,8 +59,11 @@ def control(
     """Watch the pools' TTFT and ITL at the router; move one server between prefill and decode when the mix
     stays shifted (pd.control). Exit 0 nothing to do, 1 advice given or a server moved, 2 a switch failed or
     was refused (or the state file or its lock cannot be used), 3 the router is unreachable or no round ran
-    because another controller holds the lock (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
-    again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
+    because another controller holds the lock (--json: `skipped` names the lock and its holder). The loop
+    outlives the router: a round that cannot reach it is said and the next one runs; at the stop the exit
+    is 3 if some round could not reach it and none failed (--json: `unreachable`). A server whose rebuild
+    failed (`fatal`) is not switched again until it is seen restarted: down at the router, then healthy and
+    undrained (or `pd clear-fatal`). The default state file is one per profile name and router URL."""
     from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.pd_control import PdControlLoop, default_state_path, legacy_state_path
     from infer_ctl.launch.pd_switch import RoleSwitcher

@@ -53,7 +53,9 @@ def control(
     """Watch the router's acceptance per decode pool; advise or act (speculative.control). Exit 0 nothing to
     do, 1 advice given or a pool changed, 2 a relaunch failed (or the state file or its lock cannot be used),
     3 the router is unreachable or no round ran because another controller holds the lock (--json: `skipped`
-    names the lock and its holder)."""
+    names the lock and its holder). The loop outlives the router: a round that cannot reach it is said and
+    the next one runs; at the stop the exit is 3 if some round could not reach it and none failed (--json:
+    `unreachable`). The default state file is one per profile name and router URL."""
     from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.router_hook import router_url
     from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path, legacy_state_path
