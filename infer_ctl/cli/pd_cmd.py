@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from infer_ctl.cli.common import (
     JsonOpt,
@@ -87,7 +88,7 @@ def control(
     loop = PdControlLoop(prof, router_url=url, mode=mode, switcher=switcher, history=history,
                          state_path=state or default_state_path(prof, url),
                          legacy_state=None if state else legacy_state_path(prof), client=client,
-                         say=lambda m: None if json_out else sess.err.print(f"[dim]pd control: {m}[/dim]"))
+                         say=lambda m: None if json_out else sess.err.print(f"[dim]pd control: {escape(m)}[/dim]"))
     records: list[dict[str, Any]] = []
 
     def show(batch: list[dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from infer_ctl.cli.common import (
     JsonOpt,
@@ -74,7 +75,7 @@ def control(
                            history=history, profile_ref=profile or "PROFILE",
                            state_path=state or default_state_path(prof, url),
                            legacy_state=None if state else legacy_state_path(prof),
-                           say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {m}[/dim]"))
+                           say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {escape(m)}[/dim]"))
     records: list[dict[str, Any]] = []
 
     def show(batch: list[dict[str, Any]]) -> None:
