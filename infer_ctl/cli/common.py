@@ -155,10 +155,24 @@ def finish_controller(sess: Session, command: str, profile_name: str, data: dict
     """`finish` for a fleet controller (`spec control`, `pd control`): its document also has the rounds
     skipped because another controller held the state lock (`skipped`: the last one's lock and holder,
     `skipped_rounds`). When no round ran at all, nothing was observed and nothing failed: unknown (3),
-    told apart from an unreachable router by `skipped`, and said in place of the round's output."""
-    from infer_ctl.launch.control_loop import skip_line
+    told apart from an unreachable router by `skipped`, and said in place of the round's output.
 
-    data = {**data, "skipped": loop.last_skip, "skipped_rounds": loop.rounds_skipped}
+    A loop's rounds that could not reach the router (it went on: `LockedRounds.outliving`) are
+    `unreachable` (each spell of them) and `unreachable_rounds`; each is a round whose facts were not
+    gathered, so the exit is the worst of the rounds as for every command (fail > unknown > warn > ok):
+    2 when a switch or relaunch failed, else 3 when some round could not reach the router, else `code`."""
+    from infer_ctl.launch.control_loop import skip_line, unreachable_line
+
+    data = {**data, "skipped": loop.last_skip, "skipped_rounds": loop.rounds_skipped,
+            "unreachable": loop.outages, "unreachable_rounds": loop.rounds_unreachable}
+    if loop.rounds_unreachable and code != ExitCode.FAIL:
+        code = ExitCode.UNKNOWN
+    if loop.outages:  # why the exit is 3, after the rounds' own output
+        rounds_render = render
+
+        def render(c: Console) -> None:
+            rounds_render(c)
+            c.print(unreachable_line(loop), markup=False, highlight=False)
     skip = loop.last_skip
     if skip is not None and loop.rounds_run == 0:
         finish(sess, Report(command, profile_name, data=data, exit_code_override=ExitCode.UNKNOWN),

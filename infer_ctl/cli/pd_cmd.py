@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from infer_ctl.cli.common import (
     JsonOpt,
@@ -59,10 +60,13 @@ def control(
     """Watch the pools' TTFT and ITL at the router; move one server between prefill and decode when the mix
     stays shifted (pd.control). Exit 0 nothing to do, 1 advice given or a server moved, 2 a switch failed or
     was refused (or the state file or its lock cannot be used), 3 the router is unreachable or no round ran
-    because another controller holds the lock (--json: `skipped` names the lock and its holder). A server whose rebuild failed (`fatal`) is not switched
-    again until it is seen restarted: down at the router, then healthy and undrained (or `pd clear-fatal`)."""
+    because another controller holds the lock (--json: `skipped` names the lock and its holder). The loop
+    outlives the router: a round that cannot reach it is said and the next one runs; at the stop the exit
+    is 3 if some round could not reach it and none failed (--json: `unreachable`). A server whose rebuild
+    failed (`fatal`) is not switched again until it is seen restarted: down at the router, then healthy and
+    undrained (or `pd clear-fatal`). The default state file is one per profile name and router URL."""
     from infer_ctl.launch.control_loop import StopAfterRound
-    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
+    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path, legacy_state_path
     from infer_ctl.launch.pd_switch import RoleSwitcher
     from infer_ctl.launch.router_hook import router_url
     from infer_ctl.router.control.client import AdminClient
@@ -82,8 +86,9 @@ def control(
                             drain_timeout_s=prof.pd.drain_timeout_s,
                             admin_key_env=hc.admin_api_key_env if hc is not None else None) if mode == "act" else None
     loop = PdControlLoop(prof, router_url=url, mode=mode, switcher=switcher, history=history,
-                         state_path=state or default_state_path(prof), client=client,
-                         say=lambda m: None if json_out else sess.err.print(f"[dim]pd control: {m}[/dim]"))
+                         state_path=state or default_state_path(prof, url),
+                         legacy_state=None if state else legacy_state_path(prof), client=client,
+                         say=lambda m: None if json_out else sess.err.print(f"[dim]pd control: {escape(m)}[/dim]"))
     records: list[dict[str, Any]] = []
 
     def show(batch: list[dict[str, Any]]) -> None:
@@ -94,7 +99,7 @@ def control(
     # a signal lets the round end (a switch cut half way leaves its server drained, unrecorded)
     with StopAfterRound(loop.say).installed() as stopping:
         try:
-            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show)
+            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show, outlive=not once)
         except KeyboardInterrupt:  # the second signal
             if once:
                 raise
@@ -111,6 +116,10 @@ def clear_fatal(
     profile: ProfileOpt = None,
     all_: Annotated[bool, typer.Option("--all-fatal", help="Every server marked fatal.")] = False,
     state: Annotated[Path | None, typer.Option("--state", help="Controller state file (default: the state directory).")] = None,
+    url: Annotated[str | None, typer.Option(
+        "--url", show_default=False,
+        help="The router URL `pd control` was given with --url: its default state file is per router "
+             "(default: the profile's router.listen).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Let `pd control` switch servers again whose rebuild failed (`fatal`), after you restarted them. The
@@ -118,13 +127,15 @@ def clear_fatal(
     this is for a restart it did not see. Exit 0 cleared, 1 a URL named was not fatal, 2 the state file
     or its lock cannot be used, 3 another controller held the lock for 30 s (its round did not end)."""
     from infer_ctl.launch.control_loop import skip_line
-    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path
+    from infer_ctl.launch.pd_control import PdControlLoop, default_state_path, legacy_state_path
     from infer_ctl.launch.router_hook import router_url
 
     sess, prof = session(json_out), get_profile(profile)
     if bool(urls) == all_:
         raise UsageError("name the servers to clear, or pass --all-fatal", remedy="e.g. inferctl pd clear-fatal http://10.0.0.11:30000")
-    loop = PdControlLoop(prof, router_url=router_url(prof), mode="advise", state_path=state or default_state_path(prof))
+    base = router_base_url(url) or router_url(prof)
+    loop = PdControlLoop(prof, router_url=base, mode="advise", state_path=state or default_state_path(prof, base),
+                         legacy_state=None if state else legacy_state_path(prof))
     # as the router spells a worker (router/control/admin_http.py norm_url): `10.0.0.11:30000/` named the
     # fatal http://10.0.0.11:30000 and was answered "not fatal", exit 1, leaving it fatal
     named = [(router_base_url(u.strip()) or "").rstrip("/") for u in urls or []]

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from infer_ctl.cli.common import (
     JsonOpt,
@@ -53,10 +54,12 @@ def control(
     """Watch the router's acceptance per decode pool; advise or act (speculative.control). Exit 0 nothing to
     do, 1 advice given or a pool changed, 2 a relaunch failed (or the state file or its lock cannot be used),
     3 the router is unreachable or no round ran because another controller holds the lock (--json: `skipped`
-    names the lock and its holder)."""
+    names the lock and its holder). The loop outlives the router: a round that cannot reach it is said and
+    the next one runs; at the stop the exit is 3 if some round could not reach it and none failed (--json:
+    `unreachable`). The default state file is one per profile name and router URL."""
     from infer_ctl.launch.control_loop import StopAfterRound
     from infer_ctl.launch.router_hook import router_url
-    from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path
+    from infer_ctl.launch.spec_control import SpecControlLoop, default_state_path, legacy_state_path
     from infer_ctl.launch.spec_relaunch import SshRelauncher
 
     sess, prof = session(json_out), get_profile(profile)
@@ -67,10 +70,12 @@ def control(
     if not 0 < interval < math.inf:  # NaN too: the loop's sleep raised on it after the first round
         raise UsageError(f"--interval must be a finite number > 0, got {interval:g}", remedy="e.g. --interval 30")
     actuator = SshRelauncher(prof, console=None if json_out else sess.err) if mode == "act" else None
-    loop = SpecControlLoop(prof, router_url=router_base_url(router) or router_url(prof), mode=mode, actuator=actuator,
+    url = router_base_url(router) or router_url(prof)
+    loop = SpecControlLoop(prof, router_url=url, mode=mode, actuator=actuator,
                            history=history, profile_ref=profile or "PROFILE",
-                           state_path=state or default_state_path(prof),
-                           say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {m}[/dim]"))
+                           state_path=state or default_state_path(prof, url),
+                           legacy_state=None if state else legacy_state_path(prof),
+                           say=lambda m: None if json_out else sess.err.print(f"[dim]spec control: {escape(m)}[/dim]"))
     records: list[dict[str, Any]] = []
 
     def show(batch: list[dict[str, Any]]) -> None:
@@ -81,7 +86,7 @@ def control(
     # a signal lets the round end (a switch cut half way leaves its server drained, unrecorded)
     with StopAfterRound(loop.say).installed() as stopping:
         try:
-            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show)
+            loop.run(interval, rounds=1 if once else None, stop=stopping.stop, on_records=show, outlive=not once)
         except KeyboardInterrupt:  # the second signal
             if once:
                 raise

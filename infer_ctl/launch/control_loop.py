@@ -1,11 +1,13 @@
 """What the fleet controllers (`spec control`, `pd control`) share: one decision record posted to the router
-and appended to the history file, the round loop, and one round at a time per state file (`LockedRounds`)."""
+and appended to the history file, the round loop (which outlives a router that does not answer for a while),
+one round at a time per state file (`LockedRounds`), and where that state file is by default."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -17,9 +19,32 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from infer_ctl.atomicfile import append_line, write_atomic
 from infer_ctl.errors import InferctlError
+from infer_ctl.paths import state_dir
+from infer_ctl.router.control.client import RouterRefused, RouterUnreachable
+
+
+def router_key(url: str) -> str:
+    """A short stable name for the router a controller talks to: its URL as typed in any of the ways that
+    reach the same place (`127.0.0.1:8177`, `HTTP://127.0.0.1:8177/`), hashed."""
+    u = urlsplit(url.strip() if "://" in url else f"http://{url.strip()}")
+    canon = f"{u.scheme.lower()}://{u.netloc.lower()}{u.path.rstrip('/')}"
+    return hashlib.blake2b(canon.encode(), digest_size=5).hexdigest()
+
+
+def default_state_path(kind: str, profile_name: str, router_url: str) -> Path:
+    """`<state dir>/<kind>-<profile>-<router_key>.json`: one state (and lock) per cluster. By the profile's
+    name alone, two clusters whose profiles share a name shared one file: each controller read the other's
+    `fatal` servers and cool-down, and while one was in its round the other's was skipped."""
+    return state_dir() / f"{kind}-{profile_name}-{router_key(router_url)}.json"
+
+
+def legacy_state_path(kind: str, profile_name: str) -> Path:
+    """Where versions before `default_state_path` kept the state: read while the new file is absent."""
+    return state_dir() / f"{kind}-{profile_name}.json"
 
 
 def append_action(history: str | os.PathLike[str], record: dict[str, Any]) -> None:
@@ -38,6 +63,21 @@ def post_action(client: Any, path: str, history: str | os.PathLike[str] | None, 
     if history is not None:
         append_action(history, {"kind": kind, "profile_name": profile_name, **rec})
     return rec
+
+
+def transient(exc: InferctlError) -> bool:
+    """A round's error that a loop outlives: no answer from the router (stopped, restarting, a network
+    error, a timeout), or a proxy in front of it saying it is away (502, 503, 504). Anything else (a
+    refused token, a state file or lock that cannot be used) is no better at the next round."""
+    return isinstance(exc, RouterUnreachable) or (isinstance(exc, RouterRefused) and exc.status in (502, 503, 504))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _n_rounds(n: int) -> str:
+    return f"{n} round" if n == 1 else f"{n} rounds"
 
 
 def run_rounds(tick: Callable[[], list[dict[str, Any]]], interval_s: float, *, rounds: int | None = None,
@@ -144,6 +184,14 @@ def skip_line(skip: dict[str, Any]) -> str:
     return f"skipped: {who} holds {skip['lock']}: this round did not run"
 
 
+def unreachable_line(rounds: LockedRounds) -> str:
+    """A loop's rounds that could not reach the router, in words (its exit is 3 unless one failed)."""
+    last = rounds.outages[-1]
+    now = f"back at {last['back']}" if last["back"] else "still unreachable when the loop stopped"
+    return (f"{rounds.rounds_unreachable} of {_n_rounds(rounds.rounds_run)} could not reach the router "
+            f"({rounds.outages_seen} time(s); the last since {last['since']}, {now}): {last['error']}")
+
+
 #: the most of a lock file read for its holder: the holder writes ~80 bytes; a huge file (not ours) is not
 #: read whole
 HOLDER_MAX_BYTES = 4096
@@ -201,13 +249,87 @@ class LockedRounds:
     skipped round is counted and described (`last_skip`), for the command to say so rather than look like
     a round that found nothing to do."""
 
-    def __init__(self, state_path: str | os.PathLike[str] | None, say: Callable[[str], None]) -> None:
+    def __init__(self, state_path: str | os.PathLike[str] | None, say: Callable[[str], None],
+                 legacy_path: str | os.PathLike[str] | None = None) -> None:
         self.state_path = Path(state_path) if state_path is not None else None
         self.say = say
         #: rounds that ran, rounds skipped (another controller held the lock) and the last skip's why
         self.rounds_run = 0
         self.rounds_skipped = 0
         self.last_skip: dict[str, Any] | None = None
+        #: rounds that could not reach the router (a loop goes on: `outliving`), and each spell of them
+        #: (`since`, `last`, `rounds`, `error`, `back`: when the router answered again, None while it does
+        #: not), the last OUTAGES_KEPT
+        self.rounds_unreachable = 0
+        self.outages: list[dict[str, Any]] = []
+        self.outages_seen = 0
+        self._told_at = 0.0
+        #: the state file of a version before per-cluster default paths, read while `state_path` is absent
+        self.legacy_path = Path(legacy_path) if legacy_path is not None else None
+        self._legacy_said = False
+
+    #: the outages kept for the report (a router flapping every round for a day would be thousands)
+    OUTAGES_KEPT = 100
+    #: while the router stays unreachable, a line every this many seconds, not every round
+    REMIND_S = 60.0
+
+    def state_doc(self) -> dict[str, Any] | None:
+        """`read_state` of the state file; while it is absent, of the legacy file when there is one (its
+        fatal servers and cool-down carried over: the round saves them to the new file, and the old one is
+        left as it is, for a second cluster of the same profile name to carry its own over too)."""
+        assert self.state_path is not None
+        doc = read_state(self.state_path)
+        if doc is None and self.legacy_path is not None:
+            doc = read_state(self.legacy_path)
+            if doc is not None and not self._legacy_said:
+                self._legacy_said = True
+                self.say(f"read the state an older version kept in {self.legacy_path}; it is now kept in "
+                         f"{self.state_path} (one per router); the old file is left as it is")
+        return doc
+
+    def outliving(self, tick: Callable[[], list[dict[str, Any]]], interval_s: float
+                  ) -> Callable[[], list[dict[str, Any]]]:
+        """`tick` for a loop that outlives the router: a round that cannot reach it (`transient`) is said,
+        counted and returns no record, and the next round is tried at the interval as usual, with the
+        controller's state (its state file and what it keeps in memory) as it was. A router restarted by
+        systemd, or a network blip, ended the loop (exit 3) and the controller stayed down. One line when
+        the router goes away, a reminder every REMIND_S while it stays away, one when it is back."""
+        def guarded() -> list[dict[str, Any]]:
+            ran = self.rounds_run
+            try:
+                records = tick()
+            except InferctlError as exc:
+                if not transient(exc):
+                    raise
+                self._unreachable(exc.message, interval_s)
+                return []
+            if self.rounds_run != ran:  # a round skipped for the lock did not ask the router
+                self._reachable()
+            return records
+        return guarded
+
+    def _unreachable(self, error: str, interval_s: float) -> None:
+        self.rounds_unreachable += 1
+        now, out = _now(), self.outages[-1] if self.outages else None
+        if out is None or out["back"] is not None:
+            self.outages_seen += 1
+            self.outages = [*self.outages, {"since": now, "last": now, "rounds": 1, "error": error, "back": None}]
+            self.outages = self.outages[-self.OUTAGES_KEPT:]
+            self._told_at = time.monotonic()
+            self.say(f"this round could not reach the router: {error}; the loop goes on (next round in "
+                     f"{interval_s:g} s), its state kept")
+            return
+        out.update(last=now, rounds=out["rounds"] + 1)
+        if error != out["error"] or time.monotonic() - self._told_at >= self.REMIND_S:
+            self._told_at = time.monotonic()
+            self.say(f"the router is still unreachable ({_n_rounds(out['rounds'])} since {out['since']}): {error}")
+        out["error"] = error
+
+    def _reachable(self) -> None:
+        out = self.outages[-1] if self.outages else None
+        if out is not None and out["back"] is None:
+            out["back"] = _now()
+            self.say(f"the router answers again ({_n_rounds(out['rounds'])} could not reach it, since {out['since']})")
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[bool]:

@@ -22,16 +22,9 @@ from typing import Any, Protocol
 
 from infer_ctl.core.pd.control import Counters, Observation, Server, Settings, State, decide, switched, window
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import (
-    LockedRounds,
-    post_action,
-    read_state,
-    run_rounds,
-    unreadable,
-    write_state,
-)
+from infer_ctl.launch import control_loop
+from infer_ctl.launch.control_loop import LockedRounds, post_action, run_rounds, unreadable, write_state
 from infer_ctl.launch.pd_switch import SwitchResult
-from infer_ctl.paths import state_dir
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
 
@@ -47,8 +40,13 @@ def settings_of(profile: Profile) -> Settings:
                     min_servers=p.min_servers, cover_failures=p.cover_failures, queue_target=p.queue_target)
 
 
-def default_state_path(profile: Profile) -> Path:
-    return state_dir() / f"pd-control-{profile.name}.json"
+def default_state_path(profile: Profile, router_url: str) -> Path:
+    """The state file when --state is not given: one per profile name and router (control_loop)."""
+    return control_loop.default_state_path("pd-control", profile.name, router_url)
+
+
+def legacy_state_path(profile: Profile) -> Path:
+    return control_loop.legacy_state_path("pd-control", profile.name)
 
 
 def parse(doc: dict[str, Any]) -> tuple[list[Server], Counters, float | None]:
@@ -118,6 +116,7 @@ def _mapping(st: dict[str, Any], key: str, kind: type) -> dict[str, Any]:
 class PdControlLoop(LockedRounds):
     def __init__(self, profile: Profile, *, router_url: str, mode: str, switcher: Switcher | None = None,
                  history: str | os.PathLike[str] | None = None, state_path: str | os.PathLike[str] | None = None,
+                 legacy_state: str | os.PathLike[str] | None = None,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _m: None,
                  client: AdminClient | None = None) -> None:
         if mode not in ("advise", "act"):
@@ -129,7 +128,7 @@ class PdControlLoop(LockedRounds):
         self.switcher = switcher
         self.history = history
         self.clock = clock
-        LockedRounds.__init__(self, state_path, say)
+        LockedRounds.__init__(self, state_path, say, legacy_state)
         self.client = client or AdminClient(router_url, profile.router.admin_token_env, timeout=10.0)
         self.settings = settings_of(profile)
         self.state = State()
@@ -143,7 +142,7 @@ class PdControlLoop(LockedRounds):
         it is, not replaced by an empty state that forgets the fatal servers."""
         if self.state_path is None:
             return
-        doc = read_state(self.state_path)
+        doc = self.state_doc()
         if doc is None:
             return
         try:
@@ -250,7 +249,9 @@ class PdControlLoop(LockedRounds):
                            timespec="milliseconds")
 
     def run(self, interval_s: float, *, rounds: int | None = None, stop: Callable[[], bool] = lambda: False,
-            on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None) -> None:
-        run_rounds(self.tick, interval_s, rounds=rounds, stop=stop, on_records=on_records)
+            on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None, outlive: bool = False) -> None:
+        """The rounds; `outlive`: a round that cannot reach the router does not end them (LockedRounds.outliving)."""
+        tick = self.outliving(self.tick, interval_s) if outlive else self.tick
+        run_rounds(tick, interval_s, rounds=rounds, stop=stop, on_records=on_records)
 
 

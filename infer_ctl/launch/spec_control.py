@@ -28,15 +28,8 @@ from infer_ctl.core.sglang import instances
 from infer_ctl.core.spec.controller import Controller, ControlSettings, PoolChange, PoolObservation, PoolState
 from infer_ctl.core.spec.pools import Pool, apply_command, pool_change_yaml, pools
 from infer_ctl.errors import InferctlError
-from infer_ctl.launch.control_loop import (
-    LockedRounds,
-    post_action,
-    read_state,
-    run_rounds,
-    unreadable,
-    write_state,
-)
-from infer_ctl.paths import state_dir
+from infer_ctl.launch import control_loop
+from infer_ctl.launch.control_loop import LockedRounds, post_action, run_rounds, unreadable, write_state
 from infer_ctl.profile import Profile
 from infer_ctl.router.control.client import AdminClient
 
@@ -94,14 +87,20 @@ def observations(doc: dict[str, Any], url_to_pool: dict[str, str]) -> list[PoolO
     return out
 
 
-def default_state_path(profile: Profile) -> Path:
-    return state_dir() / f"spec-control-{profile.name}.json"
+def default_state_path(profile: Profile, router_url: str) -> Path:
+    """The state file when --state is not given: one per profile name and router (control_loop)."""
+    return control_loop.default_state_path("spec-control", profile.name, router_url)
+
+
+def legacy_state_path(profile: Profile) -> Path:
+    return control_loop.legacy_state_path("spec-control", profile.name)
 
 
 class SpecControlLoop(LockedRounds):
     def __init__(self, profile: Profile, *, router_url: str, mode: str, actuator: Actuator | None = None,
                  history: str | os.PathLike[str] | None = None, profile_ref: str = "PROFILE",
-                 state_path: str | os.PathLike[str] | None = None, url_to_pool: dict[str, str] | None = None,
+                 state_path: str | os.PathLike[str] | None = None,
+                 legacy_state: str | os.PathLike[str] | None = None, url_to_pool: dict[str, str] | None = None,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _m: None) -> None:
         if mode not in ("advise", "act"):
             raise ValueError(f"mode must be advise or act, got {mode!r}")
@@ -113,7 +112,7 @@ class SpecControlLoop(LockedRounds):
         self.history = history
         self.profile_ref = profile_ref
         self.clock = clock
-        LockedRounds.__init__(self, state_path, say)
+        LockedRounds.__init__(self, state_path, say, legacy_state)
         self.client = AdminClient(router_url, profile.router.admin_token_env, timeout=10.0)
         self.url_to_pool = url_to_pool if url_to_pool is not None else pool_by_url(profile)
         self.pools = {p.name: p for p in pools(profile)}
@@ -130,7 +129,7 @@ class SpecControlLoop(LockedRounds):
     def _load_state(self) -> None:
         if self.state_path is None:
             return
-        doc = read_state(self.state_path)  # one that does not read is an error, not a cool-down forgotten
+        doc = self.state_doc()  # one that does not read is an error, not a cool-down forgotten
         if doc is None:
             return
         try:
@@ -240,5 +239,7 @@ class SpecControlLoop(LockedRounds):
                            timespec="seconds")
 
     def run(self, interval_s: float, *, rounds: int | None = None, stop: Callable[[], bool] = lambda: False,
-            on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None) -> None:
-        run_rounds(self.tick, interval_s, rounds=rounds, stop=stop, on_records=on_records)
+            on_records: Callable[[list[dict[str, Any]]], None] = lambda _r: None, outlive: bool = False) -> None:
+        """The rounds; `outlive`: a round that cannot reach the router does not end them (LockedRounds.outliving)."""
+        tick = self.outliving(self.tick, interval_s) if outlive else self.tick
+        run_rounds(tick, interval_s, rounds=rounds, stop=stop, on_records=on_records)

@@ -16,6 +16,16 @@ class RouterUnreachable(InferctlError):
     exit_code = ExitCode.UNKNOWN
 
 
+class RouterRefused(InferctlError):
+    """The router (or a proxy in front of it) answered the admin request with an error `status`."""
+
+    exit_code = ExitCode.FAIL
+
+    def __init__(self, message: str, *, status: int, remedy: str | None = None) -> None:
+        super().__init__(message, remedy=remedy)
+        self.status = status
+
+
 #: the router's admin_token_env default (profile/router.py), for a client given no profile
 DEFAULT_TOKEN_ENV: str = RouterSettings.model_fields["admin_token_env"].default
 
@@ -41,10 +51,10 @@ class AdminClient:
         except ValueError:
             doc = {"error": {"message": resp.text[:200]}}
         if resp.status_code == 401:
-            raise InferctlError(f"router at {self.url} refused the admin request (401 unauthorized)",
-                                remedy=f"export {self.token_env} with the router's admin token", exit_code=ExitCode.FAIL)
+            raise RouterRefused(f"router at {self.url} refused the admin request (401 unauthorized)",
+                                remedy=f"export {self.token_env} with the router's admin token", status=401)
         if resp.status_code >= 400:
             msg = doc.get("error", {}).get("message") if isinstance(doc.get("error"), dict) else str(doc)
-            raise InferctlError(f"router answered {resp.status_code}: {msg}",
-                                remedy="see `inferctl router status`", exit_code=ExitCode.FAIL)
+            raise RouterRefused(f"router answered {resp.status_code}: {msg}",
+                                remedy="see `inferctl router status`", status=resp.status_code)
         return dict(doc)
