@@ -57,7 +57,7 @@ class Flight:
     """One attempt's prompt on one worker. `on_done` (set by the router when someone waits) hears the
     one transition out of computing."""
 
-    __slots__ = ("added", "cause", "hashes", "on_done", "state", "tag", "worker")
+    __slots__ = ("added", "cause", "first", "hashes", "on_done", "state", "tag", "worker")
 
     def __init__(self, worker: str, hashes: Sequence[int], tag: object = None) -> None:
         self.worker = worker
@@ -68,8 +68,11 @@ class Flight:
         #: why it failed (the caller's own, given to `fail`; the router: who to blame), never read here
         self.cause: object = None
         self.on_done: Callable[[str], None] | None = None
-        #: whether its chain is in the overlay (removed exactly once)
+        #: whether its chain is in the overlay, or queued to join it (`PendingBlocks.add_later`);
+        #: removed exactly once
         self.added = False
+        #: the first block it computes itself, as `PendingBlocks.add` found (its chain's length until then)
+        self.first = len(hashes)
 
     @property
     def computing(self) -> bool:
@@ -95,30 +98,58 @@ class Flight:
         return True
 
 
-class _Entry:
-    __slots__ = ("owner", "refs")
+class _Pending:
+    """One worker's pending blocks: how many flights reference each, and the live or last flight computing
+    it where one does (a block the worker held at a decision has none). Two plain dicts, not an object per
+    block: `add` and `remove` walk a whole prompt's chain on every request (120 blocks for a 1,200-word
+    system prompt: 25-40 µs with an object per block, docs/benchmarks.md "session 12")."""
 
-    def __init__(self, owner: Flight | None) -> None:
-        self.refs = 0
-        self.owner = owner
+    __slots__ = ("owners", "refs")
+
+    def __init__(self) -> None:
+        self.refs: dict[int, int] = {}
+        self.owners: dict[int, Flight] = {}
 
 
 class PendingBlocks:
     """The pending overlay: per worker, block chain hash -> (flights referencing it, its computer)."""
 
     def __init__(self) -> None:
-        self._by_worker: dict[str, dict[int, _Entry]] = {}
+        self._by_worker: dict[str, _Pending] = {}
+        #: flights queued to join (`add_later`), applied before any other use of the overlay (`settle`)
+        self._later: list[tuple[Flight, int]] = []
+
+    def add_later(self, flight: Flight, held_blocks: int) -> None:
+        """`add`, applied at the next use of the overlay or `settle`, whichever comes first: the router
+        enters a flight after its upstream write (a 1,200-word prompt's chain is ~120 dict updates, off
+        the request's time to first token). Every method here applies the queue first, so no reader
+        ever misses a queued flight; `flight.added` is already true, so a `remove` in between applies
+        it and takes it out again."""
+        if flight.added:
+            return
+        flight.added = True
+        self._later.append((flight, held_blocks))
+
+    def settle(self) -> None:
+        """Apply the flights `add_later` queued, in their order."""
+        later, self._later = self._later, []
+        for flight, held_blocks in later:
+            flight.added = False
+            self.add(flight, held_blocks)
 
     def depth(self, worker: str, hashes: Sequence[int]) -> int:
         """Blocks of `hashes` (from the root) pending on `worker`: binary search on the prefix-closed
         entries."""
-        entries = self._by_worker.get(worker)
-        if not entries or not hashes:
+        if self._later:
+            self.settle()
+        w = self._by_worker.get(worker)
+        if w is None or not hashes:
             return 0
+        refs = w.refs
         lo, hi = 0, len(hashes)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in entries:
+            if hashes[mid - 1] in refs:
                 lo = mid
             else:
                 hi = mid - 1
@@ -134,18 +165,18 @@ class PendingBlocks:
         d = self.depth(worker, hashes)
         if d == 0:
             return None, 0
-        entries = self._by_worker[worker]
+        owner_of = self._by_worker[worker].owners.get
         top_i = d - 1
-        while exclude is not None and top_i >= 0 and entries[hashes[top_i]].owner is exclude:
+        while exclude is not None and top_i >= 0 and owner_of(hashes[top_i]) is exclude:
             top_i -= 1
         if top_i < 0:
             return None, 0
-        top = entries[hashes[top_i]].owner
+        top = owner_of(hashes[top_i])
         if top is None or not top.computing:
             return None, 0
         n = 0
         for i in range(top_i, -1, -1):
-            owner = entries[hashes[i]].owner
+            owner = owner_of(hashes[i])
             if owner is None or not owner.computing or owner is exclude:
                 break
             n += 1
@@ -160,37 +191,49 @@ class PendingBlocks:
         before it are the worker's or another flight's (the flight board publishes that much as held,
         router/fleet/shared_flights.py, so that another process never takes a held follower for the
         flight computing its leader's blocks)."""
+        if self._later:
+            self.settle()
+        hashes = flight.hashes
         if flight.added:
-            return len(flight.hashes)
-        entries = self._by_worker.setdefault(flight.worker, {})
-        get = entries.get
-        n = first = len(flight.hashes)
-        for i, h in enumerate(flight.hashes):  # the request path's loop: every request, every block
-            e = get(h)
-            if e is None:
-                e = entries[h] = _Entry(flight if i >= held_blocks else None)
-                if first == n and i >= held_blocks:
-                    first = i
-            elif i >= held_blocks and (e.owner is None or e.owner.state != COMPUTING):
-                e.owner = flight
+            return len(hashes)
+        w = self._by_worker.get(flight.worker)
+        if w is None:
+            w = self._by_worker[flight.worker] = _Pending()
+        refs, owners = w.refs, w.owners
+        get = refs.get
+        n = first = len(hashes)
+        held = max(0, held_blocks)
+        for h in hashes[:held]:  # the request path's loop, every request: the held part only counts
+            refs[h] = get(h, 0) + 1
+        for i in range(min(held, n), n):  # the part the worker did not hold: computed by a live flight
+            h = hashes[i]
+            refs[h] = get(h, 0) + 1
+            owner = owners.get(h)
+            if owner is None or owner.state != COMPUTING:
+                owners[h] = flight
                 if first == n:
                     first = i
-            e.refs += 1
         flight.added = True
+        flight.first = first
         return first
 
     def claim(self, flight: Flight, held_blocks: int) -> int:
         """`flight` (added) computes its blocks from `held_blocks` on that no live flight computes: a
         follower promoted in another router process, which takes over its failed leader's blocks
         there (`hand_over`) and says so on the flight board. Returns how many blocks it took."""
-        entries = self._by_worker.get(flight.worker)
-        if entries is None or not flight.added or not flight.computing:
+        if self._later:
+            self.settle()
+        w = self._by_worker.get(flight.worker)
+        if w is None or not flight.added or not flight.computing:
             return 0
+        refs, owners = w.refs, w.owners
         n = 0
-        for h in flight.hashes[held_blocks:]:
-            e = entries.get(h)
-            if e is not None and e.owner is not flight and (e.owner is None or not e.owner.computing):
-                e.owner = flight
+        for h in flight.hashes[max(0, held_blocks):]:
+            if h not in refs:
+                continue
+            owner = owners.get(h)
+            if owner is not flight and (owner is None or not owner.computing):
+                owners[h] = flight
                 n += 1
         return n
 
@@ -201,9 +244,12 @@ class PendingBlocks:
         worker held at a decision (no owner) and other flights' stay as they are. O(the failed
         chain + heirs x log): a chain's hashes cover everything before them, so the part an heir
         shares with `failed` is a binary search. Returns how many blocks changed hands."""
-        entries = self._by_worker.get(failed.worker)
-        if entries is None or not failed.added:
+        if self._later:
+            self.settle()
+        w = self._by_worker.get(failed.worker)
+        if w is None or not failed.added:
             return 0
+        owners = w.owners
         mine, done, n = failed.hashes, 0, 0
         for heir in heirs:
             if not heir.added or heir.worker != failed.worker:
@@ -217,40 +263,49 @@ class PendingBlocks:
                 else:
                     hi = mid - 1
             for i in range(done, lo):
-                e = entries.get(mine[i])
-                if e is not None and e.owner is failed:
-                    e.owner = heir
+                if owners.get(mine[i]) is failed:
+                    owners[mine[i]] = heir
                     n += 1
             done = max(done, lo)
         return n
 
     def remove(self, flight: Flight) -> None:
         """`flight`'s chain is no longer pending (its request ended, plus the grace; or it failed)."""
+        if self._later:
+            self.settle()
         if not flight.added:
             return
         flight.added = False
-        entries = self._by_worker.get(flight.worker)
-        if entries is None:
+        w = self._by_worker.get(flight.worker)
+        if w is None:
             return
+        refs, owners = w.refs, w.owners
+        get = refs.get
         for h in flight.hashes:
-            e = entries.get(h)
-            if e is None:
+            r = get(h)
+            if r is None:
                 continue
-            e.refs -= 1
-            if e.refs <= 0:
-                del entries[h]
-            elif e.owner is flight:
-                e.owner = None
-        if not entries:
+            if r <= 1:
+                del refs[h]
+                owners.pop(h, None)
+            else:
+                refs[h] = r - 1
+                if owners.get(h) is flight:
+                    del owners[h]
+        if not refs:
             del self._by_worker[flight.worker]
 
     def blocks(self, worker: str) -> int:
-        entries = self._by_worker.get(worker)
-        return len(entries) if entries else 0
+        if self._later:
+            self.settle()
+        w = self._by_worker.get(worker)
+        return len(w.refs) if w is not None else 0
 
     def snapshot(self) -> dict[str, int]:
         """Pending blocks per worker (`router status`)."""
-        return {w: len(e) for w, e in self._by_worker.items()}
+        if self._later:
+            self.settle()
+        return {w: len(p.refs) for w, p in self._by_worker.items()}
 
 
 def should_hold(leader: Flight | None, computing_blocks: int, block_chars: int, chars_per_token: float,

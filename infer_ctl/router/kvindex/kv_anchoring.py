@@ -153,10 +153,21 @@ class Anchoring:
         if held is not None:
             self._enqueue(held)
 
-    def first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int], fk: int) -> bool:
-        """Anchor now, on the request path, a prompt some exact worker's anchors cover under the
-        threshold (KvRouting.lookup decided that): within `first_sight_budget` of this process's time,
-        and never waiting for the anchoring thread. Returns whether it anchored."""
+    def first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int], fk: int,
+                    keys: Sequence[int], exact_spaces: Sequence[Space], threshold: float,
+                    depths: dict[Space, int]) -> bool:
+        """KvRouting.lookup past its fleet checks: anchor now, on the request path, a prompt the anchors
+        of some exact worker's space cover under `threshold` of, within `first_sight_budget` of this
+        process's time and never waiting for the anchoring thread. `depths` gets the anchor depth of
+        `keys` per space (for the lookup after this), emptied when it anchored. Returns whether it did."""
+        kind = prompt_kind(endpoint, body)
+        need = max(1, int(threshold * len(hashes)))
+        for space in exact_spaces:
+            if space not in depths:
+                t = self.tables.get((*space, kind))
+                depths[space] = t.depth(keys) if t is not None else 0
+        if min(depths.values(), default=need) >= need:
+            return False  # anchored deep enough: the rest is anchored after routing
         now = time.monotonic()
         self._budget = min(self.first_sight_budget, self._budget + (now - self._budget_at) * self.first_sight_budget)
         self._budget_at = now
@@ -175,6 +186,7 @@ class Anchoring:
         self._budget -= took
         self.first_sight_counts["anchored"] += 1
         self.first_sight_counts["seconds"] += took
+        depths.clear()  # anchored deeper now
         return True
 
     def _enqueue(self, item: Item) -> None:

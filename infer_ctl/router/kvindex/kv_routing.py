@@ -214,20 +214,12 @@ class KvRouting:
             return {}, fk
         kind = prompt_kind(endpoint, body)
         keys = self.keys(kind, body, hashes)
-        tables = self.tables
         depths: dict[tuple[int, bool], int] = {}
         if self.first_sight_budget > 0 and len(hashes) >= 2 and len(text) <= HOLD_CHARS:
             exact = [w for w in self.workers.values() if w.exact]
             if any(s.blocks.device for w in exact for s in w.streams):  # else nothing is cached anywhere: unseen
-                need = max(1, int(threshold * len(hashes)))
-                for w in exact:
-                    space = (w.page_size, w.bigram)
-                    if space not in depths:
-                        t = tables.get((*space, kind))
-                        depths[space] = t.depth(keys) if t is not None else 0
-                if min(depths.values(), default=need) < need and \
-                        self.anchoring.first_sight(endpoint, body, text, hashes, fk):
-                    depths.clear()  # anchored deeper now
+                self.anchoring.first_sight(endpoint, body, text, hashes, fk, keys, [w.space() for w in exact],
+                                           threshold, depths)
         return self._units(keys, fk, urls, kind, self._weight, depths), fk
 
     def cached(self, hashes: Sequence[int], text: str, urls: Sequence[str], kind: str = "text",
@@ -341,13 +333,6 @@ class KvRouting:
         w.exact_tokens += exact or 0
         w.predicted_tokens += predicted
         w.reported_tokens += reported or 0
-
-    def build(self, endpoint: str, body: dict[str, Any], text: str, hashes: list[int], fk: int) -> None:
-        self.anchoring.build(endpoint, body, text, hashes, fk)
-
-    def drain_builds(self) -> None:
-        """Anchor everything queued now (tests, and the moment before a benchmark measures)."""
-        self.anchoring.drain()
 
     # ---- views (and worker_doc below) ------------------------------------------------------------------
     def status_doc(self) -> dict[str, Any]:

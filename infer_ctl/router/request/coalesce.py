@@ -80,6 +80,10 @@ class Coalescer:
         self.holds = Holds(cfg, self.pending, self.landings, block_chars=block_chars, chars_per_token=chars_per_token,
                            held_blocks=self.held_blocks, sync=self.sync, held=self.held, wait=self.wait,
                            max_retries=max_retries, board=board)
+        #: this turn's flights for the board, published after the turn's upstream writes (`_enter`)
+        self._to_publish: list[tuple[Flight, RequestContext, int]] = []
+        #: the loop whose next turn runs `_enter`; None: not scheduled
+        self._scheduled: asyncio.AbstractEventLoop | None = None
 
     @property
     def holding(self) -> int:
@@ -115,13 +119,12 @@ class Coalescer:
         flight = Flight(pre.url, hashes, ctx)
         flight.on_done = lambda state: self._flight_done(flight, state)
         held = self.held_blocks(ctx)
-        own = self.pending.add(flight, held)
+        # the flight joins the overlay (and the board) after this turn's upstream write, off the request's
+        # time to first token: every later reader of the overlay applies it first (PendingBlocks.add_later)
+        self.pending.add_later(flight, held)
         if board is not None:
-            landing = self.landings.landing(ctx, pre.url)
-            self.landings.published(flight, ctx, landing)
-            # published as held up to the first block it computes itself: a follower held here for a
-            # leader is never taken for the flight computing the leader's blocks in a third process
-            board.publish(flight, max(held, own), late=landing == "late")
+            self._to_publish.append((flight, ctx, held))
+        self._after_write()
         ctx.flight = flight
         try:
             if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg) and \
@@ -153,6 +156,30 @@ class Coalescer:
         # left it, or leaves it, as its worker's KV events say (`kv_batch`)
         flight.fail(ANSWER)
         return result
+
+    def _after_write(self) -> None:
+        """`_enter` at the event loop's next turn (once per turn): after the upstream writes of this
+        turn's requests, which follow their `run` in the same turn."""
+        loop = asyncio.get_running_loop()
+        if self._scheduled is not loop:
+            loop.call_soon(self._enter)
+            self._scheduled = loop
+
+    def _enter(self) -> None:
+        """The queued flights into the overlay, and those still computing on the flight board, published
+        as held up to the first block each computes itself: a follower held here for a leader is never
+        taken for the flight computing the leader's blocks in a third process. One that ended meanwhile
+        is not published (its end freed nothing there: it would stay until its slot is needed)."""
+        self._scheduled = None
+        self.pending.settle()
+        publish, self._to_publish = self._to_publish, []
+        board = self.board
+        for flight, ctx, held in publish:
+            if board is None or not flight.computing:
+                continue
+            landing = self.landings.landing(ctx, flight.worker)
+            self.landings.published(flight, ctx, landing)
+            board.publish(flight, max(held, flight.first), late=landing == "late")
 
     def _flight_done(self, flight: Flight, state: str) -> None:
         """A flight's one transition out of computing: its waiters hear it (Holds.leader_done). Failed: it

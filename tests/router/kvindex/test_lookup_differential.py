@@ -52,7 +52,9 @@ def old_lookup(kv: KvRouting, endpoint: str, body: dict[str, Any], text: str, ha
             keys = kv.anchoring.keys(kind, body, hashes)
             need = max(1, int(threshold * len(hashes)))
             if not all(kv.anchoring.table(w.space(), kind).depth(keys) >= need for w in exact):
-                kv.anchoring.first_sight(endpoint, body, text, hashes, full_key(hashes, text, kv.block_chars))
+                # the budgeted build (its own check again, the same as the line above: it builds)
+                kv.anchoring.first_sight(endpoint, body, text, hashes, full_key(hashes, text, kv.block_chars), keys,
+                                         [w.space() for w in exact], threshold, {})
     # cached(hashes, text, urls, kind, body), weighted
     kind = kv.kind(endpoint, body)
     fk = full_key(hashes, text, kv.block_chars)
