@@ -24,11 +24,15 @@ Pure: no clock, no I/O, no asyncio; the router (router/request/coalesce.py) wait
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 COMPUTING, LANDED, FAILED = "computing", "landed", "failed"
+#: the order of a flight's end and a flight's queueing (`PendingBlocks.add_later`): a queued flight joins
+#: the overlay as it would have when it was queued, whatever ended since
+_ORDER = itertools.count(1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +61,7 @@ class Flight:
     """One attempt's prompt on one worker. `on_done` (set by the router when someone waits) hears the
     one transition out of computing."""
 
-    __slots__ = ("added", "cause", "first", "hashes", "on_done", "state", "tag", "worker")
+    __slots__ = ("added", "cause", "ended", "first", "hashes", "on_done", "state", "tag", "worker")
 
     def __init__(self, worker: str, hashes: Sequence[int], tag: object = None) -> None:
         self.worker = worker
@@ -65,6 +69,8 @@ class Flight:
         #: the caller's own (the router: the request), never read here
         self.tag = tag
         self.state = COMPUTING
+        #: when it stopped computing, in `_ORDER` (inf while it computes)
+        self.ended: float = math.inf
         #: why it failed (the caller's own, given to `fail`; the router: who to blame), never read here
         self.cause: object = None
         self.on_done: Callable[[str], None] | None = None
@@ -93,6 +99,7 @@ class Flight:
         if self.state != COMPUTING:
             return False
         self.state = state
+        self.ended = next(_ORDER)
         if self.on_done is not None:
             self.on_done(state)
         return True
@@ -117,25 +124,27 @@ class PendingBlocks:
     def __init__(self) -> None:
         self._by_worker: dict[str, _Pending] = {}
         #: flights queued to join (`add_later`), applied before any other use of the overlay (`settle`)
-        self._later: list[tuple[Flight, int]] = []
+        self._later: list[tuple[Flight, int, int]] = []
 
     def add_later(self, flight: Flight, held_blocks: int) -> None:
         """`add`, applied at the next use of the overlay or `settle`, whichever comes first: the router
         enters a flight after its upstream write (a 1,200-word prompt's chain is ~120 dict updates, off
         the request's time to first token). Every method here applies the queue first, so no reader
         ever misses a queued flight; `flight.added` is already true, so a `remove` in between applies
-        it and takes it out again."""
+        it and takes it out again. It joins as it would have now: a flight that ends meanwhile (its
+        leader, landing in the same turn) still computes its blocks for it - joined later, it took the
+        landed blocks as its own to compute, and the next request for them waited for its first byte."""
         if flight.added:
             return
         flight.added = True
-        self._later.append((flight, held_blocks))
+        self._later.append((flight, held_blocks, next(_ORDER)))
 
     def settle(self) -> None:
         """Apply the flights `add_later` queued, in their order."""
         later, self._later = self._later, []
-        for flight, held_blocks in later:
+        for flight, held_blocks, since in later:
             flight.added = False
-            self.add(flight, held_blocks)
+            self._add(flight, held_blocks, since)
 
     def depth(self, worker: str, hashes: Sequence[int]) -> int:
         """Blocks of `hashes` (from the root) pending on `worker`: binary search on the prefix-closed
@@ -193,6 +202,10 @@ class PendingBlocks:
         flight computing its leader's blocks)."""
         if self._later:
             self.settle()
+        return self._add(flight, held_blocks, math.inf)
+
+    def _add(self, flight: Flight, held_blocks: int, since: float) -> int:
+        """`add`, as at `since` (in `_ORDER`): a flight that ended after it still computes its blocks."""
         hashes = flight.hashes
         if flight.added:
             return len(hashes)
@@ -209,7 +222,7 @@ class PendingBlocks:
             h = hashes[i]
             refs[h] = get(h, 0) + 1
             owner = owners.get(h)
-            if owner is None or owner.state != COMPUTING:
+            if owner is None or owner.ended < since:
                 owners[h] = flight
                 if first == n:
                     first = i
