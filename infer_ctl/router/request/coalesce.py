@@ -79,7 +79,7 @@ class Coalescer:
         #: itself, as without a hold)
         self.holds = Holds(cfg, self.pending, self.landings, block_chars=block_chars, chars_per_token=chars_per_token,
                            held_blocks=self.held_blocks, sync=self.sync, held=self.held, wait=self.wait,
-                           max_retries=max_retries, board=board)
+                           max_retries=max_retries, board=board, enter=self._enter)
         #: this turn's flights for the board, published after the turn's upstream writes (`_enter`)
         self._to_publish: list[tuple[Flight, RequestContext, int]] = []
         #: the loop whose next turn runs `_enter`; None: not scheduled

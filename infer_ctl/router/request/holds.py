@@ -63,7 +63,7 @@ class Holds:
     def __init__(self, cfg: CoalesceConfig, pending: PendingBlocks, landings: Landings, *, block_chars: int,
                  chars_per_token: Callable[[], float], held_blocks: Callable[[RequestContext], int],
                  sync: Callable[[], None], held: Counter, wait: Histogram, max_retries: int,
-                 board: FlightBoard | None = None) -> None:
+                 enter: Callable[[], None], board: FlightBoard | None = None) -> None:
         self.cfg = cfg
         self.pending = pending
         self.landings = landings
@@ -76,6 +76,8 @@ class Holds:
         self.max_retries = max_retries
         #: the flight board (the Coalescer's)
         self.board = board
+        #: this turn's flights into the overlay and onto the board now (Coalescer._enter)
+        self.enter = enter
         #: leaders someone waits for, per worker, with their request (the KV-events landing check)
         self.waited: dict[str, dict[Flight, Any]] = {}
         self.futures: dict[Flight, asyncio.Future[str]] = {}
@@ -194,6 +196,12 @@ class Holds:
                 hold.verdict = "leader_failed"
             return
         order = [first] + [h for h in live if h is not first]
+        if self.board is not None:
+            # a follower held in this very turn is published only at its end (Coalescer._enter): published
+            # first, so that its claim below finds its slot - else the claim was lost, and it was published
+            # after as held up to where it first computed at its join, its leader's blocks taken elsewhere
+            # for held while it computes them
+            self.enter()
         # the promoted one takes the failed leader's blocks in its chain, the others what is left in theirs
         self.pending.hand_over(leader, [h.flight for h in order])
         cpt = self.chars_per_token()

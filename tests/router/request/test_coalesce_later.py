@@ -1,16 +1,21 @@
 """The pending overlay's queue (core/routing/coalesce.py `PendingBlocks.add_later`): a flight queued on the
 request path and applied at the next use of the overlay answers every reader as the flight added at once
 did - the overlay as it was before the queue and the two dicts per worker (an object per block, re-stated
-here as `_OldPending`), on random operation sequences."""
+here as `_OldPending`), on random operation sequences. And the flight board as the queue leaves it: a
+follower promoted before its own turn's end is published as computing what it took over."""
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from infer_ctl.core.routing.coalesce import COMPUTING, Flight, PendingBlocks
+from infer_ctl.router.fleet import shared_flights as sf
+from infer_ctl.router.fleet.shared_load import SharedLoad
+from tests.router.fleet.test_shared_flights_holds import Process, Scripted, go, request, run, started_within
 
 
 class _OldEntry:
@@ -250,3 +255,44 @@ def test_a_flight_queued_before_its_leader_landed_does_not_take_the_landed_block
     lead.land()  # its first byte, the same turn
     assert p.leader("w", [*system, 300]) == (None, 0)
     assert follow.first == 20  # computes only its own tail
+
+
+# ---- the flight board --------------------------------------------------------------------------------------
+@pytest.fixture
+def block() -> Iterator[SharedLoad]:
+    b = SharedLoad.create(2, 8, extra=sf.ROW_CELLS)
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize("read_between", [False, True])
+def test_a_follower_promoted_in_the_turn_it_was_held_is_published_as_computing(block: SharedLoad,
+                                                                                 read_between: bool) -> None:
+    """A follower held for a leader whose client left in that same turn: promoted before its turn's end,
+    it claimed the leader's blocks on the board before it was published there (the claim found no slot),
+    then was published as held up to where it first computed at its join - so another process's request
+    for the same prefix took the blocks it computes for held and went to compute them again. With
+    `read_between`, another request's decision reads the overlay between the hold and the leader's end."""
+    async def main() -> None:
+        a, b = Process(block, 0), Process(block, 1)
+        la, fa, gb = Scripted(), Scripted(), Scripted()
+        leader = go(a, request("leader", stream=True), la)
+        await la.started.wait()
+        await asyncio.sleep(0)  # the leader's turn ended: it is published
+        follower = go(a, request("follower", stream=True), fa)  # held in the next turn ...
+        if read_between:
+            asyncio.get_running_loop().call_soon(a.co.pending.settle)
+        leader.cancel()  # ... and its leader's client leaves in that same turn, after it
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        assert await started_within(fa, 0.5) and a.co.promoted == 1
+        b.co.sync()
+        third = go(b, request("third", stream=True), gb)
+        await asyncio.sleep(0.05)
+        assert b.co.holding == 1, "process 1 took the promoted follower's blocks for held"
+        fa.land.set()
+        assert await started_within(gb, 0.5)
+        fa.answer.set()
+        gb.answer.set()
+        await asyncio.gather(follower, third)
+    run(main)
