@@ -53,8 +53,8 @@ def old_lookup(kv: KvRouting, endpoint: str, body: dict[str, Any], text: str, ha
             need = max(1, int(threshold * len(hashes)))
             if not all(kv.anchoring.table(w.space(), kind).depth(keys) >= need for w in exact):
                 # the budgeted build (its own check again, the same as the line above: it builds)
-                kv.anchoring.first_sight(endpoint, body, text, hashes, full_key(hashes, text, kv.block_chars), keys,
-                                         [w.space() for w in exact], threshold, {})
+                kv.anchoring.first_sight(endpoint, body, text, hashes, full_key(hashes, text, kv.block_chars), kind,
+                                         keys, [w.space() for w in exact], threshold, {})
     # cached(hashes, text, urls, kind, body), weighted
     kind = kv.kind(endpoint, body)
     fk = full_key(hashes, text, kv.block_chars)
@@ -186,6 +186,9 @@ def test_lookup_answers_as_the_first_sight_check_then_cached_did(seed: int) -> N
         got = []
         for kv, fn in ((old, old_lookup), (new, KvRouting.lookup)):
             kv.first_sight_budget = {"spent": 1e-12, "off": 0.0}.get(mode, 10.0)
+            # the bucket as the mode says, whatever time passed: it refills with the clock, and each fleet
+            # read the clock at its own moment (a spent bucket that refilled past 0 in one of them only)
+            kv.anchoring._budget = -1.0 if mode == "spent" else kv.first_sight_budget
             locked = mode == "locked" and kv.anchoring._lock.acquire()
             try:
                 got.append(fn(kv, endpoint, body, text, hashes, urls, threshold))
