@@ -154,13 +154,13 @@ class Anchoring:
             self._enqueue(held)
 
     def first_sight(self, endpoint: str, body: dict[str, Any], text: str, hashes: Sequence[int], fk: int,
-                    keys: Sequence[int], exact_spaces: Sequence[Space], threshold: float,
+                    kind: str, keys: Sequence[int], exact_spaces: Sequence[Space], threshold: float,
                     depths: dict[Space, int]) -> bool:
         """KvRouting.lookup past its fleet checks: anchor now, on the request path, a prompt the anchors
         of some exact worker's space cover under `threshold` of, within `first_sight_budget` of this
         process's time and never waiting for the anchoring thread. `depths` gets the anchor depth of
-        `keys` per space (for the lookup after this), emptied when it anchored. Returns whether it did."""
-        kind = prompt_kind(endpoint, body)
+        `keys` (of `kind`) per space (for the lookup after this), emptied when it anchored. Returns whether
+        it did."""
         need = max(1, int(threshold * len(hashes)))
         for space in exact_spaces:
             if space not in depths:

@@ -218,7 +218,7 @@ class KvRouting:
         if self.first_sight_budget > 0 and len(hashes) >= 2 and len(text) <= HOLD_CHARS:
             exact = [w for w in self.workers.values() if w.exact]
             if any(s.blocks.device for w in exact for s in w.streams):  # else nothing is cached anywhere: unseen
-                self.anchoring.first_sight(endpoint, body, text, hashes, fk, keys, [w.space() for w in exact],
+                self.anchoring.first_sight(endpoint, body, text, hashes, fk, kind, keys, [w.space() for w in exact],
                                            threshold, depths)
         return self._units(keys, fk, urls, kind, self._weight, depths), fk
 

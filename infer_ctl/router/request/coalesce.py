@@ -36,6 +36,7 @@ from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.request.context import RequestContext
 from infer_ctl.router.request.holds import ANSWER, CLIENT, ERROR, Holds, worker_gone
 from infer_ctl.router.request.landing import Landings
+from infer_ctl.router.request.next_turn import NextTurn
 from infer_ctl.router.request.retry import AttemptFailed
 
 R = TypeVar("R")
@@ -82,8 +83,8 @@ class Coalescer:
                            max_retries=max_retries, board=board, enter=self._enter)
         #: this turn's flights for the board, published after the turn's upstream writes (`_enter`)
         self._to_publish: list[tuple[Flight, RequestContext, int]] = []
-        #: the loop whose next turn runs `_enter`; None: not scheduled
-        self._scheduled: asyncio.AbstractEventLoop | None = None
+        #: `_enter` at the loop's next turn (router/request/next_turn.py)
+        self._next_turn = NextTurn(self._enter)
 
     @property
     def holding(self) -> int:
@@ -124,7 +125,7 @@ class Coalescer:
         self.pending.add_later(flight, held)
         if board is not None:
             self._to_publish.append((flight, ctx, held))
-        self._after_write()
+        self._next_turn.soon()  # `_enter` after this turn's upstream writes
         ctx.flight = flight
         try:
             if should_hold(leader, computing, self.block_chars, self.chars_per_token(), self.cfg) and \
@@ -157,20 +158,11 @@ class Coalescer:
         flight.fail(ANSWER)
         return result
 
-    def _after_write(self) -> None:
-        """`_enter` at the event loop's next turn (once per turn): after the upstream writes of this
-        turn's requests, which follow their `run` in the same turn."""
-        loop = asyncio.get_running_loop()
-        if self._scheduled is not loop:
-            loop.call_soon(self._enter)
-            self._scheduled = loop
-
     def _enter(self) -> None:
         """The queued flights into the overlay, and those still computing on the flight board, published
         as held up to the first block each computes itself: a follower held here for a leader is never
         taken for the flight computing the leader's blocks in a third process. One that ended meanwhile
         is not published (its end freed nothing there: it would stay until its slot is needed)."""
-        self._scheduled = None
         self.pending.settle()
         publish, self._to_publish = self._to_publish, []
         board = self.board

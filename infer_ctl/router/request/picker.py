@@ -15,7 +15,6 @@ would have evicted the prediction of everything else on that worker for nothing.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
@@ -42,6 +41,7 @@ from infer_ctl.router.fleet.pair_health import PairTracker
 from infer_ctl.router.fleet.workers import WorkerRegistry, WorkerState
 from infer_ctl.router.kvindex.kv_routing import KvRouting
 from infer_ctl.router.request.context import RequestContext
+from infer_ctl.router.request.next_turn import NextTurn
 
 log = logging.getLogger("infer_ctl.router")
 
@@ -74,8 +74,8 @@ class PairPicker:
         self.seq = 0
         #: a decision's bookkeeping, run after the upstream write (`_after_write`)
         self._later: deque[Callable[[], None]] = deque()
-        #: the loop whose next turn runs it (`settle` scheduled there); None: not scheduled
-        self._scheduled: asyncio.AbstractEventLoop | None = None
+        #: `settle` at the loop's next turn (router/request/next_turn.py)
+        self._next_turn = NextTurn(self._settle)
 
     def pick(self, ctx: RequestContext, excluded: set[str]) -> tuple[WorkerState, WorkerState | None]:
         """The pair for the next attempt (decode None in collocated mode); prefers workers not in
@@ -119,22 +119,16 @@ class PairPicker:
         """Run the decision's bookkeeping (the prediction, the anchoring's queue, the decision metric) at
         the event loop's next turn: after this request's upstream write, which follows the decision in
         the same turn, so none of it is on the request's time to first token. Without a running loop
-        (a test calling pick alone) it runs now. Scheduled once per loop and turn: a loop that stopped
-        before that turn leaves it to the next pick's loop (or to the next pick at once), never queued
-        for good."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        (a test calling pick alone) it runs now."""
+        if not self._next_turn.soon():
             self.settle()
-            return
-        if self._scheduled is not loop:
-            loop.call_soon(self.settle)
-            self._scheduled = loop
 
     def settle(self) -> None:
         """The deferred bookkeeping, now (`_after_write`). A step that raises is logged and loses only
         itself: the other decisions' steps run (raised out of the loop's callback, the rest were lost)."""
-        self._scheduled = None
+        self._next_turn.run()
+
+    def _settle(self) -> None:
         try:
             self.index.settle()
         except Exception:
