@@ -18,12 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from infer_ctl.errors import InferctlError
 from infer_ctl.launch.control_loop import LockedRounds, run_rounds
-from infer_ctl.router.control.client import RouterRefused, RouterUnreachable
+from infer_ctl.router.control.client import AdminClient, RouterRefused, RouterUnreachable
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from tests.launch.test_pd_control_cli import PROFILE as PD
 from tests.launch.test_spec_control_lock import PROFILE as SPEC
@@ -212,6 +213,17 @@ def test_a_proxy_saying_the_router_is_away_is_an_outage_a_refusal_is_not() -> No
             _rounds([RouterRefused(f"router answered {status}", status=status)])
     with pytest.raises(InferctlError, match="cannot read"):
         _rounds([InferctlError("the controller state file s.json cannot read")])
+
+
+@pytest.mark.parametrize("body", ['"Service Unavailable"', '["upstream down"]', "null", "3"])
+def test_a_proxy_s_503_whose_json_is_not_an_object_is_an_outage(body: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # it was an internal error (AttributeError on the body) that ended the loop, exit 2
+    monkeypatch.setattr(httpx, "request", lambda *_a, **_k: httpx.Response(503, text=body))
+    with pytest.raises(RouterRefused) as caught:
+        AdminClient("http://r:1").call("GET", "/admin/workers")
+    assert caught.value.status == 503 and caught.value.message == f"router answered 503: {body}"
+    rounds, said = _rounds([caught.value, None])
+    assert rounds.rounds_unreachable == 1 and len(said) == 2
 
 
 def test_the_outages_kept_are_the_last_ones() -> None:
