@@ -231,3 +231,26 @@ def test_the_outages_kept_are_the_last_ones() -> None:
     rounds.OUTAGES_KEPT = 2
     rounds._unreachable("again", 1.0)
     assert rounds.outages_seen == 5 and len(rounds.outages) == 2 and rounds.outages[-1]["error"] == "again"
+
+
+def test_a_router_back_with_another_token_stops_the_loop_exit_2(tmp_path: Path) -> None:
+    # the outage is outlived; the 401 after it is not: retrying a refused token helps nobody
+    r = _Router(admin_token="before")
+    r.start()
+    proc, state, err = _controller(tmp_path, "pd", PD, r.port, "--json", env={"INFERCTL_ROUTER_TOKEN": "before"})
+    try:
+        wait_for(lambda: state.exists() or proc.poll() is not None, 60)
+        r.stop()
+        time.sleep(1.5)  # rounds that could not reach it (--json says nothing on stderr while it runs)
+        assert proc.poll() is None, err.read_text()
+        r.overrides = {"admin_token": "after"}
+        r.start()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        r.stop()
+    assert proc.returncode == 2, err.read_text()
+    assert "401 unauthorized" in err.read_text()
+    assert json.loads(out)["exit_code"] == 2  # stdout is the one JSON document, nothing else
