@@ -8,6 +8,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import signal
@@ -31,7 +32,17 @@ def router_key(url: str) -> str:
     """A short stable name for the router a controller talks to: its URL as typed in any of the ways that
     reach the same place (`127.0.0.1:8177`, `HTTP://127.0.0.1:8177/`), hashed."""
     u = urlsplit(url.strip() if "://" in url else f"http://{url.strip()}")
-    canon = f"{u.scheme.lower()}://{u.netloc.lower()}{u.path.rstrip('/')}"
+    scheme, host = u.scheme.lower(), (u.hostname or "").lower()
+    with contextlib.suppress(ValueError):  # an IPv6 address in any of its spellings ([::1], [0:0:...:1])
+        host = ipaddress.ip_address(host).compressed
+    host = f"[{host}]" if ":" in host else host
+    try:
+        port = u.port
+    except ValueError:  # not a port: kept as typed, as the URL itself will fail to connect
+        port = None
+    # the scheme's own port is the same place as no port (`http://router` and `http://router:80`)
+    netloc = host if port in (None, {"http": 80, "https": 443}.get(scheme)) else f"{host}:{port}"
+    canon = f"{scheme}://{netloc}{u.path.rstrip('/')}"
     return hashlib.blake2b(canon.encode(), digest_size=5).hexdigest()
 
 

@@ -41,6 +41,15 @@ def test_the_router_url_names_the_cluster_however_it_is_typed() -> None:
     assert len({router_key(u) for u in same}) == 1
     assert router_key("http://10.0.0.6:8177") != router_key("http://10.0.0.5:8177")
     assert router_key("http://10.0.0.5:8178") != router_key("http://10.0.0.5:8177")
+    # the scheme's own port is no port, and an IPv6 address is one address however it is spelled: `pd
+    # clear-fatal --url http://router:80` found another file than `pd control --url http://router` had kept
+    assert router_key("http://router") == router_key("http://router:80") == router_key("HTTP://ROUTER:80/")
+    assert router_key("https://router") == router_key("https://router:443") != router_key("http://router")
+    assert router_key("http://router:443") != router_key("http://router")
+    assert router_key("http://[::1]:8177") == router_key("http://[0:0:0:0:0:0:0:1]:8177/") == router_key("[::1]:8177")
+    assert router_key("http://[::1]:8177") != router_key("http://[::2]:8177")
+    # a URL already in its one spelling keeps the name it had (a state file kept under it is still found)
+    assert router_key("http://10.0.0.5:8177") == "f68306b626"
 
 
 @pytest.mark.parametrize("module", [pd_control, spec_control])

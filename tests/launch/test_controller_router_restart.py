@@ -18,12 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from infer_ctl.errors import InferctlError
 from infer_ctl.launch.control_loop import LockedRounds, run_rounds
-from infer_ctl.router.control.client import RouterRefused, RouterUnreachable
+from infer_ctl.router.control.client import AdminClient, RouterRefused, RouterUnreachable
 from infer_ctl.router.daemon.embed import RouterHandle, router_config, start_router_in_thread
 from tests.launch.test_pd_control_cli import PROFILE as PD
 from tests.launch.test_spec_control_lock import PROFILE as SPEC
@@ -214,8 +215,42 @@ def test_a_proxy_saying_the_router_is_away_is_an_outage_a_refusal_is_not() -> No
         _rounds([InferctlError("the controller state file s.json cannot read")])
 
 
+@pytest.mark.parametrize("body", ['"Service Unavailable"', '["upstream down"]', "null", "3"])
+def test_a_proxy_s_503_whose_json_is_not_an_object_is_an_outage(body: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # it was an internal error (AttributeError on the body) that ended the loop, exit 2
+    monkeypatch.setattr(httpx, "request", lambda *_a, **_k: httpx.Response(503, text=body))
+    with pytest.raises(RouterRefused) as caught:
+        AdminClient("http://r:1").call("GET", "/admin/workers")
+    assert caught.value.status == 503 and caught.value.message == f"router answered 503: {body}"
+    rounds, said = _rounds([caught.value, None])
+    assert rounds.rounds_unreachable == 1 and len(said) == 2
+
+
 def test_the_outages_kept_are_the_last_ones() -> None:
     rounds, _ = _rounds([_down(), None] * 4)
     rounds.OUTAGES_KEPT = 2
     rounds._unreachable("again", 1.0)
     assert rounds.outages_seen == 5 and len(rounds.outages) == 2 and rounds.outages[-1]["error"] == "again"
+
+
+def test_a_router_back_with_another_token_stops_the_loop_exit_2(tmp_path: Path) -> None:
+    # the outage is outlived; the 401 after it is not: retrying a refused token helps nobody
+    r = _Router(admin_token="before")
+    r.start()
+    proc, state, err = _controller(tmp_path, "pd", PD, r.port, "--json", env={"INFERCTL_ROUTER_TOKEN": "before"})
+    try:
+        wait_for(lambda: state.exists() or proc.poll() is not None, 60)
+        r.stop()
+        time.sleep(1.5)  # rounds that could not reach it (--json says nothing on stderr while it runs)
+        assert proc.poll() is None, err.read_text()
+        r.overrides = {"admin_token": "after"}
+        r.start()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        r.stop()
+    assert proc.returncode == 2, err.read_text()
+    assert "401 unauthorized" in err.read_text()
+    assert json.loads(out)["exit_code"] == 2  # stdout is the one JSON document, nothing else

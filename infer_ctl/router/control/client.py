@@ -50,6 +50,10 @@ class AdminClient:
             doc = resp.json()
         except ValueError:
             doc = {"error": {"message": resp.text[:200]}}
+        if not isinstance(doc, dict) and resp.status_code >= 400:
+            # a proxy's 503 with a JSON body that is not an object (`"Service Unavailable"`, `[...]`, null)
+            # was an internal error (AttributeError) that ended a loop meant to outlive it
+            doc = {"error": {"message": resp.text[:200]}}
         if resp.status_code == 401:
             raise RouterRefused(f"router at {self.url} refused the admin request (401 unauthorized)",
                                 remedy=f"export {self.token_env} with the router's admin token", status=401)
