@@ -254,3 +254,38 @@ def test_a_router_back_with_another_token_stops_the_loop_exit_2(tmp_path: Path) 
     assert proc.returncode == 2, err.read_text()
     assert "401 unauthorized" in err.read_text()
     assert json.loads(out)["exit_code"] == 2  # stdout is the one JSON document, nothing else
+
+
+@pytest.mark.parametrize("body, ctype", [('"ok"', "application/json"), ("[]", "application/json"),
+                                         ("null", "application/json"), ("3", "application/json"),
+                                         ("<html>maintenance</html>", "text/html")])
+def test_a_200_that_is_not_the_admin_api_s_json_is_not_the_router(body: str, ctype: str) -> None:
+    # `[]` read as an empty fleet (a round "ok" with nothing observed); a string or a number was an internal
+    # error: what answers 200 with another body is not the router's admin API (a proxy's page, another service)
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RouterUnreachable) as caught:
+            AdminClient(f"http://127.0.0.1:{srv.server_port}").call("GET", "/admin/workers")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert "answered 200" in caught.value.message and "not the router's JSON" in caught.value.message
+    assert "--url" in (caught.value.remedy or "")
+    rounds, said = _rounds([caught.value, None])
+    assert rounds.rounds_unreachable == 1 and len(said) == 2  # a loop outlives it, as an outage

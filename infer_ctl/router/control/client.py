@@ -50,6 +50,17 @@ class AdminClient:
             doc = resp.json()
         except ValueError:
             doc = {"error": {"message": resp.text[:200]}}
+            if resp.status_code < 400:
+                doc = None
+        if not isinstance(doc, dict) and resp.status_code < 400:
+            # the admin API answers JSON objects: what answered is not it (a proxy's maintenance page, another
+            # service on the port). Taken as an answer, a `[]` read as an empty fleet (a round "ok" with
+            # nothing observed) and a string or number was an internal error
+            raise RouterUnreachable(
+                f"router at {self.url} is not reachable: {method} {path} answered {resp.status_code} with "
+                f"{resp.text[:80]!r}, not the router's JSON",
+                remedy="check that --url (or the profile's router.listen) is the inferctl router's address, "
+                       "not a proxy or another service")
         if not isinstance(doc, dict) and resp.status_code >= 400:
             # a proxy's 503 with a JSON body that is not an object (`"Service Unavailable"`, `[...]`, null)
             # was an internal error (AttributeError) that ended a loop meant to outlive it
